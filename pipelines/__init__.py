@@ -1,0 +1,1 @@
+"""Beam entry points and the ``lidarshard`` command."""

@@ -1,0 +1,163 @@
+"""The manifest contract: one source of truth for every file lidarshard writes.
+
+Field lists here produce the Arrow schemas the pipeline writes and the loaders check. Schemas are
+plain data (name, Arrow type, doc) and are stored as JSON, never pickled.
+
+Layout of an output directory ``OUT``::
+
+    OUT/_manifest.json            run metadata (see ``MANIFEST_KEYS``)
+    OUT/samples.parquet           one row per accepted sample (``SAMPLE_FIELDS`` + cost, bucket_id)
+    OUT/rejects.parquet           one row per rejected input (``REJECT_FIELDS``)
+    OUT/epoch=E/rank=R/part-00000.parquet   rank R's plan for epoch E (``PLAN_FIELDS``)
+    OUT/_SUCCESS                  written last; readers refuse a directory without it
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "REJECT_REASONS",
+    "SAMPLE_FIELDS",
+    "SCORED_FIELDS",
+    "REJECT_FIELDS",
+    "PLAN_FIELDS",
+    "sample_schema",
+    "scored_schema",
+    "reject_schema",
+    "plan_schema",
+    "schema_to_json",
+    "SAMPLES_FILE",
+    "REJECTS_FILE",
+    "MANIFEST_FILE",
+    "SCAN_FILE",
+    "SUCCESS_FILE",
+    "plan_file",
+]
+
+SCHEMA_VERSION = "1.0"
+
+SAMPLES_FILE = "samples.parquet"
+REJECTS_FILE = "rejects.parquet"
+MANIFEST_FILE = "_manifest.json"
+SCAN_FILE = "_scan.json"
+SUCCESS_FILE = "_SUCCESS"
+
+
+def plan_file(epoch: int, rank: int) -> str:
+    """Relative path of rank ``rank``'s plan for ``epoch`` (hive partitioned)."""
+    return f"epoch={epoch}/rank={rank}/part-00000.parquet"
+
+
+#: Fixed vocabulary of reject reasons; ``detail`` carries the specifics.
+REJECT_REASONS: dict[str, str] = {
+    "unreadable": "the file could not be opened or read (I/O error, permission, not a regular file)",
+    "empty": "the file holds no bytes or no points",
+    "truncated": "the byte count is not a whole number of point records, or shorter than the header claims",
+    "bad_header": "a header (PCD/PLY/NPY) is malformed or inconsistent with itself",
+    "non_finite": "no point has finite x, y, z",
+    "unsupported_format": "the extension or content is not a supported point-cloud format",
+    "missing_sweep": "a sweep file named by the nuScenes tables does not exist",
+    "missing_file": "a keyframe file named by the nuScenes tables does not exist",
+    "label_mismatch": "the lidarseg label file does not hold exactly one uint8 per keyframe point",
+    "too_large": "the file or its claimed point count exceeds --max-file-bytes / --max-points",
+    "outside_root": "a path in the tables resolves outside the dataroot",
+    "duplicate_id": "another input already produced this sample_id",
+    "empty_after_filter": "no point is left inside --point-cloud-range",
+    "bad_table": "a nuScenes table record is malformed (missing keys, broken prev chain, bad pose)",
+    "reader_error": "an unexpected error in a reader (a bug: please report with the detail)",
+}
+
+_F32 = pa.float32()
+_F64 = pa.float64()
+_I64 = pa.int64()
+_STR = pa.string()
+
+#: (name, type, doc) for one accepted sample's size features, as written by ``lidarshard scan``.
+SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
+    ("sample_id", _STR, "stable id: sample token (tables mode) or path relative to INPUT"),
+    ("path", _STR, "full path/URI of the keyframe (or only) point-cloud file"),
+    ("sweep_paths", pa.list_(_STR), "full paths of the aggregated previous sweeps, newest first"),
+    ("label_path", _STR, "lidarseg label file, or null"),
+    ("format", _STR, "reader used: nuscenes_bin, kitti_bin, bin, npy, pcd, ply"),
+    ("file_bytes", _I64, "bytes of the keyframe file plus all sweep files"),
+    ("num_points", _I64, "points read (keyframe + sweeps after close-point removal)"),
+    ("num_finite", _I64, "points with finite x, y, z"),
+    ("num_in_range", _I64, "finite points inside --point-cloud-range"),
+    ("x_min", _F32, "m, over in-range points"),
+    ("x_max", _F32, "m"),
+    ("y_min", _F32, "m"),
+    ("y_max", _F32, "m"),
+    ("z_min", _F32, "m"),
+    ("z_max", _F32, "m"),
+    ("x_p01", _F32, "m, 1st percentile"),
+    ("x_p99", _F32, "m, 99th percentile"),
+    ("y_p01", _F32, "m"),
+    ("y_p99", _F32, "m"),
+    ("z_p01", _F32, "m"),
+    ("z_p99", _F32, "m"),
+    ("occupied_voxels", _I64, "distinct occupied voxels of --voxel-size over in-range points"),
+    ("num_sweeps", pa.int32(), "previous sweeps aggregated (0 = keyframe only)"),
+    ("has_labels", pa.bool_(), "a lidarseg label file was found and checked"),
+]
+
+#: Sample rows in a built manifest: features plus the planner's inputs.
+SCORED_FIELDS: list[tuple[str, pa.DataType, str]] = SAMPLE_FIELDS + [
+    ("cost", _F64, "predicted compute cost under the run's cost model (arbitrary units)"),
+    ("bucket_id", pa.int32(), "cost bucket, 0 = cheapest"),
+]
+
+REJECT_FIELDS: list[tuple[str, pa.DataType, str]] = [
+    ("path", _STR, "the offending input (file path, or table record)"),
+    ("reason", _STR, "one of REJECT_REASONS"),
+    ("detail", _STR, "human-readable specifics"),
+]
+
+#: One row per (epoch, step, rank, slot) of the plan.
+PLAN_FIELDS: list[tuple[str, pa.DataType, str]] = [
+    ("epoch", pa.int32(), "epoch index, 0-based"),
+    ("step", pa.int32(), "step index within the epoch"),
+    ("rank", pa.int32(), "data-parallel rank"),
+    ("slot", pa.int32(), "position within the rank's batch, 0..batch_size-1"),
+    ("sample_id", _STR, "key into samples.parquet"),
+    ("path", _STR, "keyframe path/URI"),
+    ("sweep_paths", pa.list_(_STR), "sweep paths/URIs"),
+    ("cost", _F64, "the sample's predicted cost"),
+    ("bucket_id", pa.int32(), "the sample's cost bucket"),
+]
+
+
+def _schema(fields: list[tuple[str, pa.DataType, str]]) -> pa.Schema:
+    return pa.schema(
+        [pa.field(name, typ, metadata={"doc": doc}) for name, typ, doc in fields],
+        metadata={"lidarshard.schema_version": SCHEMA_VERSION},
+    )
+
+
+def sample_schema() -> pa.Schema:
+    """Arrow schema of ``lidarshard scan``'s samples.parquet."""
+    return _schema(SAMPLE_FIELDS)
+
+
+def scored_schema() -> pa.Schema:
+    """Arrow schema of ``lidarshard build``'s samples.parquet (features + cost + bucket)."""
+    return _schema(SCORED_FIELDS)
+
+
+def reject_schema() -> pa.Schema:
+    """Arrow schema of rejects.parquet."""
+    return _schema(REJECT_FIELDS)
+
+
+def plan_schema() -> pa.Schema:
+    """Arrow schema of every ``epoch=E/rank=R/part-*.parquet`` file."""
+    return _schema(PLAN_FIELDS)
+
+
+def schema_to_json(schema: pa.Schema) -> list[dict[str, str]]:
+    """A JSON-able description of ``schema`` (name, type, doc), for metadata files."""
+    return [
+        {"name": f.name, "type": str(f.type), "doc": (f.metadata or {}).get(b"doc", b"").decode()}
+        for f in schema
+    ]
