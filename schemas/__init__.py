@@ -18,6 +18,7 @@ import pyarrow as pa
 
 __all__ = [
     "SCHEMA_VERSION",
+    "MANIFEST_KEYS",
     "REJECT_REASONS",
     "SAMPLE_FIELDS",
     "SCORED_FIELDS",
@@ -64,6 +65,7 @@ REJECT_REASONS: dict[str, str] = {
     "too_large": "the file or its claimed point count exceeds --max-file-bytes / --max-points",
     "outside_root": "a path in the tables resolves outside the dataroot",
     "duplicate_id": "another input already produced this sample_id",
+    "absurd_coordinates": "finite coordinates beyond --max-abs-coord metres (often a wrong --point-dims)",
     "empty_after_filter": "no point is left inside --point-cloud-range",
     "bad_table": "a nuScenes table record is malformed (missing keys, broken prev chain, bad pose)",
     "reader_error": "an unexpected error in a reader (a bug: please report with the detail)",
@@ -79,6 +81,11 @@ SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("sample_id", _STR, "stable id: sample token (tables mode) or path relative to INPUT"),
     ("path", _STR, "full path/URI of the keyframe (or only) point-cloud file"),
     ("sweep_paths", pa.list_(_STR), "full paths of the aggregated previous sweeps, newest first"),
+    (
+        "sweep_transforms",
+        pa.list_(_F64),
+        "row-major 4x4 sweep-sensor -> keyframe-sensor matrices, 16 per sweep",
+    ),
     ("label_path", _STR, "lidarseg label file, or null"),
     ("format", _STR, "reader used: nuscenes_bin, kitti_bin, bin, npy, pcd, ply"),
     ("file_bytes", _I64, "bytes of the keyframe file plus all sweep files"),
@@ -153,6 +160,27 @@ def reject_schema() -> pa.Schema:
 def plan_schema() -> pa.Schema:
     """Arrow schema of every ``epoch=E/rank=R/part-*.parquet`` file."""
     return _schema(PLAN_FIELDS)
+
+
+#: Keys of ``_manifest.json`` (JSON object) and what they hold.
+MANIFEST_KEYS: dict[str, str] = {
+    "schema_version": "SCHEMA_VERSION of the writer",
+    "created_by": "lidarshard version",
+    "world_size": "int W: ranks planned for",
+    "batch_size": "int B: samples per rank per step",
+    "epochs": "int E: epochs planned",
+    "seed": "int: the plan's seed",
+    "strategy": "name of the planning strategy",
+    "cost_model": "{'name': 'points'|'voxels'|'linear', 'params': {...}}",
+    "buckets": "{'edges': [K-1 floats, cost units], 'weights': [K floats], 'counts': [K ints]}",
+    "policy": "'drop_last' or 'pad': how a pool that is not a multiple of W*B is fitted",
+    "steps_per_epoch": "[E ints]: steps in each epoch (weights < 1 thin randomly, so epochs may differ)",
+    "counts": "{'scanned', 'accepted', 'rejected': int, 'planned', 'dropped', 'padded': [E ints]}",
+    "balance": "[E objects]: {'epoch', 'linearity', 'bound', 'random_linearity', 'spearman_step_cost', ...}",
+    "inputs_fingerprint": "sha256 hex over the sorted (sample_id, file_bytes) of accepted inputs",
+    "options": "the scan/build options that shaped the output",
+    "files": "{relative path: {'bytes': int, 'sha256': hex}} for every data file, recorded at commit",
+}
 
 
 def schema_to_json(schema: pa.Schema) -> list[dict[str, str]]:

@@ -1,0 +1,265 @@
+"""``lidarshard build INPUT OUT --world-size W --batch-size B``: balanced, rank-sharded manifests.
+
+One Beam pipeline: scan (or ``--from-samples``) -> accounting check -> cost -> exact quantile
+buckets -> per-epoch plans (epochs in parallel) -> Parquet files -> ``_manifest.json``; the
+launcher then writes ``_SUCCESS`` and publishes the staging directory as OUT.
+
+Bucket edges are exact quantiles of the gathered cost column, not Beam's ApproximateQuantiles,
+whose result can depend on bundling and would break byte-identical output across runners.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import apache_beam as beam
+import pyarrow as pa
+
+import schemas
+from pipelines import _output
+from pipelines.scan import (
+    VERSION,
+    add_scan_arguments,
+    beam_options,
+    counts_of,
+    dedupe,
+    fingerprint,
+    run_pipeline,
+    scan_config,
+    scan_meta,
+)
+from transforms.cost import parse_cost_model
+from transforms.manifest import PlanConfig, bucket_info, plan_tables, repeat_rates, score
+from transforms.plan import DEFAULT_STRATEGY, STRATEGIES
+from transforms.scan_beam import ScanSamples, read_bytes
+from transforms.tables import parquet_bytes, sha256_hex, table_from_parquet_bytes
+
+__all__ = ["run", "add_plan_arguments", "plan_config"]
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("plan")
+    g.add_argument("--world-size", type=int, required=True, help="data-parallel ranks W")
+    g.add_argument("--batch-size", type=int, required=True, help="samples per rank per step B")
+    g.add_argument("--epochs", type=int, default=1, help="epochs to plan (1)")
+    g.add_argument("--seed", type=int, default=0, help="plan seed (0)")
+    g.add_argument("--strategy", choices=sorted(STRATEGIES), default=DEFAULT_STRATEGY)
+    g.add_argument("--buckets", type=int, help="cost buckets K (default: from the data)")
+    g.add_argument(
+        "--bucket-weights",
+        type=lambda s: tuple(float(v) for v in s.split(",")),
+        help="w0,w1,..: w>1 repeats a bucket's samples, w<1 thins them",
+    )
+    g.add_argument("--cost-model", default="voxels", help="points | voxels | linear:c0,a,b | @fit.json")
+    pol = g.add_mutually_exclusive_group()
+    pol.add_argument(
+        "--drop-last",
+        dest="policy",
+        action="store_const",
+        const="drop_last",
+        help="drop the samples that do not fill a last step (default)",
+    )
+    pol.add_argument(
+        "--pad",
+        dest="policy",
+        action="store_const",
+        const="pad",
+        help="repeat random samples to fill the last step",
+    )
+    g.add_argument("--from-samples", help="re-plan from a previous run's samples.parquet (no rescan)")
+    parser.set_defaults(policy="drop_last")
+
+
+def plan_config(args: argparse.Namespace) -> PlanConfig:
+    return PlanConfig(
+        world_size=args.world_size,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        seed=args.seed,
+        strategy=args.strategy,
+        policy=args.policy,
+        num_buckets=args.buckets,
+        weights=args.bucket_weights,
+    )
+
+
+def _write(staging: str, rel: str, data: bytes) -> dict:
+    _output.write_bytes(_output.join(staging, rel), data)
+    return {"path": rel, "bytes": len(data), "sha256": sha256_hex(data)}
+
+
+def _previous(path: str) -> tuple[pa.Table, pa.Table, int]:
+    """(samples, rejects, scanned) of an earlier scan/build whose samples.parquet is ``path``."""
+    samples = table_from_parquet_bytes(read_bytes(path))
+    root = path.rsplit("/", 1)[0] if "/" in path else "."
+    try:
+        rejects = table_from_parquet_bytes(read_bytes(_output.join(root, schemas.REJECTS_FILE)))
+    except OSError:
+        rejects = schemas.reject_schema().empty_table()
+    scanned = samples.num_rows + rejects.num_rows
+    return (
+        samples.select([n for n, _, _ in schemas.SAMPLE_FIELDS]).cast(schemas.sample_schema()),
+        rejects,
+        scanned,
+    )
+
+
+def _check_and_score(
+    _: None, cost_spec: str, cfg: PlanConfig, scanned: int, samples: pa.Table, rejects: pa.Table
+):
+    samples, dup = dedupe(samples)
+    if dup:
+        rejects = pa.concat_tables([rejects, pa.Table.from_pylist(dup, schema=rejects.schema)])
+        rejects = rejects.sort_by([("path", "ascending"), ("reason", "ascending"), ("detail", "ascending")])
+    counts = counts_of(scanned, samples, rejects)
+    if samples.num_rows == 0:
+        raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
+    model = parse_cost_model(cost_spec, lambda p: read_bytes(p).decode())
+    scored, edges = score(samples, model, cfg)
+    return {
+        "scored": scored,
+        "rejects": rejects,
+        "counts": counts,
+        "model": model.to_json(),
+        "buckets": bucket_info(scored, edges, cfg),
+        "fingerprint": fingerprint(samples),
+    }
+
+
+def _write_samples(checked: dict, staging: str):
+    yield _write(staging, schemas.SAMPLES_FILE, parquet_bytes(checked["scored"]))
+    yield _write(staging, schemas.REJECTS_FILE, parquet_bytes(checked["rejects"]))
+
+
+def _plan_epoch(epoch: int, checked: dict, cfg: PlanConfig, staging: str):
+    tables, stats = plan_tables(checked["scored"], epoch, cfg)
+    for rank, table in enumerate(tables):
+        yield _write(staging, schemas.plan_file(epoch, rank), parquet_bytes(table))
+    yield beam.pvalue.TaggedOutput("stats", stats)
+
+
+def _write_manifest(
+    _: None, staging: str, meta: dict, cfg: PlanConfig, checked: dict, files: list, stats: list
+):
+    stats = sorted(stats, key=lambda s: s["epoch"])
+    balance = [{k: v for k, v in s.items() if k not in ("planned", "dropped", "padded")} for s in stats]
+    counts = dict(checked["counts"])
+    for key in ("planned", "dropped", "padded"):
+        counts[key] = [s[key] for s in stats]
+    manifest = meta | {
+        "world_size": cfg.world_size,
+        "batch_size": cfg.batch_size,
+        "epochs": cfg.epochs,
+        "seed": cfg.seed,
+        "strategy": cfg.strategy,
+        "policy": cfg.policy,
+        "cost_model": checked["model"],
+        "buckets": checked["buckets"],
+        "steps_per_epoch": [s["steps"] for s in stats],
+        "counts": counts,
+        "balance": balance,
+        "pair_repeat_rate": repeat_rates(checked["scored"], cfg),
+        "inputs_fingerprint": checked["fingerprint"],
+        "files": {
+            f["path"]: {"bytes": f["bytes"], "sha256": f["sha256"]}
+            for f in sorted(files, key=lambda f: f["path"])
+        },
+        "plan_schema": schemas.schema_to_json(schemas.plan_schema()),
+    }
+    _output.write_json(_output.join(staging, schemas.MANIFEST_FILE), manifest)
+
+
+def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, cfg: PlanConfig, staging: str) -> None:
+    scan_cfg = scan_config(args)
+    if args.from_samples:
+        prev = (
+            pipeline | "Previous" >> beam.Create([args.from_samples]) | "ReadPrevious" >> beam.Map(_previous)
+        )
+        samples = prev | "PrevSamples" >> beam.Map(lambda t: t[0])
+        rejects = prev | "PrevRejects" >> beam.Map(lambda t: t[1])
+        scanned = prev | "PrevScanned" >> beam.Map(lambda t: t[2])
+    else:
+        scan = pipeline | "Scan" >> ScanSamples(args.input, scan_cfg, args.nuscenes_version, args.sweeps)
+        samples, rejects, scanned = scan.samples, scan.rejects, scan.scanned
+    side = beam.pvalue.AsSingleton
+    checked = (
+        pipeline
+        | "Start" >> beam.Create([None])
+        | "CheckAndScore"
+        >> beam.Map(_check_and_score, args.cost_model, cfg, side(scanned), side(samples), side(rejects))
+    )
+    sample_files = checked | "WriteSamples" >> beam.FlatMap(_write_samples, staging)
+    planned = (
+        pipeline
+        | "Epochs" >> beam.Create(list(range(cfg.epochs)))
+        | "PlanEpoch"
+        >> beam.FlatMap(_plan_epoch, side(checked), cfg, staging).with_outputs("stats", main="files")
+    )
+    files = (
+        (sample_files, planned.files) | "AllFiles" >> beam.Flatten() | "ListFiles" >> beam.combiners.ToList()
+    )
+    stats = planned.stats | "ListStats" >> beam.combiners.ToList()
+    meta = scan_meta(args, scan_cfg) | {"from_samples": args.from_samples}
+    _ = (
+        pipeline
+        | "Finish" >> beam.Create([None])
+        | "WriteManifest"
+        >> beam.Map(_write_manifest, staging, meta, cfg, side(checked), side(files), side(stats))
+    )
+
+
+def print_summary(out: str) -> None:
+    m = _output.read_json(_output.join(out, schemas.MANIFEST_FILE))
+    c = m["counts"]
+    print(
+        f"scanned {c['scanned']}: accepted {c['accepted']}, rejected {c['rejected']}"
+        + "".join(f"\n  rejected {r}: {n}" for r, n in sorted(c["rejected_by_reason"].items()))
+    )
+    print(
+        f"plan: {m['strategy']}, world size {m['world_size']}, batch {m['batch_size']}, "
+        f"{len(m['buckets']['counts'])} buckets, cost model {m['cost_model']['name']}"
+    )
+    print("epoch  steps  linearity  bound   random  spearman")
+    for b in m["balance"]:
+        print(
+            f"{b['epoch']:>5}  {b['steps']:>5}  {b['linearity']:>9.4f}  {b['bound']:.4f}  "
+            f"{b['random_linearity']:.4f}  {b['spearman_step_cost']:+.3f}"
+        )
+    if m.get("pair_repeat_rate"):
+        print(
+            "pair repeat rate epoch 0->1: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in m["pair_repeat_rate"].items())
+        )
+    print(f"wrote {out}")
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lidarshard build", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "paths", nargs="+", metavar="INPUT OUT", help="INPUT OUT, or just OUT with --from-samples"
+    )
+    add_scan_arguments(parser)
+    add_plan_arguments(parser)
+    args, beam_args = parser.parse_known_args(argv)
+    want = 1 if args.from_samples else 2
+    if len(args.paths) != want:
+        parser.error("expected OUT with --from-samples, else INPUT OUT")
+    args.input, args.output = (args.from_samples, args.paths[0]) if args.from_samples else args.paths
+    try:
+        cfg = plan_config(args)
+        parse_cost_model(args.cost_model, lambda p: read_bytes(p).decode())
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    staging = _output.new_staging(args.output)
+    pipeline = beam.Pipeline(options=beam_options(beam_args))
+    build_pipeline(pipeline, args, cfg, staging)
+    run_pipeline(pipeline, staging, args.output)
+    print_summary(args.output)
+    return 0
+
+
+__version__ = VERSION
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,208 @@
+"""``lidarshard scan INPUT OUT``: size features of every point cloud, bad input to rejects.
+
+Writes ``OUT/samples.parquet``, ``OUT/rejects.parquet``, ``OUT/_scan.json`` and ``OUT/_SUCCESS``.
+Every flag this parser does not know goes to Beam (``--runner``, ``--direct_num_workers``, ...).
+
+Our flags are parsed with plain argparse rather than a ``PipelineOptions`` subclass on purpose:
+Beam registers every ``PipelineOptions`` subclass in one global parser, so two subcommands that
+both define ``--seed`` (or a positional INPUT) would collide inside runners.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import os
+import sys
+from collections.abc import Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.options.pipeline_options import PipelineOptions
+
+import schemas
+from pipelines import _output
+from transforms.readers import FORMATS
+from transforms.scan import FEATURE_MODES, ScanConfig
+from transforms.scan_beam import ScanSamples
+from transforms.tables import parquet_bytes
+
+__all__ = ["run", "add_scan_arguments", "scan_config", "beam_options", "run_pipeline", "dedupe", "counts_of"]
+
+VERSION = "0.1.0"
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in text.split(","))
+
+
+def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags that decide what is read and how features are computed (shared with ``build``)."""
+    g = parser.add_argument_group("scan")
+    g.add_argument("--nuscenes-version", help="INPUT is a nuScenes dataroot; read its v1.0-xxx tables")
+    g.add_argument(
+        "--sweeps", type=int, default=0, help="previous sweeps aggregated per keyframe (tables mode)"
+    )
+    g.add_argument("--format", choices=FORMATS, help="override extension-based format detection")
+    g.add_argument("--point-dims", type=int, help="float32 values per point of headerless .bin files")
+    g.add_argument("--voxel-size", type=float, default=0.05, help="occupancy voxel edge, metres (0.05)")
+    g.add_argument("--point-cloud-range", type=_floats, help="x0,y0,z0,x1,y1,z1 metres; default all points")
+    g.add_argument("--features", choices=FEATURE_MODES, default="full", help="'stat' sizes .bin files unread")
+    g.add_argument("--backend", choices=("numpy", "open3d"), default="numpy", help="reader for .pcd/.ply")
+    g.add_argument("--max-file-bytes", type=int, default=2 << 30, help="reject larger files (too_large)")
+    g.add_argument("--max-points", type=int, default=50_000_000, help="reject larger clouds (too_large)")
+
+
+def scan_config(args: argparse.Namespace) -> ScanConfig:
+    return ScanConfig(
+        voxel_size=args.voxel_size,
+        point_cloud_range=args.point_cloud_range,
+        point_dims=args.point_dims,
+        format=args.format,
+        features=args.features,
+        max_file_bytes=args.max_file_bytes,
+        max_points=args.max_points,
+        backend=args.backend,
+    )
+
+
+def beam_options(beam_args: Sequence[str]) -> PipelineOptions:
+    """Beam options; without ``--runner`` the local DirectRunner on all cores (multi_processing)."""
+    args = list(beam_args)
+    if not any(a.startswith("--runner") for a in args):
+        args += [
+            "--runner=DirectRunner",
+            "--direct_running_mode=multi_processing",
+            f"--direct_num_workers={os.cpu_count() or 1}",
+        ]
+    return PipelineOptions(args)
+
+
+def dedupe(samples: pa.Table) -> tuple[pa.Table, list[dict]]:
+    """Keep the first row per sample_id (table sorted by sample_id); the rest become rejects."""
+    ids = samples.column("sample_id")
+    if samples.num_rows < 2:
+        return samples, []
+    same = pc.equal(ids.slice(1), ids.slice(0, samples.num_rows - 1)).to_numpy(zero_copy_only=False)
+    if not same.any():
+        return samples, []
+    dup = [False, *same.tolist()]
+    dropped = samples.filter(pa.array(dup))
+    rejects = [
+        {"path": p, "reason": "duplicate_id", "detail": f"sample_id {s!r} already produced by another input"}
+        for p, s in zip(
+            dropped.column("path").to_pylist(), dropped.column("sample_id").to_pylist(), strict=True
+        )
+    ]
+    return samples.filter(pc.invert(pa.array(dup))), rejects
+
+
+def counts_of(scanned: int, samples: pa.Table, rejects: pa.Table) -> dict:
+    """Accounting: raises when the runner lost or duplicated inputs (scanned != accepted + rejected)."""
+    accepted, rejected = samples.num_rows, rejects.num_rows
+    if scanned != accepted + rejected:
+        raise RuntimeError(
+            f"accounting check failed: scanned {scanned} inputs but accepted {accepted} + rejected {rejected}"
+            f" = {accepted + rejected}; the runner lost or duplicated elements, nothing was written"
+        )
+    by_reason = collections.Counter(rejects.column("reason").to_pylist())
+    return {
+        "scanned": scanned,
+        "accepted": accepted,
+        "rejected": rejected,
+        "rejected_by_reason": dict(by_reason),
+    }
+
+
+def fingerprint(samples: pa.Table) -> str:
+    """SHA-256 over the sorted (sample_id, file_bytes) of accepted inputs."""
+    h = hashlib.sha256()
+    for sid, nbytes in zip(
+        samples.column("sample_id").to_pylist(), samples.column("file_bytes").to_pylist(), strict=True
+    ):
+        h.update(f"{sid}\t{nbytes}\n".encode())
+    return h.hexdigest()
+
+
+def _finalize(_: None, staging: str, meta: dict, scanned: int, samples: pa.Table, rejects: pa.Table) -> None:
+    samples, dup_rejects = dedupe(samples)
+    if dup_rejects:
+        rejects = pa.concat_tables([rejects, pa.Table.from_pylist(dup_rejects, schema=rejects.schema)])
+        rejects = rejects.sort_by([("path", "ascending"), ("reason", "ascending"), ("detail", "ascending")])
+    counts = counts_of(scanned, samples, rejects)
+    _output.write_bytes(_output.join(staging, schemas.SAMPLES_FILE), parquet_bytes(samples))
+    _output.write_bytes(_output.join(staging, schemas.REJECTS_FILE), parquet_bytes(rejects))
+    _output.write_json(
+        _output.join(staging, schemas.SCAN_FILE),
+        meta | {"counts": counts, "inputs_fingerprint": fingerprint(samples)},
+    )
+
+
+def scan_meta(args: argparse.Namespace, cfg: ScanConfig) -> dict:
+    return {
+        "schema_version": schemas.SCHEMA_VERSION,
+        "created_by": f"lidarshard {VERSION}",
+        "input": args.input,
+        "nuscenes_version": args.nuscenes_version,
+        "sweeps": args.sweeps,
+        "scan_config": {k: v for k, v in vars(cfg).items() if k != "extra"},
+        "sample_schema": schemas.schema_to_json(schemas.sample_schema()),
+    }
+
+
+def run_pipeline(pipeline: beam.Pipeline, staging: str, out: str) -> None:
+    """Run ``pipeline`` (which writes into ``staging``), then publish it as ``out`` or discard it."""
+    try:
+        pipeline.run().wait_until_finish()
+        _output.write_bytes(_output.join(staging, schemas.SUCCESS_FILE), b"")
+    except BaseException:
+        _output.discard(staging)
+        raise
+    _output.commit(staging, out)
+
+
+def build_scan(pipeline: beam.Pipeline, args: argparse.Namespace, staging: str) -> None:
+    cfg = scan_config(args)
+    scan = pipeline | "Scan" >> ScanSamples(args.input, cfg, args.nuscenes_version, args.sweeps)
+    _ = (
+        pipeline
+        | "Start" >> beam.Create([None])
+        | "Finalize"
+        >> beam.Map(
+            _finalize,
+            staging,
+            scan_meta(args, cfg),
+            beam.pvalue.AsSingleton(scan.scanned),
+            beam.pvalue.AsSingleton(scan.samples),
+            beam.pvalue.AsSingleton(scan.rejects),
+        )
+    )
+
+
+def print_summary(out: str) -> None:
+    meta = _output.read_json(_output.join(out, schemas.SCAN_FILE))
+    c = meta["counts"]
+    print(f"scanned {c['scanned']}: accepted {c['accepted']}, rejected {c['rejected']}")
+    for reason, n in sorted(c["rejected_by_reason"].items()):
+        print(f"  rejected {reason}: {n}")
+    print(f"wrote {out}")
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lidarshard scan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("input", help="directory, glob or nuScenes dataroot (local, gs://, s3://)")
+    parser.add_argument("output", help="output directory (replaced atomically on success)")
+    add_scan_arguments(parser)
+    args, beam_args = parser.parse_known_args(argv)
+    staging = _output.new_staging(args.output)
+    pipeline = beam.Pipeline(options=beam_options(beam_args))
+    build_scan(pipeline, args, staging)
+    run_pipeline(pipeline, staging, args.output)
+    print_summary(args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

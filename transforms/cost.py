@@ -1,0 +1,80 @@
+"""Cost models: predicted compute cost of a sample from its size features. Pure numpy/pyarrow.
+
+``cost = c0 + a * points + b * voxels`` where ``points`` is ``num_in_range`` (the points a model
+sees after the range filter; ``num_points`` under ``--features stat``) and ``voxels`` is
+``occupied_voxels``. ``points`` and ``voxels`` are the special cases (0, 1, 0) and (0, 0, 1);
+``lidarshard calibrate`` fits (c0, a, b) to measured timings and writes ``@file.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+__all__ = ["CostModel", "parse_cost_model", "sample_costs"]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """``cost = c0 + a * points + b * voxels`` (units: whatever the fit used, e.g. ms)."""
+
+    name: str
+    c0: float = 0.0
+    a: float = 0.0
+    b: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+_NAMED = {"points": CostModel("points", a=1.0), "voxels": CostModel("voxels", b=1.0)}
+
+
+def _linear(c0: float, a: float, b: float, name: str = "linear") -> CostModel:
+    if not all(math.isfinite(v) for v in (c0, a, b)):
+        raise ValueError(f"cost model coefficients must be finite, got {(c0, a, b)}")
+    if a < 0 or b < 0 or (a == 0 and b == 0):
+        raise ValueError(f"cost model needs a >= 0, b >= 0 and one of them > 0, got a={a}, b={b}")
+    return CostModel(name, float(c0), float(a), float(b))
+
+
+def parse_cost_model(spec: str, read_text: Callable[[str], str] | None = None) -> CostModel:
+    """``points`` | ``voxels`` | ``linear:c0,a,b`` | ``@path.json`` (as written by calibrate)."""
+    if spec in _NAMED:
+        return _NAMED[spec]
+    if spec.startswith("linear:"):
+        parts = spec[len("linear:") :].split(",")
+        if len(parts) != 3:
+            raise ValueError(f"--cost-model linear:c0,a,b needs 3 numbers, got {spec!r}")
+        return _linear(*(float(p) for p in parts))
+    if spec.startswith("@"):
+        path = spec[1:]
+        text = read_text(path) if read_text else open(path, encoding="utf-8").read()
+        obj = json.loads(text)
+        model = obj.get("cost_model", obj)
+        return _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear")
+    raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")
+
+
+def _column(samples: pa.Table, name: str) -> NDArray[np.float64]:
+    col = samples.column(name)
+    if col.null_count:
+        raise ValueError(f"cost model needs {name!r} but {col.null_count} samples lack it (--features stat?)")
+    return col.to_numpy().astype(np.float64)
+
+
+def sample_costs(samples: pa.Table, model: CostModel) -> NDArray[np.float64]:
+    """(N,) float64 costs for the rows of a samples table."""
+    cost = np.full(samples.num_rows, model.c0, dtype=np.float64)
+    if model.a:
+        name = "num_in_range" if samples.column("num_in_range").null_count == 0 else "num_points"
+        cost += model.a * _column(samples, name)
+    if model.b:
+        cost += model.b * _column(samples, "occupied_voxels")
+    return cost

@@ -1,0 +1,142 @@
+"""From a samples table to per-(epoch, rank) plan tables and the manifest's numbers. Pure.
+
+The Beam pipeline calls ``score`` once (the whole, sorted samples table), then ``plan_tables``
+once per epoch (epochs plan in parallel), then ``repeat_rates`` for the metadata.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+import schemas
+from transforms import buckets
+from transforms.cost import CostModel, sample_costs
+from transforms.plan import STRATEGIES, plan_epoch
+from transforms.plan.metrics import balance_summary, pair_repeat_rate
+
+__all__ = ["PlanConfig", "score", "plan_tables", "plan_samples", "repeat_rates", "bucket_info"]
+
+_POOL_SALT = zlib.crc32(b"pool")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Everything that decides a plan besides the samples."""
+
+    world_size: int
+    batch_size: int
+    epochs: int = 1
+    seed: int = 0
+    strategy: str = "balanced"
+    policy: str = "drop_last"
+    num_buckets: int | None = None  # None: buckets.default_num_buckets(N)
+    weights: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or self.batch_size < 1 or self.epochs < 1:
+            raise ValueError("--world-size, --batch-size and --epochs must be >= 1")
+        if self.seed < 0:
+            raise ValueError("--seed must be >= 0")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown --strategy {self.strategy!r}; choose from {sorted(STRATEGIES)}")
+        if self.policy not in buckets.POLICIES:
+            raise ValueError(f"policy must be one of {buckets.POLICIES}")
+
+
+def score(samples: pa.Table, model: CostModel, cfg: PlanConfig) -> tuple[pa.Table, NDArray[np.float64]]:
+    """Add ``cost`` and ``bucket_id`` to a samples table (sorted by sample_id).
+
+    Returns:
+        (scored table with ``schemas.scored_schema()``, bucket edges (K-1,) in cost units).
+    """
+    base = samples.select([name for name, _, _ in schemas.SAMPLE_FIELDS])
+    costs = sample_costs(base, model)
+    k = cfg.num_buckets or buckets.default_num_buckets(max(len(costs), 1))
+    edges = buckets.quantile_edges(costs, k) if len(costs) else np.empty(0)
+    ids = buckets.assign_buckets(costs, edges)
+    scored = base.append_column(schemas.scored_schema().field("cost"), pa.array(costs, pa.float64()))
+    scored = scored.append_column(schemas.scored_schema().field("bucket_id"), pa.array(ids, pa.int32()))
+    return scored.cast(schemas.scored_schema()), edges
+
+
+def bucket_info(scored: pa.Table, edges: NDArray[np.float64], cfg: PlanConfig) -> dict:
+    """The manifest's ``buckets`` object."""
+    k = len(edges) + 1
+    ids = scored.column("bucket_id").to_numpy()
+    return {
+        "edges": [float(e) for e in edges],
+        "weights": buckets.resolve_weights(cfg.weights, k).tolist(),
+        "counts": buckets.bucket_counts(ids, k).tolist(),
+    }
+
+
+def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray[np.int64], dict]:
+    """Plan one epoch in sample space.
+
+    Returns:
+        (plan (S, W, B) int64 row indices into ``scored``, stats) where stats holds the
+        epoch's balance summary and counts {planned, dropped, padded}.
+    """
+    costs = scored.column("cost").to_numpy()
+    ids = scored.column("bucket_id").to_numpy()
+    weights = buckets.resolve_weights(cfg.weights, int(ids.max()) + 1 if len(ids) else 1)
+    rng = np.random.default_rng([cfg.seed, epoch, _POOL_SALT])
+    pool = buckets.weighted_pool(ids, weights, rng)
+    pool, dropped, padded = buckets.fit_pool(pool, cfg.world_size * cfg.batch_size, cfg.policy, rng)
+    if pool.size == 0:
+        raise ValueError(
+            f"epoch {epoch}: {len(costs)} samples do not fill one step of W*B = "
+            f"{cfg.world_size * cfg.batch_size}; use --pad or a smaller --world-size/--batch-size"
+        )
+    plan = plan_epoch(
+        cfg.strategy,
+        costs[pool],
+        cfg.world_size,
+        cfg.batch_size,
+        seed=cfg.seed,
+        epoch=epoch,
+        bucket_ids=ids[pool],
+    )
+    stats = balance_summary(plan, costs[pool], cfg.world_size, cfg.batch_size, seed=cfg.seed, epoch=epoch)
+    stats |= {"planned": int(pool.size), "dropped": int(dropped), "padded": int(padded)}
+    return pool[plan], stats
+
+
+def plan_tables(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[list[pa.Table], dict]:
+    """One epoch's plan as W tables (rank order) of ``schemas.plan_schema()``, sorted by (step, slot)."""
+    plan, stats = plan_samples(scored, epoch, cfg)
+    s, w, b = plan.shape
+    step = np.repeat(np.arange(s, dtype=np.int32), b)
+    slot = np.tile(np.arange(b, dtype=np.int32), s)
+    cols = scored.select(["sample_id", "path", "sweep_paths", "cost", "bucket_id"])
+    tables = []
+    for rank in range(w):
+        rows = cols.take(pa.array(plan[:, rank, :].reshape(-1)))
+        fixed = {
+            "epoch": pa.array(np.full(s * b, epoch, dtype=np.int32)),
+            "step": pa.array(step),
+            "rank": pa.array(np.full(s * b, rank, dtype=np.int32)),
+            "slot": pa.array(slot),
+        }
+        arrays = [fixed[f.name] if f.name in fixed else rows.column(f.name) for f in schemas.plan_schema()]
+        tables.append(pa.Table.from_arrays(arrays, schema=schemas.plan_schema()))
+    return tables, stats
+
+
+def repeat_rates(scored: pa.Table, cfg: PlanConfig) -> dict[str, float] | None:
+    """How often two samples sharing a step in epoch 0 share one again in epoch 1: this strategy
+    vs ``random`` (None with one epoch)."""
+    if cfg.epochs < 2:
+        return None
+    out = {}
+    for name in dict.fromkeys([cfg.strategy, "random"]):
+        c = PlanConfig(**{**cfg.__dict__, "strategy": name})
+        a, _ = plan_samples(scored, 0, c)
+        b, _ = plan_samples(scored, 1, c)
+        out[name] = round(pair_repeat_rate(a, b), 6)
+    return out

@@ -1,0 +1,137 @@
+"""Read one sample (keyframe + sweeps + labels) and compute its feature row. Pure: I/O is injected.
+
+The Beam DoFn in ``transforms.scan_beam`` passes ``read_bytes``/``size_of`` built on Beam's
+FileSystems, so the same code reads local paths, gs:// and s3:// URIs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from transforms import readers
+from transforms.errors import RejectError
+from transforms.features import DEFAULT_VOXEL_SIZE, MAX_ABS_COORD, compute_features
+from transforms.multisweep import aggregate
+from transforms.nuscenes import NuScenesTask, check_labels
+
+__all__ = ["ScanConfig", "featurize", "file_task", "FEATURE_MODES"]
+
+FEATURE_MODES = ("full", "stat")
+
+ReadBytes = Callable[[str], bytes]
+SizeOf = Callable[[str], int]
+
+
+@dataclass(frozen=True)
+class ScanConfig:
+    """What shapes a feature row. Every field is recorded in ``_scan.json``."""
+
+    voxel_size: float = DEFAULT_VOXEL_SIZE  # m
+    point_cloud_range: tuple[float, ...] | None = None  # (x0, y0, z0, x1, y1, z1) m
+    point_dims: int | None = None  # float32 values per point for headerless .bin
+    format: str | None = None  # override extension-based detection
+    features: str = "full"  # "full" reads every point; "stat" sizes fixed-record files only
+    max_file_bytes: int = 2 << 30
+    max_points: int = 50_000_000
+    max_abs_coord: float = MAX_ABS_COORD  # m
+    backend: str = "numpy"  # or "open3d" for .pcd/.ply
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.features not in FEATURE_MODES:
+            raise ValueError(f"--features must be one of {FEATURE_MODES}, got {self.features!r}")
+        if self.voxel_size <= 0:
+            raise ValueError(f"--voxel-size must be > 0, got {self.voxel_size}")
+        if self.point_cloud_range is not None and len(self.point_cloud_range) != 6:
+            raise ValueError("--point-cloud-range needs 6 numbers: x0,y0,z0,x1,y1,z1")
+
+
+def file_task(sample_id: str, path: str) -> NuScenesTask:
+    """A task for a plain file (no sweeps, no labels)."""
+    return NuScenesTask(sample_id=sample_id, path=path, sweeps=(), label_path=None)
+
+
+def _read(path: str, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig, missing: str) -> bytes:
+    try:
+        size = size_of(path)
+    except (OSError, IOError) as e:  # noqa: UP024 - Beam raises BeamIOError (an IOError)
+        raise RejectError(missing, f"{path}: {e}") from None
+    if size > cfg.max_file_bytes:
+        raise RejectError("too_large", f"{size} bytes > --max-file-bytes {cfg.max_file_bytes}")
+    try:
+        data = read_bytes(path)
+    except IsADirectoryError:
+        raise RejectError("unreadable", f"{path} is a directory") from None
+    except OSError as e:
+        raise RejectError("unreadable", f"{path}: {e}") from None
+    if len(data) != size:
+        raise RejectError("unreadable", f"{path}: read {len(data)} bytes, file has {size}")
+    return data
+
+
+def _points(data: bytes, fmt: str, cfg: ScanConfig) -> np.ndarray:
+    if cfg.backend == "open3d" and fmt in ("pcd", "ply"):
+        from transforms.open3d_backend import read_points_open3d
+
+        return read_points_open3d(data, fmt)
+    return readers.read_points(data, fmt, point_dims=cfg.point_dims, max_points=cfg.max_points)
+
+
+def _stat_row(task: NuScenesTask, fmt: str, size_of: SizeOf, cfg: ScanConfig) -> dict:
+    total, n = 0, 0
+    for p in (task.path, *(s.path for s in task.sweeps)):
+        try:
+            size = size_of(p)
+        except OSError as e:
+            raise RejectError("missing_sweep" if p != task.path else "unreadable", f"{p}: {e}") from None
+        total += size
+        n += readers.count_points_from_size(size, fmt, cfg.point_dims)
+    return {"file_bytes": total, "num_points": n, "has_labels": task.label_path is not None}
+
+
+def featurize(task: NuScenesTask, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig) -> dict:
+    """One row of ``schemas.SAMPLE_FIELDS`` for ``task``.
+
+    Raises:
+        RejectError: any bad input, with a reason from ``schemas.REJECT_REASONS``.
+    """
+    fmt = cfg.format or readers.detect_format(task.path)
+    row: dict = {
+        "sample_id": task.sample_id,
+        "path": task.path,
+        "sweep_paths": [s.path for s in task.sweeps],
+        "sweep_transforms": [float(v) for s in task.sweeps for v in s.sensor_to_ref],
+        "label_path": task.label_path,
+        "format": fmt,
+        "num_sweeps": len(task.sweeps),
+    }
+    if cfg.features == "stat":
+        try:
+            return row | _stat_row(task, fmt, size_of, cfg)
+        except ValueError:
+            raise RejectError("unsupported_format", f"--features stat cannot size {fmt} files") from None
+    missing = "missing_file" if task.sweeps or task.label_path else "unreadable"
+    data = _read(task.path, read_bytes, size_of, cfg, missing)
+    file_bytes = len(data)
+    key = _points(data, fmt, cfg)
+    if task.label_path is not None:
+        check_labels(_read(task.label_path, read_bytes, size_of, cfg, "label_mismatch"), len(key))
+    sweeps, transforms = [], []
+    for ref in task.sweeps:
+        sweep_data = _read(ref.path, read_bytes, size_of, cfg, "missing_sweep")
+        file_bytes += len(sweep_data)
+        sweeps.append(_points(sweep_data, fmt, cfg))
+        transforms.append(np.asarray(ref.sensor_to_ref, dtype=np.float64).reshape(4, 4))
+    points = aggregate(key, sweeps, transforms) if sweeps else key
+    if points.shape[0] > cfg.max_points:
+        raise RejectError("too_large", f"{points.shape[0]} points > --max-points {cfg.max_points}")
+    feats = compute_features(
+        points,
+        voxel_size=cfg.voxel_size,
+        point_cloud_range=cfg.point_cloud_range,
+        max_abs_coord=cfg.max_abs_coord,
+    )
+    return row | feats | {"file_bytes": file_bytes, "has_labels": task.label_path is not None}

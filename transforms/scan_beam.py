@@ -1,0 +1,189 @@
+"""Beam wiring of the scan: discover -> read+featurize (dead letters to rejects) -> Arrow tables.
+
+Thin DoFns around ``transforms.scan`` and ``transforms.nuscenes``; every file access goes through
+Beam's ``FileSystems`` so local paths, gs:// and s3:// work alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import time
+from collections.abc import Iterable, Iterator
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io import fileio
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+import schemas
+from transforms import nuscenes
+from transforms.errors import RejectError
+from transforms.scan import ScanConfig, featurize, file_task
+from transforms.tables import concat_sorted, rows_to_table
+
+__all__ = ["ScanSamples", "ScanResult", "ConcatTables", "read_bytes", "size_of", "NAMESPACE"]
+
+NAMESPACE = "lidarshard"
+_LOG = logging.getLogger(__name__)
+
+
+def read_bytes(path: str) -> bytes:
+    """Whole file through Beam FileSystems, never decompressed by extension."""
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
+def size_of(path: str) -> int:
+    """Size in bytes; raises FileNotFoundError when nothing is there."""
+    found = FileSystems.match([path])[0].metadata_list
+    if not found:
+        raise FileNotFoundError(f"no such file: {path}")
+    return int(found[0].size_in_bytes)
+
+
+def _reject_row(path: str, reason: str, detail: str) -> dict:
+    return {"path": path, "reason": reason, "detail": detail}
+
+
+class _Featurize(beam.DoFn):
+    """Task -> feature row, or a reject row on the ``rejects`` output. Counts every outcome."""
+
+    def __init__(self, cfg: ScanConfig) -> None:
+        self._cfg = cfg
+        self._accepted = Metrics.counter(NAMESPACE, "accepted")
+        self._progress_at = 0.0
+
+    def setup(self) -> None:
+        self._seen = 0
+        self._started = time.monotonic()
+
+    def process(self, task: nuscenes.NuScenesTask) -> Iterator:
+        self._seen += 1
+        try:
+            row = featurize(task, read_bytes, size_of, self._cfg)
+        except RejectError as e:
+            yield from _rejected(task.path, e.reason, e.detail)
+        except (ValueError, TypeError, IndexError, MemoryError) as e:  # a reader bug: keep the run going
+            yield from _rejected(task.path, "reader_error", f"{type(e).__name__}: {e}")
+        else:
+            self._accepted.inc()
+            yield row
+        now = time.monotonic()
+        if now - self._progress_at > 30:
+            self._progress_at = now
+            rate = self._seen / max(now - self._started, 1e-9)
+            _LOG.info("lidarshard scan: %d inputs read by this worker (%.1f/s)", self._seen, rate)
+
+
+def _rejected(path: str, reason: str, detail: str) -> Iterator:
+    Metrics.counter(NAMESPACE, f"rejected_{reason}").inc()
+    yield beam.pvalue.TaggedOutput("rejects", _reject_row(path, reason, detail))
+
+
+def _relative(path: str, root: str) -> str:
+    rel = posixpath.relpath(path, root) if "://" not in path else path[len(root) :].lstrip("/")
+    return rel.replace("\\", "/")
+
+
+def _glob_root(pattern: str) -> str:
+    """The directory part of ``pattern`` before its first glob character."""
+    cut = min((pattern.find(c) for c in "*?[" if c in pattern), default=len(pattern))
+    return pattern[:cut].rsplit("/", 1)[0] if cut < len(pattern) else pattern.rstrip("/")
+
+
+def _file_pattern(input_path: str) -> tuple[str, str]:
+    if any(c in input_path for c in "*?["):
+        return input_path, _glob_root(input_path)
+    root = input_path.rstrip("/")
+    return root + "/**", root
+
+
+class _LoadTables(beam.DoFn):
+    def __init__(self, version: str, sweeps: int) -> None:
+        self._version, self._sweeps = version, sweeps
+
+    def process(self, dataroot: str) -> Iterator:
+        tasks, rejects = nuscenes.load_tasks(dataroot, self._version, self._sweeps, read_bytes)
+        yield from tasks
+        for path, reason, detail in rejects:
+            yield from _rejected(path, reason, detail)
+
+
+class ConcatTables(beam.CombineFn):
+    """Gathers Arrow tables into one, sorted by ``keys``: exact and independent of bundling."""
+
+    def __init__(self, schema: pa.Schema, keys: tuple[str, ...]) -> None:
+        self._schema, self._keys = schema, keys
+
+    def create_accumulator(self) -> list[pa.Table]:
+        return []
+
+    def add_input(self, acc: list[pa.Table], table: pa.Table) -> list[pa.Table]:
+        acc.append(table)
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[list[pa.Table]]) -> list[pa.Table]:
+        return [concat_sorted([t for acc in accs for t in acc], self._schema, self._keys)]
+
+    def extract_output(self, acc: list[pa.Table]) -> pa.Table:
+        return concat_sorted(acc, self._schema, self._keys)
+
+
+class ScanResult:
+    """PCollections produced by ``ScanSamples``: one table each, plus the scanned count."""
+
+    def __init__(self, samples: beam.PCollection, rejects: beam.PCollection, scanned: beam.PCollection):
+        self.samples, self.rejects, self.scanned = samples, rejects, scanned
+
+
+def _to_table(schema: pa.Schema, keys: tuple[str, ...], label: str, pcoll: beam.PCollection):
+    return (
+        pcoll
+        | f"Batch{label}" >> beam.BatchElements(min_batch_size=64, max_batch_size=4096)
+        | f"ToArrow{label}" >> beam.Map(rows_to_table, schema)
+        | f"Gather{label}" >> beam.CombineGlobally(ConcatTables(schema, keys))
+    )
+
+
+class ScanSamples(beam.PTransform):
+    """INPUT (files/glob, or a nuScenes dataroot) -> ``ScanResult`` of samples and rejects tables."""
+
+    def __init__(self, input_path: str, cfg: ScanConfig, nuscenes_version: str | None, sweeps: int) -> None:
+        super().__init__()
+        self._input, self._cfg = input_path, cfg
+        self._version, self._sweeps = nuscenes_version, sweeps
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> ScanResult:
+        if self._version:
+            found = (
+                pbegin
+                | "Dataroot" >> beam.Create([self._input.rstrip("/")])
+                | "LoadTables"
+                >> beam.ParDo(_LoadTables(self._version, self._sweeps)).with_outputs("rejects", main="tasks")
+            )
+            tasks, table_rejects = found.tasks, found.rejects
+        else:
+            pattern, root = _file_pattern(self._input)
+            tasks = (
+                pbegin
+                | "Match" >> fileio.MatchFiles(pattern)
+                | "ToTask" >> beam.Map(lambda m, r: file_task(_relative(m.path, r), m.path), root)
+            )
+            table_rejects = pbegin | "NoTableRejects" >> beam.Create([])
+        scanned = (
+            (tasks, table_rejects)
+            | "AllInputs" >> beam.Flatten()
+            | "CountScanned" >> beam.combiners.Count.Globally()
+        )
+        read = (
+            tasks
+            | "Spread" >> beam.Reshuffle()
+            | "Featurize" >> beam.ParDo(_Featurize(self._cfg)).with_outputs("rejects", main="samples")
+        )
+        rejects = (table_rejects, read.rejects) | "AllRejects" >> beam.Flatten()
+        samples = _to_table(schemas.sample_schema(), ("sample_id",), "Samples", read.samples)
+        reject_table = _to_table(schemas.reject_schema(), ("path", "reason", "detail"), "Rejects", rejects)
+        return ScanResult(samples, reject_table, scanned)
