@@ -1,0 +1,78 @@
+"""Balance metrics (transforms/plan/metrics.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from transforms.plan import plan_epoch
+from transforms.plan.metrics import (
+    balance_summary,
+    bound_linearity,
+    linearity,
+    pair_repeat_rate,
+    rank_costs,
+    spearman_step_cost,
+)
+
+
+def test_rank_costs_and_linearity_by_hand() -> None:
+    costs = np.array([1.0, 2.0, 3.0, 4.0])
+    plan = np.array([[[0, 1], [2, 3]]])  # one step: rank 0 = 3, rank 1 = 7
+    np.testing.assert_array_equal(rank_costs(plan, costs), [[3.0, 7.0]])
+    assert linearity(plan, costs) == pytest.approx(5.0 / 7.0)
+    assert linearity(np.array([[[0, 3], [1, 2]]]), costs) == 1.0
+    assert linearity(plan, np.zeros(4)) == 1.0
+    assert linearity(np.empty((0, 2, 2), np.int64), costs) == 1.0
+
+
+def test_bound_linearity() -> None:
+    costs = np.random.default_rng(0).lognormal(0.0, 1.0, 4096)
+    bound = bound_linearity(costs, 16, 2)
+    rand = linearity(plan_epoch("random", costs, 16, 2, seed=0, epoch=0), costs)
+    assert rand < bound <= 1.0
+    assert bound_linearity(np.ones(64), 8, 2) == 1.0
+    with pytest.raises(ValueError):
+        bound_linearity(np.ones(10), 4, 2)
+
+
+def test_spearman_step_cost() -> None:
+    costs = np.arange(64, dtype=np.float64)
+    ascending = np.arange(64).reshape(16, 2, 2)
+    assert spearman_step_cost(ascending, costs) == pytest.approx(1.0)
+    assert spearman_step_cost(ascending[::-1], costs) == pytest.approx(-1.0)
+    assert spearman_step_cost(ascending, np.ones(64)) == 0.0
+    assert spearman_step_cost(ascending[:1], costs) == 0.0
+    shuffled = plan_epoch("random", np.ones(4096), 8, 2, seed=0, epoch=0)
+    assert abs(spearman_step_cost(shuffled, np.arange(4096.0))) < 0.1
+
+
+def test_pair_repeat_rate() -> None:
+    p, w, b = 8192, 8, 4
+    a = plan_epoch("random", np.ones(p), w, b, seed=0, epoch=0)
+    assert pair_repeat_rate(a, a) == 1.0
+    regrouped = a[::-1, ::-1, ::-1]  # same steps, other order and slots
+    assert pair_repeat_rate(a, regrouped) == 1.0
+    c = plan_epoch("random", np.ones(p), w, b, seed=0, epoch=1)
+    expected = (w * b - 1) / (p - 1)
+    assert pair_repeat_rate(a, c) == pytest.approx(expected, rel=0.3)
+    assert pair_repeat_rate(np.arange(4).reshape(4, 1, 1), np.arange(4).reshape(4, 1, 1)) == 0.0
+    half = np.arange(8).reshape(2, 2, 2)
+    other = np.array([0, 1, 4, 5, 2, 3, 6, 7]).reshape(2, 2, 2)  # 2 of 6 pairs per step kept
+    assert pair_repeat_rate(half, other) == pytest.approx(2 / 6)
+
+
+def test_balance_summary_is_json_and_rounded() -> None:
+    costs = np.random.default_rng(1).lognormal(0.0, 0.6, 16 * 2 * 64)
+    plan = plan_epoch("balanced", costs, 16, 2, seed=3, epoch=4)
+    summary = balance_summary(plan, costs, 16, 2, seed=3, epoch=4)
+    assert json.loads(json.dumps(summary)) == summary
+    assert {"epoch", "linearity", "bound", "random_linearity", "spearman_step_cost"} <= set(summary)
+    assert summary["epoch"] == 4 and summary["steps"] == 64
+    for key, value in summary.items():
+        if isinstance(value, float):
+            assert value == round(value, 6), key
+    assert summary["random_linearity"] < summary["linearity"] <= 1.0
+    assert summary["linearity"] == round(linearity(plan, costs), 6)

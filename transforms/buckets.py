@@ -1,0 +1,189 @@
+"""Cost buckets, bucket weights and fitting an epoch's pool to whole steps. Pure numpy, no Beam.
+
+Flow for one epoch (the planner in ``transforms.plan`` takes over afterwards)::
+
+    edges   = quantile_edges(costs, default_num_buckets(len(costs)))   # (K-1,) cost units
+    ids     = assign_buckets(costs, edges)                             # (N,) 0 = cheapest
+    pool    = weighted_pool(ids, resolve_weights(w, K), rng)           # (M,) sample indices
+    pool, dropped, padded = fit_pool(pool, W * B, policy, rng)         # M' % (W*B) == 0
+
+Bucket ``k`` holds the costs in ``[edges[k-1], edges[k])`` (``-inf``/``+inf`` at the ends), so
+an edge value itself belongs to the bucket above it (``np.searchsorted(side='right')``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "POLICIES",
+    "quantile_edges",
+    "default_num_buckets",
+    "assign_buckets",
+    "bucket_counts",
+    "resolve_weights",
+    "weighted_pool",
+    "fit_pool",
+]
+
+#: How ``fit_pool`` makes a pool a whole number of steps.
+POLICIES = ("drop_last", "pad")
+
+
+def _check_costs(costs: NDArray[np.float64]) -> NDArray[np.float64]:
+    costs = np.asarray(costs, dtype=np.float64)
+    if costs.ndim != 1:
+        raise ValueError(f"costs must be 1-D, got shape {costs.shape}")
+    if not np.isfinite(costs).all():
+        raise ValueError("costs must be finite")
+    return costs
+
+
+def quantile_edges(costs: NDArray[np.float64], k: int) -> NDArray[np.float64]:
+    """Exact quantile edges that cut ``costs`` into at most ``k`` equal-count buckets.
+
+    Edge ``i`` is the cost at sorted position ``(i * N) // k`` (an actual data value, no
+    interpolation), for ``i = 1 .. k-1``. Duplicates (ties) and edges equal to the minimum are
+    removed, so fewer than ``k - 1`` edges may come back, but every bucket is non-empty.
+
+    Args:
+        costs: (N,) finite costs, any order.
+        k: requested number of buckets, >= 1.
+
+    Returns:
+        (<= k-1,) float64, strictly increasing, every value > ``costs.min()``.
+    """
+    costs = _check_costs(costs)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    n = costs.size
+    if n == 0 or k == 1:
+        return np.empty(0, dtype=np.float64)
+    s = np.sort(costs)
+    edges = s[(np.arange(1, k, dtype=np.int64) * n) // k]
+    keep = np.ones(edges.size, dtype=bool)
+    keep[1:] = np.diff(edges) > 0  # edges are sorted: drop repeats
+    keep &= edges > s[0]  # an edge at the minimum would leave bucket 0 empty
+    return edges[keep]
+
+
+def default_num_buckets(n: int) -> int:
+    """Default bucket count for ``n`` samples: ``clamp(round(sqrt(n) / 4), 4, 64)``, at most ``n``.
+
+    Why: a bucket should hold enough samples that its quantile and its weight are stable
+    (``n / k = 4 * sqrt(n)`` samples each, e.g. 400 of 10k, 4096 of 1M before the cap), while
+    at least 4 buckets still separate cheap/typical/heavy/tail. Beyond 64 buckets the planner
+    gains nothing: ``balanced`` works on exact costs, and weights are set per coarse size class.
+    """
+    if n <= 0:
+        return 1
+    return int(min(n, max(4, min(64, round(np.sqrt(n) / 4)))))
+
+
+def assign_buckets(costs: NDArray[np.float64], edges: NDArray[np.float64]) -> NDArray[np.int32]:
+    """Bucket id of each cost: the number of edges <= cost (0 = cheapest).
+
+    Args:
+        costs: (N,) finite costs.
+        edges: (K-1,) strictly increasing edges from ``quantile_edges``.
+
+    Returns:
+        (N,) int32 in ``[0, K-1]``.
+    """
+    costs = _check_costs(costs)
+    edges = np.asarray(edges, dtype=np.float64)
+    if edges.size > 1 and not (np.diff(edges) > 0).all():
+        raise ValueError("edges must be strictly increasing")
+    return np.searchsorted(edges, costs, side="right").astype(np.int32)
+
+
+def bucket_counts(bucket_ids: NDArray[np.int32], k: int) -> NDArray[np.int64]:
+    """(k,) int64 number of samples per bucket (the manifest's ``buckets.counts``)."""
+    return np.bincount(np.asarray(bucket_ids, dtype=np.int64), minlength=k).astype(np.int64)
+
+
+def resolve_weights(weights: Sequence[float] | None, k: int) -> NDArray[np.float64]:
+    """Per-bucket sampling weights: ``None`` -> all 1, one value -> broadcast, else exactly ``k``.
+
+    Returns:
+        (k,) float64, finite and >= 0. A weight of 2.5 samples a bucket's members 2.5 times
+        per epoch on average; 0.5 keeps each with probability 0.5.
+    """
+    if weights is None:
+        return np.ones(k, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.size == 1:
+        w = np.full(k, w[0])
+    if w.size != k:
+        raise ValueError(f"expected 1 or {k} bucket weights, got {w.size}")
+    if not (np.isfinite(w).all() and (w >= 0).all()):
+        raise ValueError("bucket weights must be finite and >= 0")
+    return w
+
+
+def weighted_pool(
+    bucket_ids: NDArray[np.int32], weights: NDArray[np.float64], rng: np.random.Generator
+) -> NDArray[np.int64]:
+    """Sample one epoch's pool: sample ``i`` appears ``floor(w) + Bernoulli(frac(w))`` times.
+
+    ``w = weights[bucket_ids[i]]``: w > 1 repeats, w < 1 thins, w == 1 keeps every sample once.
+    The expected number of copies is exactly ``w``.
+
+    Args:
+        bucket_ids: (N,) bucket of each sample, in ``[0, K)``.
+        weights: (K,) finite weights >= 0.
+        rng: the epoch's generator (one uniform draw per sample).
+
+    Returns:
+        (M,) int64 sample indices into ``bucket_ids``, sorted ascending (repeats adjacent).
+    """
+    ids = np.asarray(bucket_ids, dtype=np.int64)
+    weights = np.asarray(weights, dtype=np.float64)
+    if ids.size and (ids.min() < 0 or ids.max() >= weights.size):
+        raise ValueError(f"bucket ids must lie in [0, {weights.size})")
+    if not (np.isfinite(weights).all() and (weights >= 0).all()):
+        raise ValueError("bucket weights must be finite and >= 0")
+    w = weights[ids]
+    whole = np.floor(w)
+    copies = whole.astype(np.int64) + (rng.random(ids.size) < (w - whole))
+    return np.repeat(np.arange(ids.size, dtype=np.int64), copies)
+
+
+def fit_pool(
+    pool: NDArray[np.int64], step_size: int, policy: str, rng: np.random.Generator
+) -> tuple[NDArray[np.int64], int, int]:
+    """Make the pool a whole number of steps of ``step_size = W * B`` samples.
+
+    ``drop_last`` removes ``len % step_size`` entries chosen uniformly at random (all of them
+    when the pool is shorter than one step); ``pad`` appends ``step_size - len % step_size``
+    randomly chosen entries (distinct where the pool is large enough). An empty pool stays empty.
+
+    Args:
+        pool: (M,) int64 sample indices (e.g. from ``weighted_pool``).
+        step_size: samples per step, ``world_size * batch_size`` >= 1.
+        policy: one of ``POLICIES``.
+        rng: the epoch's generator.
+
+    Returns:
+        ``(fitted, dropped, padded)``: fitted (M',) int64 sorted ascending with
+        ``M' % step_size == 0`` and ``M' = M - dropped + padded``.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if step_size < 1:
+        raise ValueError(f"step_size must be >= 1, got {step_size}")
+    pool = np.asarray(pool, dtype=np.int64)
+    n = pool.size
+    rem = n % step_size
+    if rem == 0:
+        return np.sort(pool), 0, 0
+    if policy == "drop_last":
+        keep = np.ones(n, dtype=bool)
+        keep[rng.choice(n, size=rem, replace=False)] = False
+        return np.sort(pool[keep]), rem, 0
+    pad = step_size - rem
+    extra = pool[rng.choice(n, size=pad, replace=pad > n)]
+    return np.sort(np.concatenate([pool, extra])), 0, pad

@@ -1,0 +1,90 @@
+"""Shared building blocks of the strategies: cut an order into steps, split steps across ranks.
+
+All functions are vectorized across steps; the only Python loops run over the ``W * B`` slot
+positions of one step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["partition_steps", "permute_ranks", "step_linearity", "lpt_assign"]
+
+
+def lpt_assign(step_costs: NDArray[np.float64], world_size: int, batch_size: int) -> NDArray[np.int64]:
+    """Equal-count LPT of every step at once: each rank gets exactly ``batch_size`` items.
+
+    Items are taken heaviest first; each goes to the least-loaded rank that still has a free
+    slot (ties: lowest rank). Within a rank, slot 0 holds its heaviest item.
+
+    Args:
+        step_costs: (S, W*B) cost of each item of each step.
+
+    Returns:
+        (S, W, B) int64 column indices into ``step_costs`` (each row a permutation of 0..W*B-1).
+    """
+    s, n = step_costs.shape
+    w, b = world_size, batch_size
+    order = np.argsort(-step_costs, axis=1, kind="stable")
+    ordered = np.take_along_axis(step_costs, order, axis=1)
+    out = np.empty((s, w, b), dtype=np.int64)
+    if b == 1:  # one item per rank: any one-to-one assignment is the partition
+        out[:, :, 0] = order
+        return out
+    loads = np.zeros((s, w))
+    open_loads = np.zeros((s, w))  # loads, +inf where the rank is full
+    counts = np.zeros((s, w), dtype=np.int64)
+    rows = np.arange(s)
+    for j in range(n):
+        r = np.argmin(open_loads, axis=1)
+        slot = counts[rows, r]
+        out[rows, r, slot] = order[:, j]
+        loads[rows, r] += ordered[:, j]
+        counts[rows, r] = slot + 1
+        open_loads[rows, r] = np.where(slot + 1 < b, loads[rows, r], np.inf)
+    return out
+
+
+def partition_steps(
+    order: NDArray[np.int64], costs: NDArray[np.float64], world_size: int, batch_size: int
+) -> NDArray[np.int64]:
+    """Cut ``order`` into consecutive steps of ``W*B`` and split each step across ranks (LPT).
+
+    Args:
+        order: (P,) pool indices, P % (W*B) == 0; step ``s`` is ``order[s*W*B:(s+1)*W*B]``.
+        costs: (P,) costs of the pool.
+
+    Returns:
+        (S, W, B) int64 pool indices; same step membership as ``order``.
+    """
+    steps = order.reshape(-1, world_size * batch_size)
+    cols = lpt_assign(costs[steps], world_size, batch_size)
+    s = steps.shape[0]
+    return np.take_along_axis(steps, cols.reshape(s, -1), axis=1).reshape(cols.shape)
+
+
+def permute_ranks(plan: NDArray[np.int64], rng: np.random.Generator) -> NDArray[np.int64]:
+    """Relabel the ranks of every step by an independent random permutation.
+
+    LPT puts the heaviest item on rank 0 and fills ranks in a fixed pattern; relabeling keeps
+    every step's balance but stops any rank from being systematically heavy or light.
+    """
+    s, w, _ = plan.shape
+    perm = np.argsort(rng.random((s, w)), axis=1)
+    return np.take_along_axis(plan, perm[:, :, None], axis=1)
+
+
+def step_linearity(step_costs: NDArray[np.float64], world_size: int, batch_size: int) -> float:
+    """Linearity of steps split by ``lpt_assign``: sum of mean rank cost / sum of max rank cost.
+
+    Args:
+        step_costs: (S, W*B) item costs per step.
+    """
+    s = step_costs.shape[0]
+    if s == 0:
+        return 1.0
+    cols = lpt_assign(step_costs, world_size, batch_size).reshape(s, -1)
+    rank = np.take_along_axis(step_costs, cols, axis=1).reshape(s, world_size, batch_size).sum(-1)
+    top = rank.max(axis=1).sum()
+    return float(rank.mean(axis=1).sum() / top) if top > 0 else 1.0

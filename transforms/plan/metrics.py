@@ -1,0 +1,136 @@
+"""Balance metrics of an epoch plan: what DDP would wait for, and how random the plan stays.
+
+Linearity is the predicted scaling efficiency of synchronous data parallelism when step time is
+proportional to the slowest rank's cost: ``sum_s mean_r cost[s, r] / sum_s max_r cost[s, r]``
+(1.0 = no rank ever waits).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from transforms.plan import plan_epoch
+from transforms.plan._partition import step_linearity
+
+__all__ = [
+    "rank_costs",
+    "linearity",
+    "bound_linearity",
+    "spearman_step_cost",
+    "pair_repeat_rate",
+    "balance_summary",
+]
+
+
+def rank_costs(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> NDArray[np.float64]:
+    """(S, W) cost each rank processes at each step: ``costs[plan].sum(-1)``."""
+    return np.asarray(costs, dtype=np.float64)[plan].sum(axis=-1)
+
+
+def linearity(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
+    """Predicted linearity of ``plan`` (S, W, B) in [1/W, 1]; 1.0 for empty or zero-cost plans."""
+    rc = rank_costs(plan, costs)
+    top = rc.max(axis=1).sum() if rc.size else 0.0
+    return float(rc.mean(axis=1).sum() / top) if top > 0 else 1.0
+
+
+def bound_linearity(costs: NDArray[np.float64], world_size: int, batch_size: int) -> float:
+    """Reference best linearity with equal counts per rank.
+
+    Sort all costs, cut into consecutive steps of ``W*B``, split each step with equal-count LPT.
+    A strong heuristic reference rather than a proven optimum (a planner may beat it slightly).
+
+    Args:
+        costs: (P,) pool costs with ``P % (W*B) == 0``.
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    step = world_size * batch_size
+    if costs.size % step:
+        raise ValueError(f"pool size {costs.size} is not a multiple of W*B = {step}")
+    return step_linearity(np.sort(costs).reshape(-1, step), world_size, batch_size)
+
+
+def _average_ranks(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """(N,) ranks 0..N-1 of ``x``, ties sharing their mean rank."""
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    start = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    end = np.r_[start[1:], xs.size]
+    ranks = np.empty(x.size)
+    ranks[order] = np.repeat((start + end - 1) / 2.0, end - start)
+    return ranks
+
+
+def spearman_step_cost(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
+    """Spearman correlation of step index vs the step's mean cost, in [-1, 1].
+
+    ~0 means no size curriculum across the epoch; 0.0 when undefined (< 2 steps or constant).
+    """
+    step_mean = rank_costs(plan, costs).mean(axis=1) if plan.size else np.empty(0)
+    if step_mean.size < 2:
+        return 0.0
+    a = _average_ranks(np.arange(step_mean.size, dtype=np.float64))
+    b = _average_ranks(step_mean)
+    a, b = a - a.mean(), b - b.mean()
+    denom = np.sqrt((a * a).sum() * (b * b).sum())
+    return float((a * b).sum() / denom) if denom > 0 else 0.0
+
+
+def pair_repeat_rate(plan_a: NDArray[np.int64], plan_b: NDArray[np.int64]) -> float:
+    """Fraction of the pairs that share a step in ``plan_a`` that share a step in ``plan_b`` too.
+
+    Both plans index the same pool. A fully random planner gives about ``(W*B - 1) / (P - 1)``;
+    compare a strategy against ``random``'s rate. 0.0 when steps hold a single sample.
+    """
+    s_a = plan_a.shape[0]
+    per_step = int(np.prod(plan_a.shape[1:]))
+    if s_a == 0 or per_step < 2 or plan_b.size == 0:
+        return 0.0
+    size = int(max(plan_a.max(), plan_b.max())) + 1
+    step_b = np.full(size, -1, dtype=np.int64)
+    step_b[plan_b.reshape(plan_b.shape[0], -1)] = np.arange(plan_b.shape[0])[:, None]
+    sb = step_b[plan_a.reshape(s_a, per_step)]  # (S_a, W*B) step in b, -1 if absent
+    base = plan_b.shape[0] + 1
+    key = np.sort((np.arange(s_a)[:, None] * base + sb + 1).ravel())
+    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    group = np.diff(np.r_[start, key.size])
+    group = group[key[start] % base != 0]  # drop entries absent from plan_b
+    shared = (group * (group - 1) // 2).sum()
+    return float(shared / (s_a * per_step * (per_step - 1) // 2))
+
+
+def balance_summary(
+    plan: NDArray[np.int64],
+    costs: NDArray[np.float64],
+    world_size: int,
+    batch_size: int,
+    *,
+    seed: int,
+    epoch: int,
+) -> dict[str, float | int]:
+    """The manifest's per-epoch ``balance`` object (floats rounded to 6 decimals).
+
+    Keys: ``epoch``, ``steps``, ``linearity``, ``bound`` (``bound_linearity``),
+    ``random_linearity`` (``random`` strategy on the same pool, seed and epoch),
+    ``spearman_step_cost``, ``worst_step_linearity`` (min over steps of mean/max rank cost),
+    ``rank_total_cv`` (coefficient of variation of per-rank epoch totals).
+    """
+    rc = rank_costs(plan, costs)
+    rand = plan_epoch("random", costs, world_size, batch_size, seed=seed, epoch=epoch)
+    step_max = rc.max(axis=1) if rc.size else np.empty(0)
+    pos = step_max > 0
+    worst = float((rc.mean(axis=1)[pos] / step_max[pos]).min()) if pos.any() else 1.0
+    totals = rc.sum(axis=0) if rc.size else np.zeros(1)
+    cv = float(totals.std() / totals.mean()) if totals.mean() > 0 else 0.0
+    values = {
+        "linearity": linearity(plan, costs),
+        "bound": bound_linearity(costs, world_size, batch_size),
+        "random_linearity": linearity(rand, costs),
+        "spearman_step_cost": spearman_step_cost(plan, costs),
+        "worst_step_linearity": worst,
+        "rank_total_cv": cv,
+    }
+    out: dict[str, float | int] = {"epoch": int(epoch), "steps": int(plan.shape[0])}
+    out.update({k: round(float(v), 6) for k, v in values.items()})
+    return out
