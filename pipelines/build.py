@@ -22,12 +22,11 @@ from pipelines.scan import (
     VERSION,
     add_scan_arguments,
     beam_options,
-    counts_of,
-    dedupe,
     fingerprint,
     run_pipeline,
     scan_config,
     scan_meta,
+    settle,
 )
 from transforms.cost import parse_cost_model
 from transforms.manifest import PlanConfig, bucket_info, plan_tables, repeat_rates, score
@@ -106,13 +105,15 @@ def _previous(path: str) -> tuple[pa.Table, pa.Table, int]:
 
 
 def _check_and_score(
-    _: None, cost_spec: str, cfg: PlanConfig, scanned: int, samples: pa.Table, rejects: pa.Table
+    _: None,
+    cost_spec: str,
+    cfg: PlanConfig,
+    max_reject: float,
+    scanned: int,
+    samples: pa.Table,
+    rejects: pa.Table,
 ):
-    samples, dup = dedupe(samples)
-    if dup:
-        rejects = pa.concat_tables([rejects, pa.Table.from_pylist(dup, schema=rejects.schema)])
-        rejects = rejects.sort_by([("path", "ascending"), ("reason", "ascending"), ("detail", "ascending")])
-    counts = counts_of(scanned, samples, rejects)
+    samples, rejects, counts = settle(scanned, samples, rejects, max_reject)
     if samples.num_rows == 0:
         raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
     model = parse_cost_model(cost_spec, lambda p: read_bytes(p).decode())
@@ -187,7 +188,15 @@ def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, cfg: PlanC
         pipeline
         | "Start" >> beam.Create([None])
         | "CheckAndScore"
-        >> beam.Map(_check_and_score, args.cost_model, cfg, side(scanned), side(samples), side(rejects))
+        >> beam.Map(
+            _check_and_score,
+            args.cost_model,
+            cfg,
+            args.max_reject_fraction,
+            side(scanned),
+            side(samples),
+            side(rejects),
+        )
     )
     sample_files = checked | "WriteSamples" >> beam.FlatMap(_write_samples, staging)
     planned = (

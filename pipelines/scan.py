@@ -29,7 +29,16 @@ from transforms.scan import FEATURE_MODES, ScanConfig
 from transforms.scan_beam import ScanSamples
 from transforms.tables import parquet_bytes
 
-__all__ = ["run", "add_scan_arguments", "scan_config", "beam_options", "run_pipeline", "dedupe", "counts_of"]
+__all__ = [
+    "run",
+    "add_scan_arguments",
+    "scan_config",
+    "beam_options",
+    "run_pipeline",
+    "dedupe",
+    "counts_of",
+    "settle",
+]
 
 VERSION = "0.1.0"
 
@@ -53,6 +62,12 @@ def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", choices=("numpy", "open3d"), default="numpy", help="reader for .pcd/.ply")
     g.add_argument("--max-file-bytes", type=int, default=2 << 30, help="reject larger files (too_large)")
     g.add_argument("--max-points", type=int, default=50_000_000, help="reject larger clouds (too_large)")
+    g.add_argument(
+        "--max-reject-fraction",
+        type=float,
+        default=0.01,
+        help="fail (writing nothing) when more than this fraction of inputs is rejected (0.01)",
+    )
 
 
 def scan_config(args: argparse.Namespace) -> ScanConfig:
@@ -99,8 +114,9 @@ def dedupe(samples: pa.Table) -> tuple[pa.Table, list[dict]]:
     return samples.filter(pc.invert(pa.array(dup))), rejects
 
 
-def counts_of(scanned: int, samples: pa.Table, rejects: pa.Table) -> dict:
-    """Accounting: raises when the runner lost or duplicated inputs (scanned != accepted + rejected)."""
+def counts_of(scanned: int, samples: pa.Table, rejects: pa.Table, max_reject_fraction: float = 1.0) -> dict:
+    """Accounting: raises when the runner lost or duplicated inputs (scanned != accepted + rejected)
+    or when more than ``max_reject_fraction`` of the inputs were rejected."""
     accepted, rejected = samples.num_rows, rejects.num_rows
     if scanned != accepted + rejected:
         raise RuntimeError(
@@ -108,12 +124,35 @@ def counts_of(scanned: int, samples: pa.Table, rejects: pa.Table) -> dict:
             f" = {accepted + rejected}; the runner lost or duplicated elements, nothing was written"
         )
     by_reason = collections.Counter(rejects.column("reason").to_pylist())
+    if rejected > max_reject_fraction * scanned:
+        summary = ", ".join(f"{r}: {n}" for r, n in sorted(by_reason.items()))
+        examples = "; ".join(
+            f"{p}: {r} ({d})"
+            for p, r, d in zip(
+                *(rejects.column(c).to_pylist()[:3] for c in ("path", "reason", "detail")), strict=True
+            )
+        )
+        raise RuntimeError(
+            f"{rejected} of {scanned} inputs rejected (> --max-reject-fraction {max_reject_fraction}): {summary}."
+            f" First: {examples}. Nothing was written; see the reasons above or raise --max-reject-fraction."
+        )
     return {
         "scanned": scanned,
         "accepted": accepted,
         "rejected": rejected,
         "rejected_by_reason": dict(by_reason),
     }
+
+
+def settle(
+    scanned: int, samples: pa.Table, rejects: pa.Table, max_reject_fraction: float
+) -> tuple[pa.Table, pa.Table, dict]:
+    """Duplicate ids to rejects, then the accounting and reject-fraction checks (``counts_of``)."""
+    samples, dup = dedupe(samples)
+    if dup:
+        rejects = pa.concat_tables([rejects, pa.Table.from_pylist(dup, schema=rejects.schema)])
+        rejects = rejects.sort_by([(c, "ascending") for c in ("path", "reason", "detail")])
+    return samples, rejects, counts_of(scanned, samples, rejects, max_reject_fraction)
 
 
 def fingerprint(samples: pa.Table) -> str:
@@ -126,12 +165,10 @@ def fingerprint(samples: pa.Table) -> str:
     return h.hexdigest()
 
 
-def _finalize(_: None, staging: str, meta: dict, scanned: int, samples: pa.Table, rejects: pa.Table) -> None:
-    samples, dup_rejects = dedupe(samples)
-    if dup_rejects:
-        rejects = pa.concat_tables([rejects, pa.Table.from_pylist(dup_rejects, schema=rejects.schema)])
-        rejects = rejects.sort_by([("path", "ascending"), ("reason", "ascending"), ("detail", "ascending")])
-    counts = counts_of(scanned, samples, rejects)
+def _finalize(
+    _: None, staging: str, meta: dict, max_reject: float, scanned: int, samples: pa.Table, rejects: pa.Table
+) -> None:
+    samples, rejects, counts = settle(scanned, samples, rejects, max_reject)
     _output.write_bytes(_output.join(staging, schemas.SAMPLES_FILE), parquet_bytes(samples))
     _output.write_bytes(_output.join(staging, schemas.REJECTS_FILE), parquet_bytes(rejects))
     _output.write_json(
@@ -147,6 +184,7 @@ def scan_meta(args: argparse.Namespace, cfg: ScanConfig) -> dict:
         "input": args.input,
         "nuscenes_version": args.nuscenes_version,
         "sweeps": args.sweeps,
+        "max_reject_fraction": args.max_reject_fraction,
         "scan_config": {k: v for k, v in vars(cfg).items() if k != "extra"},
         "sample_schema": schemas.schema_to_json(schemas.sample_schema()),
     }
@@ -174,6 +212,7 @@ def build_scan(pipeline: beam.Pipeline, args: argparse.Namespace, staging: str) 
             _finalize,
             staging,
             scan_meta(args, cfg),
+            args.max_reject_fraction,
             beam.pvalue.AsSingleton(scan.scanned),
             beam.pvalue.AsSingleton(scan.samples),
             beam.pvalue.AsSingleton(scan.rejects),

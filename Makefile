@@ -1,0 +1,51 @@
+# Two commands are the contract (see README): `make demo` and `make test`, each on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip -q --disable-pip-version-check
+DEMO ?= demo_out
+
+.PHONY: setup demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install torch==2.13.0  # pinned CPU build; a looser spec pulls a multi-GB CUDA build
+	$(PIP) install -e ".[test,dev,torch,report]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+# Fresh machine -> synthetic nuScenes-style dataroot -> balanced manifests -> balance summary.
+demo: setup
+	rm -rf $(DEMO)
+	$(VENV)/bin/lidarshard synth $(DEMO)/dataroot --scenes 6 --keyframes-per-scene 10 --seed 0
+	$(VENV)/bin/lidarshard build $(DEMO)/dataroot $(DEMO)/manifest --nuscenes-version v1.0-synth --sweeps 9 \
+		--world-size 4 --batch-size 2 --epochs 2 --seed 0
+	$(VENV)/bin/lidarshard validate $(DEMO)/manifest
+
+# Optional oracles for the tests: open3d (cross-checks our PCD/PLY readers) and nuscenes-devkit
+# (loads the synthetic dataroot) in its own venv because it pins numpy 1.26. Both skip cleanly if
+# they cannot be installed.
+$(VENV)/.oracles: $(VENV)/.installed
+	-if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ldconfig -p | grep -q libusb-1.0; then \
+		apt-get update -qq && apt-get install -y -qq libusb-1.0-0 >/dev/null; fi
+	-$(PIP) install open3d-cpu || $(PIP) install open3d || echo "open3d not installable: cross-check tests skip"
+	touch $@
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check pipelines transforms schemas loaders
+
+test: setup $(VENV)/.oracles
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: setup
+	$(PY) benchmarks/balance_bench.py --quick
+	$(PY) benchmarks/scan_bench.py
+	$(PY) benchmarks/plan_bench.py
+
+clean:
+	rm -rf $(VENV) .venv-devkit $(DEMO) .pytest_cache .hypothesis

@@ -1,0 +1,210 @@
+"""``lidarshard build`` end to end through the CLI: the manifest contract, determinism, re-planning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+import schemas
+from pipelines import build as build_cli
+from pipelines.cli import main as cli_main
+from tests.conftest import BEAM_TEST_FLAGS
+
+
+def make_bins(root: Path, n: int = 61, seed: int = 0) -> Path:
+    """``n`` KITTI-style .bin clouds with lognormal point counts (one of them bad)."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for i, count in enumerate(np.exp(rng.normal(7.0, 0.6, size=n)).astype(int) + 10):
+        rng.normal(scale=20.0, size=(count, 4)).astype(np.float32).tofile(root / f"{i:04d}.bin")
+    (root / "bad.bin").write_bytes(b"\0" * 7)
+    return root
+
+
+def _build(inp: Path, out: Path, *flags: str) -> dict:
+    assert build_cli.run([str(inp), str(out), "--max-reject-fraction", "0.1", *flags, *BEAM_TEST_FLAGS]) == 0
+    return json.loads((out / schemas.MANIFEST_FILE).read_text())
+
+
+def _plan_rows(out: Path, epoch: int, rank: int) -> list[dict]:
+    return pq.read_table(out / schemas.plan_file(epoch, rank)).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, Path, dict]:
+    tmp = tmp_path_factory.mktemp("build")
+    inp = make_bins(tmp / "in")
+    out = tmp / "out"
+    return (
+        inp,
+        out,
+        _build(inp, out, "--world-size", "4", "--batch-size", "2", "--epochs", "3", "--cost-model", "points"),
+    )
+
+
+def test_manifest_contract(built) -> None:
+    _, out, m = built
+    assert (out / schemas.SUCCESS_FILE).exists()
+    assert m["schema_version"] == schemas.SCHEMA_VERSION
+    assert (m["world_size"], m["batch_size"], m["epochs"], m["policy"]) == (4, 2, 3, "drop_last")
+    c = m["counts"]
+    assert (c["scanned"], c["accepted"], c["rejected"]) == (62, 61, 1)
+    assert c["planned"] == [56, 56, 56] and c["dropped"] == [5, 5, 5]
+    assert m["steps_per_epoch"] == [7, 7, 7]
+    samples = pq.read_table(out / schemas.SAMPLES_FILE)
+    assert samples.schema.names == [n for n, _, _ in schemas.SCORED_FIELDS]
+    assert samples.column("sample_id").to_pylist() == sorted(samples.column("sample_id").to_pylist())
+    for epoch in range(3):
+        seen = []
+        for rank in range(4):
+            rows = _plan_rows(out, epoch, rank)
+            assert [(r["step"], r["slot"]) for r in rows] == [(s, b) for s in range(7) for b in range(2)]
+            assert {(r["epoch"], r["rank"]) for r in rows} == {(epoch, rank)}
+            seen += [r["sample_id"] for r in rows]
+        assert len(seen) == len(set(seen)) == 56
+    for rel, info in m["files"].items():
+        assert (out / rel).stat().st_size == info["bytes"]
+
+
+def test_balance_is_recorded_and_beats_random(built) -> None:
+    _, _, m = built
+    for b in m["balance"]:
+        assert (
+            b["linearity"] >= b["bound"] - 0.02
+        )  # "bound" is the sort-cut-partition reference, not a ceiling
+        assert b["linearity"] > b["random_linearity"]
+    assert set(m["pair_repeat_rate"]) == {"balanced", "random"}
+
+
+def test_readable_by_pyarrow_duckdb_and_polars(built) -> None:
+    _, out, _ = built
+    files = sorted(str(p) for p in out.glob("epoch=*/rank=*/*.parquet"))
+    t = ds.dataset(files, format="parquet", partitioning="hive").to_table()
+    assert t.num_rows == 3 * 56
+    duckdb = pytest.importorskip("duckdb")
+    con = duckdb.connect()
+    n = con.execute(
+        f"select count(*) from read_parquet('{out}/epoch=*/rank=*/*.parquet', hive_partitioning=true)"
+    )
+    assert n.fetchall()[0][0] == 3 * 56
+    pl = pytest.importorskip("polars")
+    assert pl.scan_parquet(f"{out}/epoch=*/rank=*/*.parquet").select(pl.len()).collect().item() == 3 * 56
+
+
+def _tree_bytes(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_byte_identical_reruns_and_runners(built, tmp_path: Path) -> None:
+    inp, out, _ = built
+    flags = ["--world-size", "4", "--batch-size", "2", "--epochs", "3", "--cost-model", "points"]
+    again = tmp_path / "again"
+    assert (
+        build_cli.run(
+            [
+                str(inp),
+                str(again),
+                *flags,
+                "--max-reject-fraction",
+                "0.1",
+                "--runner=DirectRunner",
+                "--direct_running_mode=multi_processing",
+                "--direct_num_workers=2",
+            ]
+        )
+        == 0
+    )
+    assert _tree_bytes(again) == _tree_bytes(out)
+
+
+def test_replan_from_samples_without_rescanning(built, tmp_path: Path) -> None:
+    _, out, first = built
+    re = tmp_path / "re"
+    m = json.loads("{}")
+    assert (
+        cli_main(
+            [
+                "build",
+                str(re),
+                "--from-samples",
+                str(out / "samples.parquet"),
+                "--world-size",
+                "2",
+                "--batch-size",
+                "1",
+                "--seed",
+                "7",
+                "--pad",
+                "--max-reject-fraction",
+                "0.1",
+                *BEAM_TEST_FLAGS,
+            ]
+        )
+        == 0
+    )
+    m = json.loads((re / schemas.MANIFEST_FILE).read_text())
+    assert m["counts"]["scanned"] == first["counts"]["scanned"] and m["counts"]["rejected"] == 1
+    assert m["counts"]["padded"] == [1] and m["steps_per_epoch"] == [31]
+    assert m["inputs_fingerprint"] == first["inputs_fingerprint"]
+
+
+def test_seed_changes_the_plan_and_weights_change_the_epoch_length(built, tmp_path: Path) -> None:
+    inp, out, _ = built
+    other = _build(
+        inp,
+        tmp_path / "seed",
+        "--world-size",
+        "4",
+        "--batch-size",
+        "2",
+        "--epochs",
+        "3",
+        "--cost-model",
+        "points",
+        "--seed",
+        "1",
+    )
+    assert _plan_rows(tmp_path / "seed", 0, 0) != _plan_rows(out, 0, 0)
+    assert (
+        other["inputs_fingerprint"] == json.loads((out / "_manifest.json").read_text())["inputs_fingerprint"]
+    )
+    heavy = _build(
+        inp,
+        tmp_path / "w",
+        "--world-size",
+        "2",
+        "--batch-size",
+        "1",
+        "--buckets",
+        "2",
+        "--bucket-weights",
+        "1,3",
+        "--cost-model",
+        "points",
+    )
+    assert heavy["buckets"]["weights"] == [1.0, 3.0]
+    assert heavy["counts"]["planned"][0] > 61 + 25
+
+
+def test_too_few_samples_fail_with_a_clear_message(tmp_path: Path) -> None:
+    inp = make_bins(tmp_path / "in", n=3)
+    with pytest.raises(Exception, match="do not fill one step"):
+        build_cli.run(
+            [
+                str(inp),
+                str(tmp_path / "out"),
+                "--world-size",
+                "4",
+                "--batch-size",
+                "1",
+                "--max-reject-fraction",
+                "1",
+                *BEAM_TEST_FLAGS,
+            ]
+        )
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,47 @@
+"""Cost models: parsing and evaluation over a samples table."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from transforms.cost import CostModel, parse_cost_model, sample_costs
+
+
+def _samples(in_range: list, points: list, voxels: list) -> pa.Table:
+    return pa.table(
+        {
+            "num_in_range": pa.array(in_range, pa.int64()),
+            "num_points": pa.array(points, pa.int64()),
+            "occupied_voxels": pa.array(voxels, pa.int64()),
+        }
+    )
+
+
+def test_named_and_linear_models() -> None:
+    t = _samples([10, 20], [11, 21], [5, 9])
+    np.testing.assert_array_equal(sample_costs(t, parse_cost_model("points")), [10, 20])
+    np.testing.assert_array_equal(sample_costs(t, parse_cost_model("voxels")), [5, 9])
+    np.testing.assert_allclose(sample_costs(t, parse_cost_model("linear:1.5,0.1,2")), [12.5, 21.5])
+
+
+def test_stat_features_fall_back_to_num_points_and_refuse_voxels() -> None:
+    t = _samples([None, None], [11, 21], [None, None])
+    np.testing.assert_array_equal(sample_costs(t, parse_cost_model("points")), [11, 21])
+    with pytest.raises(ValueError, match="occupied_voxels"):
+        sample_costs(t, parse_cost_model("voxels"))
+
+
+def test_model_from_calibration_file(tmp_path) -> None:
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"cost_model": {"name": "linear", "c0": 2.0, "a": 0.5, "b": 0.25}, "r2": 0.9}))
+    assert parse_cost_model(f"@{path}") == CostModel("linear", 2.0, 0.5, 0.25)
+
+
+@pytest.mark.parametrize("spec", ["linear:1,2", "linear:0,0,0", "linear:0,-1,1", "linear:nan,1,1", "bogus"])
+def test_bad_specs_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError):
+        parse_cost_model(spec)
