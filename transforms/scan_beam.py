@@ -31,9 +31,21 @@ _LOG = logging.getLogger(__name__)
 
 
 def read_bytes(path: str) -> bytes:
-    """Whole file through Beam FileSystems, never decompressed by extension."""
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read()
+    """Whole file through Beam FileSystems, never decompressed by extension.
+
+    Raises:
+        FileNotFoundError: nothing at ``path`` (object stores raise their own types; mapped here).
+        OSError: any other failure to read.
+    """
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return f.read()
+    except OSError:
+        raise
+    except Exception as e:  # e.g. google.api_core NotFound is not an OSError
+        if not FileSystems.exists(path):
+            raise FileNotFoundError(f"no such file: {path}") from e
+        raise OSError(f"{path}: {type(e).__name__}: {e}") from e
 
 
 def size_of(path: str) -> int:

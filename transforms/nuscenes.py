@@ -1,0 +1,427 @@
+"""nuScenes tables -> one scan task per LIDAR_TOP keyframe (pure; never imports ``apache_beam``).
+
+``load_tasks`` reads ``<dataroot>/<version>/{sample_data,calibrated_sensor,sensor,ego_pose}.json`` (plus
+``lidarseg.json`` when present) through an injected ``read_bytes``, so local paths and ``gs://`` URIs
+work alike. It joins the tables the way nuscenes-devkit does:
+
+* channel: ``sample_data.calibrated_sensor_token -> calibrated_sensor.sensor_token -> sensor.channel``;
+  only ``LIDAR_TOP`` records with ``is_key_frame`` true become tasks; other channels are ignored.
+* sweeps: ``--sweeps N`` follows ``prev`` for up to N **previous** sweeps (newest first), in addition to
+  the keyframe. The devkit's ``from_file_multisweep(nsweeps=K)`` counts the keyframe as the first of its
+  K frames, so ``--sweeps N`` equals devkit ``nsweeps=N + 1``. Like the devkit, the chain runs through
+  earlier keyframes too, and stops early at the scene start (``prev == ""``).
+* transforms: ``sweep_transform`` composes ``ref_from_car @ car_from_global @ global_from_car @
+  car_from_current`` exactly as the devkit does; quaternions are (w, x, y, z) and normalized.
+
+Paths: table filenames are normalized with ``posixpath`` and joined to ``dataroot`` with ``/``; one that
+is absolute, a URI or escapes the root is ``outside_root``: no returned path lies outside ``dataroot``.
+
+Errors: a missing or corrupt required table is fatal (``ValueError``). A bad record rejects the sample
+it would have produced: ``bad_table`` (missing/mistyped keys, unknown or duplicated tokens, a prev chain
+that breaks, cycles or does not go back in time, a malformed pose), ``outside_root``, ``duplicate_id``.
+A reject not tied to a keyframe path is named ``<dataroot>/<version>/<table>.json#<token or [row]>``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from transforms.errors import RejectError
+from transforms.multisweep import check_labels
+
+__all__ = [
+    "LIDAR_CHANNEL",
+    "SweepRef",
+    "NuScenesTask",
+    "load_tasks",
+    "sweep_transform",
+    "quaternion_matrix",
+    "pose_matrix",
+    "join_under_root",
+    "check_labels",
+]
+
+LIDAR_CHANNEL = "LIDAR_TOP"
+_SD_KEYS = (
+    "token", "sample_token", "ego_pose_token", "calibrated_sensor_token",
+    "filename", "timestamp", "is_key_frame", "prev",
+)  # fmt: skip
+_STR_KEYS = ("token", "sample_token", "ego_pose_token", "calibrated_sensor_token", "prev")
+
+Reject = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class SweepRef:
+    """One previous sweep to aggregate into a keyframe.
+
+    Attributes:
+        path: full path/URI of the sweep .pcd.bin.
+        sensor_to_ref: 16 floats, row-major 4x4: sweep sensor frame -> keyframe sensor frame (m).
+        time_lag_s: t_keyframe - t_sweep, seconds (> 0).
+    """
+
+    path: str
+    sensor_to_ref: tuple[float, ...]
+    time_lag_s: float
+
+
+@dataclass(frozen=True)
+class NuScenesTask:
+    """One LIDAR_TOP keyframe to scan.
+
+    Attributes:
+        sample_id: the keyframe's sample token.
+        path: full path/URI of the keyframe .pcd.bin.
+        sweeps: up to N previous sweeps, newest first (following ``prev``).
+        label_path: the lidarseg .bin when ``lidarseg.json`` lists this sample_data token, else None.
+    """
+
+    sample_id: str
+    path: str
+    sweeps: tuple[SweepRef, ...]
+    label_path: str | None
+
+
+def _root(dataroot: str) -> str:
+    """``dataroot`` without trailing slashes ("/" becomes "", so joins give "/name")."""
+    if not dataroot:
+        raise ValueError("dataroot must not be empty")
+    return dataroot.rstrip("/")
+
+
+def join_under_root(dataroot: str, filename: object) -> str:
+    """Join a table ``filename`` under ``dataroot`` with ``/``, refusing anything outside it.
+
+    Args:
+        dataroot: local path or URI (``gs://bucket/root``); trailing slashes are ignored.
+        filename: the table's relative filename, e.g. ``samples/LIDAR_TOP/x.pcd.bin``.
+
+    Returns:
+        ``<dataroot>/<normalized filename>``.
+
+    Raises:
+        RejectError: ``outside_root`` (absolute path, URI, or ``..`` escaping the root) or
+            ``bad_table`` (not a non-empty string, NUL byte, names the root itself).
+    """
+    if not isinstance(filename, str) or not filename:
+        raise RejectError("bad_table", f"filename {filename!r} is not a non-empty string")
+    if "\x00" in filename:
+        raise RejectError("bad_table", f"filename {filename!r} holds a NUL byte")
+    if filename.startswith("/") or "://" in filename:
+        raise RejectError("outside_root", f"filename {filename!r} is absolute, not relative to the dataroot")
+    norm = posixpath.normpath(filename)
+    if norm == ".." or norm.startswith("../"):
+        raise RejectError("outside_root", f"filename {filename!r} normalizes outside the dataroot")
+    if norm == ".":
+        raise RejectError("bad_table", f"filename {filename!r} names the dataroot itself")
+    return f"{_root(dataroot)}/{norm}"
+
+
+def _vector(value: object, size: int, what: str) -> list[float]:
+    if isinstance(value, (list, tuple)) and len(value) == size:
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            out = [float(v) for v in value]
+            if all(map(math.isfinite, out)):
+                return out
+    raise RejectError("bad_table", f"{what} must be a list of {size} finite numbers, got {value!r}")
+
+
+def _rotation(q: object) -> list[list[float]]:
+    w, x, y, z = _vector(q, 4, "rotation quaternion")
+    norm = math.sqrt(w * w + x * x + y * y + z * z)
+    if not norm > 1e-9:
+        raise RejectError("bad_table", f"rotation quaternion {q!r} has zero norm")
+    w, x, y, z = w / norm, x / norm, y / norm, z / norm
+    return [
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ]
+
+
+def quaternion_matrix(q: object) -> NDArray[np.float64]:
+    """(3, 3) float64 rotation of a table quaternion ``q`` = (w, x, y, z), normalized first.
+
+    Raises:
+        RejectError: ``bad_table`` if not 4 finite numbers or the norm is (near) zero.
+    """
+    return np.array(_rotation(q))
+
+
+def pose_matrix(record: object, inverse: bool = False) -> NDArray[np.float64]:
+    """4x4 matrix of a ``calibrated_sensor`` or ``ego_pose`` record, like devkit ``transform_matrix``.
+
+    Args:
+        record: mapping with ``translation`` (3 numbers, m) and ``rotation`` (w, x, y, z).
+        inverse: False gives child -> parent (sensor -> car, car -> global); True the inverse
+            (``R.T``, ``R.T @ -t``), as the devkit computes it.
+
+    Returns:
+        (4, 4) float64 homogeneous transform.
+
+    Raises:
+        RejectError: ``bad_table`` for a missing or malformed translation/rotation.
+    """
+    if not isinstance(record, dict):
+        raise RejectError("bad_table", f"pose record {record!r} is not a JSON object")
+    try:
+        rot = _rotation(record.get("rotation"))
+        t = _vector(record.get("translation"), 3, "translation")
+    except RejectError as err:
+        raise RejectError("bad_table", f"pose {record.get('token', '?')}: {err.detail}") from None
+    if inverse:
+        rot = [list(col) for col in zip(*rot, strict=True)]
+        t = [-(r[0] * t[0] + r[1] * t[1] + r[2] * t[2]) for r in rot]
+    return np.array([rot[0] + [t[0]], rot[1] + [t[1]], rot[2] + [t[2]], [0.0, 0.0, 0.0, 1.0]])
+
+
+def sweep_transform(
+    ref_cs: object, ref_pose: object, sweep_cs: object, sweep_pose: object
+) -> NDArray[np.float64]:
+    """Sweep sensor frame -> keyframe (reference) sensor frame, composed exactly as the devkit does.
+
+    ``ref_from_car @ car_from_global @ global_from_car @ car_from_current``, evaluated left to right.
+
+    Args:
+        ref_cs, ref_pose: the keyframe's ``calibrated_sensor`` and ``ego_pose`` records.
+        sweep_cs, sweep_pose: the sweep's ``calibrated_sensor`` and ``ego_pose`` records.
+
+    Returns:
+        (4, 4) float64 homogeneous transform (m).
+
+    Raises:
+        RejectError: ``bad_table`` for a malformed record.
+    """
+    ref_from_global = pose_matrix(ref_cs, inverse=True) @ pose_matrix(ref_pose, inverse=True)
+    return ref_from_global @ pose_matrix(sweep_pose) @ pose_matrix(sweep_cs)
+
+
+def _timestamp(record: dict[str, Any]) -> float:
+    ts = record["timestamp"]
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        raise RejectError("bad_table", f"sample_data {record['token']}: timestamp {ts!r} is not a number")
+    return ts
+
+
+def _check_sd(record: object, what: str) -> dict[str, Any]:
+    """Validate the keys and types of one sample_data record (``what`` names it in details)."""
+    if not isinstance(record, dict):
+        raise RejectError("bad_table", f"{what} is not a JSON object")
+    missing = [k for k in _SD_KEYS if k not in record]
+    if missing:
+        raise RejectError("bad_table", f"{what} lacks keys {missing}")
+    bad = [k for k in _STR_KEYS if not isinstance(record[k], str)]
+    if bad or not isinstance(record["is_key_frame"], bool):
+        raise RejectError("bad_table", f"{what} has mistyped keys {bad or ['is_key_frame']}")
+    return record
+
+
+def _str(value: object) -> str:
+    """``value`` if it is a string, else "" (a safe dict key for JSON values of any type)."""
+    return value if isinstance(value, str) else ""
+
+
+def _index(rows: list[Any]) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """token -> first record with it, and the set of tokens that occur more than once."""
+    index: dict[str, dict[str, Any]] = {}
+    dups: set[str] = set()
+    for row in rows:
+        token = row.get("token") if isinstance(row, dict) else None
+        if isinstance(token, str):
+            if token in index:
+                dups.add(token)
+            else:
+                index[token] = row
+    return index, dups
+
+
+class _Tables:
+    """The joined tables of one dataroot; ``task`` resolves one keyframe or raises ``RejectError``."""
+
+    def __init__(self, dataroot: str, version: str, tables: dict[str, list[Any] | None]) -> None:
+        self.root, self.ref = dataroot, f"{_root(dataroot)}/{version}"
+        self.sd, self.sd_dups = _index(tables["sample_data"])
+        self.index = {name: _index(tables[name]) for name in ("calibrated_sensor", "ego_pose")}
+        channels = {token: sensor.get("channel") for token, sensor in _index(tables["sensor"])[0].items()}
+        self.channel = {  # calibrated_sensor token -> sensor channel (None when unknown)
+            token: channels.get(_str(cs.get("sensor_token")))
+            for token, cs in self.index["calibrated_sensor"][0].items()
+        }
+        self.labels: dict[str, object] = {}  # sample_data token -> lidarseg filename
+        self.label_dups: set[str] = set()
+        self.label_rejects: list[Reject] = []
+        for i, row in enumerate(tables["lidarseg"] or []):
+            sd_token = row.get("sample_data_token") if isinstance(row, dict) else None
+            if not isinstance(sd_token, str):
+                detail = "lidarseg record lacks a sample_data_token"
+                self.label_rejects.append((f"{self.ref}/lidarseg.json#[{i}]", "bad_table", detail))
+            elif sd_token in self.labels:
+                self.label_dups.add(sd_token)
+            else:
+                self.labels[sd_token] = row.get("filename")
+        self.cs_cache: dict[tuple[str, bool], NDArray[np.float64]] = {}
+
+    def channel_of(self, record: dict[str, Any]) -> object:
+        return self.channel.get(_str(record.get("calibrated_sensor_token")))
+
+    def _lookup(self, table: str, token: str, owner: str) -> dict[str, Any]:
+        index, dups = self.index[table]
+        if token in dups:
+            raise RejectError("bad_table", f"{owner}: {table} token {token} appears more than once")
+        if token not in index:
+            raise RejectError("bad_table", f"{owner}: unknown {table} token {token!r}")
+        return index[token]
+
+    def _cs_matrix(self, token: str, owner: str, inverse: bool) -> NDArray[np.float64]:
+        key = (token, inverse)
+        if key not in self.cs_cache:
+            self.cs_cache[key] = pose_matrix(self._lookup("calibrated_sensor", token, owner), inverse)
+        return self.cs_cache[key]
+
+    def _pose(self, record: dict[str, Any], owner: str, inverse: bool) -> NDArray[np.float64]:
+        return pose_matrix(self._lookup("ego_pose", record["ego_pose_token"], owner), inverse)
+
+    def task(self, record: dict[str, Any], path: str, sweeps: int) -> NuScenesTask:
+        """Resolve keyframe ``record`` (already validated, ``path`` joined) into a task."""
+        token = record["token"]
+        owner = f"keyframe sample_data {token}"
+        if not record["sample_token"]:
+            raise RejectError("bad_table", f"{owner} has an empty sample_token")
+        t_ref = _timestamp(record)
+        ref_from_car = self._cs_matrix(record["calibrated_sensor_token"], owner, True)
+        ref_from_global = ref_from_car @ self._pose(record, owner, True)  # @ car_from_global
+        refs: list[SweepRef] = []
+        cur, t_cur = record, t_ref
+        for _ in range(sweeps):
+            prev = cur["prev"]
+            if prev == "":
+                break
+            try:
+                rec, t_prev = self._sweep_record(prev, cur["token"], t_cur)
+                sweep_path = join_under_root(self.root, rec["filename"])
+                tf = (
+                    ref_from_global
+                    @ self._pose(rec, f"sample_data {prev}", False)
+                    @ self._cs_matrix(rec["calibrated_sensor_token"], f"sample_data {prev}", False)
+                )
+            except RejectError as err:
+                raise RejectError(err.reason, f"sweep chain of {token}: {err.detail}") from None
+            refs.append(SweepRef(sweep_path, tuple(tf.ravel().tolist()), (t_ref - t_prev) * 1e-6))
+            cur, t_cur = rec, t_prev
+        return NuScenesTask(record["sample_token"], path, tuple(refs), self._label_path(token))
+
+    def _sweep_record(self, prev: str, child: str, t_child: float) -> tuple[dict[str, Any], float]:
+        if prev in self.sd_dups:
+            raise RejectError("bad_table", f"prev {prev!r} of {child}: sample_data token appears twice")
+        if prev not in self.sd:
+            raise RejectError("bad_table", f"prev {prev!r} of {child} is not a known sample_data token")
+        rec = _check_sd(self.sd[prev], f"sample_data {prev}")
+        if self.channel_of(rec) != LIDAR_CHANNEL:
+            raise RejectError("bad_table", f"prev {prev!r} of {child} is not a {LIDAR_CHANNEL} record")
+        t_prev = _timestamp(rec)
+        if not t_prev < t_child:
+            detail = f"prev {prev!r} of {child} is not earlier ({t_prev} >= {t_child}): broken/cyclic chain"
+            raise RejectError("bad_table", detail)
+        return rec, t_prev
+
+    def _label_path(self, token: str) -> str | None:
+        if token in self.label_dups:
+            raise RejectError("bad_table", f"lidarseg.json lists sample_data {token} more than once")
+        if token not in self.labels:
+            return None
+        try:
+            return join_under_root(self.root, self.labels[token])
+        except RejectError as err:
+            raise RejectError(err.reason, f"lidarseg of {token}: {err.detail}") from None
+
+
+def _read_table(
+    dataroot: str, version: str, name: str, read_bytes: Callable[[str], bytes], optional: bool = False
+) -> list[Any] | None:
+    path = f"{_root(dataroot)}/{version}/{name}.json"
+    try:
+        raw = read_bytes(path)
+    except FileNotFoundError:
+        if optional:
+            return None
+        raise ValueError(f"nuScenes table {path} not found (is --nuscenes-version right?)") from None
+    except OSError as err:
+        raise ValueError(f"nuScenes table {path} could not be read: {err}") from err
+    try:
+        rows = json.loads(raw)
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"nuScenes table {path} is not valid JSON: {err}") from err
+    if not isinstance(rows, list):
+        raise ValueError(f"nuScenes table {path} is not a JSON list of records")
+    return rows
+
+
+def load_tasks(
+    dataroot: str, version: str, sweeps: int, read_bytes: Callable[[str], bytes]
+) -> tuple[list[NuScenesTask], list[Reject]]:
+    """One scan task per LIDAR_TOP keyframe of a nuScenes-style dataroot.
+
+    O(records): every lookup is a dict; the prev walk is bounded by ``sweeps``.
+
+    Args:
+        dataroot: local path or URI of the dataset root (holds ``samples/``, ``sweeps/``, ``<version>/``).
+        version: table folder name, e.g. ``v1.0-mini``; one path segment.
+        sweeps: N >= 0 previous sweeps per keyframe, in addition to the keyframe (devkit nsweeps = N + 1).
+        read_bytes: reads one whole file by full path/URI; must raise ``FileNotFoundError`` for a missing
+            file (``lidarseg.json`` is optional), any other ``OSError`` for other read failures.
+
+    Returns:
+        (tasks sorted by sample_id, rejects as (path_or_record, reason, detail) sorted).
+
+    Raises:
+        ValueError: bad arguments, or a required table that is missing, unreadable or not a JSON list.
+    """
+    if isinstance(sweeps, bool) or not isinstance(sweeps, int) or sweeps < 0:
+        raise ValueError(f"sweeps must be an int >= 0, got {sweeps!r}")
+    if not version or "/" in version or version in (".", ".."):
+        raise ValueError(f"nuScenes version {version!r} must be one folder name, e.g. v1.0-mini")
+    names = ("sample_data", "calibrated_sensor", "sensor", "ego_pose")
+    tables = {name: _read_table(dataroot, version, name, read_bytes) for name in names}
+    tables["lidarseg"] = _read_table(dataroot, version, "lidarseg", read_bytes, optional=True)
+    db = _Tables(dataroot, version, tables)
+    rejects: list[Reject] = list(db.label_rejects)
+    by_sample: dict[str, NuScenesTask] = {}
+    for i, row in enumerate(tables["sample_data"]):
+        token = row.get("token") if isinstance(row, dict) else None
+        ref = f"{db.ref}/sample_data.json#{token if isinstance(token, str) else f'[{i}]'}"
+        if isinstance(row, dict):
+            channel = db.channel_of(row)
+            if (channel is not None and channel != LIDAR_CHANNEL) or row.get("is_key_frame") is False:
+                continue  # another sensor, or a sweep (reached only through a keyframe's prev chain)
+            if channel is None:
+                rejects.append((ref, "bad_table", f"sample_data {token}: unknown sensor channel"))
+                continue
+        try:
+            record = _check_sd(row, f"sample_data {token if isinstance(token, str) else f'[{i}]'}")
+            path = join_under_root(dataroot, record["filename"])
+        except RejectError as err:
+            rejects.append((ref, err.reason, err.detail))
+            continue
+        if token in db.sd_dups and db.sd[token] is not row:
+            rejects.append((path, "duplicate_id", f"sample_data token {token} appears more than once"))
+            continue
+        try:
+            task = db.task(record, path, sweeps)
+        except RejectError as err:
+            rejects.append((path, err.reason, err.detail))
+            continue
+        if task.sample_id in by_sample:
+            first = by_sample[task.sample_id].path
+            rejects.append((path, "duplicate_id", f"sample {task.sample_id} already has keyframe {first}"))
+            continue
+        by_sample[task.sample_id] = task
+    return sorted(by_sample.values(), key=lambda t: t.sample_id), sorted(rejects)
