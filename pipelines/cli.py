@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
 __all__ = ["main", "SUBCOMMANDS"]
@@ -35,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"lidarshard: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # Beam relays every worker's start-up warnings; keep them for debugging only (LIDARSHARD_BEAM_LOG_LEVEL=INFO).
+    logging.getLogger("apache_beam").setLevel(os.environ.get("LIDARSHARD_BEAM_LOG_LEVEL", "ERROR"))
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.run(rest) or 0)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import posixpath
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,7 @@ _SD_KEYS = (
 _STR_KEYS = ("token", "sample_token", "ego_pose_token", "calibrated_sensor_token", "prev")
 
 Reject = tuple[str, str, str]
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 @dataclass(frozen=True)
@@ -362,6 +364,11 @@ def _read_table(
         raise ValueError(f"nuScenes table {path} is not valid JSON: {err}") from err
     if not isinstance(rows, list):
         raise ValueError(f"nuScenes table {path} is not a JSON list of records")
+    if _SURROGATE_ESCAPE.search(raw):  # a lone "\udcff" escape decodes to text no UTF-8 writer can hold
+        try:
+            json.dumps(rows, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"nuScenes table {path} holds a lone UTF-16 surrogate escape: {err}") from None
     return rows
 
 

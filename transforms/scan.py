@@ -49,9 +49,37 @@ class ScanConfig:
             raise ValueError("--point-cloud-range needs 6 numbers: x0,y0,z0,x1,y1,z1")
 
 
+@dataclass(frozen=True)
+class _FileTask(NuScenesTask):
+    """A plain file found by listing INPUT (not named by tables): when it is gone, it is ``unreadable``
+    rather than ``missing_file``."""
+
+
+@dataclass(frozen=True)
+class _BadName(_FileTask):
+    """A file whose name is not valid UTF-8: Arrow/Beam strings cannot hold it, so it is rejected
+    unread; ``path`` and ``sample_id`` hold the name with the bad bytes escaped (``\\xff``)."""
+
+    detail: str = ""
+
+
+def _escaped(name: str) -> str:
+    try:  # undecodable bytes arrive as lone surrogates (surrogateescape): show them as \xNN
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def file_task(sample_id: str, path: str) -> NuScenesTask:
-    """A task for a plain file (no sweeps, no labels)."""
-    return NuScenesTask(sample_id=sample_id, path=path, sweeps=(), label_path=None)
+    """A task for a plain file (no sweeps, no labels); ``featurize`` rejects a non-UTF-8 name."""
+    try:
+        path.encode("utf-8")
+        sample_id.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = _escaped(path)
+        detail = f"file name '{shown}' is not valid UTF-8; rename it to include it"
+        return _BadName(sample_id=_escaped(sample_id), path=shown, sweeps=(), label_path=None, detail=detail)
+    return _FileTask(sample_id=sample_id, path=path, sweeps=(), label_path=None)
 
 
 def _read(path: str, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig, missing: str) -> bytes:
@@ -80,13 +108,18 @@ def _points(data: bytes, fmt: str, cfg: ScanConfig) -> np.ndarray:
     return readers.read_points(data, fmt, point_dims=cfg.point_dims, max_points=cfg.max_points)
 
 
+def _missing(task: NuScenesTask) -> str:
+    """Reject reason for a keyframe file that is not there."""
+    return "unreadable" if isinstance(task, _FileTask) else "missing_file"
+
+
 def _stat_row(task: NuScenesTask, fmt: str, size_of: SizeOf, cfg: ScanConfig) -> dict:
     total, n = 0, 0
     for p in (task.path, *(s.path for s in task.sweeps)):
         try:
             size = size_of(p)
         except OSError as e:
-            raise RejectError("missing_sweep" if p != task.path else "unreadable", f"{p}: {e}") from None
+            raise RejectError("missing_sweep" if p != task.path else _missing(task), f"{p}: {e}") from None
         total += size
         n += readers.count_points_from_size(size, fmt, cfg.point_dims)
     return {"file_bytes": total, "num_points": n, "has_labels": task.label_path is not None}
@@ -98,6 +131,8 @@ def featurize(task: NuScenesTask, read_bytes: ReadBytes, size_of: SizeOf, cfg: S
     Raises:
         RejectError: any bad input, with a reason from ``schemas.REJECT_REASONS``.
     """
+    if isinstance(task, _BadName):
+        raise RejectError("unreadable", task.detail)
     fmt = cfg.format or readers.detect_format(task.path)
     row: dict = {
         "sample_id": task.sample_id,
@@ -113,8 +148,7 @@ def featurize(task: NuScenesTask, read_bytes: ReadBytes, size_of: SizeOf, cfg: S
             return row | _stat_row(task, fmt, size_of, cfg)
         except ValueError:
             raise RejectError("unsupported_format", f"--features stat cannot size {fmt} files") from None
-    missing = "missing_file" if task.sweeps or task.label_path else "unreadable"
-    data = _read(task.path, read_bytes, size_of, cfg, missing)
+    data = _read(task.path, read_bytes, size_of, cfg, _missing(task))
     file_bytes = len(data)
     key = _points(data, fmt, cfg)
     if task.label_path is not None:
