@@ -1,0 +1,250 @@
+"""A nuScenes-style synthetic dataroot, one scene at a time (pure numpy, no Beam).
+
+``scene_files`` yields every file of one scene (keyframes under ``samples/LIDAR_TOP``, sweeps under
+``sweeps/LIDAR_TOP``, lidarseg labels) and ``scene_tables`` its table records; both depend only on
+``(config, scene index)``, so scenes can be generated in any order on any worker with identical
+bytes. Scene ``i`` draws everything from ``np.random.default_rng([seed, i])`` (frames from
+``[seed, i, 1, frame]``). Kinds cycle urban/suburban/open (5:3:2) and every 4th scene (0, 4, ...)
+is stopped; moving scenes drive at 1-8 m/s.
+
+``multisweep`` and ``count_voxels`` measure the result the way training code sees it (the
+devkit's ``LidarPointCloud.from_file_multisweep``, then occupied voxels); ``sample_sizes`` applies
+them per sample. The measured size table is in ``pipelines/synth.py`` (``lidarshard synth --help``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from numpy.typing import NDArray
+
+from transforms import synth_scene as sc
+from transforms import synth_tables as tb
+
+__all__ = [
+    "SynthConfig",
+    "Scene",
+    "build_scene",
+    "scene_files",
+    "scene_tables",
+    "static_tables",
+    "quat_to_matrix",
+    "multisweep",
+    "count_voxels",
+    "sample_sizes",
+]
+
+_KIND_CYCLE = (
+    "urban",
+    "suburban",
+    "open",
+    "urban",
+    "suburban",
+    "urban",
+    "open",
+    "urban",
+    "suburban",
+    "urban",
+)
+_EPOCH_US = 1_533_000_000_000_000  # 2018-07-31 UTC, the nuScenes era
+_SCENE_GAP_US = 3_600_000_000  # scenes start an hour apart, so log names are unique
+_JITTER_US = 200  # lidar timestamps wander +-200 us around the 50 ms grid
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Dataset shape. ``frames_per_scene = (keyframes - 1) * (sweeps + 1) + 1`` (ends on a keyframe)."""
+
+    seed: int = 0
+    scenes: int = 4
+    keyframes_per_scene: int = 10
+    sweeps_per_keyframe: int = 9
+    labels: bool = False
+    version: str = "v1.0-synth"
+
+    def __post_init__(self) -> None:
+        if self.seed < 0 or self.scenes < 1 or self.keyframes_per_scene < 1 or self.sweeps_per_keyframe < 0:
+            raise ValueError(f"need seed >= 0, scenes >= 1, keyframes >= 1, sweeps >= 0: {self}")
+        if not self.version or "/" in self.version or self.version in (".", ".."):
+            raise ValueError(f"version must be a plain folder name, got {self.version!r}")
+
+    @property
+    def frames_per_scene(self) -> int:
+        return (self.keyframes_per_scene - 1) * (self.sweeps_per_keyframe + 1) + 1
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A scene's spec, layout (road frame) and timeline (tables), all drawn from its own generator."""
+
+    spec: sc.SceneSpec
+    boxes: sc.Boxes
+    info: tb.SceneInfo
+
+    @cached_property
+    def times(self) -> NDArray[np.float64]:
+        """(F,) seconds since the first frame."""
+        t = np.asarray(self.info.timestamps, dtype=np.int64)
+        return (t - t[0]) / 1e6
+
+
+def _quat_yaw(yaw: NDArray[np.float64]) -> NDArray[np.float64]:
+    """(F, 4) quaternions w, x, y, z of rotations by ``yaw`` (rad) about z."""
+    return np.stack([np.cos(yaw / 2), np.zeros_like(yaw), np.zeros_like(yaw), np.sin(yaw / 2)], axis=1)
+
+
+def build_scene(cfg: SynthConfig, index: int) -> Scene:
+    """Scene ``index``: kind from a fixed urban/suburban/open cycle, stopped if ``index % 4 == 0``,
+    else 1-8 m/s; layout, timestamps and world placement from ``default_rng([seed, index])``."""
+    rng = np.random.default_rng([cfg.seed, index])
+    kind = _KIND_CYCLE[index % len(_KIND_CYCLE)]
+    speed = 0.0 if index % 4 == 0 else float(np.round(rng.uniform(1.0, 8.0), 2))
+    spec = sc.SceneSpec(cfg.seed, index, kind, speed, cfg.frames_per_scene)
+    boxes = sc.scene_layout(spec, rng)
+    n = cfg.frames_per_scene
+    jitter = rng.integers(-_JITTER_US, _JITTER_US + 1, n)
+    jitter[0] = 0
+    start = _EPOCH_US + index * _SCENE_GAP_US + int(rng.integers(0, 1_000_000))
+    stamps = start + np.arange(n, dtype=np.int64) * int(sc.SWEEP_PERIOD_S * 1e6) + jitter
+    theta, offset = rng.uniform(-np.pi, np.pi), rng.uniform(300.0, 2000.0, 2)
+    x, y, yaw = sc.ego_pose(spec, (stamps - start) / 1e6)
+    c, s = np.cos(theta), np.sin(theta)
+    trans = np.stack([offset[0] + c * x - s * y, offset[1] + s * x + c * y, np.zeros(n)], axis=1)
+    info = tb.SceneInfo(
+        seed=cfg.seed, index=index, kind=kind, speed=speed,
+        timestamps=tuple(int(v) for v in stamps),
+        translations=tuple(tuple(float(v) for v in row) for row in trans),
+        rotations=tuple(tuple(float(v) for v in row) for row in _quat_yaw(theta + yaw)),
+        keyframe_every=cfg.sweeps_per_keyframe + 1,
+        lidar_translation=sc.LIDAR_TRANSLATION, lidar_rotation=sc.LIDAR_ROTATION,
+    )  # fmt: skip
+    return Scene(spec=spec, boxes=boxes, info=info)
+
+
+def scene_files(cfg: SynthConfig, index: int) -> Iterator[tuple[str, bytes]]:
+    """Every file of scene ``index`` as (path relative to the dataroot, bytes), frame by frame.
+
+    Lidar files hold (34688, 5) little-endian float32 rows x, y, z, intensity, ring; with
+    ``cfg.labels`` each keyframe is followed by its (34688,) uint8 lidarseg file.
+    """
+    scene = build_scene(cfg, index)
+    info = scene.info
+    for frame in range(cfg.frames_per_scene):
+        rng = np.random.default_rng([cfg.seed, index, 1, frame])
+        points, labels = sc.scan_frame(scene.spec, scene.boxes, float(scene.times[frame]), rng)
+        yield info.filename(frame), points.astype("<f4").tobytes()
+        if cfg.labels and info.is_key_frame(frame):
+            yield tb.lidarseg_filename(cfg.version, info.sample_data_token(frame)), labels.tobytes()
+
+
+def scene_tables(cfg: SynthConfig, index: int) -> dict[str, list[tb.Record]]:
+    """Table records of scene ``index`` (see ``synth_tables.scene_records``)."""
+    return tb.scene_records(build_scene(cfg, index).info, cfg.version, cfg.labels)
+
+
+def static_tables(cfg: SynthConfig) -> dict[str, list[tb.Record]]:
+    """Tables shared by all scenes, plus an empty list for every table no scene fills."""
+    tables = {name: [] for name in tb.TABLES}
+    tables.update(tb.static_records(cfg.labels))
+    if cfg.labels:
+        tables["lidarseg"] = []
+    return tables
+
+
+def quat_to_matrix(q: Sequence[float]) -> NDArray[np.float64]:
+    """(3, 3) rotation matrix of a quaternion w, x, y, z (normalized first)."""
+    w, x, y, z = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
+    return np.array([
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ])  # fmt: skip
+
+
+def _sensor_to_world(
+    pose: tuple[Sequence[float], Sequence[float]], calib: tuple[Sequence[float], Sequence[float]]
+) -> NDArray[np.float64]:
+    """(4, 4) world-from-sensor transform from ego pose and calibration, each (translation, quat)."""
+    m = np.eye(4)
+    for t, q in (pose, calib):  # world_from_ego @ ego_from_sensor
+        step = np.eye(4)
+        step[:3, :3], step[:3, 3] = quat_to_matrix(q), t
+        m = m @ step
+    return m
+
+
+def multisweep(
+    clouds: Sequence[NDArray[np.float32]],
+    poses: Sequence[tuple[Sequence[float], Sequence[float]]],
+    calib: tuple[Sequence[float], Sequence[float]],
+    min_distance: float = 1.0,
+) -> NDArray[np.float32]:
+    """Aggregate sweeps into the first one's sensor frame, like ``from_file_multisweep``.
+
+    Args:
+        clouds: (N_i, >=3) point arrays in their own sensor frame, reference (keyframe) first.
+        poses: per cloud, the ego pose (translation m, quaternion w, x, y, z).
+        calib: LIDAR_TOP calibration (translation, quaternion) in the ego frame.
+        min_distance: drop the box |x| < d and |y| < d of every cloud (the devkit's ``remove_close``).
+
+    Returns:
+        (sum N_i', 3) float32 x, y, z in the reference sensor frame, m.
+    """
+    ref_inv = np.linalg.inv(_sensor_to_world(poses[0], calib))
+    out = []
+    for cloud, pose in zip(clouds, poses, strict=True):
+        xyz = np.asarray(cloud[:, :3], dtype=np.float64)
+        xyz = xyz[~((np.abs(xyz[:, 0]) < min_distance) & (np.abs(xyz[:, 1]) < min_distance))]
+        m = ref_inv @ _sensor_to_world(pose, calib)
+        out.append((xyz @ m[:3, :3].T + m[:3, 3]).astype(np.float32))
+    return np.concatenate(out) if out else np.zeros((0, 3), np.float32)
+
+
+def count_voxels(xyz: NDArray[np.floating], size: float = 0.05) -> int:
+    """Occupied cubic voxels of edge ``size`` (m): ravelled keys, ``np.sort``, count of changes.
+
+    Args:
+        xyz: (N, >=3) points; non-finite rows are ignored.
+    """
+    xyz = np.asarray(xyz[:, :3], dtype=np.float64)
+    xyz = xyz[np.isfinite(xyz).all(axis=1)]
+    if len(xyz) == 0:
+        return 0
+    cell = np.floor(xyz / size).astype(np.int64)
+    cell -= cell.min(axis=0)
+    key = np.sort(np.ravel_multi_index(cell.T, tuple(cell.max(axis=0) + 1)))
+    return 1 + int(np.count_nonzero(np.diff(key)))
+
+
+def sample_sizes(cfg: SynthConfig, index: int, voxel: float = 0.05) -> Iterator[dict[str, float]]:
+    """Size features of every sample of scene ``index``, measured on the bytes ``scene_files`` yields.
+
+    Yields per keyframe: ``kind``, ``speed`` (m/s), ``keyframe_voxels`` (all points), ``frames``
+    aggregated, ``points`` and ``voxels`` of the keyframe + up to ``sweeps_per_keyframe`` previous
+    sweeps (remove_close(1 m), ego poses from the tables), and ``near`` (fraction of keyframe points
+    within 1 m of the sensor).
+    """
+    scene = build_scene(cfg, index)
+    info, spec = scene.info, scene.spec
+    calib = (info.lidar_translation, info.lidar_rotation)
+    history: list[tuple[NDArray[np.float32], tuple]] = []
+    frame = -1
+    for rel, data in scene_files(cfg, index):
+        if rel.startswith("lidarseg/"):
+            continue
+        frame += 1
+        cloud = np.frombuffer(data, dtype="<f4").reshape(-1, 5)
+        history = [(cloud, (info.translations[frame], info.rotations[frame]))] + history[
+            : cfg.sweeps_per_keyframe
+        ]
+        if not info.is_key_frame(frame):
+            continue
+        agg = multisweep([c for c, _ in history], [p for _, p in history], calib)
+        yield {
+            "kind": spec.kind, "speed": spec.speed, "frames": len(history), "points": len(agg),
+            "keyframe_voxels": count_voxels(cloud, voxel), "voxels": count_voxels(agg, voxel),
+            "near": float(np.mean(np.linalg.norm(cloud[:, :3], axis=1) < 1.0)),
+        }  # fmt: skip
