@@ -171,7 +171,7 @@ MANIFEST_KEYS: dict[str, str] = {
     "epochs": "int E: epochs planned",
     "seed": "int: the plan's seed",
     "strategy": "name of the planning strategy",
-    "cost_model": "{'name': 'points'|'voxels'|'linear', 'params': {...}}",
+    "cost_model": "{'name': 'points'|'voxels'|'linear', 'c0', 'a', 'b'}: cost = c0 + a*points + b*voxels",
     "buckets": "{'edges': [K-1 floats, cost units], 'weights': [K floats], 'counts': [K ints]}",
     "policy": "'drop_last' or 'pad': how a pool that is not a multiple of W*B is fitted",
     "steps_per_epoch": "[E ints]: steps in each epoch (weights < 1 thin randomly, so epochs may differ)",

@@ -1,0 +1,112 @@
+"""``lidarshard calibrate OUT --timings t.csv``: fit ``linear:c0,a,b`` to measured step timings.
+
+The timings CSV holds measured milliseconds per sample (``sample_id, ms``, as written by
+``examples/train_ddp.py --emit-timings``) or per rank per step (``step, rank, ms``, optional
+``epoch``; mapped to the rank's batch through OUT's plan). The fit ``ms = c0 + a * points + b *
+voxels`` (non-negative least squares, see ``transforms.calibrate``) is written as JSON that
+``lidarshard build --cost-model @FILE`` accepts, with R^2 and a residual plot next to it::
+
+    {"cost_model": {"name": "linear", "c0": ..., "a": ..., "b": ...}, "r2": ..., "rmse": ...,
+     "n": ..., "units": "ms", "dropped_terms": [...], "residual_plot": "cost_model_residuals.png",
+     "source": {...}}
+
+Default output: ``OUT/report/cost_model.json`` (``report/`` is outside the manifest contract).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+import schemas
+from loaders import load_manifest
+from pipelines.report import REPORT_DIR, read_bytes, read_plan, read_table, write_files
+from transforms import calibrate as cal
+
+__all__ = ["run", "calibrate"]
+
+
+def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFit, dict, np.ndarray]:
+    """Fit the linear cost model to ``timings_path`` against manifest ``out``.
+
+    Returns:
+        (fit, source info for the JSON, (n, 2) array of [fitted, measured] ms).
+    """
+    manifest = load_manifest(out)
+    timings = cal.read_timings(read_bytes(timings_path))
+    samples = read_table(out, schemas.SAMPLES_FILE)
+    plan = None if "sample_id" in timings.column_names else read_plan(out, manifest)
+    obs = cal.observations(timings, samples, plan, epoch)
+    if obs.num_rows == 0:
+        raise ValueError(f"no row of {timings_path} matches a sample (or step/rank) of {out}")
+    x = np.stack([obs.column(c).to_numpy() for c in ("count", "points", "voxels")], axis=1)
+    ms = obs.column("ms").to_numpy()
+    fit = cal.fit_linear(x, ms)
+    source = {
+        "manifest": out,
+        "timings": timings_path,
+        "timed": "sample" if plan is None else "rank-step",
+        "rows": timings.num_rows,
+        "matched": obs.num_rows,
+        "manifest_cost_model": manifest["cost_model"],
+    }
+    return fit, source, np.stack([fit.predict(x), ms], axis=1)
+
+
+def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | None:
+    """The residual figure, or None (with a note) when matplotlib is missing."""
+    from transforms import report_plots
+
+    title = (
+        f"ms per {timed} = {fit.c0:.4g} + {fit.a:.4g} x points + {fit.b:.4g} x voxels  "
+        f"(R² {fit.r2:.3f}, rmse {fit.rmse:.3g} ms, n {fit.n})"
+    )
+    try:
+        return report_plots.residuals(pairs[:, 0], pairs[:, 1], title)
+    except ImportError as e:
+        print(f"residual plot skipped: {e}", file=sys.stderr)
+        return None
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lidarshard calibrate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", metavar="OUT", help="the manifest directory the timings were measured on")
+    parser.add_argument("--timings", required=True, help="CSV: ms + sample_id, or ms + step, rank [, epoch]")
+    parser.add_argument(
+        "--epoch", type=int, default=0, help="epoch of step/rank timings without an epoch column"
+    )
+    parser.add_argument("-o", "--output", help=f"JSON to write (default OUT/{REPORT_DIR}/cost_model.json)")
+    args = parser.parse_args(argv)
+    output = args.output or f"{args.out.rstrip('/')}/{REPORT_DIR}/cost_model.json"
+    directory, _, name = output.rpartition("/")
+    try:
+        fit, source, pairs = calibrate(args.out, args.timings, args.epoch)
+    except (ValueError, OSError) as e:
+        print(f"lidarshard calibrate: {e}", file=sys.stderr)
+        return 1
+    png = _residual_png(fit, pairs, "sample" if source["timed"] == "sample" else "rank-step")
+    plot_name = name.removesuffix(".json") + "_residuals.png"
+    body = fit.to_json("ms") | {"residual_plot": plot_name if png else None, "source": source}
+    files = {name: (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()}
+    if png:
+        files[plot_name] = png
+    write_files(directory or ".", files)
+    print(
+        f"fit over {fit.n} timed {source['timed']}s ({source['rows'] - source['matched']} rows unmatched): "
+        f"ms = {fit.c0:.6g} + {fit.a:.6g} * points + {fit.b:.6g} * voxels per sample\n"
+        f"R^2 {fit.r2:.4f}, rmse {fit.rmse:.4g} ms"
+        + (f"; dropped (negative when fitted): {', '.join(fit.dropped)}" if fit.dropped else "")
+    )
+    if fit.r2 < 0.5:
+        print(
+            f"warning: R^2 {fit.r2:.3f} is low; the timings may be too noisy to rank samples", file=sys.stderr
+        )
+    print(f"wrote {output}; rebuild with --cost-model @{output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

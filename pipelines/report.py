@@ -1,0 +1,305 @@
+"""``lidarshard report OUT [--timings t.csv]``: plots and a summary of a built manifest directory.
+
+Writes ``OUT/report/report.html`` and its PNGs next to it in ``OUT/report/`` (``--output-dir`` to
+put them elsewhere, e.g. when OUT is read-only). ``report/`` is not part of the manifest contract:
+it is not listed in ``_manifest.json['files']`` and a rebuild of OUT removes it.
+
+The random baseline is recomputed, not read: ``transforms.manifest.plan_samples`` with
+``strategy='random'`` on the same samples, seed, epoch, weights and policy gives the same pool as
+the build and the plan behind the manifest's ``random_linearity``. Plain Python, no Beam pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+import schemas
+from loaders import load_manifest
+from transforms import calibrate as cal
+from transforms import report_plots as plots
+from transforms.manifest import PlanConfig, plan_samples
+
+__all__ = [
+    "run",
+    "ReportData",
+    "load",
+    "read_plan",
+    "read_table",
+    "read_bytes",
+    "write_files",
+    "write_report",
+    "REPORT_DIR",
+]
+
+#: Sub-directory of OUT that holds the report (not part of the manifest contract).
+REPORT_DIR = "report"
+
+
+def _resolve(location: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path) for a local path or a pyarrow-supported URI (gs://, s3://, ...)."""
+    if "://" not in location:
+        return pafs.LocalFileSystem(), os.path.abspath(location)
+    fs, path = pafs.FileSystem.from_uri(location)
+    return fs, path.rstrip("/")
+
+
+def read_bytes(location: str) -> bytes:
+    """The bytes of a local file or a URI."""
+    fs, path = _resolve(location)
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def write_files(directory: str, files: dict[str, bytes]) -> None:
+    """Write ``{name: bytes}`` under ``directory`` (created if needed)."""
+    fs, base = _resolve(directory)
+    fs.create_dir(base, recursive=True)
+    for name, data in files.items():
+        with fs.open_output_stream(f"{base}/{name}") as f:
+            f.write(data)
+
+
+def read_table(out: str, rel: str) -> pa.Table:
+    """One Parquet file ``rel`` of the manifest directory ``out``."""
+    fs, base = _resolve(out)
+    return pq.read_table(f"{base}/{rel}", filesystem=fs)
+
+
+def read_plan(out: str, manifest: dict) -> pa.Table:
+    """Every epoch's and rank's plan rows, sorted by (epoch, step, rank, slot)."""
+    cols = ["epoch", "step", "rank", "slot", "sample_id", "cost", "bucket_id"]
+    parts = [
+        read_table(out, schemas.plan_file(e, r)).select(cols)
+        for e in range(int(manifest["epochs"]))
+        for r in range(int(manifest["world_size"]))
+    ]
+    return pa.concat_tables(parts).sort_by([(k, "ascending") for k in ("epoch", "step", "rank", "slot")])
+
+
+@dataclass
+class ReportData:
+    """What the plots need, all in predicted-cost units of the manifest's cost model."""
+
+    manifest: dict
+    samples: pa.Table  # samples.parquet (scored)
+    plan: pa.Table  # all epochs' plan rows: epoch, step, rank, slot, sample_id, cost, bucket_id
+    chosen: list[NDArray[np.float64]]  # per epoch (S_e, W) cost per rank per step
+    baseline: list[NDArray[np.float64]]  # the same under ``random`` on the same pool
+    reasons: dict[str, int]  # rejects per reason
+
+
+def load(out: str) -> ReportData:
+    """Read a committed manifest directory and recompute the random baseline."""
+    m = load_manifest(out)
+    samples = read_table(out, schemas.SAMPLES_FILE)
+    w, b = int(m["world_size"]), int(m["batch_size"])
+    plan = read_plan(out, m)
+    cfg = PlanConfig(
+        world_size=w,
+        batch_size=b,
+        epochs=int(m["epochs"]),
+        seed=int(m["seed"]),
+        strategy="random",
+        policy=m["policy"],
+        num_buckets=len(m["buckets"]["counts"]),
+        weights=tuple(m["buckets"]["weights"]),
+    )
+    costs = samples.column("cost").to_numpy()
+    all_costs = plan.column("cost").to_numpy()
+    epochs = plan.column("epoch").to_numpy()
+    chosen, baseline = [], []
+    for e in range(int(m["epochs"])):
+        chosen.append(all_costs[epochs == e].reshape(-1, w, b).sum(axis=2))
+        idx, _ = plan_samples(samples, e, cfg)
+        baseline.append(costs[idx].sum(axis=2))
+    try:
+        reasons_col = read_table(out, schemas.REJECTS_FILE).column("reason")
+        reasons = {str(r["values"]): int(r["counts"]) for r in pc.value_counts(reasons_col).to_pylist()}
+    except FileNotFoundError:
+        reasons = dict(m["counts"].get("rejected_by_reason", {}))
+    return ReportData(m, samples, plan, chosen, baseline, reasons)
+
+
+def cost_unit(model: dict) -> str:
+    """Axis label for the manifest's cost units."""
+    return {"points": "points", "voxels": "occupied voxels"}.get(model["name"], "linear-model units")
+
+
+def _step_buckets(data: ReportData, epoch: int) -> NDArray[np.int64]:
+    """(S, K) samples of each bucket per step of ``epoch``."""
+    k = len(data.manifest["buckets"]["counts"])
+    part = data.plan.filter(pc.equal(data.plan.column("epoch"), epoch))
+    steps = part.column("step").to_numpy().astype(np.int64)
+    counts = np.zeros((int(steps.max()) + 1 if steps.size else 0, k), dtype=np.int64)
+    np.add.at(counts, (steps, part.column("bucket_id").to_numpy().astype(np.int64)), 1)
+    return counts
+
+
+def _lin(loads: NDArray[np.float64]) -> float:
+    top = loads.max(axis=1).sum()
+    return float(loads.mean(axis=1).sum() / top) if top > 0 else 1.0
+
+
+def _spread(loads: NDArray[np.float64]) -> float:
+    """Largest |rank total / mean - 1| over ranks, in percent."""
+    tot = loads.sum(axis=0)
+    return float(100 * np.abs(tot / tot.mean() - 1).max()) if tot.mean() > 0 else 0.0
+
+
+def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes], list[str]]:
+    """Predicted-vs-measured figure and summary lines for a timings CSV."""
+    timings = cal.read_timings(read_bytes(path))
+    obs = cal.observations(timings, data.samples, data.plan, epoch)
+    if obs.num_rows == 0:
+        raise ValueError(f"no row of {path} matches a sample (or step/rank) of this manifest")
+    pred, ms = obs.column("cost").to_numpy(), obs.column("ms").to_numpy()
+    what = "sample" if "sample_id" in timings.column_names else "rank-step"
+    unit = cost_unit(data.manifest["cost_model"])
+    r2 = float(np.corrcoef(pred, ms)[0, 1] ** 2) if obs.num_rows > 1 and np.ptp(pred) > 0 else float("nan")
+    lines = [
+        f"timings: {obs.num_rows} of {timings.num_rows} rows matched ({what}); "
+        f"predicted vs measured r^2 {r2:.3f}"
+    ]
+    rows = cal.plan_linearity(timings, data.plan, int(data.manifest["batch_size"]), epoch)
+    if not rows and {"step", "rank"} <= set(timings.column_names):
+        lines.append("  (no step of this plan is fully timed: the timings come from another plan or sampler)")
+    for row in rows:
+        lines.append(
+            f"  epoch {row['epoch']}: measured linearity {row['measured']:.3f} "
+            f"(predicted {row['predicted']:.3f}) over {row['steps']} fully timed steps"
+        )
+    note = "\n".join(
+        f"epoch {r['epoch']} linearity: predicted {r['predicted']:.3f}, measured {r['measured']:.3f}"
+        for r in rows[:4]
+    )
+    return {"predicted_vs_measured.png": plots.predicted_vs_measured(pred, ms, unit, what, note)}, lines
+
+
+def summarize(data: ReportData) -> list[str]:
+    """Terminal summary lines (also shown in the HTML)."""
+    m, c = data.manifest, data.manifest["counts"]
+    rej = ", ".join(f"{r} {n}" for r, n in sorted(data.reasons.items()))
+    lines = [
+        f"{c['accepted']} samples accepted, {c['rejected']} rejected{f' ({rej})' if rej else ''}; "
+        f"{len(m['buckets']['counts'])} buckets over cost model {m['cost_model']['name']}",
+        f"plan {m['strategy']}: world size {m['world_size']}, batch {m['batch_size']}, "
+        f"{m['epochs']} epoch(s) of {m['steps_per_epoch']} steps",
+    ]
+    for e, (ch, rnd) in enumerate(zip(data.chosen, data.baseline, strict=True)):
+        worst = (ch.max(axis=1) / np.maximum(ch.mean(axis=1), 1e-300)).max(initial=1.0)
+        worst_r = (rnd.max(axis=1) / np.maximum(rnd.mean(axis=1), 1e-300)).max(initial=1.0)
+        lines.append(
+            f"epoch {e}: linearity {_lin(ch):.3f} (random {_lin(rnd):.3f}); worst step max/mean "
+            f"{worst:.2f} (random {worst_r:.2f}); rank totals within {_spread(ch):.1f}% "
+            f"(random {_spread(rnd):.1f}%)"
+        )
+    return lines
+
+
+_FIGURES = [
+    ("sizes.png", "Predicted cost per sample, coloured by bucket; dashed lines are the bucket edges."),
+    (
+        "step_balance.png",
+        "Slowest and mean rank load at every step (top) and their ratio (bottom): the chosen plan "
+        "vs a random plan of the same pool. DDP waits for the slowest rank, so a ratio of 1.0 is "
+        "ideal; a cheap step weighs little in the linearity.",
+    ),
+    ("rank_totals.png", "Each rank's total predicted cost per epoch relative to the mean rank."),
+    ("buckets.png", "How many samples of each cost bucket every step holds (all ranks together)."),
+    ("rejects.png", "Inputs left out of the manifest, by reason (details in rejects.parquet)."),
+    (
+        "predicted_vs_measured.png",
+        "Predicted cost vs measured time from the timings CSV: a straight, "
+        "tight cloud means the cost model ranks samples the way the hardware does.",
+    ),
+]
+
+
+def _html(out: str, lines: list[str], names: set[str]) -> bytes:
+    m = html.escape
+    figs = "".join(
+        f'<figure><img src="{name}" alt="{m(name)}"><figcaption>{m(cap)}</figcaption></figure>\n'
+        for name, cap in _FIGURES
+        if name in names
+    )
+    body = (
+        "<!doctype html>\n<html><head><meta charset='utf-8'><title>lidarshard report</title>\n"
+        "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}"
+        "pre{background:#f4f4f4;padding:1em;white-space:pre-wrap}img{max-width:100%}"
+        "figure{margin:2em 0}figcaption{color:#555;font-size:90%}</style></head><body>\n"
+        f"<h1>lidarshard report</h1><p>{m(out)}</p>\n<pre>{m(chr(10).join(lines))}</pre>\n{figs}"
+        "</body></html>\n"
+    )
+    return body.encode()
+
+
+def write_report(data: ReportData, out: str, directory: str, epoch: int, timings: str | None) -> list[str]:
+    """Render every figure and the HTML page into ``directory``; returns the summary lines."""
+    if not 0 <= epoch < len(data.chosen):
+        raise ValueError(f"--epoch {epoch} not in 0..{len(data.chosen) - 1}")
+    m = data.manifest
+    unit = cost_unit(m["cost_model"])
+    lines = summarize(data)
+    files = {
+        "sizes.png": plots.size_histogram(
+            data.samples.column("cost").to_numpy(),
+            data.samples.column("bucket_id").to_numpy(),
+            np.asarray(m["buckets"]["edges"], dtype=np.float64),
+            unit,
+        ),
+        "step_balance.png": plots.step_balance(
+            data.chosen[epoch], data.baseline[epoch], m["strategy"], epoch, unit
+        ),
+        "rank_totals.png": plots.rank_totals(
+            np.stack([c.sum(axis=0) for c in data.chosen]),
+            np.stack([c.sum(axis=0) for c in data.baseline]),
+            m["strategy"],
+        ),
+        "buckets.png": plots.bucket_composition(_step_buckets(data, epoch), epoch),
+        "rejects.png": plots.rejects_by_reason(data.reasons),
+    }
+    if timings:
+        figs, more = _timings(data, timings, epoch)
+        files |= figs
+        lines += more
+    files["report.html"] = _html(out, lines, set(files))
+    write_files(directory, files)
+    return lines
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lidarshard report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", metavar="OUT", help="a manifest directory written by lidarshard build")
+    parser.add_argument(
+        "--timings",
+        help="CSV of measured ms (sample_id and/or step, rank): adds "
+        "predicted vs measured and the measured linearity",
+    )
+    parser.add_argument("--epoch", type=int, default=0, help="epoch for the per-step plots (0)")
+    parser.add_argument("--output-dir", help=f"where to write (default OUT/{REPORT_DIR})")
+    args = parser.parse_args(argv)
+    directory = args.output_dir or f"{args.out.rstrip('/')}/{REPORT_DIR}"
+    try:
+        data = load(args.out)
+        lines = write_report(data, args.out, directory, args.epoch, args.timings)
+    except (ValueError, OSError, ImportError) as e:
+        print(f"lidarshard report: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    print(f"wrote {directory}/report.html")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,218 @@
+"""Cost-model calibration: the non-negative fit, timings parsing and mapping, and the CLI end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import schemas
+from pipelines.cli import main as cli_main
+from tests.conftest import BEAM_TEST_FLAGS
+from tests.test_build import make_bins
+from transforms import calibrate as cal
+from transforms.cost import parse_cost_model
+
+TRUE = {"c0": 1.5, "a": 2e-4, "b": 1e-3}
+
+
+def _design(n: int, seed: int = 0) -> np.ndarray:
+    """(n, 3) [count=1, points, voxels] with points and voxels not collinear."""
+    rng = np.random.default_rng(seed)
+    points = rng.uniform(1e4, 2e5, n)
+    voxels = points * rng.uniform(0.05, 0.3, n)
+    return np.stack([np.ones(n), points, voxels], axis=1)
+
+
+def test_fit_recovers_a_known_linear_model_from_noisy_timings() -> None:
+    x = _design(600)
+    y = x @ np.array([TRUE["c0"], TRUE["a"], TRUE["b"]])
+    y *= 1 + 0.02 * np.random.default_rng(1).normal(size=y.size)
+    fit = cal.fit_linear(x, y)
+    assert fit.c0 == pytest.approx(TRUE["c0"], rel=0.25)
+    assert fit.a == pytest.approx(TRUE["a"], rel=0.05)
+    assert fit.b == pytest.approx(TRUE["b"], rel=0.1)
+    assert fit.r2 > 0.99 and fit.n == 600 and fit.dropped == ()
+    exact = cal.fit_linear(x, x @ np.array([TRUE["c0"], TRUE["a"], TRUE["b"]]))
+    np.testing.assert_allclose([exact.c0, exact.a, exact.b], list(TRUE.values()), rtol=1e-6)
+    assert exact.r2 == pytest.approx(1.0)
+
+
+def test_a_negative_term_is_dropped_and_the_rest_refitted() -> None:
+    x = _design(300, seed=2)
+    rng = np.random.default_rng(3)
+    y = 0.5 + 1e-4 * x[:, 1] - 2e-4 * x[:, 2] + 0.01 * rng.normal(size=300)  # time falls with voxels
+    unconstrained, *_ = np.linalg.lstsq(x, y, rcond=None)
+    assert unconstrained[2] < 0
+    fit = cal.fit_linear(x, y)
+    assert fit.b == 0.0 and fit.dropped == ("b",) and fit.a > 0 and fit.c0 >= 0
+    refit, *_ = np.linalg.lstsq(x[:, :2], y, rcond=None)
+    np.testing.assert_allclose([fit.c0, fit.a], refit, rtol=1e-9)
+    # an overhead that would come out negative is dropped too (costs must stay >= 0)
+    y2 = -3.0 + 1e-4 * x[:, 1] + 1e-3 * x[:, 2]
+    fit2 = cal.fit_linear(x, y2)
+    assert fit2.c0 == 0.0 and "c0" in fit2.dropped and min(fit2.a, fit2.b) >= 0
+
+
+def test_missing_voxels_fit_points_only_and_nonsense_fails() -> None:
+    x = _design(50)
+    x[:, 2] = np.nan  # --features stat: no occupied_voxels
+    fit = cal.fit_linear(x, 2.0 + 3e-4 * x[:, 1])
+    assert fit.b == 0.0 and fit.a == pytest.approx(3e-4) and fit.c0 == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="do not grow"):
+        cal.fit_linear(x, 100.0 - 3e-4 * x[:, 1])
+    with pytest.raises(ValueError, match="at least"):
+        cal.fit_linear(x[:1], np.ones(1))
+
+
+def test_fit_json_is_accepted_by_the_cost_model_parser(tmp_path: Path) -> None:
+    x = _design(40)
+    fit = cal.fit_linear(x, x @ np.array([TRUE["c0"], TRUE["a"], TRUE["b"]]))
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(fit.to_json()))
+    model = parse_cost_model(f"@{path}")
+    assert (model.name, model.c0, model.a, model.b) == ("linear", fit.c0, fit.a, fit.b)
+    assert json.loads(path.read_text())["units"] == "ms"
+
+
+def test_read_timings_keeps_ids_as_strings_and_names_missing_columns() -> None:
+    t = cal.read_timings(b"sample_id,step,rank,ms,num_points\n0007,0,1,2.5,100\n")
+    assert t.column_names == ["step", "rank", "sample_id", "ms"]
+    assert t.column("sample_id").to_pylist() == ["0007"]
+    with pytest.raises(ValueError, match="'ms' column"):
+        cal.read_timings(b"sample_id,time\na,1\n")
+    with pytest.raises(ValueError, match="finite"):
+        cal.read_timings(b"sample_id,ms\na,\n")
+
+
+def _toy() -> tuple[pa.Table, pa.Table]:
+    samples = pa.table(
+        {
+            "sample_id": ["a", "b", "c", "d"],
+            "num_points": pa.array([10, 20, 30, 40], pa.int64()),
+            "num_in_range": pa.array([10, 20, 30, 40], pa.int64()),
+            "occupied_voxels": pa.array([1, 2, 3, 5], pa.int64()),
+            "cost": [1.0, 2.0, 3.0, 5.0],
+        }
+    )
+    plan = pa.table(  # 2 epochs of 2 steps, W=2, B=1; "a" has the same (step, rank) in both
+        {
+            "epoch": pa.array([0, 0, 0, 0, 1, 1, 1, 1], pa.int32()),
+            "step": pa.array([0, 0, 1, 1, 0, 0, 1, 1], pa.int32()),
+            "rank": pa.array([0, 1, 0, 1, 0, 1, 0, 1], pa.int32()),
+            "sample_id": ["a", "d", "b", "c", "a", "b", "c", "d"],
+            "cost": [1.0, 5.0, 2.0, 3.0, 1.0, 2.0, 3.0, 5.0],
+        }
+    )
+    return samples, plan
+
+
+def test_observations_map_samples_and_rank_steps() -> None:
+    samples, plan = _toy()
+    by_id = cal.read_timings(b"sample_id,ms\nb,2\na,1\nzz,9\n")
+    obs = cal.observations(by_id, samples, None)
+    assert obs.to_pydict() == {
+        "count": [1.0, 1.0],
+        "points": [10.0, 20.0],
+        "voxels": [1.0, 2.0],
+        "cost": [1.0, 2.0],
+        "ms": [1.0, 2.0],
+    }  # the unknown "zz" is left out
+    by_step = cal.read_timings(b"step,rank,ms\n1,1,7\n0,0,1\n")
+    obs = cal.observations(by_step, samples, plan, epoch=1)
+    assert obs.column("points").to_pylist() == [10.0, 40.0]  # epoch 1: (0, 0) = a, (1, 1) = d
+    with pytest.raises(ValueError, match="plan"):
+        cal.observations(by_step, samples, None)
+
+
+def test_plan_linearity_uses_only_fully_timed_steps() -> None:
+    _, plan = _toy()
+    t = cal.read_timings(b"sample_id,step,rank,ms\na,0,0,1\nd,0,1,4\nb,1,0,2\nc,1,1,2\nc,1,0,3\nd,1,1,9\n")
+    rows = cal.plan_linearity(t, plan, batch_size=1)
+    # "a" at (0, 0) is planned in both epochs: its one row goes to epoch 0; epoch 1 has step 1 only
+    assert rows == [
+        {"epoch": 0, "steps": 2, "measured": pytest.approx(4.5 / 6), "predicted": pytest.approx(5.5 / 8)},
+        {"epoch": 1, "steps": 1, "measured": pytest.approx(6 / 9), "predicted": pytest.approx(4 / 5)},
+    ]
+    assert cal.plan_linearity(cal.read_timings(b"sample_id,ms\na,1\n"), plan, 1) == []
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("cal")
+    out = tmp / "out"
+    args = [str(make_bins(tmp / "in", n=48)), str(out), "--world-size", "2", "--batch-size", "2"]
+    assert cli_main(["build", *args, "--epochs", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]) == 0
+    return out
+
+
+def _write_timings(out: Path, path: Path, per_step: bool) -> None:
+    """Timings of a known model: per sample (train_ddp's columns) or per rank per step."""
+    s = pq.read_table(out / schemas.SAMPLES_FILE).to_pydict()
+    ms = {i: 0.8 + 1e-3 * p for i, p in zip(s["sample_id"], s["num_in_range"], strict=True)}
+    rng = np.random.default_rng(0)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["epoch", "step", "rank", "ms"] if per_step else ["sample_id", "step", "rank", "ms", "num_points"]
+        )
+        for rank in range(2):
+            t = pq.read_table(out / schemas.plan_file(0, rank)).to_pydict()
+            for step in sorted(set(t["step"])):
+                ids = [i for i, st in zip(t["sample_id"], t["step"], strict=True) if st == step]
+                noisy = [ms[i] * (1 + 0.01 * rng.normal()) for i in ids]
+                if per_step:
+                    w.writerow([0, step, rank, sum(noisy)])
+                else:
+                    w.writerows([i, step, rank, v, 0] for i, v in zip(ids, noisy, strict=True))
+
+
+@pytest.mark.parametrize("per_step", [False, True], ids=["per-sample", "per-rank-step"])
+def test_calibrate_cli_writes_json_and_residual_plot(built: Path, tmp_path: Path, per_step: bool) -> None:
+    _write_timings(built, tmp_path / "t.csv", per_step)
+    assert (
+        cli_main(
+            ["calibrate", str(built), "--timings", str(tmp_path / "t.csv"), "-o", str(tmp_path / "fit.json")]
+        )
+        == 0
+    )
+    body = json.loads((tmp_path / "fit.json").read_text())
+    assert body["units"] == "ms" and body["r2"] > 0.95 and body["cost_model"]["name"] == "linear"
+    assert body["source"]["timed"] == ("rank-step" if per_step else "sample")
+    m = body["cost_model"]
+    assert m["a"] + m["b"] == pytest.approx(1e-3, rel=0.05)  # make_bins: voxels == points, one term kept
+    assert (tmp_path / body["residual_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_calibrate_then_rebuild_records_the_fitted_model(built: Path, tmp_path: Path, capsys) -> None:
+    _write_timings(built, tmp_path / "t.csv", per_step=False)
+    assert cli_main(["calibrate", str(built), "--timings", str(tmp_path / "t.csv")]) == 0
+    fit_path = built / "report" / "cost_model.json"
+    assert "rebuild with --cost-model @" in capsys.readouterr().out
+    fit = json.loads(fit_path.read_text())["cost_model"]
+    re = tmp_path / "re"
+    flags = ["--world-size", "2", "--batch-size", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]
+    samples = str(built / schemas.SAMPLES_FILE)
+    assert (
+        cli_main(["build", str(re), "--from-samples", samples, "--cost-model", f"@{fit_path}", *flags]) == 0
+    )
+    recorded = json.loads((re / schemas.MANIFEST_FILE).read_text())["cost_model"]
+    assert recorded == {"name": "linear", **{k: pytest.approx(fit[k]) for k in ("c0", "a", "b")}}
+    t = pq.read_table(re / schemas.SAMPLES_FILE)
+    expect = (
+        fit["c0"]
+        + fit["a"] * t.column("num_in_range").to_numpy()
+        + fit["b"] * t.column("occupied_voxels").to_numpy()
+    )
+    np.testing.assert_allclose(t.column("cost").to_numpy(), expect, rtol=1e-9)
+
+
+def test_calibrate_reports_unusable_timings(built: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "t.csv").write_text("sample_id,ms\nnot-a-sample,3\n")
+    assert cli_main(["calibrate", str(built), "--timings", str(tmp_path / "t.csv")]) == 1
+    assert "no row" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""``lidarshard report``: files produced, the recomputed random baseline, timings, optional matplotlib."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import schemas
+from pipelines import report
+from pipelines.cli import main as cli_main
+from tests.conftest import BEAM_TEST_FLAGS
+from tests.test_build import make_bins
+from transforms import report_plots
+
+PNG = b"\x89PNG\r\n\x1a\n"
+FIGURES = ["sizes.png", "step_balance.png", "rank_totals.png", "buckets.png", "rejects.png"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("report")
+    out = tmp / "out"
+    args = [str(make_bins(tmp / "in", n=60)), str(out), "--world-size", "3", "--batch-size", "2"]
+    assert cli_main(["build", *args, "--epochs", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]) == 0
+    return out
+
+
+def test_report_writes_html_and_pngs_outside_the_contract(built: Path, capsys) -> None:
+    before = {p: p.read_bytes() for p in built.rglob("*") if p.is_file()}
+    assert cli_main(["report", str(built)]) == 0
+    printed = capsys.readouterr().out
+    assert "epoch 0: linearity" in printed and "(random " in printed and "truncated 1" in printed
+    folder = built / report.REPORT_DIR
+    page = (folder / "report.html").read_text()
+    for name in FIGURES:
+        assert (folder / name).read_bytes()[:8] == PNG
+        assert f'src="{name}"' in page
+    assert "predicted_vs_measured" not in page
+    assert {p: p.read_bytes() for p in before} == before  # nothing of the manifest changed
+    files = json.loads((built / schemas.MANIFEST_FILE).read_text())["files"]
+    assert not any(rel.startswith(report.REPORT_DIR + "/") for rel in files)
+
+
+def test_recomputed_random_baseline_matches_the_manifest(built: Path) -> None:
+    data = report.load(str(built))
+    m = data.manifest
+    for e, bal in enumerate(m["balance"]):
+        assert data.chosen[e].shape == data.baseline[e].shape == (bal["steps"], m["world_size"])
+        for loads, key in ((data.chosen[e], "linearity"), (data.baseline[e], "random_linearity")):
+            lin = loads.mean(axis=1).sum() / loads.max(axis=1).sum()
+            assert lin == pytest.approx(bal[key], abs=1e-6)
+        assert data.chosen[e].sum() == pytest.approx(data.baseline[e].sum())  # same pool
+    assert data.reasons == {"truncated": 1}
+
+
+def _step_timings(out: Path, path: Path) -> None:
+    """Per-rank per-step ms of epoch 1 (no epoch column: --epoch picks it), 2 ms per predicted unit."""
+    rows = []
+    for rank in range(3):
+        t = pq.read_table(out / schemas.plan_file(1, rank)).to_pydict()
+        for step in sorted(set(t["step"])):
+            cost = sum(c for c, s in zip(t["cost"], t["step"], strict=True) if s == step)
+            rows.append([step, rank, 0.5 + 2e-3 * cost])
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([["step", "rank", "ms"], *rows])
+
+
+def test_report_with_timings_shows_predicted_vs_measured(built: Path, tmp_path: Path, capsys) -> None:
+    _step_timings(built, tmp_path / "t.csv")
+    dest = tmp_path / "rep"
+    args = ["report", str(built), "--timings", str(tmp_path / "t.csv"), "--epoch", "1"]
+    assert cli_main([*args, "--output-dir", str(dest)]) == 0
+    printed = capsys.readouterr().out
+    assert "rows matched (rank-step); predicted vs measured r^2 1.000" in printed
+    lin = json.loads((built / schemas.MANIFEST_FILE).read_text())["balance"][1]["linearity"]
+    assert "epoch 1: measured linearity 0.9" in printed and f"(predicted {lin:.3f})" in printed
+    assert (dest / "predicted_vs_measured.png").read_bytes()[:8] == PNG
+    assert 'src="predicted_vs_measured.png"' in (dest / "report.html").read_text()
+
+
+def test_report_refuses_a_directory_that_is_not_a_manifest(tmp_path: Path, capsys) -> None:
+    assert cli_main(["report", str(tmp_path)]) == 1
+    assert "_SUCCESS" in capsys.readouterr().err
+
+
+def test_plots_need_matplotlib_and_say_which_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ImportError, match=r'pip install "lidarshard\[report\]"'):
+        report_plots.rejects_by_reason({})
+
+
+def test_plots_handle_edge_cases() -> None:
+    counts = np.random.default_rng(0).integers(0, 3, size=(400, 20))  # many steps, many buckets
+    assert report_plots.bucket_composition(counts, 0)[:8] == PNG
+    assert report_plots.rejects_by_reason({})[:8] == PNG
+    one = np.full(5, 7.0)  # every sample the same cost: one bucket, no edges
+    assert report_plots.size_histogram(one, np.zeros(5, np.int32), np.empty(0), "points")[:8] == PNG

@@ -1,0 +1,294 @@
+"""Fit the linear cost model ``ms = c0 + a * points + b * voxels`` to measured timings. Pure.
+
+A timing is one measured duration (ms) over a *group* of samples: one sample (a timings CSV with
+``sample_id``) or one rank's batch at one step (``step, rank``, mapped to samples through the
+plan). A group contributes the row ``[count, sum points, sum voxels]`` of the design matrix, so
+``c0`` is always per sample and the fitted model plugs straight into ``transforms.cost``.
+
+``points`` and ``voxels`` are the features ``transforms.cost.sample_costs`` uses: ``num_in_range``
+(``num_points`` when range features are missing) and ``occupied_voxels``.
+
+The fit is non-negative least squares (a negative overhead or per-point cost is not physical and a
+negative cost would be refused by the planners): every subset of the three terms that keeps
+``a`` or ``b`` is fitted with ``numpy.linalg.lstsq``, subsets with a negative coefficient are
+discarded, and the subset with the smallest squared error wins. For three terms this search is
+exact NNLS; in effect a term whose unconstrained coefficient comes out negative is dropped and the
+rest refitted (``dropped`` names it).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+from numpy.typing import NDArray
+
+__all__ = [
+    "TERMS",
+    "LinearFit",
+    "fit_linear",
+    "r_squared",
+    "read_timings",
+    "sample_features",
+    "observations",
+    "plan_linearity",
+]
+
+#: Coefficient names, in design-matrix column order: per-sample overhead, per point, per voxel.
+TERMS = ("c0", "a", "b")
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """A fitted ``c0 + a * points + b * voxels`` (units of the timings, e.g. ms)."""
+
+    c0: float
+    a: float
+    b: float
+    r2: float
+    rmse: float
+    n: int
+    dropped: tuple[str, ...] = ()
+
+    def predict(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """(n,) predictions for an (n, 3) design matrix ``[count, points, voxels]`` (NaN voxels = 0)."""
+        x = np.nan_to_num(np.asarray(x, dtype=np.float64))
+        return x @ np.array([self.c0, self.a, self.b])
+
+    def to_json(self, units: str = "ms") -> dict:
+        """The calibration file body; ``build --cost-model @file.json`` reads its ``cost_model``."""
+        return {
+            "cost_model": {"name": "linear", "c0": self.c0, "a": self.a, "b": self.b},
+            "r2": self.r2,
+            "rmse": self.rmse,
+            "n": self.n,
+            "units": units,
+            "dropped_terms": list(self.dropped),
+        }
+
+
+def r_squared(y: NDArray[np.float64], yhat: NDArray[np.float64]) -> float:
+    """Coefficient of determination ``1 - SS_res / SS_tot`` (1.0 for a perfect fit of constant y)."""
+    y, yhat = np.asarray(y, dtype=np.float64), np.asarray(yhat, dtype=np.float64)
+    ss_res = float(((y - yhat) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum()) if y.size else 0.0
+    if ss_tot == 0.0:
+        return 1.0 if ss_res == 0.0 else 0.0
+    return 1.0 - ss_res / ss_tot
+
+
+def fit_linear(x: NDArray[np.float64], ms: NDArray[np.float64]) -> LinearFit:
+    """Non-negative least-squares fit of ``ms ~ c0 * count + a * points + b * voxels``.
+
+    Args:
+        x: (n, 3) design matrix ``[count, points, voxels]``; an all-NaN voxels column means the
+            feature is unavailable (the ``b`` term is then left out).
+        ms: (n,) measured durations, finite.
+
+    Returns:
+        the best fit with ``c0, a, b >= 0`` and ``a + b > 0``.
+
+    Raises:
+        ValueError: too few or non-finite observations, or no non-negative fit that grows with size
+            explains the timings better than their mean (R^2 <= 0).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(ms, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] != 3 or y.shape != (x.shape[0],):
+        raise ValueError(f"need x (n, 3) and ms (n,), got {x.shape} and {y.shape}")
+    terms = [0, 1, 2] if np.isfinite(x[:, 2]).all() else [0, 1]
+    if not (np.isfinite(x[:, terms]).all() and np.isfinite(y).all()):
+        raise ValueError("timings and features must be finite")
+    if y.size < len(terms):
+        raise ValueError(f"need at least {len(terms)} timings to fit {len(terms)} terms, got {y.size}")
+    scale = np.abs(x[:, terms]).max(axis=0)
+    scale[scale == 0] = 1.0
+    xs = x[:, terms] / scale  # columns of similar magnitude: points ~1e5 vs count ~1
+    best: tuple[float, NDArray[np.float64]] | None = None
+    for size in range(1, len(terms) + 1):
+        for subset in combinations(range(len(terms)), size):
+            cols = list(subset)
+            if not any(terms[c] > 0 for c in cols):
+                continue  # a model without points or voxels does not rank samples by size
+            coef, *_ = np.linalg.lstsq(xs[:, cols], y, rcond=None)
+            if (coef < 0).any() or not (coef[[terms[c] > 0 for c in cols]] > 0).any():
+                continue
+            full = np.zeros(len(terms))
+            full[cols] = coef
+            sse = float(((y - xs @ full) ** 2).sum())
+            if best is None or sse < best[0] * (1 - 1e-12):
+                best = (sse, full)
+    if best is None:
+        raise ValueError(
+            "no non-negative fit: the measured times do not grow with points or voxels "
+            "(check that the timings belong to this manifest)"
+        )
+    coef = np.zeros(3)
+    coef[terms] = best[1] / scale
+    fit = LinearFit(float(coef[0]), float(coef[1]), float(coef[2]), 0.0, 0.0, int(y.size))
+    yhat = fit.predict(x)
+    r2 = r_squared(y, yhat)
+    if r2 <= 0 and np.ptp(y) > 0:
+        raise ValueError(
+            f"no useful non-negative fit (R^2 = {r2:.3f}): the measured times do not grow with points "
+            "or voxels (check that the timings belong to this manifest)"
+        )
+    dropped = tuple(TERMS[t] for t in terms if coef[t] == 0)
+    rmse = float(np.sqrt(((y - yhat) ** 2).mean()))
+    return LinearFit(fit.c0, fit.a, fit.b, r2, rmse, int(y.size), dropped)
+
+
+def read_timings(data: bytes) -> pa.Table:
+    """Parse a timings CSV: ``ms`` plus ``sample_id`` and/or ``step, rank`` (optional ``epoch``).
+
+    Other columns (``num_points`` ...) are ignored. Raises ValueError for a CSV without the keys.
+    """
+    types = {"sample_id": pa.string(), "ms": pa.float64()}
+    types |= {k: pa.int64() for k in ("epoch", "step", "rank")}
+    table = pacsv.read_csv(io.BytesIO(data), convert_options=pacsv.ConvertOptions(column_types=types))
+    names = set(table.column_names)
+    if "ms" not in names or not ("sample_id" in names or {"step", "rank"} <= names):
+        raise ValueError(
+            f"timings CSV needs a 'ms' column and 'sample_id' or 'step' and 'rank'; got {sorted(names)}"
+        )
+    table = table.select([n for n in ("epoch", "step", "rank", "sample_id", "ms") if n in names])
+    if table.column("ms").null_count or not np.isfinite(table.column("ms").to_numpy()).all():
+        raise ValueError("timings CSV: every 'ms' must be a finite number")
+    return table
+
+
+def sample_features(samples: pa.Table) -> pa.Table:
+    """``sample_id, points, voxels, cost`` (float64) of a scored samples table, as the cost model sees
+    them: points = ``num_in_range`` (``num_points`` if any is null), voxels null when unavailable."""
+    in_range = samples.column("num_in_range")
+    points = in_range if in_range.null_count == 0 else samples.column("num_points")
+    voxels = samples.column("occupied_voxels")
+    if voxels.null_count:
+        voxels = pa.nulls(samples.num_rows, pa.float64())
+    cost = samples.column("cost") if "cost" in samples.column_names else pa.nulls(samples.num_rows)
+    return pa.table(
+        {
+            "sample_id": samples.column("sample_id"),
+            "points": pc.cast(points, pa.float64()),
+            "voxels": pc.cast(voxels, pa.float64()),
+            "cost": pc.cast(cost, pa.float64()),
+        }
+    )
+
+
+def observations(timings: pa.Table, samples: pa.Table, plan: pa.Table | None, epoch: int = 0) -> pa.Table:
+    """Join timings to sample features: one row per timing that could be mapped.
+
+    Args:
+        timings: from ``read_timings``; ``sample_id`` rows map directly, else ``(epoch, step,
+            rank)`` rows map to the rank's batch in ``plan`` (``epoch`` defaults to ``epoch``).
+        samples: scored samples table (``sample_id``, features, ``cost``).
+        plan: the manifest's plan rows (``epoch, step, rank, sample_id``); needed without sample_id.
+
+    Returns:
+        table ``count, points, voxels, cost, ms`` (float64; sums over each group; voxels NaN when
+        unavailable). Timings whose key is not in the manifest are left out.
+    """
+    feats = sample_features(samples)
+    if "sample_id" in timings.column_names:
+        keys = ["sample_id", "ms"]
+        rows = timings.select(keys).join(feats, "sample_id", join_type="inner")
+        rows = rows.append_column("count", pa.array(np.ones(rows.num_rows)))
+    else:
+        if plan is None:
+            raise ValueError("step/rank timings need the manifest's plan")
+        if "epoch" not in timings.column_names:
+            timings = timings.append_column("epoch", pa.array(np.full(timings.num_rows, epoch), pa.int64()))
+        keys = ["epoch", "step", "rank"]
+        planned = plan.select([*keys, "sample_id"])
+        planned = planned.cast(pa.schema([(k, pa.int64()) for k in keys] + [("sample_id", pa.string())]))
+        per = planned.join(feats, "sample_id", join_type="inner")
+        per = per.append_column("count", pa.array(np.ones(per.num_rows)))
+        sums = per.group_by(keys).aggregate([(c, "sum") for c in ("count", "points", "voxels", "cost")])
+        sums = sums.rename_columns([n.removesuffix("_sum") for n in sums.column_names])
+        rows = timings.select([*keys, "ms"]).join(sums, keys, join_type="inner")
+        keys = [*keys, "ms"]
+    rows = rows.sort_by([(k, "ascending") for k in keys])  # joins do not keep row order
+    cols = ("count", "points", "voxels", "cost", "ms")
+    return pa.table({c: pc.fill_null(pc.cast(rows.column(c), pa.float64()), np.nan) for c in cols})
+
+
+def _linearity(loads: NDArray[np.float64]) -> float:
+    """``sum_s mean_r / sum_s max_r`` of (S, W) per-step per-rank loads."""
+    top = loads.max(axis=1).sum()
+    return float(loads.mean(axis=1).sum() / top) if top > 0 else 1.0
+
+
+def _occurrence(table: pa.Table, keys: list[str]) -> pa.Array:
+    """(n,) int64: how many earlier rows of ``table`` (in row order) have the same ``keys``."""
+    n = table.num_rows
+    if n == 0:
+        return pa.array(np.empty(0, dtype=np.int64))
+    codes = [np.unique(table.column(k).to_numpy(zero_copy_only=False), return_inverse=True)[1] for k in keys]
+    _, group = np.unique(np.stack([c.ravel() for c in codes], axis=1), axis=0, return_inverse=True)
+    group = group.ravel()
+    order = np.argsort(group, kind="stable")
+    start = np.flatnonzero(np.r_[True, np.diff(group[order]) != 0])
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.arange(n) - np.repeat(start, np.diff(np.r_[start, n]))
+    return pa.array(out)
+
+
+def plan_linearity(timings: pa.Table, plan: pa.Table, batch_size: int, epoch: int = 0) -> list[dict]:
+    """Measured vs predicted linearity of the plan's steps that the timings cover completely.
+
+    Timings rows are placed in the plan by ``(epoch, step, rank)``. Without an ``epoch`` column a
+    per-sample row finds its epoch by ``(step, rank, sample_id)`` in the plan; when that triple is
+    planned in several epochs, its k-th occurrence in the CSV goes to the k-th such epoch (rows in
+    training order, as ``examples/train_ddp.py`` writes them). A per-batch row uses ``epoch``. A
+    step counts when every rank has its whole batch timed.
+
+    Returns:
+        one ``{"epoch", "steps", "measured", "predicted"}`` per epoch with complete steps ([] when
+        the timings hold no step/rank or do not come from this plan, e.g. a DistributedSampler run).
+    """
+    names = set(timings.column_names)
+    if not {"step", "rank"} <= names:
+        return []
+    keys = ["epoch", "step", "rank"]
+    plan = plan.select([*keys, "sample_id", "cost"]).cast(
+        pa.schema([(k, pa.int64()) for k in keys] + [("sample_id", pa.string()), ("cost", pa.float64())])
+    )
+    if "sample_id" in names and "epoch" not in names:
+        triple = ["step", "rank", "sample_id"]
+        ordered = plan.sort_by([(k, "ascending") for k in keys])
+        seen = ordered.select([*triple, "epoch"]).append_column("nth", _occurrence(ordered, triple))
+        timings = timings.select([*triple, "ms"]).append_column("nth", _occurrence(timings, triple))
+        timings = timings.join(seen, [*triple, "nth"], join_type="inner")
+    elif "epoch" not in names:
+        timings = timings.append_column("epoch", pa.array(np.full(timings.num_rows, epoch), pa.int64()))
+    want = batch_size if "sample_id" in names else 1
+    measured = timings.group_by(keys).aggregate([("ms", "sum"), ("ms", "count")])
+    measured = measured.filter(pc.equal(measured.column("ms_count"), want))
+    predicted = plan.group_by(keys).aggregate([("cost", "sum")])
+    both = measured.join(predicted, keys, join_type="inner").sort_by([(k, "ascending") for k in keys])
+    width = int(pc.max(plan.column("rank")).as_py()) + 1 if plan.num_rows else 0
+    out = []
+    for e in np.unique(both.column("epoch").to_numpy()):
+        part = both.filter(pc.equal(both.column("epoch"), e))
+        steps = part.column("step").to_numpy()
+        uniq, counts = np.unique(steps, return_counts=True)
+        keep = np.isin(steps, uniq[counts == width])
+        if not keep.any():
+            continue
+        ms = part.column("ms_sum").to_numpy()[keep].reshape(-1, width)
+        cost = part.column("cost_sum").to_numpy()[keep].reshape(-1, width)
+        out.append(
+            {
+                "epoch": int(e),
+                "steps": int(ms.shape[0]),
+                "measured": _linearity(ms),
+                "predicted": _linearity(cost),
+            }
+        )
+    return out
