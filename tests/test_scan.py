@@ -163,3 +163,11 @@ def test_too_many_rejects_fail_the_run_with_a_summary(tmp_path: Path) -> None:
         scan_cli.run([str(tmp_path / "in"), str(tmp_path / "out"), *BEAM_TEST_FLAGS])
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if ".staging-" in p.name]
+
+
+def test_relative_input_gives_absolute_paths(tmp_path: Path, monkeypatch) -> None:
+    _write_bad_corpus(tmp_path / "in")
+    monkeypatch.chdir(tmp_path)
+    _, samples, rejects = _scan(tmp_path, "in")
+    assert samples[0]["sample_id"] == "good.bin"
+    assert all(os.path.isabs(r["path"]) for r in samples + rejects)

@@ -7,6 +7,7 @@ Beam's ``FileSystems`` so local paths, gs:// and s3:// work alike.
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 import time
 from collections.abc import Iterable, Iterator
@@ -20,6 +21,7 @@ from apache_beam.metrics import Metrics
 
 import schemas
 from transforms import nuscenes
+from transforms.discover import walk_local
 from transforms.errors import RejectError
 from transforms.scan import ScanConfig, featurize, file_task
 from transforms.tables import concat_sorted, rows_to_table
@@ -113,6 +115,21 @@ def _file_pattern(input_path: str) -> tuple[str, str]:
     return root + "/**", root
 
 
+def _is_local_dir(path: str) -> bool:
+    return "://" not in path and not any(c in path for c in "*?[") and os.path.isdir(path)
+
+
+class _WalkLocal(beam.DoFn):
+    """Local directory -> file tasks; entries that cannot be stat'ed -> rejects (``unreadable``)."""
+
+    def process(self, root: str) -> Iterator:
+        for path, why in walk_local(root):
+            if why is None:
+                yield file_task(_relative(path, root), path)
+            else:
+                yield from _rejected(file_task(path, path).path, "unreadable", why)
+
+
 class _LoadTables(beam.DoFn):
     def __init__(self, version: str, sweeps: int) -> None:
         self._version, self._sweeps = version, sweeps
@@ -165,7 +182,9 @@ class ScanSamples(beam.PTransform):
 
     def __init__(self, input_path: str, cfg: ScanConfig, nuscenes_version: str | None, sweeps: int) -> None:
         super().__init__()
-        self._input, self._cfg = input_path, cfg
+        # Local inputs become absolute: the manifest's paths must work from any working directory.
+        self._input = input_path if "://" in input_path else os.path.abspath(input_path)
+        self._cfg = cfg
         self._version, self._sweeps = nuscenes_version, sweeps
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> ScanResult:
@@ -175,6 +194,14 @@ class ScanSamples(beam.PTransform):
                 | "Dataroot" >> beam.Create([self._input.rstrip("/")])
                 | "LoadTables"
                 >> beam.ParDo(_LoadTables(self._version, self._sweeps)).with_outputs("rejects", main="tasks")
+            )
+            tasks, table_rejects = found.tasks, found.rejects
+        elif _is_local_dir(self._input):
+            root = self._input.rstrip("/") or "/"
+            found = (
+                pbegin
+                | "Root" >> beam.Create([root])
+                | "Walk" >> beam.ParDo(_WalkLocal()).with_outputs("rejects", main="tasks")
             )
             tasks, table_rejects = found.tasks, found.rejects
         else:
