@@ -45,6 +45,7 @@ def test_report_writes_html_and_pngs_outside_the_contract(built: Path, capsys) -
     assert {p: p.read_bytes() for p in before} == before  # nothing of the manifest changed
     files = json.loads((built / schemas.MANIFEST_FILE).read_text())["files"]
     assert not any(rel.startswith(report.REPORT_DIR + "/") for rel in files)
+    assert cli_main(["validate", str(built)]) == 0  # a report beside the manifest is not tampering
 
 
 def test_recomputed_random_baseline_matches_the_manifest(built: Path) -> None:

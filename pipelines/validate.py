@@ -1,0 +1,390 @@
+"""``lidarshard validate OUT``: re-derive everything checkable in a manifest (or scan) directory.
+
+Checks, in order: ``_SUCCESS``; ``_manifest.json`` (keys, schema version); every data file against the
+size and sha256 recorded at commit, no missing or unlisted file; each file's Arrow schema against
+``schemas``; samples (sorted unique ids, cost model, bucket ids, bucket counts, inputs fingerprint);
+rejects (reasons, counts); every ``epoch=E/rank=R`` plan (partition columns, exactly ``batch_size`` rows
+per step in (step, slot) order, ``steps_per_epoch``, every sample id known with matching path, sweeps,
+cost and bucket); coverage per epoch (drop_last: each sample at most once, planned = accepted - dropped;
+pad: each at least once, planned = accepted + padded); the recorded balance numbers recomputed from the
+plan files (within 1e-6). A scan directory (``_scan.json``) gets the samples/rejects/counts checks.
+
+Exit status 0 with a one-line summary when valid, 1 with one precise line per problem otherwise
+(file, epoch, rank, step), 2 for bad arguments; also ``python -m pipelines.validate OUT``. Vectorized
+with pyarrow/numpy (1M plan rows in a few seconds). Reads local paths directly and URIs (gs://, s3://,
+...) through Beam's FileSystems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+import schemas
+from pipelines._validate_plan import check_epoch, check_plan, lookup
+from transforms.buckets import assign_buckets
+from transforms.cost import CostModel, sample_costs
+
+__all__ = ["run", "validate"]
+
+#: Keys the validator needs in ``_manifest.json``.
+REQUIRED_KEYS = (
+    "schema_version", "world_size", "batch_size", "epochs", "seed", "strategy", "policy", "cost_model",
+    "buckets", "steps_per_epoch", "counts", "balance", "inputs_fingerprint", "files",
+)  # fmt: skip
+_META = {schemas.SUCCESS_FILE, schemas.MANIFEST_FILE, schemas.SCAN_FILE}
+#: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
+_DERIVED_PREFIXES = ("report/",)
+_MAX_SHOWN = 5  # list items shown in one message
+
+
+class Invalid(Exception):
+    """A problem that stops validation (nothing further can be checked meaningfully)."""
+
+
+class _Store:
+    """Read-only view of one directory: local paths directly, URIs through Beam FileSystems."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/")
+        self.local = "://" not in root or root.startswith("file://")
+        if self.local:
+            self.root = self.root.removeprefix("file://")
+
+    def sizes(self) -> dict[str, int]:
+        """{relative path: bytes} of every file below the root."""
+        if self.local:
+            out = {}
+            for d, _, names in os.walk(self.root):
+                for n in names:
+                    p = os.path.join(d, n)
+                    out[os.path.relpath(p, self.root).replace(os.sep, "/")] = os.path.getsize(p)
+            return out
+        from apache_beam.io.filesystems import FileSystems
+
+        found = FileSystems.match([self.root + "/**"])[0].metadata_list
+        return {m.path[len(self.root) + 1 :]: int(m.size_in_bytes) for m in found}
+
+    def read(self, rel: str) -> bytes:
+        if self.local:
+            with open(os.path.join(self.root, rel), "rb") as f:
+                return f.read()
+        from apache_beam.io.filesystem import CompressionTypes
+        from apache_beam.io.filesystems import FileSystems
+
+        with FileSystems.open(f"{self.root}/{rel}", compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            return f.read()
+
+
+def _type(t: pa.DataType) -> str:
+    """Type name ignoring the list item's field name (Parquet round trips call it 'element')."""
+    return f"list<{_type(t.value_type)}>" if pa.types.is_list(t) else str(t)
+
+
+def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
+    got = {f.name: _type(f.type) for f in table.schema}
+    exp = {f.name: _type(f.type) for f in want}
+    if got != exp or list(got) != list(exp):
+        missing, extra = [n for n in exp if n not in got], [n for n in got if n not in exp]
+        typed = [f"{n} is {got[n]}, expected {t}" for n, t in exp.items() if n in got and got[n] != t]
+        parts = [f"missing {missing}"] * bool(missing) + [f"extra {extra}"] * bool(extra) + typed[:3]
+        return "schema differs from the contract: " + ("; ".join(parts) or "column order differs")
+    version = (table.schema.metadata or {}).get(b"lidarshard.schema_version", b"").decode()
+    if version != schemas.SCHEMA_VERSION:
+        return f"written with schema version {version!r}, expected {schemas.SCHEMA_VERSION!r}"
+    return None
+
+
+def _fingerprint(samples: pa.Table) -> str:
+    """``pipelines.scan.fingerprint``, vectorized: sha256 over ``f"{sample_id}\\t{file_bytes}\\n"``."""
+    if samples.num_rows == 0:
+        return hashlib.sha256().hexdigest()
+    lines = pc.binary_join_element_wise(
+        samples.column("sample_id"), pc.cast(samples.column("file_bytes"), pa.string()), "\t"
+    )
+    lines = pc.binary_join_element_wise(lines, "", "\n").combine_chunks()
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)[lines.offset : lines.offset + len(lines) + 1]
+    return hashlib.sha256(memoryview(lines.buffers()[2])[offsets[0] : offsets[-1]]).hexdigest()
+
+
+class _Checker:
+    """Accumulates problems; ``problem`` lines read ``<where>: <what>``."""
+
+    def __init__(self, out: str) -> None:
+        self.store = _Store(out)
+        self.problems: list[str] = []
+
+    def problem(self, where: str, what: str) -> None:
+        self.problems.append(f"{where}: {what}")
+
+    def table(self, rel: str, data: bytes, want: pa.Schema) -> pa.Table | None:
+        try:
+            table = pq.read_table(pa.BufferReader(data))
+        except (pa.ArrowException, OSError) as e:
+            self.problem(rel, f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})")
+            return None
+        bad = _schema_problem(table, want)
+        if bad:
+            self.problem(rel, bad)
+            return None
+        return table
+
+    def files(self, recorded: dict) -> dict[str, bytes]:
+        """Check sizes and sha256 of recorded files; returns {rel: bytes} of those that match."""
+        present = self.store.sizes()
+        good: dict[str, bytes] = {}
+        extras = {rel for rel in present if rel.startswith(_DERIVED_PREFIXES)}  # `lidarshard report` output
+        for rel in sorted(set(present) - _META - set(recorded) - extras):
+            self.problem(rel, "file is not listed in _manifest.json 'files' (left over or added)")
+        for rel, info in sorted(recorded.items()):
+            if rel not in present:
+                self.problem(rel, f"missing (recorded {info.get('bytes')} bytes at commit)")
+                continue
+            if present[rel] != info.get("bytes"):
+                self.problem(
+                    rel,
+                    f"{present[rel]} bytes, recorded {info.get('bytes')} at commit (truncated or rewritten)",
+                )
+                continue
+            data = self.store.read(rel)
+            if hashlib.sha256(data).hexdigest() != info.get("sha256"):
+                self.problem(rel, "sha256 differs from the one recorded at commit (file was modified)")
+                continue
+            good[rel] = data
+        return good
+
+    def samples(self, data: bytes | None, want: pa.Schema, counts: dict, fingerprint: str) -> pa.Table | None:
+        rel = schemas.SAMPLES_FILE
+        samples = self.table(rel, data, want) if data is not None else None
+        if samples is None:
+            return None
+        ids = samples.column("sample_id")
+        if ids.null_count:
+            self.problem(rel, f"{ids.null_count} rows have a null sample_id")
+        elif samples.num_rows > 1:
+            order = pc.less_equal(ids.slice(1), ids.slice(0, samples.num_rows - 1))
+            bad = np.flatnonzero(order.to_numpy(zero_copy_only=False))
+            if bad.size:
+                self.problem(
+                    rel, f"sample_id not strictly increasing at row {bad[0] + 1} ({ids[int(bad[0]) + 1]})"
+                )
+        if samples.num_rows != counts.get("accepted"):
+            self.problem(rel, f"{samples.num_rows} rows, counts.accepted is {counts.get('accepted')}")
+        if _fingerprint(samples) != fingerprint:
+            self.problem(rel, "inputs_fingerprint recomputed from (sample_id, file_bytes) differs")
+        return samples
+
+    def rejects(self, data: bytes | None, counts: dict) -> None:
+        rel = schemas.REJECTS_FILE
+        rejects = self.table(rel, data, schemas.reject_schema()) if data is not None else None
+        if rejects is None:
+            return
+        reasons = rejects.column("reason").to_pylist()
+        unknown = sorted({r for r in reasons if r not in schemas.REJECT_REASONS}, key=str)
+        if unknown:
+            self.problem(rel, f"unknown reject reasons {unknown[:_MAX_SHOWN]}")
+        if rejects.num_rows != counts.get("rejected"):
+            self.problem(rel, f"{rejects.num_rows} rows, counts.rejected is {counts.get('rejected')}")
+        by_reason = {r: reasons.count(r) for r in set(reasons)}
+        if by_reason != counts.get("rejected_by_reason"):
+            self.problem(
+                rel, f"reasons {by_reason} != counts.rejected_by_reason {counts.get('rejected_by_reason')}"
+            )
+        if counts.get("scanned") != (counts.get("accepted") or 0) + (counts.get("rejected") or 0):
+            self.problem(
+                "counts",
+                f"scanned {counts.get('scanned')} != accepted {counts.get('accepted')} + rejected "
+                f"{counts.get('rejected')}",
+            )
+
+
+def _load_json(c: _Checker, rel: str) -> dict:
+    try:
+        obj = json.loads(c.store.read(rel))
+    except (OSError, ValueError) as e:
+        raise Invalid(f"{rel}: cannot be read as JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise Invalid(f"{rel}: not a JSON object")
+    if str(obj.get("schema_version", "")).split(".")[0] != schemas.SCHEMA_VERSION.split(".")[0]:
+        raise Invalid(
+            f"{rel}: schema_version {obj.get('schema_version')!r} is not compatible with this "
+            f"lidarshard's {schemas.SCHEMA_VERSION!r}"
+        )
+    return obj
+
+
+def _check_scored(c: _Checker, m: dict, samples: pa.Table) -> None:
+    """Costs from the recorded cost model, bucket ids from the edges, bucket counts."""
+    rel = schemas.SAMPLES_FILE
+    cost = samples.column("cost").to_numpy()
+    try:
+        model = CostModel(**m["cost_model"])
+        want = sample_costs(samples, model)
+    except (TypeError, ValueError, KeyError) as e:
+        c.problem("_manifest.json", f"cost_model {m.get('cost_model')} cannot be applied ({e})")
+    else:
+        bad = np.flatnonzero(~np.isclose(cost, want, rtol=1e-12, atol=0))
+        if bad.size:
+            sid = samples.column("sample_id")[int(bad[0])]
+            c.problem(
+                rel, f"{bad.size} costs differ from cost_model, first {sid}: {cost[bad[0]]} != {want[bad[0]]}"
+            )
+    edges = np.asarray(m["buckets"].get("edges", []), dtype=np.float64)
+    ids = samples.column("bucket_id").to_numpy()
+    try:
+        bad = np.flatnonzero(assign_buckets(cost, edges) != ids)
+    except ValueError as e:
+        c.problem(rel, f"costs or bucket edges are invalid ({e})")
+        return
+    if bad.size:
+        c.problem(
+            rel,
+            f"{bad.size} bucket_ids disagree with buckets.edges, first {samples.column('sample_id')[int(bad[0])]}",
+        )
+    k = len(edges) + 1
+    if np.bincount(ids, minlength=k).tolist() != m["buckets"].get("counts"):
+        c.problem("_manifest.json", "buckets.counts differ from the bucket_ids in samples.parquet")
+    if len(m["buckets"].get("weights", [])) != k:
+        c.problem(
+            "_manifest.json", f"buckets.weights holds {len(m['buckets'].get('weights', []))} values, need {k}"
+        )
+
+
+def _check_manifest(c: _Checker) -> str:
+    m = _load_json(c, schemas.MANIFEST_FILE)
+    missing = [k for k in REQUIRED_KEYS if k not in m]
+    if missing:
+        raise Invalid(f"_manifest.json: missing keys {missing}")
+    for key in ("world_size", "batch_size", "epochs", "seed"):
+        if type(m[key]) is not int or m[key] < (key != "seed"):
+            raise Invalid(f"_manifest.json: {key} must be an int >= {int(key != 'seed')}, got {m[key]!r}")
+    steps_ok = isinstance(m["steps_per_epoch"], list) and all(
+        type(v) is int and v >= 0 for v in m["steps_per_epoch"]
+    )
+    if not steps_ok or m["policy"] not in ("drop_last", "pad"):
+        raise Invalid(
+            f"_manifest.json: bad steps_per_epoch {m['steps_per_epoch']!r} or policy {m['policy']!r}"
+        )
+    w, b, epochs = m["world_size"], m["batch_size"], m["epochs"]
+    steps = m["steps_per_epoch"]
+    if len(steps) != epochs or len(m["balance"]) != epochs:
+        c.problem(
+            "_manifest.json",
+            f"epochs {epochs} but {len(steps)} steps_per_epoch, {len(m['balance'])} balance entries",
+        )
+    for key in ("planned", "dropped", "padded"):
+        if len(m["counts"].get(key, [])) != epochs:
+            raise Invalid(f"_manifest.json: counts.{key} must hold {epochs} values")
+    expected = {schemas.SAMPLES_FILE, schemas.REJECTS_FILE}
+    expected |= {schemas.plan_file(e, r) for e in range(epochs) for r in range(w)}
+    for rel in sorted(expected - set(m["files"])):
+        c.problem(rel, f"not recorded in _manifest.json 'files' (world_size {w}, epochs {epochs} need it)")
+    for rel in sorted(set(m["files"]) - expected):
+        c.problem(rel, f"recorded in 'files' but not part of a world_size {w}, {epochs}-epoch plan")
+    good = c.files(m["files"])
+    samples = c.samples(
+        good.get(schemas.SAMPLES_FILE), schemas.scored_schema(), m["counts"], m["inputs_fingerprint"]
+    )
+    c.rejects(good.get(schemas.REJECTS_FILE), m["counts"])
+    if samples is None:
+        return "samples.parquet unusable"
+    _check_scored(c, m, samples)
+    rows = 0
+    for e in range(min(epochs, len(steps))):
+        ranks = []
+        for r in range(w):
+            rel = schemas.plan_file(e, r)
+            t = c.table(rel, good[rel], schemas.plan_schema()) if rel in good else None
+            if t is not None and check_plan(c.problems, rel, t, e, r, steps[e], b):
+                ranks.append(t)
+            rows += t.num_rows if t is not None else 0
+        idx = lookup(c.problems, e, pa.concat_tables(ranks), samples) if len(ranks) == w else None
+        if idx is not None:
+            check_epoch(c.problems, m, e, idx.reshape(w, steps[e], b).transpose(1, 0, 2), samples)
+    c_ = m["counts"]
+    return (
+        f"{c_['scanned']} scanned, {c_['accepted']} accepted, {c_['rejected']} rejected; world size {w}, "
+        f"batch {b}, {epochs} epochs, {rows} plan rows in {len(m['files'])} files"
+    )
+
+
+def _check_scan(c: _Checker) -> str:
+    m = _load_json(c, schemas.SCAN_FILE)
+    counts = m.get("counts", {})
+    present = c.store.sizes()
+    for rel in sorted(set(present) - _META - {schemas.SAMPLES_FILE, schemas.REJECTS_FILE}):
+        c.problem(rel, "unexpected file in a scan directory")
+    read = {rel: c.store.read(rel) for rel in (schemas.SAMPLES_FILE, schemas.REJECTS_FILE) if rel in present}
+    for rel in sorted({schemas.SAMPLES_FILE, schemas.REJECTS_FILE} - set(read)):
+        c.problem(rel, "missing")
+    c.samples(
+        read.get(schemas.SAMPLES_FILE), schemas.sample_schema(), counts, m.get("inputs_fingerprint", "")
+    )
+    c.rejects(read.get(schemas.REJECTS_FILE), counts)
+    return f"scan: {counts.get('scanned')} scanned, {counts.get('accepted')} accepted, {counts.get('rejected')} rejected"
+
+
+def _leftover_hint(out: str) -> str:
+    """Names the ``OUT.old-*``/``OUT.staging-*`` siblings an interrupted run left (local paths)."""
+    parent, name = os.path.split(os.path.abspath(out.removeprefix("file://")))
+    if "://" in out.removeprefix("file://") or not os.path.isdir(parent):
+        return ""
+    left = sorted(n for n in os.listdir(parent) if n.startswith((name + ".old-", name + ".staging-")))
+    return (
+        f"; leftovers of an interrupted run: {left[:3]} (the next scan/build recovers them)" if left else ""
+    )
+
+
+def validate(out: str) -> tuple[list[str], str]:
+    """(problems, summary) for the directory ``out``; no problems means valid."""
+    c = _Checker(out)
+    try:
+        if c.store.local and not os.path.isdir(c.store.root):
+            raise Invalid(f"{out}: no such directory{_leftover_hint(out)}")
+        present = c.store.sizes()
+        if schemas.SUCCESS_FILE not in present:
+            raise Invalid(
+                f"{out}: no {schemas.SUCCESS_FILE}, so it is not a committed lidarshard output{_leftover_hint(out)}"
+            )
+        scan = schemas.MANIFEST_FILE not in present and schemas.SCAN_FILE in present
+        summary = _check_scan(c) if scan else _check_manifest(c)
+    except Invalid as e:
+        return [*c.problems, str(e)], ""
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        IndexError,
+        AttributeError,
+    ) as e:  # a forged value of the wrong type
+        return [*c.problems, f"_manifest.json: malformed ({type(e).__name__}: {e})"], ""
+    return c.problems, summary
+
+
+def run(argv: list[str] | None = None) -> int:
+    """CLI entry: prints ``OK <summary>`` and returns 0, or prints the problems and returns 1."""
+    parser = argparse.ArgumentParser(prog="lidarshard validate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="manifest (or scan) directory: local path or URI")
+    args = parser.parse_args(argv)
+    problems, summary = validate(args.out)
+    if not problems:
+        print(f"OK {args.out}: {summary}")
+        return 0
+    print(f"INVALID {args.out}: {len(problems)} problem(s)", file=sys.stderr)
+    for line in problems[:50]:
+        print(f"  {line}", file=sys.stderr)
+    if len(problems) > 50:
+        print(f"  ... and {len(problems) - 50} more", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,271 @@
+"""``lidarshard validate``: a built manifest passes, and every kind of tampering is caught precisely."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import schemas
+from pipelines import build as build_cli
+from pipelines import scan as scan_cli
+from pipelines import validate as validate_cli
+from pipelines.cli import main as cli_main
+from tests.adversarial import MemFileSystem
+from tests.conftest import BEAM_TEST_FLAGS
+from tests.test_build import make_bins
+from transforms.tables import parquet_bytes, sha256_hex
+
+FLAGS = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]
+PLAN = schemas.plan_file(1, 2)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("validate")
+    out = tmp / "out"
+    assert build_cli.run([str(make_bins(tmp / "in", n=30)), str(out), *FLAGS, *BEAM_TEST_FLAGS]) == 0
+    return out
+
+
+@pytest.fixture
+def copy(built: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(built, tmp_path / "out"))
+
+
+def _manifest(out: Path) -> dict:
+    return json.loads((out / schemas.MANIFEST_FILE).read_text())
+
+
+def _save_manifest(out: Path, m: dict) -> None:
+    (out / schemas.MANIFEST_FILE).write_text(json.dumps(m, indent=2, sort_keys=True) + "\n")
+
+
+def _rewrite(out: Path, rel: str, change: Callable[[pa.Table], pa.Table], record: bool) -> None:
+    """Rewrite a Parquet file; with ``record`` also fix its size and sha256 in the manifest, as a
+    careful forger would, so that only the content checks can catch it."""
+    table = change(pq.read_table(out / rel))
+    data = parquet_bytes(table.replace_schema_metadata(pq.read_schema(out / rel).metadata))
+    (out / rel).write_bytes(data)
+    if record:
+        m = _manifest(out)
+        m["files"][rel] = {"bytes": len(data), "sha256": sha256_hex(data)}
+        _save_manifest(out, m)
+
+
+def _set(table: pa.Table, name: str, values: list) -> pa.Table:
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, table.schema.field(i), pa.array(values, table.schema.field(i).type))
+
+
+def _copy_row(table: pa.Table, src: int, dst: int) -> pa.Table:
+    """Row ``dst`` takes the sample of row ``src`` (every copied column), keeping its step/slot."""
+    for name in ("sample_id", "path", "sweep_paths", "cost", "bucket_id"):
+        col = table.column(name).to_pylist()
+        col[dst] = col[src]
+        table = _set(table, name, col)
+    return table
+
+
+def test_a_fresh_build_is_valid(built: Path, capsys) -> None:
+    assert cli_main(["validate", str(built)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"OK {built}: 31 scanned, 30 accepted, 1 rejected; world size 4")
+
+
+def test_a_scan_directory_is_valid_and_checked(tmp_path: Path) -> None:
+    inp = make_bins(tmp_path / "in", n=5)
+    out = tmp_path / "scan"
+    assert scan_cli.run([str(inp), str(out), "--max-reject-fraction", "1", *BEAM_TEST_FLAGS]) == 0
+    assert validate_cli.validate(str(out)) == ([], "scan: 6 scanned, 5 accepted, 1 rejected")
+    meta = json.loads((out / schemas.SCAN_FILE).read_text())
+    meta["counts"]["accepted"] = 6
+    (out / schemas.SCAN_FILE).write_text(json.dumps(meta))
+    problems, _ = validate_cli.validate(str(out))
+    assert "samples.parquet: 5 rows, counts.accepted is 6" in problems
+
+
+def _delete_rank(out: Path) -> None:
+    (out / PLAN).unlink()
+
+
+def _truncate(out: Path) -> None:
+    data = (out / PLAN).read_bytes()
+    (out / PLAN).write_bytes(data[: len(data) // 2])
+
+
+def _edit_row(out: Path) -> None:
+    _rewrite(out, PLAN, lambda t: _copy_row(t, 0, 1), record=False)
+
+
+def _flip_byte(out: Path) -> None:
+    data = bytearray((out / PLAN).read_bytes())
+    data[len(data) // 3] ^= 0x01
+    (out / PLAN).write_bytes(bytes(data))
+
+
+def _duplicate_sample(out: Path) -> None:
+    _rewrite(out, PLAN, lambda t: _copy_row(t, 0, 1), record=True)
+
+
+def _unknown_sample(out: Path) -> None:
+    _rewrite(
+        out,
+        PLAN,
+        lambda t: _set(t, "sample_id", ["forged.bin", *t.column("sample_id").to_pylist()[1:]]),
+        True,
+    )
+
+
+def _swap_steps(out: Path) -> None:
+    _rewrite(out, PLAN, lambda t: t.take(pa.array([2, 3, 0, 1] + list(range(4, t.num_rows)))), record=True)
+
+
+def _short_step(out: Path) -> None:
+    _rewrite(out, PLAN, lambda t: t.slice(1), record=True)
+
+
+def _uneven_steps(out: Path) -> None:
+    _rewrite(out, PLAN, lambda t: _set(t, "step", [0, 1, *t.column("step").to_pylist()[2:]]), record=True)
+
+
+def _wrong_rank(out: Path) -> None:
+    _rewrite(out, PLAN, lambda t: _set(t, "rank", [3] * t.num_rows), record=True)
+
+
+def _other_schema(out: Path) -> None:
+    _rewrite(out, PLAN, lambda t: t.drop_columns(["bucket_id"]), record=True)
+
+
+def _wrong_cost(out: Path) -> None:
+    _rewrite(out, PLAN, lambda t: _set(t, "cost", pc.multiply(t.column("cost"), 2).to_pylist()), record=True)
+
+
+def _samples_cost(out: Path) -> None:
+    rel = schemas.SAMPLES_FILE
+    _rewrite(
+        out, rel, lambda t: _set(t, "cost", [c + 1.0 for c in t.column("cost").to_pylist()]), record=True
+    )
+
+
+def _extra_file(out: Path) -> None:
+    (out / "epoch=0/rank=9").mkdir()
+    (out / "epoch=0/rank=9/part-00000.parquet").write_bytes((out / PLAN).read_bytes())
+
+
+def _no_success(out: Path) -> None:
+    (out / schemas.SUCCESS_FILE).unlink()
+
+
+def _manifest_edit(change: Callable[[dict], None]) -> Callable[[Path], None]:
+    def edit(out: Path) -> None:
+        m = _manifest(out)
+        change(m)
+        _save_manifest(out, m)
+
+    return edit
+
+
+TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
+    "deleted rank file": (_delete_rank, f"{PLAN}: missing (recorded"),
+    "truncated parquet": (_truncate, f"{PLAN}: "),
+    "edited row": (_edit_row, " at commit (truncated or rewritten)"),
+    "flipped byte": (_flip_byte, f"{PLAN}: sha256 differs from the one recorded at commit"),
+    "duplicated sample, sha fixed": (_duplicate_sample, "planned 2 times under drop_last"),
+    "unknown sample id, sha fixed": (_unknown_sample, "sample_id forged.bin is not in samples.parquet"),
+    "rows out of order, sha fixed": (_swap_steps, "rows must be sorted by (step, slot)"),
+    "short step, sha fixed": (_short_step, "5 rows, but steps_per_epoch[1] = 3 steps x batch_size 2 = 6"),
+    "uneven steps, sha fixed": (_uneven_steps, "epoch 1 rank 2 step 0: 1 rows, expected batch_size 2"),
+    "rank column vs path, sha fixed": (_wrong_rank, "column rank holds [3], the partition path says 2"),
+    "schema change, sha fixed": (_other_schema, "schema differs from the contract: missing ['bucket_id']"),
+    "plan cost, sha fixed": (_wrong_cost, "cost of "),
+    "samples cost, sha fixed": (_samples_cost, "costs differ from cost_model"),
+    "unlisted rank file": (_extra_file, "epoch=0/rank=9/part-00000.parquet: file is not listed"),
+    "no _SUCCESS": (_no_success, "no _SUCCESS, so it is not a committed lidarshard output"),
+    "world size edited": (
+        _manifest_edit(lambda m: m.update(world_size=2)),
+        "recorded in 'files' but not part of a world_size 2",
+    ),
+    "schema version": (_manifest_edit(lambda m: m.update(schema_version="2.0")), "is not compatible"),
+    "scanned count": (
+        _manifest_edit(lambda m: m["counts"].update(scanned=99)),
+        "counts: scanned 99 != accepted 30 + rejected 1",
+    ),
+    "planned count": (
+        _manifest_edit(lambda m: m["counts"]["planned"].__setitem__(1, 16)),
+        "counts.planned 16 != 24",
+    ),
+    "steps per epoch": (
+        _manifest_edit(lambda m: m["steps_per_epoch"].__setitem__(0, 4)),
+        "epoch 0 rank 0: 6 rows, but steps_per_epoch[0] = 4 steps",
+    ),
+    "balance linearity": (
+        _manifest_edit(lambda m: m["balance"][0].update(linearity=0.99)),
+        "epoch 0: balance.linearity recorded 0.99, recomputed",
+    ),
+    "bucket counts": (
+        _manifest_edit(lambda m: m["buckets"]["counts"].reverse()),
+        "buckets.counts differ",
+    ),
+    "fingerprint": (_manifest_edit(lambda m: m.update(inputs_fingerprint="0" * 64)), "inputs_fingerprint"),
+    "dropped count": (
+        _manifest_edit(lambda m: m["counts"]["dropped"].__setitem__(0, 0)),
+        "planned 24 != accepted 30",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERING))
+def test_tampering_is_caught(copy: Path, case: str, capsys) -> None:
+    tamper, needle = TAMPERING[case]
+    tamper(copy)
+    assert validate_cli.run([str(copy)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"INVALID {copy}:")
+    assert needle in err, err
+
+
+def test_missing_directory_and_leftover_hint(tmp_path: Path) -> None:
+    problems, _ = validate_cli.validate(str(tmp_path / "nope"))
+    assert problems == [f"{tmp_path / 'nope'}: no such directory"]
+    (tmp_path / "out.old-abcdef-1-0123abcd").mkdir()
+    problems, _ = validate_cli.validate(str(tmp_path / "out"))
+    assert "leftovers of an interrupted run" in problems[0]
+
+
+def test_a_forged_value_of_the_wrong_type_is_a_problem_not_a_crash(copy: Path) -> None:
+    _manifest_edit(lambda m: m.update(batch_size="two"))(copy)
+    problems, _ = validate_cli.validate(str(copy))
+    assert problems == ["_manifest.json: batch_size must be an int >= 1, got 'two'"]
+    _manifest_edit(lambda m: m.update(batch_size=2, balance="high"))(copy)
+    problems, _ = validate_cli.validate(str(copy))
+    assert problems and problems[-1].startswith("_manifest.json: malformed (")
+
+
+def test_object_store_uri(built: Path, monkeypatch) -> None:
+    root = "memtest://bucket/out"
+    files = {f"{root}/{p.relative_to(built)}": (p.read_bytes(), 0.0) for p in built.rglob("*") if p.is_file()}
+    monkeypatch.setattr(MemFileSystem, "files", files)
+    assert validate_cli.validate(root)[0] == []
+    del files[f"{root}/{PLAN}"]
+    problems = validate_cli.validate(root)[0]
+    assert len(problems) == 1 and problems[0].startswith(f"{PLAN}: missing (recorded ")
+
+
+def test_pad_policy_coverage(built: Path, tmp_path: Path) -> None:
+    out = tmp_path / "pad"
+    flags = ["--world-size", "4", "--batch-size", "2", "--pad", "--max-reject-fraction", "0.1"]
+    flags += ["--from-samples", str(built / "samples.parquet")]
+    assert build_cli.run([str(out), *flags, *BEAM_TEST_FLAGS]) == 0
+    assert validate_cli.validate(str(out))[0] == []
+    m = _manifest(out)
+    assert m["counts"]["padded"] == [2]
+    m["counts"]["padded"] = [1]
+    _save_manifest(out, m)
+    assert "epoch 0: planned 32 != accepted 30 + padded 1 (dropped 0)" in validate_cli.validate(str(out))[0]
