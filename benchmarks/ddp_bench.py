@@ -1,0 +1,149 @@
+"""DDP scaling linearity: PyTorch's DistributedSampler vs lidarshard manifests, same data, same model.
+
+Runs ``examples/train_ddp.py`` (2 gloo ranks on CPU, one thread each) twice on the same manifest
+directory: once with ``--sampler distributed`` (the baseline: random, size-blind batches) and once
+with ``--sampler lidarshard`` (the manifest's balanced plan). Prints, per run, the wall time per epoch
+and the measured linearity (sum_steps mean_rank compute / sum_steps max_rank compute), then the ratios.
+Target: lidarshard linearity >= 0.95 and >= baseline + 0.1. Columns: ``linearity`` from perf_counter
+compute times (the target's measure), ``cpu_lin`` the same from thread CPU time (less sensitive to other
+processes on the host), ``points_lin`` / ``cost_lin`` the same ratio over points and over the manifest's
+predicted costs of the batches each run actually trained on.
+
+Manifest source, one of:
+    --manifest OUT      an existing ``lidarshard build`` output;
+    (default)           ``lidarshard synth`` + ``lidarshard build`` into a temp dir (``--scenes``, ...);
+    --fixture           clouds and a manifest from ``tests/manifest_fixture.py`` (no pipeline needed;
+                        its stand-in planner, not the pipeline's).
+
+    python benchmarks/ddp_bench.py --manifest OUT [--epochs 1] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "examples" / "train_ddp.py"
+SAMPLERS = ("distributed", "lidarshard")
+
+__all__ = ["main"]
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--manifest", type=Path, help="existing manifest dir (lidarshard build output)")
+    src.add_argument("--fixture", action="store_true", help="use tests/manifest_fixture.py, no pipeline")
+    p.add_argument("--workdir", type=Path, default=None, help="where inputs are written (default: temp)")
+    p.add_argument("--scenes", type=int, default=8, help="lidarshard synth --scenes")
+    p.add_argument("--batch-size", type=int, default=2, help="samples per rank per step (build)")
+    p.add_argument("--plan-epochs", type=int, default=1, help="epochs planned by build / the fixture")
+    p.add_argument("--sweeps", type=int, default=9, help="build --sweeps (fixture: 2)")
+    p.add_argument("--synth-args", default="--runner=FnApiRunner", help="extra flags for lidarshard synth")
+    p.add_argument("--build-args", default="--runner=FnApiRunner", help="extra flags for lidarshard build")
+    p.add_argument("--fixture-samples", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=None, help="training epochs (default: all planned)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per sampler, alternating; medians reported")
+    p.add_argument("--train-args", default="", help="extra flags for train_ddp.py (e.g. '--width 128')")
+    p.add_argument("--json-out", type=Path, default=None)
+    p.add_argument("--strict", action="store_true", help="exit 1 when the target is missed")
+    return p.parse_args(argv)
+
+
+def _cli(*args: str) -> None:
+    """Run ``lidarshard ARGS`` with this interpreter (works without an installed entry point)."""
+    cmd = [sys.executable, "-m", "pipelines.cli", *args]
+    print("+ lidarshard " + shlex.join(args), flush=True)
+    subprocess.run(cmd, check=True, cwd=REPO, env=_env())
+
+
+def _env() -> dict[str, str]:
+    path = [str(REPO), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
+def _synth_build(args: argparse.Namespace, work: Path) -> Path:
+    data, out = work / "synth", work / "manifest"
+    _cli("synth", str(data), "--scenes", str(args.scenes), *shlex.split(args.synth_args))
+    _cli(
+        "build", str(data), str(out), "--nuscenes-version", "v1.0-synth", "--sweeps", str(args.sweeps),
+        "--world-size", "2", "--batch-size", str(args.batch_size), "--epochs", str(args.plan_epochs),
+        *shlex.split(args.build_args),
+    )
+    return out
+
+
+def _fixture(args: argparse.Namespace, work: Path) -> Path:
+    sys.path.insert(0, str(REPO / "tests"))
+    from manifest_fixture import make_fixture
+
+    rng = np.random.default_rng(0)  # log-uniform sizes: a few large scenes dominate, as in driving logs
+    sizes = np.exp(rng.uniform(np.log(1_000), np.log(12_000), args.fixture_samples)).astype(int)
+    return make_fixture(
+        work, sizes.tolist(), world_size=2, batch_size=args.batch_size, epochs=args.plan_epochs, sweeps=2
+    )
+
+
+def _train(manifest: Path, sampler: str, args: argparse.Namespace, work: Path, i: int) -> dict[str, Any]:
+    out = work / f"run-{sampler}-{i}.json"
+    cmd = [sys.executable, str(TRAIN), "--manifest", str(manifest), "--sampler", sampler]
+    cmd += ["--json-out", str(out)]
+    if args.epochs is not None:
+        cmd += ["--epochs", str(args.epochs)]
+    subprocess.run(cmd + shlex.split(args.train_args), check=True, env=_env())
+    return json.loads(out.read_text())
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] for r in runs))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both samplers on one manifest dir, print the comparison, return the exit status."""
+    args = _parse(argv)
+    with tempfile.TemporaryDirectory(prefix="ddp_bench-") as tmp:
+        work = (args.workdir or Path(tmp)).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        if args.manifest is not None:
+            manifest = args.manifest
+        elif args.fixture:
+            manifest = _fixture(args, work)
+        else:
+            manifest = _synth_build(args, work)
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SAMPLERS}
+        for i in range(args.repeats):
+            for s in SAMPLERS if i % 2 == 0 else SAMPLERS[::-1]:
+                runs[s].append(_train(manifest, s, args, work, i))
+    keys = ("wall_s_per_epoch", "linearity", "cpu_linearity", "points_linearity", "cost_linearity")
+    summary = {s: {k: _median(runs[s], k) for k in keys} for s in SAMPLERS}
+    base, ours = summary["distributed"], summary["lidarshard"]
+    print(f"\nmanifest: {manifest}  (2 gloo ranks, 1 thread each; medians of {args.repeats} run(s))")
+    print(f"{'sampler':<12} {'wall s/epoch':>12} {'linearity':>10} {'cpu_lin':>8} {'points_lin':>10} {'cost_lin':>8}")
+    for s in SAMPLERS:
+        r = summary[s]
+        print(f"{s:<12} {r['wall_s_per_epoch']:>12.3f} {r['linearity']:>10.4f} "
+              f"{r['cpu_linearity']:>8.4f} {r['points_linearity']:>10.4f} {r['cost_linearity']:>8.4f}")  # fmt: skip
+    speedup = base["wall_s_per_epoch"] / max(ours["wall_s_per_epoch"], 1e-12)
+    gain = ours["linearity"] - base["linearity"]
+    ok = ours["linearity"] >= 0.95 and gain >= 0.1
+    print(f"wall ratio distributed/lidarshard = {speedup:.3f}x; linearity ratio = "
+          f"{ours['linearity'] / max(base['linearity'], 1e-12):.3f}; gain = {gain:+.4f}  "
+          f"[target >= 0.95 and >= +0.10: {'met' if ok else 'MISSED'}]")  # fmt: skip
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps({"summary": summary, "runs": runs, "speedup": speedup}, indent=1))
+    return 1 if args.strict and not ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

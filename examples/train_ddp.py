@@ -1,0 +1,279 @@
+"""Train a small point-cloud segmentation model with torch.distributed (gloo, CPU) on a lidarshard manifest.
+
+Each rank runs one thread (``torch.set_num_threads(1)``) and reads the manifest directly:
+``BalancedBatchSampler`` + ``PointCloudDataset`` (``--sampler lidarshard``, default) or, as the baseline,
+PyTorch's ``DistributedSampler`` over the same samples (``--sampler distributed``). The model is a small
+point-voxel net: per-point MLP, voxel max-pooling (``torch.scatter_reduce``), voxel MLP, per-point head,
+so its cost grows with points and occupied voxels like a real sparse backbone. Targets are synthesized
+height classes: the run measures compute, not accuracy.
+
+Timing: every step, each rank times forward + backward with ``time.perf_counter`` and only then
+all-reduces the gradients itself (one flat ``all_reduce``, what DDP does inside ``backward``). The
+timed span therefore holds this rank's own compute only: no data loading, no waiting for the slowest
+rank. The wait shows up in the wall time per epoch. Rank 0 gathers the per-step times and reports
+
+    measured linearity = sum_steps mean_rank(compute) / sum_steps max_rank(compute)
+
+(1.0 = no rank ever waits), plus the same ratio over thread CPU time (robust to a busy host), over
+point counts and over the manifest's predicted costs. ``--emit-timings t.csv`` times each sample's forward + backward separately (gradient
+accumulation over the batch) and writes ``sample_id, step, rank, ms, num_points`` for calibration.
+
+    python examples/train_ddp.py --manifest OUT [--sampler distributed] [--epochs 1] [--json-out r.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+try:
+    import loaders  # noqa: F401
+except ImportError:  # running from a source checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loaders import load_manifest, read_samples
+from loaders.torch import BalancedBatchSampler, PointCloudDataset, collate
+
+__all__ = ["SegNet", "height_labels", "linearity", "main"]
+
+
+class SegNet(nn.Module):
+    """Point-voxel segmentation net: (N, C) points -> (N, classes) logits.
+
+    A light per-point MLP (C -> 16), max-pooling of the points of each occupied voxel
+    (``torch.scatter_reduce``), a heavier voxel MLP (16 -> width -> width -> width) and a per-point head
+    on [point feature, its voxel's feature]. Cost ~ a * points + b * occupied voxels, like the sparse
+    voxel backbones it stands in for.
+    """
+
+    def __init__(self, in_dims: int, width: int, classes: int, voxel_size: float) -> None:
+        super().__init__()
+        self.voxel_size = voxel_size
+        self.point = nn.Sequential(nn.Linear(in_dims, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+        self.voxel = nn.Sequential(
+            nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU()
+        )
+        self.head = nn.Linear(16 + width, classes)
+
+    def _voxels(self, xyz: torch.Tensor, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(N,) voxel id of each point, unique per (sample, voxel); and the voxel count V."""
+        c = torch.floor(xyz / self.voxel_size).long()
+        c = c - c.min(0).values
+        d = c.max(0).values + 1
+        key = ((batch * d[0] + c[:, 0]) * d[1] + c[:, 1]) * d[2] + c[:, 2]
+        uniq, inverse = torch.unique(key, return_inverse=True)
+        return inverse, int(uniq.numel())
+
+    def forward(self, points: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        """points (N, C) float32 (x, y, z in m first), batch (N,) int64 sample index -> (N, classes)."""
+        points = torch.nan_to_num(points)
+        feats = self.point(points / 50.0)
+        vox, nvox = self._voxels(points[:, :3], batch)
+        index = vox[:, None].expand_as(feats)
+        pooled = feats.new_zeros(nvox, feats.shape[1])
+        pooled = pooled.scatter_reduce(0, index, feats, reduce="amax", include_self=False)
+        return self.head(torch.cat([feats, self.voxel(pooled)[vox]], dim=1))
+
+
+def height_labels(points: torch.Tensor, classes: int) -> torch.Tensor:
+    """(N,) int64 targets: z (m) binned into ``classes`` bands between -2 m and 4 m."""
+    edges = torch.linspace(-2.0, 4.0, classes - 1)
+    return torch.bucketize(torch.nan_to_num(points[:, 2]).contiguous(), edges)
+
+
+def linearity(per_rank: torch.Tensor) -> float:
+    """sum_steps mean_rank / sum_steps max_rank of a (W, steps) tensor; 1.0 when empty."""
+    if per_rank.numel() == 0:
+        return 1.0
+    return float(per_rank.mean(0).sum() / per_rank.max(0).values.sum().clamp_min(1e-12))
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--manifest", required=True, help="committed lidarshard manifest directory")
+    p.add_argument("--sampler", choices=["lidarshard", "distributed"], default="lidarshard")
+    p.add_argument("--epochs", type=int, default=None, help="default: the epochs the manifest planned")
+    p.add_argument("--max-steps", type=int, default=None, help="cap steps per epoch (quick runs)")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
+    p.add_argument("--width", type=int, default=32, help="voxel MLP width")
+    p.add_argument("--classes", type=int, default=4)
+    p.add_argument("--voxel-size", type=float, default=0.05, help="m (0.05: build's occupied_voxels)")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-sweeps", action="store_true", help="keyframes only")
+    p.add_argument("--emit-timings", type=Path, default=None, help="CSV of per-sample measured ms")
+    p.add_argument("--json-out", type=Path, default=None, help="write the summary as JSON")
+    return p.parse_args(argv)
+
+
+def _loader(
+    args: argparse.Namespace, dataset: PointCloudDataset, rank: int, world: int, batch: int
+) -> tuple[DataLoader, Any]:
+    """(DataLoader, object with set_epoch) for the chosen sampler."""
+    if args.sampler == "lidarshard":
+        sampler: Any = BalancedBatchSampler(args.manifest)  # rank and world size from torch.distributed
+        batches: Any = sampler
+    else:
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed, drop_last=True)
+        batches = BatchSampler(sampler, batch, drop_last=True)
+    loader = DataLoader(
+        dataset, batch_sampler=batches, collate_fn=collate, num_workers=args.num_workers,
+        pin_memory=torch.cuda.is_available(),
+    )
+    return loader, sampler
+
+
+def _allreduce_grads(params: list[nn.Parameter], world: int) -> None:
+    """Average gradients across ranks in one flat all_reduce (the step's only synchronization)."""
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p))
+        offset += n
+
+
+def _compute(
+    model: SegNet, batch: dict[str, Any], classes: int, per_sample: bool
+) -> tuple[float, float, list[tuple[str, float, int]]]:
+    """Forward + backward of one batch: (wall s, thread CPU s, per-sample [(sample_id, ms, points)])."""
+    points, index, counts = batch["points"], batch["batch"], batch["num_points"].tolist()
+    labels = height_labels(points, classes)
+    if not per_sample:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        F.cross_entropy(model(points, index), labels).backward()
+        return time.perf_counter() - w0, time.thread_time() - c0, []
+    wall = cpu = 0.0
+    rows, lo = [], 0
+    for sid, n in zip(batch["sample_id"], counts, strict=True):
+        pts, lab = points[lo : lo + n], labels[lo : lo + n]
+        lo += n
+        w0, c0 = time.perf_counter(), time.thread_time()
+        (F.cross_entropy(model(pts, torch.zeros(n, dtype=torch.int64)), lab) / len(counts)).backward()
+        dw = time.perf_counter() - w0
+        wall, cpu = wall + dw, cpu + time.thread_time() - c0
+        rows.append((sid, dw * 1e3, n))
+    return wall, cpu, rows
+
+
+def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | None:
+    manifest = load_manifest(args.manifest)
+    epochs = args.epochs if args.epochs is not None else int(manifest["epochs"])
+    dataset = PointCloudDataset(args.manifest, sweeps=not args.no_sweeps)
+    predicted = torch.tensor(read_samples(args.manifest, ["cost"])["cost"].to_numpy())  # cost model units
+    loader, sampler = _loader(args, dataset, rank, world, int(manifest["batch_size"]))
+    torch.manual_seed(args.seed)
+    probe = dataset[0]["points"]
+    model = SegNet(probe.shape[1], args.width, args.classes, args.voxel_size)
+    params = list(model.parameters())
+    for p in params:
+        dist.broadcast(p.data, src=0)
+    opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+    model(probe, torch.zeros(len(probe), dtype=torch.int64)).sum().backward()  # warm-up, untimed
+    per_epoch, timings = [], []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        wall_c, cpu_c, pts_c, cost_c = [], [], [], []
+        dist.barrier()
+        t0 = time.perf_counter()
+        for step, batch in enumerate(loader):
+            if args.max_steps is not None and step >= args.max_steps:
+                break
+            opt.zero_grad(set_to_none=False)
+            w, c, rows = _compute(model, batch, args.classes, args.emit_timings is not None)
+            _allreduce_grads(params, world)
+            opt.step()
+            wall_c.append(w)
+            cpu_c.append(c)
+            pts_c.append(float(batch["num_points"].sum()))
+            cost_c.append(float(predicted[batch["index"]].sum()))
+            timings += [(sid, step, rank, f"{ms:.4f}", n) for sid, ms, n in rows]
+        dist.barrier()
+        epoch_wall = time.perf_counter() - t0
+        local = torch.tensor([wall_c, cpu_c, pts_c, cost_c], dtype=torch.float64)  # (4, steps)
+        gathered = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(gathered, local)
+        g = torch.stack(gathered, 1)  # (4, W, steps)
+        per_epoch.append({
+            "epoch": epoch, "steps": int(local.shape[1]), "wall_s": epoch_wall,
+            "linearity": linearity(g[0]), "cpu_linearity": linearity(g[1]),
+            "points_linearity": linearity(g[2]), "cost_linearity": linearity(g[3]),
+            "compute_mean_s": float(g[0].mean(0).sum()), "compute_max_s": float(g[0].max(0).values.sum()),
+            "compute_s": g[0].tolist(), "cpu_s": g[1].tolist(), "points": g[2].tolist(),  # (W, steps)
+            "_g": g,
+        })
+    gathered_rows: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object(timings, gathered_rows if rank == 0 else None, dst=0)
+    if rank != 0:
+        return None
+    if args.emit_timings is not None:
+        _write_timings(args.emit_timings, [r for part in gathered_rows for r in part])
+    allg = torch.cat([e.pop("_g") for e in per_epoch], dim=2)
+    return {
+        "sampler": args.sampler, "manifest": str(args.manifest), "world_size": world,
+        "batch_size": int(manifest["batch_size"]), "epochs": per_epoch,
+        "linearity": linearity(allg[0]), "cpu_linearity": linearity(allg[1]),
+        "points_linearity": linearity(allg[2]), "cost_linearity": linearity(allg[3]),
+        "wall_s_per_epoch": sum(e["wall_s"] for e in per_epoch) / max(len(per_epoch), 1),
+        "planned_linearity": [b.get("linearity") for b in manifest.get("balance", [])],
+    }
+
+
+def _write_timings(path: Path, rows: list[tuple]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["sample_id", "step", "rank", "ms", "num_points"])
+        w.writerows(rows)
+
+
+def _worker(rank: int, world: int, store: str, args: argparse.Namespace, result: str) -> None:
+    torch.set_num_threads(1)
+    # A FileStore rendezvous: no TCP port to pick, so no race with other jobs on the host.
+    dist.init_process_group("gloo", init_method=Path(store).as_uri(), rank=rank, world_size=world)
+    try:
+        out = _train(rank, world, args)
+        if out is not None:
+            Path(result).write_text(json.dumps(out))
+        dist.barrier()  # no rank tears gloo down while another still talks to it
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Spawn ``world_size`` (from the manifest) gloo ranks, train, print and return rank 0's summary."""
+    args = _parse(argv)
+    world = int(load_manifest(args.manifest)["world_size"])
+    with tempfile.TemporaryDirectory() as tmp:
+        result, store = os.path.join(tmp, "result.json"), os.path.join(tmp, "store")
+        mp.spawn(_worker, args=(world, store, args, result), nprocs=world, join=True)
+        summary = json.loads(Path(result).read_text())
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(summary, indent=1))
+    print(
+        f"sampler={summary['sampler']} world_size={world} epochs={len(summary['epochs'])} "
+        f"wall_s/epoch={summary['wall_s_per_epoch']:.3f} linearity={summary['linearity']:.4f} "
+        f"cpu_linearity={summary['cpu_linearity']:.4f} points_linearity={summary['points_linearity']:.4f} "
+        f"cost_linearity={summary['cost_linearity']:.4f}"
+    )
+    return summary
+
+
+if __name__ == "__main__":
+    main()
