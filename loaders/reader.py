@@ -114,9 +114,7 @@ def plan_dataset(out_dir: PathLike) -> ds.Dataset:
     )
     if not files:
         raise FileNotFoundError(f"{os.fspath(out_dir)} holds no plan files (epoch=E/rank=R/*.parquet)")
-    partitioning = ds.partitioning(
-        pa.schema([("epoch", pa.int32()), ("rank", pa.int32())]), flavor="hive"
-    )
+    partitioning = ds.partitioning(pa.schema([("epoch", pa.int32()), ("rank", pa.int32())]), flavor="hive")
     return ds.dataset(
         files, filesystem=fs, format="parquet", partitioning=partitioning, partition_base_dir=base
     )

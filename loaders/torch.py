@@ -32,7 +32,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
 
 from loaders.reader import ManifestReader, PathLike, load_manifest, load_points, read_samples
 
-__all__ = ["BalancedBatchSampler", "PointCloudDataset", "collate"]
+__all__ = ["BalancedBatchSampler", "PlanSampler", "PointCloudDataset", "collate"]
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -135,6 +135,68 @@ class BalancedBatchSampler(Sampler[list[int]]):
         self._step = self._resume = int(state["step"])
 
 
+class PlanSampler(Sampler[int]):
+    """Per-sample form of :class:`~loaders.torch.BalancedBatchSampler` for ``sampler=`` + ``batch_size=``.
+
+    Yields this rank's planned dataset indices step after step, ``batch_size`` per step, so a
+    ``DataLoader(batch_size=sampler.batch_size)`` rebuilds exactly the planned batches.
+    ``len(sampler)`` is ``steps * batch_size`` of the current epoch. Arguments, :meth:`set_epoch`,
+    ``state_dict`` / ``load_state_dict`` (positions in *steps*) are the batch sampler's.
+
+    Args:
+        passes: planned epochs per trainer epoch (Pointcept's ``data.train.loop``): trainer epoch
+            ``e`` replays planned epochs ``e*passes .. e*passes+passes-1`` back to back. With
+            ``passes > 1`` a resumed position (``load_state_dict``) is not kept.
+    """
+
+    def __init__(
+        self,
+        out_dir: PathLike,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        index_of: Mapping[str, int] | Callable[[str], int] | None = None,
+        cycle: bool = False,
+        passes: int = 1,
+    ) -> None:
+        super().__init__()
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
+        self.batches = BalancedBatchSampler(out_dir, rank, world_size, index_of=index_of, cycle=cycle)
+        self.batch_size = int(self.batches.manifest["batch_size"])
+        self.passes = int(passes)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration replays (``DistributedSampler`` convention)."""
+        self.epoch = int(epoch)
+        self.batches.set_epoch(self.epoch * self.passes)
+
+    def __len__(self) -> int:
+        if self.passes == 1:
+            return len(self.batches) * self.batch_size
+        steps = 0
+        for j in range(self.passes):
+            self.batches.set_epoch(self.epoch * self.passes + j)
+            steps += len(self.batches)
+        self.batches.set_epoch(self.epoch * self.passes)
+        return steps * self.batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        for j in range(self.passes):
+            if self.passes > 1:
+                self.batches.set_epoch(self.epoch * self.passes + j)
+            for batch in self.batches:
+                yield from batch
+
+    def state_dict(self) -> dict[str, int]:
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.batches.load_state_dict(state)
+        self.epoch = int(state["epoch"]) // self.passes
+
+
 class PointCloudDataset(Dataset[dict[str, Any]]):
     """The accepted samples of a manifest, in samples.parquet row order.
 
@@ -156,7 +218,9 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         # refcounts would un-share forked DataLoader workers' memory page by page.
         self._paths = table["path"].chunk(0) if table.num_rows else pa.array([], pa.string())
         self._formats = table["format"].chunk(0) if table.num_rows else pa.array([], pa.string())
-        self._sweeps = table["sweep_paths"].chunk(0) if table.num_rows else pa.array([], pa.list_(pa.string()))
+        self._sweeps = (
+            table["sweep_paths"].chunk(0) if table.num_rows else pa.array([], pa.list_(pa.string()))
+        )
         tf = table["sweep_transforms"].chunk(0) if table.num_rows else pa.array([], pa.list_(pa.float64()))
         self._tf_values = tf.values.to_numpy(zero_copy_only=False).astype(np.float64)
         self._tf_offsets = tf.offsets.to_numpy().astype(np.int64)
@@ -170,7 +234,10 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         sweep_paths = (self._sweeps[i].as_py() or []) if self.sweeps else []
         lo, hi = self._tf_offsets[i], self._tf_offsets[i + 1]
         points = load_points(
-            self._paths[i].as_py(), self._formats[i].as_py(), sweep_paths, self._tf_values[lo:hi],
+            self._paths[i].as_py(),
+            self._formats[i].as_py(),
+            sweep_paths,
+            self._tf_values[lo:hi],
             self.point_dims,
         )
         return {"index": int(i), "sample_id": self.sample_ids[i], "points": torch.from_numpy(points)}
@@ -191,4 +258,3 @@ def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
         "batch": torch.repeat_interleave(torch.arange(len(items)), counts),
         "num_points": counts,
     }
-

@@ -1,0 +1,95 @@
+"""OpenMMLab adapter: ``LidarshardSampler`` in mmengine's ``DATA_SAMPLERS`` registry (mmdet3d, mmseg ...).
+
+Importing this module registers two names; then a config only swaps the sampler::
+
+    custom_imports = dict(imports=["loaders.mmengine"], allow_failed_imports=False)
+    train_dataloader = dict(
+        batch_size=4,                      # == the manifest's --batch-size
+        num_workers=4,
+        sampler=dict(type="LidarshardSampler", manifest="gs://bucket/out", id_key="token"),
+        batch_sampler=dict(type="LidarshardBatchSampler"),  # checks batch_size against the manifest
+        dataset=dict(type="NuScenesDataset", ...),
+    )
+
+How it meets mmengine's conventions:
+
+* **ranks**: rank and world size come from ``mmengine.dist.get_dist_info()``; the manifest must be
+  planned for that world size.
+* **epochs**: ``DistSamplerSeedHook`` (a default hook) calls ``set_epoch(runner.epoch)`` before each
+  epoch, which selects that epoch's plan. ``IterBasedTrainLoop`` restarts the loader when it runs
+  out and calls ``set_epoch(1, 2, ...)`` itself. Epochs past those planned need ``cycle=True``.
+* **seed**: the runner's ``randomness.seed`` reaches the sampler as ``seed`` but does not change
+  the order: that is fixed offline by the manifest's ``--seed`` (the same on every rank).
+* **resume**: ``EpochBasedTrainLoop`` resumes at an epoch boundary and replays that epoch's plan;
+  ``IterBasedTrainLoop`` skips ``iter`` batches of the same deterministic order, so a resumed run
+  sees exactly the batches of an uninterrupted one.
+
+Needs ``pip install "lidarshard[mmengine]"`` (mmengine >= 0.10, pure Python, any torch it accepts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+try:
+    from mmengine.dist import get_dist_info
+    from mmengine.registry import DATA_SAMPLERS
+except ImportError as e:  # pragma: no cover - exercised only without mmengine
+    raise ImportError('loaders.mmengine needs mmengine: pip install "lidarshard[mmengine]"') from e
+
+from torch.utils.data import BatchSampler
+
+from loaders.pointcept import index_from_dataset
+from loaders.reader import PathLike
+from loaders.torch import PlanSampler
+
+__all__ = ["LidarshardSampler", "LidarshardBatchSampler"]
+
+
+@DATA_SAMPLERS.register_module()
+class LidarshardSampler(PlanSampler):
+    """This rank's planned dataset indices, step after step (``train_dataloader.sampler``).
+
+    Args:
+        dataset: passed by mmengine's ``Runner.build_dataloader``.
+        manifest: committed manifest directory (local path or URI).
+        seed: passed by mmengine; recorded only (the manifest's seed fixes the order).
+        id_key: key of ``dataset.get_data_info(i)`` holding the sample_id (e.g. ``"token"``), or a
+            callable ``i -> sample_id``; None: the dataset is in samples.parquet row order.
+        cycle: reuse the plan of ``epoch % epochs`` past the planned epochs (warns).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        manifest: PathLike,
+        seed: int | None = None,
+        id_key: str | Callable[[int], str] | None = None,
+        cycle: bool = False,
+    ) -> None:
+        rank, world_size = get_dist_info()
+        index_of = index_from_dataset(dataset, id_key, info="get_data_info")
+        super().__init__(manifest, rank, world_size, index_of=index_of, cycle=cycle)
+        self.seed = seed
+
+
+@DATA_SAMPLERS.register_module()
+class LidarshardBatchSampler(BatchSampler):
+    """``train_dataloader.batch_sampler``: batches of a :class:`LidarshardSampler`, size checked.
+
+    mmengine passes the built ``sampler`` and the dataloader's ``batch_size``; a batch size other
+    than the manifest's would cut across planned steps, so it is refused.
+    """
+
+    def __init__(self, sampler: LidarshardSampler, batch_size: int) -> None:
+        if not isinstance(sampler, PlanSampler):
+            raise TypeError(
+                f"LidarshardBatchSampler needs sampler=dict(type='LidarshardSampler'), got {sampler!r}"
+            )
+        if int(batch_size) != sampler.batch_size:
+            raise ValueError(
+                f"train_dataloader.batch_size={batch_size} but the manifest was planned with --batch-size "
+                f"{sampler.batch_size}: set batch_size={sampler.batch_size}"
+            )
+        super().__init__(sampler, sampler.batch_size, drop_last=True)
