@@ -15,23 +15,28 @@ import sys
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.metrics import Metrics
 
 import schemas
 from pipelines import _output
 from pipelines.scan import (
+    DRY_RUN_NOTE,
     VERSION,
+    absolute,
     add_scan_arguments,
     beam_options,
     fingerprint,
+    new_staging,
     run_pipeline,
     scan_config,
     scan_meta,
     settle,
 )
-from transforms.cost import parse_cost_model
+from transforms.cost import CostModel, parse_cost_model
 from transforms.manifest import PlanConfig, bucket_info, plan_tables, repeat_rates, score
 from transforms.plan import DEFAULT_STRATEGY, STRATEGIES
-from transforms.scan_beam import ScanSamples, read_bytes
+from transforms.scan_beam import NAMESPACE, ScanSamples, read_bytes
 from transforms.tables import parquet_bytes, sha256_hex, table_from_parquet_bytes
 
 __all__ = ["run", "add_plan_arguments", "plan_config"]
@@ -85,11 +90,13 @@ def plan_config(args: argparse.Namespace) -> PlanConfig:
 
 def _write(staging: str, rel: str, data: bytes) -> dict:
     _output.write_bytes(_output.join(staging, rel), data)
+    Metrics.counter(NAMESPACE, "files_written").inc()
+    Metrics.counter(NAMESPACE, "bytes_written").inc(len(data))
     return {"path": rel, "bytes": len(data), "sha256": sha256_hex(data)}
 
 
-def _previous(path: str) -> tuple[pa.Table, pa.Table, int]:
-    """(samples, rejects, scanned) of an earlier scan/build whose samples.parquet is ``path``."""
+def _previous(path: str) -> tuple[int, pa.Table, pa.Table]:
+    """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``."""
     samples = table_from_parquet_bytes(read_bytes(path))
     root = path.rsplit("/", 1)[0] if "/" in path else "."
     try:
@@ -98,43 +105,54 @@ def _previous(path: str) -> tuple[pa.Table, pa.Table, int]:
         rejects = schemas.reject_schema().empty_table()
     scanned = samples.num_rows + rejects.num_rows
     return (
+        scanned,
         samples.select([n for n, _, _ in schemas.SAMPLE_FIELDS]).cast(schemas.sample_schema()),
         rejects,
-        scanned,
     )
 
 
 def _check_and_score(
     _: None,
-    cost_spec: str,
+    model: CostModel,
     cfg: PlanConfig,
     max_reject: float,
+    staging: str,
     scanned: int,
     samples: pa.Table,
     rejects: pa.Table,
-):
+) -> dict:
+    """Settle, score, write samples/rejects.parquet; returns only small metadata.
+
+    The scored table is not returned: as a side input it would be pickled to every epoch's worker
+    (1M rows: ~250 MB a copy). Epochs read the columns they need back from the staged file.
+    """
     samples, rejects, counts = settle(scanned, samples, rejects, max_reject)
     if samples.num_rows == 0:
         raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
-    model = parse_cost_model(cost_spec, lambda p: read_bytes(p).decode())
     scored, edges = score(samples, model, cfg)
     return {
-        "scored": scored,
-        "rejects": rejects,
+        "files": [
+            _write(staging, schemas.SAMPLES_FILE, parquet_bytes(scored)),
+            _write(staging, schemas.REJECTS_FILE, parquet_bytes(rejects)),
+        ],
         "counts": counts,
         "model": model.to_json(),
         "buckets": bucket_info(scored, edges, cfg),
         "fingerprint": fingerprint(samples),
+        "pair_repeat_rate": repeat_rates(scored, cfg),
     }
 
 
-def _write_samples(checked: dict, staging: str):
-    yield _write(staging, schemas.SAMPLES_FILE, parquet_bytes(checked["scored"]))
-    yield _write(staging, schemas.REJECTS_FILE, parquet_bytes(checked["rejects"]))
+#: The columns of the scored samples an epoch's plan needs.
+_PLAN_INPUT = ["sample_id", "path", "sweep_paths", "cost", "bucket_id"]
 
 
 def _plan_epoch(epoch: int, checked: dict, cfg: PlanConfig, staging: str):
-    tables, stats = plan_tables(checked["scored"], epoch, cfg)
+    data = read_bytes(_output.join(staging, schemas.SAMPLES_FILE))
+    scored = pq.read_table(pa.BufferReader(data), columns=_PLAN_INPUT)
+    del data
+    tables, stats = plan_tables(scored, epoch, cfg)
+    Metrics.counter(NAMESPACE, "planned").inc(stats["planned"])
     for rank, table in enumerate(tables):
         yield _write(staging, schemas.plan_file(epoch, rank), parquet_bytes(table))
     yield beam.pvalue.TaggedOutput("stats", stats)
@@ -160,7 +178,7 @@ def _write_manifest(
         "steps_per_epoch": [s["steps"] for s in stats],
         "counts": counts,
         "balance": balance,
-        "pair_repeat_rate": repeat_rates(checked["scored"], cfg),
+        "pair_repeat_rate": checked["pair_repeat_rate"],
         "inputs_fingerprint": checked["fingerprint"],
         "files": {
             f["path"]: {"bytes": f["bytes"], "sha256": f["sha256"]}
@@ -173,32 +191,27 @@ def _write_manifest(
 
 def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, cfg: PlanConfig, staging: str) -> None:
     scan_cfg = scan_config(args)
-    if args.from_samples:
-        prev = (
-            pipeline | "Previous" >> beam.Create([args.from_samples]) | "ReadPrevious" >> beam.Map(_previous)
+    model = parse_cost_model(args.cost_model, lambda p: read_bytes(p).decode())  # launcher reads @file
+    settings = (model, cfg, args.max_reject_fraction, staging)
+    side = beam.pvalue.AsSingleton
+    if args.from_samples:  # read where it is used: a side input would pickle the whole table
+        checked = (
+            pipeline
+            | "Previous" >> beam.Create([args.from_samples])
+            | "CheckAndScore"
+            >> beam.Map(lambda path, *a: _check_and_score(None, *a, *_previous(path)), *settings)
         )
-        samples = prev | "PrevSamples" >> beam.Map(lambda t: t[0])
-        rejects = prev | "PrevRejects" >> beam.Map(lambda t: t[1])
-        scanned = prev | "PrevScanned" >> beam.Map(lambda t: t[2])
     else:
         scan = pipeline | "Scan" >> ScanSamples(args.input, scan_cfg, args.nuscenes_version, args.sweeps)
-        samples, rejects, scanned = scan.samples, scan.rejects, scan.scanned
-    side = beam.pvalue.AsSingleton
-    checked = (
-        pipeline
-        | "Start" >> beam.Create([None])
-        | "CheckAndScore"
-        >> beam.Map(
-            _check_and_score,
-            args.cost_model,
-            cfg,
-            args.max_reject_fraction,
-            side(scanned),
-            side(samples),
-            side(rejects),
+        checked = (
+            pipeline
+            | "Start" >> beam.Create([None])
+            | "CheckAndScore"
+            >> beam.Map(
+                _check_and_score, *settings, side(scan.scanned), side(scan.samples), side(scan.rejects)
+            )
         )
-    )
-    sample_files = checked | "WriteSamples" >> beam.FlatMap(_write_samples, staging)
+    sample_files = checked | "SampleFiles" >> beam.FlatMap(lambda c: c["files"])
     planned = (
         pipeline
         | "Epochs" >> beam.Create(list(range(cfg.epochs)))
@@ -255,16 +268,21 @@ def run(argv: list[str] | None = None) -> int:
     if len(args.paths) != want:
         parser.error("expected OUT with --from-samples, else INPUT OUT")
     args.input, args.output = (args.from_samples, args.paths[0]) if args.from_samples else args.paths
+    args.input, args.output = absolute(args.input), absolute(args.output)
+    args.from_samples = absolute(args.from_samples)
     try:
         cfg = plan_config(args)
         parse_cost_model(args.cost_model, lambda p: read_bytes(p).decode())
     except (ValueError, OSError) as e:
         parser.error(str(e))
-    staging = _output.new_staging(args.output)
-    pipeline = beam.Pipeline(options=beam_options(beam_args))
+    options = beam_options(beam_args)
+    staging = new_staging(options, args.output)
+    pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, args, cfg, staging)
-    run_pipeline(pipeline, staging, args.output)
-    print_summary(args.output)
+    if run_pipeline(pipeline, staging, args.output):
+        print_summary(args.output)
+    else:
+        print(DRY_RUN_NOTE)
     return 0
 
 

@@ -108,24 +108,24 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray
 
 
 def plan_tables(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[list[pa.Table], dict]:
-    """One epoch's plan as W tables (rank order) of ``schemas.plan_schema()``, sorted by (step, slot)."""
+    """One epoch's plan as W tables (rank order) of ``schemas.plan_schema()``, sorted by (step, slot).
+
+    One gather of all planned rows in rank-major order, then zero-copy slices per rank.
+    """
     plan, stats = plan_samples(scored, epoch, cfg)
     s, w, b = plan.shape
-    step = np.repeat(np.arange(s, dtype=np.int32), b)
-    slot = np.tile(np.arange(b, dtype=np.int32), s)
+    n = s * b  # rows per rank
     cols = scored.select(["sample_id", "path", "sweep_paths", "cost", "bucket_id"])
-    tables = []
-    for rank in range(w):
-        rows = cols.take(pa.array(plan[:, rank, :].reshape(-1)))
-        fixed = {
-            "epoch": pa.array(np.full(s * b, epoch, dtype=np.int32)),
-            "step": pa.array(step),
-            "rank": pa.array(np.full(s * b, rank, dtype=np.int32)),
-            "slot": pa.array(slot),
-        }
-        arrays = [fixed[f.name] if f.name in fixed else rows.column(f.name) for f in schemas.plan_schema()]
-        tables.append(pa.Table.from_arrays(arrays, schema=schemas.plan_schema()))
-    return tables, stats
+    rows = cols.take(pa.array(plan.transpose(1, 0, 2).reshape(-1))).combine_chunks()
+    fixed = {
+        "epoch": pa.array(np.full(w * n, epoch, dtype=np.int32)),
+        "step": pa.array(np.tile(np.repeat(np.arange(s, dtype=np.int32), b), w)),
+        "rank": pa.array(np.repeat(np.arange(w, dtype=np.int32), n)),
+        "slot": pa.array(np.tile(np.arange(b, dtype=np.int32), w * s)),
+    }
+    arrays = [fixed[f.name] if f.name in fixed else rows.column(f.name) for f in schemas.plan_schema()]
+    table = pa.Table.from_arrays(arrays, schema=schemas.plan_schema())
+    return [table.slice(rank * n, n) for rank in range(w)], stats
 
 
 def repeat_rates(scored: pa.Table, cfg: PlanConfig) -> dict[str, float] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import sys
 import time
 from collections.abc import Iterable, Iterator
 
@@ -18,6 +19,7 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 import schemas
 from transforms import nuscenes
@@ -29,7 +31,6 @@ from transforms.tables import concat_sorted, rows_to_table
 __all__ = ["ScanSamples", "ScanResult", "ConcatTables", "read_bytes", "size_of", "NAMESPACE"]
 
 NAMESPACE = "lidarshard"
-_LOG = logging.getLogger(__name__)
 
 
 def read_bytes(path: str) -> bytes:
@@ -62,34 +63,90 @@ def _reject_row(path: str, reason: str, detail: str) -> dict:
     return {"path": path, "reason": reason, "detail": detail}
 
 
+#: Seconds between a worker's progress lines; ``LIDARSHARD_PROGRESS_S`` overrides (0: every input).
+PROGRESS_EVERY_S = 30.0
+_LOCAL_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner")
+
+
+def _progress_logger() -> logging.Logger:
+    """``lidarshard.progress``, writing to this process's stderr: Beam's local multi-process
+    workers do not relay log records to the launcher, but they share its stderr."""
+    log = logging.getLogger("lidarshard.progress")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
+
+
+def _local_workers(options: PipelineOptions) -> int | None:
+    """Worker processes of a local runner (for an ETA); None on other runners."""
+    runner = options.view_as(StandardOptions).runner
+    name = runner if isinstance(runner, str) else type(runner).__name__ if runner else "DirectRunner"
+    if name.rsplit(".", 1)[-1] not in _LOCAL_RUNNERS:
+        return None
+    return options.view_as(DirectOptions).direct_num_workers or os.cpu_count() or 1
+
+
 class _Featurize(beam.DoFn):
     """Task -> feature row, or a reject row on the ``rejects`` output. Counts every outcome."""
 
     def __init__(self, cfg: ScanConfig) -> None:
         self._cfg = cfg
         self._accepted = Metrics.counter(NAMESPACE, "accepted")
-        self._progress_at = 0.0
 
     def setup(self) -> None:
-        self._seen = 0
-        self._started = time.monotonic()
+        self._seen = self._bad = 0
 
     def process(self, task: nuscenes.NuScenesTask) -> Iterator:
         self._seen += 1
         try:
             row = featurize(task, read_bytes, size_of, self._cfg)
         except RejectError as e:
+            self._bad += 1
             yield from _rejected(task.path, e.reason, e.detail)
         except (ValueError, TypeError, IndexError, MemoryError) as e:  # a reader bug: keep the run going
+            self._bad += 1
             yield from _rejected(task.path, "reader_error", f"{type(e).__name__}: {e}")
         else:
             self._accepted.inc()
             yield row
+
+
+class _FeaturizeWithProgress(_Featurize):
+    """``_Featurize`` that logs a progress line every ``PROGRESS_EVERY_S`` seconds: inputs read,
+    accepted, rejected, rate, and an ETA when the worker count is known. ``total`` (a side
+    input) is the number of inputs."""
+
+    def __init__(self, cfg: ScanConfig, workers: int | None) -> None:
+        super().__init__(cfg)
+        self._workers = workers
+
+    def setup(self) -> None:
+        super().setup()
+        self._started = self._progress_at = time.monotonic()
+        self._every = float(os.environ.get("LIDARSHARD_PROGRESS_S", PROGRESS_EVERY_S))
+        self._log = _progress_logger()
+
+    def process(self, task: nuscenes.NuScenesTask, total: int | None = None) -> Iterator:
+        yield from super().process(task)
         now = time.monotonic()
-        if now - self._progress_at > 30:
+        if now - self._progress_at >= self._every:
             self._progress_at = now
-            rate = self._seen / max(now - self._started, 1e-9)
-            _LOG.info("lidarshard scan: %d inputs read by this worker (%.1f/s)", self._seen, rate)
+            self._log.info(self._progress_line(now - self._started, total))
+
+    def _progress_line(self, elapsed: float, total: int | None) -> str:
+        rate = self._seen / max(elapsed, 1e-9)
+        line = (
+            f"lidarshard scan [pid {os.getpid()}]: {self._seen} inputs read "
+            f"({self._seen - self._bad} accepted, {self._bad} rejected) in {elapsed:.0f} s, {rate:.1f}/s"
+        )
+        if total is not None and self._workers:  # assumes the workers share the inputs evenly
+            left = max(total - self._seen * self._workers, 0)
+            line += f"; {total} inputs in all, ETA {left / (rate * self._workers):.0f} s"
+        return line
 
 
 def _rejected(path: str, reason: str, detail: str) -> Iterator:
@@ -220,7 +277,11 @@ class ScanSamples(beam.PTransform):
         read = (
             tasks
             | "Spread" >> beam.Reshuffle()
-            | "Featurize" >> beam.ParDo(_Featurize(self._cfg)).with_outputs("rejects", main="samples")
+            | "Featurize"
+            >> beam.ParDo(
+                _FeaturizeWithProgress(self._cfg, _local_workers(pbegin.pipeline.options)),
+                total=beam.pvalue.AsSingleton(scanned),
+            ).with_outputs("rejects", main="samples")
         )
         rejects = (table_rejects, read.rejects) | "AllRejects" >> beam.Flatten()
         samples = _to_table(schemas.sample_schema(), ("sample_id",), "Samples", read.samples)

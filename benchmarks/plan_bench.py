@@ -1,0 +1,220 @@
+"""Planning at scale: ``lidarshard build --from-samples`` on N synthetic feature rows.
+
+    python benchmarks/plan_bench.py [--sizes 250000,1000000,5000000] [--sweeps 0] [--workers 2]
+
+For each N, writes a ``samples.parquet`` of N rows (``schemas.sample_schema()``, nuScenes-like
+paths, voxel counts drawn like ``balance_bench``'s 10-sweep costs; ``--sweeps`` sweep paths and
+transforms per row; the writer settings of ``lidarshard scan``), then runs
+
+    lidarshard build OUT --from-samples samples.parquet --world-size 64 --batch-size 2 --epochs 1
+        --runner=DirectRunner --direct_running_mode=multi_processing --direct_num_workers=2
+
+in a child process and measures wall time and peak memory: the largest single-process RSS
+(``wait4``) and the peak of the summed RSS of the whole process tree (launcher + Beam workers,
+sampled every 0.1 s). A first run on ``--baseline`` rows shows the fixed cost (interpreters,
+Beam start-up). Prints a table, the log-log slopes of time and memory against N over all sizes
+and between consecutive sizes (1.0 = linear; the fixed cost pulls slopes below 1 at small N),
+and the issue #4 target: 1M rows in <= 60 s and <= 2 GiB on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import schemas  # noqa: E402
+from transforms.tables import parquet_bytes  # noqa: E402
+
+TARGET_N, TARGET_S, TARGET_GIB = 1_000_000, 60.0, 2.0
+GIB = 1 << 30
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _strings(prefix: str, ids: pa.Array, suffix: str) -> pa.Array:
+    """``prefix + zero-padded id + suffix`` for every id, vectorized (no Python loop over rows)."""
+    text = pc.utf8_lpad(pc.cast(ids, pa.string()), 10, "0")
+    return pc.binary_join_element_wise(pa.scalar(prefix), text, pa.scalar(suffix), "")
+
+
+def synth_samples(n: int, sweeps: int, seed: int = 0) -> pa.Table:
+    """(n rows) of ``schemas.sample_schema()`` sorted by sample_id, with realistic sizes.
+
+    occupied_voxels: 2.5% single-frame (~25k), the rest 4x-7x that by scene type with ~10%
+    spread (``balance_bench.synth_costs``); num_points ~ 34,688 per frame times (1 + sweeps).
+    """
+    rng = np.random.default_rng(seed)
+    idx = pa.array(np.arange(n, dtype=np.int64))
+    single = rng.random(n) < 0.025
+    mult = np.linspace(4.0, 7.0, 8)[rng.choice(8, n, p=rng.dirichlet(np.full(8, 2.0)))]
+    voxels = (25_000.0 * np.where(single, 1.0, mult) * rng.lognormal(0.0, 0.1, n)).astype(np.int64)
+    points = (34_688 * (1 + sweeps) * rng.uniform(0.9, 1.0, n)).astype(np.int64)
+    root = "/data/nuscenes/"
+    flat = _strings(
+        root + "sweeps/LIDAR_TOP/n015-2018-07-24-11-22-45+0800__LIDAR_TOP__",
+        pa.array(np.arange(n * sweeps, dtype=np.int64)),
+        ".pcd.bin",
+    )
+    offsets = pa.array(
+        np.arange(0, n * sweeps + 1, max(sweeps, 1))[: n + 1] if sweeps else np.zeros(n + 1, np.int32),
+        pa.int32(),
+    )
+    eye = np.tile(np.eye(4).ravel(), n * sweeps)
+    cols = {
+        "sample_id": _strings("sample-", idx, ""),
+        "path": _strings(
+            root + "samples/LIDAR_TOP/n015-2018-07-24-11-22-45+0800__LIDAR_TOP__", idx, ".pcd.bin"
+        ),
+        "sweep_paths": pa.ListArray.from_arrays(offsets, flat),
+        "sweep_transforms": pa.ListArray.from_arrays(
+            pa.array(np.asarray(offsets) * 16, pa.int32()), pa.array(eye)
+        ),
+        "label_path": pa.nulls(n, pa.string()),
+        "format": pa.array(np.full(n, "nuscenes_bin", dtype=object), pa.string()),
+        "file_bytes": pa.array(points * 20),
+        "num_points": pa.array(points),
+        "num_finite": pa.array(points),
+        "num_in_range": pa.array((points * 0.93).astype(np.int64)),
+        "occupied_voxels": pa.array(voxels),
+        "num_sweeps": pa.array(np.full(n, sweeps, dtype=np.int32)),
+        "has_labels": pa.array(np.zeros(n, dtype=bool)),
+    }
+    for axis, half in (("x", 50.0), ("y", 50.0), ("z", 3.0)):
+        lo, hi = -half * rng.uniform(0.8, 1.0, n), half * rng.uniform(0.8, 1.0, n)
+        cols |= {f"{axis}_min": lo, f"{axis}_max": hi, f"{axis}_p01": lo * 0.9, f"{axis}_p99": hi * 0.9}
+    schema = schemas.sample_schema()
+    return pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)
+
+
+def _tree_rss(root: int) -> int:
+    """Summed RSS (bytes) of ``root`` and all its descendants, from /proc."""
+    parent: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry)] = int(fields[1])
+        rss[int(entry)] = int(fields[21]) * _PAGE
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo += [c for c, p in parent.items() if p == pid]
+    return total
+
+
+def measure(cmd: list[str], timeout: float) -> dict[str, float]:
+    """Run ``cmd``; wall s, peak single-process RSS and peak process-tree RSS (bytes)."""
+    log = tempfile.TemporaryFile()  # not a pipe: a full pipe would block the child
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    peak_tree = 0
+    status, usage = 0, None
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        peak_tree = max(peak_tree, _tree_rss(proc.pid))
+        if time.perf_counter() - t0 > timeout:
+            os.killpg(proc.pid, 9)
+            os.wait4(proc.pid, 0)
+            raise TimeoutError(f"{cmd[:4]} ran past {timeout} s")
+        time.sleep(0.1)
+    wall = time.perf_counter() - t0
+    log.seek(0)
+    out = log.read().decode(errors="replace")
+    log.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}):\n{out[-4000:]}")
+    return {"wall_s": wall, "max_rss": usage.ru_maxrss * 1024, "tree_rss": peak_tree}
+
+
+def slope(ns: list[int], ys: list[float]) -> float:
+    """Least-squares slope of log(y) against log(N)."""
+    return float(np.polyfit(np.log(ns), np.log(ys), 1)[0]) if len(ns) > 1 else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="250000,1000000,5000000", help="comma-separated N")
+    ap.add_argument("--baseline", type=int, default=4096, help="rows of the fixed-cost run (0: none)")
+    ap.add_argument("--sweeps", type=int, default=0, help="sweep paths per row (0: single-frame files)")
+    ap.add_argument("--workers", type=int, default=2, help="--direct_num_workers")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per build before it is killed")
+    ap.add_argument("--workdir", help="keep inputs/outputs here (default: a temp dir, removed)")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = ([args.baseline] if args.baseline else []) + sizes
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="plan_bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    runner = ["--runner=DirectRunner", "--direct_running_mode=multi_processing"]
+    runner.append(f"--direct_num_workers={args.workers}")
+    print(
+        f"plan_bench: W=64 B=2 epochs=1, sweeps/row {args.sweeps}, DirectRunner multi_processing x{args.workers}"
+    )
+    print(
+        f"{'N':>9} {'write s':>8} {'file MB':>8} {'build s':>8} {'rows/s':>9} {'max RSS GiB':>11} {'tree RSS GiB':>12}"
+    )
+    rows = []
+    try:
+        for n in sizes:
+            t = time.perf_counter()
+            path = work / f"samples-{n}.parquet"
+            path.write_bytes(parquet_bytes(synth_samples(n, args.sweeps)))  # as scan/build write it
+            wrote = time.perf_counter() - t
+            out = work / f"out-{n}"
+            cmd = [sys.executable, "-m", "pipelines.cli", "build", str(out), "--from-samples", str(path)]
+            cmd += ["--world-size", "64", "--batch-size", "2", "--epochs", "1", *runner]
+            m = measure(cmd, args.timeout)
+            rows.append((n, m))
+            print(
+                f"{n:>9} {wrote:>8.1f} {path.stat().st_size / 1e6:>8.1f} {m['wall_s']:>8.1f} "
+                f"{n / m['wall_s']:>9.0f} {m['max_rss'] / GIB:>11.2f} {m['tree_rss'] / GIB:>12.2f}",
+                flush=True,
+            )
+            shutil.rmtree(out, ignore_errors=True)
+            path.unlink()
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    keys = (("time", "wall_s"), ("max RSS", "max_rss"), ("tree RSS", "tree_rss"))
+    big = rows[1:] if args.baseline else rows
+    print(
+        "log-log slope vs N, least squares over the sizes: "
+        + ", ".join(f"{name} {slope([n for n, _ in big], [m[k] for _, m in big]):.2f}" for name, k in keys)
+    )
+    for (n0, m0), (n1, m1) in zip(big, big[1:], strict=False):  # the fixed cost weighs less as N grows
+        print(
+            f"log-log slope {n0} -> {n1}: "
+            + ", ".join(f"{name} {slope([n0, n1], [m0[k], m1[k]]):.2f}" for name, k in keys)
+        )
+    print("(1.0 = linear; N log N from 1M to 5M is 1.07)")
+    for n, m in rows:
+        if n == TARGET_N:
+            ok = m["wall_s"] <= TARGET_S and m["tree_rss"] <= TARGET_GIB * GIB
+            print(
+                f"target 1M rows <= {TARGET_S:.0f} s and <= {TARGET_GIB:.0f} GiB: {m['wall_s']:.1f} s, "
+                f"{m['tree_rss'] / GIB:.2f} GiB (whole tree) -> {'MET' if ok else 'MISSED'}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

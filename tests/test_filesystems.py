@@ -1,0 +1,245 @@
+"""INPUT and OUT as object-store URIs go through Beam ``FileSystems`` end to end.
+
+``memobj://`` is an in-memory object store registered with Beam for these tests. It behaves like
+gs:// and s3:// where local disks differ: a flat key space with no directories (``exists`` of a
+"directory" is False, ``rename`` and ``copy`` move single objects, a trailing '/' on ``delete``
+removes a prefix), so code that only works on local paths fails here as it would on GCS. It lives
+in this process only, so the pipelines run on the in-process FnApiRunner.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.io.filesystem import BeamIOError, CompressionTypes, FileMetadata, FileSystem
+from apache_beam.io.filesystems import FileSystems
+
+import schemas
+from pipelines import build as build_cli
+from pipelines import scan as scan_cli
+from tests.conftest import BEAM_TEST_FLAGS
+from tests.test_build import make_bins
+
+SCHEME = "memobj"
+PLAN = ["--world-size", "4", "--batch-size", "2", "--cost-model", "points", "--max-reject-fraction", "0.1"]
+
+
+class NotFound(Exception):
+    """What google-cloud-storage raises on opening a missing object: not an ``OSError``."""
+
+
+class MemoryObjectStore(FileSystem):
+    """A process-wide in-memory object store: ``memobj://bucket/key``."""
+
+    objects: dict[str, tuple[bytes, float]] = {}  # path -> (data, mtime)
+    lock = threading.Lock()
+
+    @classmethod
+    def scheme(cls) -> str:
+        return SCHEME
+
+    def join(self, basepath: str, *paths: str) -> str:
+        return "/".join([basepath.rstrip("/"), *(p.strip("/") for p in paths)])
+
+    def split(self, path: str) -> tuple[str, str]:
+        head, _, tail = path.rstrip("/").rpartition("/")
+        return head, tail
+
+    def mkdirs(self, path: str) -> None:  # no directories in an object store
+        pass
+
+    def has_dirs(self) -> bool:
+        return False
+
+    def _list(self, dir_or_prefix: str):
+        with self.lock:
+            items = sorted(self.objects.items())
+        for path, (data, mtime) in items:
+            if path.startswith(dir_or_prefix):
+                yield FileMetadata(path, len(data), mtime)
+
+    def create(self, path: str, mime_type: str = "", compression_type: str = CompressionTypes.AUTO):
+        assert compression_type == CompressionTypes.UNCOMPRESSED, "lidarshard never compresses"
+        store = self
+
+        class _Writer(io.BytesIO):
+            def close(self) -> None:
+                if not self.closed:
+                    with store.lock:
+                        store.objects[path] = (self.getvalue(), time.time())
+                super().close()
+
+        return _Writer()
+
+    def open(self, path: str, mime_type: str = "", compression_type: str = CompressionTypes.AUTO):
+        with self.lock:
+            if path not in self.objects:
+                raise NotFound(path)
+            return io.BytesIO(self.objects[path][0])
+
+    def _move(self, sources: list[str], destinations: list[str], keep: bool) -> None:
+        errors = {}
+        with self.lock:
+            for src, dst in zip(sources, destinations, strict=True):
+                if src not in self.objects:  # a "directory" is not an object
+                    errors[(src, dst)] = FileNotFoundError(src)
+                    continue
+                self.objects[dst] = self.objects[src] if keep else self.objects.pop(src)
+        if errors:
+            raise BeamIOError("Copy/rename failed", errors)
+
+    def copy(self, source_file_names: list[str], destination_file_names: list[str]) -> None:
+        self._move(source_file_names, destination_file_names, keep=True)
+
+    def rename(self, source_file_names: list[str], destination_file_names: list[str]) -> None:
+        self._move(source_file_names, destination_file_names, keep=False)
+
+    def exists(self, path: str) -> bool:
+        with self.lock:
+            return path in self.objects
+
+    def size(self, path: str) -> int:
+        return self.metadata(path).size_in_bytes
+
+    def last_updated(self, path: str) -> float:
+        return self.metadata(path).last_updated_in_seconds
+
+    def checksum(self, path: str) -> str:
+        return str(self.size(path))
+
+    def metadata(self, path: str) -> FileMetadata:
+        with self.lock:
+            if path not in self.objects:
+                raise BeamIOError("Metadata failed", {path: FileNotFoundError(path)})
+            data, mtime = self.objects[path]
+        return FileMetadata(path, len(data), mtime)
+
+    def delete(self, paths: list[str]) -> None:
+        errors = {}
+        with self.lock:
+            for path in paths:
+                if path.endswith("/"):  # like GCS: a trailing slash deletes the prefix
+                    for key in [k for k in self.objects if k.startswith(path)]:
+                        del self.objects[key]
+                elif self.objects.pop(path, None) is None:
+                    errors[path] = FileNotFoundError(path)
+        if errors:
+            raise BeamIOError("Delete failed", errors)
+
+
+def _keys(prefix: str) -> list[str]:
+    """Object keys under ``prefix``, relative to it."""
+    return sorted(k[len(prefix) :] for k in MemoryObjectStore.objects if k.startswith(prefix))
+
+
+def _get(path: str) -> bytes:
+    return MemoryObjectStore.objects[path][0]
+
+
+def _upload(local: Path, uri: str) -> None:
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            with FileSystems.create(
+                f"{uri}/{p.relative_to(local).as_posix()}", compression_type=CompressionTypes.UNCOMPRESSED
+            ) as f:
+                f.write(p.read_bytes())
+
+
+def _plan_ids(read, epochs: int = 1, ranks: int = 4) -> list[list[str]]:
+    return [
+        pq.read_table(pa.BufferReader(read(schemas.plan_file(e, r)))).column("sample_id").to_pylist()
+        for e in range(epochs)
+        for r in range(ranks)
+    ]
+
+
+@pytest.fixture()
+def bucket(tmp_path: Path):
+    """A fresh bucket holding KITTI-style inputs at ``memobj://bucket/in``; emptied afterwards."""
+    MemoryObjectStore.objects.clear()
+    _upload(make_bins(tmp_path / "in"), f"{SCHEME}://bucket/in")
+    yield f"{SCHEME}://bucket"
+    MemoryObjectStore.objects.clear()
+
+
+def test_build_reads_and_writes_object_store_uris(bucket: str, tmp_path: Path) -> None:
+    out = f"{bucket}/out"
+    assert build_cli.run([f"{bucket}/in", out, *PLAN, "--epochs", "2", *BEAM_TEST_FLAGS]) == 0
+    keys = _keys(out + "/")
+    assert schemas.SUCCESS_FILE in keys and schemas.MANIFEST_FILE in keys
+    m = json.loads(_get(f"{out}/{schemas.MANIFEST_FILE}"))
+    assert (m["counts"]["scanned"], m["counts"]["accepted"], m["counts"]["rejected"]) == (62, 61, 1)
+    assert sorted(m["files"]) == sorted(k for k in keys if k.endswith(".parquet"))
+    samples = pq.read_table(pa.BufferReader(_get(f"{out}/{schemas.SAMPLES_FILE}")))
+    assert all(p.startswith(f"{bucket}/in/") for p in samples.column("path").to_pylist())
+    assert not [k for k in MemoryObjectStore.objects if ".staging-" in k or ".old-" in k]
+
+    local = tmp_path / "local"  # the same plan as from local files: only the paths differ
+    assert build_cli.run([str(tmp_path / "in"), str(local), *PLAN, "--epochs", "2", *BEAM_TEST_FLAGS]) == 0
+    assert _plan_ids(lambda rel: _get(f"{out}/{rel}"), 2) == _plan_ids(
+        lambda rel: (local / rel).read_bytes(), 2
+    )
+    assert json.loads((local / schemas.MANIFEST_FILE).read_text())["balance"] == m["balance"]
+
+
+def test_rebuild_replaces_the_whole_output(bucket: str) -> None:
+    out = f"{bucket}/out"
+    assert build_cli.run([f"{bucket}/in", out, *PLAN, "--epochs", "3", *BEAM_TEST_FLAGS]) == 0
+    assert any(k.startswith("epoch=2/") for k in _keys(out + "/"))
+    assert build_cli.run([f"{bucket}/in", out, *PLAN, "--epochs", "1", *BEAM_TEST_FLAGS]) == 0
+    keys = _keys(out + "/")
+    assert not any(k.startswith(("epoch=1/", "epoch=2/")) for k in keys), keys
+    assert json.loads(_get(f"{out}/{schemas.MANIFEST_FILE}"))["epochs"] == 1
+
+
+def test_scan_then_replan_from_samples_and_cost_model_file(bucket: str) -> None:
+    scanned = f"{bucket}/scanned"
+    assert scan_cli.run([f"{bucket}/in", scanned, "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]) == 0
+    assert {schemas.SAMPLES_FILE, schemas.REJECTS_FILE, schemas.SCAN_FILE} <= set(_keys(scanned + "/"))
+    with FileSystems.create(f"{bucket}/fit.json", compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.write(json.dumps({"cost_model": {"c0": 1.0, "a": 0.5, "b": 0.0}}).encode())
+    out = f"{bucket}/replan"
+    flags = ["--world-size", "2", "--batch-size", "1", "--cost-model", f"@{bucket}/fit.json"]
+    argv = [
+        out,
+        "--from-samples",
+        f"{scanned}/{schemas.SAMPLES_FILE}",
+        *flags,
+        "--max-reject-fraction",
+        "0.1",
+    ]
+    assert build_cli.run([*argv, *BEAM_TEST_FLAGS]) == 0
+    m = json.loads(_get(f"{out}/{schemas.MANIFEST_FILE}"))
+    assert m["cost_model"]["name"] == "linear" and m["cost_model"]["a"] == 0.5
+    assert (m["counts"]["scanned"], m["counts"]["rejected"]) == (62, 1)
+
+
+def test_synth_dataroot_on_object_store_builds(bucket: str) -> None:
+    synth = pytest.importorskip("pipelines.synth")
+    root = f"{bucket}/nuscenes"
+    argv = [
+        root,
+        "--scenes",
+        "1",
+        "--keyframes-per-scene",
+        "4",
+        "--sweeps-per-keyframe",
+        "1",
+        *BEAM_TEST_FLAGS,
+    ]
+    assert synth.run(argv) in (0, None)
+    out = f"{bucket}/manifest"
+    flags = ["--nuscenes-version", "v1.0-synth", "--sweeps", "1", "--world-size", "2", "--batch-size", "2"]
+    assert build_cli.run([root, out, *flags, *BEAM_TEST_FLAGS]) == 0
+    m = json.loads(_get(f"{out}/{schemas.MANIFEST_FILE}"))
+    assert m["counts"]["accepted"] == 4 and m["counts"]["rejected"] == 0
+    rows = pq.read_table(pa.BufferReader(_get(f"{out}/{schemas.plan_file(0, 0)}"))).to_pylist()
+    assert all(r["path"].startswith(root + "/samples/") for r in rows)
+    assert all(len(r["sweep_paths"]) == 1 and r["sweep_paths"][0].startswith(root + "/sweeps/") for r in rows)
