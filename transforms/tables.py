@@ -32,7 +32,13 @@ def concat_sorted(tables: Iterable[pa.Table], schema: pa.Schema, keys: Sequence[
 def parquet_bytes(table: pa.Table) -> bytes:
     """Serialize ``table`` to Parquet with fixed settings (byte-identical for equal tables)."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table.combine_chunks(), sink, **_PARQUET_OPTIONS)
+    step = _PARQUET_OPTIONS["row_group_size"]
+    options = {k: v for k, v in _PARQUET_OPTIONS.items() if k != "row_group_size"}
+    with pq.ParquetWriter(sink, table.schema, **options) as writer:
+        # One row group at a time: the same bytes as write_table(combine_chunks()) without a
+        # second copy of the whole table in memory.
+        for start in range(0, max(table.num_rows, 1), step):
+            writer.write_table(table.slice(start, step).combine_chunks(), row_group_size=step)
     return sink.getvalue().to_pybytes()
 
 
