@@ -17,13 +17,14 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# Fresh machine -> synthetic nuScenes-style dataroot -> balanced manifests -> balance summary.
+# Fresh machine -> synthetic nuScenes-style dataroot -> balanced manifests -> validate -> report.
 demo: setup
 	rm -rf $(DEMO)
 	$(VENV)/bin/lidarshard synth $(DEMO)/dataroot --scenes 6 --keyframes-per-scene 10 --seed 0
 	$(VENV)/bin/lidarshard build $(DEMO)/dataroot $(DEMO)/manifest --nuscenes-version v1.0-synth --sweeps 9 \
 		--world-size 4 --batch-size 2 --epochs 2 --seed 0
 	$(VENV)/bin/lidarshard validate $(DEMO)/manifest
+	$(VENV)/bin/lidarshard report $(DEMO)/manifest
 
 # Optional oracles for the tests: open3d (cross-checks our PCD/PLY readers) and nuscenes-devkit
 # (loads the synthetic dataroot) in its own venv because it pins numpy 1.26. Both skip cleanly if
