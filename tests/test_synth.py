@@ -211,13 +211,6 @@ def test_count_voxels_matches_unique(xyz):
     assert synth.count_voxels(xyz) == ref
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.floats(-1, 1), min_size=4, max_size=4).filter(lambda q: np.linalg.norm(q) > 0.1))
-def test_quat_to_matrix_is_a_rotation(q):
-    m = synth.quat_to_matrix(q)
-    assert np.allclose(m @ m.T, np.eye(3), atol=1e-9) and np.isclose(np.linalg.det(m), 1.0)
-
-
 def test_multisweep_moves_points_into_the_reference_frame():
     calib = (sc.LIDAR_TRANSLATION, sc.LIDAR_ROTATION)
     cloud = np.array([[0.0, 5.0, 0.0], [0.5, 0.5, 0.0]], dtype=np.float32)  # second: inside remove_close box

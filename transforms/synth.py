@@ -23,6 +23,8 @@ from numpy.typing import NDArray
 
 from transforms import synth_scene as sc
 from transforms import synth_tables as tb
+from transforms.features import count_occupied_voxels
+from transforms.nuscenes import quaternion_matrix
 
 __all__ = [
     "SynthConfig",
@@ -31,7 +33,6 @@ __all__ = [
     "scene_files",
     "scene_tables",
     "static_tables",
-    "quat_to_matrix",
     "multisweep",
     "count_voxels",
     "sample_sizes",
@@ -154,16 +155,6 @@ def static_tables(cfg: SynthConfig) -> dict[str, list[tb.Record]]:
     return tables
 
 
-def quat_to_matrix(q: Sequence[float]) -> NDArray[np.float64]:
-    """(3, 3) rotation matrix of a quaternion w, x, y, z (normalized first)."""
-    w, x, y, z = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
-    ])  # fmt: skip
-
-
 def _sensor_to_world(
     pose: tuple[Sequence[float], Sequence[float]], calib: tuple[Sequence[float], Sequence[float]]
 ) -> NDArray[np.float64]:
@@ -171,7 +162,7 @@ def _sensor_to_world(
     m = np.eye(4)
     for t, q in (pose, calib):  # world_from_ego @ ego_from_sensor
         step = np.eye(4)
-        step[:3, :3], step[:3, 3] = quat_to_matrix(q), t
+        step[:3, :3], step[:3, 3] = quaternion_matrix(q), t
         m = m @ step
     return m
 
@@ -204,19 +195,10 @@ def multisweep(
 
 
 def count_voxels(xyz: NDArray[np.floating], size: float = 0.05) -> int:
-    """Occupied cubic voxels of edge ``size`` (m): ravelled keys, ``np.sort``, count of changes.
-
-    Args:
-        xyz: (N, >=3) points; non-finite rows are ignored.
-    """
-    xyz = np.asarray(xyz[:, :3], dtype=np.float64)
-    xyz = xyz[np.isfinite(xyz).all(axis=1)]
-    if len(xyz) == 0:
-        return 0
-    cell = np.floor(xyz / size).astype(np.int64)
-    cell -= cell.min(axis=0)
-    key = np.sort(np.ravel_multi_index(cell.T, tuple(cell.max(axis=0) + 1)))
-    return 1 + int(np.count_nonzero(np.diff(key)))
+    """Occupied cubic voxels of edge ``size`` (m) of the finite rows of ``xyz`` (N, >=3): the scanner's
+    own ``count_occupied_voxels``, so synth's size table and ``lidarshard scan`` count alike."""
+    xyz = np.asarray(xyz[:, :3])
+    return count_occupied_voxels(xyz[np.isfinite(xyz).all(axis=1)], size)
 
 
 def sample_sizes(cfg: SynthConfig, index: int, voxel: float = 0.05) -> Iterator[dict[str, float]]:
