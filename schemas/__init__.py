@@ -178,7 +178,11 @@ MANIFEST_KEYS: dict[str, str] = {
     "counts": "{'scanned', 'accepted', 'rejected': int, 'planned', 'dropped', 'padded': [E ints]}",
     "balance": "[E objects]: {'epoch', 'linearity', 'bound', 'random_linearity', 'spearman_step_cost', ...}",
     "inputs_fingerprint": "sha256 hex over the sorted (sample_id, file_bytes) of accepted inputs",
-    "options": "the scan/build options that shaped the output",
+    "pair_repeat_rate": "{strategy: rate, 'random': rate}: share of epoch-0 step-mates that share a step in epoch 1",
+    "input": "INPUT as given (absolute for local paths); 'from_samples' when re-planned from samples.parquet",
+    "nuscenes_version": "tables version in tables mode, else null; 'sweeps': previous sweeps aggregated",
+    "scan_config": "the feature options (voxel size, range, formats, limits); 'max_reject_fraction' too",
+    "sample_schema": "samples.parquet's fields as JSON (name, type, doc); 'plan_schema' likewise",
     "files": "{relative path: {'bytes': int, 'sha256': hex}} for every data file, recorded at commit",
 }
 
