@@ -37,10 +37,11 @@ $(VENV)/.oracles: $(VENV)/.installed
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check pipelines transforms schemas loaders
+	$(VENV)/bin/ruff format --check .
 
 test: setup $(VENV)/.oracles
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: setup

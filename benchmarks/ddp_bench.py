@@ -77,8 +77,19 @@ def _synth_build(args: argparse.Namespace, work: Path) -> Path:
     data, out = work / "synth", work / "manifest"
     _cli("synth", str(data), "--scenes", str(args.scenes), *shlex.split(args.synth_args))
     _cli(
-        "build", str(data), str(out), "--nuscenes-version", "v1.0-synth", "--sweeps", str(args.sweeps),
-        "--world-size", "2", "--batch-size", str(args.batch_size), "--epochs", str(args.plan_epochs),
+        "build",
+        str(data),
+        str(out),
+        "--nuscenes-version",
+        "v1.0-synth",
+        "--sweeps",
+        str(args.sweeps),
+        "--world-size",
+        "2",
+        "--batch-size",
+        str(args.batch_size),
+        "--epochs",
+        str(args.plan_epochs),
         *shlex.split(args.build_args),
     )
     return out
@@ -129,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = {s: {k: _median(runs[s], k) for k in keys} for s in SAMPLERS}
     base, ours = summary["distributed"], summary["lidarshard"]
     print(f"\nmanifest: {manifest}  (2 gloo ranks, 1 thread each; medians of {args.repeats} run(s))")
-    print(f"{'sampler':<12} {'wall s/epoch':>12} {'linearity':>10} {'cpu_lin':>8} {'points_lin':>10} {'cost_lin':>8}")
+    print(
+        f"{'sampler':<12} {'wall s/epoch':>12} {'linearity':>10} {'cpu_lin':>8} {'points_lin':>10} {'cost_lin':>8}"
+    )
     for s in SAMPLERS:
         r = summary[s]
         print(f"{s:<12} {r['wall_s_per_epoch']:>12.3f} {r['linearity']:>10.4f} "

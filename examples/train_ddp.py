@@ -65,7 +65,12 @@ class SegNet(nn.Module):
         self.voxel_size = voxel_size
         self.point = nn.Sequential(nn.Linear(in_dims, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
         self.voxel = nn.Sequential(
-            nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU()
+            nn.Linear(16, width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
         )
         self.head = nn.Linear(16 + width, classes)
 
@@ -131,7 +136,10 @@ def _loader(
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed, drop_last=True)
         batches = BatchSampler(sampler, batch, drop_last=True)
     loader = DataLoader(
-        dataset, batch_sampler=batches, collate_fn=collate, num_workers=args.num_workers,
+        dataset,
+        batch_sampler=batches,
+        collate_fn=collate,
+        num_workers=args.num_workers,
         pin_memory=torch.cuda.is_available(),
     )
     return loader, sampler
@@ -210,14 +218,23 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
         gathered = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(gathered, local)
         g = torch.stack(gathered, 1)  # (4, W, steps)
-        per_epoch.append({
-            "epoch": epoch, "steps": int(local.shape[1]), "wall_s": epoch_wall,
-            "linearity": linearity(g[0]), "cpu_linearity": linearity(g[1]),
-            "points_linearity": linearity(g[2]), "cost_linearity": linearity(g[3]),
-            "compute_mean_s": float(g[0].mean(0).sum()), "compute_max_s": float(g[0].max(0).values.sum()),
-            "compute_s": g[0].tolist(), "cpu_s": g[1].tolist(), "points": g[2].tolist(),  # (W, steps)
-            "_g": g,
-        })
+        per_epoch.append(
+            {
+                "epoch": epoch,
+                "steps": int(local.shape[1]),
+                "wall_s": epoch_wall,
+                "linearity": linearity(g[0]),
+                "cpu_linearity": linearity(g[1]),
+                "points_linearity": linearity(g[2]),
+                "cost_linearity": linearity(g[3]),
+                "compute_mean_s": float(g[0].mean(0).sum()),
+                "compute_max_s": float(g[0].max(0).values.sum()),
+                "compute_s": g[0].tolist(),
+                "cpu_s": g[1].tolist(),
+                "points": g[2].tolist(),  # (W, steps)
+                "_g": g,
+            }
+        )
     gathered_rows: list[Any] = [None] * world if rank == 0 else []
     dist.gather_object(timings, gathered_rows if rank == 0 else None, dst=0)
     if rank != 0:
@@ -226,10 +243,15 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
         _write_timings(args.emit_timings, [r for part in gathered_rows for r in part])
     allg = torch.cat([e.pop("_g") for e in per_epoch], dim=2)
     return {
-        "sampler": args.sampler, "manifest": str(args.manifest), "world_size": world,
-        "batch_size": int(manifest["batch_size"]), "epochs": per_epoch,
-        "linearity": linearity(allg[0]), "cpu_linearity": linearity(allg[1]),
-        "points_linearity": linearity(allg[2]), "cost_linearity": linearity(allg[3]),
+        "sampler": args.sampler,
+        "manifest": str(args.manifest),
+        "world_size": world,
+        "batch_size": int(manifest["batch_size"]),
+        "epochs": per_epoch,
+        "linearity": linearity(allg[0]),
+        "cpu_linearity": linearity(allg[1]),
+        "points_linearity": linearity(allg[2]),
+        "cost_linearity": linearity(allg[3]),
         "wall_s_per_epoch": sum(e["wall_s"] for e in per_epoch) / max(len(per_epoch), 1),
         "planned_linearity": [b.get("linearity") for b in manifest.get("balance", [])],
     }

@@ -185,13 +185,15 @@ def write_manifest(
         steps = plan.shape[0]
         steps_per_epoch.append(steps)
         random_plan = _plan_epoch(cost, world_size, batch_size, seed, e, False)
-        balance.append({
-            "epoch": e,
-            "linearity": _linearity(cost[plan].sum(2)),
-            "bound": 1.0,
-            "random_linearity": _linearity(cost[random_plan].sum(2)),
-            "spearman_step_cost": 0.0,
-        })
+        balance.append(
+            {
+                "epoch": e,
+                "linearity": _linearity(cost[plan].sum(2)),
+                "bound": 1.0,
+                "random_linearity": _linearity(cost[random_plan].sum(2)),
+                "spearman_step_cost": 0.0,
+            }
+        )
         for r in range(world_size):
             idx = plan[:, r, :].ravel()
             rows = {
@@ -259,6 +261,11 @@ def make_fixture(
     """Clouds under ``tmp/data`` and a committed manifest at ``tmp/out``; returns the manifest dir."""
     cols = write_clouds(tmp / "data", sizes, sweeps=sweeps, sweep_size=sweep_size, seed=seed)
     return write_manifest(
-        tmp / "out", cols, world_size=world_size, batch_size=batch_size, epochs=epochs, seed=seed,
+        tmp / "out",
+        cols,
+        world_size=world_size,
+        batch_size=batch_size,
+        epochs=epochs,
+        seed=seed,
         balanced=balanced,
     )

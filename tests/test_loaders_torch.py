@@ -148,7 +148,9 @@ def test_dataset_on_real_nuscenes_sweeps(tmp_path: Path, realdata: Path) -> None
     mats = [np.eye(4), np.eye(4)]
     mats[1][:3, 3] = [1.0, -2.0, 0.5]
     cols = {
-        "sample_id": ["real"], "path": [str(key)], "sweep_paths": [sweeps],
+        "sample_id": ["real"],
+        "path": [str(key)],
+        "sweep_paths": [sweeps],
         "sweep_transforms": [np.concatenate([m.ravel() for m in mats]).tolist()],
     }
     out = write_manifest(tmp_path / "out", cols, world_size=1, batch_size=1, epochs=1)
