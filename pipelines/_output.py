@@ -57,6 +57,7 @@ from schemas import MANIFEST_FILE, SCAN_FILE, SUCCESS_FILE
 __all__ = [
     "join",
     "is_local",
+    "absolute",
     "write_bytes",
     "write_json",
     "read_json",
@@ -82,6 +83,12 @@ _NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, err
 def join(root: str, *parts: str) -> str:
     """Join path parts with '/', for local paths and URIs alike."""
     return posixpath.join(root.rstrip("/"), *parts) if "://" in root else os.path.join(root, *parts)
+
+
+def absolute(path: str | None) -> str | None:
+    """A local path made absolute by the launcher (workers may run in another directory or host);
+    URIs (gs://, s3://, ...) and None pass unchanged."""
+    return path if path is None or "://" in path else os.path.abspath(path)
 
 
 def is_local(path: str) -> bool:

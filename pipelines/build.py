@@ -23,7 +23,6 @@ from pipelines import _output
 from pipelines.scan import (
     DRY_RUN_NOTE,
     VERSION,
-    absolute,
     add_scan_arguments,
     beam_options,
     fingerprint,
@@ -268,8 +267,8 @@ def run(argv: list[str] | None = None) -> int:
     if len(args.paths) != want:
         parser.error("expected OUT with --from-samples, else INPUT OUT")
     args.input, args.output = (args.from_samples, args.paths[0]) if args.from_samples else args.paths
-    args.input, args.output = absolute(args.input), absolute(args.output)
-    args.from_samples = absolute(args.from_samples)
+    args.input, args.output = _output.absolute(args.input), _output.absolute(args.output)
+    args.from_samples = _output.absolute(args.from_samples)
     try:
         cfg = plan_config(args)
         parse_cost_model(args.cost_model, lambda p: read_bytes(p).decode())

@@ -40,7 +40,6 @@ __all__ = [
     "dedupe",
     "counts_of",
     "settle",
-    "absolute",
     "new_staging",
 ]
 
@@ -98,12 +97,6 @@ def beam_options(beam_args: Sequence[str]) -> PipelineOptions:
             f"--direct_num_workers={os.cpu_count() or 1}",
         ]
     return PipelineOptions(args)
-
-
-def absolute(path: str | None) -> str | None:
-    """A local path made absolute by the launcher (workers may run in another directory or host);
-    URIs (gs://, s3://, ...) and None pass unchanged."""
-    return path if path is None or "://" in path else os.path.abspath(path)
 
 
 def dedupe(samples: pa.Table) -> tuple[pa.Table, list[dict]]:
@@ -279,7 +272,7 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("output", help="output directory (replaced atomically on success)")
     add_scan_arguments(parser)
     args, beam_args = parser.parse_known_args(argv)
-    args.input, args.output = absolute(args.input), absolute(args.output)
+    args.input, args.output = _output.absolute(args.input), _output.absolute(args.output)
     options = beam_options(beam_args)
     staging = new_staging(options, args.output)
     pipeline = beam.Pipeline(options=options)

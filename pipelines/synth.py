@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -54,6 +53,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from pipelines import _output
 from transforms import synth
 from transforms import synth_tables as tb
 
@@ -182,7 +182,7 @@ def _cli_parser() -> argparse.ArgumentParser:
 def _beam_argv(argv: list[str]) -> list[str]:
     """User argv -> Beam flags: synth flags renamed to ``--synth_*``, a default runner added."""
     args, rest = _cli_parser().parse_known_args(argv)
-    out = args.out if "://" in args.out else os.path.abspath(args.out)
+    out = _output.absolute(args.out)
     flags = [f"--synth_output={out}"]
     flags += [f"--{dest}={getattr(args, dest)}" for _, dest, *_ in _FLAGS if getattr(args, dest) is not None]
     flags += ["--synth_labels"] if args.synth_labels else []

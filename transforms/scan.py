@@ -85,7 +85,7 @@ def file_task(sample_id: str, path: str) -> NuScenesTask:
 def _read(path: str, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig, missing: str) -> bytes:
     try:
         size = size_of(path)
-    except (OSError, IOError) as e:  # noqa: UP024 - Beam raises BeamIOError (an IOError)
+    except OSError as e:  # Beam raises BeamIOError, an IOError (= OSError)
         raise RejectError(missing, f"{path}: {e}") from None
     if size > cfg.max_file_bytes:
         raise RejectError("too_large", f"{size} bytes > --max-file-bytes {cfg.max_file_bytes}")

@@ -239,9 +239,7 @@ class ScanSamples(beam.PTransform):
 
     def __init__(self, input_path: str, cfg: ScanConfig, nuscenes_version: str | None, sweeps: int) -> None:
         super().__init__()
-        # Local inputs become absolute: the manifest's paths must work from any working directory.
-        self._input = input_path if "://" in input_path else os.path.abspath(input_path)
-        self._cfg = cfg
+        self._input, self._cfg = input_path, cfg  # local paths: made absolute by the launcher
         self._version, self._sweeps = nuscenes_version, sweeps
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> ScanResult:
