@@ -28,7 +28,16 @@ from schemas import (
 from transforms.multisweep import aggregate
 from transforms.readers import detect_format, read_points
 
-__all__ = ["Batch", "ManifestReader", "load_manifest", "load_points", "plan_dataset", "read_samples"]
+__all__ = [
+    "Batch",
+    "ManifestReader",
+    "load_manifest",
+    "load_points",
+    "plan_dataset",
+    "read_bytes",
+    "read_samples",
+    "resolve",
+]
 
 PathLike = str | os.PathLike[str]
 
@@ -45,7 +54,7 @@ class Batch(NamedTuple):
     costs: NDArray[np.float64]  # (batch_size,), predicted cost, cost-model units
 
 
-def _resolve(location: PathLike) -> tuple[pafs.FileSystem, str]:
+def resolve(location: PathLike) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a local path or a URI; local paths become absolute."""
     s = os.fspath(location)
     if "://" not in s:
@@ -54,12 +63,13 @@ def _resolve(location: PathLike) -> tuple[pafs.FileSystem, str]:
     return fs, path.rstrip("/")
 
 
-def _read_bytes(location: PathLike) -> bytes:
+def read_bytes(location: PathLike) -> bytes:
+    """The bytes of a local file or a URI (gs://, s3://, ... through pyarrow.fs)."""
     s = os.fspath(location)
     if "://" not in s:
         with open(s, "rb") as f:
             return f.read()
-    fs, path = _resolve(s)
+    fs, path = resolve(s)
     with fs.open_input_stream(path) as f:
         return f.read()
 
@@ -71,7 +81,7 @@ def load_manifest(out_dir: PathLike) -> dict[str, Any]:
         FileNotFoundError: ``_SUCCESS`` is missing (the build did not finish, or not a manifest dir).
         ValueError: the writer's schema major version differs from this reader's.
     """
-    fs, base = _resolve(out_dir)
+    fs, base = resolve(out_dir)
     if fs.get_file_info(f"{base}/{SUCCESS_FILE}").type != pafs.FileType.File:
         raise FileNotFoundError(
             f"{os.fspath(out_dir)} is not a committed lidarshard manifest: {SUCCESS_FILE} is missing "
@@ -91,7 +101,7 @@ def load_manifest(out_dir: PathLike) -> dict[str, Any]:
 def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None) -> pa.Table:
     """samples.parquet of a committed manifest, in its row order (the default dataset index order)."""
     load_manifest(out_dir)
-    fs, base = _resolve(out_dir)
+    fs, base = resolve(out_dir)
     dataset = ds.dataset(f"{base}/{SAMPLES_FILE}", filesystem=fs, format="parquet")
     return dataset.to_table(columns=list(columns) if columns is not None else None)
 
@@ -103,7 +113,7 @@ def plan_dataset(out_dir: PathLike) -> ds.Dataset:
     ``plan_dataset(out).to_table(filter=(ds.field("epoch") == 0) & (ds.field("rank") == 1))`` works.
     """
     load_manifest(out_dir)
-    fs, base = _resolve(out_dir)
+    fs, base = resolve(out_dir)
     infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
     files = sorted(
         i.path
@@ -186,7 +196,7 @@ class ManifestReader:
         self._load_plan()
 
     def _load_plan(self) -> None:
-        fs, base = _resolve(self.out_dir)
+        fs, base = resolve(self.out_dir)
         rank_dir = f"{base}/{os.path.dirname(plan_file(self.plan_epoch, self.rank))}"
         if fs.get_file_info(rank_dir).type != pafs.FileType.Directory:
             raise FileNotFoundError(f"the manifest has no plan for epoch {self.plan_epoch} rank {self.rank}")
@@ -244,11 +254,11 @@ def load_points(
         (N + sum M', C) float32, xyz first (keyframe only when ``sweep_paths`` is empty).
     """
     fmt = fmt or detect_format(path)
-    keyframe = read_points(_read_bytes(path), fmt, point_dims=point_dims)
+    keyframe = read_points(read_bytes(path), fmt, point_dims=point_dims)
     if not sweep_paths:
         return np.ascontiguousarray(keyframe, dtype=np.float32)
     mats = np.asarray(sweep_transforms if sweep_transforms is not None else [], dtype=np.float64)
     if mats.size != 16 * len(sweep_paths):
         raise ValueError(f"{path}: {len(sweep_paths)} sweeps but {mats.size} transform values (want 16 each)")
-    sweeps = [read_points(_read_bytes(p), fmt, point_dims=point_dims) for p in sweep_paths]
+    sweeps = [read_points(read_bytes(p), fmt, point_dims=point_dims) for p in sweep_paths]
     return aggregate(keyframe, sweeps, list(mats.reshape(-1, 4, 4)))

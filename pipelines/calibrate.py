@@ -23,7 +23,8 @@ import numpy as np
 
 import schemas
 from loaders import load_manifest
-from pipelines.report import REPORT_DIR, read_bytes, read_plan, read_table, write_files
+from loaders.reader import read_bytes
+from pipelines.report import REPORT_DIR, read_plan, read_table, write_files
 from transforms import calibrate as cal
 
 __all__ = ["run", "calibrate"]

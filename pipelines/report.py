@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import argparse
 import html
-import os
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 import schemas
 from loaders import load_manifest
+from loaders.reader import read_bytes, resolve
 from transforms import calibrate as cal
 from transforms import report_plots as plots
 from transforms.manifest import PlanConfig, plan_samples
@@ -36,7 +35,6 @@ __all__ = [
     "load",
     "read_plan",
     "read_table",
-    "read_bytes",
     "write_files",
     "write_report",
     "REPORT_DIR",
@@ -46,24 +44,9 @@ __all__ = [
 REPORT_DIR = "report"
 
 
-def _resolve(location: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path) for a local path or a pyarrow-supported URI (gs://, s3://, ...)."""
-    if "://" not in location:
-        return pafs.LocalFileSystem(), os.path.abspath(location)
-    fs, path = pafs.FileSystem.from_uri(location)
-    return fs, path.rstrip("/")
-
-
-def read_bytes(location: str) -> bytes:
-    """The bytes of a local file or a URI."""
-    fs, path = _resolve(location)
-    with fs.open_input_stream(path) as f:
-        return f.read()
-
-
 def write_files(directory: str, files: dict[str, bytes]) -> None:
     """Write ``{name: bytes}`` under ``directory`` (created if needed)."""
-    fs, base = _resolve(directory)
+    fs, base = resolve(directory)
     fs.create_dir(base, recursive=True)
     for name, data in files.items():
         with fs.open_output_stream(f"{base}/{name}") as f:
@@ -72,7 +55,7 @@ def write_files(directory: str, files: dict[str, bytes]) -> None:
 
 def read_table(out: str, rel: str) -> pa.Table:
     """One Parquet file ``rel`` of the manifest directory ``out``."""
-    fs, base = _resolve(out)
+    fs, base = resolve(out)
     return pq.read_table(f"{base}/{rel}", filesystem=fs)
 
 
