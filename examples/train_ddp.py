@@ -30,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -269,13 +270,32 @@ def _worker(rank: int, world: int, store: str, args: argparse.Namespace, result:
     torch.set_num_threads(1)
     # A FileStore rendezvous: no TCP port to pick, so no race with other jobs on the host.
     dist.init_process_group("gloo", init_method=Path(store).as_uri(), rank=rank, world_size=world)
+    code = 0
     try:
         out = _train(rank, world, args)
         if out is not None:
             Path(result).write_text(json.dumps(out))
-        dist.barrier()  # no rank tears gloo down while another still talks to it
-    finally:
-        dist.destroy_process_group()
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    # Leave without running gloo's teardown: destroy_process_group (or the destructor at exit) can
+    # abort a rank whose peer already left ("terminate called without an active exception", seen
+    # here once in about 20 runs). Every rank waits until all are done, then exits at once; a failed
+    # rank exits at once (mp.spawn then stops the others).
+    if code == 0:
+        _wait_for_all(f"{store}.done", rank, world)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _wait_for_all(prefix: str, rank: int, world: int, timeout_s: float = 120.0) -> None:
+    """File-based rendezvous after the last collective: returns once every rank has arrived."""
+    Path(f"{prefix}{rank}").touch()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(Path(f"{prefix}{r}").exists() for r in range(world)):
+        time.sleep(0.01)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
