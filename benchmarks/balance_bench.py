@@ -12,18 +12,15 @@ a step in epoch 0 that share one in epoch 1) of balanced and random, then the ta
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from transforms.buckets import fit_pool  # noqa: E402
-from transforms.plan import STRATEGIES, plan_epoch  # noqa: E402
-from transforms.plan.metrics import bound_linearity, linearity, pair_repeat_rate  # noqa: E402
+from lidarshard.transforms.features.buckets import fit_pool
+from lidarshard.transforms.plan import STRATEGIES, plan_epoch
+from lidarshard.transforms.plan.metrics import bound_linearity, linearity, pair_repeat_rate
 
 COMPARED = ("random", "stratified", "megabatch", "balanced")
 SEED = 0

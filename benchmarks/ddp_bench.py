@@ -63,7 +63,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _cli(*args: str) -> None:
     """Run ``lidarshard ARGS`` with this interpreter (works without an installed entry point)."""
-    cmd = [sys.executable, "-m", "pipelines.cli", *args]
+    cmd = [sys.executable, "-m", "lidarshard.pipelines.cli", *args]
     print("+ lidarshard " + shlex.join(args), flush=True)
     subprocess.run(cmd, check=True, cwd=REPO, env=_env())
 

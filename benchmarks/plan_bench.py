@@ -2,7 +2,7 @@
 
     python benchmarks/plan_bench.py [--sizes 250000,1000000,5000000] [--sweeps 0] [--workers 2]
 
-For each N, writes a ``samples.parquet`` of N rows (``schemas.sample_schema()``, nuScenes-like
+For each N, writes a ``samples.parquet`` of N rows (``lidarshard.schemas.sample_schema()``, nuScenes-like
 paths, voxel counts drawn like ``balance_bench``'s 10-sweep costs; ``--sweeps`` sweep paths and
 transforms per row; the writer settings of ``lidarshard scan``), then runs
 
@@ -32,10 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import schemas  # noqa: E402
-from transforms.tables import parquet_bytes  # noqa: E402
+from lidarshard import schemas
+from lidarshard.transforms.arrow import parquet_bytes
 
 TARGET_N, TARGET_S, TARGET_GIB = 1_000_000, 60.0, 2.0
 GIB = 1 << 30
@@ -49,7 +47,7 @@ def _strings(prefix: str, ids: pa.Array, suffix: str) -> pa.Array:
 
 
 def synth_samples(n: int, sweeps: int, seed: int = 0) -> pa.Table:
-    """(n rows) of ``schemas.sample_schema()`` sorted by sample_id, with realistic sizes.
+    """(n rows) of ``lidarshard.schemas.sample_schema()`` sorted by sample_id, with realistic sizes.
 
     occupied_voxels: 2.5% single-frame (~25k), the rest 4x-7x that by scene type with ~10%
     spread (``balance_bench.synth_costs``); num_points ~ 34,688 per frame times (1 + sweeps).
@@ -180,7 +178,15 @@ def main(argv: list[str] | None = None) -> int:
             path.write_bytes(parquet_bytes(synth_samples(n, args.sweeps)))  # as scan/build write it
             wrote = time.perf_counter() - t
             out = work / f"out-{n}"
-            cmd = [sys.executable, "-m", "pipelines.cli", "build", str(out), "--from-samples", str(path)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "lidarshard.pipelines.cli",
+                "build",
+                str(out),
+                "--from-samples",
+                str(path),
+            ]
             cmd += ["--world-size", "64", "--batch-size", "2", "--epochs", "1", *runner]
             m = measure(cmd, args.timeout)
             rows.append((n, m))

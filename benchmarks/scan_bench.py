@@ -8,7 +8,7 @@ about ``--points`` points), then on the same files, each in a fresh child proces
 - ``lidarshard scan IN OUT --runner=DirectRunner --direct_running_mode=multi_processing
   --direct_num_workers=W`` (the whole command: Beam start-up, discovery, reshuffle, gather,
   Parquet, commit);
-- the baseline: ``multiprocessing.Pool(W)`` mapping the same pure ``transforms.scan.featurize``
+- the baseline: ``multiprocessing.Pool(W)`` mapping the same pure ``lidarshard.transforms.features.sample.featurize``
   (plain ``open``/``os.stat`` for I/O) over the same files, then the same table and Parquet file.
 
 Both are timed end to end (interpreter start included), interleaved, best of ``--repeat``.
@@ -34,11 +34,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import schemas  # noqa: E402
-from transforms.scan import ScanConfig, featurize, file_task  # noqa: E402
-from transforms.tables import concat_sorted, parquet_bytes, rows_to_table  # noqa: E402
+from lidarshard import schemas
+from lidarshard.transforms.arrow import concat_sorted, parquet_bytes, rows_to_table
+from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 
 TARGET_RATIO = 0.7
 
@@ -112,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         size = write_clouds(inp, args.files, args.points)
         for p in inp.iterdir():  # warm the page cache for both contenders alike
             p.read_bytes()
-        scan_cmd = [sys.executable, "-m", "pipelines.cli", "scan", str(inp), str(work / "scan")]
+        scan_cmd = [sys.executable, "-m", "lidarshard.pipelines.cli", "scan", str(inp), str(work / "scan")]
         scan_cmd += ["--runner=DirectRunner", "--direct_running_mode=multi_processing"]
         scan_cmd += [f"--direct_num_workers={args.workers}"]
         plain_cmd = [sys.executable, __file__, "--workers", str(args.workers), "--plain"]

@@ -41,13 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
-try:
-    import loaders  # noqa: F401
-except ImportError:  # running from a source checkout without `pip install -e .`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from loaders import load_manifest, read_samples
-from loaders.torch import BalancedBatchSampler, PointCloudDataset, collate
+from lidarshard.loaders import load_manifest, read_samples
+from lidarshard.loaders.torch import BalancedBatchSampler, PointCloudDataset, collate
 
 __all__ = ["SegNet", "height_labels", "linearity", "main"]
 

@@ -1,9 +1,16 @@
-"""The trainer side: read a rank's manifest. Imports no Beam; torch only in ``loaders.torch``.
+"""The trainer side: read a rank's manifest. Imports no Beam; torch only in ``lidarshard.loaders.torch``.
 
-``loaders.torch`` (``BalancedBatchSampler``, ``PointCloudDataset``, ``collate``) needs PyTorch:
+``lidarshard.loaders.torch`` (``BalancedBatchSampler``, ``PointCloudDataset``, ``collate``) needs PyTorch:
 ``pip install "lidarshard[torch]"``.
 """
 
-from loaders.reader import Batch, ManifestReader, load_manifest, load_points, plan_dataset, read_samples
+from lidarshard.loaders.reader import (
+    Batch,
+    ManifestReader,
+    load_manifest,
+    load_points,
+    plan_dataset,
+    read_samples,
+)
 
 __all__ = ["Batch", "ManifestReader", "load_manifest", "load_points", "plan_dataset", "read_samples"]

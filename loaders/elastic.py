@@ -12,8 +12,8 @@ Every rank re-derives the same new plan in-process from the manifest, in seconds
     steps). Each old rank was balanced against the others of its step, so a merged plan's
     linearity is never below the original's over the same steps. No randomness, nothing dropped.
   - **re-plan** otherwise: the remaining entries are planned again with the manifest's strategy
-    (``transforms.plan.plan_epoch``) for ``W' x B'``. They are first fitted to whole steps of
-    ``W'*B'`` with the manifest's policy (``transforms.buckets.fit_pool``): ``drop_last`` leaves
+    (``lidarshard.transforms.plan.plan_epoch``) for ``W' x B'``. They are first fitted to whole steps of
+    ``W'*B'`` with the manifest's policy (``lidarshard.transforms.features.buckets.fit_pool``): ``drop_last`` leaves
     out fewer than ``W'*B'`` entries, ``pad`` repeats as many; both are recorded on the plan.
 
 The result of any chain of switches is a pure function of the manifest, the epoch and the
@@ -35,10 +35,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from numpy.typing import NDArray
 
-from loaders.reader import PathLike, load_manifest, plan_dataset, read_samples
-from transforms.buckets import fit_pool
-from transforms.plan import STRATEGIES, plan_epoch
-from transforms.plan.metrics import bound_linearity, linearity
+from lidarshard.loaders.reader import PathLike, load_manifest, plan_dataset, read_samples
+from lidarshard.transforms.features.buckets import fit_pool
+from lidarshard.transforms.plan import STRATEGIES, plan_epoch
+from lidarshard.transforms.plan.metrics import bound_linearity, linearity
 
 __all__ = ["ElasticPlan", "ElasticBatchSampler", "load_epoch_plan", "merge_ranks", "replan_remaining"]
 
@@ -124,7 +124,7 @@ class ElasticPlan:
         return int(self.rows.shape[2])
 
     def balance(self) -> dict[str, float]:
-        """``{"linearity", "bound"}`` of the remaining steps (``transforms.plan.metrics``)."""
+        """``{"linearity", "bound"}`` of the remaining steps (``lidarshard.transforms.plan.metrics``)."""
         flat = self.rows.ravel()
         pool = np.arange(flat.size, dtype=np.int64).reshape(self.rows.shape)
         c = self.costs[flat]
@@ -239,7 +239,7 @@ def replan_remaining(
 
 
 class ElasticBatchSampler:
-    """Like ``loaders.torch.BalancedBatchSampler``, for any world size: yields this rank's batches.
+    """Like ``lidarshard.loaders.torch.BalancedBatchSampler``, for any world size: yields this rank's batches.
 
     With the manifest's world size and no switch it replays the manifest exactly. On another world
     size every epoch is re-planned from step 0 (``switch(0, W', B')``); a checkpoint taken at one world

@@ -2,7 +2,7 @@
 
 Importing this module registers two names; then a config only swaps the sampler::
 
-    custom_imports = dict(imports=["loaders.mmengine"], allow_failed_imports=False)
+    custom_imports = dict(imports=["lidarshard.loaders.mmengine"], allow_failed_imports=False)
     train_dataloader = dict(
         batch_size=4,                      # == the manifest's --batch-size
         num_workers=4,
@@ -36,13 +36,13 @@ try:
     from mmengine.dist import get_dist_info
     from mmengine.registry import DATA_SAMPLERS
 except ImportError as e:  # pragma: no cover - exercised only without mmengine
-    raise ImportError('loaders.mmengine needs mmengine: pip install "lidarshard[mmengine]"') from e
+    raise ImportError('lidarshard.loaders.mmengine needs mmengine: pip install "lidarshard[mmengine]"') from e
 
 from torch.utils.data import BatchSampler
 
-from loaders.pointcept import index_from_dataset
-from loaders.reader import PathLike
-from loaders.torch import PlanSampler
+from lidarshard.loaders.pointcept import index_from_dataset
+from lidarshard.loaders.reader import PathLike
+from lidarshard.loaders.torch import PlanSampler
 
 __all__ = ["LidarshardSampler", "LidarshardBatchSampler"]
 

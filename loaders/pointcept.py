@@ -9,7 +9,7 @@ enters as a per-sample :class:`PlanSampler` (this rank's planned indices, step a
 Mix the trainer class in (Pointcept is not imported here; nothing to install but torch)::
 
     from pointcept.engines.train import TRAINERS, Trainer
-    from loaders.pointcept import LidarshardTrainerMixin
+    from lidarshard.loaders.pointcept import LidarshardTrainerMixin
 
     @TRAINERS.register_module("LidarshardTrainer")
     class LidarshardTrainer(LidarshardTrainerMixin, Trainer):
@@ -18,7 +18,7 @@ Mix the trainer class in (Pointcept is not imported here; nothing to install but
     # config: train = dict(type="LidarshardTrainer"); lidarshard = dict(manifest="gs://.../out", id_key="token")
 
 Pointcept's collate convention is offset-based: points of the batch concatenated, ``offset`` the
-cumulative point counts; :func:`offset_collate` produces it from ``loaders.torch.PointCloudDataset``.
+cumulative point counts; :func:`offset_collate` produces it from ``lidarshard.loaders.torch.PointCloudDataset``.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ try:
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 except ImportError as e:  # pragma: no cover - exercised only without torch
-    raise ImportError('loaders.pointcept needs PyTorch: pip install "lidarshard[torch]"') from e
+    raise ImportError('lidarshard.loaders.pointcept needs PyTorch: pip install "lidarshard[torch]"') from e
 
-from loaders.reader import PathLike
-from loaders.torch import PlanSampler
+from lidarshard.loaders.reader import PathLike
+from lidarshard.loaders.torch import PlanSampler
 
 __all__ = [
     "index_from_dataset",

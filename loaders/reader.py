@@ -18,15 +18,15 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from numpy.typing import NDArray
 
-from schemas import (
+from lidarshard.schemas import (
     MANIFEST_FILE,
     SAMPLES_FILE,
     SCHEMA_VERSION,
     SUCCESS_FILE,
     plan_file,
 )
-from transforms.multisweep import aggregate
-from transforms.readers import detect_format, read_points
+from lidarshard.transforms.formats.readers import detect_format, read_points
+from lidarshard.transforms.nuscenes.multisweep import aggregate
 
 __all__ = [
     "Batch",

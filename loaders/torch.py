@@ -27,10 +27,10 @@ try:
     from torch.utils.data import Dataset, Sampler
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError(
-        'loaders.torch needs PyTorch, which is an optional extra: pip install "lidarshard[torch]"'
+        'lidarshard.loaders.torch needs PyTorch, which is an optional extra: pip install "lidarshard[torch]"'
     ) from e
 
-from loaders.reader import ManifestReader, PathLike, load_manifest, load_points, read_samples
+from lidarshard.loaders.reader import ManifestReader, PathLike, load_manifest, load_points, read_samples
 
 __all__ = ["BalancedBatchSampler", "PlanSampler", "PointCloudDataset", "collate"]
 
@@ -136,7 +136,7 @@ class BalancedBatchSampler(Sampler[list[int]]):
 
 
 class PlanSampler(Sampler[int]):
-    """Per-sample form of :class:`~loaders.torch.BalancedBatchSampler` for ``sampler=`` + ``batch_size=``.
+    """Per-sample form of :class:`~lidarshard.loaders.torch.BalancedBatchSampler` for ``sampler=`` + ``batch_size=``.
 
     Yields this rank's planned dataset indices step after step, ``batch_size`` per step, so a
     ``DataLoader(batch_size=sampler.batch_size)`` rebuilds exactly the planned batches.
@@ -201,7 +201,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
     """The accepted samples of a manifest, in samples.parquet row order.
 
     ``dataset[i]`` reads sample i's keyframe and, with ``sweeps=True``, its planned sweeps moved into
-    the keyframe frame (``transforms.multisweep.aggregate``), and returns
+    the keyframe frame (``lidarshard.transforms.nuscenes.multisweep.aggregate``), and returns
     ``{"index": i, "sample_id": str, "points": torch.float32 (N, C)}`` with x, y, z (m) first.
 
     Args:

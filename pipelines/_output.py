@@ -52,7 +52,7 @@ import uuid
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from schemas import MANIFEST_FILE, SCAN_FILE, SUCCESS_FILE
+from lidarshard.schemas import MANIFEST_FILE, SCAN_FILE, SUCCESS_FILE
 
 __all__ = [
     "join",

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
-import schemas
-from pipelines import _output
-from pipelines.scan import (
+from lidarshard import schemas
+from lidarshard.pipelines import _output
+from lidarshard.pipelines.scan import (
     DRY_RUN_NOTE,
     VERSION,
     add_scan_arguments,
@@ -32,11 +32,11 @@ from pipelines.scan import (
     scan_meta,
     settle,
 )
-from transforms.cost import CostModel, parse_cost_model
-from transforms.manifest import PlanConfig, bucket_info, plan_tables, repeat_rates, score
-from transforms.plan import DEFAULT_STRATEGY, STRATEGIES
-from transforms.scan_beam import NAMESPACE, ScanSamples, read_bytes
-from transforms.tables import parquet_bytes, sha256_hex, table_from_parquet_bytes
+from lidarshard.transforms.arrow import parquet_bytes, sha256_hex, table_from_parquet_bytes
+from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, read_bytes
+from lidarshard.transforms.features.cost import CostModel, parse_cost_model
+from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES
+from lidarshard.transforms.plan.epochs import PlanConfig, bucket_info, plan_tables, repeat_rates, score
 
 __all__ = ["run", "add_plan_arguments", "plan_config"]
 

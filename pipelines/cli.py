@@ -11,12 +11,18 @@ __all__ = ["main", "SUBCOMMANDS"]
 
 #: subcommand -> (module with ``run(argv) -> int``, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "synth": ("pipelines.synth", "write a nuScenes-style synthetic dataroot"),
-    "scan": ("pipelines.scan", "size features of every point cloud; bad input to rejects.parquet"),
-    "build": ("pipelines.build", "scan + cost + buckets + balanced rank-sharded Parquet manifests"),
-    "validate": ("pipelines.validate", "check a manifest directory against the contract"),
-    "report": ("pipelines.report", "plots and a summary of a manifest directory"),
-    "calibrate": ("pipelines.calibrate", "fit the linear cost model to measured step timings"),
+    "synth": ("lidarshard.pipelines.synth", "write a nuScenes-style synthetic dataroot"),
+    "scan": ("lidarshard.pipelines.scan", "size features of every point cloud; bad input to rejects.parquet"),
+    "build": (
+        "lidarshard.pipelines.build",
+        "scan + cost + buckets + balanced rank-sharded Parquet manifests",
+    ),
+    "validate": ("lidarshard.pipelines.tools.validate", "check a manifest directory against the contract"),
+    "report": ("lidarshard.pipelines.tools.report", "plots and a summary of a manifest directory"),
+    "calibrate": (
+        "lidarshard.pipelines.tools.calibrate",
+        "fit the linear cost model to measured step timings",
+    ),
 }
 
 

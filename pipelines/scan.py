@@ -24,12 +24,12 @@ import pyarrow.compute as pc
 from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 from apache_beam.runners.runner import PipelineState
 
-import schemas
-from pipelines import _output
-from transforms.readers import FORMATS
-from transforms.scan import FEATURE_MODES, ScanConfig
-from transforms.scan_beam import ScanSamples
-from transforms.tables import parquet_bytes
+from lidarshard import schemas
+from lidarshard.pipelines import _output
+from lidarshard.transforms.arrow import parquet_bytes
+from lidarshard.transforms.beam.scan import ScanSamples
+from lidarshard.transforms.features.sample import FEATURE_MODES, ScanConfig
+from lidarshard.transforms.formats.readers import FORMATS
 
 __all__ = [
     "run",

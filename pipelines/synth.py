@@ -53,9 +53,9 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipelines import _output
-from transforms import synth
-from transforms import synth_tables as tb
+from lidarshard.pipelines import _output
+from lidarshard.transforms.synth import dataroot as synth
+from lidarshard.transforms.synth import tables as tb
 
 __all__ = ["SynthOptions", "GenerateDataroot", "config_from_options", "run"]
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from schemas import (
+from lidarshard.schemas import (
     MANIFEST_FILE,
     REJECTS_FILE,
     SAMPLES_FILE,

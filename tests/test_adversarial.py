@@ -12,10 +12,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import schemas
-from pipelines import _output
-from pipelines.cli import main as cli_main
-from pipelines.validate import validate
+from lidarshard import schemas
+from lidarshard.pipelines import _output
+from lidarshard.pipelines.cli import main as cli_main
+from lidarshard.pipelines.tools.validate import validate
 from tests.adversarial import FILE_FLAGS, TABLES_VERSION, Corpus, write_file_corpus, write_tables_corpus
 from tests.conftest import BEAM_TEST_FLAGS, REPO
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.buckets import (
+from lidarshard.transforms.features.buckets import (
     POLICIES,
     assign_buckets,
     bucket_counts,

@@ -10,9 +10,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-import schemas
-from pipelines import build as build_cli
-from pipelines.cli import main as cli_main
+from lidarshard import schemas
+from lidarshard.pipelines import build as build_cli
+from lidarshard.pipelines.cli import main as cli_main
 from tests.conftest import BEAM_TEST_FLAGS
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-import schemas
-from pipelines import _output
-from pipelines import build as build_cli
-from pipelines.validate import validate
+from lidarshard import schemas
+from lidarshard.pipelines import _output
+from lidarshard.pipelines import build as build_cli
+from lidarshard.pipelines.tools.validate import validate
 from tests.adversarial import MemFileSystem
 from tests.conftest import BEAM_TEST_FLAGS, REPO
 from tests.test_build import make_bins
@@ -195,7 +195,17 @@ def _start(inp: Path, out: Path, log: Path, crash: str | None = None) -> subproc
     env = {k: v for k, v in os.environ.items() if k != _output.CRASH_ENV}
     if crash:
         env[_output.CRASH_ENV] = crash
-    cmd = [sys.executable, "-m", "pipelines.cli", "build", str(inp), str(out), *_FLAGS, "--seed", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lidarshard.pipelines.cli",
+        "build",
+        str(inp),
+        str(out),
+        *_FLAGS,
+        "--seed",
+        "1",
+    ]
     with open(log, "ab") as f:
         return subprocess.Popen(
             [*cmd, *BEAM_TEST_FLAGS], cwd=REPO, env=env, stdout=f, stderr=f, start_new_session=True

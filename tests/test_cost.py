@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from transforms.cost import CostModel, parse_cost_model, sample_costs
+from lidarshard.transforms.features.cost import CostModel, parse_cost_model, sample_costs
 
 
 def _samples(in_range: list, points: list, voxels: list) -> pa.Table:

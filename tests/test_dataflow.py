@@ -24,11 +24,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.stager import Stager
 
-from pipelines import build, scan
+from lidarshard.pipelines import build, scan
 from tests.test_build import make_bins
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipelines", "transforms", "schemas", "loaders")
+PACKAGES = ("lidarshard", "pipelines", "transforms", "schemas", "loaders")
 TIMEOUT = 240
 GS = "gs://lidarshard-fake-bucket"
 DATAFLOW = [
@@ -64,10 +64,13 @@ def wheel(source: Path) -> Path:
 
 def _modules() -> list[str]:
     """Every module of our packages, dotted."""
-    return sorted(
-        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+    dotted = (
+        ".".join(p.relative_to(REPO).with_suffix("").parts)
         for pkg in PACKAGES
         for p in (REPO / pkg).rglob("*.py")
+    )
+    return sorted(
+        ("" if d.startswith("lidarshard") else "lidarshard.") + d.removesuffix(".__init__") for d in dotted
     )
 
 
@@ -77,8 +80,8 @@ def test_wheel_holds_every_module_and_imports_alone(wheel: Path, tmp_path: Path)
 import sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()]
 sys.path[:] = [{str(wheel)!r}] + [p for p in sys.path if p not in ("", ".", {str(REPO)!r})]
-import pipelines.build, pipelines.scan, pipelines.cli, transforms.scan_beam, transforms.manifest
-for m in (pipelines.build, transforms.scan_beam, transforms.manifest):
+import lidarshard.pipelines.build, lidarshard.pipelines.scan, lidarshard.pipelines.cli, lidarshard.transforms.beam.scan, lidarshard.transforms.plan.epochs
+for m in (lidarshard.pipelines.build, lidarshard.transforms.beam.scan, lidarshard.transforms.plan.epochs):
     assert m.__file__.startswith({str(wheel)!r}), m.__file__
 print("ok")
 """

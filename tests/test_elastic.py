@@ -1,4 +1,4 @@
-"""loaders.elastic: switching world size mid-epoch skips and repeats nothing, and stays balanced."""
+"""lidarshard.loaders.elastic: switching world size mid-epoch skips and repeats nothing, and stays balanced."""
 
 from __future__ import annotations
 
@@ -14,13 +14,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaders import ManifestReader, load_manifest, read_samples
-from loaders.elastic import ElasticBatchSampler, ElasticPlan, load_epoch_plan, merge_ranks, replan_remaining
-from pipelines import build as build_cli
+from lidarshard.loaders import ManifestReader, load_manifest, read_samples
+from lidarshard.loaders.elastic import (
+    ElasticBatchSampler,
+    ElasticPlan,
+    load_epoch_plan,
+    merge_ranks,
+    replan_remaining,
+)
+from lidarshard.pipelines import build as build_cli
+from lidarshard.transforms.plan import plan_epoch
+from lidarshard.transforms.plan.metrics import linearity
 from tests.conftest import BEAM_TEST_FLAGS
 from tests.test_build import make_bins
-from transforms.plan import plan_epoch
-from transforms.plan.metrics import linearity
 
 W, B = 8, 2  # the manifest's plan; 197 clouds -> 12 steps of 16 per epoch, 5 dropped
 
@@ -49,7 +55,7 @@ def _linearity(rows: np.ndarray, costs: np.ndarray) -> float:
 
 
 def test_import_pulls_neither_beam_nor_torch() -> None:
-    code = "import sys, loaders.elastic; assert not {'apache_beam', 'torch'} & set(sys.modules)"
+    code = "import sys, lidarshard.loaders.elastic; assert not {'apache_beam', 'torch'} & set(sys.modules)"
     subprocess.run(
         [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True, timeout=60
     )

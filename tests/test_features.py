@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transforms.errors import RejectError
-from transforms.features import FEATURE_NAMES, compute_features, count_occupied_voxels
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.features.size import FEATURE_NAMES, compute_features, count_occupied_voxels
 
 NUSCENES_KEYFRAME = (
     "nuscenes/samples/LIDAR_TOP/n015-2018-07-24-11-22-45+0800__LIDAR_TOP__1532402927647951.pcd.bin"

@@ -21,9 +21,9 @@ import pytest
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes, FileMetadata, FileSystem
 from apache_beam.io.filesystems import FileSystems
 
-import schemas
-from pipelines import build as build_cli
-from pipelines import scan as scan_cli
+from lidarshard import schemas
+from lidarshard.pipelines import build as build_cli
+from lidarshard.pipelines import scan as scan_cli
 from tests.conftest import BEAM_TEST_FLAGS
 from tests.test_build import make_bins
 
@@ -222,7 +222,7 @@ def test_scan_then_replan_from_samples_and_cost_model_file(bucket: str) -> None:
 
 
 def test_synth_dataroot_on_object_store_builds(bucket: str) -> None:
-    synth = pytest.importorskip("pipelines.synth")
+    synth = pytest.importorskip("lidarshard.pipelines.synth")
     root = f"{bucket}/nuscenes"
     argv = [
         root,

@@ -1,4 +1,4 @@
-"""loaders.reader: committed-dir checks, per-rank steps, resume, cycling, plan_dataset, load_points."""
+"""lidarshard.loaders.reader: committed-dir checks, per-rank steps, resume, cycling, plan_dataset, load_points."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from manifest_fixture import make_fixture, sweep_offset
 
-from loaders import ManifestReader, load_manifest, load_points, plan_dataset, read_samples
-from schemas import MANIFEST_FILE, PLAN_FIELDS, SUCCESS_FILE, plan_file
+from lidarshard.loaders import ManifestReader, load_manifest, load_points, plan_dataset, read_samples
+from lidarshard.schemas import MANIFEST_FILE, PLAN_FIELDS, SUCCESS_FILE, plan_file
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [100 + 37 * i for i in range(23)]  # 23 samples, W*B = 4 -> 5 steps, 3 dropped
@@ -132,7 +132,7 @@ def test_import_loaders_pulls_neither_beam_nor_torch() -> None:
 
 
 def test_loaders_torch_without_torch_names_the_extra() -> None:
-    code = "import sys; sys.modules['torch'] = None; import loaders.torch"
+    code = "import sys; sys.modules['torch'] = None; import lidarshard.loaders.torch"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert 'pip install "lidarshard[torch]"' in proc.stderr

@@ -1,4 +1,4 @@
-"""loaders.torch: BalancedBatchSampler (epochs, resume, DataLoader), PointCloudDataset, collate, and one
+"""lidarshard.loaders.torch: BalancedBatchSampler (epochs, resume, DataLoader), PointCloudDataset, collate, and one
 real 2-rank gloo run of examples/train_ddp.py."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import torch.distributed as dist  # noqa: E402
 from manifest_fixture import make_fixture, write_clouds, write_manifest  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from loaders import ManifestReader, read_samples  # noqa: E402
-from loaders.torch import BalancedBatchSampler, PointCloudDataset, collate  # noqa: E402
-from transforms.multisweep import aggregate  # noqa: E402
-from transforms.readers import read_points  # noqa: E402
+from lidarshard.loaders import ManifestReader, read_samples  # noqa: E402
+from lidarshard.loaders.torch import BalancedBatchSampler, PointCloudDataset, collate  # noqa: E402
+from lidarshard.transforms.formats.readers import read_points  # noqa: E402
+from lidarshard.transforms.nuscenes.multisweep import aggregate  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [50 + 13 * i for i in range(26)]  # W*B = 6 -> 4 steps, 2 dropped

@@ -1,4 +1,4 @@
-"""loaders.mmengine: a real mmengine ``Runner`` trains on a built manifest, epoch- and iter-based, with
+"""lidarshard.loaders.mmengine: a real mmengine ``Runner`` trains on a built manifest, epoch- and iter-based, with
 resume; the registered sampler's batch-size check and sample_id mapping. Skipped without mmengine."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from mmengine.model import BaseModel  # noqa: E402
 from mmengine.registry import DATA_SAMPLERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-import loaders.mmengine  # noqa: E402, F401  (registers the samplers)
-from loaders import ManifestReader, read_samples  # noqa: E402
-from loaders.torch import PointCloudDataset, collate  # noqa: E402
-from pipelines import build as build_cli  # noqa: E402
+import lidarshard.loaders.mmengine  # noqa: E402, F401  (registers the samplers)
+from lidarshard.loaders import ManifestReader, read_samples  # noqa: E402
+from lidarshard.loaders.torch import PointCloudDataset, collate  # noqa: E402
+from lidarshard.pipelines import build as build_cli  # noqa: E402
 from tests.conftest import BEAM_TEST_FLAGS  # noqa: E402
 from tests.test_build import make_bins  # noqa: E402
 
@@ -162,7 +162,7 @@ def test_id_key_maps_dataset_infos_to_sample_ids(manifest: Path) -> None:
 
 
 def test_without_mmengine_the_error_names_the_extra() -> None:
-    code = "import sys; sys.modules['mmengine'] = None; import loaders.mmengine"
+    code = "import sys; sys.modules['mmengine'] = None; import lidarshard.loaders.mmengine"
     repo = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and 'pip install "lidarshard[mmengine]"' in proc.stderr

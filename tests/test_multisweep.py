@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from transforms.errors import RejectError
-from transforms.multisweep import aggregate, check_labels, remove_close
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.nuscenes.multisweep import aggregate, check_labels, remove_close
 
 LIDARSEG = "nuscenes_lidarseg_pr2859"
 LIDARSEG_POINTS = (

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import REJECT_REASONS
-from transforms.errors import RejectError
-from transforms.multisweep import aggregate, check_labels
-from transforms.nuscenes import (
+from lidarshard.schemas import REJECT_REASONS
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.nuscenes.multisweep import aggregate, check_labels
+from lidarshard.transforms.nuscenes.tables import (
     NuScenesTask,
     SweepRef,
     join_under_root,
@@ -683,5 +683,5 @@ def test_real_lyft_tables_in_nuscenes_schema(realdata: Path) -> None:
 
 
 def test_pure_modules_never_import_beam() -> None:
-    code = "import sys, transforms.nuscenes, transforms.multisweep; assert 'apache_beam' not in sys.modules"
+    code = "import sys, lidarshard.transforms.nuscenes.tables, lidarshard.transforms.nuscenes.multisweep; assert 'apache_beam' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

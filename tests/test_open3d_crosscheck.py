@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transforms.open3d_backend import read_points_open3d
-from transforms.readers import read_points
+from lidarshard.transforms.formats.open3d_backend import read_points_open3d
+from lidarshard.transforms.formats.readers import read_points
 
 open3d = pytest.importorskip("open3d")
 
@@ -43,7 +43,7 @@ def test_open3d_drops_nan_points_on_request(realdata):
 
 
 def test_open3d_backend_rejects_other_formats():
-    from transforms.errors import RejectError
+    from lidarshard.transforms.errors import RejectError
 
     with pytest.raises(RejectError) as e:
         read_points_open3d(b"\0" * 16, "kitti_bin")

@@ -1,4 +1,4 @@
-"""transforms.pcd: real PCL files, generated round trips in every DATA mode, and hostile headers."""
+"""lidarshard.transforms.formats.pcd: real PCL files, generated round trips in every DATA mode, and hostile headers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import lzf
 import numpy as np
 import pytest
 
-from transforms.errors import RejectError
-from transforms.pcd import MAX_HEADER_BYTES, parse_header, read_pcd
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.formats.pcd import MAX_HEADER_BYTES, parse_header, read_pcd
 
 # file under realdata/pcd, N, finite N, columns, (x, y, z) min..max to 2 decimals (PROVENANCE.md)
 REAL_PCD = [

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.buckets import assign_buckets, quantile_edges
-from transforms.plan import STRATEGIES, plan_epoch, strategy_salt
-from transforms.plan.balanced import TOLERANCE
-from transforms.plan.megabatch import MEGABATCH_MULT, megabatch_steps
-from transforms.plan.metrics import (
+from lidarshard.transforms.features.buckets import assign_buckets, quantile_edges
+from lidarshard.transforms.plan import STRATEGIES, plan_epoch, strategy_salt
+from lidarshard.transforms.plan.balanced import TOLERANCE
+from lidarshard.transforms.plan.megabatch import MEGABATCH_MULT, megabatch_steps
+from lidarshard.transforms.plan.metrics import (
     bound_linearity,
     linearity,
     pair_repeat_rate,

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from transforms.plan import plan_epoch
-from transforms.plan.metrics import (
+from lidarshard.transforms.plan import plan_epoch
+from lidarshard.transforms.plan.metrics import (
     balance_summary,
     bound_linearity,
     linearity,

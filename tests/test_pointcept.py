@@ -1,4 +1,4 @@
-"""loaders.pointcept: the trainer mixin inside a stand-in for Pointcept's Trainer (same loop, same
+"""lidarshard.loaders.pointcept: the trainer mixin inside a stand-in for Pointcept's Trainer (same loop, same
 loader calls), Pointcept's offset batch layout, and the per-sample PlanSampler."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ torch = pytest.importorskip("torch")
 from manifest_fixture import make_fixture  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from loaders import ManifestReader, read_samples  # noqa: E402
-from loaders.pointcept import (  # noqa: E402
+from lidarshard.loaders import ManifestReader, read_samples  # noqa: E402
+from lidarshard.loaders.pointcept import (  # noqa: E402
     LidarshardTrainerMixin,
     PlanSampler,
     build_train_loader,
     offset_collate,
 )
-from loaders.torch import PointCloudDataset  # noqa: E402
+from lidarshard.loaders.torch import PointCloudDataset  # noqa: E402
 
 SIZES = [40 + 11 * i for i in range(14)]  # world size 1, batch 3 -> 4 steps, 2 dropped
 

@@ -1,4 +1,4 @@
-"""transforms.readers: detection, headerless bins, npy, ply, and every real file's count and extent."""
+"""lidarshard.transforms.formats.readers: detection, headerless bins, npy, ply, and every real file's count and extent."""
 
 from __future__ import annotations
 
@@ -8,9 +8,15 @@ import sys
 import numpy as np
 import pytest
 
-from schemas import REJECT_REASONS
-from transforms.errors import RejectError
-from transforms.readers import FORMATS, count_points_from_size, detect_format, read_points, record_floats
+from lidarshard.schemas import REJECT_REASONS
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.formats.readers import (
+    FORMATS,
+    count_points_from_size,
+    detect_format,
+    read_points,
+    record_floats,
+)
 
 # file under realdata/, point_dims (None = the format's default), N, (x, y, z) min..max (PROVENANCE.md)
 REAL_FILES = [
@@ -396,7 +402,7 @@ def test_ply_ascii_rejects():
 
 @pytest.mark.parametrize("exc,reason", [(IndexError("bug"), "reader_error"), (MemoryError(), "too_large")])
 def test_unexpected_errors_become_rejects(monkeypatch, exc, reason):
-    import transforms.readers as readers
+    import lidarshard.transforms.formats.readers as readers
 
     def boom(data, max_points):
         raise exc
@@ -408,7 +414,7 @@ def test_unexpected_errors_become_rejects(monkeypatch, exc, reason):
 
 
 def test_open3d_backend_import_error_names_the_extra(monkeypatch):
-    from transforms.open3d_backend import read_points_open3d
+    from lidarshard.transforms.formats.open3d_backend import read_points_open3d
 
     monkeypatch.setitem(sys.modules, "open3d", None)
     with pytest.raises(ImportError, match=r"lidarshard\[open3d\]"):

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_pcd import make_pcd
 
-from schemas import REJECT_REASONS
-from transforms.errors import RejectError
-from transforms.readers import FORMATS, read_points
+from lidarshard.schemas import REJECT_REASONS
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.formats.readers import FORMATS, read_points
 
 FUZZ = settings(
     max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]

@@ -11,12 +11,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import schemas
-from pipelines import report
-from pipelines.cli import main as cli_main
+from lidarshard import schemas
+from lidarshard.pipelines.cli import main as cli_main
+from lidarshard.pipelines.tools import report
+from lidarshard.transforms.report import plots as report_plots
 from tests.conftest import BEAM_TEST_FLAGS
 from tests.test_build import make_bins
-from transforms import report_plots
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FIGURES = ["sizes.png", "step_balance.png", "rank_totals.png", "buckets.png", "rejects.png"]

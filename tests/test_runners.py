@@ -6,7 +6,7 @@ One tiny synthetic nuScenes dataroot (3 scenes x 4 keyframes, 2 sweeps each) is 
 - DirectRunner, ``multi_processing`` with 2 workers;
 - PortableRunner against Beam's Python local job service, ``--environment_type=LOOPBACK``;
 - PortableRunner against the same job service with an EXTERNAL worker pool (``worker_pool_main``)
-  whose working directory differs from the launcher's, launched as ``python -m pipelines.build``
+  whose working directory differs from the launcher's, launched as ``python -m lidarshard.pipelines.build``
   with relative INPUT/OUT: nothing may rely on ``__main__`` state or on the launcher's cwd.
 
 and every file of every output is compared byte for byte with the reference. Everything runs in
@@ -32,7 +32,7 @@ import pytest
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import build
+from lidarshard.pipelines import build
 
 pytestmark = pytest.mark.slow
 
@@ -152,9 +152,15 @@ def assert_same_tree(got: Path, want: Path) -> None:
 
 
 def _build(
-    cwd: Path, inp: str, out: str, runner: list[str], log: Path, module: str = "pipelines.cli", **env: str
+    cwd: Path,
+    inp: str,
+    out: str,
+    runner: list[str],
+    log: Path,
+    module: str = "lidarshard.pipelines.cli",
+    **env: str,
 ) -> subprocess.CompletedProcess:
-    sub = ["build"] if module == "pipelines.cli" else []
+    sub = ["build"] if module == "lidarshard.pipelines.cli" else []
     return run_cli(["-m", module, *sub, inp, out, *PLAN, *runner], cwd, log, **env)
 
 
@@ -167,7 +173,9 @@ def work(tmp_path_factory) -> Path:
 def dataroot(work: Path) -> Path:
     root = work / "dataroot"
     r = run_cli(
-        ["-m", "pipelines.cli", "synth", str(root), *SYNTH, "--runner=FnApiRunner"], work, work / "synth.log"
+        ["-m", "lidarshard.pipelines.cli", "synth", str(root), *SYNTH, "--runner=FnApiRunner"],
+        work,
+        work / "synth.log",
     )
     assert r.returncode == 0, r.stdout
     return root
@@ -230,7 +238,9 @@ def test_portable_external_pool_matches_fnapi(
     out = work / "portable_external"
     flags = ["--runner=PortableRunner", f"--job_endpoint={job_service}"]
     flags += ["--environment_type=EXTERNAL", f"--environment_config={worker_pool}"]
-    r = _build(work, dataroot.name, out.name, flags, work / "external.log", module="pipelines.build")
+    r = _build(
+        work, dataroot.name, out.name, flags, work / "external.log", module="lidarshard.pipelines.build"
+    )
     logs = r.stdout + _tail(work / "job_service.log") + _tail(work / "worker_pool.log")
     assert r.returncode == 0, logs
     assert_same_tree(out, reference)

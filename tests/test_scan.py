@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import scan as scan_cli
+from lidarshard.pipelines import scan as scan_cli
+from lidarshard.transforms.beam import scan as scan_beam
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
+from lidarshard.transforms.nuscenes.tables import NuScenesTask, SweepRef
 from tests.conftest import BEAM_TEST_FLAGS
-from transforms import scan_beam
-from transforms.errors import RejectError
-from transforms.nuscenes import NuScenesTask, SweepRef
-from transforms.scan import ScanConfig, featurize, file_task
 
 IDENTITY = tuple(float(v) for v in np.eye(4).ravel())
 

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from transforms import synth
-from transforms import synth_scene as sc
-from transforms import synth_tables as tb
+from lidarshard.transforms.synth import dataroot as synth
+from lidarshard.transforms.synth import scene as sc
+from lidarshard.transforms.synth import tables as tb
 
 # ---------------------------------------------------------------------------------------------- scene
 
@@ -281,7 +281,7 @@ def _aggregate_from_tables(root: Path, version: str, nsweeps: int = 10) -> list[
 @pytest.fixture(scope="module")
 def written(tmp_path_factory) -> tuple[Path, Path]:
     """The same tiny dataroot written twice: single worker, and two threads."""
-    from pipelines.synth import run
+    from lidarshard.pipelines.synth import run
 
     roots = tmp_path_factory.mktemp("a") / "out", tmp_path_factory.mktemp("b") / "out"
     args = ["--scenes", "2", "--keyframes-per-scene", "2", "--seed", "11", "--labels"]
@@ -323,7 +323,7 @@ def test_pipeline_sizes_read_back_from_files(written):
 
 
 def test_cli_flags_map_to_beam_options():
-    from pipelines.synth import SynthOptions, _beam_argv, config_from_options
+    from lidarshard.pipelines.synth import SynthOptions, _beam_argv, config_from_options
 
     argv = _beam_argv(["out", "--scenes", "3", "--labels", "--seed=9", "--direct_num_workers=2"])
     assert "--direct_num_workers=2" in argv and "--runner=FnApiRunner" in argv
@@ -339,7 +339,7 @@ def test_cli_flags_map_to_beam_options():
 
 
 def test_cli_rejects_bad_values_and_prints_help(tmp_path, capsys):
-    from pipelines.synth import run
+    from lidarshard.pipelines.synth import run
 
     assert run([str(tmp_path / "x"), "--scenes", "0", *BEAM_TEST_FLAGS]) == 2
     assert not (tmp_path / "x").exists()

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import BEAM_TEST_FLAGS, REPO
 
-from transforms import synth
+from lidarshard.transforms.synth import dataroot as synth
 
 DEVKIT = "nuscenes-devkit==1.2.0"
 VENV = REPO / ".venv-devkit"
@@ -81,7 +81,7 @@ def _ours(root: Path, version: str) -> dict[str, tuple[int, np.ndarray]]:
 @pytest.mark.timeout(1200)
 def test_dataroot_loads_in_nuscenes_devkit(tmp_path):
     python = _devkit_python()
-    from pipelines.synth import run
+    from lidarshard.pipelines.synth import run
 
     root = tmp_path / "nuscenes"
     args = [

@@ -12,15 +12,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-import schemas
-from pipelines import build as build_cli
-from pipelines import scan as scan_cli
-from pipelines import validate as validate_cli
-from pipelines.cli import main as cli_main
+from lidarshard import schemas
+from lidarshard.pipelines import build as build_cli
+from lidarshard.pipelines import scan as scan_cli
+from lidarshard.pipelines.cli import main as cli_main
+from lidarshard.pipelines.tools import validate as validate_cli
+from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
 from tests.adversarial import MemFileSystem
 from tests.conftest import BEAM_TEST_FLAGS
 from tests.test_build import make_bins
-from transforms.tables import parquet_bytes, sha256_hex
 
 FLAGS = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]
 PLAN = schemas.plan_file(1, 2)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from schemas import REJECT_REASONS
+from lidarshard.schemas import REJECT_REASONS
 
 __all__ = ["RejectError"]
 
 
 class RejectError(Exception):
-    """Bad input with a reason from ``schemas.REJECT_REASONS`` and a human-readable detail."""
+    """Bad input with a reason from ``lidarshard.schemas.REJECT_REASONS`` and a human-readable detail."""
 
     def __init__(self, reason: str, detail: str) -> None:
         if reason not in REJECT_REASONS:

@@ -4,7 +4,7 @@ A plan for one epoch is an int64 array of shape ``(S, W, B)`` (steps x ranks x s
 entries index the epoch's fitted pool; every pool entry appears exactly once. Each strategy is
 one module exporting ``plan(costs, world_size, batch_size, rng, bucket_ids)``; ``STRATEGIES``
 maps names to those functions and ``plan_epoch`` validates inputs, seeds the generator and
-dispatches. Balance metrics live in ``transforms.plan.metrics``.
+dispatches. Balance metrics live in ``lidarshard.transforms.plan.metrics``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from transforms.plan import balanced, megabatch, stratified
-from transforms.plan import random as random_
+from lidarshard.transforms.plan import balanced, megabatch, stratified
+from lidarshard.transforms.plan import random as random_
 
 __all__ = ["PlanFn", "STRATEGIES", "DEFAULT_STRATEGY", "plan_epoch", "strategy_salt"]
 

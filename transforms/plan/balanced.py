@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from transforms.plan._partition import partition_steps, permute_ranks, step_linearity
+from lidarshard.transforms.plan._partition import partition_steps, permute_ranks, step_linearity
 
 __all__ = ["plan", "choose_eps", "EPS_LADDER", "TOLERANCE"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from transforms.plan import plan_epoch
-from transforms.plan._partition import step_linearity
+from lidarshard.transforms.plan import plan_epoch
+from lidarshard.transforms.plan._partition import step_linearity
 
 __all__ = [
     "rank_costs",

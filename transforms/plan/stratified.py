@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from transforms.buckets import assign_buckets, default_num_buckets, quantile_edges
-from transforms.plan._partition import partition_steps, permute_ranks
+from lidarshard.transforms.features.buckets import assign_buckets, default_num_buckets, quantile_edges
+from lidarshard.transforms.plan._partition import partition_steps, permute_ranks
 
 __all__ = ["plan"]
 

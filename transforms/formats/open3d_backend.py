@@ -1,4 +1,4 @@
-"""Optional open3d reader for PCD/PLY, used to cross-check ``transforms.readers`` and as an escape hatch.
+"""Optional open3d reader for PCD/PLY, used to cross-check ``lidarshard.transforms.formats.readers`` and as an escape hatch.
 
 open3d is a heavy optional dependency (``pip install "lidarshard[open3d]"``) and is imported lazily.
 Its reader only accepts a file path, so the bytes are written to a temporary file with the right suffix.
@@ -15,7 +15,7 @@ from types import ModuleType
 import numpy as np
 from numpy.typing import NDArray
 
-from transforms.errors import RejectError
+from lidarshard.transforms.errors import RejectError
 
 __all__ = ["OPEN3D_FORMATS", "import_open3d", "read_points_open3d"]
 

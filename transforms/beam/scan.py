@@ -1,6 +1,6 @@
 """Beam wiring of the scan: discover -> read+featurize (dead letters to rejects) -> Arrow tables.
 
-Thin DoFns around ``transforms.scan`` and ``transforms.nuscenes``; every file access goes through
+Thin DoFns around ``lidarshard.transforms.features.sample`` and ``lidarshard.transforms.nuscenes.tables``; every file access goes through
 Beam's ``FileSystems`` so local paths, gs:// and s3:// work alike.
 """
 
@@ -21,12 +21,12 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-import schemas
-from transforms import nuscenes
-from transforms.discover import walk_local
-from transforms.errors import RejectError
-from transforms.scan import ScanConfig, featurize, file_task
-from transforms.tables import concat_sorted, rows_to_table
+from lidarshard import schemas
+from lidarshard.transforms.arrow import concat_sorted, rows_to_table
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
+from lidarshard.transforms.formats.discover import walk_local
+from lidarshard.transforms.nuscenes import tables as nuscenes
 
 __all__ = ["ScanSamples", "ScanResult", "ConcatTables", "read_bytes", "size_of", "NAMESPACE"]
 

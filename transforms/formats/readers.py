@@ -2,7 +2,7 @@
 
 Pure numpy (no Beam). Every reader takes the file's bytes and returns an ``(N, C)`` float32 array
 whose first three columns are x, y, z. Bad input raises ``RejectError`` with a reason from
-``schemas.REJECT_REASONS``; no size claimed by a header is trusted before it is checked against the
+``lidarshard.schemas.REJECT_REASONS``; no size claimed by a header is trusted before it is checked against the
 bytes present, so a hostile header cannot make a reader allocate more than a small multiple of the file.
 
 Formats:
@@ -10,7 +10,7 @@ Formats:
     ``kitti_bin``    headerless float32 x4 (x, y, z, reflectance), other ``*.bin``.
     ``bin``          headerless float32 x ``point_dims`` (never detected; chosen explicitly).
     ``npy``          NumPy ``.npy`` holding a 2-D ``(N, >=3)`` numeric array (never unpickled).
-    ``pcd``          PCL PCD, see ``transforms.pcd``.
+    ``pcd``          PCL PCD, see ``lidarshard.transforms.formats.pcd``.
     ``ply``          PLY ascii / binary_little_endian / binary_big_endian, ``vertex`` element.
 """
 
@@ -24,8 +24,8 @@ import warnings
 import numpy as np
 from numpy.typing import NDArray
 
-from transforms.errors import RejectError
-from transforms.pcd import read_pcd
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.formats.pcd import read_pcd
 
 __all__ = ["FORMATS", "detect_format", "record_floats", "read_points", "count_points_from_size"]
 

@@ -10,7 +10,7 @@ pad: each at least once, planned = accepted + padded); the recorded balance numb
 plan files (within 1e-6). A scan directory (``_scan.json``) gets the samples/rejects/counts checks.
 
 Exit status 0 with a one-line summary when valid, 1 with one precise line per problem otherwise
-(file, epoch, rank, step), 2 for bad arguments; also ``python -m pipelines.validate OUT``. Vectorized
+(file, epoch, rank, step), 2 for bad arguments; also ``python -m lidarshard.pipelines.tools.validate OUT``. Vectorized
 with pyarrow/numpy (1M plan rows in a few seconds). Reads local paths directly and URIs (gs://, s3://,
 ...) through Beam's FileSystems.
 """
@@ -28,10 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-import schemas
-from pipelines._validate_plan import check_epoch, check_plan, lookup
-from transforms.buckets import assign_buckets
-from transforms.cost import CostModel, sample_costs
+from lidarshard import schemas
+from lidarshard.pipelines.tools.validate_plan import check_epoch, check_plan, lookup
+from lidarshard.transforms.features.buckets import assign_buckets
+from lidarshard.transforms.features.cost import CostModel, sample_costs
 
 __all__ = ["run", "validate"]
 
@@ -104,7 +104,7 @@ def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
 
 
 def _fingerprint(samples: pa.Table) -> str:
-    """``pipelines.scan.fingerprint``, vectorized: sha256 over ``f"{sample_id}\\t{file_bytes}\\n"``."""
+    """``lidarshard.pipelines.scan.fingerprint``, vectorized: sha256 over ``f"{sample_id}\\t{file_bytes}\\n"``."""
     if samples.num_rows == 0:
         return hashlib.sha256().hexdigest()
     lines = pc.binary_join_element_wise(

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from transforms.errors import RejectError
-from transforms.multisweep import check_labels
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.nuscenes.multisweep import check_labels
 
 __all__ = [
     "LIDAR_CHANNEL",

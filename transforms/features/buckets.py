@@ -1,6 +1,6 @@
 """Cost buckets, bucket weights and fitting an epoch's pool to whole steps. Pure numpy, no Beam.
 
-Flow for one epoch (the planner in ``transforms.plan`` takes over afterwards)::
+Flow for one epoch (the planner in ``lidarshard.transforms.plan`` takes over afterwards)::
 
     edges   = quantile_edges(costs, default_num_buckets(len(costs)))   # (K-1,) cost units
     ids     = assign_buckets(costs, edges)                             # (N,) 0 = cheapest

@@ -13,11 +13,11 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-import schemas
-from transforms import buckets
-from transforms.cost import CostModel, sample_costs
-from transforms.plan import STRATEGIES, plan_epoch
-from transforms.plan.metrics import balance_summary, pair_repeat_rate
+from lidarshard import schemas
+from lidarshard.transforms.features import buckets
+from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.plan import STRATEGIES, plan_epoch
+from lidarshard.transforms.plan.metrics import balance_summary, pair_repeat_rate
 
 __all__ = ["PlanConfig", "score", "plan_tables", "plan_samples", "repeat_rates", "bucket_info"]
 
@@ -52,7 +52,7 @@ def score(samples: pa.Table, model: CostModel, cfg: PlanConfig) -> tuple[pa.Tabl
     """Add ``cost`` and ``bucket_id`` to a samples table (sorted by sample_id).
 
     Returns:
-        (scored table with ``schemas.scored_schema()``, bucket edges (K-1,) in cost units).
+        (scored table with ``lidarshard.schemas.scored_schema()``, bucket edges (K-1,) in cost units).
     """
     base = samples.select([name for name, _, _ in schemas.SAMPLE_FIELDS])
     costs = sample_costs(base, model)
@@ -108,7 +108,7 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray
 
 
 def plan_tables(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[list[pa.Table], dict]:
-    """One epoch's plan as W tables (rank order) of ``schemas.plan_schema()``, sorted by (step, slot).
+    """One epoch's plan as W tables (rank order) of ``lidarshard.schemas.plan_schema()``, sorted by (step, slot).
 
     One gather of all planned rows in rank-major order, then zero-copy slices per rank.
     """

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-import schemas
-from transforms.plan.metrics import balance_summary
+from lidarshard import schemas
+from lidarshard.transforms.plan.metrics import balance_summary
 
 __all__ = ["check_plan", "lookup", "check_epoch"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from transforms.errors import RejectError
+from lidarshard.transforms.errors import RejectError
 
 __all__ = ["MAX_HEADER_BYTES", "PcdHeader", "parse_header", "read_pcd"]
 

@@ -21,10 +21,10 @@ from functools import cached_property
 import numpy as np
 from numpy.typing import NDArray
 
-from transforms import synth_scene as sc
-from transforms import synth_tables as tb
-from transforms.features import count_occupied_voxels
-from transforms.nuscenes import quaternion_matrix
+from lidarshard.transforms.features.size import count_occupied_voxels
+from lidarshard.transforms.nuscenes.tables import quaternion_matrix
+from lidarshard.transforms.synth import scene as sc
+from lidarshard.transforms.synth import tables as tb
 
 __all__ = [
     "SynthConfig",

@@ -4,7 +4,7 @@ Writes ``OUT/report/report.html`` and its PNGs next to it in ``OUT/report/`` (``
 put them elsewhere, e.g. when OUT is read-only). ``report/`` is not part of the manifest contract:
 it is not listed in ``_manifest.json['files']`` and a rebuild of OUT removes it.
 
-The random baseline is recomputed, not read: ``transforms.manifest.plan_samples`` with
+The random baseline is recomputed, not read: ``lidarshard.transforms.plan.epochs.plan_samples`` with
 ``strategy='random'`` on the same samples, seed, epoch, weights and policy gives the same pool as
 the build and the plan behind the manifest's ``random_linearity``. Plain Python, no Beam pipeline.
 """
@@ -22,12 +22,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-import schemas
-from loaders import load_manifest
-from loaders.reader import read_bytes, resolve
-from transforms import calibrate as cal
-from transforms import report_plots as plots
-from transforms.manifest import PlanConfig, plan_samples
+from lidarshard import schemas
+from lidarshard.loaders import load_manifest
+from lidarshard.loaders.reader import read_bytes, resolve
+from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
+from lidarshard.transforms.report import calibrate as cal
+from lidarshard.transforms.report import plots
 
 __all__ = [
     "run",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from transforms.errors import RejectError
+from lidarshard.transforms.errors import RejectError
 
 __all__ = [
     "compute_features",

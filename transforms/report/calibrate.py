@@ -3,9 +3,9 @@
 A timing is one measured duration (ms) over a *group* of samples: one sample (a timings CSV with
 ``sample_id``) or one rank's batch at one step (``step, rank``, mapped to samples through the
 plan). A group contributes the row ``[count, sum points, sum voxels]`` of the design matrix, so
-``c0`` is always per sample and the fitted model plugs straight into ``transforms.cost``.
+``c0`` is always per sample and the fitted model plugs straight into ``lidarshard.transforms.features.cost``.
 
-``points`` and ``voxels`` are the features ``transforms.cost.sample_costs`` uses: ``num_in_range``
+``points`` and ``voxels`` are the features ``lidarshard.transforms.features.cost.sample_costs`` uses: ``num_in_range``
 (``num_points`` when range features are missing) and ``occupied_voxels``.
 
 The fit is non-negative least squares (a negative overhead or per-point cost is not physical and a

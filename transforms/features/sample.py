@@ -1,6 +1,6 @@
 """Read one sample (keyframe + sweeps + labels) and compute its feature row. Pure: I/O is injected.
 
-The Beam DoFn in ``transforms.scan_beam`` passes ``read_bytes``/``size_of`` built on Beam's
+The Beam DoFn in ``lidarshard.transforms.beam.scan`` passes ``read_bytes``/``size_of`` built on Beam's
 FileSystems, so the same code reads local paths, gs:// and s3:// URIs.
 """
 
@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from transforms import readers
-from transforms.errors import RejectError
-from transforms.features import DEFAULT_VOXEL_SIZE, MAX_ABS_COORD, compute_features
-from transforms.multisweep import aggregate
-from transforms.nuscenes import NuScenesTask, check_labels
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.features.size import DEFAULT_VOXEL_SIZE, MAX_ABS_COORD, compute_features
+from lidarshard.transforms.formats import readers
+from lidarshard.transforms.nuscenes.multisweep import aggregate
+from lidarshard.transforms.nuscenes.tables import NuScenesTask, check_labels
 
 __all__ = ["ScanConfig", "featurize", "file_task", "FEATURE_MODES"]
 
@@ -102,7 +102,7 @@ def _read(path: str, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig, mi
 
 def _points(data: bytes, fmt: str, cfg: ScanConfig) -> np.ndarray:
     if cfg.backend == "open3d" and fmt in ("pcd", "ply"):
-        from transforms.open3d_backend import read_points_open3d
+        from lidarshard.transforms.formats.open3d_backend import read_points_open3d
 
         return read_points_open3d(data, fmt)
     return readers.read_points(data, fmt, point_dims=cfg.point_dims, max_points=cfg.max_points)
@@ -126,10 +126,10 @@ def _stat_row(task: NuScenesTask, fmt: str, size_of: SizeOf, cfg: ScanConfig) ->
 
 
 def featurize(task: NuScenesTask, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig) -> dict:
-    """One row of ``schemas.SAMPLE_FIELDS`` for ``task``.
+    """One row of ``lidarshard.schemas.SAMPLE_FIELDS`` for ``task``.
 
     Raises:
-        RejectError: any bad input, with a reason from ``schemas.REJECT_REASONS``.
+        RejectError: any bad input, with a reason from ``lidarshard.schemas.REJECT_REASONS``.
     """
     if isinstance(task, _BadName):
         raise RejectError("unreadable", task.detail)

@@ -3,7 +3,7 @@
 The timings CSV holds measured milliseconds per sample (``sample_id, ms``, as written by
 ``examples/train_ddp.py --emit-timings``) or per rank per step (``step, rank, ms``, optional
 ``epoch``; mapped to the rank's batch through OUT's plan). The fit ``ms = c0 + a * points + b *
-voxels`` (non-negative least squares, see ``transforms.calibrate``) is written as JSON that
+voxels`` (non-negative least squares, see ``lidarshard.transforms.report.calibrate``) is written as JSON that
 ``lidarshard build --cost-model @FILE`` accepts, with R^2 and a residual plot next to it::
 
     {"cost_model": {"name": "linear", "c0": ..., "a": ..., "b": ...}, "r2": ..., "rmse": ...,
@@ -21,11 +21,11 @@ import sys
 
 import numpy as np
 
-import schemas
-from loaders import load_manifest
-from loaders.reader import read_bytes
-from pipelines.report import REPORT_DIR, read_plan, read_table, write_files
-from transforms import calibrate as cal
+from lidarshard import schemas
+from lidarshard.loaders import load_manifest
+from lidarshard.loaders.reader import read_bytes
+from lidarshard.pipelines.tools.report import REPORT_DIR, read_plan, read_table, write_files
+from lidarshard.transforms.report import calibrate as cal
 
 __all__ = ["run", "calibrate"]
 
@@ -59,7 +59,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
 
 def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | None:
     """The residual figure, or None (with a note) when matplotlib is missing."""
-    from transforms import report_plots
+    from lidarshard.transforms.report import plots as report_plots
 
     title = (
         f"ms per {timed} = {fit.c0:.4g} + {fit.a:.4g} x points + {fit.b:.4g} x voxels  "

@@ -1,0 +1,51 @@
+"""lidarshard: cost-balanced, rank-sharded Parquet manifests for distributed LiDAR training.
+
+The public API is loaded lazily, so ``import lidarshard`` costs nothing and a trainer install
+(numpy + pyarrow) never touches Beam or torch::
+
+    import lidarshard
+    reader = lidarshard.ManifestReader("OUT", rank=0, world_size=4, epoch=0)
+    sampler = lidarshard.BalancedBatchSampler("OUT")  # needs torch
+
+Stage packages (the repository's top-level folders): ``lidarshard.transforms`` (pure steps),
+``lidarshard.pipelines`` (Beam commands and tools), ``lidarshard.schemas`` (the manifest
+contract), ``lidarshard.loaders`` (the trainer side).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"
+
+#: public name -> module that defines it
+_API: dict[str, str] = {
+    "ManifestReader": "lidarshard.loaders.reader",
+    "Batch": "lidarshard.loaders.reader",
+    "load_manifest": "lidarshard.loaders.reader",
+    "load_points": "lidarshard.loaders.reader",
+    "read_samples": "lidarshard.loaders.reader",
+    "plan_dataset": "lidarshard.loaders.reader",
+    "BalancedBatchSampler": "lidarshard.loaders.torch",
+    "PlanSampler": "lidarshard.loaders.torch",
+    "PointCloudDataset": "lidarshard.loaders.torch",
+    "collate": "lidarshard.loaders.torch",
+    "plan_epoch": "lidarshard.transforms.plan",
+    "STRATEGIES": "lidarshard.transforms.plan",
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lidarshard' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,1 @@
+"""Commands that run no Beam pipeline: validate, report, calibrate."""

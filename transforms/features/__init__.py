@@ -1,0 +1,1 @@
+"""Per-sample size features, the cost model, cost buckets and reading one sample."""

@@ -1,0 +1,1 @@
+"""nuScenes tables -> scan tasks, multi-sweep aggregation and lidarseg checks."""

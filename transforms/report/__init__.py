@@ -1,0 +1,1 @@
+"""Report and calibration math: figures and the linear cost-model fit."""
