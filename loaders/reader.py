@@ -16,14 +16,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard.schemas import (
     MANIFEST_FILE,
+    PLAN_DIR,
     SAMPLES_FILE,
-    SCHEMA_VERSION,
     SUCCESS_FILE,
+    check_version,
+    partition_schema,
     plan_file,
+    plan_schema,
 )
 from lidarshard.transforms.formats.readers import detect_format, read_points
 from lidarshard.transforms.nuscenes.multisweep import aggregate
@@ -34,9 +38,11 @@ __all__ = [
     "load_manifest",
     "load_points",
     "plan_dataset",
+    "plan_files",
     "read_bytes",
     "read_samples",
     "resolve",
+    "check_int",
 ]
 
 PathLike = str | os.PathLike[str]
@@ -74,12 +80,46 @@ def read_bytes(location: PathLike) -> bytes:
         return f.read()
 
 
+def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int in ``lo..hi``; refuses bools, floats, strings and numpy floats.
+
+    Raises:
+        TypeError: ``value`` is not an integer (``True``, ``0.5``, ``"0"`` ...).
+        ValueError: it is outside ``lo..hi``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if hi is None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and not lo <= value <= hi:
+        raise ValueError(f"{name} {value} is outside {lo}..{hi}")
+    return int(value)
+
+
+def _check_plan_keys(manifest: dict[str, Any], where: str) -> None:
+    """The manifest keys a reader relies on are ints of the right shape (a forged file is refused)."""
+    for key in ("world_size", "batch_size", "epochs"):
+        value = manifest.get(key)
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{where}/{MANIFEST_FILE}: {key} must be an int >= 1, got {value!r}")
+    steps = manifest.get("steps_per_epoch")
+    if (
+        not isinstance(steps, list)
+        or len(steps) != manifest["epochs"]
+        or not all(type(v) is int and v >= 0 for v in steps)
+    ):
+        raise ValueError(
+            f"{where}/{MANIFEST_FILE}: steps_per_epoch must list {manifest['epochs']} ints >= 0, got {steps!r}"
+        )
+
+
 def load_manifest(out_dir: PathLike) -> dict[str, Any]:
     """The ``_manifest.json`` of a committed manifest directory.
 
     Raises:
         FileNotFoundError: ``_SUCCESS`` is missing (the build did not finish, or not a manifest dir).
-        ValueError: the writer's schema major version differs from this reader's.
+        ValueError: the writer's schema major version differs from this reader's (the message names
+            both and the rebuild command), or world_size/batch_size/epochs/steps_per_epoch are malformed.
     """
     fs, base = resolve(out_dir)
     if fs.get_file_info(f"{base}/{SUCCESS_FILE}").type != pafs.FileType.File:
@@ -87,14 +127,16 @@ def load_manifest(out_dir: PathLike) -> dict[str, Any]:
             f"{os.fspath(out_dir)} is not a committed lidarshard manifest: {SUCCESS_FILE} is missing "
             "(the build did not finish, or this is not a manifest directory)"
         )
+    where = os.fspath(out_dir).rstrip("/")
     with fs.open_input_stream(f"{base}/{MANIFEST_FILE}") as f:
-        manifest = json.loads(f.read())
-    version = str(manifest.get("schema_version", ""))
-    if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
-        raise ValueError(
-            f"{os.fspath(out_dir)} was written with schema version {version!r}; this reader supports "
-            f"{SCHEMA_VERSION.split('.')[0]}.x ({SCHEMA_VERSION}): rebuild the manifest or upgrade lidarshard"
-        )
+        try:
+            manifest = json.loads(f.read())
+        except ValueError as e:
+            raise ValueError(f"{where}/{MANIFEST_FILE} is not valid JSON ({e})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{where}/{MANIFEST_FILE} is not a JSON object")
+    check_version(manifest.get("schema_version", ""), where, manifest)
+    _check_plan_keys(manifest, where)
     return manifest
 
 
@@ -106,33 +148,77 @@ def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None) -> pa.
     return dataset.to_table(columns=list(columns) if columns is not None else None)
 
 
-def plan_dataset(out_dir: PathLike) -> ds.Dataset:
-    """All plan partitions ``epoch=E/rank=R/*.parquet`` as one hive-partitioned pyarrow dataset.
+def plan_files(out_dir: PathLike) -> list[str]:
+    """Paths (inside the manifest's filesystem) of every file under ``OUT/plan``, sorted.
 
-    Only the plan files are included (not samples.parquet / rejects.parquet at the top level), so
-    ``plan_dataset(out).to_table(filter=(ds.field("epoch") == 0) & (ds.field("rank") == 1))`` works.
+    Raises:
+        ValueError: a file that is not ``plan/epoch=E/rank=R/part-NNNNN.parquet`` (a stray note, a
+            partial copy), naming it; the plan directory is the contract, nothing else may live there.
+        FileNotFoundError: there is no plan directory or it holds no file.
+    """
+    fs, base = resolve(out_dir)
+    infos = fs.get_file_info(pafs.FileSelector(f"{base}/{PLAN_DIR}", recursive=True, allow_not_found=True))
+    found = sorted((i.path, i.size) for i in infos if i.type == pafs.FileType.File)
+    for path, size in found:
+        if not _is_plan_path(path[len(base) :].lstrip("/")):
+            raise ValueError(
+                f"{path}: not a plan file (only {PLAN_DIR}/epoch=E/rank=R/part-NNNNN.parquet may live in "
+                f"{PLAN_DIR}/); move it out of the manifest directory"
+            )
+        if not size:
+            raise ValueError(f"{path}: not a readable plan file (0 bytes); rebuild the manifest")
+    files = [path for path, _ in found]
+    if not files:
+        raise FileNotFoundError(
+            f"{os.fspath(out_dir)} holds no plan files ({PLAN_DIR}/epoch=E/rank=R/*.parquet)"
+        )
+    return files
+
+
+def plan_dataset(out_dir: PathLike) -> ds.Dataset:
+    """The whole plan ``OUT/plan`` as one hive-partitioned pyarrow dataset with int32 ``epoch``, ``rank``.
+
+    ``plan_dataset(out).to_table(filter=(ds.field("epoch") == 0) & (ds.field("rank") == 1))`` reads one
+    rank's plan. Any Parquet reader can do the same from ``OUT/plan`` alone; this one also checks the
+    manifest is committed and of this schema version, and that nothing foreign lives in the plan tree.
     """
     load_manifest(out_dir)
     fs, base = resolve(out_dir)
-    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-    files = sorted(
-        i.path
-        for i in infos
-        if i.type == pafs.FileType.File
-        and i.path.endswith(".parquet")
-        and _is_plan_path(i.path[len(base) :].lstrip("/"))
-    )
-    if not files:
-        raise FileNotFoundError(f"{os.fspath(out_dir)} holds no plan files (epoch=E/rank=R/*.parquet)")
-    partitioning = ds.partitioning(pa.schema([("epoch", pa.int32()), ("rank", pa.int32())]), flavor="hive")
     return ds.dataset(
-        files, filesystem=fs, format="parquet", partitioning=partitioning, partition_base_dir=base
+        plan_files(out_dir),
+        schema=pa.unify_schemas([plan_schema(), partition_schema()]),
+        filesystem=fs,
+        format="parquet",
+        partitioning=ds.partitioning(partition_schema(), flavor="hive"),
+        partition_base_dir=f"{base}/{PLAN_DIR}",
     )
 
 
 def _is_plan_path(rel: str) -> bool:
     parts = rel.split("/")
-    return len(parts) == 3 and parts[0].startswith("epoch=") and parts[1].startswith("rank=")
+    return (
+        len(parts) == 4
+        and parts[0] == PLAN_DIR
+        and parts[1].startswith("epoch=")
+        and parts[1][6:].isdigit()
+        and parts[2].startswith("rank=")
+        and parts[2][5:].isdigit()
+        and parts[3].startswith("part-")
+        and parts[3].endswith(".parquet")
+    )
+
+
+def read_plan_file(fs: pafs.FileSystem, path: str, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of one plan file; an empty, truncated or foreign file raises ValueError naming it."""
+    try:
+        table = pq.read_table(path, filesystem=fs, columns=list(columns))
+    except (pa.ArrowInvalid, OSError, KeyError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(
+            f"{path}: not a readable plan file ({str(e).splitlines()[0]}); rebuild the manifest"
+        ) from None
+    return table
 
 
 class ManifestReader:
@@ -140,10 +226,14 @@ class ManifestReader:
 
     Args:
         out_dir: committed manifest directory (local path or URI).
-        rank: this trainer's data-parallel rank, ``0 <= rank < world_size``.
-        world_size: ranks the trainer runs; must equal the manifest's ``world_size``.
-        epoch: training epoch, 0-based.
+        rank: this trainer's data-parallel rank, an int ``0 <= rank < world_size``.
+        world_size: ranks the trainer runs (int); must equal the manifest's ``world_size``.
+        epoch: training epoch, an int >= 0.
         start_step: first step to yield (resume mid-epoch); ``0 <= start_step <= steps``.
+
+    Raises:
+        TypeError: rank, world_size, epoch or start_step is not an int (``True``, ``0.5``, ``"0"``).
+        ValueError: a value out of range, or a plan file that is empty, foreign or malformed (named).
         cycle: allow ``epoch >= epochs planned`` by reusing the plan of ``epoch % epochs`` (warns).
 
     ``len(reader)`` is the number of batches iteration yields: ``steps - start_step``.
@@ -161,19 +251,17 @@ class ManifestReader:
     ) -> None:
         self.out_dir = out_dir
         self.manifest = load_manifest(out_dir)
-        planned_ws = int(self.manifest["world_size"])
-        if int(world_size) != planned_ws:
+        planned_ws = self.manifest["world_size"]
+        if check_int("world_size", world_size, 1) != planned_ws:
             raise ValueError(
                 f"world size mismatch: the trainer runs world_size={world_size} but the manifest at "
                 f"{os.fspath(out_dir)} was planned for world_size={planned_ws}; rebuild it with "
                 f"--world-size {world_size}"
             )
-        if not 0 <= rank < planned_ws:
-            raise ValueError(f"rank {rank} is outside 0..{planned_ws - 1}")
-        epochs = int(self.manifest["epochs"])
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if epoch >= epochs:
+        self.rank = check_int("rank", rank, 0, planned_ws - 1)
+        self.epoch = check_int("epoch", epoch, 0)
+        epochs = self.manifest["epochs"]
+        if self.epoch >= epochs:
             if not cycle:
                 raise ValueError(
                     f"epoch {epoch} was not planned: the manifest holds epochs 0..{epochs - 1}; build "
@@ -184,15 +272,11 @@ class ManifestReader:
                 f"the plan of epoch {epoch % epochs}",
                 stacklevel=2,
             )
-        self.rank = int(rank)
         self.world_size = planned_ws
-        self.epoch = int(epoch)
         self.plan_epoch = self.epoch % epochs
-        self.batch_size = int(self.manifest["batch_size"])
-        self.steps = int(self.manifest["steps_per_epoch"][self.plan_epoch])
-        if not 0 <= start_step <= self.steps:
-            raise ValueError(f"start_step {start_step} is outside 0..{self.steps}")
-        self.start_step = int(start_step)
+        self.batch_size = self.manifest["batch_size"]
+        self.steps = self.manifest["steps_per_epoch"][self.plan_epoch]
+        self.start_step = check_int("start_step", start_step, 0, self.steps)
         self._load_plan()
 
     def _load_plan(self) -> None:
@@ -200,7 +284,17 @@ class ManifestReader:
         rank_dir = f"{base}/{os.path.dirname(plan_file(self.plan_epoch, self.rank))}"
         if fs.get_file_info(rank_dir).type != pafs.FileType.Directory:
             raise FileNotFoundError(f"the manifest has no plan for epoch {self.plan_epoch} rank {self.rank}")
-        table = ds.dataset(rank_dir, filesystem=fs, format="parquet").to_table(columns=_PLAN_COLUMNS)
+        infos = fs.get_file_info(pafs.FileSelector(rank_dir, recursive=True))
+        files = sorted(i.path for i in infos if i.type != pafs.FileType.Directory)
+        for path in files:
+            if not _is_plan_path(path[len(base) :].lstrip("/")):
+                raise ValueError(
+                    f"{path}: not a plan file (only part-NNNNN.parquet may live in a rank directory); "
+                    "move it out of the manifest directory"
+                )
+        if not files:
+            raise ValueError(f"{rank_dir}: the rank directory holds no plan file; rebuild the manifest")
+        table = pa.concat_tables(read_plan_file(fs, f, _PLAN_COLUMNS) for f in files)
         table = table.sort_by([("step", "ascending"), ("slot", "ascending")])
         steps, slots = table["step"].to_numpy(), table["slot"].to_numpy()
         expect = self.steps * self.batch_size
@@ -210,8 +304,8 @@ class ManifestReader:
             or not np.array_equal(slots, np.tile(np.arange(self.batch_size), self.steps))
         ):
             raise ValueError(
-                f"plan for epoch {self.plan_epoch} rank {self.rank} is malformed: expected exactly "
-                f"{self.batch_size} slots for each of {self.steps} steps ({expect} rows), "
+                f"{rank_dir}: plan for epoch {self.plan_epoch} rank {self.rank} is malformed: expected "
+                f"exactly {self.batch_size} slots for each of {self.steps} steps ({expect} rows), "
                 f"got {table.num_rows} rows"
             )
         self._ids: list[str] = table["sample_id"].to_pylist()

@@ -184,6 +184,7 @@ def _write_manifest(
             for f in sorted(files, key=lambda f: f["path"])
         },
         "plan_schema": schemas.schema_to_json(schemas.plan_schema()),
+        "path_root": None,
     }
     _output.write_json(_output.join(staging, schemas.MANIFEST_FILE), manifest)
 

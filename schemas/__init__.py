@@ -8,8 +8,15 @@ Layout of an output directory ``OUT``::
     OUT/_manifest.json            run metadata (see ``MANIFEST_KEYS``)
     OUT/samples.parquet           one row per accepted sample (``SAMPLE_FIELDS`` + cost, bucket_id)
     OUT/rejects.parquet           one row per rejected input (``REJECT_FIELDS``)
-    OUT/epoch=E/rank=R/part-00000.parquet   rank R's plan for epoch E (``PLAN_FIELDS``)
+    OUT/plan/epoch=E/rank=R/part-00000.parquet   rank R's plan for epoch E (``PLAN_FIELDS``)
     OUT/_SUCCESS                  written last; readers refuse a directory without it
+
+``OUT/plan`` holds nothing but the plan, and its files do not repeat the partition columns, so any
+Parquet reader pointed at that one directory (pandas, pyarrow, DuckDB, polars, Spark) returns the whole
+plan with integer ``epoch`` and ``rank`` taken from the hive directory names.
+
+Version history: 1.x kept ``epoch`` and ``rank`` both as columns and as directories directly under OUT
+(readers pointed at a directory failed to merge the two); 2.0 moved the plan under ``OUT/plan``.
 """
 
 from __future__ import annotations
@@ -35,20 +42,25 @@ __all__ = [
     "SCAN_FILE",
     "SUCCESS_FILE",
     "plan_file",
+    "PLAN_DIR",
+    "PARTITION_FIELDS",
+    "partition_schema",
+    "check_version",
 ]
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "2.0"
 
 SAMPLES_FILE = "samples.parquet"
 REJECTS_FILE = "rejects.parquet"
 MANIFEST_FILE = "_manifest.json"
 SCAN_FILE = "_scan.json"
 SUCCESS_FILE = "_SUCCESS"
+PLAN_DIR = "plan"
 
 
 def plan_file(epoch: int, rank: int) -> str:
-    """Relative path of rank ``rank``'s plan for ``epoch`` (hive partitioned)."""
-    return f"epoch={epoch}/rank={rank}/part-00000.parquet"
+    """Relative path of rank ``rank``'s plan for ``epoch`` (hive partitioned under ``PLAN_DIR``)."""
+    return f"{PLAN_DIR}/epoch={epoch}/rank={rank}/part-00000.parquet"
 
 
 #: Fixed vocabulary of reject reasons; ``detail`` carries the specifics.
@@ -121,11 +133,15 @@ REJECT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("detail", _STR, "human-readable specifics"),
 ]
 
-#: One row per (epoch, step, rank, slot) of the plan.
-PLAN_FIELDS: list[tuple[str, pa.DataType, str]] = [
+#: The hive partition keys of ``PLAN_DIR``: directory names only, never columns in the files.
+PARTITION_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("epoch", pa.int32(), "epoch index, 0-based"),
-    ("step", pa.int32(), "step index within the epoch"),
     ("rank", pa.int32(), "data-parallel rank"),
+]
+
+#: One row per (step, slot) of one (epoch, rank) plan file.
+PLAN_FIELDS: list[tuple[str, pa.DataType, str]] = [
+    ("step", pa.int32(), "step index within the epoch"),
     ("slot", pa.int32(), "position within the rank's batch, 0..batch_size-1"),
     ("sample_id", _STR, "key into samples.parquet"),
     ("path", _STR, "keyframe path/URI"),
@@ -158,8 +174,13 @@ def reject_schema() -> pa.Schema:
 
 
 def plan_schema() -> pa.Schema:
-    """Arrow schema of every ``epoch=E/rank=R/part-*.parquet`` file."""
+    """Arrow schema of every ``plan/epoch=E/rank=R/part-*.parquet`` file (no partition columns)."""
     return _schema(PLAN_FIELDS)
+
+
+def partition_schema() -> pa.Schema:
+    """Arrow schema of the plan's hive partition keys (``epoch``, ``rank``: int32)."""
+    return _schema(PARTITION_FIELDS)
 
 
 #: Keys of ``_manifest.json`` (JSON object) and what they hold.
@@ -183,6 +204,7 @@ MANIFEST_KEYS: dict[str, str] = {
     "nuscenes_version": "tables version in tables mode, else null; 'sweeps': previous sweeps aggregated",
     "scan_config": "the feature options (voxel size, range, formats, limits); 'max_reject_fraction' too",
     "sample_schema": "samples.parquet's fields as JSON (name, type, doc); 'plan_schema' likewise",
+    "path_root": "ROOT that relative sample paths resolve against (build --relative-to), or null: absolute paths",
     "files": "{relative path: {'bytes': int, 'sha256': hex}} for every data file, recorded at commit",
 }
 
@@ -193,3 +215,30 @@ def schema_to_json(schema: pa.Schema) -> list[dict[str, str]]:
         {"name": f.name, "type": str(f.type), "doc": (f.metadata or {}).get(b"doc", b"").decode()}
         for f in schema
     ]
+
+
+def check_version(version: object, where: str, manifest: dict | None = None) -> None:
+    """Refuse metadata whose schema major version is not this lidarshard's.
+
+    Args:
+        version: the ``schema_version`` found.
+        where: the directory or file it came from, for the message.
+        manifest: the metadata, used to spell out the rebuild command with its own options.
+
+    Raises:
+        ValueError: naming both versions and the command that rebuilds the directory.
+    """
+    found = str(version)
+    if found.split(".")[0] == SCHEMA_VERSION.split(".")[0]:
+        return
+    m = manifest or {}
+    plan = " ".join(
+        f"--{k.replace('_', '-')} {m[k]}"
+        for k in ("world_size", "batch_size", "epochs", "seed", "strategy")
+        if k in m
+    )
+    raise ValueError(
+        f"{where} was written with manifest schema {found or 'unknown'}; this lidarshard reads "
+        f"{SCHEMA_VERSION.split('.')[0]}.x ({SCHEMA_VERSION}): rebuild it without rescanning with "
+        f"`lidarshard build NEW_OUT --from-samples {where.rstrip('/')}/{SAMPLES_FILE} {plan or '...'}`"
+    )

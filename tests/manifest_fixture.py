@@ -197,9 +197,7 @@ def write_manifest(
         for r in range(world_size):
             idx = plan[:, r, :].ravel()
             rows = {
-                "epoch": np.full(idx.size, e, np.int32),
                 "step": np.repeat(np.arange(steps, dtype=np.int32), batch_size),
-                "rank": np.full(idx.size, r, np.int32),
                 "slot": np.tile(np.arange(batch_size, dtype=np.int32), steps),
                 "sample_id": [ids[i] for i in idx],
                 "path": [paths[i] for i in idx],

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
@@ -64,7 +66,7 @@ def test_manifest_contract(built) -> None:
         for rank in range(4):
             rows = _plan_rows(out, epoch, rank)
             assert [(r["step"], r["slot"]) for r in rows] == [(s, b) for s in range(7) for b in range(2)]
-            assert {(r["epoch"], r["rank"]) for r in rows} == {(epoch, rank)}
+            assert "epoch" not in rows[0] and "rank" not in rows[0]  # the directories say it
             seen += [r["sample_id"] for r in rows]
         assert len(seen) == len(set(seen)) == 56
     for rel, info in m["files"].items():
@@ -81,19 +83,58 @@ def test_balance_is_recorded_and_beats_random(built) -> None:
     assert set(m["pair_repeat_rate"]) == {"balanced", "random"}
 
 
-def test_readable_by_pyarrow_duckdb_and_polars(built) -> None:
+def _plan_keys(out: Path) -> list[tuple[int, int, int, int, str]]:
+    """(epoch, rank, step, slot, sample_id) of every plan row, from the files one by one."""
+    rows = []
+    for f in sorted((out / schemas.PLAN_DIR).glob("epoch=*/rank=*/*.parquet")):
+        e, r = int(f.parent.parent.name.split("=")[1]), int(f.parent.name.split("=")[1])
+        rows += [(e, r, x["step"], x["slot"], x["sample_id"]) for x in pq.read_table(f).to_pylist()]
+    return sorted(rows)
+
+
+def _keys(epoch, rank, step, slot, sample_id) -> list[tuple[int, int, int, int, str]]:
+    for col in (epoch, rank):
+        assert all(type(v) is int for v in col), type(col[0])
+    return sorted(zip(epoch, rank, step, slot, sample_id, strict=True))
+
+
+def test_plan_directory_is_read_whole_by_five_readers(built) -> None:
+    """pandas, pyarrow.parquet, pyarrow.dataset, DuckDB and polars read OUT/plan with no glob, with
+    integer epoch/rank, and return exactly the rows of the plan files."""
     _, out, _ = built
-    files = sorted(str(p) for p in out.glob("epoch=*/rank=*/*.parquet"))
-    t = ds.dataset(files, format="parquet", partitioning="hive").to_table()
-    assert t.num_rows == 3 * 56
-    duckdb = pytest.importorskip("duckdb")
-    con = duckdb.connect()
-    n = con.execute(
-        f"select count(*) from read_parquet('{out}/epoch=*/rank=*/*.parquet', hive_partitioning=true)"
+    plan = str(out / schemas.PLAN_DIR)
+    want = _plan_keys(out)
+    assert len(want) == 3 * 56
+    cols = ["epoch", "rank", "step", "slot", "sample_id"]
+    pd = pytest.importorskip("pandas")
+    df = pd.read_parquet(plan)
+    assert (
+        _keys(*(df[c].astype("int64").tolist() if c in ("epoch", "rank") else df[c].tolist() for c in cols))
+        == want
     )
-    assert n.fetchall()[0][0] == 3 * 56
+    assert all(pd.api.types.is_integer_dtype(df[c].cat.categories) for c in ("epoch", "rank"))
+    t = pq.read_table(plan)
+    assert (
+        _keys(
+            *(
+                pc.cast(t[c], pa.int64()).to_pylist() if c in ("epoch", "rank") else t[c].to_pylist()
+                for c in cols
+            )
+        )
+        == want
+    )
+    t = ds.dataset(plan, partitioning="hive").to_table()
+    assert t.schema.field("epoch").type == t.schema.field("rank").type == pa.int32()
+    assert _keys(*(t[c].to_pylist() for c in cols)) == want
+    duckdb = pytest.importorskip("duckdb")
+    rel = duckdb.connect().execute(
+        f"select {', '.join(cols)} from read_parquet('{plan}', hive_partitioning=true)"
+    )
+    assert _keys(*zip(*rel.fetchall(), strict=True)) == want
     pl = pytest.importorskip("polars")
-    assert pl.scan_parquet(f"{out}/epoch=*/rank=*/*.parquet").select(pl.len()).collect().item() == 3 * 56
+    frame = pl.read_parquet(plan)
+    assert frame.schema["epoch"].is_integer() and frame.schema["rank"].is_integer()
+    assert _keys(*(frame[c].to_list() for c in cols)) == want
 
 
 def _tree_bytes(out: Path) -> dict[str, bytes]:

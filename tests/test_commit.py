@@ -182,9 +182,9 @@ def test_new_world_size_replaces_the_old_output_wholesale(tmp_path: Path) -> Non
     inp = make_bins(tmp_path / "in", n=24)
     out = tmp_path / "out"
     _build(inp, out)
-    assert (out / "epoch=1/rank=3").is_dir()
+    assert (out / "plan/epoch=1/rank=3").is_dir()
     assert build_cli.run([str(inp), str(out), *_FLAGS[2:], "--world-size", "2", *BEAM_TEST_FLAGS]) == 0
-    ranks = sorted(str(p.relative_to(out)) for p in out.glob("epoch=*/rank=*"))
+    ranks = sorted(str(p.relative_to(out / "plan")) for p in out.glob("plan/epoch=*/rank=*"))
     assert ranks == ["epoch=0/rank=0", "epoch=0/rank=1", "epoch=1/rank=0", "epoch=1/rank=1"]
     assert json.loads((out / schemas.MANIFEST_FILE).read_text())["world_size"] == 2
     assert validate(str(out))[0] == []

@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from manifest_fixture import make_fixture, sweep_offset
 
 from lidarshard.loaders import ManifestReader, load_manifest, load_points, plan_dataset, read_samples
-from lidarshard.schemas import MANIFEST_FILE, PLAN_FIELDS, SUCCESS_FILE, plan_file
+from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, PLAN_FIELDS, SUCCESS_FILE, plan_file
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [100 + 37 * i for i in range(23)]  # 23 samples, W*B = 4 -> 5 steps, 3 dropped
@@ -66,12 +67,52 @@ def test_refuses_a_directory_without_success(out: Path) -> None:
             call()
 
 
-def test_refuses_another_schema_major(out: Path) -> None:
+def test_refuses_a_v1_manifest_naming_both_versions_and_the_rebuild(out: Path) -> None:
     meta = json.loads((out / MANIFEST_FILE).read_text())
-    meta["schema_version"] = "2.0"
+    meta["schema_version"] = "1.0"
     (out / MANIFEST_FILE).write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="schema version '2.0'"):
+    want = (
+        rf"{out} was written with manifest schema 1\.0; this lidarshard reads 2\.x \(2\.0\): rebuild it "
+        rf"without rescanning with `lidarshard build NEW_OUT --from-samples {out}/samples\.parquet "
+        r"--world-size 2 --batch-size 2 --epochs 2 --seed 0 --strategy fixture_sorted_lpt`"
+    )
+    for call in (lambda: ManifestReader(out, 0, 2, 0), lambda: plan_dataset(out), lambda: read_samples(out)):
+        with pytest.raises(ValueError, match=want):
+            call()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("epochs", 2.5), ("epochs", "2"), ("world_size", True), ("batch_size", 0), ("steps_per_epoch", [5])],
+)
+def test_refuses_a_manifest_with_malformed_plan_keys(out: Path, key: str, value: object) -> None:
+    meta = json.loads((out / MANIFEST_FILE).read_text())
+    meta[key] = value
+    (out / MANIFEST_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=rf"_manifest.json: {key} must"):
         ManifestReader(out, 0, 2, 0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"rank": 0.5}, TypeError, r"rank must be an int, got 0\.5 \(float\)"),
+        ({"rank": True}, TypeError, r"rank must be an int, got True \(bool\)"),
+        ({"rank": "0"}, TypeError, r"rank must be an int, got '0' \(str\)"),
+        ({"rank": -1}, ValueError, r"rank -1 is outside 0\.\.1"),
+        ({"world_size": 2.9}, TypeError, r"world_size must be an int, got 2\.9"),
+        ({"world_size": np.float64(2)}, TypeError, "world_size must be an int"),
+        ({"epoch": 1.0}, TypeError, r"epoch must be an int, got 1\.0"),
+        ({"epoch": False}, TypeError, "epoch must be an int, got False"),
+        ({"start_step": 2.0}, TypeError, "start_step must be an int"),
+    ],
+)
+def test_rank_world_size_epoch_must_be_real_ints(out: Path, kwargs: dict, error: type, match: str) -> None:
+    args = {"rank": 0, "world_size": 2, "epoch": 0} | kwargs
+    start = args.pop("start_step", 0)
+    with pytest.raises(error, match=match):
+        ManifestReader(out, args["rank"], args["world_size"], args["epoch"], start_step=start)
+    assert ManifestReader(out, np.int64(1), np.int32(2), np.int8(1)).rank == 1  # numpy ints are ints
 
 
 def test_unplanned_epoch_errors_unless_cycle(out: Path) -> None:
@@ -92,9 +133,34 @@ def test_malformed_plan_is_refused(out: Path) -> None:
         ManifestReader(out, 1, 2, 0)
 
 
+def test_an_empty_rank_directory_names_itself(out: Path) -> None:
+    (out / plan_file(0, 1)).unlink()
+    with pytest.raises(ValueError, match=r"plan/epoch=0/rank=1: the rank directory holds no plan file"):
+        ManifestReader(out, 1, 2, 0)
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "part-00001.parquet"])
+def test_a_foreign_or_empty_file_in_the_plan_tree_is_named(out: Path, name: str) -> None:
+    stray = out / plan_file(0, 1).replace("part-00000.parquet", name)
+    stray.write_bytes(b"")
+    what = "not a plan file" if name.endswith(".txt") else "not a readable plan file"
+    with pytest.raises(ValueError, match=rf"{stray}: {what}"):
+        ManifestReader(out, 1, 2, 0)
+    with pytest.raises(ValueError, match=rf"{stray}: not a"):
+        plan_dataset(out)
+    assert len(ManifestReader(out, 0, 2, 0)) == 5  # other ranks still read
+
+
+def test_a_stray_file_at_the_plan_root_is_named(out: Path) -> None:
+    (out / PLAN_DIR / "README.md").write_text("notes")
+    with pytest.raises(ValueError, match=rf"{out / PLAN_DIR / 'README.md'}: not a plan file"):
+        plan_dataset(out)
+
+
 def test_plan_dataset_holds_only_plan_partitions(out: Path) -> None:
     dataset = plan_dataset(out)
-    assert dataset.schema.names == [name for name, _, _ in PLAN_FIELDS]
+    assert dataset.schema.names == [name for name, _, _ in PLAN_FIELDS] + ["epoch", "rank"]
+    assert dataset.schema.field("epoch").type == dataset.schema.field("rank").type == pa.int32()
     table = dataset.to_table()
     assert table.num_rows == 2 * 5 * 2 * 2  # epochs * steps * ranks * batch
     part = dataset.to_table(filter=(ds.field("epoch") == 1) & (ds.field("rank") == 0))

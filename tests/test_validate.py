@@ -135,8 +135,10 @@ def _uneven_steps(out: Path) -> None:
     _rewrite(out, PLAN, lambda t: _set(t, "step", [0, 1, *t.column("step").to_pylist()[2:]]), record=True)
 
 
-def _wrong_rank(out: Path) -> None:
-    _rewrite(out, PLAN, lambda t: _set(t, "rank", [3] * t.num_rows), record=True)
+def _rank_column(out: Path) -> None:
+    _rewrite(
+        out, PLAN, lambda t: t.append_column("rank", pa.array([3] * t.num_rows, pa.int32())), record=True
+    )
 
 
 def _other_schema(out: Path) -> None:
@@ -155,8 +157,8 @@ def _samples_cost(out: Path) -> None:
 
 
 def _extra_file(out: Path) -> None:
-    (out / "epoch=0/rank=9").mkdir()
-    (out / "epoch=0/rank=9/part-00000.parquet").write_bytes((out / PLAN).read_bytes())
+    (out / "plan/epoch=0/rank=9").mkdir()
+    (out / "plan/epoch=0/rank=9/part-00000.parquet").write_bytes((out / PLAN).read_bytes())
 
 
 def _no_success(out: Path) -> None:
@@ -182,17 +184,24 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     "rows out of order, sha fixed": (_swap_steps, "rows must be sorted by (step, slot)"),
     "short step, sha fixed": (_short_step, "5 rows, but steps_per_epoch[1] = 3 steps x batch_size 2 = 6"),
     "uneven steps, sha fixed": (_uneven_steps, "epoch 1 rank 2 step 0: 1 rows, expected batch_size 2"),
-    "rank column vs path, sha fixed": (_wrong_rank, "column rank holds [3], the partition path says 2"),
+    "partition column in the file, sha fixed": (
+        _rank_column,
+        "schema differs from the contract: extra ['rank']",
+    ),
     "schema change, sha fixed": (_other_schema, "schema differs from the contract: missing ['bucket_id']"),
     "plan cost, sha fixed": (_wrong_cost, "cost of "),
     "samples cost, sha fixed": (_samples_cost, "costs differ from cost_model"),
-    "unlisted rank file": (_extra_file, "epoch=0/rank=9/part-00000.parquet: file is not listed"),
+    "unlisted rank file": (_extra_file, "plan/epoch=0/rank=9/part-00000.parquet: file is not listed"),
     "no _SUCCESS": (_no_success, "no _SUCCESS, so it is not a committed lidarshard output"),
     "world size edited": (
         _manifest_edit(lambda m: m.update(world_size=2)),
         "recorded in 'files' but not part of a world_size 2",
     ),
-    "schema version": (_manifest_edit(lambda m: m.update(schema_version="2.0")), "is not compatible"),
+    "schema version": (
+        _manifest_edit(lambda m: m.update(schema_version="1.0")),
+        "written with manifest schema 1.0; this lidarshard reads 2.x (2.0): rebuild it without rescanning "
+        "with `lidarshard build NEW_OUT --from-samples",
+    ),
     "scanned count": (
         _manifest_edit(lambda m: m["counts"].update(scanned=99)),
         "counts: scanned 99 != accepted 30 + rejected 1",

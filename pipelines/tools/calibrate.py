@@ -39,7 +39,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     manifest = load_manifest(out)
     timings = cal.read_timings(read_bytes(timings_path))
     samples = read_table(out, schemas.SAMPLES_FILE)
-    plan = None if "sample_id" in timings.column_names else read_plan(out, manifest)
+    plan = None if "sample_id" in timings.column_names else read_plan(out)
     obs = cal.observations(timings, samples, plan, epoch)
     if obs.num_rows == 0:
         raise ValueError(f"no row of {timings_path} matches a sample (or step/rank) of {out}")

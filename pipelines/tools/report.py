@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest
-from lidarshard.loaders.reader import read_bytes, resolve
+from lidarshard.loaders.reader import plan_dataset, read_bytes, resolve
 from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
 from lidarshard.transforms.report import calibrate as cal
 from lidarshard.transforms.report import plots
@@ -59,15 +59,12 @@ def read_table(out: str, rel: str) -> pa.Table:
     return pq.read_table(f"{base}/{rel}", filesystem=fs)
 
 
-def read_plan(out: str, manifest: dict) -> pa.Table:
-    """Every epoch's and rank's plan rows, sorted by (epoch, step, rank, slot)."""
+def read_plan(out: str) -> pa.Table:
+    """Every epoch's and rank's plan rows (epoch, rank from the hive directories), sorted by
+    (epoch, step, rank, slot)."""
     cols = ["epoch", "step", "rank", "slot", "sample_id", "cost", "bucket_id"]
-    parts = [
-        read_table(out, schemas.plan_file(e, r)).select(cols)
-        for e in range(int(manifest["epochs"]))
-        for r in range(int(manifest["world_size"]))
-    ]
-    return pa.concat_tables(parts).sort_by([(k, "ascending") for k in ("epoch", "step", "rank", "slot")])
+    table = plan_dataset(out).to_table(columns=cols)
+    return table.sort_by([(k, "ascending") for k in ("epoch", "step", "rank", "slot")])
 
 
 @dataclass
@@ -87,7 +84,7 @@ def load(out: str) -> ReportData:
     m = load_manifest(out)
     samples = read_table(out, schemas.SAMPLES_FILE)
     w, b = int(m["world_size"]), int(m["batch_size"])
-    plan = read_plan(out, m)
+    plan = read_plan(out)
     cfg = PlanConfig(
         world_size=w,
         batch_size=b,

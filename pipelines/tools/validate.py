@@ -3,7 +3,7 @@
 Checks, in order: ``_SUCCESS``; ``_manifest.json`` (keys, schema version); every data file against the
 size and sha256 recorded at commit, no missing or unlisted file; each file's Arrow schema against
 ``schemas``; samples (sorted unique ids, cost model, bucket ids, bucket counts, inputs fingerprint);
-rejects (reasons, counts); every ``epoch=E/rank=R`` plan (partition columns, exactly ``batch_size`` rows
+rejects (reasons, counts); every ``plan/epoch=E/rank=R`` file (no partition columns, exactly ``batch_size`` rows
 per step in (step, slot) order, ``steps_per_epoch``, every sample id known with matching path, sweeps,
 cost and bucket); coverage per epoch (drop_last: each sample at most once, planned = accepted - dropped;
 pad: each at least once, planned = accepted + padded); the recorded balance numbers recomputed from the
@@ -213,11 +213,10 @@ def _load_json(c: _Checker, rel: str) -> dict:
         raise Invalid(f"{rel}: cannot be read as JSON ({e})") from None
     if not isinstance(obj, dict):
         raise Invalid(f"{rel}: not a JSON object")
-    if str(obj.get("schema_version", "")).split(".")[0] != schemas.SCHEMA_VERSION.split(".")[0]:
-        raise Invalid(
-            f"{rel}: schema_version {obj.get('schema_version')!r} is not compatible with this "
-            f"lidarshard's {schemas.SCHEMA_VERSION!r}"
-        )
+    try:
+        schemas.check_version(obj.get("schema_version", ""), c.store.root, obj)
+    except ValueError as e:
+        raise Invalid(f"{rel}: {e}") from None
     return obj
 
 
@@ -304,7 +303,7 @@ def _check_manifest(c: _Checker) -> str:
             rel = schemas.plan_file(e, r)
             t = c.table(rel, good[rel], schemas.plan_schema()) if rel in good else None
             if t is not None and check_plan(c.problems, rel, t, e, r, steps[e], b):
-                ranks.append(t)
+                ranks.append(t.append_column("rank", pa.array(np.full(t.num_rows, r, np.int32))))
             rows += t.num_rows if t is not None else 0
         idx = lookup(c.problems, e, pa.concat_tables(ranks), samples) if len(ranks) == w else None
         if idx is not None:

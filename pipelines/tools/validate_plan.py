@@ -24,20 +24,12 @@ def _add(problems: list[str], where: str, what: str) -> None:
 
 
 def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int, b: int) -> bool:
-    """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, partition columns,
-    exactly ``steps`` x ``b`` rows in (step, slot) order. Returns True when the file is usable."""
-    for name in ("epoch", "step", "rank", "slot", "sample_id", "cost", "bucket_id", "path"):
+    """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, exactly ``steps`` x
+    ``b`` rows in (step, slot) order. Epoch and rank are the file's directories (the schema check refuses
+    them as columns). Returns True when the file is usable."""
+    for name in ("step", "slot", "sample_id", "cost", "bucket_id", "path"):
         if t.column(name).null_count:
             _add(problems, rel, f"column {name} holds {t.column(name).null_count} nulls")
-            return False
-    for name, want in (("epoch", e), ("rank", r)):
-        got = np.unique(t.column(name).to_numpy())
-        if got.tolist() != [want] and t.num_rows:
-            _add(
-                problems,
-                rel,
-                f"column {name} holds {got[:_MAX_SHOWN].tolist()}, the partition path says {want}",
-            )
             return False
     step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
     if t.num_rows != steps * b:
@@ -75,8 +67,8 @@ def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps
 
 
 def lookup(problems: list[str], e: int, t: pa.Table, samples: pa.Table) -> NDArray[np.int64] | None:
-    """(W*S*B,) row indices into ``samples`` of epoch ``e``'s plan ``t`` (all ranks, rank-major), after
-    checking that every sample_id exists and path, cost, bucket_id, sweep_paths equal the sample's."""
+    """(W*S*B,) row indices into ``samples`` of epoch ``e``'s plan ``t`` (all ranks, rank-major, with a
+    ``rank`` column added from the file paths), after checking that every sample_id exists and path, cost, bucket_id, sweep_paths equal the sample's."""
 
     def where(i: int) -> str:
         rank, step, slot = (t.column(k)[i].as_py() for k in ("rank", "step", "slot"))

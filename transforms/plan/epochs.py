@@ -117,10 +117,8 @@ def plan_tables(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[list[pa.
     n = s * b  # rows per rank
     cols = scored.select(["sample_id", "path", "sweep_paths", "cost", "bucket_id"])
     rows = cols.take(pa.array(plan.transpose(1, 0, 2).reshape(-1))).combine_chunks()
-    fixed = {
-        "epoch": pa.array(np.full(w * n, epoch, dtype=np.int32)),
+    fixed = {  # epoch and rank are the files' hive directories (schemas.plan_file), not columns
         "step": pa.array(np.tile(np.repeat(np.arange(s, dtype=np.int32), b), w)),
-        "rank": pa.array(np.repeat(np.arange(w, dtype=np.int32), n)),
         "slot": pa.array(np.tile(np.arange(b, dtype=np.int32), w * s)),
     }
     arrays = [fixed[f.name] if f.name in fixed else rows.column(f.name) for f in schemas.plan_schema()]
