@@ -31,6 +31,7 @@ from lidarshard.schemas import (
 )
 from lidarshard.transforms.formats.readers import detect_format, read_points
 from lidarshard.transforms.nuscenes.multisweep import aggregate
+from lidarshard.transforms.plan import VARIABLE_COUNT
 
 __all__ = [
     "Batch",
@@ -47,17 +48,28 @@ __all__ = [
 
 PathLike = str | os.PathLike[str]
 
-_PLAN_COLUMNS = ["step", "slot", "sample_id", "path", "sweep_paths", "cost"]
+_PLAN_COLUMNS = ["step", "slot", "sample_id", "path", "sweep_paths", "cost", "global_count"]
 
 
 class Batch(NamedTuple):
-    """One step of one rank's plan: ``batch_size`` samples in slot order."""
+    """One step of one rank's plan: its samples in slot order (``batch_size`` of them, or a
+    variable number under ``--strategy budget``).
+
+    ``scale`` makes DDP's gradient the mean over the global batch: with ``n_r`` samples on rank r
+    and ``N = sum_r n_r``, each rank uses ``loss = scale * sum(per-sample losses)`` with
+    ``scale = W / N``; DDP averages gradients over the W ranks, giving
+    ``(1/W) sum_r (W/N) sum_i grad l_i = (1/N) sum_i grad l_i``. (A per-rank *mean* loss would weight
+    each sample by ``1 / (W n_r)``, overweighting the samples of ranks that hold few.) With equal
+    counts ``N = W*B`` and ``scale = 1/B``, the usual mean.
+    """
 
     step: int
     sample_ids: list[str]
     paths: list[str]
     sweep_paths: list[list[str]]
-    costs: NDArray[np.float64]  # (batch_size,), predicted cost, cost-model units
+    costs: NDArray[np.float64]  # (n,), predicted cost, cost-model units
+    global_count: int = 0  # N: samples of all ranks at this step
+    scale: float = 1.0  # W / N: multiply the summed per-sample loss by it
 
 
 def resolve(location: PathLike) -> tuple[pafs.FileSystem, str]:
@@ -297,17 +309,22 @@ class ManifestReader:
         table = pa.concat_tables(read_plan_file(fs, f, _PLAN_COLUMNS) for f in files)
         table = table.sort_by([("step", "ascending"), ("slot", "ascending")])
         steps, slots = table["step"].to_numpy(), table["slot"].to_numpy()
-        expect = self.steps * self.batch_size
+        counts = np.bincount(steps, minlength=self.steps) if steps.size and steps.min() >= 0 else None
+        self._starts = np.concatenate([[0], np.cumsum(counts)]) if counts is not None else None
+        fixed = self.manifest.get("strategy") not in VARIABLE_COUNT
         if (
-            table.num_rows != expect
-            or not np.array_equal(steps, np.repeat(np.arange(self.steps), self.batch_size))
-            or not np.array_equal(slots, np.tile(np.arange(self.batch_size), self.steps))
+            counts is None
+            or counts.size != self.steps
+            or (counts < 1).any()
+            or (fixed and (counts != self.batch_size).any())
+            or not np.array_equal(slots, np.arange(steps.size) - np.repeat(self._starts[:-1], counts))
         ):
             raise ValueError(
                 f"{rank_dir}: plan for epoch {self.plan_epoch} rank {self.rank} is malformed: expected "
-                f"exactly {self.batch_size} slots for each of {self.steps} steps ({expect} rows), "
-                f"got {table.num_rows} rows"
+                f"slots 0..n-1 ({'n = batch_size ' + str(self.batch_size) if fixed else 'n >= 1'}) for "
+                f"each of {self.steps} steps, got {table.num_rows} rows"
             )
+        self._global = table["global_count"].to_numpy()[self._starts[:-1]].astype(np.int64)
         self._ids: list[str] = table["sample_id"].to_pylist()
         self._paths: list[str] = table["path"].to_pylist()
         self._sweeps: list[list[str]] = [s or [] for s in table["sweep_paths"].to_pylist()]
@@ -320,8 +337,17 @@ class ManifestReader:
         """The planned batch of ``step`` (``0 <= step < steps``)."""
         if not 0 <= step < self.steps:
             raise IndexError(f"step {step} is outside 0..{self.steps - 1}")
-        lo, hi = step * self.batch_size, (step + 1) * self.batch_size
-        return Batch(step, self._ids[lo:hi], self._paths[lo:hi], self._sweeps[lo:hi], self._costs[lo:hi])
+        lo, hi = int(self._starts[step]), int(self._starts[step + 1])
+        n = int(self._global[step])
+        return Batch(
+            step,
+            self._ids[lo:hi],
+            self._paths[lo:hi],
+            self._sweeps[lo:hi],
+            self._costs[lo:hi],
+            n,
+            self.world_size / n,
+        )
 
     def __iter__(self) -> Iterator[Batch]:
         for step in range(self.start_step, self.steps):

@@ -14,6 +14,7 @@ import argparse
 import sys
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
@@ -25,6 +26,7 @@ from lidarshard.pipelines.scan import (
     VERSION,
     add_scan_arguments,
     beam_options,
+    counts_of,
     fingerprint,
     new_staging,
     run_pipeline,
@@ -34,8 +36,9 @@ from lidarshard.pipelines.scan import (
 )
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex, table_from_parquet_bytes
 from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, read_bytes
-from lidarshard.transforms.features.cost import CostModel, parse_cost_model
+from lidarshard.transforms.features.cost import CostModel, parse_cost_model, sample_costs
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES
+from lidarshard.transforms.plan.caps import Caps, over_cap
 from lidarshard.transforms.plan.epochs import PlanConfig, bucket_info, plan_tables, repeat_rates, score
 
 __all__ = ["run", "add_plan_arguments", "plan_config"]
@@ -71,6 +74,25 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="repeat random samples to fill the last step",
     )
     g.add_argument("--from-samples", help="re-plan from a previous run's samples.parquet (no rescan)")
+    g.add_argument(
+        "--max-points-per-rank-step",
+        type=int,
+        default=None,
+        help="hard cap on points (num_points) one rank gets at one step (none); a sample above it is "
+        "rejected as over_cap; budget plans within it, other strategies fail if they exceed it",
+    )
+    g.add_argument(
+        "--max-cost-per-rank-step",
+        type=float,
+        default=None,
+        help="hard cap on predicted cost one rank gets at one step (none); as --max-points-per-rank-step",
+    )
+    g.add_argument(
+        "--max-samples-per-rank-step",
+        type=int,
+        default=None,
+        help="hard cap on samples one rank gets at one step (none)",
+    )
     parser.set_defaults(policy="drop_last")
 
 
@@ -84,6 +106,7 @@ def plan_config(args: argparse.Namespace) -> PlanConfig:
         policy=args.policy,
         num_buckets=args.buckets,
         weights=args.bucket_weights,
+        caps=Caps(args.max_points_per_rank_step, args.max_cost_per_rank_step, args.max_samples_per_rank_step),
     )
 
 
@@ -110,6 +133,25 @@ def _previous(path: str) -> tuple[int, pa.Table, pa.Table]:
     )
 
 
+def _reject_over_cap(
+    samples: pa.Table, rejects: pa.Table, model: CostModel, cfg: PlanConfig, scanned: int, max_reject: float
+) -> tuple[pa.Table, pa.Table, dict]:
+    """Move the samples that alone exceed a cap to rejects (reason ``over_cap``); recount."""
+    points = samples.column("num_points").to_numpy(zero_copy_only=False)
+    details = over_cap(sample_costs(samples, model), points, cfg.caps)
+    bad = np.array([bool(d) for d in details], dtype=bool)
+    if bad.any():
+        rows = {
+            "path": samples.column("path").filter(pa.array(bad)).to_pylist(),
+            "reason": ["over_cap"] * int(bad.sum()),
+            "detail": [d for d in details if d],
+        }
+        rejects = pa.concat_tables([rejects, pa.Table.from_pydict(rows, schema=rejects.schema)])
+        rejects = rejects.sort_by([(c, "ascending") for c in ("path", "reason", "detail")])
+        samples = samples.filter(pa.array(~bad))
+    return samples, rejects, counts_of(scanned, samples, rejects, max_reject)
+
+
 def _check_and_score(
     _: None,
     model: CostModel,
@@ -126,6 +168,8 @@ def _check_and_score(
     (1M rows: ~250 MB a copy). Epochs read the columns they need back from the staged file.
     """
     samples, rejects, counts = settle(scanned, samples, rejects, max_reject)
+    if cfg.caps.active:
+        samples, rejects, counts = _reject_over_cap(samples, rejects, model, cfg, scanned, max_reject)
     if samples.num_rows == 0:
         raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
     scored, edges = score(samples, model, cfg)
@@ -143,7 +187,7 @@ def _check_and_score(
 
 
 #: The columns of the scored samples an epoch's plan needs.
-_PLAN_INPUT = ["sample_id", "path", "sweep_paths", "cost", "bucket_id"]
+_PLAN_INPUT = ["sample_id", "path", "sweep_paths", "cost", "bucket_id", "num_points"]
 
 
 def _plan_epoch(epoch: int, checked: dict, cfg: PlanConfig, staging: str):
@@ -172,6 +216,7 @@ def _write_manifest(
         "seed": cfg.seed,
         "strategy": cfg.strategy,
         "policy": cfg.policy,
+        "caps": cfg.caps.to_json(),
         "cost_model": checked["model"],
         "buckets": checked["buckets"],
         "steps_per_epoch": [s["steps"] for s in stats],
@@ -242,11 +287,12 @@ def print_summary(out: str) -> None:
         f"plan: {m['strategy']}, world size {m['world_size']}, batch {m['batch_size']}, "
         f"{len(m['buckets']['counts'])} buckets, cost model {m['cost_model']['name']}"
     )
-    print("epoch  steps  linearity  bound   random  spearman")
+    print("epoch  steps  linearity  bound   random  spearman  count/rank-step mean max")
     for b in m["balance"]:
         print(
             f"{b['epoch']:>5}  {b['steps']:>5}  {b['linearity']:>9.4f}  {b['bound']:.4f}  "
-            f"{b['random_linearity']:.4f}  {b['spearman_step_cost']:+.3f}"
+            f"{b['random_linearity']:.4f}  {b['spearman_step_cost']:+.3f}  "
+            f"{b.get('mean_count', m['batch_size']):>20.3f} {b.get('max_count', m['batch_size']):>3}"
         )
     if m.get("pair_repeat_rate"):
         print(

@@ -75,6 +75,7 @@ REJECT_REASONS: dict[str, str] = {
     "missing_file": "a keyframe file named by the nuScenes tables does not exist",
     "label_mismatch": "the lidarseg label file does not hold exactly one uint8 per keyframe point",
     "too_large": "the file or its claimed point count exceeds --max-file-bytes / --max-points",
+    "over_cap": "the sample alone exceeds --max-points-per-rank-step or --max-cost-per-rank-step",
     "outside_root": "a path in the tables resolves outside the dataroot",
     "duplicate_id": "another input already produced this sample_id",
     "absurd_coordinates": "finite coordinates beyond --max-abs-coord metres (often a wrong --point-dims)",
@@ -142,12 +143,18 @@ PARTITION_FIELDS: list[tuple[str, pa.DataType, str]] = [
 #: One row per (step, slot) of one (epoch, rank) plan file.
 PLAN_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("step", pa.int32(), "step index within the epoch"),
-    ("slot", pa.int32(), "position within the rank's batch, 0..batch_size-1"),
+    ("slot", pa.int32(), "position within the rank's batch, 0..rank_count-1"),
     ("sample_id", _STR, "key into samples.parquet"),
     ("path", _STR, "keyframe path/URI"),
     ("sweep_paths", pa.list_(_STR), "sweep paths/URIs"),
     ("cost", _F64, "the sample's predicted cost"),
     ("bucket_id", pa.int32(), "the sample's cost bucket"),
+    ("rank_count", pa.int32(), "samples this rank trains at this step (batch_size unless --strategy budget)"),
+    (
+        "global_count",
+        pa.int32(),
+        "samples all ranks train at this step; loss scale = world_size / global_count",
+    ),
 ]
 
 
@@ -188,7 +195,8 @@ MANIFEST_KEYS: dict[str, str] = {
     "schema_version": "SCHEMA_VERSION of the writer",
     "created_by": "lidarshard version",
     "world_size": "int W: ranks planned for",
-    "batch_size": "int B: samples per rank per step",
+    "batch_size": "int B: samples per rank per step (the mean per rank-step under --strategy budget)",
+    "caps": "{'max_points_per_rank_step', 'max_cost_per_rank_step', 'max_samples_per_rank_step'}: int/float or null",
     "epochs": "int E: epochs planned",
     "seed": "int: the plan's seed",
     "strategy": "name of the planning strategy",

@@ -204,6 +204,8 @@ def write_manifest(
                 "sweep_paths": [sweeps[i] for i in idx],
                 "cost": cost[idx],
                 "bucket_id": buckets[idx].astype(np.int32),
+                "rank_count": np.full(idx.size, batch_size, np.int32),
+                "global_count": np.full(idx.size, world_size * batch_size, np.int32),
             }
             rel = plan_file(e, r)
             (out / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -249,3 +249,44 @@ def test_too_few_samples_fail_with_a_clear_message(tmp_path: Path) -> None:
             ]
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_budget_with_a_points_cap_end_to_end(built, tmp_path: Path) -> None:
+    from lidarshard.loaders.reader import ManifestReader
+    from lidarshard.pipelines.tools.validate import validate
+
+    inp, out, _ = built
+    points = pq.read_table(out / schemas.SAMPLES_FILE).column("num_points").to_numpy()
+    cap = int(np.sort(points)[-2])  # the largest sample alone is over it
+    flags = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--cost-model", "points"]
+    m = _build(inp, tmp_path / "b", *flags, "--strategy", "budget", "--max-points-per-rank-step", str(cap))
+    assert m["caps"] == {
+        "max_points_per_rank_step": cap,
+        "max_cost_per_rank_step": None,
+        "max_samples_per_rank_step": None,
+    }
+    c = m["counts"]
+    assert c["rejected_by_reason"]["over_cap"] == int((points > cap).sum()) == 1
+    assert c["planned"] == [c["accepted"]] * 2 and c["dropped"] == [0, 0] and c["padded"] == [0, 0]
+    assert validate(str(tmp_path / "b"))[0] == []
+    plan = ds.dataset(tmp_path / "b", format="parquet", partitioning="hive").to_table(
+        filter=ds.field("epoch") == 0
+    )
+    by_id = dict(
+        zip(
+            *pq.read_table(tmp_path / "b" / schemas.SAMPLES_FILE, columns=["sample_id", "num_points"])
+            .to_pydict()
+            .values(),
+            strict=True,
+        )
+    )
+    rows = plan.to_pylist()
+    assert sorted(r["sample_id"] for r in rows) == sorted(by_id)  # every accepted sample exactly once
+    steps = m["steps_per_epoch"][0]
+    for rank in range(4):
+        reader = ManifestReader(tmp_path / "b", rank, 4, 0)
+        assert len(reader) == steps  # every rank the same number of steps
+        for batch in reader:
+            assert 1 <= len(batch.sample_ids) and sum(by_id[s] for s in batch.sample_ids) <= cap
+            assert batch.scale == pytest.approx(4 / batch.global_count)
+    assert m["balance"][0]["mean_count"] == pytest.approx(c["accepted"] / (4 * steps), abs=1e-6)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lidarshard.transforms.features.buckets import assign_buckets, quantile_edges
-from lidarshard.transforms.plan import STRATEGIES, plan_epoch, strategy_salt
+from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch, strategy_salt
 from lidarshard.transforms.plan.balanced import TOLERANCE
 from lidarshard.transforms.plan.megabatch import MEGABATCH_MULT, megabatch_steps
 from lidarshard.transforms.plan.metrics import (
@@ -43,11 +43,25 @@ def pools(draw: st.DrawFn) -> tuple[np.ndarray, int, int]:
 
 
 def check_plan(name: str, costs: np.ndarray, w: int, b: int, seed: int) -> np.ndarray:
-    """The invariants every registered strategy must satisfy; returns the epoch-0 plan."""
+    """The invariants every registered strategy must satisfy; returns the epoch-0 plan.
+
+    Equal-count strategies: shape (P / (W*B), W, B). Variable-count ones: W ranks, every rank-step
+    non-empty (-1 pads only after its samples), mean count per rank-step within 5% of B.
+    """
     p = costs.size
     plan = plan_epoch(name, costs, w, b, seed=seed, epoch=0)
-    assert plan.dtype == np.int64 and plan.shape == (p // (w * b), w, b)
-    np.testing.assert_array_equal(np.sort(plan.ravel()), np.arange(p))  # each entry exactly once
+    assert plan.dtype == np.int64 and plan.ndim == 3 and plan.shape[1] == w
+    if name in VARIABLE_COUNT:
+        counts = (plan >= 0).sum(axis=-1)
+        assert (counts >= 1).all()
+        assert ((plan >= 0) == (np.arange(plan.shape[2]) < counts[..., None])).all()  # pads last
+        assert counts.mean() <= 1.05 * b + 1e-9 and plan.shape[0] <= p // w
+        if p >= 20 * w * b:
+            assert counts.mean() >= 0.95 * b
+    else:
+        assert plan.shape == (p // (w * b), w, b)
+    entries = plan[plan >= 0]
+    np.testing.assert_array_equal(np.sort(entries), np.arange(p))  # each entry exactly once
     np.testing.assert_array_equal(plan, plan_epoch(name, costs.copy(), w, b, seed=seed, epoch=0))
     if plan.shape[0] >= 8 and p >= 64:
         assert not np.array_equal(plan, plan_epoch(name, costs, w, b, seed=seed, epoch=1))
@@ -140,6 +154,8 @@ def test_plan_epoch_validates() -> None:
         plan_epoch("random", costs, 0, 2, seed=0, epoch=0)
     for name in NAMES:
         assert plan_epoch(name, np.empty(0), 4, 2, seed=0, epoch=0).shape == (0, 4, 2)
+    with pytest.raises(ValueError, match="smaller than world_size"):
+        plan_epoch("budget", np.ones(3), 4, 1, seed=0, epoch=0)
 
 
 def test_strategies_use_distinct_streams() -> None:

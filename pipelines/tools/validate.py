@@ -4,8 +4,9 @@ Checks, in order: ``_SUCCESS``; ``_manifest.json`` (keys, schema version); every
 size and sha256 recorded at commit, no missing or unlisted file; each file's Arrow schema against
 ``schemas``; samples (sorted unique ids, cost model, bucket ids, bucket counts, inputs fingerprint);
 rejects (reasons, counts); every ``plan/epoch=E/rank=R`` file (no partition columns, exactly ``batch_size`` rows
-per step in (step, slot) order, ``steps_per_epoch``, every sample id known with matching path, sweeps,
-cost and bucket); coverage per epoch (drop_last: each sample at most once, planned = accepted - dropped;
+per step in (step, slot) order, or at least one under ``budget``, ``rank_count`` / ``global_count``,
+``steps_per_epoch``, every sample id known with matching path, sweeps, cost and bucket; the caps);
+coverage per epoch (drop_last: each sample at most once, planned = accepted - dropped;
 pad: each at least once, planned = accepted + padded); the recorded balance numbers recomputed from the
 plan files (within 1e-6). A scan directory (``_scan.json``) gets the samples/rejects/counts checks.
 
@@ -29,9 +30,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
-from lidarshard.pipelines.tools.validate_plan import check_epoch, check_plan, lookup
+from lidarshard.pipelines.tools.validate_plan import (
+    check_caps,
+    check_counts,
+    check_epoch,
+    check_plan,
+    lookup,
+    padded_plan,
+)
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.plan import VARIABLE_COUNT
+from lidarshard.transforms.plan.caps import Caps
 
 __all__ = ["run", "validate"]
 
@@ -297,17 +307,26 @@ def _check_manifest(c: _Checker) -> str:
         return "samples.parquet unusable"
     _check_scored(c, m, samples)
     rows = 0
+    per_step = None if m["strategy"] in VARIABLE_COUNT else b
+    try:
+        caps = Caps.from_json(m.get("caps"))
+    except (ValueError, TypeError) as err:
+        raise Invalid(f"_manifest.json: bad caps {m.get('caps')!r}: {err}") from None
     for e in range(min(epochs, len(steps))):
         ranks = []
         for r in range(w):
             rel = schemas.plan_file(e, r)
             t = c.table(rel, good[rel], schemas.plan_schema()) if rel in good else None
-            if t is not None and check_plan(c.problems, rel, t, e, r, steps[e], b):
+            if t is not None and check_plan(c.problems, rel, t, e, r, steps[e], per_step):
                 ranks.append(t.append_column("rank", pa.array(np.full(t.num_rows, r, np.int32))))
             rows += t.num_rows if t is not None else 0
-        idx = lookup(c.problems, e, pa.concat_tables(ranks), samples) if len(ranks) == w else None
+        table = pa.concat_tables(ranks) if len(ranks) == w else None
+        idx = lookup(c.problems, e, table, samples) if table is not None else None
         if idx is not None:
-            check_epoch(c.problems, m, e, idx.reshape(w, steps[e], b).transpose(1, 0, 2), samples)
+            plan = padded_plan(idx, table, steps[e], w)
+            check_counts(c.problems, e, table, plan, per_step)
+            check_caps(c.problems, e, caps, plan, samples)
+            check_epoch(c.problems, m, e, plan, samples)
     c_ = m["counts"]
     return (
         f"{c_['scanned']} scanned, {c_['accepted']} accepted, {c_['rejected']} rejected; world size {w}, "

@@ -12,9 +12,10 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.transforms.plan.caps import Caps, rank_step_sums
 from lidarshard.transforms.plan.metrics import balance_summary
 
-__all__ = ["check_plan", "lookup", "check_epoch"]
+__all__ = ["check_plan", "lookup", "padded_plan", "check_counts", "check_caps", "check_epoch"]
 
 _MAX_SHOWN = 5
 
@@ -23,10 +24,13 @@ def _add(problems: list[str], where: str, what: str) -> None:
     problems.append(f"{where}: {what}")
 
 
-def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int, b: int) -> bool:
+def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int, b: int | None) -> bool:
     """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, exactly ``steps`` x
-    ``b`` rows in (step, slot) order. Epoch and rank are the file's directories (the schema check refuses
-    them as columns). Returns True when the file is usable."""
+    ``b`` rows in (step, slot) order (``b=None``, variable counts: every step holds slots ``0..n-1``
+    with ``n >= 1`` equal to ``rank_count``). Epoch and rank are the file's directories (the schema
+    check refuses them as columns). Returns True when the file is usable."""
+    if b is None:
+        return _check_variable(problems, rel, t, e, r, steps)
     for name in ("step", "slot", "sample_id", "cost", "bucket_id", "path"):
         if t.column(name).null_count:
             _add(problems, rel, f"column {name} holds {t.column(name).null_count} nulls")
@@ -66,6 +70,84 @@ def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps
     return True
 
 
+def _check_variable(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int) -> bool:
+    for name in ("step", "slot", "sample_id", "cost", "bucket_id", "path", "rank_count", "global_count"):
+        if t.column(name).null_count:
+            _add(problems, rel, f"column {name} holds {t.column(name).null_count} nulls")
+            return False
+    step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
+    if step.size and (step.min() < 0 or step.max() >= steps):
+        _add(problems, rel, f"epoch {e} rank {r}: a step outside steps_per_epoch[{e}] = {steps}")
+        return False
+    counts = np.bincount(step, minlength=steps)
+    if (counts < 1).any():
+        s = int(np.argmin(counts))
+        _add(problems, rel, f"epoch {e} rank {r} step {s}: no sample (every rank needs one per step)")
+        return False
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    if (np.diff(step) < 0).any() or not np.array_equal(slot, np.arange(step.size) - starts):
+        i = int(np.flatnonzero((slot != np.arange(step.size) - starts) | np.r_[False, np.diff(step) < 0])[0])
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r}: row {i} is (step {step[i]}, slot {slot[i]}); rows must be "
+            "sorted by (step, slot) with slots 0..n-1",
+        )
+        return False
+    rank_count = t.column("rank_count").to_numpy().astype(np.int64)
+    if not np.array_equal(rank_count, counts[step]):
+        i = int(np.flatnonzero(rank_count != counts[step])[0])
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r} step {step[i]}: rank_count {rank_count[i]}, the step holds "
+            f"{counts[step[i]]} rows",
+        )
+        return False
+    return True
+
+
+def padded_plan(idx: NDArray[np.int64], t: pa.Table, steps: int, w: int) -> NDArray[np.int64]:
+    """(S, W, M) plan of sample indices ``idx`` (one per row of ``t``), ``-1`` = empty slot."""
+    step, rank, slot = (t.column(k).to_numpy().astype(np.int64) for k in ("step", "rank", "slot"))
+    out = np.full((steps, w, int(slot.max(initial=0)) + 1), -1, dtype=np.int64)
+    out[step, rank, slot] = idx
+    return out
+
+
+def check_counts(problems: list[str], e: int, t: pa.Table, plan: NDArray[np.int64], b: int | None) -> None:
+    """``rank_count`` and ``global_count`` of every row against the plan (S, W, M) of epoch ``e``."""
+    counts = (plan >= 0).sum(axis=-1)
+    step, rank = (t.column(k).to_numpy().astype(np.int64) for k in ("step", "rank"))
+    for name, want in (("rank_count", counts[step, rank]), ("global_count", counts.sum(axis=1)[step])):
+        got = t.column(name).to_numpy().astype(np.int64)
+        if not np.array_equal(got, want):
+            i = int(np.flatnonzero(got != want)[0])
+            _add(
+                problems,
+                f"{schemas.plan_file(e, int(rank[i]))}: epoch {e} rank {rank[i]} step {step[i]}",
+                f"{name} {got[i]}, the plan holds {want[i]}",
+            )
+    if b is not None and (counts != b).any():
+        _add(problems, f"epoch {e}", f"a rank-step holds {counts[counts != b][0]} samples, batch_size is {b}")
+
+
+def check_caps(problems: list[str], e: int, caps: Caps, plan: NDArray[np.int64], samples: pa.Table) -> None:
+    """Every rank-step of epoch ``e``'s plan (S, W, M) within the manifest's caps."""
+    sums = [("samples", caps.max_samples, (plan >= 0).sum(axis=-1))]
+    sums.append(("cost", caps.max_cost, rank_step_sums(plan, samples.column("cost").to_numpy())))
+    sums.append(("points", caps.max_points, rank_step_sums(plan, samples.column("num_points").to_numpy())))
+    for name, cap, got in sums:
+        bad = np.argwhere(got > cap) if cap is not None else np.empty((0, 2), dtype=np.int64)
+        if bad.size:
+            s, r = (int(v) for v in bad[0])
+            _add(
+                problems,
+                f"{schemas.plan_file(e, r)}: epoch {e} step {s} rank {r}",
+                f"{got[s, r]:.6g} {name} > --max-{name}-per-rank-step {cap:g} ({len(bad)} rank-steps over)",
+            )
+
+
 def lookup(problems: list[str], e: int, t: pa.Table, samples: pa.Table) -> NDArray[np.int64] | None:
     """(W*S*B,) row indices into ``samples`` of epoch ``e``'s plan ``t`` (all ranks, rank-major, with a
     ``rank`` column added from the file paths), after checking that every sample_id exists and path, cost, bucket_id, sweep_paths equal the sample's."""
@@ -95,7 +177,8 @@ def lookup(problems: list[str], e: int, t: pa.Table, samples: pa.Table) -> NDArr
 
 
 def check_epoch(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], samples: pa.Table) -> None:
-    """Coverage and balance of epoch ``e`` against manifest ``m``; ``plan`` is (S, W, B) sample indices.
+    """Coverage and balance of epoch ``e`` against manifest ``m``; ``plan`` is (S, W, M) sample indices,
+    ``-1`` = empty slot (variable counts).
 
     Weights all 1: drop_last plans each sample at most once and planned = accepted - dropped; pad plans
     each at least once and planned = accepted + padded. Other weights: no sample beyond ceil(weight)
@@ -104,9 +187,10 @@ def check_epoch(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], s
     counts, n = m["counts"], samples.num_rows
     planned, dropped, padded = (counts[k][e] for k in ("planned", "dropped", "padded"))
     where = f"epoch {e}"
-    if planned != plan.size:
-        _add(problems, where, f"counts.planned {planned} != {plan.size} plan rows")
-    seen = np.bincount(plan.ravel(), minlength=n)
+    entries = plan[plan >= 0]
+    if planned != entries.size:
+        _add(problems, where, f"counts.planned {planned} != {entries.size} plan rows")
+    seen = np.bincount(entries, minlength=n)
     weights = np.asarray(m["buckets"]["weights"], dtype=np.float64)
     ids = samples.column("bucket_id").to_numpy()
     sid = samples.column("sample_id")
@@ -140,11 +224,10 @@ def check_epoch(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], s
     elif (seen > np.ceil(weights[ids]) + (m["policy"] == "pad")).any():
         i = int(np.flatnonzero(seen > np.ceil(weights[ids]) + (m["policy"] == "pad"))[0])
         _add(problems, where, f"sample {sid[i]} planned {seen[i]} times, more than its bucket weight allows")
-    pool = np.sort(plan.ravel())
+    pool = np.sort(entries)
     costs = samples.column("cost").to_numpy()[pool]
-    again = balance_summary(
-        np.searchsorted(pool, plan), costs, m["world_size"], m["batch_size"], seed=m["seed"], epoch=e
-    )
+    in_pool = np.where(plan >= 0, np.searchsorted(pool, plan), -1)
+    again = balance_summary(in_pool, costs, m["world_size"], m["batch_size"], seed=m["seed"], epoch=e)
     recorded = m["balance"][e] if e < len(m["balance"]) else {}
     for key, value in again.items():
         if key not in recorded or not abs(float(recorded[key]) - value) <= 1e-6:

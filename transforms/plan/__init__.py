@@ -1,10 +1,14 @@
 """Epoch planners: which pool entries each rank trains on at each step.
 
-A plan for one epoch is an int64 array of shape ``(S, W, B)`` (steps x ranks x slots) whose
-entries index the epoch's fitted pool; every pool entry appears exactly once. Each strategy is
-one module exporting ``plan(costs, world_size, batch_size, rng, bucket_ids)``; ``STRATEGIES``
-maps names to those functions and ``plan_epoch`` validates inputs, seeds the generator and
-dispatches. Balance metrics live in ``lidarshard.transforms.plan.metrics``.
+A plan for one epoch is an int64 array of shape ``(S, W, M)`` (steps x ranks x slots) whose
+entries index the epoch's pool; every pool entry appears exactly once. Equal-count strategies
+return ``M = B`` with every slot used and need ``P % (W*B) == 0``; variable-count strategies
+(``VARIABLE_COUNT``: ``budget``) take any ``P >= W`` and mark empty slots ``-1``, every rank-step
+holding at least one entry. Each strategy is one module exporting
+``plan(costs, world_size, batch_size, rng, bucket_ids, limits)``; ``STRATEGIES`` maps names to
+those functions and ``plan_epoch`` validates inputs, seeds the generator, dispatches and checks
+the caps (``lidarshard.transforms.plan.caps``). Balance metrics live in
+``lidarshard.transforms.plan.metrics``.
 """
 
 from __future__ import annotations
@@ -15,14 +19,17 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.plan import balanced, megabatch, stratified
+from lidarshard.transforms.plan import balanced, budget, megabatch, stratified
 from lidarshard.transforms.plan import random as random_
+from lidarshard.transforms.plan.caps import PoolLimits, check_caps
 
-__all__ = ["PlanFn", "STRATEGIES", "DEFAULT_STRATEGY", "plan_epoch", "strategy_salt"]
+__all__ = ["PlanFn", "STRATEGIES", "VARIABLE_COUNT", "DEFAULT_STRATEGY", "plan_epoch", "strategy_salt"]
 
-#: ``plan(costs (P,), world_size, batch_size, rng, bucket_ids (P,) | None) -> (S, W, B) int64``.
+#: ``plan(costs (P,), world_size, batch_size, rng, bucket_ids (P,) | None, limits | None)
+#: -> (S, W, M) int64``.
 PlanFn = Callable[
-    [NDArray[np.float64], int, int, np.random.Generator, NDArray[np.int32] | None], NDArray[np.int64]
+    [NDArray[np.float64], int, int, np.random.Generator, NDArray[np.int32] | None, PoolLimits | None],
+    NDArray[np.int64],
 ]
 
 STRATEGIES: dict[str, PlanFn] = {
@@ -30,7 +37,11 @@ STRATEGIES: dict[str, PlanFn] = {
     "stratified": stratified.plan,
     "balanced": balanced.plan,
     "megabatch": megabatch.plan,
+    "budget": budget.plan,
 }
+
+#: Strategies whose rank-steps hold a variable number of samples (``-1`` pads the plan).
+VARIABLE_COUNT = frozenset({"budget"})
 
 DEFAULT_STRATEGY = "balanced"
 
@@ -49,22 +60,29 @@ def plan_epoch(
     seed: int,
     epoch: int,
     bucket_ids: NDArray[np.int32] | None = None,
+    limits: PoolLimits | None = None,
 ) -> NDArray[np.int64]:
-    """Plan one epoch with a registered strategy.
+    """Plan one epoch with a registered strategy, then check the caps.
 
     Args:
         strategy: a key of ``STRATEGIES``.
-        costs: (P,) finite costs >= 0 of the fitted pool, ``P % (world_size * batch_size) == 0``.
+        costs: (P,) finite costs >= 0 of the pool; ``P % (world_size * batch_size) == 0`` for
+            equal-count strategies, ``P >= world_size`` for ``VARIABLE_COUNT`` ones.
         world_size: W >= 1 ranks.
         batch_size: B >= 1 samples per rank per step.
         seed: run seed >= 0; with ``epoch`` and the strategy it seeds
             ``np.random.default_rng([seed, epoch, strategy_salt(strategy)])``.
         epoch: epoch index >= 0.
         bucket_ids: optional (P,) bucket ids >= 0 (used by ``stratified``).
+        limits: optional caps with the pool's points; honoured by ``budget``, checked for all.
 
     Returns:
-        (P // (W*B), W, B) int64, a permutation of ``arange(P)``; the same arguments always give
-        the same array.
+        (S, W, M) int64: equal-count strategies (P // (W*B), W, B), a permutation of ``arange(P)``;
+        variable-count ones hold every pool entry once plus ``-1`` pads. The same arguments always
+        give the same array.
+
+    Raises:
+        ValueError: bad arguments, or a rank-step over a cap (naming epoch, step, rank, value).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {sorted(STRATEGIES)}")
@@ -74,8 +92,11 @@ def plan_epoch(
     if costs.ndim != 1 or not np.isfinite(costs).all() or (costs < 0).any():
         raise ValueError("costs must be a 1-D array of finite values >= 0")
     step = world_size * batch_size
-    if costs.size % step:
+    variable = strategy in VARIABLE_COUNT
+    if costs.size % step and not variable:
         raise ValueError(f"pool size {costs.size} is not a multiple of W*B = {step}; use fit_pool")
+    if variable and 0 < costs.size < world_size:
+        raise ValueError(f"pool size {costs.size} is smaller than world_size {world_size}")
     if bucket_ids is not None:
         bucket_ids = np.asarray(bucket_ids)
         if bucket_ids.shape != costs.shape or (bucket_ids.size and bucket_ids.min() < 0):
@@ -84,7 +105,8 @@ def plan_epoch(
     if costs.size == 0:
         return np.empty(shape, dtype=np.int64)
     rng = np.random.default_rng([seed, epoch, strategy_salt(strategy)])
-    out = STRATEGIES[strategy](costs, world_size, batch_size, rng, bucket_ids)
-    if out.shape != shape:
-        raise AssertionError(f"strategy {strategy!r} returned shape {out.shape}, expected {shape}")
+    out = STRATEGIES[strategy](costs, world_size, batch_size, rng, bucket_ids, limits)
+    if (out.shape[1] != world_size or (out[..., 0] < 0).any()) if variable else out.shape != shape:
+        raise AssertionError(f"strategy {strategy!r} returned a plan of shape {out.shape}, expected {shape}")
+    check_caps(out, limits, costs, epoch)
     return out

@@ -24,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.plan._partition import partition_steps, permute_ranks, step_linearity
+from lidarshard.transforms.plan.caps import PoolLimits
 
 __all__ = ["plan", "choose_eps", "EPS_LADDER", "TOLERANCE"]
 
@@ -103,13 +104,14 @@ def plan(
     batch_size: int,
     rng: np.random.Generator,
     bucket_ids: NDArray[np.int32] | None,
+    limits: PoolLimits | None = None,
 ) -> NDArray[np.int64]:
     """Plan one epoch close to the equal-count bound, with as much randomness as it allows.
 
     Returns:
         (S, W, B) int64 pool indices.
     """
-    del bucket_ids  # works on exact costs
+    del bucket_ids, limits  # works on exact costs
     u = rng.uniform(-1.0, 1.0, costs.size)
     _, order = choose_eps(costs, world_size, batch_size, u)
     steps = permute_ranks(partition_steps(order, costs, world_size, batch_size), rng)

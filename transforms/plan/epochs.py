@@ -16,10 +16,19 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
-from lidarshard.transforms.plan import STRATEGIES, plan_epoch
+from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
+from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import balance_summary, pair_repeat_rate
 
-__all__ = ["PlanConfig", "score", "plan_tables", "plan_samples", "repeat_rates", "bucket_info"]
+__all__ = [
+    "PlanConfig",
+    "score",
+    "plan_rows",
+    "plan_tables",
+    "plan_samples",
+    "repeat_rates",
+    "bucket_info",
+]
 
 _POOL_SALT = zlib.crc32(b"pool")
 
@@ -36,6 +45,7 @@ class PlanConfig:
     policy: str = "drop_last"
     num_buckets: int | None = None  # None: buckets.default_num_buckets(N)
     weights: tuple[float, ...] | None = None
+    caps: Caps = Caps()
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.batch_size < 1 or self.epochs < 1:
@@ -78,33 +88,65 @@ def bucket_info(scored: pa.Table, edges: NDArray[np.float64], cfg: PlanConfig) -
 def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray[np.int64], dict]:
     """Plan one epoch in sample space.
 
+    Equal-count strategies plan a pool fitted to whole steps (``cfg.policy``); variable-count ones
+    (``budget``) plan the whole pool, nothing dropped or padded. With caps the table needs
+    ``num_points``.
+
     Returns:
-        (plan (S, W, B) int64 row indices into ``scored``, stats) where stats holds the
-        epoch's balance summary and counts {planned, dropped, padded}.
+        (plan (S, W, M) int64 row indices into ``scored``, ``-1`` = empty slot, stats) where stats
+        holds the epoch's balance summary and counts {planned, dropped, padded}.
     """
     costs = scored.column("cost").to_numpy()
     ids = scored.column("bucket_id").to_numpy()
     weights = buckets.resolve_weights(cfg.weights, int(ids.max()) + 1 if len(ids) else 1)
     rng = np.random.default_rng([cfg.seed, epoch, _POOL_SALT])
     pool = buckets.weighted_pool(ids, weights, rng)
-    pool, dropped, padded = buckets.fit_pool(pool, cfg.world_size * cfg.batch_size, cfg.policy, rng)
-    if pool.size == 0:
+    w, b = cfg.world_size, cfg.batch_size
+    dropped = padded = 0
+    if cfg.strategy not in VARIABLE_COUNT:
+        pool, dropped, padded = buckets.fit_pool(pool, w * b, cfg.policy, rng)
+    if pool.size == 0 or pool.size < w:
         raise ValueError(
             f"epoch {epoch}: {len(costs)} samples do not fill one step of W*B = "
-            f"{cfg.world_size * cfg.batch_size}; use --pad or a smaller --world-size/--batch-size"
+            f"{w * b}; use --pad or a smaller --world-size/--batch-size"
         )
+    limits = None
+    if cfg.caps.active:
+        points = scored.column("num_points").to_numpy() if "num_points" in scored.column_names else None
+        limits = PoolLimits(cfg.caps, None if points is None else points[pool])
     plan = plan_epoch(
-        cfg.strategy,
-        costs[pool],
-        cfg.world_size,
-        cfg.batch_size,
-        seed=cfg.seed,
-        epoch=epoch,
-        bucket_ids=ids[pool],
+        cfg.strategy, costs[pool], w, b, seed=cfg.seed, epoch=epoch, bucket_ids=ids[pool], limits=limits
     )
-    stats = balance_summary(plan, costs[pool], cfg.world_size, cfg.batch_size, seed=cfg.seed, epoch=epoch)
+    stats = balance_summary(plan, costs[pool], w, b, seed=cfg.seed, epoch=epoch)
     stats |= {"planned": int(pool.size), "dropped": int(dropped), "padded": int(padded)}
-    return pool[plan], stats
+    return np.where(plan >= 0, pool[plan], -1), stats
+
+
+def plan_rows(plan: NDArray[np.int64]) -> dict[str, NDArray]:
+    """The plan's rows in rank-major, (step, slot) order: sample index and position columns.
+
+    Args:
+        plan: (S, W, M) int64, ``-1`` = empty slot (each rank-step's samples come first).
+
+    Returns:
+        ``{"row", "step", "rank", "slot", "rank_count", "global_count"}``, each (N,) for the
+        N = ``(plan >= 0).sum()`` planned slots; ``rank_count`` is the samples of that rank at that
+        step, ``global_count`` of all ranks at that step.
+    """
+    s, w, m = plan.shape
+    valid = (plan >= 0).transpose(1, 0, 2)  # (W, S, M)
+    counts = valid.sum(axis=-1)  # (W, S)
+    shape = (w, s, m)
+    step = np.broadcast_to(np.arange(s, dtype=np.int32)[None, :, None], shape)[valid]
+    rank = np.broadcast_to(np.arange(w, dtype=np.int32)[:, None, None], shape)[valid]
+    return {
+        "row": plan.transpose(1, 0, 2)[valid],
+        "step": step,
+        "rank": rank,
+        "slot": np.broadcast_to(np.arange(m, dtype=np.int32), shape)[valid],
+        "rank_count": counts[rank, step].astype(np.int32),
+        "global_count": counts.sum(axis=0)[step].astype(np.int32),
+    }
 
 
 def plan_tables(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[list[pa.Table], dict]:
@@ -113,17 +155,16 @@ def plan_tables(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[list[pa.
     One gather of all planned rows in rank-major order, then zero-copy slices per rank.
     """
     plan, stats = plan_samples(scored, epoch, cfg)
-    s, w, b = plan.shape
-    n = s * b  # rows per rank
+    rows = plan_rows(plan)
     cols = scored.select(["sample_id", "path", "sweep_paths", "cost", "bucket_id"])
-    rows = cols.take(pa.array(plan.transpose(1, 0, 2).reshape(-1))).combine_chunks()
-    fixed = {  # epoch and rank are the files' hive directories (schemas.plan_file), not columns
-        "step": pa.array(np.tile(np.repeat(np.arange(s, dtype=np.int32), b), w)),
-        "slot": pa.array(np.tile(np.arange(b, dtype=np.int32), w * s)),
-    }
-    arrays = [fixed[f.name] if f.name in fixed else rows.column(f.name) for f in schemas.plan_schema()]
+    taken = cols.take(pa.array(rows.pop("row"))).combine_chunks()
+    # epoch and rank are the files' hive directories (schemas.plan_file), not columns
+    fixed = {name: pa.array(values) for name, values in rows.items()}
+    arrays = [fixed[f.name] if f.name in fixed else taken.column(f.name) for f in schemas.plan_schema()]
     table = pa.Table.from_arrays(arrays, schema=schemas.plan_schema())
-    return [table.slice(rank * n, n) for rank in range(w)], stats
+    ends = np.cumsum(np.bincount(rows["rank"], minlength=plan.shape[1]))
+    starts = ends - np.bincount(rows["rank"], minlength=plan.shape[1])
+    return [table.slice(int(a), int(e - a)) for a, e in zip(starts, ends, strict=True)], stats
 
 
 def repeat_rates(scored: pa.Table, cfg: PlanConfig) -> dict[str, float] | None:
@@ -133,7 +174,8 @@ def repeat_rates(scored: pa.Table, cfg: PlanConfig) -> dict[str, float] | None:
         return None
     out = {}
     for name in dict.fromkeys([cfg.strategy, "random"]):
-        c = PlanConfig(**{**cfg.__dict__, "strategy": name})
+        caps = cfg.caps if name == cfg.strategy else Caps()  # the reference ignores the caps
+        c = PlanConfig(**{**cfg.__dict__, "strategy": name, "caps": caps})
         a, _ = plan_samples(scored, 0, c)
         b, _ = plan_samples(scored, 1, c)
         out[name] = round(pair_repeat_rate(a, b), 6)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.transforms.plan.caps import PoolLimits
+
 __all__ = ["plan", "MEGABATCH_MULT", "megabatch_steps"]
 
 #: Most steps per megabatch (HF's ``mega_batch_mult`` default).
@@ -30,13 +32,14 @@ def plan(
     batch_size: int,
     rng: np.random.Generator,
     bucket_ids: NDArray[np.int32] | None,
+    limits: PoolLimits | None = None,
 ) -> NDArray[np.int64]:
     """Plan one epoch by sorting random megabatches.
 
     Returns:
         (S, W, B) int64 pool indices; ``plan[s, r]`` is positions ``r*B .. r*B+B-1`` of step ``s``.
     """
-    del bucket_ids
+    del bucket_ids, limits
     step = world_size * batch_size
     perm = rng.permutation(costs.size)
     mega = np.arange(costs.size) // (megabatch_steps(costs.size // step) * step)

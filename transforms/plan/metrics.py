@@ -24,8 +24,8 @@ __all__ = [
 
 
 def rank_costs(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> NDArray[np.float64]:
-    """(S, W) cost each rank processes at each step: ``costs[plan].sum(-1)``."""
-    return np.asarray(costs, dtype=np.float64)[plan].sum(axis=-1)
+    """(S, W) cost each rank processes at each step: ``costs[plan].sum(-1)``, ``-1`` slots count 0."""
+    return np.append(np.asarray(costs, dtype=np.float64), 0.0)[plan].sum(axis=-1)
 
 
 def linearity(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
@@ -84,20 +84,27 @@ def pair_repeat_rate(plan_a: NDArray[np.int64], plan_b: NDArray[np.int64]) -> fl
     compare a strategy against ``random``'s rate. 0.0 when steps hold a single sample.
     """
     s_a = plan_a.shape[0]
-    per_step = int(np.prod(plan_a.shape[1:]))
-    if s_a == 0 or per_step < 2 or plan_b.size == 0:
+    if s_a == 0 or plan_b.size == 0:
+        return 0.0
+    flat_a, flat_b = plan_a.reshape(s_a, -1), plan_b.reshape(plan_b.shape[0], -1)
+    n_a = (flat_a >= 0).sum(axis=1)
+    pairs = int((n_a * (n_a - 1) // 2).sum())
+    if pairs == 0:
         return 0.0
     size = int(max(plan_a.max(), plan_b.max())) + 1
-    step_b = np.full(size, -1, dtype=np.int64)
-    step_b[plan_b.reshape(plan_b.shape[0], -1)] = np.arange(plan_b.shape[0])[:, None]
-    sb = step_b[plan_a.reshape(s_a, per_step)]  # (S_a, W*B) step in b, -1 if absent
+    step_b = np.full(size + 1, -1, dtype=np.int64)  # index -1 (a pad) stays -1
+    step_b[flat_b] = np.arange(plan_b.shape[0])[:, None]
+    step_b[-1] = -1
+    valid = flat_a >= 0
+    sb = step_b[flat_a][valid]  # step in b of each entry of a, -1 if absent
+    sa = np.broadcast_to(np.arange(s_a)[:, None], flat_a.shape)[valid]
     base = plan_b.shape[0] + 1
-    key = np.sort((np.arange(s_a)[:, None] * base + sb + 1).ravel())
+    key = np.sort(sa * base + sb + 1)
     start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     group = np.diff(np.r_[start, key.size])
     group = group[key[start] % base != 0]  # drop entries absent from plan_b
     shared = (group * (group - 1) // 2).sum()
-    return float(shared / (s_a * per_step * (per_step - 1) // 2))
+    return float(shared / pairs)
 
 
 def balance_summary(
@@ -114,10 +121,13 @@ def balance_summary(
     Keys: ``epoch``, ``steps``, ``linearity``, ``bound`` (``bound_linearity``),
     ``random_linearity`` (``random`` strategy on the same pool, seed and epoch),
     ``spearman_step_cost``, ``worst_step_linearity`` (min over steps of mean/max rank cost),
-    ``rank_total_cv`` (coefficient of variation of per-rank epoch totals).
+    ``rank_total_cv`` (coefficient of variation of per-rank epoch totals), ``mean_count`` and
+    ``max_count`` (samples per rank-step). With variable counts (``-1`` pads, any pool size) the
+    equal-count ``bound`` and ``random_linearity`` use the pool's first ``P - P % (W*B)`` entries.
     """
     rc = rank_costs(plan, costs)
-    rand = plan_epoch("random", costs, world_size, batch_size, seed=seed, epoch=epoch)
+    fitted = np.asarray(costs)[: costs.size - costs.size % (world_size * batch_size)]
+    rand = plan_epoch("random", fitted, world_size, batch_size, seed=seed, epoch=epoch)
     step_max = rc.max(axis=1) if rc.size else np.empty(0)
     pos = step_max > 0
     worst = float((rc.mean(axis=1)[pos] / step_max[pos]).min()) if pos.any() else 1.0
@@ -125,12 +135,15 @@ def balance_summary(
     cv = float(totals.std() / totals.mean()) if totals.mean() > 0 else 0.0
     values = {
         "linearity": linearity(plan, costs),
-        "bound": bound_linearity(costs, world_size, batch_size),
-        "random_linearity": linearity(rand, costs),
+        "bound": bound_linearity(fitted, world_size, batch_size),
+        "random_linearity": linearity(rand, fitted),
         "spearman_step_cost": spearman_step_cost(plan, costs),
         "worst_step_linearity": worst,
         "rank_total_cv": cv,
     }
+    counts = (plan >= 0).sum(axis=-1)
     out: dict[str, float | int] = {"epoch": int(epoch), "steps": int(plan.shape[0])}
+    out["max_count"] = int(counts.max(initial=0))
+    values["mean_count"] = float(counts.mean()) if counts.size else 0.0
     out.update({k: round(float(v), 6) for k, v in values.items()})
     return out

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.transforms.plan.caps import PoolLimits
+
 __all__ = ["plan"]
 
 
@@ -20,6 +22,7 @@ def plan(
     batch_size: int,
     rng: np.random.Generator,
     bucket_ids: NDArray[np.int32] | None,
+    limits: PoolLimits | None = None,
 ) -> NDArray[np.int64]:
     """Plan one epoch ignoring costs.
 
@@ -27,6 +30,6 @@ def plan(
         (S, W, B) int64 with ``plan[s, r, b] = perm[(s*B + b)*W + r]``, i.e. rank ``r``'s
         stream is ``perm[r::W]``.
     """
-    del bucket_ids  # cost-blind by definition
+    del bucket_ids, limits  # cost-blind by definition
     perm = rng.permutation(costs.size).astype(np.int64)
     return perm.reshape(-1, batch_size, world_size).transpose(0, 2, 1).copy()

@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.features.buckets import assign_buckets, default_num_buckets, quantile_edges
 from lidarshard.transforms.plan._partition import partition_steps, permute_ranks
+from lidarshard.transforms.plan.caps import PoolLimits
 
 __all__ = ["plan"]
 
@@ -23,6 +24,7 @@ def plan(
     batch_size: int,
     rng: np.random.Generator,
     bucket_ids: NDArray[np.int32] | None,
+    limits: PoolLimits | None = None,
 ) -> NDArray[np.int64]:
     """Plan one epoch with proportional bucket draws per step.
 
@@ -33,6 +35,7 @@ def plan(
     Returns:
         (S, W, B) int64 pool indices.
     """
+    del limits  # checked by plan_epoch
     p = costs.size
     if bucket_ids is None:
         bucket_ids = assign_buckets(costs, quantile_edges(costs, default_num_buckets(p)))

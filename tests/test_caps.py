@@ -1,0 +1,61 @@
+"""Caps (transforms/plan/caps.py): per-rank-step limits, single samples over a cap, the plan check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
+from lidarshard.transforms.plan.caps import Caps, PoolLimits, check_caps, over_cap, rank_step_sums
+
+
+def test_caps_validate_and_round_trip() -> None:
+    caps = Caps(max_points=100, max_cost=2.5, max_samples=3)
+    assert caps.active and not Caps().active
+    assert Caps.from_json(caps.to_json()) == caps
+    assert Caps.from_json(None) == Caps()
+    for bad in (dict(max_points=0), dict(max_samples=1.5), dict(max_cost=-1.0), dict(max_cost=float("inf"))):
+        with pytest.raises(ValueError, match="per-rank-step"):
+            Caps(**bad)
+
+
+def test_over_cap_names_each_sample_above_a_cap() -> None:
+    reasons = over_cap(np.array([1.0, 9.0, 2.0]), np.array([10, 10, 500]), Caps(max_points=100, max_cost=5.0))
+    assert reasons[0] == ""
+    assert "cost 9 > --max-cost-per-rank-step 5" in reasons[1]
+    assert "500 points > --max-points-per-rank-step 100" in reasons[2]
+
+
+def test_rank_step_sums_ignore_pads() -> None:
+    plan = np.array([[[0, 1], [2, -1]]])
+    np.testing.assert_array_equal(rank_step_sums(plan, np.array([1, 2, 4])), [[3, 4]])
+
+
+def test_check_caps_names_step_rank_and_value() -> None:
+    plan = np.array([[[0, 1], [2, 3]], [[4, 5], [6, 7]]])
+    points = np.array([1, 1, 1, 1, 1, 1, 50, 60])
+    with pytest.raises(
+        ValueError, match=r"epoch 3 step 1 rank 1: 110 points > --max-points-per-rank-step 100"
+    ):
+        check_caps(plan, PoolLimits(Caps(max_points=100), points), np.ones(8), epoch=3)
+    check_caps(plan, PoolLimits(Caps(max_points=110), points), np.ones(8), epoch=3)
+    with pytest.raises(ValueError, match="step 0 rank 0: 2 samples"):
+        check_caps(plan, PoolLimits(Caps(max_samples=1)), np.ones(8), epoch=0)
+
+
+def test_every_strategy_is_checked_against_the_caps() -> None:
+    rng = np.random.default_rng(0)
+    costs = rng.lognormal(0.0, 1.0, 64 * 16)
+    points = np.round(costs * 1000).astype(np.int64)
+    cap = int(np.sort(points)[-2] + np.sort(points)[-1]) // 2 + 1  # the two heaviest must not share a rank
+    limits = PoolLimits(Caps(max_points=max(cap, int(points.max()))), points)
+    exceeded = 0
+    for name in sorted(STRATEGIES):
+        try:
+            plan = plan_epoch(name, costs, 8, 2, seed=1, epoch=0, limits=limits)
+        except ValueError as e:
+            assert name not in VARIABLE_COUNT and "--max-points-per-rank-step" in str(e)
+            exceeded += 1
+            continue
+        assert rank_step_sums(plan, points).max() <= limits.caps.max_points
+    assert exceeded >= 1  # an equal-count strategy put too many points on one rank-step

@@ -1,0 +1,118 @@
+"""Hard per-rank-step caps (points, cost, samples) and the check every plan must pass.
+
+A user sets caps from GPU memory: no rank may ever receive, at one step, more than ``max_points``
+points, ``max_cost`` predicted cost or ``max_samples`` samples. ``budget`` plans within them; every
+other strategy is checked against them, and a plan that exceeds one is an error before anything
+is published. A single sample above a cap can never be planned: ``over_cap`` finds those so the
+pipeline rejects them (reason ``over_cap``) instead of failing or dropping them silently.
+
+Plans are ``(S, W, M)`` int64 pool indices where ``-1`` marks an empty slot (variable counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["Caps", "PoolLimits", "over_cap", "rank_step_sums", "check_caps"]
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Per-rank-step limits; ``None`` means no limit."""
+
+    max_points: int | None = None
+    max_cost: float | None = None
+    max_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("points", self.max_points), ("samples", self.max_samples)):
+            if value is not None and (int(value) != value or value < 1):
+                raise ValueError(f"--max-{name}-per-rank-step must be an integer >= 1, got {value}")
+        if self.max_cost is not None and not (np.isfinite(self.max_cost) and self.max_cost > 0):
+            raise ValueError(f"--max-cost-per-rank-step must be finite and > 0, got {self.max_cost}")
+
+    @property
+    def active(self) -> bool:
+        """True when at least one cap is set."""
+        return any(v is not None for v in (self.max_points, self.max_cost, self.max_samples))
+
+    def to_json(self) -> dict[str, float | int | None]:
+        """The manifest's ``caps`` object."""
+        return {
+            "max_points_per_rank_step": self.max_points,
+            "max_cost_per_rank_step": self.max_cost,
+            "max_samples_per_rank_step": self.max_samples,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict | None) -> Caps:
+        """Inverse of ``to_json`` (a missing object means no caps)."""
+        obj = obj or {}
+        return cls(
+            obj.get("max_points_per_rank_step"),
+            obj.get("max_cost_per_rank_step"),
+            obj.get("max_samples_per_rank_step"),
+        )
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """Caps bound to one epoch's pool: ``points`` (P,) int64 per pool entry (needed for max_points)."""
+
+    caps: Caps
+    points: NDArray[np.int64] | None = None
+
+
+def over_cap(costs: NDArray[np.float64], points: NDArray[np.int64] | None, caps: Caps) -> list[str]:
+    """One detail string per sample (index order) that alone exceeds a cap, "" where it fits.
+
+    Args:
+        costs: (N,) predicted costs; points: (N,) points per sample, or None (no points cap check).
+    """
+    out = [""] * len(costs)
+    if caps.max_cost is not None:
+        for i in np.flatnonzero(np.asarray(costs) > caps.max_cost):
+            out[i] = f"cost {float(costs[i]):.6g} > --max-cost-per-rank-step {caps.max_cost:g}"
+    if caps.max_points is not None and points is not None:
+        for i in np.flatnonzero(np.asarray(points) > caps.max_points):
+            out[i] = f"{int(points[i])} points > --max-points-per-rank-step {caps.max_points}"
+    return out
+
+
+def rank_step_sums(plan: NDArray[np.int64], values: NDArray) -> NDArray:
+    """(S, W) sum of ``values`` over each rank-step; ``-1`` slots count 0."""
+    padded = np.append(np.asarray(values), np.zeros(1, dtype=np.asarray(values).dtype))
+    return padded[plan].sum(axis=-1)
+
+
+def check_caps(
+    plan: NDArray[np.int64], limits: PoolLimits | None, costs: NDArray[np.float64], epoch: int
+) -> None:
+    """Raise ValueError naming the first (step, rank) of ``plan`` (S, W, M) that exceeds a cap.
+
+    Args:
+        costs: (P,) pool costs; ``limits.points`` (P,) pool points.
+    """
+    if limits is None or not limits.caps.active or plan.size == 0:
+        return
+    caps = limits.caps
+    checks = [("samples", caps.max_samples, (plan >= 0).sum(axis=-1))]
+    checks.append(("cost", caps.max_cost, rank_step_sums(plan, costs)))
+    if limits.points is not None:
+        checks.append(("points", caps.max_points, rank_step_sums(plan, limits.points)))
+    elif caps.max_points is not None:
+        raise ValueError("--max-points-per-rank-step needs the samples' num_points")
+    for name, cap, sums in checks:
+        if cap is None:
+            continue
+        bad = np.argwhere(sums > cap)
+        if bad.size:
+            s, r = (int(v) for v in bad[0])
+            raise ValueError(
+                f"epoch {epoch} step {s} rank {r}: {sums[s, r]:.6g} {name} > --max-{name}-per-rank-step "
+                f"{cap:g} ({len(bad)} rank-steps over the cap); the strategy cannot honour it: use "
+                "--strategy budget or raise the cap"
+            )
