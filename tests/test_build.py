@@ -269,7 +269,7 @@ def test_budget_with_a_points_cap_end_to_end(built, tmp_path: Path) -> None:
     assert c["rejected_by_reason"]["over_cap"] == int((points > cap).sum()) == 1
     assert c["planned"] == [c["accepted"]] * 2 and c["dropped"] == [0, 0] and c["padded"] == [0, 0]
     assert validate(str(tmp_path / "b"))[0] == []
-    plan = ds.dataset(tmp_path / "b", format="parquet", partitioning="hive").to_table(
+    plan = ds.dataset(tmp_path / "b" / schemas.PLAN_DIR, format="parquet", partitioning="hive").to_table(
         filter=ds.field("epoch") == 0
     )
     by_id = dict(
