@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0  # pinned CPU build; a looser spec pulls a multi-GB CUDA build
-	$(PIP) install -e ".[test,dev,torch,report,gcp]"
+	$(PIP) install -e ".[test,dev,torch,report,gcp,dask]"
 	touch $@
 
 setup: $(VENV)/.installed

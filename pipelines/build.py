@@ -32,10 +32,12 @@ from lidarshard.pipelines.scan import (
     run_pipeline,
     scan_config,
     scan_meta,
+    scan_results,
     settle,
 )
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex, table_from_parquet_bytes
 from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, read_bytes
+from lidarshard.transforms.beam.tagged import GatherTagged, tag
 from lidarshard.transforms.features.cost import CostModel, parse_cost_model, sample_costs
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES
 from lidarshard.transforms.plan.caps import Caps, over_cap
@@ -153,7 +155,6 @@ def _reject_over_cap(
 
 
 def _check_and_score(
-    _: None,
     model: CostModel,
     cfg: PlanConfig,
     max_reject: float,
@@ -164,7 +165,7 @@ def _check_and_score(
 ) -> dict:
     """Settle, score, write samples/rejects.parquet; returns only small metadata.
 
-    The scored table is not returned: as a side input it would be pickled to every epoch's worker
+    The scored table is not returned: passed along it would be pickled to every epoch's worker
     (1M rows: ~250 MB a copy). Epochs read the columns they need back from the staged file.
     """
     samples, rejects, counts = settle(scanned, samples, rejects, max_reject)
@@ -190,20 +191,23 @@ def _check_and_score(
 _PLAN_INPUT = ["sample_id", "path", "sweep_paths", "cost", "bucket_id", "num_points"]
 
 
-def _plan_epoch(epoch: int, checked: dict, cfg: PlanConfig, staging: str):
+def _plan_epoch(task: tuple[int, dict], cfg: PlanConfig, staging: str):
+    """Plan epoch ``task[0]`` and write its rank files: ``("files", entry)`` per file, then
+    ``("stats", stats)``. ``task[1]`` (CheckAndScore's metadata) only orders this after it."""
+    epoch, _ = task
     data = read_bytes(_output.join(staging, schemas.SAMPLES_FILE))
     scored = pq.read_table(pa.BufferReader(data), columns=_PLAN_INPUT)
     del data
     tables, stats = plan_tables(scored, epoch, cfg)
     Metrics.counter(NAMESPACE, "planned").inc(stats["planned"])
     for rank, table in enumerate(tables):
-        yield _write(staging, schemas.plan_file(epoch, rank), parquet_bytes(table))
-    yield beam.pvalue.TaggedOutput("stats", stats)
+        yield "files", _write(staging, schemas.plan_file(epoch, rank), parquet_bytes(table))
+    yield "stats", stats
 
 
-def _write_manifest(
-    _: None, staging: str, meta: dict, cfg: PlanConfig, checked: dict, files: list, stats: list
-):
+def _write_manifest(gathered: dict[str, list], staging: str, meta: dict, cfg: PlanConfig) -> None:
+    """``gathered``: ``{"checked": [CheckAndScore's dict], "files": [...], "stats": [...]}``."""
+    (checked,), files, stats = gathered["checked"], gathered["files"], gathered["stats"]
     stats = sorted(stats, key=lambda s: s["epoch"])
     balance = [{k: v for k, v in s.items() if k not in ("planned", "dropped", "padded")} for s in stats]
     counts = dict(checked["counts"])
@@ -235,44 +239,36 @@ def _write_manifest(
 
 
 def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, cfg: PlanConfig, staging: str) -> None:
+    """Wire the build. Each step gets what it needs as its main input (``GatherTagged``), never as
+    a singleton side input, so every runner computes each step once (see ``transforms.beam.tagged``)."""
     scan_cfg = scan_config(args)
     model = parse_cost_model(args.cost_model, lambda p: read_bytes(p).decode())  # launcher reads @file
     settings = (model, cfg, args.max_reject_fraction, staging)
-    side = beam.pvalue.AsSingleton
-    if args.from_samples:  # read where it is used: a side input would pickle the whole table
+    if args.from_samples:  # read where it is used: passing the table along would pickle it
         checked = (
             pipeline
             | "Previous" >> beam.Create([args.from_samples])
-            | "CheckAndScore"
-            >> beam.Map(lambda path, *a: _check_and_score(None, *a, *_previous(path)), *settings)
+            | "CheckAndScore" >> beam.Map(lambda path, *a: _check_and_score(*a, *_previous(path)), *settings)
         )
     else:
         scan = pipeline | "Scan" >> ScanSamples(args.input, scan_cfg, args.nuscenes_version, args.sweeps)
         checked = (
-            pipeline
-            | "Start" >> beam.Create([None])
-            | "CheckAndScore"
-            >> beam.Map(
-                _check_and_score, *settings, side(scan.scanned), side(scan.samples), side(scan.rejects)
-            )
+            (tag(scan.scanned, "scanned"), tag(scan.samples, "samples"), tag(scan.rejects, "rejects"))
+            | "GatherScan" >> GatherTagged()
+            | "CheckAndScore" >> beam.Map(lambda g, *a: _check_and_score(*a, *scan_results(g)), *settings)
         )
-    sample_files = checked | "SampleFiles" >> beam.FlatMap(lambda c: c["files"])
     planned = (
-        pipeline
-        | "Epochs" >> beam.Create(list(range(cfg.epochs)))
-        | "PlanEpoch"
-        >> beam.FlatMap(_plan_epoch, side(checked), cfg, staging).with_outputs("stats", main="files")
+        checked
+        | "Epochs" >> beam.FlatMap(lambda c: [(e, c) for e in range(cfg.epochs)])
+        | "SpreadEpochs" >> beam.Reshuffle()
+        | "PlanEpoch" >> beam.FlatMap(_plan_epoch, cfg, staging)
     )
-    files = (
-        (sample_files, planned.files) | "AllFiles" >> beam.Flatten() | "ListFiles" >> beam.combiners.ToList()
-    )
-    stats = planned.stats | "ListStats" >> beam.combiners.ToList()
+    sample_files = checked | "SampleFiles" >> beam.FlatMap(lambda c: [("files", f) for f in c["files"]])
     meta = scan_meta(args, scan_cfg) | {"from_samples": args.from_samples}
     _ = (
-        pipeline
-        | "Finish" >> beam.Create([None])
-        | "WriteManifest"
-        >> beam.Map(_write_manifest, staging, meta, cfg, side(checked), side(files), side(stats))
+        (tag(checked, "checked"), sample_files, planned)
+        | "GatherAll" >> GatherTagged()
+        | "WriteManifest" >> beam.Map(_write_manifest, staging, meta, cfg)
     )
 
 

@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # Beam relays every worker's start-up warnings; keep them for debugging only (LIDARSHARD_BEAM_LOG_LEVEL=INFO).
     logging.getLogger("apache_beam").setLevel(os.environ.get("LIDARSHARD_BEAM_LOG_LEVEL", "ERROR"))
+    logging.getLogger("distributed").setLevel(logging.WARNING)  # --runner=dask: a line per connection
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.run(rest) or 0)
 

@@ -26,8 +26,10 @@ from apache_beam.runners.runner import PipelineState
 
 from lidarshard import schemas
 from lidarshard.pipelines import _output
+from lidarshard.pipelines.runners import resolve_runner
 from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.beam.scan import ScanSamples
+from lidarshard.transforms.beam.tagged import GatherTagged, tag
 from lidarshard.transforms.features.sample import FEATURE_MODES, ScanConfig
 from lidarshard.transforms.formats.readers import FORMATS
 
@@ -41,6 +43,7 @@ __all__ = [
     "counts_of",
     "settle",
     "new_staging",
+    "scan_results",
 ]
 
 VERSION = "0.1.0"
@@ -88,8 +91,9 @@ def scan_config(args: argparse.Namespace) -> ScanConfig:
 
 
 def beam_options(beam_args: Sequence[str]) -> PipelineOptions:
-    """Beam options; without ``--runner`` the local DirectRunner on all cores (multi_processing)."""
-    args = list(beam_args)
+    """Beam options; without ``--runner`` the local DirectRunner on all cores (multi_processing).
+    ``--runner=dask`` is Beam's DaskRunner (``pipelines.runners``)."""
+    args = resolve_runner(beam_args)
     if not any(a.startswith("--runner") for a in args):
         args += [
             "--runner=DirectRunner",
@@ -179,9 +183,17 @@ def fingerprint(samples: pa.Table) -> str:
     return h.hexdigest()
 
 
-def _finalize(
-    _: None, staging: str, meta: dict, max_reject: float, scanned: int, samples: pa.Table, rejects: pa.Table
-) -> None:
+def scan_results(gathered: dict[str, list]) -> tuple[int, pa.Table, pa.Table]:
+    """``GatherScan``'s ``{"scanned": [n], "samples": [table], "rejects": [table]}`` -> the three;
+    an absent key (nothing was gathered) is 0 or an empty table."""
+    (scanned,) = gathered.get("scanned", [0])
+    (samples,) = gathered.get("samples", [schemas.sample_schema().empty_table()])
+    (rejects,) = gathered.get("rejects", [schemas.reject_schema().empty_table()])
+    return scanned, samples, rejects
+
+
+def _finalize(gathered: dict[str, list], staging: str, meta: dict, max_reject: float) -> None:
+    scanned, samples, rejects = scan_results(gathered)
     samples, rejects, counts = settle(scanned, samples, rejects, max_reject)
     _output.write_bytes(_output.join(staging, schemas.SAMPLES_FILE), parquet_bytes(samples))
     _output.write_bytes(_output.join(staging, schemas.REJECTS_FILE), parquet_bytes(rejects))
@@ -242,18 +254,9 @@ def build_scan(pipeline: beam.Pipeline, args: argparse.Namespace, staging: str) 
     cfg = scan_config(args)
     scan = pipeline | "Scan" >> ScanSamples(args.input, cfg, args.nuscenes_version, args.sweeps)
     _ = (
-        pipeline
-        | "Start" >> beam.Create([None])
-        | "Finalize"
-        >> beam.Map(
-            _finalize,
-            staging,
-            scan_meta(args, cfg),
-            args.max_reject_fraction,
-            beam.pvalue.AsSingleton(scan.scanned),
-            beam.pvalue.AsSingleton(scan.samples),
-            beam.pvalue.AsSingleton(scan.rejects),
-        )
+        (tag(scan.scanned, "scanned"), tag(scan.samples, "samples"), tag(scan.rejects, "rejects"))
+        | "GatherScan" >> GatherTagged()
+        | "Finalize" >> beam.Map(_finalize, staging, scan_meta(args, cfg), args.max_reject_fraction)
     )
 
 

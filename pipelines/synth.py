@@ -54,6 +54,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from lidarshard.pipelines import _output
+from lidarshard.pipelines.runners import resolve_runner
 from lidarshard.transforms.synth import dataroot as synth
 from lidarshard.transforms.synth import tables as tb
 
@@ -182,6 +183,7 @@ def _cli_parser() -> argparse.ArgumentParser:
 def _beam_argv(argv: list[str]) -> list[str]:
     """User argv -> Beam flags: synth flags renamed to ``--synth_*``, a default runner added."""
     args, rest = _cli_parser().parse_known_args(argv)
+    rest = resolve_runner(rest)
     out = _output.absolute(args.out)
     flags = [f"--synth_output={out}"]
     flags += [f"--{dest}={getattr(args, dest)}" for _, dest, *_ in _FLAGS if getattr(args, dest) is not None]

@@ -7,7 +7,10 @@ One tiny synthetic nuScenes dataroot (3 scenes x 4 keyframes, 2 sweeps each) is 
 - PortableRunner against Beam's Python local job service, ``--environment_type=LOOPBACK``;
 - PortableRunner against the same job service with an EXTERNAL worker pool (``worker_pool_main``)
   whose working directory differs from the launcher's, launched as ``python -m lidarshard.pipelines.build``
-  with relative INPUT/OUT: nothing may rely on ``__main__`` state or on the launcher's cwd.
+  with relative INPUT/OUT: nothing may rely on ``__main__`` state or on the launcher's cwd;
+- ``--runner=dask`` on a real ``dask.distributed`` cluster: a ``dask scheduler`` and two
+  ``dask worker --nworkers 1`` processes on 127.0.0.1 (skipped without the ``dask`` extra), which
+  also writes the synthetic dataroot (compared with the FnApiRunner's);
 
 and every file of every output is compared byte for byte with the reference. Everything runs in
 child processes (own process group) with a timeout and is killed in teardown: CI cannot hang.
@@ -32,7 +35,7 @@ import pytest
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from lidarshard.pipelines import build
+from lidarshard.pipelines import build, runners
 
 pytestmark = pytest.mark.slow
 
@@ -72,19 +75,19 @@ def _tail(path: Path, n: int = 3000) -> str:
     return path.read_text(errors="replace")[-n:] if path.exists() else ""
 
 
+def _spawn(args: list[str], cwd: Path, out, **env: str) -> subprocess.Popen:
+    """``python <args>`` leading its own process group (``_kill_group`` stops its children too)."""
+    return subprocess.Popen(
+        [PY, *args], cwd=cwd, env=_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
 def run_cli(
     args: list[str], cwd: Path, log: Path, timeout: float = RUN_TIMEOUT, **env: str
 ) -> subprocess.CompletedProcess:
     """Run ``python <args>`` in its own process group; kill the whole group after ``timeout`` s."""
     with log.open("w") as out:
-        proc = subprocess.Popen(
-            [PY, *args],
-            cwd=cwd,
-            env=_env(**env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = _spawn(args, cwd, out, **env)
         try:
             rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -112,11 +115,7 @@ def _listening(port: int) -> bool:
 def server(args: list[str], cwd: Path, log: Path, ready: int | Path) -> Iterator[int]:
     """Start ``python <args>`` in the background; yield its port once it listens (``ready``: the
     port, or a file the server writes its port to); kill its process group on exit."""
-    out = log.open("w")
-    proc = subprocess.Popen(
-        [PY, *args], cwd=cwd, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
+    with background(args, cwd, log) as proc:
         deadline = time.monotonic() + START_TIMEOUT
         port = None
         while port is None:
@@ -131,9 +130,17 @@ def server(args: list[str], cwd: Path, log: Path, ready: int | Path) -> Iterator
                 port = ready if _listening(ready) else None
             time.sleep(0.2)
         yield port
-    finally:
-        _kill_group(proc)
-        out.close()
+
+
+@contextlib.contextmanager
+def background(args: list[str], cwd: Path, log: Path, **env: str) -> Iterator[subprocess.Popen]:
+    """``python <args>`` in its own process group for the ``with`` block; killed with its children."""
+    with log.open("w") as out:
+        proc = _spawn(args, cwd, out, **env)
+        try:
+            yield proc
+        finally:
+            _kill_group(proc)
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
@@ -210,6 +217,33 @@ def worker_pool(work: Path) -> Iterator[str]:
         yield f"localhost:{port}"
 
 
+@pytest.fixture(scope="module")
+def dask_cluster(work: Path) -> Iterator[str]:
+    """``dask scheduler`` + two single-process ``dask worker``s (their own cwd) on 127.0.0.1;
+    yields the scheduler's ``tcp://127.0.0.1:PORT`` once both workers have registered."""
+    pytest.importorskip("distributed", reason="the dask extra is not installed")
+    cwd = work / "dask_cwd"
+    cwd.mkdir()
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = ["-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"]
+    worker = ["-m", "dask", "worker", address, "--nworkers", "1", "--nthreads", "1", "--no-dashboard"]
+    worker += ["--host", "127.0.0.1", "--local-directory", str(cwd)]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(server(scheduler, cwd, work / "dask_scheduler.log", port))
+        for i in range(2):
+            log = work / f"dask_worker{i}.log"
+            stack.enter_context(background(worker, cwd, log, LIDARSHARD_PROGRESS_S="0"))
+        wait = (
+            f"from distributed import Client; Client({address!r}, timeout=30).wait_for_workers(2, timeout=60)"
+        )
+        r = run_cli(["-c", wait], cwd, work / "dask_wait.log", timeout=START_TIMEOUT + 30)
+        assert r.returncode == 0, (
+            r.stdout + _tail(work / "dask_worker0.log") + _tail(work / "dask_worker1.log")
+        )
+        yield address
+
+
 def test_direct_multi_processing_matches_fnapi(work: Path, dataroot: Path, reference: Path) -> None:
     out = work / "direct_mp"
     flags = ["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -245,6 +279,41 @@ def test_portable_external_pool_matches_fnapi(
     assert r.returncode == 0, logs
     assert_same_tree(out, reference)
     assert not any((work / "pool_cwd").iterdir()), "a worker wrote relative to its own cwd"
+
+
+def test_dask_cluster_matches_fnapi(work: Path, dataroot: Path, reference: Path, dask_cluster: str) -> None:
+    """synth and build with ``--runner=dask`` on the two-worker cluster: byte-identical to FnApiRunner.
+    (The build reads the FnApiRunner's dataroot: its path is recorded in the manifest.)"""
+    flags = ["--runner=dask", f"--dask_client_address={dask_cluster}"]
+    synth_root = work / "dask_dataroot"
+    args = ["-m", "lidarshard.pipelines.cli", "synth", str(synth_root), *SYNTH, *flags]
+    r = run_cli(args, work, work / "dask_synth.log")
+    assert r.returncode == 0, r.stdout
+    assert_same_tree(synth_root, dataroot)
+    out = work / "dask"
+    r = _build(work, str(dataroot), str(out), flags, work / "dask_build.log", LIDARSHARD_PROGRESS_S="0")
+    assert r.returncode == 0, r.stdout + _tail(work / "dask_worker0.log") + _tail(work / "dask_worker1.log")
+    assert "scanned 12: accepted 12, rejected 0" in r.stdout
+    assert_same_tree(out, reference)
+    # every input was read on the cluster's workers, exactly once (no recomputed side inputs)
+    logs = "".join(_tail(work / f"dask_worker{i}.log", 10**7) for i in range(2))
+    assert len(re.findall(r"lidarshard scan \[pid \d+\]: \d+ inputs read", logs)) == 12, logs[-3000:]
+    assert not any(p.is_file() for p in (work / "dask_cwd").iterdir()), "a worker wrote into its cwd"
+
+
+def test_runner_alias_resolves_dask_and_leaves_others() -> None:
+    dask = runners.RUNNER_ALIASES["dask"][0]
+    assert runners.resolve_runner(["--runner=dask", "--x=1"]) == [f"--runner={dask}", "--x=1"]
+    assert runners.resolve_runner(["--runner", "Dask"]) == ["--runner", dask]
+    assert runners.resolve_runner(["--runner=FnApiRunner", "dask"]) == ["--runner=FnApiRunner", "dask"]
+
+
+def test_runner_alias_names_the_extra_when_missing(monkeypatch) -> None:
+    monkeypatch.setattr(runners.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(
+        SystemExit, match=r"--runner=dask needs distributed: pip install 'lidarshard\[dask\]'"
+    ):
+        runners.resolve_runner(["--runner=dask"])
 
 
 def test_multi_threading_never_loses_samples_silently(work: Path, dataroot: Path, reference: Path) -> None:

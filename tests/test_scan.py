@@ -171,3 +171,32 @@ def test_relative_input_gives_absolute_paths(tmp_path: Path, monkeypatch) -> Non
     _, samples, rejects = _scan(tmp_path, "in")
     assert samples[0]["sample_id"] == "good.bin"
     assert all(os.path.isabs(r["path"]) for r in samples + rejects)
+
+
+def test_concat_rows_is_independent_of_how_rows_are_split(monkeypatch) -> None:
+    """Any split of the rows over accumulators, any merge order: the same sorted table."""
+    monkeypatch.setattr(scan_beam, "ROWS_PER_CHUNK", 3)
+    schema = scan_cli.schemas.reject_schema()
+    rows = [{"path": f"p{i:02d}", "reason": "r", "detail": str(i)} for i in range(11)]
+    fn = scan_beam.ConcatRows(schema, ("path",))
+
+    def acc_of(part):
+        acc = fn.create_accumulator()
+        for row in part:
+            acc = fn.add_input(acc, row)
+        return acc
+
+    whole = fn.extract_output(acc_of(rows))
+    assert whole.column("path").to_pylist() == [r["path"] for r in rows]
+    parts = [rows[7:], rows[:2], rows[2:7]]
+    merged = fn.merge_accumulators([acc_of(p) for p in parts])
+    assert fn.extract_output(merged).equals(whole)
+    assert fn.extract_output(fn.create_accumulator()).num_rows == 0
+
+
+def test_empty_input_directory_scans_to_empty_tables(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    scan_cli.run([str(tmp_path / "in"), str(tmp_path / "out"), *BEAM_TEST_FLAGS])
+    assert pq.read_table(tmp_path / "out" / "samples.parquet").num_rows == 0
+    assert pq.read_table(tmp_path / "out" / "rejects.parquet").num_rows == 0
+    assert json.loads((tmp_path / "out" / "_scan.json").read_text())["counts"]["scanned"] == 0

@@ -1,5 +1,8 @@
 """Beam wiring of the scan: discover -> read+featurize (dead letters to rejects) -> Arrow tables.
 
+DoFns with two outputs yield ``(tag, value)`` records split by ``SplitTags`` (correct on the
+DaskRunner too, whose multi-output ParDo is broken).
+
 Thin DoFns around ``lidarshard.transforms.features.sample`` and ``lidarshard.transforms.nuscenes.tables``; every file access goes through
 Beam's ``FileSystems`` so local paths, gs:// and s3:// work alike.
 """
@@ -23,12 +26,13 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from lidarshard import schemas
 from lidarshard.transforms.arrow import concat_sorted, rows_to_table
+from lidarshard.transforms.beam.tagged import SplitTags
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.formats.discover import walk_local
 from lidarshard.transforms.nuscenes import tables as nuscenes
 
-__all__ = ["ScanSamples", "ScanResult", "ConcatTables", "read_bytes", "size_of", "NAMESPACE"]
+__all__ = ["ScanSamples", "ScanResult", "ConcatRows", "read_bytes", "size_of", "NAMESPACE"]
 
 NAMESPACE = "lidarshard"
 
@@ -91,7 +95,7 @@ def _local_workers(options: PipelineOptions) -> int | None:
 
 
 class _Featurize(beam.DoFn):
-    """Task -> feature row, or a reject row on the ``rejects`` output. Counts every outcome."""
+    """Task -> ``("samples", feature row)`` or ``("rejects", reject row)``. Counts every outcome."""
 
     def __init__(self, cfg: ScanConfig) -> None:
         self._cfg = cfg
@@ -112,7 +116,7 @@ class _Featurize(beam.DoFn):
             yield from _rejected(task.path, "reader_error", f"{type(e).__name__}: {e}")
         else:
             self._accepted.inc()
-            yield row
+            yield "samples", row
 
 
 class _FeaturizeWithProgress(_Featurize):
@@ -151,7 +155,7 @@ class _FeaturizeWithProgress(_Featurize):
 
 def _rejected(path: str, reason: str, detail: str) -> Iterator:
     Metrics.counter(NAMESPACE, f"rejected_{reason}").inc()
-    yield beam.pvalue.TaggedOutput("rejects", _reject_row(path, reason, detail))
+    yield "rejects", _reject_row(path, reason, detail)
 
 
 def _relative(path: str, root: str) -> str:
@@ -177,12 +181,13 @@ def _is_local_dir(path: str) -> bool:
 
 
 class _WalkLocal(beam.DoFn):
-    """Local directory -> file tasks; entries that cannot be stat'ed -> rejects (``unreadable``)."""
+    """Local directory -> ``("tasks", file task)``; entries that cannot be stat'ed ->
+    ``("rejects", row)`` (``unreadable``)."""
 
     def process(self, root: str) -> Iterator:
         for path, why in walk_local(root):
             if why is None:
-                yield file_task(_relative(path, root), path)
+                yield "tasks", file_task(_relative(path, root), path)
             else:
                 yield from _rejected(file_task(path, path).path, "unreadable", why)
 
@@ -193,45 +198,64 @@ class _LoadTables(beam.DoFn):
 
     def process(self, dataroot: str) -> Iterator:
         tasks, rejects = nuscenes.load_tasks(dataroot, self._version, self._sweeps, read_bytes)
-        yield from tasks
+        for task in tasks:
+            yield "tasks", task
         for path, reason, detail in rejects:
             yield from _rejected(path, reason, detail)
 
 
-class ConcatTables(beam.CombineFn):
-    """Gathers Arrow tables into one, sorted by ``keys``: exact and independent of bundling."""
+#: Rows an accumulator holds as Python dicts before it converts them to an Arrow table.
+ROWS_PER_CHUNK = 4096
+
+#: A ``ConcatRows`` accumulator: converted tables, then rows not yet converted.
+_Acc = tuple[list[pa.Table], list[dict]]
+
+
+class ConcatRows(beam.CombineFn):
+    """Gathers rows (dicts) into one Arrow table sorted by ``keys``: exact and independent of
+    bundling. Rows become tables ``ROWS_PER_CHUNK`` at a time inside the accumulator, so nothing
+    is emitted from a ``finish_bundle`` (the DaskRunner drops what a DoFn emits there, which
+    ruled out ``BatchElements``)."""
 
     def __init__(self, schema: pa.Schema, keys: tuple[str, ...]) -> None:
         self._schema, self._keys = schema, keys
 
-    def create_accumulator(self) -> list[pa.Table]:
-        return []
+    def create_accumulator(self) -> _Acc:
+        return [], []
 
-    def add_input(self, acc: list[pa.Table], table: pa.Table) -> list[pa.Table]:
-        acc.append(table)
+    def add_input(self, acc: _Acc, row: dict) -> _Acc:
+        tables, rows = acc
+        rows.append(row)
+        if len(rows) >= ROWS_PER_CHUNK:
+            return [*tables, rows_to_table(rows, self._schema)], []
         return acc
 
-    def merge_accumulators(self, accs: Iterable[list[pa.Table]]) -> list[pa.Table]:
-        return [concat_sorted([t for acc in accs for t in acc], self._schema, self._keys)]
+    def _table(self, accs: Iterable[_Acc]) -> pa.Table:
+        tables, rows = [], []
+        for t, r in accs:
+            tables += t
+            rows += r
+        return concat_sorted([*tables, rows_to_table(rows, self._schema)], self._schema, self._keys)
 
-    def extract_output(self, acc: list[pa.Table]) -> pa.Table:
-        return concat_sorted(acc, self._schema, self._keys)
+    def merge_accumulators(self, accs: Iterable[_Acc]) -> _Acc:
+        return [self._table(accs)], []
+
+    def extract_output(self, acc: _Acc) -> pa.Table:
+        return self._table([acc])
 
 
 class ScanResult:
-    """PCollections produced by ``ScanSamples``: one table each, plus the scanned count."""
+    """PCollections produced by ``ScanSamples``: one table each, plus the scanned count; each is
+    EMPTY (no element) when there is nothing to gather: ``pipelines.scan.scan_results`` fills in
+    0 and empty tables. (Without defaults: a default is injected through a side input, which the
+    DaskRunner recomputes, see ``transforms.beam.tagged``.)"""
 
     def __init__(self, samples: beam.PCollection, rejects: beam.PCollection, scanned: beam.PCollection):
         self.samples, self.rejects, self.scanned = samples, rejects, scanned
 
 
 def _to_table(schema: pa.Schema, keys: tuple[str, ...], label: str, pcoll: beam.PCollection):
-    return (
-        pcoll
-        | f"Batch{label}" >> beam.BatchElements(min_batch_size=64, max_batch_size=4096)
-        | f"ToArrow{label}" >> beam.Map(rows_to_table, schema)
-        | f"Gather{label}" >> beam.CombineGlobally(ConcatTables(schema, keys))
-    )
+    return pcoll | f"Gather{label}" >> beam.CombineGlobally(ConcatRows(schema, keys)).without_defaults()
 
 
 class ScanSamples(beam.PTransform):
@@ -247,18 +271,19 @@ class ScanSamples(beam.PTransform):
             found = (
                 pbegin
                 | "Dataroot" >> beam.Create([self._input.rstrip("/")])
-                | "LoadTables"
-                >> beam.ParDo(_LoadTables(self._version, self._sweeps)).with_outputs("rejects", main="tasks")
+                | "LoadTables" >> beam.ParDo(_LoadTables(self._version, self._sweeps))
+                | "SplitFound" >> SplitTags("tasks", "rejects")
             )
-            tasks, table_rejects = found.tasks, found.rejects
+            tasks, table_rejects = found["tasks"], found["rejects"]
         elif _is_local_dir(self._input):
             root = self._input.rstrip("/") or "/"
             found = (
                 pbegin
                 | "Root" >> beam.Create([root])
-                | "Walk" >> beam.ParDo(_WalkLocal()).with_outputs("rejects", main="tasks")
+                | "Walk" >> beam.ParDo(_WalkLocal())
+                | "SplitFound" >> SplitTags("tasks", "rejects")
             )
-            tasks, table_rejects = found.tasks, found.rejects
+            tasks, table_rejects = found["tasks"], found["rejects"]
         else:
             pattern, root = _file_pattern(self._input)
             tasks = (
@@ -270,7 +295,7 @@ class ScanSamples(beam.PTransform):
         scanned = (
             (tasks, table_rejects)
             | "AllInputs" >> beam.Flatten()
-            | "CountScanned" >> beam.combiners.Count.Globally()
+            | "CountScanned" >> beam.CombineGlobally(beam.combiners.CountCombineFn()).without_defaults()
         )
         read = (
             tasks
@@ -278,10 +303,11 @@ class ScanSamples(beam.PTransform):
             | "Featurize"
             >> beam.ParDo(
                 _FeaturizeWithProgress(self._cfg, _local_workers(pbegin.pipeline.options)),
-                total=beam.pvalue.AsSingleton(scanned),
-            ).with_outputs("rejects", main="samples")
+                total=beam.pvalue.AsSingleton(scanned, default_value=None),
+            )
+            | "SplitRead" >> SplitTags("samples", "rejects")
         )
-        rejects = (table_rejects, read.rejects) | "AllRejects" >> beam.Flatten()
-        samples = _to_table(schemas.sample_schema(), ("sample_id",), "Samples", read.samples)
+        rejects = (table_rejects, read["rejects"]) | "AllRejects" >> beam.Flatten()
+        samples = _to_table(schemas.sample_schema(), ("sample_id",), "Samples", read["samples"])
         reject_table = _to_table(schemas.reject_schema(), ("path", "reason", "detail"), "Rejects", rejects)
         return ScanResult(samples, reject_table, scanned)
