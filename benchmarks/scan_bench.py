@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
+from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import concat_sorted, parquet_bytes, rows_to_table
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 
@@ -57,13 +58,8 @@ def write_clouds(root: Path, files: int, points: int, seed: int = 0) -> int:
     return total
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def _one(rel: str, root: str, cfg: ScanConfig) -> dict:
-    return featurize(file_task(rel, os.path.join(root, rel)), _read, os.path.getsize, cfg)
+    return featurize(file_task(rel, os.path.join(root, rel)), storage.read_bytes, storage.size, cfg)
 
 
 def plain(root: str, out: str, workers: int) -> None:

@@ -1,12 +1,11 @@
 """Read a committed lidarshard manifest directory: metadata, samples and one rank's plan, step by step.
 
-Pure pyarrow/numpy; imports neither Beam nor torch. ``out_dir`` may be a local path or any URI that
-``pyarrow.fs.FileSystem.from_uri`` understands (``gs://``, ``s3://``, ``file://`` ...).
+Pure pyarrow/numpy; imports neither Beam nor torch. ``out_dir`` may be a local path or a URI
+(``gs://``, ``s3://``, ``file://`` ...): every read goes through ``lidarshard.transforms.storage``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -15,8 +14,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard.schemas import (
@@ -29,6 +26,7 @@ from lidarshard.schemas import (
     plan_file,
     plan_schema,
 )
+from lidarshard.transforms import storage
 from lidarshard.transforms.formats.readers import detect_format, read_points
 from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.plan import VARIABLE_COUNT
@@ -40,9 +38,7 @@ __all__ = [
     "load_points",
     "plan_dataset",
     "plan_files",
-    "read_bytes",
     "read_samples",
-    "resolve",
     "check_int",
 ]
 
@@ -70,26 +66,6 @@ class Batch(NamedTuple):
     costs: NDArray[np.float64]  # (n,), predicted cost, cost-model units
     global_count: int = 0  # N: samples of all ranks at this step
     scale: float = 1.0  # W / N: multiply the summed per-sample loss by it
-
-
-def resolve(location: PathLike) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path inside it) for a local path or a URI; local paths become absolute."""
-    s = os.fspath(location)
-    if "://" not in s:
-        return pafs.LocalFileSystem(), os.path.abspath(s)
-    fs, path = pafs.FileSystem.from_uri(s)
-    return fs, path.rstrip("/")
-
-
-def read_bytes(location: PathLike) -> bytes:
-    """The bytes of a local file or a URI (gs://, s3://, ... through pyarrow.fs)."""
-    s = os.fspath(location)
-    if "://" not in s:
-        with open(s, "rb") as f:
-            return f.read()
-    fs, path = resolve(s)
-    with fs.open_input_stream(path) as f:
-        return f.read()
 
 
 def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
@@ -133,18 +109,17 @@ def load_manifest(out_dir: PathLike) -> dict[str, Any]:
         ValueError: the writer's schema major version differs from this reader's (the message names
             both and the rebuild command), or world_size/batch_size/epochs/steps_per_epoch are malformed.
     """
-    fs, base = resolve(out_dir)
-    if fs.get_file_info(f"{base}/{SUCCESS_FILE}").type != pafs.FileType.File:
+    base = os.fspath(out_dir)
+    if not storage.exists(storage.join(base, SUCCESS_FILE)):
         raise FileNotFoundError(
             f"{os.fspath(out_dir)} is not a committed lidarshard manifest: {SUCCESS_FILE} is missing "
             "(the build did not finish, or this is not a manifest directory)"
         )
     where = os.fspath(out_dir).rstrip("/")
-    with fs.open_input_stream(f"{base}/{MANIFEST_FILE}") as f:
-        try:
-            manifest = json.loads(f.read())
-        except ValueError as e:
-            raise ValueError(f"{where}/{MANIFEST_FILE} is not valid JSON ({e})") from None
+    try:
+        manifest = storage.read_json(storage.join(base, MANIFEST_FILE))
+    except ValueError as e:
+        raise ValueError(f"{where}/{MANIFEST_FILE} is not valid JSON ({e})") from None
     if not isinstance(manifest, dict):
         raise ValueError(f"{where}/{MANIFEST_FILE} is not a JSON object")
     check_version(manifest.get("schema_version", ""), where, manifest)
@@ -155,9 +130,7 @@ def load_manifest(out_dir: PathLike) -> dict[str, Any]:
 def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None) -> pa.Table:
     """samples.parquet of a committed manifest, in its row order (the default dataset index order)."""
     load_manifest(out_dir)
-    fs, base = resolve(out_dir)
-    dataset = ds.dataset(f"{base}/{SAMPLES_FILE}", filesystem=fs, format="parquet")
-    return dataset.to_table(columns=list(columns) if columns is not None else None)
+    return storage.read_parquet(storage.join(os.fspath(out_dir), SAMPLES_FILE), columns)
 
 
 def plan_files(out_dir: PathLike) -> list[str]:
@@ -168,9 +141,9 @@ def plan_files(out_dir: PathLike) -> list[str]:
             partial copy), naming it; the plan directory is the contract, nothing else may live there.
         FileNotFoundError: there is no plan directory or it holds no file.
     """
-    fs, base = resolve(out_dir)
-    infos = fs.get_file_info(pafs.FileSelector(f"{base}/{PLAN_DIR}", recursive=True, allow_not_found=True))
-    found = sorted((i.path, i.size) for i in infos if i.type == pafs.FileType.File)
+    _, base = storage.arrow_filesystem(os.fspath(out_dir))
+    listed = storage.list_files(storage.join(os.fspath(out_dir), PLAN_DIR))
+    found = sorted((f"{base}/{PLAN_DIR}/{rel}", info.size) for rel, info in listed.items())
     for path, size in found:
         if not _is_plan_path(path[len(base) :].lstrip("/")):
             raise ValueError(
@@ -195,7 +168,7 @@ def plan_dataset(out_dir: PathLike) -> ds.Dataset:
     manifest is committed and of this schema version, and that nothing foreign lives in the plan tree.
     """
     load_manifest(out_dir)
-    fs, base = resolve(out_dir)
+    fs, base = storage.arrow_filesystem(os.fspath(out_dir))
     return ds.dataset(
         plan_files(out_dir),
         schema=pa.unify_schemas([plan_schema(), partition_schema()]),
@@ -220,10 +193,10 @@ def _is_plan_path(rel: str) -> bool:
     )
 
 
-def read_plan_file(fs: pafs.FileSystem, path: str, columns: Sequence[str]) -> pa.Table:
+def read_plan_file(path: str, columns: Sequence[str]) -> pa.Table:
     """``columns`` of one plan file; an empty, truncated or foreign file raises ValueError naming it."""
     try:
-        table = pq.read_table(path, filesystem=fs, columns=list(columns))
+        table = storage.read_parquet(path, columns)
     except (pa.ArrowInvalid, OSError, KeyError) as e:
         if isinstance(e, FileNotFoundError):
             raise
@@ -292,21 +265,20 @@ class ManifestReader:
         self._load_plan()
 
     def _load_plan(self) -> None:
-        fs, base = resolve(self.out_dir)
-        rank_dir = f"{base}/{os.path.dirname(plan_file(self.plan_epoch, self.rank))}"
-        if fs.get_file_info(rank_dir).type != pafs.FileType.Directory:
+        rel_dir = os.path.dirname(plan_file(self.plan_epoch, self.rank))
+        rank_dir = storage.join(os.fspath(self.out_dir), rel_dir)
+        if not storage.is_dir(rank_dir):
             raise FileNotFoundError(f"the manifest has no plan for epoch {self.plan_epoch} rank {self.rank}")
-        infos = fs.get_file_info(pafs.FileSelector(rank_dir, recursive=True))
-        files = sorted(i.path for i in infos if i.type != pafs.FileType.Directory)
-        for path in files:
-            if not _is_plan_path(path[len(base) :].lstrip("/")):
+        files = [(storage.join(rank_dir, rel), rel) for rel in sorted(storage.list_files(rank_dir))]
+        for path, rel in files:
+            if not _is_plan_path(f"{rel_dir}/{rel}"):
                 raise ValueError(
                     f"{path}: not a plan file (only part-NNNNN.parquet may live in a rank directory); "
                     "move it out of the manifest directory"
                 )
         if not files:
             raise ValueError(f"{rank_dir}: the rank directory holds no plan file; rebuild the manifest")
-        table = pa.concat_tables(read_plan_file(fs, f, _PLAN_COLUMNS) for f in files)
+        table = pa.concat_tables(read_plan_file(path, _PLAN_COLUMNS) for path, _ in files)
         table = table.sort_by([("step", "ascending"), ("slot", "ascending")])
         steps, slots = table["step"].to_numpy(), table["slot"].to_numpy()
         counts = np.bincount(steps, minlength=self.steps) if steps.size and steps.min() >= 0 else None
@@ -374,11 +346,11 @@ def load_points(
         (N + sum M', C) float32, xyz first (keyframe only when ``sweep_paths`` is empty).
     """
     fmt = fmt or detect_format(path)
-    keyframe = read_points(read_bytes(path), fmt, point_dims=point_dims)
+    keyframe = read_points(storage.read_bytes(path), fmt, point_dims=point_dims)
     if not sweep_paths:
         return np.ascontiguousarray(keyframe, dtype=np.float32)
     mats = np.asarray(sweep_transforms if sweep_transforms is not None else [], dtype=np.float64)
     if mats.size != 16 * len(sweep_paths):
         raise ValueError(f"{path}: {len(sweep_paths)} sweeps but {mats.size} transform values (want 16 each)")
-    sweeps = [read_points(read_bytes(p), fmt, point_dims=point_dims) for p in sweep_paths]
+    sweeps = [read_points(storage.read_bytes(p), fmt, point_dims=point_dims) for p in sweep_paths]
     return aggregate(keyframe, sweeps, list(mats.reshape(-1, 4, 4)))

@@ -5,7 +5,7 @@ pid, random suffix), with ``_SUCCESS`` written last; ``commit`` refuses a stagin
 and then publishes it as ``OUT``, replacing a previous ``OUT`` wholesale (never merging: an old
 ``epoch=E/rank=R`` file cannot survive into a new run with another world size or schema version).
 
-Guarantees, by filesystem:
+All I/O goes through ``lidarshard.transforms.storage``. Guarantees, by filesystem:
 
 * **Local disk, Linux** (ext4, xfs, btrfs, tmpfs, ...): one ``renameat2(RENAME_EXCHANGE)`` swaps the
   staging directory and ``OUT`` atomically; the previous tree, now at the staging path, is deleted
@@ -37,30 +37,17 @@ of a commit (``commit_start``, ``after_exchange``, ``after_move_aside``, ``remot
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
-import json
 import os
-import posixpath
 import re
-import shutil
 import socket
-import sys
 import uuid
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from lidarshard.schemas import MANIFEST_FILE, SCAN_FILE, SUCCESS_FILE
+from lidarshard.transforms import storage
+from lidarshard.transforms.storage import is_local, join, local_path
 
 __all__ = [
-    "join",
-    "is_local",
-    "absolute",
-    "write_bytes",
-    "write_json",
-    "read_json",
     "new_staging",
     "commit",
     "discard",
@@ -76,47 +63,6 @@ CRASH_EXIT = 86
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
 _TAG = re.compile(r"(?P<host>[0-9a-f]{6})-(?P<pid>[0-9]{1,10})-[0-9a-f]{8}")
 _KINDS = (".staging-", ".old-")
-_RENAME_EXCHANGE = 2
-_NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EPERM}
-
-
-def join(root: str, *parts: str) -> str:
-    """Join path parts with '/', for local paths and URIs alike."""
-    return posixpath.join(root.rstrip("/"), *parts) if "://" in root else os.path.join(root, *parts)
-
-
-def absolute(path: str | None) -> str | None:
-    """A local path made absolute by the launcher (workers may run in another directory or host);
-    URIs (gs://, s3://, ...) and None pass unchanged."""
-    return path if path is None or "://" in path else os.path.abspath(path)
-
-
-def is_local(path: str) -> bool:
-    """True for plain paths and ``file://`` URIs."""
-    return "://" not in path or path.startswith("file://")
-
-
-def _local(path: str) -> str:
-    return path[len("file://") :] if path.startswith("file://") else path
-
-
-def write_bytes(path: str, data: bytes) -> None:
-    """Create/overwrite ``path`` with ``data`` (parent directories are created as needed)."""
-    if is_local(path):
-        os.makedirs(os.path.dirname(os.path.abspath(_local(path))), exist_ok=True)
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.write(data)
-
-
-def write_json(path: str, obj: object) -> None:
-    """Pretty, key-sorted JSON (stable bytes for equal objects)."""
-    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-
-
-def read_json(path: str) -> dict:
-    """Parse the JSON file at ``path`` (any Beam filesystem)."""
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return json.loads(f.read())
 
 
 def _crash_point(name: str) -> None:
@@ -150,23 +96,7 @@ def _owner_dead(tag: str) -> bool:
 
 def _list_remote(root: str) -> dict[str, float]:
     """{path relative to ``root``: last-updated seconds} of every file under ``root``."""
-    root = root.rstrip("/")
-    found = FileSystems.match([root + "/**"])[0].metadata_list
-    return {m.path[len(root) + 1 :]: float(m.last_updated_in_seconds or 0.0) for m in found}
-
-
-def _remove(path: str) -> None:
-    """Delete a directory tree (or a symlink to one), local or remote; absent is fine."""
-    if is_local(path):
-        p = _local(path)
-        if os.path.islink(p) or os.path.isfile(p):
-            os.unlink(p)
-        else:
-            shutil.rmtree(p, ignore_errors=True)
-        return
-    files = list(_list_remote(path))
-    if files:
-        FileSystems.delete([join(path, f) for f in files])
+    return {rel: info.mtime for rel, info in storage.list_files(root.rstrip("/")).items()}
 
 
 def leftovers(out: str) -> dict[str, tuple[str, str]]:
@@ -175,7 +105,7 @@ def leftovers(out: str) -> dict[str, tuple[str, str]]:
     out = out.rstrip("/")
     found: dict[str, tuple[str, str]] = {}
     if is_local(out):
-        parent, name = os.path.split(os.path.abspath(_local(out)))
+        parent, name = os.path.split(os.path.abspath(local_path(out)))
         for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
             for kind in _KINDS:
                 tag = entry[len(name + kind) :]
@@ -183,17 +113,15 @@ def leftovers(out: str) -> dict[str, tuple[str, str]]:
                     found[os.path.join(parent, entry)] = (kind.strip(".-"), tag)
         return found
     for kind in _KINDS:
-        for m in FileSystems.match([f"{out}{kind}*/**"])[0].metadata_list:
-            top = m.path[: m.path.index("/", len(out) + len(kind))]
+        for path in storage.glob(f"{out}{kind}*/**"):
+            top = path[: path.index("/", len(out) + len(kind))]
             if _TAG.fullmatch(top[len(out) + len(kind) :]):
                 found[top] = (kind.strip(".-"), top[len(out) + len(kind) :])
     return found
 
 
 def _has_success(path: str) -> bool:
-    if is_local(path):
-        return os.path.isfile(os.path.join(_local(path), SUCCESS_FILE))
-    return bool(FileSystems.match([join(path, SUCCESS_FILE)])[0].metadata_list)
+    return storage.exists(join(path, SUCCESS_FILE))
 
 
 def check_replaceable(out: str) -> None:
@@ -203,7 +131,7 @@ def check_replaceable(out: str) -> None:
         FileExistsError: ``out`` is a file, or a non-empty directory without ``_SUCCESS``.
     """
     if is_local(out):
-        p = _local(out)
+        p = local_path(out)
         if not os.path.lexists(p):
             return
         if not os.path.isdir(p):
@@ -230,14 +158,14 @@ def recover(out: str, keep: str = "") -> list[str]:
     leftover of a dead run is deleted. Leftovers of live or foreign runs, and ``keep``, are never touched.
     """
     out = out.rstrip("/")
-    keep = os.path.abspath(_local(keep)) if keep and is_local(keep) else keep.rstrip("/")
+    keep = os.path.abspath(local_path(keep)) if keep and is_local(keep) else keep.rstrip("/")
     dead = {p: kind for p, (kind, tag) in leftovers(out).items() if _owner_dead(tag) and p != keep}
     done: list[str] = []
-    if is_local(out) and not os.path.lexists(_local(out)):
+    if is_local(out) and not os.path.lexists(local_path(out)):
         olds = [p for p, kind in dead.items() if kind == "old" and _has_success(p)]
         if olds:
             best = max(olds, key=os.path.getmtime)
-            os.rename(best, _local(out))
+            os.rename(best, local_path(out))
             done.append(f"restored {out} from {best} (a commit was interrupted)")
             del dead[best]
     elif not is_local(out) and not _has_success(out):
@@ -249,7 +177,7 @@ def recover(out: str, keep: str = "") -> list[str]:
             done.append(f"published {best} as {out} (finishing an interrupted commit)")
             del dead[best]
     for path in sorted(dead):
-        _remove(path)
+        storage.remove_tree(path)
         done.append(f"deleted {path} (left by a dead run)")
     return done
 
@@ -269,37 +197,20 @@ def new_staging(out: str) -> str:
 # ------------------------------------------------------------------------------------------- publish
 
 
-def _exchange(a: str, b: str) -> bool:
-    """Atomically swap two paths with ``renameat2(RENAME_EXCHANGE)``; False where unsupported."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):  # glibc < 2.28, musl
-        return False
-    at_fdcwd = -100
-    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in _NO_EXCHANGE:
-        return False
-    raise OSError(err, f"renameat2(RENAME_EXCHANGE) {a} <-> {b}: {os.strerror(err)}")
-
-
 def _commit_local(staging: str, out: str) -> None:
-    staging, out = _local(staging), _local(out)
+    staging, out = local_path(staging), local_path(out)
     if not os.path.lexists(out):
         os.rename(staging, out)
         return
-    if not os.path.islink(out) and _exchange(staging, out):
+    if not os.path.islink(out) and storage.exchange(staging, out):
         _crash_point("after_exchange")
-        _remove(staging)  # the previous OUT now lives here
+        storage.remove_tree(staging)  # the previous OUT now lives here
         return
     old = f"{out}.old-{_new_tag()}"
     os.rename(out, old)
     _crash_point("after_move_aside")
     os.rename(staging, out)
-    _remove(old)
+    storage.remove_tree(old)
 
 
 def _commit_remote(staging: str, out: str) -> None:
@@ -307,18 +218,18 @@ def _commit_remote(staging: str, out: str) -> None:
     new = set(_list_remote(staging))
     prev = set(_list_remote(out))
     if SUCCESS_FILE in prev:
-        FileSystems.delete([join(out, SUCCESS_FILE)])
+        storage.delete([join(out, SUCCESS_FILE)])
     _crash_point("remote_unpublished")
     stale = sorted(prev - new - {SUCCESS_FILE})
     if stale:
-        FileSystems.delete([join(out, f) for f in stale])
+        storage.delete([join(out, f) for f in stale])
     meta = {MANIFEST_FILE, SCAN_FILE, SUCCESS_FILE}
     for group in (sorted(new - meta), sorted(new & {MANIFEST_FILE, SCAN_FILE})):
         if group:
-            FileSystems.copy([join(staging, f) for f in group], [join(out, f) for f in group])
+            storage.copy([join(staging, f) for f in group], [join(out, f) for f in group])
     _crash_point("remote_before_success")
-    FileSystems.copy([join(staging, SUCCESS_FILE)], [join(out, SUCCESS_FILE)])
-    _remove(staging)
+    storage.copy([join(staging, SUCCESS_FILE)], [join(out, SUCCESS_FILE)])
+    storage.remove_tree(staging)
 
 
 def commit(staging: str, out: str) -> None:
@@ -342,4 +253,4 @@ def commit(staging: str, out: str) -> None:
 
 def discard(staging: str) -> None:
     """Remove an unpublished staging directory."""
-    _remove(staging)
+    storage.remove_tree(staging)

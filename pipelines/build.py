@@ -16,11 +16,9 @@ import sys
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
-from lidarshard.pipelines import _output
 from lidarshard.pipelines.scan import (
     DRY_RUN_NOTE,
     VERSION,
@@ -35,8 +33,9 @@ from lidarshard.pipelines.scan import (
     scan_results,
     settle,
 )
-from lidarshard.transforms.arrow import parquet_bytes, sha256_hex, table_from_parquet_bytes
-from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, read_bytes
+from lidarshard.transforms import storage
+from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
+from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples
 from lidarshard.transforms.beam.tagged import GatherTagged, tag
 from lidarshard.transforms.features.cost import CostModel, parse_cost_model, sample_costs
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES
@@ -113,7 +112,7 @@ def plan_config(args: argparse.Namespace) -> PlanConfig:
 
 
 def _write(staging: str, rel: str, data: bytes) -> dict:
-    _output.write_bytes(_output.join(staging, rel), data)
+    storage.write_bytes(storage.join(staging, rel), data)
     Metrics.counter(NAMESPACE, "files_written").inc()
     Metrics.counter(NAMESPACE, "bytes_written").inc(len(data))
     return {"path": rel, "bytes": len(data), "sha256": sha256_hex(data)}
@@ -121,10 +120,10 @@ def _write(staging: str, rel: str, data: bytes) -> dict:
 
 def _previous(path: str) -> tuple[int, pa.Table, pa.Table]:
     """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``."""
-    samples = table_from_parquet_bytes(read_bytes(path))
+    samples = storage.read_parquet(path)
     root = path.rsplit("/", 1)[0] if "/" in path else "."
     try:
-        rejects = table_from_parquet_bytes(read_bytes(_output.join(root, schemas.REJECTS_FILE)))
+        rejects = storage.read_parquet(storage.join(root, schemas.REJECTS_FILE))
     except OSError:
         rejects = schemas.reject_schema().empty_table()
     scanned = samples.num_rows + rejects.num_rows
@@ -195,9 +194,7 @@ def _plan_epoch(task: tuple[int, dict], cfg: PlanConfig, staging: str):
     """Plan epoch ``task[0]`` and write its rank files: ``("files", entry)`` per file, then
     ``("stats", stats)``. ``task[1]`` (CheckAndScore's metadata) only orders this after it."""
     epoch, _ = task
-    data = read_bytes(_output.join(staging, schemas.SAMPLES_FILE))
-    scored = pq.read_table(pa.BufferReader(data), columns=_PLAN_INPUT)
-    del data
+    scored = storage.read_parquet(storage.join(staging, schemas.SAMPLES_FILE), columns=_PLAN_INPUT)
     tables, stats = plan_tables(scored, epoch, cfg)
     Metrics.counter(NAMESPACE, "planned").inc(stats["planned"])
     for rank, table in enumerate(tables):
@@ -235,14 +232,14 @@ def _write_manifest(gathered: dict[str, list], staging: str, meta: dict, cfg: Pl
         "plan_schema": schemas.schema_to_json(schemas.plan_schema()),
         "path_root": None,
     }
-    _output.write_json(_output.join(staging, schemas.MANIFEST_FILE), manifest)
+    storage.write_json(storage.join(staging, schemas.MANIFEST_FILE), manifest)
 
 
 def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, cfg: PlanConfig, staging: str) -> None:
     """Wire the build. Each step gets what it needs as its main input (``GatherTagged``), never as
     a singleton side input, so every runner computes each step once (see ``transforms.beam.tagged``)."""
     scan_cfg = scan_config(args)
-    model = parse_cost_model(args.cost_model, lambda p: read_bytes(p).decode())  # launcher reads @file
+    model = parse_cost_model(args.cost_model)  # the launcher reads an @file
     settings = (model, cfg, args.max_reject_fraction, staging)
     if args.from_samples:  # read where it is used: passing the table along would pickle it
         checked = (
@@ -273,7 +270,7 @@ def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, cfg: PlanC
 
 
 def print_summary(out: str) -> None:
-    m = _output.read_json(_output.join(out, schemas.MANIFEST_FILE))
+    m = storage.read_json(storage.join(out, schemas.MANIFEST_FILE))
     c = m["counts"]
     print(
         f"scanned {c['scanned']}: accepted {c['accepted']}, rejected {c['rejected']}"
@@ -310,11 +307,11 @@ def run(argv: list[str] | None = None) -> int:
     if len(args.paths) != want:
         parser.error("expected OUT with --from-samples, else INPUT OUT")
     args.input, args.output = (args.from_samples, args.paths[0]) if args.from_samples else args.paths
-    args.input, args.output = _output.absolute(args.input), _output.absolute(args.output)
-    args.from_samples = _output.absolute(args.from_samples)
+    args.input, args.output = storage.absolute(args.input), storage.absolute(args.output)
+    args.from_samples = storage.absolute(args.from_samples)
     try:
         cfg = plan_config(args)
-        parse_cost_model(args.cost_model, lambda p: read_bytes(p).decode())
+        parse_cost_model(args.cost_model)
     except (ValueError, OSError) as e:
         parser.error(str(e))
     options = beam_options(beam_args)

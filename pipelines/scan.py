@@ -27,6 +27,7 @@ from apache_beam.runners.runner import PipelineState
 from lidarshard import schemas
 from lidarshard.pipelines import _output
 from lidarshard.pipelines.runners import resolve_runner
+from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.beam.scan import ScanSamples
 from lidarshard.transforms.beam.tagged import GatherTagged, tag
@@ -195,10 +196,10 @@ def scan_results(gathered: dict[str, list]) -> tuple[int, pa.Table, pa.Table]:
 def _finalize(gathered: dict[str, list], staging: str, meta: dict, max_reject: float) -> None:
     scanned, samples, rejects = scan_results(gathered)
     samples, rejects, counts = settle(scanned, samples, rejects, max_reject)
-    _output.write_bytes(_output.join(staging, schemas.SAMPLES_FILE), parquet_bytes(samples))
-    _output.write_bytes(_output.join(staging, schemas.REJECTS_FILE), parquet_bytes(rejects))
-    _output.write_json(
-        _output.join(staging, schemas.SCAN_FILE),
+    storage.write_bytes(storage.join(staging, schemas.SAMPLES_FILE), parquet_bytes(samples))
+    storage.write_bytes(storage.join(staging, schemas.REJECTS_FILE), parquet_bytes(rejects))
+    storage.write_json(
+        storage.join(staging, schemas.SCAN_FILE),
         meta | {"counts": counts, "inputs_fingerprint": fingerprint(samples)},
     )
 
@@ -234,7 +235,7 @@ def run_pipeline(pipeline: beam.Pipeline, staging: str, out: str) -> bool:
         try:
             pipeline.run().wait_until_finish()  # only DataflowRunner honours --dry_run; others run
         finally:
-            if _output.is_local(staging):
+            if storage.is_local(staging):
                 _output.discard(staging)
         return False
     try:
@@ -242,7 +243,7 @@ def run_pipeline(pipeline: beam.Pipeline, staging: str, out: str) -> bool:
         result.wait_until_finish()
         if result.state != PipelineState.DONE:
             raise RuntimeError(f"the pipeline ended in state {result.state}; nothing was published")
-        _output.write_bytes(_output.join(staging, schemas.SUCCESS_FILE), b"")
+        storage.write_bytes(storage.join(staging, schemas.SUCCESS_FILE), b"")
     except BaseException:
         _output.discard(staging)
         raise
@@ -261,7 +262,7 @@ def build_scan(pipeline: beam.Pipeline, args: argparse.Namespace, staging: str) 
 
 
 def print_summary(out: str) -> None:
-    meta = _output.read_json(_output.join(out, schemas.SCAN_FILE))
+    meta = storage.read_json(storage.join(out, schemas.SCAN_FILE))
     c = meta["counts"]
     print(f"scanned {c['scanned']}: accepted {c['accepted']}, rejected {c['rejected']}")
     for reason, n in sorted(c["rejected_by_reason"].items()):
@@ -275,7 +276,7 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("output", help="output directory (replaced atomically on success)")
     add_scan_arguments(parser)
     args, beam_args = parser.parse_known_args(argv)
-    args.input, args.output = _output.absolute(args.input), _output.absolute(args.output)
+    args.input, args.output = storage.absolute(args.input), storage.absolute(args.output)
     options = beam_options(beam_args)
     staging = new_staging(options, args.output)
     pipeline = beam.Pipeline(options=options)

@@ -48,13 +48,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from lidarshard.pipelines import _output
+import lidarshard.transforms.beam  # noqa: F401  (URIs through Beam FileSystems, also on workers)
 from lidarshard.pipelines.runners import resolve_runner
+from lidarshard.transforms import storage
 from lidarshard.transforms.synth import dataroot as synth
 from lidarshard.transforms.synth import tables as tb
 
@@ -93,11 +92,6 @@ def config_from_options(options: PipelineOptions) -> synth.SynthConfig:
     )  # fmt: skip
 
 
-def _write(out: str, rel: str, data: bytes) -> None:
-    with FileSystems.create(FileSystems.join(out, rel), compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.write(data)
-
-
 class _GenerateSceneFn(beam.DoFn):
     """Scene index -> its files written under ``out``; yields (table, (sort key, record))."""
 
@@ -109,7 +103,7 @@ class _GenerateSceneFn(beam.DoFn):
 
     def process(self, index: int) -> Iterator[tuple[str, tuple[str, dict]]]:
         for rel, data in synth.scene_files(self._cfg, index):
-            _write(self._out, rel, data)
+            storage.write_bytes(storage.join(self._out, rel), data)
             self._files.inc()
             self._bytes.inc(len(data))
         for table, records in synth.scene_tables(self._cfg, index).items():
@@ -130,8 +124,8 @@ class _WriteTableFn(beam.DoFn):
         if table == "map":
             records = tb.merge_map_records(records)
             for rec in records:
-                _write(self._out, rec["filename"], tb.blank_png())
-        _write(self._out, f"{self._version}/{table}.json", tb.table_json(records))
+                storage.write_bytes(storage.join(self._out, rec["filename"]), tb.blank_png())
+        storage.write_bytes(storage.join(self._out, self._version, f"{table}.json"), tb.table_json(records))
         yield table
 
 
@@ -184,7 +178,7 @@ def _beam_argv(argv: list[str]) -> list[str]:
     """User argv -> Beam flags: synth flags renamed to ``--synth_*``, a default runner added."""
     args, rest = _cli_parser().parse_known_args(argv)
     rest = resolve_runner(rest)
-    out = _output.absolute(args.out)
+    out = storage.absolute(args.out)
     flags = [f"--synth_output={out}"]
     flags += [f"--{dest}={getattr(args, dest)}" for _, dest, *_ in _FLAGS if getattr(args, dest) is not None]
     flags += ["--synth_labels"] if args.synth_labels else []
@@ -206,7 +200,7 @@ def run(argv: list[str] | None = None) -> int:
         print(f"lidarshard synth: error: {e}", file=sys.stderr)
         return 2
     out = options.view_as(SynthOptions).synth_output
-    if FileSystems.exists(FileSystems.join(out, cfg.version, "scene.json")):
+    if storage.exists(storage.join(out, cfg.version, "scene.json")):
         _LOG.warning("%s already holds %s tables: overwriting (files of the old run stay)", out, cfg.version)
     runner = options.view_as(StandardOptions).runner
     _LOG.info("synth: %d scenes x %d frames -> %s (%s)", cfg.scenes, cfg.frames_per_scene, out, runner)

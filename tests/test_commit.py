@@ -19,6 +19,7 @@ from lidarshard import schemas
 from lidarshard.pipelines import _output
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.tools.validate import validate
+from lidarshard.transforms import storage
 from tests.adversarial import MemFileSystem
 from tests.conftest import BEAM_TEST_FLAGS, REPO
 from tests.test_build import make_bins
@@ -52,8 +53,8 @@ def _crash_at(monkeypatch, point: str) -> None:
 def _stage(out: str, files: dict[str, bytes]) -> str:
     staging = _output.new_staging(out)
     for rel, data in files.items():
-        _output.write_bytes(_output.join(staging, rel), data)
-    _output.write_bytes(_output.join(staging, schemas.SUCCESS_FILE), b"")
+        storage.write_bytes(storage.join(staging, rel), data)
+    storage.write_bytes(storage.join(staging, schemas.SUCCESS_FILE), b"")
     return staging
 
 
@@ -81,7 +82,7 @@ def test_publish_replaces_wholesale(tmp_path: Path) -> None:
 def test_nothing_half_written_is_published(tmp_path: Path) -> None:
     out = str(tmp_path / "out")
     staging = _output.new_staging(out)
-    _output.write_bytes(_output.join(staging, "samples.parquet"), b"x")
+    storage.write_bytes(storage.join(staging, "samples.parquet"), b"x")
     with pytest.raises(FileNotFoundError, match="no _SUCCESS"):
         _output.commit(staging, out)
     assert not os.path.exists(out)
@@ -114,7 +115,7 @@ def test_crash_points_local(tmp_path: Path, monkeypatch, dead_owner, point, exch
     out = str(tmp_path / "out")
     _output.commit(_stage(out, PREV), out)
     if not exchange:
-        monkeypatch.setattr(_output, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(storage, "exchange", lambda a, b: False)
     _crash_at(monkeypatch, point)
     with pytest.raises(_Crash):
         _output.commit(_stage(out, NEW), out)

@@ -1,4 +1,5 @@
-"""The pipeline's steps: pure numpy/pyarrow functions first, thin Beam wrappers in ``*_beam`` modules.
+"""The pipeline's steps: pure numpy/pyarrow functions, grouped by stage; Beam only in ``beam/``.
 
-Modules without ``_beam`` in their name never import ``apache_beam``.
+Nothing outside ``lidarshard.transforms.beam`` imports ``apache_beam``. ``storage`` is the one
+storage layer (local paths and URIs) every module reads and writes files through.
 """

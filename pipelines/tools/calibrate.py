@@ -23,8 +23,8 @@ import numpy as np
 
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest
-from lidarshard.loaders.reader import read_bytes
-from lidarshard.pipelines.tools.report import REPORT_DIR, read_plan, read_table, write_files
+from lidarshard.pipelines.tools.report import REPORT_DIR, read_plan
+from lidarshard.transforms import storage
 from lidarshard.transforms.report import calibrate as cal
 
 __all__ = ["run", "calibrate"]
@@ -37,8 +37,8 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         (fit, source info for the JSON, (n, 2) array of [fitted, measured] ms).
     """
     manifest = load_manifest(out)
-    timings = cal.read_timings(read_bytes(timings_path))
-    samples = read_table(out, schemas.SAMPLES_FILE)
+    timings = cal.read_timings(storage.read_bytes(timings_path))
+    samples = storage.read_parquet(storage.join(out, schemas.SAMPLES_FILE))
     plan = None if "sample_id" in timings.column_names else read_plan(out)
     obs = cal.observations(timings, samples, plan, epoch)
     if obs.num_rows == 0:
@@ -94,7 +94,8 @@ def run(argv: list[str] | None = None) -> int:
     files = {name: (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()}
     if png:
         files[plot_name] = png
-    write_files(directory or ".", files)
+    for file_name, data in files.items():
+        storage.write_bytes(storage.join(directory or ".", file_name), data)
     print(
         f"fit over {fit.n} timed {source['timed']}s ({source['rows'] - source['matched']} rows unmatched): "
         f"ms = {fit.c0:.6g} + {fit.a:.6g} * points + {fit.b:.6g} * voxels per sample\n"

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest
-from lidarshard.loaders.reader import plan_dataset, read_bytes, resolve
+from lidarshard.loaders.reader import plan_dataset
+from lidarshard.transforms import storage
 from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
 from lidarshard.transforms.report import calibrate as cal
 from lidarshard.transforms.report import plots
@@ -34,29 +34,12 @@ __all__ = [
     "ReportData",
     "load",
     "read_plan",
-    "read_table",
-    "write_files",
     "write_report",
     "REPORT_DIR",
 ]
 
 #: Sub-directory of OUT that holds the report (not part of the manifest contract).
 REPORT_DIR = "report"
-
-
-def write_files(directory: str, files: dict[str, bytes]) -> None:
-    """Write ``{name: bytes}`` under ``directory`` (created if needed)."""
-    fs, base = resolve(directory)
-    fs.create_dir(base, recursive=True)
-    for name, data in files.items():
-        with fs.open_output_stream(f"{base}/{name}") as f:
-            f.write(data)
-
-
-def read_table(out: str, rel: str) -> pa.Table:
-    """One Parquet file ``rel`` of the manifest directory ``out``."""
-    fs, base = resolve(out)
-    return pq.read_table(f"{base}/{rel}", filesystem=fs)
 
 
 def read_plan(out: str) -> pa.Table:
@@ -82,7 +65,7 @@ class ReportData:
 def load(out: str) -> ReportData:
     """Read a committed manifest directory and recompute the random baseline."""
     m = load_manifest(out)
-    samples = read_table(out, schemas.SAMPLES_FILE)
+    samples = storage.read_parquet(storage.join(out, schemas.SAMPLES_FILE))
     w, b = int(m["world_size"]), int(m["batch_size"])
     plan = read_plan(out)
     cfg = PlanConfig(
@@ -104,7 +87,7 @@ def load(out: str) -> ReportData:
         idx, _ = plan_samples(samples, e, cfg)
         baseline.append(costs[idx].sum(axis=2))
     try:
-        reasons_col = read_table(out, schemas.REJECTS_FILE).column("reason")
+        reasons_col = storage.read_parquet(storage.join(out, schemas.REJECTS_FILE)).column("reason")
         reasons = {str(r["values"]): int(r["counts"]) for r in pc.value_counts(reasons_col).to_pylist()}
     except FileNotFoundError:
         reasons = dict(m["counts"].get("rejected_by_reason", {}))
@@ -139,7 +122,7 @@ def _spread(loads: NDArray[np.float64]) -> float:
 
 def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes], list[str]]:
     """Predicted-vs-measured figure and summary lines for a timings CSV."""
-    timings = cal.read_timings(read_bytes(path))
+    timings = cal.read_timings(storage.read_bytes(path))
     obs = cal.observations(timings, data.samples, data.plan, epoch)
     if obs.num_rows == 0:
         raise ValueError(f"no row of {path} matches a sample (or step/rank) of this manifest")
@@ -254,7 +237,8 @@ def write_report(data: ReportData, out: str, directory: str, epoch: int, timings
         files |= figs
         lines += more
     files["report.html"] = _html(out, lines, set(files))
-    write_files(directory, files)
+    for name, data in files.items():
+        storage.write_bytes(storage.join(directory, name), data)
     return lines
 
 

@@ -12,8 +12,8 @@ plan files (within 1e-6). A scan directory (``_scan.json``) gets the samples/rej
 
 Exit status 0 with a one-line summary when valid, 1 with one precise line per problem otherwise
 (file, epoch, rank, step), 2 for bad arguments; also ``python -m lidarshard.pipelines.tools.validate OUT``. Vectorized
-with pyarrow/numpy (1M plan rows in a few seconds). Reads local paths directly and URIs (gs://, s3://,
-...) through Beam's FileSystems.
+with pyarrow/numpy (1M plan rows in a few seconds). Reads local paths and URIs (gs://, s3://, ...)
+through ``lidarshard.transforms.storage``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from lidarshard.pipelines.tools.validate_plan import (
     lookup,
     padded_plan,
 )
+from lidarshard.transforms import storage
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.plan import VARIABLE_COUNT
@@ -61,37 +62,18 @@ class Invalid(Exception):
 
 
 class _Store:
-    """Read-only view of one directory: local paths directly, URIs through Beam FileSystems."""
+    """Read-only view of one directory (local path or URI) through ``storage``."""
 
     def __init__(self, root: str) -> None:
-        self.root = root.rstrip("/")
-        self.local = "://" not in root or root.startswith("file://")
-        if self.local:
-            self.root = self.root.removeprefix("file://")
+        self.root = root.rstrip("/") or "/"
 
     def sizes(self) -> dict[str, int]:
         """{relative path: bytes} of every file below the root."""
-        if self.local:
-            out = {}
-            for d, _, names in os.walk(self.root):
-                for n in names:
-                    p = os.path.join(d, n)
-                    out[os.path.relpath(p, self.root).replace(os.sep, "/")] = os.path.getsize(p)
-            return out
-        from apache_beam.io.filesystems import FileSystems
+        return {rel: info.size for rel, info in storage.list_files(self.root).items()}
 
-        found = FileSystems.match([self.root + "/**"])[0].metadata_list
-        return {m.path[len(self.root) + 1 :]: int(m.size_in_bytes) for m in found}
-
-    def read(self, rel: str) -> bytes:
-        if self.local:
-            with open(os.path.join(self.root, rel), "rb") as f:
-                return f.read()
-        from apache_beam.io.filesystem import CompressionTypes
-        from apache_beam.io.filesystems import FileSystems
-
-        with FileSystems.open(f"{self.root}/{rel}", compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return f.read()
+    def read(self, rel: str, max_bytes: int | None = storage.METADATA_MAX_BYTES) -> bytes:
+        """The file ``rel``, never more than ``max_bytes`` (raises OSError)."""
+        return storage.read_bytes(storage.join(self.root, rel), max_bytes)
 
 
 def _type(t: pa.DataType) -> str:
@@ -164,7 +146,11 @@ class _Checker:
                     f"{present[rel]} bytes, recorded {info.get('bytes')} at commit (truncated or rewritten)",
                 )
                 continue
-            data = self.store.read(rel)
+            try:
+                data = self.store.read(rel, present[rel])
+            except OSError as e:
+                self.problem(rel, f"cannot be read ({e})")
+                continue
             if hashlib.sha256(data).hexdigest() != info.get("sha256"):
                 self.problem(rel, "sha256 differs from the one recorded at commit (file was modified)")
                 continue
@@ -340,7 +326,14 @@ def _check_scan(c: _Checker) -> str:
     present = c.store.sizes()
     for rel in sorted(set(present) - _META - {schemas.SAMPLES_FILE, schemas.REJECTS_FILE}):
         c.problem(rel, "unexpected file in a scan directory")
-    read = {rel: c.store.read(rel) for rel in (schemas.SAMPLES_FILE, schemas.REJECTS_FILE) if rel in present}
+    try:
+        read = {
+            rel: c.store.read(rel, present[rel])
+            for rel in (schemas.SAMPLES_FILE, schemas.REJECTS_FILE)
+            if rel in present
+        }
+    except OSError as e:
+        raise Invalid(f"{c.store.root}: {e}") from None
     for rel in sorted({schemas.SAMPLES_FILE, schemas.REJECTS_FILE} - set(read)):
         c.problem(rel, "missing")
     c.samples(
@@ -352,8 +345,8 @@ def _check_scan(c: _Checker) -> str:
 
 def _leftover_hint(out: str) -> str:
     """Names the ``OUT.old-*``/``OUT.staging-*`` siblings an interrupted run left (local paths)."""
-    parent, name = os.path.split(os.path.abspath(out.removeprefix("file://")))
-    if "://" in out.removeprefix("file://") or not os.path.isdir(parent):
+    parent, name = os.path.split(os.path.abspath(storage.local_path(out)))
+    if not storage.is_local(out) or not os.path.isdir(parent):
         return ""
     left = sorted(n for n in os.listdir(parent) if n.startswith((name + ".old-", name + ".staging-")))
     return (
@@ -365,7 +358,7 @@ def validate(out: str) -> tuple[list[str], str]:
     """(problems, summary) for the directory ``out``; no problems means valid."""
     c = _Checker(out)
     try:
-        if c.store.local and not os.path.isdir(c.store.root):
+        if storage.is_local(out) and not os.path.isdir(storage.local_path(out)):
             raise Invalid(f"{out}: no such directory{_leftover_hint(out)}")
         present = c.store.sizes()
         if schemas.SUCCESS_FILE not in present:

@@ -3,8 +3,9 @@
 DoFns with two outputs yield ``(tag, value)`` records split by ``SplitTags`` (correct on the
 DaskRunner too, whose multi-output ParDo is broken).
 
-Thin DoFns around ``lidarshard.transforms.features.sample`` and ``lidarshard.transforms.nuscenes.tables``; every file access goes through
-Beam's ``FileSystems`` so local paths, gs:// and s3:// work alike.
+Thin DoFns around ``lidarshard.transforms.features.sample`` and ``lidarshard.transforms.nuscenes.tables``;
+every file access goes through ``lidarshard.transforms.storage`` (Beam FileSystems for URIs), so
+local paths, gs:// and s3:// work alike.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from collections.abc import Iterable, Iterator
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io import fileio
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from lidarshard import schemas
+from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import concat_sorted, rows_to_table
 from lidarshard.transforms.beam.tagged import SplitTags
 from lidarshard.transforms.errors import RejectError
@@ -32,35 +32,9 @@ from lidarshard.transforms.features.sample import ScanConfig, featurize, file_ta
 from lidarshard.transforms.formats.discover import walk_local
 from lidarshard.transforms.nuscenes import tables as nuscenes
 
-__all__ = ["ScanSamples", "ScanResult", "ConcatRows", "read_bytes", "size_of", "NAMESPACE"]
+__all__ = ["ScanSamples", "ScanResult", "ConcatRows", "NAMESPACE"]
 
 NAMESPACE = "lidarshard"
-
-
-def read_bytes(path: str) -> bytes:
-    """Whole file through Beam FileSystems, never decompressed by extension.
-
-    Raises:
-        FileNotFoundError: nothing at ``path`` (object stores raise their own types; mapped here).
-        OSError: any other failure to read.
-    """
-    try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return f.read()
-    except OSError:
-        raise
-    except Exception as e:  # e.g. google.api_core NotFound is not an OSError
-        if not FileSystems.exists(path):
-            raise FileNotFoundError(f"no such file: {path}") from e
-        raise OSError(f"{path}: {type(e).__name__}: {e}") from e
-
-
-def size_of(path: str) -> int:
-    """Size in bytes; raises FileNotFoundError when nothing is there."""
-    found = FileSystems.match([path])[0].metadata_list
-    if not found:
-        raise FileNotFoundError(f"no such file: {path}")
-    return int(found[0].size_in_bytes)
 
 
 def _reject_row(path: str, reason: str, detail: str) -> dict:
@@ -107,7 +81,7 @@ class _Featurize(beam.DoFn):
     def process(self, task: nuscenes.NuScenesTask) -> Iterator:
         self._seen += 1
         try:
-            row = featurize(task, read_bytes, size_of, self._cfg)
+            row = featurize(task, storage.read_bytes, storage.size, self._cfg)
         except RejectError as e:
             self._bad += 1
             yield from _rejected(task.path, e.reason, e.detail)
@@ -159,7 +133,7 @@ def _rejected(path: str, reason: str, detail: str) -> Iterator:
 
 
 def _relative(path: str, root: str) -> str:
-    rel = posixpath.relpath(path, root) if "://" not in path else path[len(root) :].lstrip("/")
+    rel = path[len(root) :].lstrip("/") if storage.has_scheme(path) else posixpath.relpath(path, root)
     return rel.replace("\\", "/")
 
 
@@ -177,7 +151,7 @@ def _file_pattern(input_path: str) -> tuple[str, str]:
 
 
 def _is_local_dir(path: str) -> bool:
-    return "://" not in path and not any(c in path for c in "*?[") and os.path.isdir(path)
+    return not storage.has_scheme(path) and not any(c in path for c in "*?[") and os.path.isdir(path)
 
 
 class _WalkLocal(beam.DoFn):
@@ -197,7 +171,7 @@ class _LoadTables(beam.DoFn):
         self._version, self._sweeps = version, sweeps
 
     def process(self, dataroot: str) -> Iterator:
-        tasks, rejects = nuscenes.load_tasks(dataroot, self._version, self._sweeps, read_bytes)
+        tasks, rejects = nuscenes.load_tasks(dataroot, self._version, self._sweeps, storage.read_bytes)
         for task in tasks:
             yield "tasks", task
         for path, reason, detail in rejects:

@@ -8,14 +8,14 @@ sees after the range filter; ``num_points`` under ``--features stat``) and ``vox
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
+
+from lidarshard.transforms import storage
 
 __all__ = ["CostModel", "parse_cost_model", "sample_costs"]
 
@@ -44,8 +44,9 @@ def _linear(c0: float, a: float, b: float, name: str = "linear") -> CostModel:
     return CostModel(name, float(c0), float(a), float(b))
 
 
-def parse_cost_model(spec: str, read_text: Callable[[str], str] | None = None) -> CostModel:
-    """``points`` | ``voxels`` | ``linear:c0,a,b`` | ``@path.json`` (as written by calibrate)."""
+def parse_cost_model(spec: str) -> CostModel:
+    """``points`` | ``voxels`` | ``linear:c0,a,b`` | ``@path.json`` (as written by calibrate; a local
+    path or URI)."""
     if spec in _NAMED:
         return _NAMED[spec]
     if spec.startswith("linear:"):
@@ -54,9 +55,7 @@ def parse_cost_model(spec: str, read_text: Callable[[str], str] | None = None) -
             raise ValueError(f"--cost-model linear:c0,a,b needs 3 numbers, got {spec!r}")
         return _linear(*(float(p) for p in parts))
     if spec.startswith("@"):
-        path = spec[1:]
-        text = read_text(path) if read_text else open(path, encoding="utf-8").read()
-        obj = json.loads(text)
+        obj = storage.read_json(spec[1:])
         model = obj.get("cost_model", obj)
         return _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear")
     raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")

@@ -1,7 +1,7 @@
 """Read one sample (keyframe + sweeps + labels) and compute its feature row. Pure: I/O is injected.
 
-The Beam DoFn in ``lidarshard.transforms.beam.scan`` passes ``read_bytes``/``size_of`` built on Beam's
-FileSystems, so the same code reads local paths, gs:// and s3:// URIs.
+The Beam DoFn in ``lidarshard.transforms.beam.scan`` passes ``storage.read_bytes``/``storage.size``,
+so the same code reads local paths, gs:// and s3:// URIs.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from lidarshard.transforms.features.size import DEFAULT_VOXEL_SIZE, MAX_ABS_COOR
 from lidarshard.transforms.formats import readers
 from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.nuscenes.tables import NuScenesTask, check_labels
+from lidarshard.transforms.storage import FileTooLargeError
 
 __all__ = ["ScanConfig", "featurize", "file_task", "FEATURE_MODES"]
 
 FEATURE_MODES = ("full", "stat")
 
-ReadBytes = Callable[[str], bytes]
+ReadBytes = Callable[[str, int], bytes]  # (path, max bytes): raises OSError, FileTooLargeError
 SizeOf = Callable[[str], int]
 
 
@@ -90,7 +91,9 @@ def _read(path: str, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig, mi
     if size > cfg.max_file_bytes:
         raise RejectError("too_large", f"{size} bytes > --max-file-bytes {cfg.max_file_bytes}")
     try:
-        data = read_bytes(path)
+        data = read_bytes(path, cfg.max_file_bytes)
+    except FileTooLargeError as e:
+        raise RejectError("too_large", f"{e.size} bytes > --max-file-bytes {cfg.max_file_bytes}") from None
     except IsADirectoryError:
         raise RejectError("unreadable", f"{path} is a directory") from None
     except OSError as e:

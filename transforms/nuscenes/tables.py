@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.transforms import storage
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.nuscenes.multisweep import check_labels
 
@@ -118,7 +119,7 @@ def join_under_root(dataroot: str, filename: object) -> str:
         raise RejectError("bad_table", f"filename {filename!r} is not a non-empty string")
     if "\x00" in filename:
         raise RejectError("bad_table", f"filename {filename!r} holds a NUL byte")
-    if filename.startswith("/") or "://" in filename:
+    if filename.startswith("/") or storage.has_scheme(filename):
         raise RejectError("outside_root", f"filename {filename!r} is absolute, not relative to the dataroot")
     norm = posixpath.normpath(filename)
     if norm == ".." or norm.startswith("../"):
