@@ -43,6 +43,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.torch import BalancedBatchSampler, PointCloudDataset, collate
+from lidarshard.transforms.plan.metrics import load_linearity
 
 __all__ = ["SegNet", "height_labels", "linearity", "main"]
 
@@ -97,10 +98,8 @@ def height_labels(points: torch.Tensor, classes: int) -> torch.Tensor:
 
 
 def linearity(per_rank: torch.Tensor) -> float:
-    """sum_steps mean_rank / sum_steps max_rank of a (W, steps) tensor; 1.0 when empty."""
-    if per_rank.numel() == 0:
-        return 1.0
-    return float(per_rank.mean(0).sum() / per_rank.max(0).values.sum().clamp_min(1e-12))
+    """sum_steps mean_rank / sum_steps max_rank of a (W, steps) tensor (``load_linearity``)."""
+    return load_linearity(per_rank.T.double().numpy())
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -12,9 +12,11 @@ from lidarshard.transforms.plan.metrics import (
     balance_summary,
     bound_linearity,
     linearity,
+    load_linearity,
     pair_repeat_rate,
     rank_costs,
     spearman_step_cost,
+    step_linearity,
 )
 
 
@@ -26,6 +28,15 @@ def test_rank_costs_and_linearity_by_hand() -> None:
     assert linearity(np.array([[[0, 3], [1, 2]]]), costs) == 1.0
     assert linearity(plan, np.zeros(4)) == 1.0
     assert linearity(np.empty((0, 2, 2), np.int64), costs) == 1.0
+
+
+def test_load_linearity_by_hand() -> None:
+    loads = np.array([[3.0, 7.0], [5.0, 5.0]])  # means 5, 5; maxima 7, 5
+    assert load_linearity(loads) == pytest.approx(10.0 / 12.0)
+    assert load_linearity(np.zeros((3, 4))) == 1.0 and load_linearity(np.empty((0, 4))) == 1.0
+    assert load_linearity(np.array([[0.0, 0.0, 0.0, 8.0]])) == pytest.approx(0.25)  # 1/W: one rank works
+    # a step split by LPT: {4, 1} vs {3, 2} -> loads 5, 5
+    assert step_linearity(np.array([[1.0, 2.0, 3.0, 4.0]]), 2, 2) == 1.0
 
 
 def test_bound_linearity() -> None:
@@ -67,7 +78,8 @@ def test_pair_repeat_rate() -> None:
 def test_balance_summary_is_json_and_rounded() -> None:
     costs = np.random.default_rng(1).lognormal(0.0, 0.6, 16 * 2 * 64)
     plan = plan_epoch("balanced", costs, 16, 2, seed=3, epoch=4)
-    summary = balance_summary(plan, costs, 16, 2, seed=3, epoch=4)
+    rand = plan_epoch("random", costs, 16, 2, seed=3, epoch=4)
+    summary = balance_summary(plan, costs, 16, 2, baseline=rand, epoch=4)
     assert json.loads(json.dumps(summary)) == summary
     assert {"epoch", "linearity", "bound", "random_linearity", "spearman_step_cost"} <= set(summary)
     assert summary["epoch"] == 4 and summary["steps"] == 64
@@ -76,3 +88,4 @@ def test_balance_summary_is_json_and_rounded() -> None:
             assert value == round(value, 6), key
     assert summary["random_linearity"] < summary["linearity"] <= 1.0
     assert summary["linearity"] == round(linearity(plan, costs), 6)
+    assert summary["random_linearity"] == round(linearity(rand, costs), 6)

@@ -26,6 +26,7 @@ from lidarshard.loaders import load_manifest
 from lidarshard.loaders.reader import plan_dataset
 from lidarshard.transforms import storage
 from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
+from lidarshard.transforms.plan.metrics import load_linearity
 from lidarshard.transforms.report import calibrate as cal
 from lidarshard.transforms.report import plots
 
@@ -109,11 +110,6 @@ def _step_buckets(data: ReportData, epoch: int) -> NDArray[np.int64]:
     return counts
 
 
-def _lin(loads: NDArray[np.float64]) -> float:
-    top = loads.max(axis=1).sum()
-    return float(loads.mean(axis=1).sum() / top) if top > 0 else 1.0
-
-
 def _spread(loads: NDArray[np.float64]) -> float:
     """Largest |rank total / mean - 1| over ranks, in percent."""
     tot = loads.sum(axis=0)
@@ -163,7 +159,7 @@ def summarize(data: ReportData) -> list[str]:
         worst = (ch.max(axis=1) / np.maximum(ch.mean(axis=1), 1e-300)).max(initial=1.0)
         worst_r = (rnd.max(axis=1) / np.maximum(rnd.mean(axis=1), 1e-300)).max(initial=1.0)
         lines.append(
-            f"epoch {e}: linearity {_lin(ch):.3f} (random {_lin(rnd):.3f}); worst step max/mean "
+            f"epoch {e}: linearity {load_linearity(ch):.3f} (random {load_linearity(rnd):.3f}); worst step max/mean "
             f"{worst:.2f} (random {worst_r:.2f}); rank totals within {_spread(ch):.1f}% "
             f"(random {_spread(rnd):.1f}%)"
         )

@@ -12,8 +12,9 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
-from lidarshard.transforms.plan.metrics import balance_summary
+from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool
 
 __all__ = ["check_plan", "lookup", "padded_plan", "check_counts", "check_caps", "check_epoch"]
 
@@ -227,7 +228,9 @@ def check_epoch(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], s
     pool = np.sort(entries)
     costs = samples.column("cost").to_numpy()[pool]
     in_pool = np.where(plan >= 0, np.searchsorted(pool, plan), -1)
-    again = balance_summary(in_pool, costs, m["world_size"], m["batch_size"], seed=m["seed"], epoch=e)
+    w, b = m["world_size"], m["batch_size"]
+    baseline = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=m["seed"], epoch=e)
+    again = balance_summary(in_pool, costs, w, b, baseline=baseline, epoch=e)
     recorded = m["balance"][e] if e < len(m["balance"]) else {}
     for key, value in again.items():
         if key not in recorded or not abs(float(recorded[key]) - value) <= 1e-6:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["partition_steps", "permute_ranks", "step_linearity", "lpt_assign"]
+__all__ = ["partition_steps", "permute_ranks", "lpt_assign"]
 
 
 def lpt_assign(step_costs: NDArray[np.float64], world_size: int, batch_size: int) -> NDArray[np.int64]:
@@ -73,18 +73,3 @@ def permute_ranks(plan: NDArray[np.int64], rng: np.random.Generator) -> NDArray[
     s, w, _ = plan.shape
     perm = np.argsort(rng.random((s, w)), axis=1)
     return np.take_along_axis(plan, perm[:, :, None], axis=1)
-
-
-def step_linearity(step_costs: NDArray[np.float64], world_size: int, batch_size: int) -> float:
-    """Linearity of steps split by ``lpt_assign``: sum of mean rank cost / sum of max rank cost.
-
-    Args:
-        step_costs: (S, W*B) item costs per step.
-    """
-    s = step_costs.shape[0]
-    if s == 0:
-        return 1.0
-    cols = lpt_assign(step_costs, world_size, batch_size).reshape(s, -1)
-    rank = np.take_along_axis(step_costs, cols, axis=1).reshape(s, world_size, batch_size).sum(-1)
-    top = rank.max(axis=1).sum()
-    return float(rank.mean(axis=1).sum() / top) if top > 0 else 1.0

@@ -23,8 +23,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.plan._partition import partition_steps, permute_ranks, step_linearity
+from lidarshard.transforms.plan._partition import partition_steps, permute_ranks
 from lidarshard.transforms.plan.caps import PoolLimits
+from lidarshard.transforms.plan.metrics import bound_linearity, step_linearity
 
 __all__ = ["plan", "choose_eps", "EPS_LADDER", "TOLERANCE"]
 
@@ -84,7 +85,7 @@ def choose_eps(
     """
     w, b = world_size, batch_size
     logc = _log_cost(costs)
-    bound = step_linearity(np.sort(costs).reshape(-1, w * b), w, b)
+    bound = bound_linearity(costs, w, b)
     lo, hi = 0, len(EPS_LADDER) - 1  # invariant: rung hi passes
     orders: dict[int, NDArray[np.int64]] = {}
     while lo < hi:

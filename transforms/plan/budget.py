@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 from lidarshard.transforms.plan._partition import permute_ranks
 from lidarshard.transforms.plan.balanced import _log_cost
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
+from lidarshard.transforms.plan.metrics import load_linearity
 
 __all__ = ["plan", "SLACK_LADDER", "TARGET", "JITTER_LADDER", "TOLERANCE", "to_padded"]
 
@@ -205,9 +206,7 @@ def _steps_of(bins: _Bins, k: int, w: int) -> list[list[int]]:
 
 
 def _linearity(bins: _Bins, layout: list[list[int]]) -> float:
-    loads = bins.loads()[np.asarray(layout)]
-    top = loads.max(axis=1).sum()
-    return float(loads.mean(axis=1).sum() / top) if top > 0 else 1.0
+    return load_linearity(bins.loads()[np.asarray(layout)])
 
 
 def _min_steps(costs: NDArray[np.float64], w: int, limits: PoolLimits) -> int:

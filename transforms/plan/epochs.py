@@ -18,7 +18,7 @@ from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
-from lidarshard.transforms.plan.metrics import balance_summary, pair_repeat_rate
+from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
 
 __all__ = [
     "PlanConfig",
@@ -117,7 +117,8 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray
     plan = plan_epoch(
         cfg.strategy, costs[pool], w, b, seed=cfg.seed, epoch=epoch, bucket_ids=ids[pool], limits=limits
     )
-    stats = balance_summary(plan, costs[pool], w, b, seed=cfg.seed, epoch=epoch)
+    baseline = plan_epoch("random", equal_count_pool(costs[pool], w, b), w, b, seed=cfg.seed, epoch=epoch)
+    stats = balance_summary(plan, costs[pool], w, b, baseline=baseline, epoch=epoch)
     stats |= {"planned": int(pool.size), "dropped": int(dropped), "padded": int(padded)}
     return np.where(plan >= 0, pool[plan], -1), stats
 

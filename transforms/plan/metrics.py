@@ -2,7 +2,9 @@
 
 Linearity is the predicted scaling efficiency of synchronous data parallelism when step time is
 proportional to the slowest rank's cost: ``sum_s mean_r cost[s, r] / sum_s max_r cost[s, r]``
-(1.0 = no rank ever waits).
+(1.0 = no rank ever waits). ``load_linearity`` is the one place that formula is written; plans,
+bounds, reports, calibration and elastic re-plans all reduce to it. Nothing here plans: the random
+baseline of ``balance_summary`` is planned by the caller.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.plan import plan_epoch
-from lidarshard.transforms.plan._partition import step_linearity
+from lidarshard.transforms.plan._partition import lpt_assign
 
 __all__ = [
+    "load_linearity",
     "rank_costs",
     "linearity",
+    "step_linearity",
+    "equal_count_pool",
     "bound_linearity",
     "spearman_step_cost",
     "pair_repeat_rate",
@@ -28,11 +32,38 @@ def rank_costs(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> NDArray[n
     return np.append(np.asarray(costs, dtype=np.float64), 0.0)[plan].sum(axis=-1)
 
 
+def load_linearity(loads: NDArray[np.float64]) -> float:
+    """``sum_s mean_r loads[s, r] / sum_s max_r loads[s, r]`` of (S, W) per-step, per-rank loads
+    (predicted costs or measured times), in [1/W, 1]; 1.0 when empty or all zero."""
+    loads = np.asarray(loads, dtype=np.float64)
+    top = loads.max(axis=1).sum() if loads.size else 0.0
+    return float(loads.mean(axis=1).sum() / top) if top > 0 else 1.0
+
+
 def linearity(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
     """Predicted linearity of ``plan`` (S, W, B) in [1/W, 1]; 1.0 for empty or zero-cost plans."""
-    rc = rank_costs(plan, costs)
-    top = rc.max(axis=1).sum() if rc.size else 0.0
-    return float(rc.mean(axis=1).sum() / top) if top > 0 else 1.0
+    return load_linearity(rank_costs(plan, costs))
+
+
+def step_linearity(step_costs: NDArray[np.float64], world_size: int, batch_size: int) -> float:
+    """Linearity of steps split across ranks by ``lpt_assign`` (equal counts).
+
+    Args:
+        step_costs: (S, W*B) item costs per step.
+    """
+    s = step_costs.shape[0]
+    if s == 0:
+        return 1.0
+    cols = lpt_assign(step_costs, world_size, batch_size).reshape(s, -1)
+    items = np.take_along_axis(step_costs, cols, axis=1)
+    return load_linearity(items.reshape(s, world_size, batch_size).sum(-1))
+
+
+def equal_count_pool(costs: NDArray[np.float64], world_size: int, batch_size: int) -> NDArray[np.float64]:
+    """The pool's first ``P - P % (W*B)`` costs: what the equal-count references (``bound``, the random
+    baseline) plan when a variable-count strategy used a pool of any size."""
+    costs = np.asarray(costs, dtype=np.float64)
+    return costs[: costs.size - costs.size % (world_size * batch_size)]
 
 
 def bound_linearity(costs: NDArray[np.float64], world_size: int, batch_size: int) -> float:
@@ -113,21 +144,23 @@ def balance_summary(
     world_size: int,
     batch_size: int,
     *,
-    seed: int,
+    baseline: NDArray[np.int64],
     epoch: int,
 ) -> dict[str, float | int]:
     """The manifest's per-epoch ``balance`` object (floats rounded to 6 decimals).
 
+    ``baseline`` is the (S', W, B) plan to compare against, planned by the caller (the manifest
+    uses the ``random`` strategy on the same pool, seed and epoch).
+
     Keys: ``epoch``, ``steps``, ``linearity``, ``bound`` (``bound_linearity``),
-    ``random_linearity`` (``random`` strategy on the same pool, seed and epoch),
+    ``random_linearity`` (linearity of ``baseline``),
     ``spearman_step_cost``, ``worst_step_linearity`` (min over steps of mean/max rank cost),
     ``rank_total_cv`` (coefficient of variation of per-rank epoch totals), ``mean_count`` and
     ``max_count`` (samples per rank-step). With variable counts (``-1`` pads, any pool size) the
     equal-count ``bound`` and ``random_linearity`` use the pool's first ``P - P % (W*B)`` entries.
     """
     rc = rank_costs(plan, costs)
-    fitted = np.asarray(costs)[: costs.size - costs.size % (world_size * batch_size)]
-    rand = plan_epoch("random", fitted, world_size, batch_size, seed=seed, epoch=epoch)
+    fitted = equal_count_pool(costs, world_size, batch_size)
     step_max = rc.max(axis=1) if rc.size else np.empty(0)
     pos = step_max > 0
     worst = float((rc.mean(axis=1)[pos] / step_max[pos]).min()) if pos.any() else 1.0
@@ -136,7 +169,7 @@ def balance_summary(
     values = {
         "linearity": linearity(plan, costs),
         "bound": bound_linearity(fitted, world_size, batch_size),
-        "random_linearity": linearity(rand, fitted),
+        "random_linearity": linearity(baseline, fitted),
         "spearman_step_cost": spearman_step_cost(plan, costs),
         "worst_step_linearity": worst,
         "rank_total_cv": cv,

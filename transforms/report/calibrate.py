@@ -28,6 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from numpy.typing import NDArray
 
+from lidarshard.transforms.plan.metrics import load_linearity
+
 __all__ = [
     "TERMS",
     "LinearFit",
@@ -218,12 +220,6 @@ def observations(timings: pa.Table, samples: pa.Table, plan: pa.Table | None, ep
     return pa.table({c: pc.fill_null(pc.cast(rows.column(c), pa.float64()), np.nan) for c in cols})
 
 
-def _linearity(loads: NDArray[np.float64]) -> float:
-    """``sum_s mean_r / sum_s max_r`` of (S, W) per-step per-rank loads."""
-    top = loads.max(axis=1).sum()
-    return float(loads.mean(axis=1).sum() / top) if top > 0 else 1.0
-
-
 def _occurrence(table: pa.Table, keys: list[str]) -> pa.Array:
     """(n,) int64: how many earlier rows of ``table`` (in row order) have the same ``keys``."""
     n = table.num_rows
@@ -287,8 +283,8 @@ def plan_linearity(timings: pa.Table, plan: pa.Table, batch_size: int, epoch: in
             {
                 "epoch": int(e),
                 "steps": int(ms.shape[0]),
-                "measured": _linearity(ms),
-                "predicted": _linearity(cost),
+                "measured": load_linearity(ms),
+                "predicted": load_linearity(cost),
             }
         )
     return out

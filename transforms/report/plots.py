@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.transforms.plan.metrics import load_linearity
+
 __all__ = [
     "size_histogram",
     "step_balance",
@@ -99,7 +101,7 @@ def step_balance(
     for loads, name, color in ((baseline, "random (same pool)", _RANDOM), (chosen, strategy, _CHOSEN)):
         mean, peak = loads.mean(axis=1), loads.max(axis=1)
         ratio = np.divide(peak, mean, out=np.ones_like(mean), where=mean > 0)
-        lin = float(mean.sum() / peak.sum()) if peak.sum() > 0 else 1.0
+        lin = load_linearity(loads)
         steps = np.arange(len(ratio))
         marker = "." if len(ratio) <= 60 else None
         top.plot(steps, peak, color=color, lw=1.2, marker=marker, label=f"{name}: slowest rank")
