@@ -24,19 +24,17 @@ from lidarshard.pipelines.scan import (
     VERSION,
     add_scan_arguments,
     beam_options,
-    counts_of,
-    fingerprint,
     new_staging,
     run_pipeline,
     scan_config,
     scan_meta,
     scan_results,
-    settle,
 )
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
 from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples
 from lidarshard.transforms.beam.tagged import GatherTagged, tag
+from lidarshard.transforms.features.accounting import counts_of, fingerprint, settle
 from lidarshard.transforms.features.cost import CostModel, parse_cost_model, sample_costs
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES
 from lidarshard.transforms.plan.caps import Caps, over_cap

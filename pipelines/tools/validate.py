@@ -39,6 +39,7 @@ from lidarshard.pipelines.tools.validate_plan import (
     padded_plan,
 )
 from lidarshard.transforms import storage
+from lidarshard.transforms.features import accounting
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.plan import VARIABLE_COUNT
@@ -93,18 +94,6 @@ def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
     if version != schemas.SCHEMA_VERSION:
         return f"written with schema version {version!r}, expected {schemas.SCHEMA_VERSION!r}"
     return None
-
-
-def _fingerprint(samples: pa.Table) -> str:
-    """``lidarshard.pipelines.scan.fingerprint``, vectorized: sha256 over ``f"{sample_id}\\t{file_bytes}\\n"``."""
-    if samples.num_rows == 0:
-        return hashlib.sha256().hexdigest()
-    lines = pc.binary_join_element_wise(
-        samples.column("sample_id"), pc.cast(samples.column("file_bytes"), pa.string()), "\t"
-    )
-    lines = pc.binary_join_element_wise(lines, "", "\n").combine_chunks()
-    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)[lines.offset : lines.offset + len(lines) + 1]
-    return hashlib.sha256(memoryview(lines.buffers()[2])[offsets[0] : offsets[-1]]).hexdigest()
 
 
 class _Checker:
@@ -174,7 +163,7 @@ class _Checker:
                 )
         if samples.num_rows != counts.get("accepted"):
             self.problem(rel, f"{samples.num_rows} rows, counts.accepted is {counts.get('accepted')}")
-        if _fingerprint(samples) != fingerprint:
+        if accounting.fingerprint(samples) != fingerprint:
             self.problem(rel, "inputs_fingerprint recomputed from (sample_id, file_bytes) differs")
         return samples
 

@@ -1,0 +1,70 @@
+"""transforms/features/accounting.py: duplicate ids, the accounting and reject-fraction checks, the
+inputs fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+import pytest
+
+from lidarshard import schemas
+from lidarshard.transforms.features.accounting import counts_of, dedupe, fingerprint, settle
+
+
+def _samples(ids: list[str], nbytes: list[int | None] | None = None) -> pa.Table:
+    nbytes = nbytes if nbytes is not None else [10 * (i + 1) for i in range(len(ids))]
+    return pa.table(
+        {"sample_id": ids, "path": [f"/d/{i}.bin" for i in range(len(ids))], "file_bytes": nbytes},
+        schema=pa.schema([("sample_id", pa.string()), ("path", pa.string()), ("file_bytes", pa.int64())]),
+    )
+
+
+def _rejects(rows: list[tuple[str, str, str]]) -> pa.Table:
+    cols = {k: [r[i] for r in rows] for i, k in enumerate(("path", "reason", "detail"))}
+    return pa.Table.from_pydict(cols, schema=schemas.reject_schema())
+
+
+def test_dedupe_keeps_the_first_row_of_each_id() -> None:
+    kept, dup = dedupe(_samples(["a", "b", "b", "b", "c"]))
+    assert kept.column("sample_id").to_pylist() == ["a", "b", "c"]
+    assert kept.column("path").to_pylist() == ["/d/0.bin", "/d/1.bin", "/d/4.bin"]
+    assert [(d["path"], d["reason"]) for d in dup] == [
+        ("/d/2.bin", "duplicate_id"),
+        ("/d/3.bin", "duplicate_id"),
+    ]
+    assert dedupe(_samples(["a"])) == (_samples(["a"]), [])
+
+
+def test_counts_of_checks_accounting_and_reject_fraction() -> None:
+    rejects = _rejects([("/x", "empty", "0 bytes")])
+    counts = counts_of(3, _samples(["a", "b"]), rejects)
+    assert counts == {"scanned": 3, "accepted": 2, "rejected": 1, "rejected_by_reason": {"empty": 1}}
+    with pytest.raises(RuntimeError, match="lost or duplicated"):
+        counts_of(4, _samples(["a", "b"]), rejects)
+    with pytest.raises(RuntimeError, match=r"1 of 3 inputs rejected .*empty: 1.*/x: empty"):
+        counts_of(3, _samples(["a", "b"]), rejects, max_reject_fraction=0.2)
+
+
+def test_settle_moves_duplicates_to_sorted_rejects() -> None:
+    samples, rejects, counts = settle(4, _samples(["a", "a", "b"]), _rejects([("/0", "empty", "")]), 1.0)
+    assert samples.column("sample_id").to_pylist() == ["a", "b"]
+    assert rejects.column("path").to_pylist() == ["/0", "/d/1.bin"]
+    assert counts["rejected_by_reason"] == {"empty": 1, "duplicate_id": 1}
+
+
+def _plain(ids: list[str], nbytes: list[int | None]) -> str:
+    h = hashlib.sha256()
+    for sid, n in zip(ids, nbytes, strict=True):
+        h.update(f"{sid}\t{n}\n".encode())
+    return h.hexdigest()
+
+
+def test_fingerprint_is_the_per_row_definition() -> None:
+    ids, nbytes = ["a", "b\u00e9", "c"], [1, 22, 333]
+    assert fingerprint(_samples(ids, nbytes)) == _plain(ids, nbytes)
+    chunked = pa.concat_tables([_samples(ids[:1], nbytes[:1]), _samples(ids[1:], nbytes[1:])])
+    assert chunked.column("sample_id").num_chunks == 2 and fingerprint(chunked) == _plain(ids, nbytes)
+    assert fingerprint(_samples(ids, [1, None, 3])) == _plain(ids, [1, None, 3])
+    assert fingerprint(_samples([])) == hashlib.sha256().hexdigest()
+    assert fingerprint(_samples(ids, nbytes).slice(1)) == _plain(ids[1:], nbytes[1:])
