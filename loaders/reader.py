@@ -28,6 +28,7 @@ from lidarshard.schemas import (
 )
 from lidarshard.transforms import storage
 from lidarshard.transforms.formats.readers import detect_format, read_points
+from lidarshard.transforms.nuscenes.geometry import sweep_matrices
 from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.plan import VARIABLE_COUNT
 
@@ -349,8 +350,6 @@ def load_points(
     keyframe = read_points(storage.read_bytes(path), fmt, point_dims=point_dims)
     if not sweep_paths:
         return np.ascontiguousarray(keyframe, dtype=np.float32)
-    mats = np.asarray(sweep_transforms if sweep_transforms is not None else [], dtype=np.float64)
-    if mats.size != 16 * len(sweep_paths):
-        raise ValueError(f"{path}: {len(sweep_paths)} sweeps but {mats.size} transform values (want 16 each)")
+    mats = sweep_matrices(sweep_transforms, len(sweep_paths), path)
     sweeps = [read_points(storage.read_bytes(p), fmt, point_dims=point_dims) for p in sweep_paths]
-    return aggregate(keyframe, sweeps, list(mats.reshape(-1, 4, 4)))
+    return aggregate(keyframe, sweeps, list(mats))

@@ -151,5 +151,8 @@ def test_check_labels_rejects_wrong_counts(nbytes: int, npoints: int) -> None:
         check_labels(bytes(nbytes), npoints)
 
 
-def test_check_labels_accepts_empty_pair() -> None:
-    check_labels(b"", 0)
+@pytest.mark.parametrize("n", [0, 1, 40])
+def test_check_labels_accepts_exactly_one_byte_per_point(n: int) -> None:
+    check_labels(bytes(n), n)  # accepted, the empty pair included
+    with pytest.raises(RejectError, match="label_mismatch"):
+        check_labels(bytes(n), n + 1)

@@ -6,9 +6,10 @@
 
 Difference from the devkit (nuscenes-devkit ``PointCloud.from_file_multisweep``): the devkit calls
 ``remove_close(min_distance)`` on every frame it aggregates, the keyframe included. lidarshard removes
-close points from the previous sweeps only and keeps the keyframe whole. The keyframe's point count then
-equals the length of its lidarseg label file, and ``num_points`` counts exactly the points a labelled
-model sees. As in the devkit, the filter runs in each sweep's own sensor frame, before the transform.
+close points from the previous sweeps only and keeps the keyframe whole by default. The keyframe's point
+count then equals the length of its lidarseg label file, and ``num_points`` counts exactly the points a
+labelled model sees. ``filter_keyframe=True`` gives the devkit's rule (the synthetic generator's size
+table uses it). As in the devkit, the filter runs in each sweep's own sensor frame, before the transform.
 The devkit also drops the ring column and returns a time-lag row; here extra columns pass through
 untouched and time lags live in ``SweepRef.time_lag_s``.
 
@@ -57,10 +58,13 @@ def aggregate(
     keyframe: NDArray[np.float32],
     sweeps: Sequence[NDArray[np.float32]],
     transforms: Sequence[NDArray[np.float64]],
+    *,
+    filter_keyframe: bool = False,
 ) -> NDArray[np.float32]:
     """Stack a keyframe and its previous sweeps in the keyframe's sensor frame.
 
-    The keyframe is kept as is. Each sweep first loses its close points (``remove_close``, in its own
+    The keyframe is kept as is (``filter_keyframe``: it loses its close points too, as in the devkit).
+    Each sweep first loses its close points (``remove_close``, in its own
     sensor frame), then its x, y, z go through its 4x4 transform. The maths runs in float64 and is cast
     back to float32, as in the devkit. Columns past z (intensity, ring, ...) pass through untouched.
 
@@ -69,6 +73,7 @@ def aggregate(
         sweeps: M_i x C float32 arrays, newest first, each in its own sensor frame.
         transforms: one (4, 4) float64 per sweep, sweep sensor frame -> keyframe sensor frame
             (``SweepRef.sensor_to_ref`` reshaped).
+        filter_keyframe: also ``remove_close`` the keyframe.
 
     Returns:
         (N + sum M_i', C) float32: keyframe rows first, then each filtered sweep in the given order.
@@ -77,6 +82,8 @@ def aggregate(
         ValueError: on mismatched counts, column counts or transform shapes (a caller bug, not bad input).
     """
     _check_points(keyframe, "keyframe")
+    if filter_keyframe:
+        keyframe = remove_close(keyframe)
     if len(sweeps) != len(transforms):
         raise ValueError(f"{len(sweeps)} sweeps but {len(transforms)} transforms")
     kept = []

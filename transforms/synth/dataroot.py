@@ -22,7 +22,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.features.size import count_occupied_voxels
-from lidarshard.transforms.nuscenes.tables import quaternion_matrix
+from lidarshard.transforms.nuscenes.geometry import pose_record, sweep_transform
+from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.synth import scene as sc
 from lidarshard.transforms.synth import tables as tb
 
@@ -155,43 +156,27 @@ def static_tables(cfg: SynthConfig) -> dict[str, list[tb.Record]]:
     return tables
 
 
-def _sensor_to_world(
-    pose: tuple[Sequence[float], Sequence[float]], calib: tuple[Sequence[float], Sequence[float]]
-) -> NDArray[np.float64]:
-    """(4, 4) world-from-sensor transform from ego pose and calibration, each (translation, quat)."""
-    m = np.eye(4)
-    for t, q in (pose, calib):  # world_from_ego @ ego_from_sensor
-        step = np.eye(4)
-        step[:3, :3], step[:3, 3] = quaternion_matrix(q), t
-        m = m @ step
-    return m
-
-
 def multisweep(
     clouds: Sequence[NDArray[np.float32]],
     poses: Sequence[tuple[Sequence[float], Sequence[float]]],
     calib: tuple[Sequence[float], Sequence[float]],
-    min_distance: float = 1.0,
 ) -> NDArray[np.float32]:
-    """Aggregate sweeps into the first one's sensor frame, like ``from_file_multisweep``.
+    """Aggregate sweeps into the first one's sensor frame, like the devkit's ``from_file_multisweep``:
+    the scanner's ``aggregate`` with ``filter_keyframe=True`` (every cloud loses its close points).
 
     Args:
         clouds: (N_i, >=3) point arrays in their own sensor frame, reference (keyframe) first.
         poses: per cloud, the ego pose (translation m, quaternion w, x, y, z).
         calib: LIDAR_TOP calibration (translation, quaternion) in the ego frame.
-        min_distance: drop the box |x| < d and |y| < d of every cloud (the devkit's ``remove_close``).
 
     Returns:
         (sum N_i', 3) float32 x, y, z in the reference sensor frame, m.
     """
-    ref_inv = np.linalg.inv(_sensor_to_world(poses[0], calib))
-    out = []
-    for cloud, pose in zip(clouds, poses, strict=True):
-        xyz = np.asarray(cloud[:, :3], dtype=np.float64)
-        xyz = xyz[~((np.abs(xyz[:, 0]) < min_distance) & (np.abs(xyz[:, 1]) < min_distance))]
-        m = ref_inv @ _sensor_to_world(pose, calib)
-        out.append((xyz @ m[:3, :3].T + m[:3, 3]).astype(np.float32))
-    return np.concatenate(out) if out else np.zeros((0, 3), np.float32)
+    cs, ref = pose_record(*calib), pose_record(*poses[0])
+    tfs = [sweep_transform(cs, ref, cs, pose_record(*pose)) for pose in poses[1:]]
+    key = np.asarray(clouds[0], dtype=np.float32)[:, :3]
+    sweeps = [np.asarray(c, dtype=np.float32)[:, :3] for c in clouds[1:]]
+    return aggregate(key, sweeps, tfs, filter_keyframe=True)
 
 
 def count_voxels(xyz: NDArray[np.floating], size: float = 0.05) -> int:
