@@ -12,6 +12,7 @@ from hypothesis.extra.numpy import arrays
 
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.nuscenes.multisweep import aggregate, check_labels, remove_close
+from tests.helpers import yaw_tf
 
 LIDARSEG = "nuscenes_lidarseg_pr2859"
 LIDARSEG_POINTS = (
@@ -24,14 +25,6 @@ N015_SWEEP = "nuscenes/sweeps/LIDAR_TOP/n015-2018-08-02-17-16-37+0800__LIDAR_TOP
 
 def _pts(rows: list[list[float]]) -> np.ndarray:
     return np.asarray(rows, dtype=np.float32)
-
-
-def _yaw(theta: float, t: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> np.ndarray:
-    c, s = np.cos(theta), np.sin(theta)
-    tf = np.eye(4)
-    tf[:2, :2] = [[c, -s], [s, c]]
-    tf[:3, 3] = t
-    return tf
 
 
 def _devkit_multisweep(key: np.ndarray, sweeps: list[np.ndarray], tfs: list[np.ndarray]) -> np.ndarray:
@@ -83,7 +76,7 @@ def test_remove_close_keeps_exactly_the_rows_outside_the_box(pts: np.ndarray) ->
 def test_aggregate_keeps_keyframe_whole_and_filters_sweeps_in_their_own_frame() -> None:
     key = _pts([[0.1, 0.1, 0.0, 7, 0], [5.0, 0.0, 0.0, 8, 1]])  # a close keyframe point stays
     sweep = _pts([[0.5, 0.0, 0.0, 9, 2], [2.0, 0.0, 1.0, 10, 3]])
-    shift = _yaw(0.0, (10.0, 0.0, 0.0))  # would move the close point out of the box if applied first
+    shift = yaw_tf(0.0, (10.0, 0.0, 0.0))  # would move the close point out of the box if applied first
     out = aggregate(key, [sweep], [shift])
     assert out.dtype == np.float32 and out.shape == (3, 5)
     np.testing.assert_array_equal(out[:2], key)
@@ -93,7 +86,7 @@ def test_aggregate_keeps_keyframe_whole_and_filters_sweeps_in_their_own_frame() 
 def test_aggregate_rotates_xyz_only() -> None:
     key = _pts([[3.0, 3.0, 3.0, 1, 1]])
     sweep = _pts([[2.0, 0.0, 0.5, 42, 17]])
-    out = aggregate(key, [sweep], [_yaw(np.pi / 2, (0.0, 0.0, 1.0))])
+    out = aggregate(key, [sweep], [yaw_tf(np.pi / 2, (0.0, 0.0, 1.0))])
     np.testing.assert_allclose(out[1], [0.0, 2.0, 1.5, 42, 17], atol=1e-6)
 
 
@@ -108,7 +101,7 @@ def test_aggregate_matches_devkit_reference() -> None:
     rng = np.random.default_rng(7)
     key = rng.uniform(-3, 3, (50, 5)).astype(np.float32)
     sweeps = [rng.uniform(-3, 3, (n, 5)).astype(np.float32) for n in (40, 0, 33)]
-    tfs = [_yaw(a, tuple(rng.uniform(-5, 5, 3))) for a in (0.3, -1.0, 2.5)]
+    tfs = [yaw_tf(a, tuple(rng.uniform(-5, 5, 3))) for a in (0.3, -1.0, 2.5)]
     out = aggregate(key, sweeps, tfs)
     np.testing.assert_array_equal(out, _devkit_multisweep(key, sweeps, tfs).astype(np.float32))
 
@@ -128,7 +121,7 @@ def test_aggregate_real_nuscenes_sweep(realdata) -> None:
     sweep = np.fromfile(realdata / N015_SWEEP, np.float32).reshape(-1, 5)
     close = int(((np.abs(sweep[:, 0]) < 1) & (np.abs(sweep[:, 1]) < 1)).sum())
     assert 0 < close < len(sweep)  # the truncated wedge holds points near the sensor
-    tf = _yaw(0.01, (-0.5, 0.02, 0.0))
+    tf = yaw_tf(0.01, (-0.5, 0.02, 0.0))
     out = aggregate(key, [sweep], [tf])
     assert out.shape == (len(key) + len(sweep) - close, 5)
     np.testing.assert_array_equal(out, _devkit_multisweep(key, [sweep], [tf]).astype(np.float32))
