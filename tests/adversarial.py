@@ -1,5 +1,5 @@
-"""Test helpers for issue #7: the adversarial input corpus, generated in a temporary directory (no
-committed binaries), and ``MemFileSystem``, an object-store double for the commit and validate tests.
+"""The adversarial input corpus of ``test_adversarial.py``, generated in a temporary directory (no
+committed binaries).
 
 ``write_file_corpus`` writes plain point-cloud files for ``lidarshard scan/build INPUT``; ``write_tables_corpus``
 writes a minimal nuScenes-style dataroot whose tables attack the loader. Each returns
@@ -10,18 +10,14 @@ nothing is lost (scanned = accepted + rejected).
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import posixpath
 import struct
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import lzf
 import numpy as np
-from apache_beam.io.filesystem import FileMetadata, FileSystem
 
 __all__ = [
     "FILE_FLAGS",
@@ -31,7 +27,6 @@ __all__ = [
     "write_tables_corpus",
     "pcd",
     "good_cloud",
-    "MemFileSystem",
 ]
 
 #: Flags the file corpus is meant for: a range filter (empty_after_filter) and a file-size cap (too_large).
@@ -289,73 +284,3 @@ def write_tables_corpus(root: Path, good: int = 12, seed: int = 0) -> Corpus:
     corpus.rejects[db.path(rec["filename"])] = "missing_file"
     db.write()
     return corpus
-
-
-# ------------------------------------------------------------------------------ object-store double
-
-
-class MemFileSystem(FileSystem):
-    """A dict-backed Beam filesystem without directories or rename, like an object store."""
-
-    files: dict[str, tuple[bytes, float]] = {}
-
-    @classmethod
-    def scheme(cls) -> str:
-        return "memtest"
-
-    def join(self, base: str, *paths: str) -> str:
-        return posixpath.join(base, *paths)
-
-    def split(self, path: str) -> tuple[str, str]:
-        return posixpath.split(path)
-
-    def mkdirs(self, path: str) -> None:
-        pass
-
-    def has_dirs(self) -> bool:
-        return False
-
-    def _list(self, prefix: str):
-        for path, (data, t) in sorted(self.files.items()):
-            if path.startswith(prefix):
-                yield FileMetadata(path, len(data), t)
-
-    def create(self, path: str, mime_type=None, compression_type=None):
-        files = self.files
-
-        class _Writer(io.BytesIO):
-            def close(self) -> None:
-                files[path] = (self.getvalue(), time.monotonic())
-                super().close()
-
-        return _Writer()
-
-    def open(self, path: str, mime_type=None, compression_type=None):
-        return io.BytesIO(self.files[path][0])
-
-    def copy(self, sources: list[str], destinations: list[str]) -> None:
-        for s, d in zip(sources, destinations, strict=True):
-            self.files[d] = (self.files[s][0], time.monotonic())
-
-    def rename(self, sources: list[str], destinations: list[str]) -> None:
-        self.copy(sources, destinations)
-        self.delete(sources)
-
-    def exists(self, path: str) -> bool:
-        return path in self.files
-
-    def size(self, path: str) -> int:
-        return len(self.files[path][0])
-
-    def last_updated(self, path: str) -> float:
-        return self.files[path][1]
-
-    def checksum(self, path: str) -> str:
-        return str(hash(self.files[path][0]))
-
-    def metadata(self, path: str) -> FileMetadata:
-        return FileMetadata(path, self.size(path), self.last_updated(path))
-
-    def delete(self, paths: list[str]) -> None:
-        for p in paths:
-            del self.files[p]

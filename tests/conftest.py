@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-REALDATA = Path(os.environ.get("LIDARSHARD_REALDATA", REPO.parent / "shared" / "realdata"))
+from tests.helpers import REPO
 
-#: Beam flags every test pipeline passes: an explicit runner, never the Prism download.
-BEAM_TEST_FLAGS = ["--runner=FnApiRunner"]
+REALDATA = Path(os.environ.get("LIDARSHARD_REALDATA", REPO.parent / "shared" / "realdata"))
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from lidarshard.pipelines import _output
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.tools.validate import validate
 from tests.adversarial import FILE_FLAGS, TABLES_VERSION, Corpus, write_file_corpus, write_tables_corpus
-from tests.conftest import BEAM_TEST_FLAGS, REPO
+from tests.helpers import BEAM_TEST_FLAGS, REPO
 
 
 def _outputs(out: Path) -> tuple[dict, list[dict], list[dict]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -15,17 +14,7 @@ import pytest
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.cli import main as cli_main
-from tests.conftest import BEAM_TEST_FLAGS
-
-
-def make_bins(root: Path, n: int = 61, seed: int = 0) -> Path:
-    """``n`` KITTI-style .bin clouds with lognormal point counts (one of them bad)."""
-    rng = np.random.default_rng(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    for i, count in enumerate(np.exp(rng.normal(7.0, 0.6, size=n)).astype(int) + 10):
-        rng.normal(scale=20.0, size=(count, 4)).astype(np.float32).tofile(root / f"{i:04d}.bin")
-    (root / "bad.bin").write_bytes(b"\0" * 7)
-    return root
+from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 
 def _build(inp: Path, out: Path, *flags: str) -> dict:

@@ -15,8 +15,7 @@ from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.transforms.features.cost import parse_cost_model
 from lidarshard.transforms.report import calibrate as cal
-from tests.conftest import BEAM_TEST_FLAGS
-from tests.test_build import make_bins
+from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 TRUE = {"c0": 1.5, "a": 2e-4, "b": 1e-3}
 

@@ -20,9 +20,7 @@ from lidarshard.pipelines import _output
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.tools.validate import validate
 from lidarshard.transforms import storage
-from tests.adversarial import MemFileSystem
-from tests.conftest import BEAM_TEST_FLAGS, REPO
-from tests.test_build import make_bins
+from tests.helpers import BEAM_TEST_FLAGS, REPO, MemFileSystem, make_bins
 
 
 class _Crash(BaseException):

@@ -25,7 +25,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.stager import Stager
 
 from lidarshard.pipelines import build, scan
-from tests.test_build import make_bins
+from tests.helpers import make_bins
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("lidarshard", "pipelines", "transforms", "schemas", "loaders")

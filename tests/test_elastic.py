@@ -24,8 +24,7 @@ from lidarshard.loaders.elastic import (
 from lidarshard.pipelines import build as build_cli
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import linearity
-from tests.conftest import BEAM_TEST_FLAGS
-from tests.test_build import make_bins
+from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 W, B = 8, 2  # the manifest's plan; 197 clouds -> 12 steps of 16 per epoch, 5 dropped
 

@@ -24,8 +24,7 @@ from apache_beam.io.filesystems import FileSystems
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import scan as scan_cli
-from tests.conftest import BEAM_TEST_FLAGS
-from tests.test_build import make_bins
+from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 SCHEME = "memobj"
 PLAN = ["--world-size", "4", "--batch-size", "2", "--cost-model", "points", "--max-reject-fraction", "0.1"]

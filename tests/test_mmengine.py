@@ -22,8 +22,7 @@ import lidarshard.loaders.mmengine  # noqa: E402, F401  (registers the samplers)
 from lidarshard.loaders import ManifestReader, read_samples  # noqa: E402
 from lidarshard.loaders.torch import PointCloudDataset, collate  # noqa: E402
 from lidarshard.pipelines import build as build_cli  # noqa: E402
-from tests.conftest import BEAM_TEST_FLAGS  # noqa: E402
-from tests.test_build import make_bins  # noqa: E402
+from tests.helpers import BEAM_TEST_FLAGS, make_bins  # noqa: E402
 
 BATCH, STEPS = 3, 4  # 13 clouds, world size 1 -> 4 steps of 3 (1 dropped) per epoch
 

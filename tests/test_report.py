@@ -15,8 +15,7 @@ from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.tools import report
 from lidarshard.transforms.report import plots as report_plots
-from tests.conftest import BEAM_TEST_FLAGS
-from tests.test_build import make_bins
+from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FIGURES = ["sizes.png", "step_balance.png", "rank_totals.png", "buckets.png", "rejects.png"]

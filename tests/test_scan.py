@@ -15,7 +15,7 @@ from lidarshard.transforms.beam import scan as scan_beam
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.nuscenes.tables import NuScenesTask, SweepRef
-from tests.conftest import BEAM_TEST_FLAGS
+from tests.helpers import BEAM_TEST_FLAGS
 
 IDENTITY = tuple(float(v) for v in np.eye(4).ravel())
 

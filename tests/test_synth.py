@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BEAM_TEST_FLAGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -17,6 +16,7 @@ from hypothesis.extra.numpy import arrays
 from lidarshard.transforms.synth import dataroot as synth
 from lidarshard.transforms.synth import scene as sc
 from lidarshard.transforms.synth import tables as tb
+from tests.helpers import BEAM_TEST_FLAGS
 
 # ---------------------------------------------------------------------------------------------- scene
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BEAM_TEST_FLAGS, REPO
 
 from lidarshard.transforms.synth import dataroot as synth
+from tests.helpers import BEAM_TEST_FLAGS, REPO
 
 DEVKIT = "nuscenes-devkit==1.2.0"
 VENV = REPO / ".venv-devkit"

@@ -18,9 +18,7 @@ from lidarshard.pipelines import scan as scan_cli
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.tools import validate as validate_cli
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
-from tests.adversarial import MemFileSystem
-from tests.conftest import BEAM_TEST_FLAGS
-from tests.test_build import make_bins
+from tests.helpers import BEAM_TEST_FLAGS, MemFileSystem, make_bins
 
 FLAGS = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]
 PLAN = schemas.plan_file(1, 2)
