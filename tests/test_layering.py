@@ -1,0 +1,86 @@
+"""Layering: only the Beam layer imports ``apache_beam``; the rest of the package works without it.
+
+The Beam layer is ``lidarshard.transforms.beam`` and the Beam commands: the direct modules of
+``lidarshard.pipelines`` other than ``cli`` (the tools under ``pipelines.tools`` run no pipeline).
+"""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import subprocess
+import sys
+
+from tests.helpers import REPO
+
+
+def _modules() -> dict[str, str]:
+    """{dotted name: file} of every module of the installed ``lidarshard`` package."""
+    import lidarshard.loaders
+    import lidarshard.pipelines
+    import lidarshard.schemas
+    import lidarshard.transforms
+
+    found = {"lidarshard": lidarshard.__file__}
+    for pkg in (lidarshard.loaders, lidarshard.pipelines, lidarshard.schemas, lidarshard.transforms):
+        found[pkg.__name__] = pkg.__file__
+        for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            spec = info.module_finder.find_spec(info.name)  # type: ignore[union-attr]
+            found[info.name] = spec.origin
+    return found
+
+
+def _beam_layer(name: str) -> bool:
+    if name == "lidarshard.transforms.beam" or name.startswith("lidarshard.transforms.beam."):
+        return True
+    parts = name.split(".")
+    return parts[:2] == ["lidarshard", "pipelines"] and len(parts) == 3 and parts[2] not in ("cli", "tools")
+
+
+def _imports(path: str) -> set[str]:
+    """Every module an ``import`` statement in the file names, at any depth (lazy imports too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_the_module_walk_sees_both_layers() -> None:
+    mods = _modules()
+    assert "lidarshard.transforms.storage" in mods and "lidarshard.loaders.reader" in mods
+    assert "lidarshard.transforms.beam.scan" in mods and "lidarshard.pipelines.tools.validate" in mods
+    assert _beam_layer("lidarshard.pipelines.build") and not _beam_layer("lidarshard.pipelines.tools.report")
+
+
+def test_no_module_outside_the_beam_layer_imports_beam() -> None:
+    """Statically: no import of apache_beam, nor of a Beam-layer module, anywhere in the file."""
+    offenders = {}
+    for name, path in sorted(_modules().items()):
+        if _beam_layer(name):
+            continue
+        bad = sorted(
+            m
+            for m in _imports(path)
+            if m.split(".")[0] == "apache_beam" or (m in _modules() and _beam_layer(m))
+        )
+        if bad:
+            offenders[name] = bad
+    assert not offenders, f"outside the Beam layer, these modules import Beam: {offenders}"
+
+
+def test_importing_every_module_outside_the_beam_layer_loads_no_beam() -> None:
+    """Dynamically, in a fresh interpreter: the whole pure side together pulls in no apache_beam."""
+    pure = sorted(n for n in _modules() if not _beam_layer(n))
+    code = (
+        "import importlib, sys\n"
+        f"for name in {pure!r}:\n"
+        "    importlib.import_module(name)\n"
+        "assert 'apache_beam' not in sys.modules, sorted(m for m in sys.modules if 'beam' in m)[:5]\n"
+        "print(len(sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
