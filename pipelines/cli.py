@@ -46,7 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     # Beam relays every worker's start-up warnings; keep them for debugging only (LIDARSHARD_BEAM_LOG_LEVEL=INFO).
     logging.getLogger("apache_beam").setLevel(os.environ.get("LIDARSHARD_BEAM_LOG_LEVEL", "ERROR"))
     logging.getLogger("distributed").setLevel(logging.WARNING)  # --runner=dask: a line per connection
-    module = importlib.import_module(SUBCOMMANDS[name][0])
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "apache_beam":
+            raise
+        print(f'lidarshard {name}: needs Apache Beam: pip install "lidarshard[pipeline]"', file=sys.stderr)
+        return 2
     return int(module.run(rest) or 0)
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import PACKAGES, REPO
 
 REALDATA = Path(os.environ.get("LIDARSHARD_REALDATA", REPO.parent / "shared" / "realdata"))
 
@@ -18,3 +21,27 @@ def realdata() -> Path:
     if not REALDATA.is_dir():
         pytest.skip(f"real data not found at {REALDATA}")
     return REALDATA
+
+
+@pytest.fixture(scope="session")
+def source(tmp_path_factory) -> Path:
+    """A copy of the project (building writes ``build/`` and ``*.egg-info`` beside pyproject.toml)."""
+    src = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for pkg in PACKAGES:
+        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    return src
+
+
+@pytest.fixture(scope="session")
+def wheel(source: Path) -> Path:
+    """``pip wheel`` of the project, as ``--extra_package`` takes it; the build output is ``build.log``
+    beside it."""
+    dist = source.parent / (source.name + "-dist")
+    cmd = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(dist)]
+    r = subprocess.run([*cmd, str(source)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (dist / "build.log").write_text(r.stdout + r.stderr)  # the packaging test reads it for banners
+    (whl,) = dist.glob("lidarshard-*.whl")
+    return whl

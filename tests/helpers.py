@@ -13,6 +13,8 @@ import numpy as np
 from apache_beam.io.filesystem import FileMetadata, FileSystem
 
 REPO = Path(__file__).resolve().parents[1]
+#: The repository folders that install as the one ``lidarshard`` package.
+PACKAGES = ("lidarshard", "pipelines", "transforms", "schemas", "loaders")
 
 #: Beam flags every test pipeline passes: an explicit runner, never the Prism download.
 BEAM_TEST_FLAGS = ["--runner=FnApiRunner"]

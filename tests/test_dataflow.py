@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,10 +24,9 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.stager import Stager
 
 from lidarshard.pipelines import build, scan
-from tests.helpers import make_bins
+from tests.helpers import PACKAGES, make_bins
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("lidarshard", "pipelines", "transforms", "schemas", "loaders")
 TIMEOUT = 240
 GS = "gs://lidarshard-fake-bucket"
 DATAFLOW = [
@@ -38,28 +36,6 @@ DATAFLOW = [
     "--region=us-central1",
     f"--temp_location={GS}/tmp",
 ]
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory) -> Path:
-    """A copy of the project (building writes ``build/`` and ``*.egg-info`` beside pyproject.toml)."""
-    src = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, src / name)
-    for pkg in PACKAGES:
-        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    return src
-
-
-@pytest.fixture(scope="module")
-def wheel(source: Path) -> Path:
-    """``pip wheel`` of the project, as ``--extra_package`` takes it."""
-    dist = source.parent / (source.name + "-dist")
-    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist)]
-    r = subprocess.run([*cmd, str(source)], capture_output=True, text=True, timeout=TIMEOUT)
-    assert r.returncode == 0, r.stdout + r.stderr
-    (whl,) = dist.glob("lidarshard-*.whl")
-    return whl
 
 
 def _modules() -> list[str]:
