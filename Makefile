@@ -6,11 +6,17 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip -q --disable-pip-version-check
 DEMO ?= demo_out
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench wheel clean
 
+# What the demo needs: the Beam pipeline and the report plots (no torch, no cloud SDKs).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
+	$(PIP) install -e ".[pipeline,report]"
+	touch $@
+
+# The rest for the tests: torch, the framework adapters, the Dataflow dry run, test tools.
+$(VENV)/.test-installed: $(VENV)/.installed
 	$(PIP) install torch==2.13.0  # pinned CPU build; a looser spec pulls a multi-GB CUDA build
 	$(PIP) install -e ".[test,dev,torch,report,gcp,dask]"
 	touch $@
@@ -29,25 +35,30 @@ demo: setup
 # Optional oracles for the tests: open3d (cross-checks our PCD/PLY readers) and nuscenes-devkit
 # (loads the synthetic dataroot) in its own venv because it pins numpy 1.26. Both skip cleanly if
 # they cannot be installed.
-$(VENV)/.oracles: $(VENV)/.installed
+$(VENV)/.oracles: $(VENV)/.test-installed
 	-if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ldconfig -p | grep -q libusb-1.0; then \
 		apt-get update -qq && apt-get install -y -qq libusb-1.0-0 >/dev/null; fi
 	-$(PIP) install open3d-cpu || $(PIP) install open3d || echo "open3d not installable: cross-check tests skip"
 	touch $@
 
-lint: setup
+lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: setup $(VENV)/.oracles
+test: $(VENV)/.test-installed $(VENV)/.oracles
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
-bench: setup
+bench: $(VENV)/.test-installed
 	$(PY) benchmarks/balance_bench.py --quick
 	$(PY) benchmarks/scan_bench.py
 	$(PY) benchmarks/plan_bench.py
 
+# The wheel to install into your own training environment: pip install dist/lidarshard-*.whl
+wheel: setup
+	rm -rf dist
+	$(PY) -m pip wheel -q --no-deps -w dist .
+
 clean:
-	rm -rf $(VENV) .venv-devkit $(DEMO) .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-devkit $(DEMO) dist build .pytest_cache .hypothesis
