@@ -3,7 +3,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip -q --disable-pip-version-check
+# setuptools prints an "Editable installation" banner for every editable install of a package-dir
+# mapping (ours: the stage folders install as lidarshard.*); it is information only.
+PIP := PYTHONWARNINGS=ignore:::setuptools.command.editable_wheel $(PY) -m pip -q --disable-pip-version-check
 DEMO ?= demo_out
 
 .PHONY: setup demo test lint bench wheel clean
