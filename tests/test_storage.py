@@ -12,6 +12,7 @@ import pytest
 
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_bytes
+from lidarshard.transforms.storage import arrow as storage_arrow
 
 
 def test_paths() -> None:
@@ -96,7 +97,7 @@ def test_failed_local_write_leaves_the_old_file(tmp_path: Path, monkeypatch) -> 
 
 
 def test_arrow_backend_round_trip_and_filesystem_cache() -> None:
-    storage._arrow_fs.cache_clear()  # mock:// keeps its files in the (cached) filesystem object
+    storage_arrow._arrow_fs.cache_clear()  # mock:// keeps its files in the (cached) filesystem object
     root = "mock://bucket/run"
     table = pa.table({"x": [1, 2, 3]})
     storage.write_bytes(f"{root}/t.parquet", parquet_bytes(table))
@@ -113,5 +114,5 @@ def test_arrow_backend_round_trip_and_filesystem_cache() -> None:
     storage.copy([f"{root}/sub/a.bin"], [f"{root}/b.bin"])
     storage.remove_tree(f"{root}/sub")
     assert sorted(storage.list_files(root)) == ["b.bin", "t.parquet"]
-    info = storage._arrow_fs.cache_info()
+    info = storage_arrow._arrow_fs.cache_info()
     assert info.misses == 1 and info.hits > 5  # one filesystem object for every call on the bucket

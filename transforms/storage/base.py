@@ -1,0 +1,78 @@
+"""Types and path rules shared by the storage backends (see ``lidarshard.transforms.storage``)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+__all__ = [
+    "Backend",
+    "FileInfo",
+    "FileTooLargeError",
+    "NotRegularFileError",
+    "absolute",
+    "has_scheme",
+    "is_local",
+    "join",
+    "local_path",
+]
+
+
+class FileInfo(NamedTuple):
+    """One file: ``size`` in bytes, ``mtime`` in seconds since the epoch (0.0 when unknown)."""
+
+    size: int
+    mtime: float
+
+
+class NotRegularFileError(OSError):
+    """A local path that is not a regular file (FIFO, device, socket): never read."""
+
+
+class FileTooLargeError(OSError):
+    """A file larger than the read's cap; ``size`` and ``limit`` in bytes (``size`` may be a lower bound)."""
+
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        super().__init__(errno.EFBIG, f"{size} bytes > the limit of {limit} bytes", path)
+        self.size, self.limit = size, limit
+
+
+class Backend(Protocol):
+    """What a URI backend provides; paths are full URIs, ``list`` keys are relative to ``root``."""
+
+    def handles(self, uri: str) -> bool: ...
+    def stat(self, uri: str) -> FileInfo: ...  # FileNotFoundError / IsADirectoryError
+    def read(self, uri: str, nbytes: int | None) -> bytes: ...  # at most nbytes (None: all)
+    def write(self, uri: str, data: bytes) -> None: ...
+    def list(self, root: str) -> dict[str, FileInfo]: ...
+    def glob(self, pattern: str) -> list[str]: ...  # '*' within a segment, '**' across them
+    def delete(self, uris: Sequence[str]) -> None: ...
+    def copy(self, sources: Sequence[str], destinations: Sequence[str]) -> None: ...
+
+
+def has_scheme(path: str) -> bool:
+    """True for any URI (``scheme://...``), ``file://`` included."""
+    return "://" in path
+
+
+def is_local(path: str) -> bool:
+    """True for plain paths and ``file://`` URIs."""
+    return not has_scheme(path) or path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    """A local path or ``file://`` URI as a plain path."""
+    return path.removeprefix("file://")
+
+
+def absolute(path: str | None) -> str | None:
+    """A local path made absolute (workers may run elsewhere); URIs and None pass unchanged."""
+    return path if path is None or has_scheme(path) else os.path.abspath(path)
+
+
+def join(root: str, *parts: str) -> str:
+    """Join path parts: ``/`` for URIs, ``os.path.join`` for local paths."""
+    return posixpath.join(root.rstrip("/"), *parts) if has_scheme(root) else os.path.join(root, *parts)
