@@ -10,7 +10,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from lidarshard.transforms.beam.scan import ConcatTables, ScanSamples
+from lidarshard.transforms.beam.scan import ConcatRows, ScanSamples
 from lidarshard.transforms.features.sample import ScanConfig
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
@@ -44,9 +44,9 @@ def test_glob_scan_matches_files_and_rejects_through_the_same_output(tmp_path: P
     _scan(f"{root}/*.bin", [f"{i:04d}.bin" for i in range(3)], [(str(root / "bad.bin"), "truncated")])
 
 
-def test_concat_tables_is_sorted_whatever_the_bundling() -> None:
+def test_concat_rows_is_sorted_whatever_the_bundling() -> None:
     schema = pa.schema([("k", pa.string())])
-    parts = [pa.table({"k": ["c", "a"]}, schema=schema), pa.table({"k": ["b"]}, schema=schema)]
+    rows = [{"k": k} for k in "dcab"]
     with TestPipeline(options=PipelineOptions(BEAM_TEST_FLAGS)) as p:
-        out = p | beam.Create(parts) | beam.CombineGlobally(ConcatTables(schema, ("k",)))
-        assert_that(out | beam.Map(lambda t: t.column("k").to_pylist()), equal_to([["a", "b", "c"]]))
+        out = p | beam.Create(rows, reshuffle=False) | beam.CombineGlobally(ConcatRows(schema, ("k",)))
+        assert_that(out | beam.Map(lambda t: t.column("k").to_pylist()), equal_to([["a", "b", "c", "d"]]))
