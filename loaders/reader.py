@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:  # pyarrow.dataset is imported where it is used: it doubles the import time
+    import pyarrow.dataset as ds
 
 from lidarshard.schemas import (
     MANIFEST_FILE,
@@ -168,6 +170,8 @@ def plan_dataset(out_dir: PathLike) -> ds.Dataset:
     rank's plan. Any Parquet reader can do the same from ``OUT/plan`` alone; this one also checks the
     manifest is committed and of this schema version, and that nothing foreign lives in the plan tree.
     """
+    import pyarrow.dataset as ds
+
     load_manifest(out_dir)
     fs, base = storage.arrow_filesystem(os.fspath(out_dir))
     return ds.dataset(
