@@ -35,6 +35,17 @@ def yaw_tf(theta: float, t: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> np.
     return tf
 
 
+def build_bins_manifest(tmp: Path, n: int, world_size: int, batch_size: int, epochs: int = 2) -> Path:
+    """``lidarshard build`` of ``make_bins(tmp / "in", n)`` (one bad file) into ``tmp / "out"``."""
+    from lidarshard.pipelines.cli import main
+
+    out = tmp / "out"
+    args = [str(make_bins(tmp / "in", n=n)), str(out), "--world-size", str(world_size)]
+    args += ["--batch-size", str(batch_size), "--epochs", str(epochs), "--max-reject-fraction", "0.1"]
+    assert main(["build", *args, *BEAM_TEST_FLAGS]) == 0
+    return out
+
+
 def make_bins(root: Path, n: int = 61, seed: int = 0) -> Path:
     """``n`` KITTI-style .bin clouds with lognormal point counts (one of them bad)."""
     rng = np.random.default_rng(seed)

@@ -15,7 +15,7 @@ from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.transforms.features.cost import parse_cost_model
 from lidarshard.transforms.report import calibrate as cal
-from tests.helpers import BEAM_TEST_FLAGS, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
 
 TRUE = {"c0": 1.5, "a": 2e-4, "b": 1e-3}
 
@@ -143,11 +143,7 @@ def test_plan_linearity_uses_only_fully_timed_steps() -> None:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("cal")
-    out = tmp / "out"
-    args = [str(make_bins(tmp / "in", n=48)), str(out), "--world-size", "2", "--batch-size", "2"]
-    assert cli_main(["build", *args, "--epochs", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]) == 0
-    return out
+    return build_bins_manifest(tmp_path_factory.mktemp("cal"), 48, world_size=2, batch_size=2)
 
 
 def _write_timings(out: Path, path: Path, per_step: bool) -> None:

@@ -15,7 +15,7 @@ from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.tools import report
 from lidarshard.transforms.report import plots as report_plots
-from tests.helpers import BEAM_TEST_FLAGS, make_bins
+from tests.helpers import build_bins_manifest
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FIGURES = ["sizes.png", "step_balance.png", "rank_totals.png", "buckets.png", "rejects.png"]
@@ -23,11 +23,7 @@ FIGURES = ["sizes.png", "step_balance.png", "rank_totals.png", "buckets.png", "r
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("report")
-    out = tmp / "out"
-    args = [str(make_bins(tmp / "in", n=60)), str(out), "--world-size", "3", "--batch-size", "2"]
-    assert cli_main(["build", *args, "--epochs", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]) == 0
-    return out
+    return build_bins_manifest(tmp_path_factory.mktemp("report"), 60, world_size=3, batch_size=2)
 
 
 def test_report_writes_html_and_pngs_outside_the_contract(built: Path, capsys) -> None:
