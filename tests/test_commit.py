@@ -20,7 +20,7 @@ from lidarshard.pipelines import _output
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.tools.validate import validate
 from lidarshard.transforms import storage
-from tests.helpers import BEAM_TEST_FLAGS, REPO, MemFileSystem, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, REPO, MemoryObjectStore, make_bins
 
 
 class _Crash(BaseException):
@@ -142,13 +142,15 @@ def test_recover_leaves_live_and_foreign_runs_alone(tmp_path: Path) -> None:
 
 
 def _mem_tree(root: str) -> dict[str, bytes]:
-    return {p[len(root) + 1 :]: d for p, (d, _) in MemFileSystem.files.items() if p.startswith(root + "/")}
+    return {
+        p[len(root) + 1 :]: d for p, (d, _) in MemoryObjectStore.objects.items() if p.startswith(root + "/")
+    }
 
 
 @pytest.mark.parametrize("point", [None, "commit_start", "remote_unpublished", "remote_before_success"])
 def test_object_store_commit_and_roll_forward(monkeypatch, dead_owner, point) -> None:
-    monkeypatch.setattr(MemFileSystem, "files", {})
-    out = "memtest://bucket/out"
+    monkeypatch.setattr(MemoryObjectStore, "objects", {})
+    out = "memobj://bucket/out"
     _output.commit(_stage(out, PREV), out)
     assert _mem_tree(out) == _with(PREV)
     if point is None:
@@ -164,7 +166,7 @@ def test_object_store_commit_and_roll_forward(monkeypatch, dead_owner, point) ->
     want = PREV if point == "commit_start" else NEW  # the previous manifest, or the rolled-forward new one
     assert _mem_tree(out) == _with(want)
     assert not _output.leftovers(out)
-    assert not [p for p in MemFileSystem.files if ".staging-" in p]
+    assert not [p for p in MemoryObjectStore.objects if ".staging-" in p]
     assert FileSystems.match([out + "/**"])[0].metadata_list
 
 

@@ -18,7 +18,7 @@ from lidarshard.pipelines import scan as scan_cli
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.tools import validate as validate_cli
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
-from tests.helpers import BEAM_TEST_FLAGS, MemFileSystem, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, MemoryObjectStore, make_bins
 
 FLAGS = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]
 PLAN = schemas.plan_file(1, 2)
@@ -256,9 +256,9 @@ def test_a_forged_value_of_the_wrong_type_is_a_problem_not_a_crash(copy: Path) -
 
 
 def test_object_store_uri(built: Path, monkeypatch) -> None:
-    root = "memtest://bucket/out"
+    root = "memobj://bucket/out"
     files = {f"{root}/{p.relative_to(built)}": (p.read_bytes(), 0.0) for p in built.rglob("*") if p.is_file()}
-    monkeypatch.setattr(MemFileSystem, "files", files)
+    monkeypatch.setattr(MemoryObjectStore, "objects", files)
     assert validate_cli.validate(root)[0] == []
     del files[f"{root}/{PLAN}"]
     problems = validate_cli.validate(root)[0]
