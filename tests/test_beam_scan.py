@@ -7,7 +7,7 @@ from pathlib import Path
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from lidarshard.transforms.beam.scan import ConcatRows, ScanSamples
@@ -24,7 +24,7 @@ def _reasons(table: pa.Table) -> list[tuple[str, str]]:
 
 
 def _scan(input_path: str, want_ids: list[str], want_rejects: list[tuple[str, str]]) -> None:
-    with TestPipeline(options=PipelineOptions(BEAM_TEST_FLAGS)) as p:
+    with test_pipeline.TestPipeline(options=PipelineOptions(BEAM_TEST_FLAGS)) as p:
         result = p | "Scan" >> ScanSamples(input_path, ScanConfig(), None, 0)
         assert_that(result.samples | "Ids" >> beam.Map(_ids), equal_to([want_ids]), label="Samples")
         assert_that(result.rejects | "Why" >> beam.Map(_reasons), equal_to([want_rejects]), label="Rejects")
@@ -47,6 +47,6 @@ def test_glob_scan_matches_files_and_rejects_through_the_same_output(tmp_path: P
 def test_concat_rows_is_sorted_whatever_the_bundling() -> None:
     schema = pa.schema([("k", pa.string())])
     rows = [{"k": k} for k in "dcab"]
-    with TestPipeline(options=PipelineOptions(BEAM_TEST_FLAGS)) as p:
+    with test_pipeline.TestPipeline(options=PipelineOptions(BEAM_TEST_FLAGS)) as p:
         out = p | beam.Create(rows, reshuffle=False) | beam.CombineGlobally(ConcatRows(schema, ("k",)))
         assert_that(out | beam.Map(lambda t: t.column("k").to_pylist()), equal_to([["a", "b", "c", "d"]]))
