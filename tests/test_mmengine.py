@@ -65,11 +65,20 @@ class PointCountModel(BaseModel):
         return {"loss": (self.scale - points[:, :3].abs().mean()) ** 2}
 
 
-def _runner(out: Path, work_dir: Path, train_cfg: dict, *, resume: bool = False, batch_sampler: bool = False):
+def _runner(
+    out: Path,
+    work_dir: Path,
+    train_cfg: dict,
+    *,
+    resume: bool = False,
+    batch_sampler: bool = False,
+    num_workers: int = 0,
+):
     loader = dict(
         dataset=PointCloudDataset(out, point_dims=4),
         batch_size=BATCH,
-        num_workers=0,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
         sampler=dict(type="LidarshardSampler", manifest=str(out)),
         collate_fn=collate,
     )
@@ -111,17 +120,22 @@ def test_runner_trains_epochs_on_the_plan_and_resumes(manifest: Path, tmp_path: 
     assert again.model.seen == _planned(manifest, 2)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_iter_based_loop_crosses_epochs_and_resumes_mid_epoch(
-    manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_workers: int
 ) -> None:
+    """mmengine's own resume counts trained iterations and replays the deterministic order up to
+    them, so prefetching workers (persistent) change nothing: trained + resumed == the plan."""
     import mmengine.runner.loops as loops
 
     monkeypatch.setattr(loops, "time", types.SimpleNamespace(sleep=lambda s: None))  # 2 s per epoch restart
     flat = _planned(manifest, 0) + _planned(manifest, 1)
-    runner = _runner(manifest, tmp_path, dict(by_epoch=False, max_iters=STEPS + 2))
+    runner = _runner(manifest, tmp_path, dict(by_epoch=False, max_iters=STEPS + 2), num_workers=num_workers)
     runner.train()
     assert runner.model.seen == flat[: STEPS + 2]  # epoch 0, then set_epoch(1) by the loop's iterator
-    again = _runner(manifest, tmp_path, dict(by_epoch=False, max_iters=STEPS + 3), resume=True)
+    again = _runner(
+        manifest, tmp_path, dict(by_epoch=False, max_iters=STEPS + 3), resume=True, num_workers=num_workers
+    )
     again.train()  # resumes at iter 6: mmengine draws (and discards) 6 batches of the same order first
     assert again.model.seen == flat[STEPS + 2 : STEPS + 3]
 
