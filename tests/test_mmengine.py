@@ -180,3 +180,27 @@ def test_without_mmengine_the_error_names_the_extra() -> None:
     repo = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and 'pip install "lidarshard[mmengine]"' in proc.stderr
+
+
+def test_eval_sampler_shards_the_val_set_once_across_ranks(
+    manifest: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``val_dataloader.sampler=dict(type="LidarshardEvalSampler")`` built by mmengine on 2 ranks: every
+    sample exactly once, counts within one, no padding repeat (DefaultSampler's round_up)."""
+    import lidarshard.loaders.mmengine as adapter
+
+    dataset = PointCloudDataset(manifest, point_dims=4)
+    cfg = dict(
+        dataset=dataset,
+        batch_size=2,
+        sampler=dict(type="LidarshardEvalSampler", manifest=str(manifest)),
+        collate_fn=collate,
+    )
+    shards = []
+    for rank in range(2):
+        monkeypatch.setattr(adapter, "get_dist_info", lambda r=rank: (r, 2))
+        loader = Runner.build_dataloader(cfg)
+        assert type(loader.sampler).__name__ == "LidarshardEvalSampler"
+        shards.append([i for b in loader for i in b["index"].tolist()])
+    assert sorted(shards[0] + shards[1]) == list(range(len(dataset)))
+    assert sorted(len(s) for s in shards) == [len(dataset) // 2, len(dataset) - len(dataset) // 2]
