@@ -45,6 +45,7 @@ from lidarshard.loaders.reader import (
     load_points,
     read_samples,
 )
+from lidarshard.transforms.paths import PathResolver
 
 __all__ = ["BalancedBatchSampler", "PlanLoader", "PlanSampler", "PointCloudDataset", "collate"]
 
@@ -343,10 +344,21 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         out_dir: committed manifest directory (local path or URI).
         sweeps: aggregate the sweeps listed in samples.parquet (False: keyframe only).
         point_dims: channels per point for raw ``bin`` files.
+        root: where the data lives now, for a manifest of relative paths (default: its ``path_root``).
+        path_map: ``{"/old/prefix": "/new/prefix"}`` for a manifest of full paths.
     """
 
-    def __init__(self, out_dir: PathLike, *, sweeps: bool = True, point_dims: int | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: PathLike,
+        *,
+        sweeps: bool = True,
+        point_dims: int | None = None,
+        root: str | None = None,
+        path_map: Mapping[str, str] | None = None,
+    ) -> None:
         cols = ["sample_id", "path", "sweep_paths", "sweep_transforms", "format"]
+        self.resolve_path = PathResolver(load_manifest(out_dir).get("path_root"), root, path_map)
         table = read_samples(out_dir, cols).combine_chunks()
         self.sample_ids: list[str] = table["sample_id"].to_pylist()
         # Per-sample paths and matrices stay in Arrow buffers: compact, and no Python objects whose
@@ -366,10 +378,10 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         return len(self.sample_ids)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        sweep_paths = (self._sweeps[i].as_py() or []) if self.sweeps else []
+        sweep_paths = [self.resolve_path(p) for p in self._sweeps[i].as_py() or []] if self.sweeps else []
         lo, hi = self._tf_offsets[i], self._tf_offsets[i + 1]
         points = load_points(
-            self._paths[i].as_py(),
+            self.resolve_path(self._paths[i].as_py()),
             self._formats[i].as_py(),
             sweep_paths,
             self._tf_values[lo:hi],

@@ -11,6 +11,7 @@ whose result can depend on bundling and would break byte-identical output across
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import apache_beam as beam
@@ -35,8 +36,9 @@ from lidarshard.pipelines.scan import (
     scan_results,
     settle,
 )
+from lidarshard.transforms import paths
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex, table_from_parquet_bytes
-from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, read_bytes
+from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, input_root, read_bytes
 from lidarshard.transforms.beam.tagged import GatherTagged, tag
 from lidarshard.transforms.features.cost import CostModel, parse_cost_model, sample_costs
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES
@@ -77,6 +79,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--from-samples", help="re-plan from a previous run's samples.parquet (no rescan)")
     g.add_argument(
+        "--relative-to",
+        metavar="ROOT",
+        help="store sample paths relative to ROOT and record it, so the data can move (default: the "
+        "dataroot for --nuscenes-version, INPUT for a directory, the part before the first wildcard "
+        "for a glob; with --from-samples the previous run's root); 'none' stores full paths",
+    )
+    g.add_argument(
         "--max-points-per-rank-step",
         type=int,
         default=None,
@@ -96,6 +105,28 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="hard cap on samples one rank gets at one step (none)",
     )
     parser.set_defaults(policy="drop_last")
+
+
+def previous_root(samples_path: str) -> str | None:
+    """The ``path_root`` recorded next to an earlier run's samples.parquet (None: full paths)."""
+    base = samples_path.rsplit("/", 1)[0] if "/" in samples_path else "."
+    for name in (schemas.MANIFEST_FILE, schemas.SCAN_FILE):
+        try:
+            return json.loads(read_bytes(_output.join(base, name))).get("path_root")
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def path_root(args: argparse.Namespace) -> str | None:
+    """ROOT the manifest's paths are stored relative to (``--relative-to``; None: full paths)."""
+    if args.relative_to is not None:
+        return None if args.relative_to.lower() == "none" else _output.absolute(args.relative_to.rstrip("/"))
+    if args.from_samples:
+        return previous_root(args.from_samples)
+    if args.nuscenes_version:
+        return args.input.rstrip("/")
+    return input_root(args.input)
 
 
 def plan_config(args: argparse.Namespace) -> PlanConfig:
@@ -119,10 +150,12 @@ def _write(staging: str, rel: str, data: bytes) -> dict:
     return {"path": rel, "bytes": len(data), "sha256": sha256_hex(data)}
 
 
-def _previous(path: str) -> tuple[int, pa.Table, pa.Table]:
-    """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``."""
+def _previous(path: str, new_root: str | None) -> tuple[int, pa.Table, pa.Table]:
+    """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``, with its
+    sample paths re-rooted from the earlier run's ``path_root`` onto ``new_root``."""
     samples = table_from_parquet_bytes(read_bytes(path))
     root = path.rsplit("/", 1)[0] if "/" in path else "."
+    samples = paths.relative_to(paths.absolute(samples, previous_root(path)), new_root)
     try:
         rejects = table_from_parquet_bytes(read_bytes(_output.join(root, schemas.REJECTS_FILE)))
     except OSError:
@@ -159,6 +192,8 @@ def _check_and_score(
     cfg: PlanConfig,
     max_reject: float,
     staging: str,
+    root: str | None,
+    from_samples: bool,
     scanned: int,
     samples: pa.Table,
     rejects: pa.Table,
@@ -173,6 +208,8 @@ def _check_and_score(
         samples, rejects, counts = _reject_over_cap(samples, rejects, model, cfg, scanned, max_reject)
     if samples.num_rows == 0:
         raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
+    if root is not None and not from_samples:  # --from-samples re-rooted them when reading
+        samples = paths.relative_to(samples, root)
     scored, edges = score(samples, model, cfg)
     return {
         "files": [
@@ -233,7 +270,6 @@ def _write_manifest(gathered: dict[str, list], staging: str, meta: dict, cfg: Pl
             for f in sorted(files, key=lambda f: f["path"])
         },
         "plan_schema": schemas.schema_to_json(schemas.plan_schema()),
-        "path_root": None,
     }
     _output.write_json(_output.join(staging, schemas.MANIFEST_FILE), manifest)
 
@@ -243,12 +279,13 @@ def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, cfg: PlanC
     a singleton side input, so every runner computes each step once (see ``transforms.beam.tagged``)."""
     scan_cfg = scan_config(args)
     model = parse_cost_model(args.cost_model, lambda p: read_bytes(p).decode())  # launcher reads @file
-    settings = (model, cfg, args.max_reject_fraction, staging)
+    settings = (model, cfg, args.max_reject_fraction, staging, args.relative_to, bool(args.from_samples))
     if args.from_samples:  # read where it is used: passing the table along would pickle it
         checked = (
             pipeline
             | "Previous" >> beam.Create([args.from_samples])
-            | "CheckAndScore" >> beam.Map(lambda path, *a: _check_and_score(*a, *_previous(path)), *settings)
+            | "CheckAndScore"
+            >> beam.Map(lambda path, *a: _check_and_score(*a, *_previous(path, args.relative_to)), *settings)
         )
     else:
         scan = pipeline | "Scan" >> ScanSamples(args.input, scan_cfg, args.nuscenes_version, args.sweeps)
@@ -264,7 +301,7 @@ def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, cfg: PlanC
         | "PlanEpoch" >> beam.FlatMap(_plan_epoch, cfg, staging)
     )
     sample_files = checked | "SampleFiles" >> beam.FlatMap(lambda c: [("files", f) for f in c["files"]])
-    meta = scan_meta(args, scan_cfg) | {"from_samples": args.from_samples}
+    meta = scan_meta(args, scan_cfg) | {"from_samples": args.from_samples, "path_root": args.relative_to}
     _ = (
         (tag(checked, "checked"), sample_files, planned)
         | "GatherAll" >> GatherTagged()
@@ -312,6 +349,7 @@ def run(argv: list[str] | None = None) -> int:
     args.input, args.output = (args.from_samples, args.paths[0]) if args.from_samples else args.paths
     args.input, args.output = _output.absolute(args.input), _output.absolute(args.output)
     args.from_samples = _output.absolute(args.from_samples)
+    args.relative_to = path_root(args)
     try:
         cfg = plan_config(args)
         parse_cost_model(args.cost_model, lambda p: read_bytes(p).decode())

@@ -38,6 +38,7 @@ from lidarshard.pipelines.tools.validate_plan import (
     lookup,
     padded_plan,
 )
+from lidarshard.transforms import paths
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.plan import VARIABLE_COUNT
@@ -306,6 +307,9 @@ def _check_manifest(c: _Checker) -> str:
     if samples is None:
         return "samples.parquet unusable"
     _check_scored(c, m, samples)
+    problem = paths.path_problem(samples, m.get("path_root"))
+    if problem:
+        c.problem(schemas.SAMPLES_FILE, problem)
     rows = 0
     per_step = None if m["strategy"] in VARIABLE_COUNT else b
     try:

@@ -32,7 +32,7 @@ from lidarshard.transforms.features.sample import ScanConfig, featurize, file_ta
 from lidarshard.transforms.formats.discover import walk_local
 from lidarshard.transforms.nuscenes import tables as nuscenes
 
-__all__ = ["ScanSamples", "ScanResult", "ConcatRows", "read_bytes", "size_of", "NAMESPACE"]
+__all__ = ["ScanSamples", "ScanResult", "ConcatRows", "input_root", "read_bytes", "size_of", "NAMESPACE"]
 
 NAMESPACE = "lidarshard"
 
@@ -174,6 +174,12 @@ def _file_pattern(input_path: str) -> tuple[str, str]:
         return input_path, _glob_root(input_path)
     root = input_path.rstrip("/")
     return root + "/**", root
+
+
+def input_root(input_path: str) -> str:
+    """The directory an INPUT's file sample_ids are relative to: INPUT itself, or a glob's part before
+    its first wildcard."""
+    return _file_pattern(input_path)[1]
 
 
 def _is_local_dir(path: str) -> bool:
