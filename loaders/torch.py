@@ -18,9 +18,7 @@ Needs PyTorch: ``pip install "lidarshard[torch]"``.
 
 from __future__ import annotations
 
-import sys
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -31,12 +29,13 @@ try:
     import torch
     import torch.distributed as dist
     from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
-    from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError(
         'lidarshard.loaders.torch needs PyTorch, which is an optional extra: pip install "lidarshard[torch]"'
     ) from e
 
+from lidarshard.loaders.position import Position, caller_self
 from lidarshard.loaders.reader import (
     ManifestReader,
     PathLike,
@@ -61,13 +60,7 @@ def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return check_int("rank", rank, 0, world_size - 1), world_size
 
 
-def _caller(depth: int) -> object:
-    """The ``self`` of the frame ``depth`` levels up (who is iterating a sampler), or None."""
-    frame = sys._getframe(depth + 1)
-    return frame.f_locals.get("self")
-
-
-class BalancedBatchSampler(Sampler[list[int]]):
+class BalancedBatchSampler(Position, Sampler[list[int]]):
     """Yields, step by step, the dataset indices of this rank's planned batch.
 
     Use as ``DataLoader(dataset, batch_sampler=sampler)``. Call :meth:`set_epoch` before each epoch
@@ -114,14 +107,9 @@ class BalancedBatchSampler(Sampler[list[int]]):
             index_of = {sid: i for i, sid in enumerate(ids)}
         self.index_of = index_of
         self.epoch = 0
-        self._step = 0  # batches yielded so far in this epoch
-        self._resume = 0  # where the next iteration starts (len() counts from here)
+        self._reset_position()  # _resume: where the next iteration starts (len() counts from there)
         self._finished = False  # the current epoch was iterated to its end
         self._warned = False
-        self._tracked = False  # a PlanLoader records delivered batches
-        self._handed: deque[tuple[int, int]] = deque()  # (epoch, step) yielded, not yet delivered
-        self._trained = 0  # batches of self.epoch delivered to the training loop (PlanLoader)
-        self._prefetcher: str | None = None  # set when a plain multi-worker DataLoader drives us
 
     def _lookup(self, sample_id: str) -> int:
         if not isinstance(self.index_of, Mapping):
@@ -135,8 +123,8 @@ class BalancedBatchSampler(Sampler[list[int]]):
         """Select the epoch the next iteration replays; a new epoch starts at step 0."""
         epoch = check_int("epoch", epoch, 0)
         if epoch != self.epoch:
-            self.epoch, self._step, self._resume, self._trained = epoch, 0, 0, 0
-            self._finished = False
+            self.epoch, self._finished = epoch, False
+            self._reset_position()
 
     def _reader(self, start_step: int = 0) -> ManifestReader:
         return ManifestReader(
@@ -155,7 +143,7 @@ class BalancedBatchSampler(Sampler[list[int]]):
 
     def _check_caller(self) -> None:
         """Refuse ``DataLoader(sampler=<this batch sampler>)``; note a prefetching plain DataLoader."""
-        caller = _caller(2)
+        caller = caller_self(2)
         as_sampler = isinstance(caller, BatchSampler) and caller.sampler is self
         as_sampler |= isinstance(caller, _BaseDataLoaderIter) and not caller._auto_collation
         if as_sampler:
@@ -163,8 +151,7 @@ class BalancedBatchSampler(Sampler[list[int]]):
                 f"{type(self).__name__} yields whole batches: pass it as DataLoader(dataset, "
                 "batch_sampler=sampler), not sampler= (or use PlanSampler with sampler= and batch_size=)"
             )
-        if isinstance(caller, _MultiProcessingDataLoaderIter) and not self._tracked:
-            self._prefetcher = f"a DataLoader with num_workers={caller._num_workers}"
+        self._note_caller(caller)
 
     def __iter__(self) -> Iterator[list[int]]:
         self._check_caller()
@@ -181,9 +168,7 @@ class BalancedBatchSampler(Sampler[list[int]]):
         self._step = reader.start_step
         for batch in reader:
             indices = [self._lookup(sid) for sid in batch.sample_ids]
-            self._step = batch.step + 1
-            if self._tracked:
-                self._handed.append((self.epoch, batch.step))
+            self._yielded(batch.step)
             yield indices
         self._resume, self._finished = 0, True
 
@@ -194,27 +179,17 @@ class BalancedBatchSampler(Sampler[list[int]]):
             RuntimeError: a plain multi-worker ``DataLoader`` drives this sampler, so the batches it
                 yielded run ahead of training; build the loader with :class:`PlanLoader`.
         """
-        if self._tracked:
-            return {"epoch": self.epoch, "step": self._trained}
-        if self._prefetcher is not None:
-            raise RuntimeError(
-                f"{self._prefetcher} prefetches batches ahead of training, so this sampler cannot tell "
-                "how many were trained: build the loader with lidarshard.loaders.torch.PlanLoader("
-                "dataset, sampler, ...), whose state counts delivered batches"
-            )
-        return {"epoch": self.epoch, "step": self._step}
+        return {"epoch": self.epoch, "step": self._saved_step()}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resume: the next iteration yields the batches of ``state["epoch"]`` from ``state["step"]``."""
         self.epoch = check_int("epoch", state["epoch"], 0)
-        step = check_int("step", state["step"], 0, self._steps())
-        self._step = self._resume = self._trained = step
+        self._reset_position(check_int("step", state["step"], 0, self._steps()))
         self._finished = False
-        self._handed.clear()
 
 
 class PlanLoader(DataLoader):
-    """A ``DataLoader`` over a :class:`BalancedBatchSampler` whose resume state counts trained batches.
+    """A ``DataLoader`` over a lidarshard batch sampler whose resume state counts trained batches.
 
     The loader delivers batches in sampler order (``in_order=True``, PyTorch's default), so the n-th
     batch the loop receives is the n-th (epoch, step) the sampler handed out, however many the workers
@@ -222,15 +197,18 @@ class PlanLoader(DataLoader):
 
     Args:
         dataset: a map-style dataset indexed like the sampler's ``index_of``.
-        batch_sampler: the rank's :class:`BalancedBatchSampler`.
+        batch_sampler: the rank's :class:`BalancedBatchSampler` (or
+            ``lidarshard.loaders.elastic.ElasticBatchSampler``).
         **kwargs: any other ``DataLoader`` argument (``num_workers``, ``collate_fn``, ``prefetch_factor``,
             ``persistent_workers``, ``pin_memory`` ...); ``batch_size``, ``shuffle``, ``sampler``,
             ``drop_last`` belong to the plan and ``in_order=False`` would break the count.
     """
 
-    def __init__(self, dataset: Any, batch_sampler: BalancedBatchSampler, **kwargs: Any) -> None:
-        if not isinstance(batch_sampler, BalancedBatchSampler):
-            raise TypeError(f"PlanLoader needs a BalancedBatchSampler, got {type(batch_sampler).__name__}")
+    def __init__(self, dataset: Any, batch_sampler: Position, **kwargs: Any) -> None:
+        if not isinstance(batch_sampler, Position):
+            raise TypeError(
+                f"PlanLoader needs a BalancedBatchSampler or ElasticBatchSampler, got {type(batch_sampler).__name__}"
+            )
         owned = sorted({"batch_size", "shuffle", "sampler", "drop_last"} & set(kwargs))
         if owned:
             raise TypeError(f"PlanLoader: {owned} come from the manifest's plan; remove them")
@@ -240,13 +218,10 @@ class PlanLoader(DataLoader):
         batch_sampler._tracked = True
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        sampler: BalancedBatchSampler = self.batch_sampler  # type: ignore[assignment]
-        sampler._handed.clear()  # batches an abandoned iteration prefetched are not coming
-        sampler._trained = sampler._resume
+        sampler: Position = self.batch_sampler  # type: ignore[assignment]
+        sampler._begin_delivery()
         for batch in super().__iter__():
-            epoch, step = sampler._handed.popleft()
-            if epoch == sampler.epoch:
-                sampler._trained = step + 1
+            sampler._delivered()
             yield batch
 
     def state_dict(self) -> dict[str, int]:
@@ -308,7 +283,7 @@ class PlanSampler(Sampler[int]):
         return steps * self.batch_size
 
     def __iter__(self) -> Iterator[int]:
-        caller = _caller(1)
+        caller = caller_self(1)
         if (
             isinstance(caller, BatchSampler)
             and caller.sampler is self
