@@ -57,9 +57,9 @@ def write_clouds(root: Path, files: int, points: int, seed: int = 0) -> int:
     return total
 
 
-def _read(path: str) -> bytes:
+def _read(path: str, limit: int | None = None) -> bytes:
     with open(path, "rb") as f:
-        return f.read()
+        return f.read() if limit is None else f.read(limit + 1)
 
 
 def _one(rel: str, root: str, cfg: ScanConfig) -> dict:

@@ -6,7 +6,6 @@ Pure pyarrow/numpy; imports neither Beam nor torch. ``out_dir`` may be a local p
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,9 +29,11 @@ from lidarshard.schemas import (
     plan_schema,
 )
 from lidarshard.transforms.formats.readers import detect_format, read_points
+from lidarshard.transforms.jsonsafe import loads, short
 from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.paths import PathResolver
 from lidarshard.transforms.plan import VARIABLE_COUNT
+from lidarshard.transforms.safeio import read_local
 
 __all__ = [
     "Batch",
@@ -86,8 +87,7 @@ def read_bytes(location: PathLike) -> bytes:
     """The bytes of a local file or a URI (gs://, s3://, ... through pyarrow.fs)."""
     s = os.fspath(location)
     if "://" not in s:
-        with open(s, "rb") as f:
-            return f.read()
+        return read_local(s)  # regular files only: never a FIFO or device
     fs, path = resolve(s)
     with fs.open_input_stream(path) as f:
         return f.read()
@@ -114,7 +114,7 @@ def _check_plan_keys(manifest: dict[str, Any], where: str) -> None:
     for key in ("world_size", "batch_size", "epochs"):
         value = manifest.get(key)
         if type(value) is not int or value < 1:
-            raise ValueError(f"{where}/{MANIFEST_FILE}: {key} must be an int >= 1, got {value!r}")
+            raise ValueError(f"{where}/{MANIFEST_FILE}: {key} must be an int >= 1, got {short(value)}")
     steps = manifest.get("steps_per_epoch")
     if (
         not isinstance(steps, list)
@@ -122,7 +122,7 @@ def _check_plan_keys(manifest: dict[str, Any], where: str) -> None:
         or not all(type(v) is int and v >= 0 for v in steps)
     ):
         raise ValueError(
-            f"{where}/{MANIFEST_FILE}: steps_per_epoch must list {manifest['epochs']} ints >= 0, got {steps!r}"
+            f"{where}/{MANIFEST_FILE}: steps_per_epoch must list {manifest['epochs']} ints >= 0, got {short(steps)}"
         )
 
 
@@ -142,10 +142,7 @@ def load_manifest(out_dir: PathLike) -> dict[str, Any]:
         )
     where = os.fspath(out_dir).rstrip("/")
     with fs.open_input_stream(f"{base}/{MANIFEST_FILE}") as f:
-        try:
-            manifest = json.loads(f.read())
-        except ValueError as e:
-            raise ValueError(f"{where}/{MANIFEST_FILE} is not valid JSON ({e})") from None
+        manifest = loads(f.read(), f"{where}/{MANIFEST_FILE}")
     if not isinstance(manifest, dict):
         raise ValueError(f"{where}/{MANIFEST_FILE} is not a JSON object")
     check_version(manifest.get("schema_version", ""), where, manifest)

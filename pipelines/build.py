@@ -150,22 +150,45 @@ def _write(staging: str, rel: str, data: bytes) -> dict:
     return {"path": rel, "bytes": len(data), "sha256": sha256_hex(data)}
 
 
+def _previous_samples(path: str) -> pa.Table:
+    """The ``--from-samples`` table, checked and sorted by sample_id (``settle`` then rejects duplicates).
+
+    Raises:
+        ValueError: not a lidarshard samples table: columns missing or of another type, null or
+            non-string sample ids (one line naming the file and the fix).
+    """
+    where = f"--from-samples {path}"
+    try:
+        samples = table_from_parquet_bytes(read_bytes(path))
+    except pa.ArrowException as e:
+        raise ValueError(f"{where} is not a readable Parquet file ({str(e)[:120]})") from None
+    want = schemas.sample_schema()
+    missing = [n for n in want.names if n not in samples.column_names]
+    if missing:
+        raise ValueError(f"{where} lacks columns {missing}: pass a samples.parquet written by lidarshard")
+    ids = samples.column("sample_id")
+    if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
+        raise ValueError(f"{where}: sample_id is {ids.type}, not strings: pass a lidarshard samples.parquet")
+    if ids.null_count:
+        raise ValueError(f"{where}: {ids.null_count} rows have a null sample_id")
+    try:
+        samples = samples.select(want.names).cast(want)
+    except (pa.ArrowException, ValueError) as e:
+        raise ValueError(f"{where}: columns do not match the samples contract ({str(e)[:160]})") from None
+    return samples.sort_by([("sample_id", "ascending"), ("path", "ascending")])
+
+
 def _previous(path: str, new_root: str | None) -> tuple[int, pa.Table, pa.Table]:
     """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``, with its
     sample paths re-rooted from the earlier run's ``path_root`` onto ``new_root``."""
-    samples = table_from_parquet_bytes(read_bytes(path))
+    samples = _previous_samples(path)
     root = path.rsplit("/", 1)[0] if "/" in path else "."
     samples = paths.relative_to(paths.absolute(samples, previous_root(path)), new_root)
     try:
         rejects = table_from_parquet_bytes(read_bytes(_output.join(root, schemas.REJECTS_FILE)))
     except OSError:
         rejects = schemas.reject_schema().empty_table()
-    scanned = samples.num_rows + rejects.num_rows
-    return (
-        scanned,
-        samples.select([n for n, _, _ in schemas.SAMPLE_FIELDS]).cast(schemas.sample_schema()),
-        rejects,
-    )
+    return samples.num_rows + rejects.num_rows, samples, rejects
 
 
 def _reject_over_cap(
@@ -353,6 +376,8 @@ def run(argv: list[str] | None = None) -> int:
     try:
         cfg = plan_config(args)
         parse_cost_model(args.cost_model, lambda p: read_bytes(p).decode())
+        if args.from_samples:
+            _previous_samples(args.from_samples)  # refuse bad input before Beam starts
     except (ValueError, OSError) as e:
         parser.error(str(e))
     options = beam_options(beam_args)

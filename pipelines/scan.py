@@ -27,6 +27,7 @@ from apache_beam.runners.runner import PipelineState
 from lidarshard import schemas
 from lidarshard.pipelines import _output
 from lidarshard.pipelines.runners import resolve_runner
+from lidarshard.pipelines.tools.validate import validate
 from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.beam.scan import ScanSamples
 from lidarshard.transforms.beam.tagged import GatherTagged, tag
@@ -126,6 +127,10 @@ def counts_of(scanned: int, samples: pa.Table, rejects: pa.Table, max_reject_fra
     """Accounting: raises when the runner lost or duplicated inputs (scanned != accepted + rejected)
     or when more than ``max_reject_fraction`` of the inputs were rejected."""
     accepted, rejected = samples.num_rows, rejects.num_rows
+    if scanned == 0:
+        raise RuntimeError(
+            "nothing was scanned: INPUT holds no file (or its tables no keyframe) to read; nothing was written"
+        )
     if scanned != accepted + rejected:
         raise RuntimeError(
             f"accounting check failed: scanned {scanned} inputs but accepted {accepted} + rejected {rejected}"
@@ -224,6 +229,18 @@ def new_staging(options: PipelineOptions, out: str) -> str:
     return _output.new_staging(out)
 
 
+def _check_staged(staging: str) -> None:
+    """Refuse to publish what ``lidarshard validate`` would reject: the same checks, on the staged copy.
+
+    Raises:
+        RuntimeError: one line naming the first problem and how many more there are.
+    """
+    problems, _ = validate(staging)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise RuntimeError(f"the output fails validation, nothing was published: {problems[0]}{more}")
+
+
 def run_pipeline(pipeline: beam.Pipeline, staging: str, out: str) -> bool:
     """Run ``pipeline`` (which writes into ``staging``), then publish it as ``out`` or discard it.
 
@@ -243,6 +260,7 @@ def run_pipeline(pipeline: beam.Pipeline, staging: str, out: str) -> bool:
         if result.state != PipelineState.DONE:
             raise RuntimeError(f"the pipeline ended in state {result.state}; nothing was published")
         _output.write_bytes(_output.join(staging, schemas.SUCCESS_FILE), b"")
+        _check_staged(staging)
     except BaseException:
         _output.discard(staging)
         raise

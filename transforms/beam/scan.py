@@ -25,6 +25,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from lidarshard import schemas
+from lidarshard.transforms import safeio
 from lidarshard.transforms.arrow import concat_sorted, rows_to_table
 from lidarshard.transforms.beam.tagged import SplitTags
 from lidarshard.transforms.errors import RejectError
@@ -37,16 +38,22 @@ __all__ = ["ScanSamples", "ScanResult", "ConcatRows", "input_root", "read_bytes"
 NAMESPACE = "lidarshard"
 
 
-def read_bytes(path: str) -> bytes:
-    """Whole file through Beam FileSystems, never decompressed by extension.
+def read_bytes(path: str, limit: int | None = None) -> bytes:
+    """Whole file (at most ``limit + 1`` bytes when ``limit`` is set), never decompressed by extension.
+
+    Local paths go through ``safeio.read_local`` (regular files only, never a FIFO or device), others
+    through Beam FileSystems. The name is literal: glob characters are never expanded.
 
     Raises:
         FileNotFoundError: nothing at ``path`` (object stores raise their own types; mapped here).
+        NotRegularFile: a local FIFO, socket, device or directory.
         OSError: any other failure to read.
     """
+    if safeio.is_local(path):
+        return safeio.read_local(path, limit)
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return f.read()
+            return f.read() if limit is None else f.read(limit + 1)
     except OSError:
         raise
     except Exception as e:  # e.g. google.api_core NotFound is not an OSError
@@ -56,11 +63,19 @@ def read_bytes(path: str) -> bytes:
 
 
 def size_of(path: str) -> int:
-    """Size in bytes; raises FileNotFoundError when nothing is there."""
-    found = FileSystems.match([path])[0].metadata_list
-    if not found:
-        raise FileNotFoundError(f"no such file: {path}")
-    return int(found[0].size_in_bytes)
+    """Size in bytes of the file named ``path`` (literally: never a pattern match).
+
+    Raises:
+        FileNotFoundError: nothing there. NotRegularFile: a local FIFO, socket, device or directory.
+    """
+    if safeio.is_local(path):
+        return safeio.size_local(path)
+    try:
+        return int(FileSystems.get_filesystem(path).metadata(path).size_in_bytes)
+    except OSError as e:  # BeamIOError is an IOError
+        if not FileSystems.exists(path):
+            raise FileNotFoundError(f"no such file: {path}") from e
+        raise
 
 
 def _reject_row(path: str, reason: str, detail: str) -> dict:
@@ -160,7 +175,7 @@ def _rejected(path: str, reason: str, detail: str) -> Iterator:
 
 def _relative(path: str, root: str) -> str:
     rel = posixpath.relpath(path, root) if "://" not in path else path[len(root) :].lstrip("/")
-    return rel.replace("\\", "/")
+    return rel.replace(os.sep, "/") if os.sep != "/" else rel  # a backslash is part of a POSIX name
 
 
 def _glob_root(pattern: str) -> str:
@@ -183,7 +198,8 @@ def input_root(input_path: str) -> str:
 
 
 def _is_local_dir(path: str) -> bool:
-    return "://" not in path and not any(c in path for c in "*?[") and os.path.isdir(path)
+    """An existing local directory is INPUT as named, even with ``*?[`` in its name (``in[1]``)."""
+    return "://" not in path and os.path.isdir(path)
 
 
 class _WalkLocal(beam.DoFn):

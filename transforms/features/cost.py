@@ -8,7 +8,6 @@ sees after the range filter; ``num_points`` under ``--features stat``) and ``vox
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -16,6 +15,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
+
+from lidarshard.transforms.jsonsafe import loads
 
 __all__ = ["CostModel", "parse_cost_model", "sample_costs"]
 
@@ -56,9 +57,15 @@ def parse_cost_model(spec: str, read_text: Callable[[str], str] | None = None) -
     if spec.startswith("@"):
         path = spec[1:]
         text = read_text(path) if read_text else open(path, encoding="utf-8").read()
-        obj = json.loads(text)
-        model = obj.get("cost_model", obj)
-        return _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear")
+        obj = loads(text, f"--cost-model file {path}")
+        model = obj.get("cost_model", obj) if isinstance(obj, dict) else None
+        try:
+            c0, a, b = (float(model[k]) for k in ("c0", "a", "b"))
+        except (TypeError, KeyError, ValueError, OverflowError):
+            raise ValueError(
+                f"--cost-model file {path} must hold numbers c0, a, b (as lidarshard calibrate writes them)"
+            ) from None
+        return _linear(c0, a, b, name="linear")
     raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")
 
 
