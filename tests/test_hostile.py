@@ -316,3 +316,95 @@ def test_a_fifo_table_is_a_one_line_error_not_a_hang(tmp_path: Path) -> None:
     os.mkfifo(root / TABLES_VERSION / "sensor.json")
     with pytest.raises(Exception, match="sensor.json could not be read: .* a FIFO, not a regular file"):
         cli_main(["scan", str(root), str(tmp_path / "out"), *TABLE_FLAGS])
+
+
+# ------------------------------------------------------------------------------- bounded memory
+
+_MEASURE = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap}))
+def rss_kb(key):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(key)).split()[1])
+{setup}
+before = rss_kb("VmRSS:")
+try:
+    {call}
+    outcome = "ok"
+except Exception as e:
+    outcome = f"{{type(e).__name__}}: {{e}}"
+print(json.dumps({{"grew_mb": (rss_kb("VmHWM:") - before) / 1024, "outcome": outcome}}))
+"""
+
+
+def _measure(setup: str, call: str, cap_gb: float = 2.0) -> tuple[float, str]:
+    """(MB the peak RSS grew during ``call``, outcome) in a subprocess whose address space is capped."""
+    import subprocess
+    import sys
+
+    code = _MEASURE.format(cap=int(cap_gb * 2**30), setup=setup, call=call)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["grew_mb"], result["outcome"]
+
+
+def _ascii_pcd(path: Path, points: int, count: int) -> None:
+    header = (
+        f"VERSION 0.7\nFIELDS x y z w\nSIZE 4 4 4 4\nTYPE F F F F\nCOUNT 1 1 1 {count}\n"
+        f"WIDTH {points}\nHEIGHT 1\nPOINTS {points}\nDATA ascii\n"
+    )
+    row = ("1.5 -2.25 3 " + "0 " * count).rstrip() + "\n"
+    with open(path, "w") as f:
+        f.write(header)
+        for _ in range(points // 1000):
+            f.write(row * 1000)
+
+
+def _ascii_ply(path: Path, points: int, extra: int) -> None:
+    props = "".join(f"property float p{i}\n" for i in range(extra))
+    header = f"ply\nformat ascii 1.0\nelement vertex {points}\nproperty float x\nproperty float y\nproperty float z\n{props}end_header\n"
+    row = ("1.5 -2.25 3 " + "7 " * extra).rstrip() + "\n"
+    with open(path, "w") as f:
+        f.write(header)
+        for _ in range(points // 1000):
+            f.write(row * 1000)
+
+
+MEMORY_PEAKS: dict[str, float] = {}  # case -> MB; printed by the last memory test (-s)
+
+
+@pytest.mark.parametrize(
+    "case, writer, fmt",
+    [("pcd_count_97", lambda p: _ascii_pcd(p, 100_000, 97), "pcd"), ("ply_100_props", lambda p: _ascii_ply(p, 100_000, 97), "ply")],
+)  # fmt: skip
+def test_ascii_memory_is_bounded_by_the_output(tmp_path: Path, case: str, writer, fmt: str) -> None:
+    path = tmp_path / f"cloud.{fmt}"
+    writer(path)
+    size_mb = path.stat().st_size / 2**20  # ~19 MB: 10 M values
+    setup = (
+        "from lidarshard.transforms.formats.readers import read_points\n"
+        f"data = open({str(path)!r}, 'rb').read()"
+    )
+    cols = 3 if fmt == "pcd" else 100  # PCD keeps COUNT-1 fields; PLY every scalar property
+    grew, outcome = _measure(
+        setup, f"pts = read_points(data, {fmt!r}); assert pts.shape == (100_000, {cols})"
+    )
+    MEMORY_PEAKS[case] = grew
+    assert outcome == "ok"
+    out_mb = 100_000 * cols * 4 / 2**20  # the float32 output
+    assert grew < 2 * out_mb + 20, (grew, out_mb, size_mb)  # output (+ a copy for PCD), scratch of one 1 MB chunk
+
+
+def test_wide_records_count_against_max_points(tmp_path: Path) -> None:
+    from lidarshard.transforms.errors import RejectError
+    from lidarshard.transforms.formats.readers import read_points
+
+    _ascii_pcd(tmp_path / "c.pcd", 1000, 97)
+    with pytest.raises(
+        RejectError, match=r"too_large: PCD: POINTS 1000 x 100 values \(COUNT\) > 16 x max_points 5000"
+    ):
+        read_points((tmp_path / "c.pcd").read_bytes(), "pcd", max_points=5000)
+    _ascii_ply(tmp_path / "c.ply", 1000, 97)
+    with pytest.raises(RejectError, match="too_large: PLY: 1000 vertices x 100 properties"):
+        read_points((tmp_path / "c.ply").read_bytes(), "ply", max_points=5000)
+    assert read_points((tmp_path / "c.pcd").read_bytes(), "pcd", max_points=7000).shape == (1000, 3)
