@@ -7,6 +7,7 @@ wanted columns are kept, so memory is the output columns plus one chunk, whateve
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,12 +17,17 @@ from lidarshard.transforms.errors import RejectError
 
 __all__ = ["CHUNK_BYTES", "read_columns"]
 
-#: Bytes parsed at a time; a single value longer than this is refused.
+#: Bytes parsed at a time.
 CHUNK_BYTES = 1 << 20
+#: Longest value accepted, in characters (a float needs ~25).
+MAX_VALUE_CHARS = 64
+_LONG = re.compile(rb"[^ \t\r\n\x0b\x0c]{%d}" % (MAX_VALUE_CHARS + 1))
 _WS = (b" ", b"\n", b"\t", b"\r", b"\x0b", b"\x0c")
 
 
 def _numbers(chunk: bytes, what: str) -> NDArray[np.float64]:
+    if _LONG.search(chunk):
+        raise RejectError("bad_header", f"{what}: a value is longer than {MAX_VALUE_CHARS} characters")
     try:
         vals = np.fromstring(chunk, dtype=np.float64, sep=" ")
     except ValueError:
@@ -39,7 +45,7 @@ def _chunks(body: memoryview, what: str):
         if start + len(chunk) < n:
             cut = max(chunk.rfind(c) for c in _WS)
             if cut < 0:
-                raise RejectError("bad_header", f"{what}: a value is longer than {CHUNK_BYTES} bytes")
+                raise RejectError("bad_header", f"{what}: a value is longer than {MAX_VALUE_CHARS} characters")
             chunk = chunk[: cut + 1]
         start += len(chunk)
         yield chunk
