@@ -45,7 +45,9 @@ def _chunks(body: memoryview, what: str):
         if start + len(chunk) < n:
             cut = max(chunk.rfind(c) for c in _WS)
             if cut < 0:
-                raise RejectError("bad_header", f"{what}: a value is longer than {MAX_VALUE_CHARS} characters")
+                raise RejectError(
+                    "bad_header", f"{what}: a value is longer than {MAX_VALUE_CHARS} characters"
+                )
             chunk = chunk[: cut + 1]
         start += len(chunk)
         yield chunk
