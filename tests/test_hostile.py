@@ -392,7 +392,11 @@ def test_ascii_memory_is_bounded_by_the_output(tmp_path: Path, case: str, writer
     MEMORY_PEAKS[case] = grew
     assert outcome == "ok"
     out_mb = 100_000 * cols * 4 / 2**20  # the float32 output
-    assert grew < 2 * out_mb + 20, (grew, out_mb, size_mb)  # output (+ a copy for PCD), scratch of one 1 MB chunk
+    assert grew < 2 * out_mb + 20, (
+        grew,
+        out_mb,
+        size_mb,
+    )  # output (+ a copy for PCD), scratch of one 1 MB chunk
 
 
 def test_wide_records_count_against_max_points(tmp_path: Path) -> None:
