@@ -127,10 +127,6 @@ def counts_of(scanned: int, samples: pa.Table, rejects: pa.Table, max_reject_fra
     """Accounting: raises when the runner lost or duplicated inputs (scanned != accepted + rejected)
     or when more than ``max_reject_fraction`` of the inputs were rejected."""
     accepted, rejected = samples.num_rows, rejects.num_rows
-    if scanned == 0:
-        raise RuntimeError(
-            "nothing was scanned: INPUT holds no file (or its tables no keyframe) to read; nothing was written"
-        )
     if scanned != accepted + rejected:
         raise RuntimeError(
             f"accounting check failed: scanned {scanned} inputs but accepted {accepted} + rejected {rejected}"
@@ -197,8 +193,14 @@ def scan_results(gathered: dict[str, list]) -> tuple[int, pa.Table, pa.Table]:
     return scanned, samples, rejects
 
 
-def _finalize(gathered: dict[str, list], staging: str, meta: dict, max_reject: float) -> None:
+def _finalize(gathered: dict[str, list], staging: str, meta: dict, max_reject: float, empty_ok: bool) -> None:
     scanned, samples, rejects = scan_results(gathered)
+    if scanned == 0 and not empty_ok:  # tables or a pattern that yield nothing: a mistake, not a dataset
+        raise RuntimeError(
+            f"nothing was scanned: {meta['input']} "
+            + ("lists no LIDAR_TOP keyframe" if meta["nuscenes_version"] else "matched no file")
+            + "; nothing was written"
+        )
     samples, rejects, counts = settle(scanned, samples, rejects, max_reject)
     _output.write_bytes(_output.join(staging, schemas.SAMPLES_FILE), parquet_bytes(samples))
     _output.write_bytes(_output.join(staging, schemas.REJECTS_FILE), parquet_bytes(rejects))
@@ -268,13 +270,20 @@ def run_pipeline(pipeline: beam.Pipeline, staging: str, out: str) -> bool:
     return True
 
 
+def _empty_ok(args: argparse.Namespace) -> bool:
+    """Only an empty local directory may scan to empty tables; tables or a pattern that yield
+    nothing are an error."""
+    return not args.nuscenes_version and _output.is_local(args.input) and os.path.isdir(args.input)
+
+
 def build_scan(pipeline: beam.Pipeline, args: argparse.Namespace, staging: str) -> None:
     cfg = scan_config(args)
     scan = pipeline | "Scan" >> ScanSamples(args.input, cfg, args.nuscenes_version, args.sweeps)
     _ = (
         (tag(scan.scanned, "scanned"), tag(scan.samples, "samples"), tag(scan.rejects, "rejects"))
         | "GatherScan" >> GatherTagged()
-        | "Finalize" >> beam.Map(_finalize, staging, scan_meta(args, cfg), args.max_reject_fraction)
+        | "Finalize"
+        >> beam.Map(_finalize, staging, scan_meta(args, cfg), args.max_reject_fraction, _empty_ok(args))
     )
 
 

@@ -92,10 +92,12 @@ def test_a_table_with_no_lidar_keyframe_is_an_error(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_an_empty_input_directory_is_an_error(tmp_path: Path) -> None:
+def test_a_pattern_that_matches_nothing_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
-    with pytest.raises(RuntimeError, match="nothing was scanned"):
-        cli_main(["scan", str(tmp_path / "in"), str(tmp_path / "out"), *LOOSE])
+    _cloud(tmp_path / "in" / "a.bin", 10)
+    with pytest.raises(RuntimeError, match=r"nothing was scanned: .*/in/\*\.pcd matched no file"):
+        cli_main(["scan", f"{tmp_path}/in/*.pcd", str(tmp_path / "out"), *LOOSE])
+    assert not (tmp_path / "out").exists()
 
 
 HUGE = "1" + "0" * 400  # 10**400 as a JSON literal
