@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from lidarshard.loaders import load_manifest, read_samples
-from lidarshard.loaders.torch import BalancedBatchSampler, PointCloudDataset, collate
+from lidarshard.loaders.torch import BalancedBatchSampler, PlanLoader, PointCloudDataset, collate
 from lidarshard.transforms.plan.metrics import load_linearity
 
 __all__ = ["SegNet", "height_labels", "linearity", "main"]
@@ -124,20 +124,12 @@ def _loader(
     args: argparse.Namespace, dataset: PointCloudDataset, rank: int, world: int, batch: int
 ) -> tuple[DataLoader, Any]:
     """(DataLoader, object with set_epoch) for the chosen sampler."""
+    opts = {"collate_fn": collate, "num_workers": args.num_workers, "pin_memory": torch.cuda.is_available()}
     if args.sampler == "lidarshard":
         sampler: Any = BalancedBatchSampler(args.manifest)  # rank and world size from torch.distributed
-        batches: Any = sampler
-    else:
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed, drop_last=True)
-        batches = BatchSampler(sampler, batch, drop_last=True)
-    loader = DataLoader(
-        dataset,
-        batch_sampler=batches,
-        collate_fn=collate,
-        num_workers=args.num_workers,
-        pin_memory=torch.cuda.is_available(),
-    )
-    return loader, sampler
+        return PlanLoader(dataset, sampler, **opts), sampler  # state_dict() counts trained batches
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed, drop_last=True)
+    return DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch, drop_last=True), **opts), sampler
 
 
 def _allreduce_grads(params: list[nn.Parameter], world: int) -> None:

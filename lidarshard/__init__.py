@@ -28,6 +28,8 @@ _API: dict[str, str] = {
     "read_samples": "lidarshard.loaders.reader",
     "plan_dataset": "lidarshard.loaders.reader",
     "BalancedBatchSampler": "lidarshard.loaders.torch",
+    "PlanLoader": "lidarshard.loaders.torch",
+    "EvalSampler": "lidarshard.loaders.evaluation",
     "PlanSampler": "lidarshard.loaders.torch",
     "PointCloudDataset": "lidarshard.loaders.torch",
     "collate": "lidarshard.loaders.torch",

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from numpy.typing import NDArray
 
+from lidarshard.loaders.position import Position, caller_self
 from lidarshard.loaders.reader import PathLike, load_manifest, plan_dataset, read_samples
 from lidarshard.transforms.features.buckets import fit_pool
 from lidarshard.transforms.plan import STRATEGIES, plan_epoch
@@ -238,7 +239,7 @@ def replan_remaining(
     return load_epoch_plan(out_dir, epoch).switch(consumed_steps, new_world_size, new_batch_size)
 
 
-class ElasticBatchSampler:
+class ElasticBatchSampler(Position):
     """Like ``lidarshard.loaders.torch.BalancedBatchSampler``, for any world size: yields this rank's batches.
 
     With the manifest's world size and no switch it replays the manifest exactly. On another world
@@ -253,8 +254,10 @@ class ElasticBatchSampler:
         index_of: sample_id -> dataset index (mapping or callable); default samples.parquet row order.
         cycle: reuse the plan of ``epoch % epochs`` for epochs past those planned.
 
-    ``state_dict()`` holds ``epoch``, ``step`` (steps of the current plan finished), ``world_size``,
-    ``batch_size`` and ``history``; store the steps the training loop has finished as ``step``.
+    ``state_dict()`` holds ``epoch``, ``step``, ``world_size``, ``batch_size`` and ``history``; under a
+    ``lidarshard.loaders.torch.PlanLoader`` ``step`` counts the batches the training loop received
+    (exact with any number of workers), otherwise the batches yielded. ``len()`` is the batches the
+    next iteration yields.
     """
 
     def __init__(
@@ -284,7 +287,8 @@ class ElasticBatchSampler:
         self.rank, self.world_size, self.batch_size = int(rank), int(world_size), int(batch_size)
         self.cycle = cycle
         self._index = self._index_array(index_of)
-        self.epoch, self._step, self._resume = 0, 0, 0
+        self.epoch = 0
+        self._reset_position()
         self.history: list[Switch] = self._default_history()
         self._cache: tuple[tuple, ElasticPlan] | None = None
 
@@ -329,29 +333,31 @@ class ElasticBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration yields; a new epoch starts at step 0 on the current size."""
         if epoch != self.epoch:
-            self.epoch, self._step, self._resume = int(epoch), 0, 0
+            self.epoch = int(epoch)
+            self._reset_position()
             self.history = self._default_history()
 
     def __len__(self) -> int:
-        return self.plan().steps
+        return self.plan().steps - self._resume
 
     def __iter__(self) -> Iterator[list[int]]:
+        self._note_caller(caller_self(1))
         rows = self.plan().rows[:, self.rank]
-        start, self._resume = self._resume, 0
-        self._step = start
+        start = self._step = self._resume
         for s in range(start, rows.shape[0]):
             idx = rows[s] if self._index is None else self._index[rows[s]]
             if (idx < 0).any():
                 sid = read_samples(self.out_dir, ["sample_id"])["sample_id"][int(rows[s][idx < 0][0])]
                 raise KeyError(f"sample_id {sid.as_py()!r} of the plan is not in index_of")
-            self._step = s + 1
+            self._yielded(s)
             yield idx.tolist()
+        self._resume = 0
 
     def state_dict(self) -> dict:
         """JSON-able position: ``{"epoch", "step", "world_size", "batch_size", "history"}``."""
         return {
             "epoch": self.epoch,
-            "step": self._step,
+            "step": self._saved_step(),
             "world_size": self.world_size,
             "batch_size": self.batch_size,
             "history": [list(h) for h in self.history],
@@ -359,7 +365,7 @@ class ElasticBatchSampler:
 
     def load_state_dict(self, state: Mapping) -> None:
         """Resume at ``state``; a different world or batch size switches the plan at the saved step."""
-        self.epoch, self._step = int(state["epoch"]), int(state["step"])
+        self.epoch, step = int(state["epoch"]), int(state["step"])
         self.history = [tuple(int(v) for v in h) for h in state.get("history", [])]
         if not self.history and "world_size" in state:
             w0, b0 = int(self.manifest["world_size"]), int(self.manifest["batch_size"])
@@ -367,6 +373,6 @@ class ElasticBatchSampler:
                 self.history = [(0, int(state["world_size"]), int(state["batch_size"]))]
         saved = (int(state.get("world_size", self.world_size)), int(state.get("batch_size", self.batch_size)))
         if saved != (self.world_size, self.batch_size):
-            self.history.append((self._step, self.world_size, self.batch_size))
-            self._step = 0
-        self._resume = self._step
+            self.history.append((step, self.world_size, self.batch_size))
+            step = 0
+        self._reset_position(step)

@@ -1,6 +1,6 @@
 """OpenMMLab adapter: ``LidarshardSampler`` in mmengine's ``DATA_SAMPLERS`` registry (mmdet3d, mmseg ...).
 
-Importing this module registers two names; then a config only swaps the sampler::
+Importing this module registers three names; then a config only swaps the sampler::
 
     custom_imports = dict(imports=["lidarshard.loaders.mmengine"], allow_failed_imports=False)
     train_dataloader = dict(
@@ -8,6 +8,11 @@ Importing this module registers two names; then a config only swaps the sampler:
         num_workers=4,
         sampler=dict(type="LidarshardSampler", manifest="gs://bucket/out", id_key="token"),
         batch_sampler=dict(type="LidarshardBatchSampler"),  # checks batch_size against the manifest
+        dataset=dict(type="NuScenesDataset", ...),
+    )
+    val_dataloader = dict(            # every validation sample exactly once, cost-balanced ranks
+        batch_size=1,
+        sampler=dict(type="LidarshardEvalSampler", manifest="gs://bucket/val_out", id_key="token"),
         dataset=dict(type="NuScenesDataset", ...),
     )
 
@@ -20,6 +25,9 @@ How it meets mmengine's conventions:
   out and calls ``set_epoch(1, 2, ...)`` itself. Epochs past those planned need ``cycle=True``.
 * **seed**: the runner's ``randomness.seed`` reaches the sampler as ``seed`` but does not change
   the order: that is fixed offline by the manifest's ``--seed`` (the same on every rank).
+* **evaluation**: ``LidarshardEvalSampler`` shards the validation set without mmengine's
+  ``DefaultSampler`` padding (which repeats samples); mmengine's ``collect_results`` interleaves the
+  ranks' results, so metrics must match predictions by sample id (mmdet3d's do), not by position.
 * **resume**: ``EpochBasedTrainLoop`` resumes at an epoch boundary and replays that epoch's plan;
   ``IterBasedTrainLoop`` skips ``iter`` batches of the same deterministic order, so a resumed run
   sees exactly the batches of an uninterrupted one.
@@ -40,11 +48,12 @@ except ImportError as e:  # pragma: no cover - exercised only without mmengine
 
 from torch.utils.data import BatchSampler
 
+from lidarshard.loaders.evaluation import EvalSampler, eval_costs
 from lidarshard.loaders.pointcept import index_from_dataset
 from lidarshard.loaders.reader import PathLike
 from lidarshard.loaders.torch import PlanSampler
 
-__all__ = ["LidarshardSampler", "LidarshardBatchSampler"]
+__all__ = ["LidarshardSampler", "LidarshardBatchSampler", "LidarshardEvalSampler"]
 
 
 @DATA_SAMPLERS.register_module()
@@ -93,3 +102,27 @@ class LidarshardBatchSampler(BatchSampler):
                 f"{sampler.batch_size}: set batch_size={sampler.batch_size}"
             )
         super().__init__(sampler, sampler.batch_size, drop_last=True)
+
+
+@DATA_SAMPLERS.register_module()
+class LidarshardEvalSampler(EvalSampler):
+    """``val_dataloader.sampler`` / ``test_dataloader.sampler``: this rank's cost-balanced shard.
+
+    Args:
+        dataset: passed by mmengine's ``Runner.build_dataloader``.
+        manifest: committed manifest built on this validation set (its predicted costs weight the shards).
+        seed: passed by mmengine; unused (evaluation shards are deterministic).
+        id_key: as for :class:`LidarshardSampler`; None: the dataset is in samples.parquet row order.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        manifest: PathLike,
+        seed: int | None = None,
+        id_key: str | Callable[[int], str] | None = None,
+    ) -> None:
+        rank, world_size = get_dist_info()
+        index_of = index_from_dataset(dataset, id_key, info="get_data_info")
+        super().__init__(eval_costs(manifest, len(dataset), index_of), rank, world_size)
+        self.seed = seed

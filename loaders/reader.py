@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -30,8 +30,10 @@ from lidarshard.schemas import (
 )
 from lidarshard.transforms import storage
 from lidarshard.transforms.formats.readers import detect_format, read_points
+from lidarshard.transforms.jsonsafe import short
 from lidarshard.transforms.nuscenes.geometry import sweep_matrices
 from lidarshard.transforms.nuscenes.multisweep import aggregate
+from lidarshard.transforms.paths import PathResolver
 from lidarshard.transforms.plan import VARIABLE_COUNT
 
 __all__ = [
@@ -92,7 +94,7 @@ def _check_plan_keys(manifest: dict[str, Any], where: str) -> None:
     for key in ("world_size", "batch_size", "epochs"):
         value = manifest.get(key)
         if type(value) is not int or value < 1:
-            raise ValueError(f"{where}/{MANIFEST_FILE}: {key} must be an int >= 1, got {value!r}")
+            raise ValueError(f"{where}/{MANIFEST_FILE}: {key} must be an int >= 1, got {short(value)}")
     steps = manifest.get("steps_per_epoch")
     if (
         not isinstance(steps, list)
@@ -100,7 +102,7 @@ def _check_plan_keys(manifest: dict[str, Any], where: str) -> None:
         or not all(type(v) is int and v >= 0 for v in steps)
     ):
         raise ValueError(
-            f"{where}/{MANIFEST_FILE}: steps_per_epoch must list {manifest['epochs']} ints >= 0, got {steps!r}"
+            f"{where}/{MANIFEST_FILE}: steps_per_epoch must list {manifest['epochs']} ints >= 0, got {short(steps)}"
         )
 
 
@@ -119,10 +121,7 @@ def load_manifest(out_dir: PathLike) -> dict[str, Any]:
             "(the build did not finish, or this is not a manifest directory)"
         )
     where = os.fspath(out_dir).rstrip("/")
-    try:
-        manifest = storage.read_json(storage.join(base, MANIFEST_FILE))
-    except ValueError as e:
-        raise ValueError(f"{where}/{MANIFEST_FILE} is not valid JSON ({e})") from None
+    manifest = storage.read_json(storage.join(base, MANIFEST_FILE), what=f"{where}/{MANIFEST_FILE}")
     if not isinstance(manifest, dict):
         raise ValueError(f"{where}/{MANIFEST_FILE} is not a JSON object")
     check_version(manifest.get("schema_version", ""), where, manifest)
@@ -225,8 +224,11 @@ class ManifestReader:
         TypeError: rank, world_size, epoch or start_step is not an int (``True``, ``0.5``, ``"0"``).
         ValueError: a value out of range, or a plan file that is empty, foreign or malformed (named).
         cycle: allow ``epoch >= epochs planned`` by reusing the plan of ``epoch % epochs`` (warns).
+        root: where the data lives now (local path or URI) for a manifest of relative paths
+            (``build --relative-to``); default the recorded ``path_root``.
+        path_map: ``{"/old/prefix": "/new/prefix"}`` for full paths (``lidarshard.transforms.paths``).
 
-    ``len(reader)`` is the number of batches iteration yields: ``steps - start_step``.
+    ``Batch.paths`` and ``sweep_paths`` are resolved, ready to open. ``len(reader)`` is the number of batches iteration yields: ``steps - start_step``.
     """
 
     def __init__(
@@ -238,9 +240,12 @@ class ManifestReader:
         *,
         start_step: int = 0,
         cycle: bool = False,
+        root: str | None = None,
+        path_map: Mapping[str, str] | None = None,
     ) -> None:
         self.out_dir = out_dir
         self.manifest = load_manifest(out_dir)
+        self.resolve_path = PathResolver(self.manifest.get("path_root"), root, path_map)
         planned_ws = self.manifest["world_size"]
         if check_int("world_size", world_size, 1) != planned_ws:
             raise ValueError(
@@ -303,8 +308,9 @@ class ManifestReader:
             )
         self._global = table["global_count"].to_numpy()[self._starts[:-1]].astype(np.int64)
         self._ids: list[str] = table["sample_id"].to_pylist()
-        self._paths: list[str] = table["path"].to_pylist()
-        self._sweeps: list[list[str]] = [s or [] for s in table["sweep_paths"].to_pylist()]
+        fix = self.resolve_path
+        self._paths: list[str] = [fix(p) for p in table["path"].to_pylist()]
+        self._sweeps: list[list[str]] = [[fix(p) for p in s or []] for s in table["sweep_paths"].to_pylist()]
         self._costs = table["cost"].to_numpy().astype(np.float64)
 
     def __len__(self) -> int:

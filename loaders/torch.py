@@ -4,17 +4,21 @@ Typical use with ``torch.distributed`` initialized::
 
     dataset = PointCloudDataset(out_dir)
     sampler = BalancedBatchSampler(out_dir)          # rank / world size from torch.distributed
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=4)
-    for epoch in range(epochs):
+    loader = PlanLoader(dataset, sampler, collate_fn=collate, num_workers=4)  # a DataLoader
+    if resuming:
+        sampler.load_state_dict(checkpoint["sampler"])   # continues after the last trained batch
+    for epoch in range(sampler.epoch, epochs):
         sampler.set_epoch(epoch)
-        for step, batch in enumerate(loader):
-            ...
+        for batch in loader:                          # len(loader): the batches still to come
+            train(batch)
+            checkpoint["sampler"] = sampler.state_dict()  # counts trained batches, not prefetched ones
 
 Needs PyTorch: ``pip install "lidarshard[torch]"``.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -24,30 +28,39 @@ import pyarrow as pa
 try:
     import torch
     import torch.distributed as dist
-    from torch.utils.data import Dataset, Sampler
+    from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError(
         'lidarshard.loaders.torch needs PyTorch, which is an optional extra: pip install "lidarshard[torch]"'
     ) from e
 
-from lidarshard.loaders.reader import ManifestReader, PathLike, load_manifest, load_points, read_samples
+from lidarshard.loaders.position import Position, caller_self
+from lidarshard.loaders.reader import (
+    ManifestReader,
+    PathLike,
+    check_int,
+    load_manifest,
+    load_points,
+    read_samples,
+)
+from lidarshard.transforms.paths import PathResolver
 
-__all__ = ["BalancedBatchSampler", "PlanSampler", "PointCloudDataset", "collate"]
+__all__ = ["BalancedBatchSampler", "PlanLoader", "PlanSampler", "PointCloudDataset", "collate"]
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Explicit values win; otherwise take them from an initialized ``torch.distributed``."""
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    if dist.is_available() and dist.is_initialized():
-        return (
-            dist.get_rank() if rank is None else int(rank),
-            dist.get_world_size() if world_size is None else int(world_size),
-        )
-    raise ValueError("pass rank and world_size, or initialize torch.distributed first")
+    if rank is None or world_size is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("pass rank and world_size, or initialize torch.distributed first")
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    world_size = check_int("world_size", world_size, 1)
+    return check_int("rank", rank, 0, world_size - 1), world_size
 
 
-class BalancedBatchSampler(Sampler[list[int]]):
+class BalancedBatchSampler(Position, Sampler[list[int]]):
     """Yields, step by step, the dataset indices of this rank's planned batch.
 
     Use as ``DataLoader(dataset, batch_sampler=sampler)``. Call :meth:`set_epoch` before each epoch
@@ -61,12 +74,17 @@ class BalancedBatchSampler(Sampler[list[int]]):
             samples.parquet, which is :class:`PointCloudDataset`'s order.
         cycle: allow epochs past those planned, reusing the plan of ``epoch % epochs`` (warns).
 
-    Resume: ``state_dict()`` is ``{"epoch", "step"}`` where ``step`` counts the batches this sampler
-    has yielded in the epoch; after ``load_state_dict`` the next iteration yields exactly the remaining
-    batches (``set_epoch`` with the same epoch keeps the position). A ``DataLoader`` with workers
-    draws up to ``num_workers * prefetch_factor`` batches ahead of the training loop, so when saving a
-    checkpoint from the loop, store the steps the loop has finished instead:
-    ``{"epoch": epoch, "step": steps_done}``.
+    Resume: ``state_dict()`` is ``{"epoch", "step"}``, ``step`` = the batches of the epoch the training
+    loop has received. Under a :class:`PlanLoader` that is exact with any ``num_workers``,
+    ``prefetch_factor`` and ``persistent_workers`` (the loader records each delivered batch's step; the
+    workers' prefetch does not count). Without one it counts the batches this sampler yielded, which
+    equals the trained batches only when nothing prefetches (direct iteration, ``num_workers=0``); a
+    plain ``DataLoader`` with workers makes ``state_dict()`` raise rather than save a position ahead of
+    training. After ``load_state_dict`` the next iteration yields exactly the remaining batches and
+    ``len()`` is their number (``set_epoch`` with the same epoch keeps the position).
+
+    Misuse is refused where it happens: passed as ``sampler=`` (TypeError naming ``batch_sampler=``);
+    iterating an epoch a second time without ``set_epoch`` while later epochs are planned warns once.
     """
 
     def __init__(
@@ -89,8 +107,9 @@ class BalancedBatchSampler(Sampler[list[int]]):
             index_of = {sid: i for i, sid in enumerate(ids)}
         self.index_of = index_of
         self.epoch = 0
-        self._step = 0  # batches yielded so far in this epoch
-        self._resume = 0  # where the next iteration starts
+        self._reset_position()  # _resume: where the next iteration starts (len() counts from there)
+        self._finished = False  # the current epoch was iterated to its end
+        self._warned = False
 
     def _lookup(self, sample_id: str) -> int:
         if not isinstance(self.index_of, Mapping):
@@ -102,37 +121,116 @@ class BalancedBatchSampler(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration replays; a new epoch starts at step 0."""
+        epoch = check_int("epoch", epoch, 0)
         if epoch != self.epoch:
-            self.epoch, self._step, self._resume = int(epoch), 0, 0
+            self.epoch, self._finished = epoch, False
+            self._reset_position()
 
     def _reader(self, start_step: int = 0) -> ManifestReader:
         return ManifestReader(
             self.out_dir, self.rank, self.world_size, self.epoch, start_step=start_step, cycle=self.cycle
         )
 
-    def __len__(self) -> int:
+    def _steps(self) -> int:
         epochs = int(self.manifest["epochs"])
         if self.epoch >= epochs and not self.cycle:
             return len(self._reader())  # raises the reader's "not planned" error
         return int(self.manifest["steps_per_epoch"][self.epoch % epochs])
 
+    def __len__(self) -> int:
+        """Batches the next (or current) iteration yields: the epoch's steps less a resumed position."""
+        return self._steps() - self._resume
+
+    def _check_caller(self) -> None:
+        """Refuse ``DataLoader(sampler=<this batch sampler>)``; note a prefetching plain DataLoader."""
+        caller = caller_self(2)
+        as_sampler = isinstance(caller, BatchSampler) and caller.sampler is self
+        as_sampler |= isinstance(caller, _BaseDataLoaderIter) and not caller._auto_collation
+        if as_sampler:
+            raise TypeError(
+                f"{type(self).__name__} yields whole batches: pass it as DataLoader(dataset, "
+                "batch_sampler=sampler), not sampler= (or use PlanSampler with sampler= and batch_size=)"
+            )
+        self._note_caller(caller)
+
     def __iter__(self) -> Iterator[list[int]]:
+        self._check_caller()
+        epochs = int(self.manifest["epochs"])
+        if self._finished and self.epoch + 1 < epochs and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"epoch {self.epoch} is being iterated again although the manifest plans {epochs} epochs: "
+                "call sampler.set_epoch(epoch) before each epoch, or every epoch replays the same plan",
+                stacklevel=2,
+            )
         reader = self._reader(self._resume)
-        self._resume = 0
+        self._finished = False
         self._step = reader.start_step
         for batch in reader:
             indices = [self._lookup(sid) for sid in batch.sample_ids]
-            self._step = batch.step + 1
+            self._yielded(batch.step)
             yield indices
+        self._resume, self._finished = 0, True
 
     def state_dict(self) -> dict[str, int]:
-        """``{"epoch": e, "step": batches yielded in epoch e}``."""
-        return {"epoch": self.epoch, "step": self._step}
+        """``{"epoch": e, "step": batches of epoch e the training loop received}``.
+
+        Raises:
+            RuntimeError: a plain multi-worker ``DataLoader`` drives this sampler, so the batches it
+                yielded run ahead of training; build the loader with :class:`PlanLoader`.
+        """
+        return {"epoch": self.epoch, "step": self._saved_step()}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Resume: the next iteration yields the batches of ``state["epoch"]`` from ``state["step"]``."""
-        self.epoch = int(state["epoch"])
-        self._step = self._resume = int(state["step"])
+        self.epoch = check_int("epoch", state["epoch"], 0)
+        self._reset_position(check_int("step", state["step"], 0, self._steps()))
+        self._finished = False
+
+
+class PlanLoader(DataLoader):
+    """A ``DataLoader`` over a lidarshard batch sampler whose resume state counts trained batches.
+
+    The loader delivers batches in sampler order (``in_order=True``, PyTorch's default), so the n-th
+    batch the loop receives is the n-th (epoch, step) the sampler handed out, however many the workers
+    hold. Each delivery advances ``sampler.state_dict()["step"]``; prefetched batches do not.
+
+    Args:
+        dataset: a map-style dataset indexed like the sampler's ``index_of``.
+        batch_sampler: the rank's :class:`BalancedBatchSampler` (or
+            ``lidarshard.loaders.elastic.ElasticBatchSampler``).
+        **kwargs: any other ``DataLoader`` argument (``num_workers``, ``collate_fn``, ``prefetch_factor``,
+            ``persistent_workers``, ``pin_memory`` ...); ``batch_size``, ``shuffle``, ``sampler``,
+            ``drop_last`` belong to the plan and ``in_order=False`` would break the count.
+    """
+
+    def __init__(self, dataset: Any, batch_sampler: Position, **kwargs: Any) -> None:
+        if not isinstance(batch_sampler, Position):
+            raise TypeError(
+                f"PlanLoader needs a BalancedBatchSampler or ElasticBatchSampler, got {type(batch_sampler).__name__}"
+            )
+        owned = sorted({"batch_size", "shuffle", "sampler", "drop_last"} & set(kwargs))
+        if owned:
+            raise TypeError(f"PlanLoader: {owned} come from the manifest's plan; remove them")
+        if kwargs.get("in_order", True) is not True:
+            raise ValueError("PlanLoader needs in_order=True: resume counts batches in delivery order")
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        batch_sampler._tracked = True
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        sampler: Position = self.batch_sampler  # type: ignore[assignment]
+        sampler._begin_delivery()
+        for batch in super().__iter__():
+            sampler._delivered()
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """The sampler's ``state_dict()``: ``{"epoch", "step"}`` with step = trained batches."""
+        return self.batch_sampler.state_dict()  # type: ignore[union-attr]
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """The sampler's ``load_state_dict``: the next iteration starts after the last trained batch."""
+        self.batch_sampler.load_state_dict(state)  # type: ignore[union-attr]
 
 
 class PlanSampler(Sampler[int]):
@@ -147,6 +245,9 @@ class PlanSampler(Sampler[int]):
         passes: planned epochs per trainer epoch (Pointcept's ``data.train.loop``): trainer epoch
             ``e`` replays planned epochs ``e*passes .. e*passes+passes-1`` back to back. With
             ``passes > 1`` a resumed position (``load_state_dict``) is not kept.
+
+    A ``DataLoader`` whose ``batch_size`` is not the manifest's would cut across planned steps: the
+    first iteration raises ValueError naming both sizes.
     """
 
     def __init__(
@@ -160,8 +261,7 @@ class PlanSampler(Sampler[int]):
         passes: int = 1,
     ) -> None:
         super().__init__()
-        if passes < 1:
-            raise ValueError(f"passes must be >= 1, got {passes}")
+        check_int("passes", passes, 1)
         self.batches = BalancedBatchSampler(out_dir, rank, world_size, index_of=index_of, cycle=cycle)
         self.batch_size = int(self.batches.manifest["batch_size"])
         self.passes = int(passes)
@@ -169,7 +269,7 @@ class PlanSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration replays (``DistributedSampler`` convention)."""
-        self.epoch = int(epoch)
+        self.epoch = check_int("epoch", epoch, 0)
         self.batches.set_epoch(self.epoch * self.passes)
 
     def __len__(self) -> int:
@@ -183,6 +283,17 @@ class PlanSampler(Sampler[int]):
         return steps * self.batch_size
 
     def __iter__(self) -> Iterator[int]:
+        caller = caller_self(1)
+        if (
+            isinstance(caller, BatchSampler)
+            and caller.sampler is self
+            and caller.batch_size != self.batch_size
+        ):
+            raise ValueError(
+                f"the DataLoader's batch_size={caller.batch_size} but the manifest was planned with "
+                f"--batch-size {self.batch_size}: use batch_size={self.batch_size}, or every batch would "
+                "cut across planned steps"
+            )
         for j in range(self.passes):
             if self.passes > 1:
                 self.batches.set_epoch(self.epoch * self.passes + j)
@@ -208,10 +319,21 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         out_dir: committed manifest directory (local path or URI).
         sweeps: aggregate the sweeps listed in samples.parquet (False: keyframe only).
         point_dims: channels per point for raw ``bin`` files.
+        root: where the data lives now, for a manifest of relative paths (default: its ``path_root``).
+        path_map: ``{"/old/prefix": "/new/prefix"}`` for a manifest of full paths.
     """
 
-    def __init__(self, out_dir: PathLike, *, sweeps: bool = True, point_dims: int | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: PathLike,
+        *,
+        sweeps: bool = True,
+        point_dims: int | None = None,
+        root: str | None = None,
+        path_map: Mapping[str, str] | None = None,
+    ) -> None:
         cols = ["sample_id", "path", "sweep_paths", "sweep_transforms", "format"]
+        self.resolve_path = PathResolver(load_manifest(out_dir).get("path_root"), root, path_map)
         table = read_samples(out_dir, cols).combine_chunks()
         self.sample_ids: list[str] = table["sample_id"].to_pylist()
         # Per-sample paths and matrices stay in Arrow buffers: compact, and no Python objects whose
@@ -231,10 +353,10 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         return len(self.sample_ids)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        sweep_paths = (self._sweeps[i].as_py() or []) if self.sweeps else []
+        sweep_paths = [self.resolve_path(p) for p in self._sweeps[i].as_py() or []] if self.sweeps else []
         lo, hi = self._tf_offsets[i], self._tf_offsets[i + 1]
         points = load_points(
-            self._paths[i].as_py(),
+            self.resolve_path(self._paths[i].as_py()),
             self._formats[i].as_py(),
             sweep_paths,
             self._tf_values[lo:hi],

@@ -30,9 +30,9 @@ from lidarshard.pipelines.scan import (
     scan_meta,
     scan_results,
 )
-from lidarshard.transforms import storage
+from lidarshard.transforms import paths, storage
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
-from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples
+from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, input_root
 from lidarshard.transforms.beam.tagged import GatherTagged, tag
 from lidarshard.transforms.features.accounting import counts_of, fingerprint, settle
 from lidarshard.transforms.features.cost import CostModel, parse_cost_model, sample_costs
@@ -74,6 +74,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--from-samples", help="re-plan from a previous run's samples.parquet (no rescan)")
     g.add_argument(
+        "--relative-to",
+        metavar="ROOT",
+        help="store sample paths relative to ROOT and record it, so the data can move (default: the "
+        "dataroot for --nuscenes-version, INPUT for a directory, the part before the first wildcard "
+        "for a glob; with --from-samples the previous run's root); 'none' stores full paths",
+    )
+    g.add_argument(
         "--max-points-per-rank-step",
         type=int,
         default=None,
@@ -93,6 +100,29 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="hard cap on samples one rank gets at one step (none)",
     )
     parser.set_defaults(policy="drop_last")
+
+
+def previous_root(samples_path: str) -> str | None:
+    """The ``path_root`` recorded next to an earlier run's samples.parquet (None: full paths)."""
+    base = samples_path.rsplit("/", 1)[0] if "/" in samples_path else "."
+    for name in (schemas.MANIFEST_FILE, schemas.SCAN_FILE):
+        try:
+            meta = storage.read_json(storage.join(base, name))
+            return meta.get("path_root") if isinstance(meta, dict) else None
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def path_root(args: argparse.Namespace) -> str | None:
+    """ROOT the manifest's paths are stored relative to (``--relative-to``; None: full paths)."""
+    if args.relative_to is not None:
+        return None if args.relative_to.lower() == "none" else storage.absolute(args.relative_to.rstrip("/"))
+    if args.from_samples:
+        return previous_root(args.from_samples)
+    if args.nuscenes_version:
+        return args.input.rstrip("/")
+    return input_root(args.input)
 
 
 def plan_config(args: argparse.Namespace) -> PlanConfig:
@@ -116,20 +146,45 @@ def _write(staging: str, rel: str, data: bytes) -> dict:
     return {"path": rel, "bytes": len(data), "sha256": sha256_hex(data)}
 
 
-def _previous(path: str) -> tuple[int, pa.Table, pa.Table]:
-    """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``."""
-    samples = storage.read_parquet(path)
+def _previous_samples(path: str) -> pa.Table:
+    """The ``--from-samples`` table, checked and sorted by sample_id (``settle`` then rejects duplicates).
+
+    Raises:
+        ValueError: not a lidarshard samples table: columns missing or of another type, null or
+            non-string sample ids (one line naming the file and the fix).
+    """
+    where = f"--from-samples {path}"
+    try:
+        samples = storage.read_parquet(path)
+    except pa.ArrowException as e:
+        raise ValueError(f"{where} is not a readable Parquet file ({str(e)[:120]})") from None
+    want = schemas.sample_schema()
+    missing = [n for n in want.names if n not in samples.column_names]
+    if missing:
+        raise ValueError(f"{where} lacks columns {missing}: pass a samples.parquet written by lidarshard")
+    ids = samples.column("sample_id")
+    if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
+        raise ValueError(f"{where}: sample_id is {ids.type}, not strings: pass a lidarshard samples.parquet")
+    if ids.null_count:
+        raise ValueError(f"{where}: {ids.null_count} rows have a null sample_id")
+    try:
+        samples = samples.select(want.names).cast(want)
+    except (pa.ArrowException, ValueError) as e:
+        raise ValueError(f"{where}: columns do not match the samples contract ({str(e)[:160]})") from None
+    return samples.sort_by([("sample_id", "ascending"), ("path", "ascending")])
+
+
+def _previous(path: str, new_root: str | None) -> tuple[int, pa.Table, pa.Table]:
+    """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``, with its
+    sample paths re-rooted from the earlier run's ``path_root`` onto ``new_root``."""
+    samples = _previous_samples(path)
     root = path.rsplit("/", 1)[0] if "/" in path else "."
+    samples = paths.relative_to(paths.absolute(samples, previous_root(path)), new_root)
     try:
         rejects = storage.read_parquet(storage.join(root, schemas.REJECTS_FILE))
     except OSError:
         rejects = schemas.reject_schema().empty_table()
-    scanned = samples.num_rows + rejects.num_rows
-    return (
-        scanned,
-        samples.select([n for n, _, _ in schemas.SAMPLE_FIELDS]).cast(schemas.sample_schema()),
-        rejects,
-    )
+    return samples.num_rows + rejects.num_rows, samples, rejects
 
 
 def _reject_over_cap(
@@ -156,6 +211,8 @@ def _check_and_score(
     cfg: PlanConfig,
     max_reject: float,
     staging: str,
+    root: str | None,
+    from_samples: bool,
     scanned: int,
     samples: pa.Table,
     rejects: pa.Table,
@@ -170,6 +227,8 @@ def _check_and_score(
         samples, rejects, counts = _reject_over_cap(samples, rejects, model, cfg, scanned, max_reject)
     if samples.num_rows == 0:
         raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
+    if root is not None and not from_samples:  # --from-samples re-rooted them when reading
+        samples = paths.relative_to(samples, root)
     scored, edges = score(samples, model, cfg)
     return {
         "files": [
@@ -228,7 +287,6 @@ def _write_manifest(gathered: dict[str, list], staging: str, meta: dict, cfg: Pl
             for f in sorted(files, key=lambda f: f["path"])
         },
         "plan_schema": schemas.schema_to_json(schemas.plan_schema()),
-        "path_root": None,
     }
     storage.write_json(storage.join(staging, schemas.MANIFEST_FILE), manifest)
 
@@ -237,13 +295,14 @@ def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, cfg: PlanC
     """Wire the build. Each step gets what it needs as its main input (``GatherTagged``), never as
     a singleton side input, so every runner computes each step once (see ``transforms.beam.tagged``)."""
     scan_cfg = scan_config(args)
-    model = parse_cost_model(args.cost_model)  # the launcher reads an @file
-    settings = (model, cfg, args.max_reject_fraction, staging)
+    model = parse_cost_model(args.cost_model)  # launcher reads @file
+    settings = (model, cfg, args.max_reject_fraction, staging, args.relative_to, bool(args.from_samples))
     if args.from_samples:  # read where it is used: passing the table along would pickle it
         checked = (
             pipeline
             | "Previous" >> beam.Create([args.from_samples])
-            | "CheckAndScore" >> beam.Map(lambda path, *a: _check_and_score(*a, *_previous(path)), *settings)
+            | "CheckAndScore"
+            >> beam.Map(lambda path, *a: _check_and_score(*a, *_previous(path, args.relative_to)), *settings)
         )
     else:
         scan = pipeline | "Scan" >> ScanSamples(args.input, scan_cfg, args.nuscenes_version, args.sweeps)
@@ -259,7 +318,7 @@ def build_pipeline(pipeline: beam.Pipeline, args: argparse.Namespace, cfg: PlanC
         | "PlanEpoch" >> beam.FlatMap(_plan_epoch, cfg, staging)
     )
     sample_files = checked | "SampleFiles" >> beam.FlatMap(lambda c: [("files", f) for f in c["files"]])
-    meta = scan_meta(args, scan_cfg) | {"from_samples": args.from_samples}
+    meta = scan_meta(args, scan_cfg) | {"from_samples": args.from_samples, "path_root": args.relative_to}
     _ = (
         (tag(checked, "checked"), sample_files, planned)
         | "GatherAll" >> GatherTagged()
@@ -307,9 +366,12 @@ def run(argv: list[str] | None = None) -> int:
     args.input, args.output = (args.from_samples, args.paths[0]) if args.from_samples else args.paths
     args.input, args.output = storage.absolute(args.input), storage.absolute(args.output)
     args.from_samples = storage.absolute(args.from_samples)
+    args.relative_to = path_root(args)
     try:
         cfg = plan_config(args)
         parse_cost_model(args.cost_model)
+        if args.from_samples:
+            _previous_samples(args.from_samples)  # refuse bad input before Beam starts
     except (ValueError, OSError) as e:
         parser.error(str(e))
     options = beam_options(beam_args)

@@ -23,6 +23,7 @@ from apache_beam.runners.runner import PipelineState
 from lidarshard import schemas
 from lidarshard.pipelines import _output
 from lidarshard.pipelines.runners import resolve_runner
+from lidarshard.pipelines.tools.validate import validate
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.beam.scan import ScanSamples
@@ -107,8 +108,14 @@ def scan_results(gathered: dict[str, list]) -> tuple[int, pa.Table, pa.Table]:
     return scanned, samples, rejects
 
 
-def _finalize(gathered: dict[str, list], staging: str, meta: dict, max_reject: float) -> None:
+def _finalize(gathered: dict[str, list], staging: str, meta: dict, max_reject: float, empty_ok: bool) -> None:
     scanned, samples, rejects = scan_results(gathered)
+    if scanned == 0 and not empty_ok:  # tables or a pattern that yield nothing: a mistake, not a dataset
+        raise RuntimeError(
+            f"nothing was scanned: {meta['input']} "
+            + ("lists no LIDAR_TOP keyframe" if meta["nuscenes_version"] else "matched no file")
+            + "; nothing was written"
+        )
     samples, rejects, counts = settle(scanned, samples, rejects, max_reject)
     storage.write_bytes(storage.join(staging, schemas.SAMPLES_FILE), parquet_bytes(samples))
     storage.write_bytes(storage.join(staging, schemas.REJECTS_FILE), parquet_bytes(rejects))
@@ -139,6 +146,18 @@ def new_staging(options: PipelineOptions, out: str) -> str:
     return _output.new_staging(out)
 
 
+def _check_staged(staging: str) -> None:
+    """Refuse to publish what ``lidarshard validate`` would reject: the same checks, on the staged copy.
+
+    Raises:
+        RuntimeError: one line naming the first problem and how many more there are.
+    """
+    problems, _ = validate(staging)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise RuntimeError(f"the output fails validation, nothing was published: {problems[0]}{more}")
+
+
 def run_pipeline(pipeline: beam.Pipeline, staging: str, out: str) -> bool:
     """Run ``pipeline`` (which writes into ``staging``), then publish it as ``out`` or discard it.
 
@@ -158,11 +177,18 @@ def run_pipeline(pipeline: beam.Pipeline, staging: str, out: str) -> bool:
         if result.state != PipelineState.DONE:
             raise RuntimeError(f"the pipeline ended in state {result.state}; nothing was published")
         storage.write_bytes(storage.join(staging, schemas.SUCCESS_FILE), b"")
+        _check_staged(staging)
     except BaseException:
         _output.discard(staging)
         raise
     _output.commit(staging, out)
     return True
+
+
+def _empty_ok(args: argparse.Namespace) -> bool:
+    """Only an empty local directory may scan to empty tables; tables or a pattern that yield
+    nothing are an error."""
+    return not args.nuscenes_version and storage.is_local(args.input) and os.path.isdir(args.input)
 
 
 def build_scan(pipeline: beam.Pipeline, args: argparse.Namespace, staging: str) -> None:
@@ -171,7 +197,8 @@ def build_scan(pipeline: beam.Pipeline, args: argparse.Namespace, staging: str) 
     _ = (
         (tag(scan.scanned, "scanned"), tag(scan.samples, "samples"), tag(scan.rejects, "rejects"))
         | "GatherScan" >> GatherTagged()
-        | "Finalize" >> beam.Map(_finalize, staging, scan_meta(args, cfg), args.max_reject_fraction)
+        | "Finalize"
+        >> beam.Map(_finalize, staging, scan_meta(args, cfg), args.max_reject_fraction, _empty_ok(args))
     )
 
 

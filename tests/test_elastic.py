@@ -223,3 +223,38 @@ def test_switch_invariants(
     assert p.rows.shape[1:] == (new_w, new_b) and p.rows.dtype == np.int64
     assert _accounted(p) == Counter(base.rows.ravel().tolist())
     assert p.dropped.size < new_w * new_b
+
+
+def test_sampler_under_a_prefetching_plan_loader_resumes_on_half_the_ranks(built: Path) -> None:
+    """A crash while 2 workers hold prefetched batches: the checkpoint counts trained batches, so the
+    restart on W/2 ranks trains exactly the rest of the epoch."""
+    torch = pytest.importorskip("torch")
+    from lidarshard.loaders.torch import PlanLoader
+
+    n = len(read_samples(built, ["sample_id"]))
+    items = list(range(n))
+    trained, states = Counter(), []
+    for r in range(W):
+        sampler = ElasticBatchSampler(built, r, W)
+        sampler.set_epoch(1)
+        loader = PlanLoader(items, sampler, num_workers=2, prefetch_factor=4, collate_fn=list)
+        for step, batch in enumerate(loader):
+            if step == 5:
+                break  # the crash: batch 5 was received but not trained
+            trained.update(batch)
+            states.append(sampler.state_dict())
+        del loader
+    assert {s["step"] for s in states[4::5]} == {5}  # not the 5 + prefetched batches the workers held
+    new = [ElasticBatchSampler(built, r, W // 2) for r in range(W // 2)]
+    for s in new:
+        s.load_state_dict(states[-1])
+        s.set_epoch(1)
+        assert len(s) == 7
+        trained.update(i for b in PlanLoader(items, s, num_workers=2, collate_fn=list) for i in b)
+    assert trained == Counter(load_epoch_plan(built, 1).rows.ravel().tolist())
+    sampler = ElasticBatchSampler(built, 0, W)
+    it = iter(torch.utils.data.DataLoader(items, batch_sampler=sampler, num_workers=2))
+    next(it)
+    with pytest.raises(RuntimeError, match="prefetches batches ahead of training.*PlanLoader"):
+        sampler.state_dict()
+    del it

@@ -70,7 +70,8 @@ def test_build_reads_and_writes_object_store_uris(bucket: str, tmp_path: Path) -
     assert (m["counts"]["scanned"], m["counts"]["accepted"], m["counts"]["rejected"]) == (62, 61, 1)
     assert sorted(m["files"]) == sorted(k for k in keys if k.endswith(".parquet"))
     samples = pq.read_table(pa.BufferReader(_get(f"{out}/{schemas.SAMPLES_FILE}")))
-    assert all(p.startswith(f"{bucket}/in/") for p in samples.column("path").to_pylist())
+    assert m["path_root"] == f"{bucket}/in"  # paths stored relative to INPUT, which is recorded
+    assert all("://" not in p and p.endswith(".bin") for p in samples.column("path").to_pylist())
     assert not [k for k in MemoryObjectStore.objects if ".staging-" in k or ".old-" in k]
 
     local = tmp_path / "local"  # the same plan as from local files: only the paths differ
@@ -133,5 +134,6 @@ def test_synth_dataroot_on_object_store_builds(bucket: str) -> None:
     m = json.loads(_get(f"{out}/{schemas.MANIFEST_FILE}"))
     assert m["counts"]["accepted"] == 4 and m["counts"]["rejected"] == 0
     rows = pq.read_table(pa.BufferReader(_get(f"{out}/{schemas.plan_file(0, 0)}"))).to_pylist()
-    assert all(r["path"].startswith(root + "/samples/") for r in rows)
-    assert all(len(r["sweep_paths"]) == 1 and r["sweep_paths"][0].startswith(root + "/sweeps/") for r in rows)
+    assert m["path_root"] == root
+    assert all(r["path"].startswith("samples/") for r in rows)
+    assert all(len(r["sweep_paths"]) == 1 and r["sweep_paths"][0].startswith("sweeps/") for r in rows)

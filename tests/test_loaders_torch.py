@@ -22,7 +22,13 @@ from manifest_fixture import make_fixture, write_clouds, write_manifest  # noqa:
 from torch.utils.data import DataLoader  # noqa: E402
 
 from lidarshard.loaders import ManifestReader, read_samples  # noqa: E402
-from lidarshard.loaders.torch import BalancedBatchSampler, PointCloudDataset, collate  # noqa: E402
+from lidarshard.loaders.torch import (  # noqa: E402
+    BalancedBatchSampler,
+    PlanLoader,
+    PlanSampler,
+    PointCloudDataset,
+    collate,
+)
 from lidarshard.transforms.formats.readers import read_points  # noqa: E402
 from lidarshard.transforms.nuscenes.multisweep import aggregate  # noqa: E402
 
@@ -43,7 +49,9 @@ def _planned(out: Path, rank: int, epoch: int) -> list[list[int]]:
 def test_sampler_yields_planned_indices_per_epoch(out: Path) -> None:
     sampler = BalancedBatchSampler(out, rank=1, world_size=2)
     assert len(sampler) == 4
-    assert list(sampler) == list(sampler) == _planned(out, 1, 0)
+    assert list(sampler) == _planned(out, 1, 0)
+    with pytest.warns(UserWarning, match="epoch 0 is being iterated again .* call sampler.set_epoch"):
+        assert list(sampler) == _planned(out, 1, 0)
     sampler.set_epoch(1)
     assert list(sampler) == _planned(out, 1, 1) != _planned(out, 1, 0)
     sampler.set_epoch(2)
@@ -181,3 +189,135 @@ def test_train_ddp_two_gloo_ranks(tmp_path: Path) -> None:
     planned = {(s, b.step, r) for r in range(2) for b in ManifestReader(out, r, 2, 0) for s in b.sample_ids}
     assert {(r["sample_id"], int(r["step"]), int(r["rank"])) for r in rows} == planned
     assert all(float(r["ms"]) > 0 for r in rows)
+
+
+class _Indices(torch.utils.data.Dataset):
+    """A dataset that does no I/O: item i is i."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class _Crash(Exception):
+    pass
+
+
+def _train(
+    out: Path, rank: int, loader_kw: dict, *, crash_after: int | None = None, state: dict | None = None
+) -> tuple[list[tuple[int, list[int]]], dict | None, list[int]]:
+    """The README loop over 2 planned epochs: (trained (epoch, indices) in order, last checkpoint,
+    len(loader) seen at the start of each epoch). ``crash_after`` k: the process dies while training
+    the (k+1)-th batch, after checkpointing k."""
+    sampler = BalancedBatchSampler(out, rank, 2)
+    loader = PlanLoader(_Indices(len(SIZES)), sampler, **loader_kw)
+    if state is not None:
+        sampler.load_state_dict(json.loads(json.dumps(state)))  # as through a checkpoint file
+    trained: list[tuple[int, list[int]]] = []
+    lengths, checkpoint = [], state
+    try:
+        for epoch in range(sampler.epoch, 2):
+            sampler.set_epoch(epoch)
+            lengths.append(len(loader))
+            for batch in loader:
+                if crash_after is not None and len(trained) == crash_after:
+                    raise _Crash
+                trained.append((epoch, batch.tolist()))
+                checkpoint = loader.state_dict()
+    except _Crash:
+        pass
+    return trained, checkpoint, lengths
+
+
+LOADERS = [{"num_workers": 0}] + [
+    {"num_workers": w, "prefetch_factor": p, "persistent_workers": keep}
+    for w in (2, 4)
+    for p in (2, 4)
+    for keep in (False, True)
+]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers on a 2-core runner
+@pytest.mark.parametrize("loader_kw", LOADERS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_resume_after_a_crash_trains_exactly_the_uninterrupted_batches(out: Path, loader_kw: dict) -> None:
+    """Crash after step k (mid epoch 0 and mid epoch 1 on rank 0, at the epoch boundary on rank 1),
+    resume from the last checkpoint: trained + resumed == the plan, whatever the workers prefetched."""
+    steps = 4
+    for rank, crashes in ((0, (1, steps + 3)), (1, (steps,))):
+        full = [(e, b) for e in range(2) for b in _planned(out, rank, e)]
+        assert len(full) == 2 * steps
+        for k in crashes:
+            before, state, _ = _train(out, rank, loader_kw, crash_after=k)
+            assert len(before) == k and state == {"epoch": (k - 1) // steps, "step": (k - 1) % steps + 1}
+            after, _, lengths = _train(out, rank, loader_kw, state=state)
+            assert before + after == full, (rank, k)
+            assert lengths[0] == steps - state["step"]  # len() = the batches that will come
+
+
+def test_a_second_pass_over_an_epoch_warns_once_naming_set_epoch(out: Path, tmp_path: Path) -> None:
+    sampler = BalancedBatchSampler(out, 0, 2)
+    list(sampler)
+    with pytest.warns(UserWarning, match=r"call sampler\.set_epoch\(epoch\) before each epoch") as seen:
+        list(sampler)
+        list(sampler)
+    assert len(seen) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh = BalancedBatchSampler(out, 0, 2)
+        for epoch in range(2):  # the right loop never warns, nor does the last planned epoch again
+            fresh.set_epoch(epoch)
+            list(fresh)
+        list(fresh)
+        one = write_manifest(
+            tmp_path / "e1", write_clouds(tmp_path / "d", [10] * 6), world_size=1, batch_size=2, epochs=1
+        )
+        single = BalancedBatchSampler(one, 0, 1)
+        assert list(single) == list(single)  # one planned epoch: replaying it is the only choice
+
+
+def test_batch_sampler_given_as_sampler_names_batch_sampler(out: Path) -> None:
+    sampler = BalancedBatchSampler(out, 0, 2)
+    for kwargs in ({"batch_size": 3}, {"batch_size": None}):
+        loader = DataLoader(_Indices(len(SIZES)), sampler=sampler, **kwargs)
+        with pytest.raises(
+            TypeError, match=r"pass it as DataLoader\(dataset, batch_sampler=sampler\), not sampler="
+        ):
+            next(iter(loader))
+
+
+def test_plan_sampler_refuses_a_dataloader_batch_size_other_than_the_manifests(out: Path) -> None:
+    sampler = PlanSampler(out, 0, 2)
+    with pytest.raises(ValueError, match=r"batch_size=2 but the manifest was planned with --batch-size 3"):
+        next(iter(DataLoader(_Indices(len(SIZES)), sampler=sampler, batch_size=2)))
+    got = [b.tolist() for b in DataLoader(_Indices(len(SIZES)), sampler=sampler, batch_size=3)]
+    assert got == _planned(out, 0, 0)
+
+
+def test_state_of_a_plain_prefetching_dataloader_is_refused_not_wrong(out: Path) -> None:
+    sampler = BalancedBatchSampler(out, 0, 2)
+    it = iter(DataLoader(_Indices(len(SIZES)), batch_sampler=sampler, num_workers=2))
+    next(it)
+    with pytest.raises(RuntimeError, match=r"num_workers=2 prefetches batches ahead of training.*PlanLoader"):
+        sampler.state_dict()
+    del it
+
+
+@pytest.mark.parametrize("bad", [0.5, True, "0", None])
+def test_sampler_rank_epoch_and_state_must_be_ints(out: Path, bad: object) -> None:
+    if bad is not None:
+        with pytest.raises(TypeError, match="rank must be an int"):
+            BalancedBatchSampler(out, bad, 2)
+    sampler = BalancedBatchSampler(out, 0, 2)
+    with pytest.raises(TypeError, match="epoch must be an int"):
+        sampler.set_epoch(bad)
+    with pytest.raises(TypeError, match="step must be an int"):
+        sampler.load_state_dict({"epoch": 0, "step": bad})
+    with pytest.raises(ValueError, match="step 5 is outside 0..4"):
+        sampler.load_state_dict({"epoch": 0, "step": 5})
+    with pytest.raises(TypeError, match="PlanLoader: .*'batch_size'"):
+        PlanLoader(_Indices(3), sampler, batch_size=3)

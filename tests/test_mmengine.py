@@ -64,11 +64,20 @@ class PointCountModel(BaseModel):
         return {"loss": (self.scale - points[:, :3].abs().mean()) ** 2}
 
 
-def _runner(out: Path, work_dir: Path, train_cfg: dict, *, resume: bool = False, batch_sampler: bool = False):
+def _runner(
+    out: Path,
+    work_dir: Path,
+    train_cfg: dict,
+    *,
+    resume: bool = False,
+    batch_sampler: bool = False,
+    num_workers: int = 0,
+):
     loader = dict(
         dataset=PointCloudDataset(out, point_dims=4),
         batch_size=BATCH,
-        num_workers=0,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
         sampler=dict(type="LidarshardSampler", manifest=str(out)),
         collate_fn=collate,
     )
@@ -110,17 +119,22 @@ def test_runner_trains_epochs_on_the_plan_and_resumes(manifest: Path, tmp_path: 
     assert again.model.seen == _planned(manifest, 2)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_iter_based_loop_crosses_epochs_and_resumes_mid_epoch(
-    manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_workers: int
 ) -> None:
+    """mmengine's own resume counts trained iterations and replays the deterministic order up to
+    them, so prefetching workers (persistent) change nothing: trained + resumed == the plan."""
     import mmengine.runner.loops as loops
 
     monkeypatch.setattr(loops, "time", types.SimpleNamespace(sleep=lambda s: None))  # 2 s per epoch restart
     flat = _planned(manifest, 0) + _planned(manifest, 1)
-    runner = _runner(manifest, tmp_path, dict(by_epoch=False, max_iters=STEPS + 2))
+    runner = _runner(manifest, tmp_path, dict(by_epoch=False, max_iters=STEPS + 2), num_workers=num_workers)
     runner.train()
     assert runner.model.seen == flat[: STEPS + 2]  # epoch 0, then set_epoch(1) by the loop's iterator
-    again = _runner(manifest, tmp_path, dict(by_epoch=False, max_iters=STEPS + 3), resume=True)
+    again = _runner(
+        manifest, tmp_path, dict(by_epoch=False, max_iters=STEPS + 3), resume=True, num_workers=num_workers
+    )
     again.train()  # resumes at iter 6: mmengine draws (and discards) 6 batches of the same order first
     assert again.model.seen == flat[STEPS + 2 : STEPS + 3]
 
@@ -165,3 +179,27 @@ def test_without_mmengine_the_error_names_the_extra() -> None:
     repo = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and 'pip install "lidarshard[mmengine]"' in proc.stderr
+
+
+def test_eval_sampler_shards_the_val_set_once_across_ranks(
+    manifest: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``val_dataloader.sampler=dict(type="LidarshardEvalSampler")`` built by mmengine on 2 ranks: every
+    sample exactly once, counts within one, no padding repeat (DefaultSampler's round_up)."""
+    import lidarshard.loaders.mmengine as adapter
+
+    dataset = PointCloudDataset(manifest, point_dims=4)
+    cfg = dict(
+        dataset=dataset,
+        batch_size=2,
+        sampler=dict(type="LidarshardEvalSampler", manifest=str(manifest)),
+        collate_fn=collate,
+    )
+    shards = []
+    for rank in range(2):
+        monkeypatch.setattr(adapter, "get_dist_info", lambda r=rank: (r, 2))
+        loader = Runner.build_dataloader(cfg)
+        assert type(loader.sampler).__name__ == "LidarshardEvalSampler"
+        shards.append([i for b in loader for i in b["index"].tolist()])
+    assert sorted(shards[0] + shards[1]) == list(range(len(dataset)))
+    assert sorted(len(s) for s in shards) == [len(dataset) // 2, len(dataset) - len(dataset) // 2]

@@ -35,7 +35,7 @@ def test_read_is_bounded_and_exact(tmp_path: Path) -> None:
     assert (err.value.size, err.value.limit) == (100, 99) and str(p) in str(err.value)
     with pytest.raises(FileNotFoundError):
         storage.read_bytes(str(tmp_path / "absent"))
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(storage.NotRegularFileError, match="a directory"):
         storage.read_bytes(str(tmp_path))
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -38,10 +38,11 @@ from lidarshard.pipelines.tools.validate_plan import (
     lookup,
     padded_plan,
 )
-from lidarshard.transforms import storage
+from lidarshard.transforms import paths, storage
 from lidarshard.transforms.features import accounting
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.jsonsafe import loads, short
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
 
@@ -56,6 +57,8 @@ _META = {schemas.SUCCESS_FILE, schemas.MANIFEST_FILE, schemas.SCAN_FILE}
 #: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
 _DERIVED_PREFIXES = ("report/",)
 _MAX_SHOWN = 5  # list items shown in one message
+#: Problems kept (and printed); the rest are counted. Bounds memory whatever a forged manifest claims.
+MAX_PROBLEMS = 200
 
 
 class Invalid(Exception):
@@ -96,12 +99,29 @@ def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
     return None
 
 
+class _Problems(list):
+    """A list of problem lines that keeps the first ``MAX_PROBLEMS`` and counts the rest in ``more``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.more = 0
+
+    def append(self, line: str) -> None:
+        if len(self) < MAX_PROBLEMS:
+            super().append(line)
+        else:
+            self.more += 1
+
+    def lines(self) -> list[str]:
+        return [*self, f"... and {self.more} more problems"] if self.more else list(self)
+
+
 class _Checker:
     """Accumulates problems; ``problem`` lines read ``<where>: <what>``."""
 
     def __init__(self, out: str) -> None:
         self.store = _Store(out)
-        self.problems: list[str] = []
+        self.problems = _Problems()
 
     def problem(self, where: str, what: str) -> None:
         self.problems.append(f"{where}: {what}")
@@ -193,9 +213,11 @@ class _Checker:
 
 def _load_json(c: _Checker, rel: str) -> dict:
     try:
-        obj = json.loads(c.store.read(rel))
-    except (OSError, ValueError) as e:
-        raise Invalid(f"{rel}: cannot be read as JSON ({e})") from None
+        obj = loads(c.store.read(rel), rel)
+    except OSError as e:
+        raise Invalid(f"{rel}: cannot be read ({e})") from None
+    except ValueError as e:
+        raise Invalid(str(e)) from None
     if not isinstance(obj, dict):
         raise Invalid(f"{rel}: not a JSON object")
     try:
@@ -213,7 +235,7 @@ def _check_scored(c: _Checker, m: dict, samples: pa.Table) -> None:
         model = CostModel(**m["cost_model"])
         want = sample_costs(samples, model)
     except (TypeError, ValueError, KeyError) as e:
-        c.problem("_manifest.json", f"cost_model {m.get('cost_model')} cannot be applied ({e})")
+        c.problem("_manifest.json", f"cost_model {short(m.get('cost_model'))} cannot be applied ({e})")
     else:
         bad = np.flatnonzero(~np.isclose(cost, want, rtol=1e-12, atol=0))
         if bad.size:
@@ -242,6 +264,42 @@ def _check_scored(c: _Checker, m: dict, samples: pa.Table) -> None:
         )
 
 
+def _plan_key(rel: str) -> tuple[int, int] | None:
+    """(epoch, rank) when ``rel`` is exactly ``schemas.plan_file(epoch, rank)``, else None."""
+    nums = re.findall(r"[0-9]{1,18}", rel)[:2]
+    if len(nums) != 2:
+        return None
+    e, r = int(nums[0]), int(nums[1])
+    return (e, r) if schemas.plan_file(e, r) == rel else None
+
+
+def _check_listed(c: _Checker, files: dict, w: int, epochs: int) -> bool:
+    """The files ``_manifest.json`` lists are exactly samples, rejects and one plan file per (epoch, rank).
+
+    Works from the listed names, never from ``range(world_size)``: a forged ``world_size: 10**7``
+    costs one problem line, not ten million. Returns True when the list is complete.
+    """
+    plans: set[tuple[int, int]] = set()
+    for rel in sorted(files):
+        key = _plan_key(rel)
+        if key is not None and key[0] < epochs and key[1] < w:
+            plans.add(key)
+        elif rel not in (schemas.SAMPLES_FILE, schemas.REJECTS_FILE):
+            c.problem(rel, f"recorded in 'files' but not part of a world_size {w}, {epochs}-epoch plan")
+    missing = [rel for rel in (schemas.SAMPLES_FILE, schemas.REJECTS_FILE) if rel not in files]
+    gap = w * epochs - len(plans)
+    if 0 < gap <= MAX_PROBLEMS:  # then w * epochs <= len(files) + MAX_PROBLEMS: cheap to enumerate
+        missing += [schemas.plan_file(e, r) for e in range(epochs) for r in range(w) if (e, r) not in plans]
+    elif gap:
+        c.problem(
+            "_manifest.json",
+            f"world_size {w} x epochs {epochs} need {w * epochs} plan files, 'files' lists {len(plans)}",
+        )
+    for rel in missing:
+        c.problem(rel, f"not recorded in _manifest.json 'files' (world_size {w}, epochs {epochs} need it)")
+    return not missing and gap == 0
+
+
 def _check_manifest(c: _Checker) -> str:
     m = _load_json(c, schemas.MANIFEST_FILE)
     missing = [k for k in REQUIRED_KEYS if k not in m]
@@ -249,13 +307,15 @@ def _check_manifest(c: _Checker) -> str:
         raise Invalid(f"_manifest.json: missing keys {missing}")
     for key in ("world_size", "batch_size", "epochs", "seed"):
         if type(m[key]) is not int or m[key] < (key != "seed"):
-            raise Invalid(f"_manifest.json: {key} must be an int >= {int(key != 'seed')}, got {m[key]!r}")
+            raise Invalid(
+                f"_manifest.json: {key} must be an int >= {int(key != 'seed')}, got {short(m[key])}"
+            )
     steps_ok = isinstance(m["steps_per_epoch"], list) and all(
         type(v) is int and v >= 0 for v in m["steps_per_epoch"]
     )
     if not steps_ok or m["policy"] not in ("drop_last", "pad"):
         raise Invalid(
-            f"_manifest.json: bad steps_per_epoch {m['steps_per_epoch']!r} or policy {m['policy']!r}"
+            f"_manifest.json: bad steps_per_epoch {short(m['steps_per_epoch'])} or policy {short(m['policy'])}"
         )
     w, b, epochs = m["world_size"], m["batch_size"], m["epochs"]
     steps = m["steps_per_epoch"]
@@ -267,12 +327,9 @@ def _check_manifest(c: _Checker) -> str:
     for key in ("planned", "dropped", "padded"):
         if len(m["counts"].get(key, [])) != epochs:
             raise Invalid(f"_manifest.json: counts.{key} must hold {epochs} values")
-    expected = {schemas.SAMPLES_FILE, schemas.REJECTS_FILE}
-    expected |= {schemas.plan_file(e, r) for e in range(epochs) for r in range(w)}
-    for rel in sorted(expected - set(m["files"])):
-        c.problem(rel, f"not recorded in _manifest.json 'files' (world_size {w}, epochs {epochs} need it)")
-    for rel in sorted(set(m["files"]) - expected):
-        c.problem(rel, f"recorded in 'files' but not part of a world_size {w}, {epochs}-epoch plan")
+    if not isinstance(m["files"], dict):
+        raise Invalid("_manifest.json: 'files' is not a JSON object")
+    complete = _check_listed(c, m["files"], w, epochs)
     good = c.files(m["files"])
     samples = c.samples(
         good.get(schemas.SAMPLES_FILE), schemas.scored_schema(), m["counts"], m["inputs_fingerprint"]
@@ -281,12 +338,17 @@ def _check_manifest(c: _Checker) -> str:
     if samples is None:
         return "samples.parquet unusable"
     _check_scored(c, m, samples)
+    problem = paths.path_problem(samples, m.get("path_root"))
+    if problem:
+        c.problem(schemas.SAMPLES_FILE, problem)
     rows = 0
     per_step = None if m["strategy"] in VARIABLE_COUNT else b
     try:
         caps = Caps.from_json(m.get("caps"))
     except (ValueError, TypeError) as err:
-        raise Invalid(f"_manifest.json: bad caps {m.get('caps')!r}: {err}") from None
+        raise Invalid(f"_manifest.json: bad caps {short(m.get('caps'))}: {err}") from None
+    if not complete:  # a plan file is missing from the list: per-epoch checks would mislead
+        return ""
     for e in range(min(epochs, len(steps))):
         ranks = []
         for r in range(w):
@@ -357,16 +419,10 @@ def validate(out: str) -> tuple[list[str], str]:
         scan = schemas.MANIFEST_FILE not in present and schemas.SCAN_FILE in present
         summary = _check_scan(c) if scan else _check_manifest(c)
     except Invalid as e:
-        return [*c.problems, str(e)], ""
-    except (
-        KeyError,
-        TypeError,
-        ValueError,
-        IndexError,
-        AttributeError,
-    ) as e:  # a forged value of the wrong type
-        return [*c.problems, f"_manifest.json: malformed ({type(e).__name__}: {e})"], ""
-    return c.problems, summary
+        return [*c.problems.lines(), str(e)], ""
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RecursionError) as e:
+        return [*c.problems.lines(), f"_manifest.json: malformed ({type(e).__name__}: {str(e)[:200]})"], ""
+    return c.problems.lines(), summary
 
 
 def run(argv: list[str] | None = None) -> int:

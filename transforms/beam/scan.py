@@ -32,7 +32,7 @@ from lidarshard.transforms.features.sample import ScanConfig, featurize, file_ta
 from lidarshard.transforms.formats.discover import walk_local
 from lidarshard.transforms.nuscenes import tables as nuscenes
 
-__all__ = ["ScanSamples", "ScanResult", "ConcatRows", "NAMESPACE"]
+__all__ = ["ScanSamples", "ScanResult", "ConcatRows", "input_root", "NAMESPACE"]
 
 NAMESPACE = "lidarshard"
 
@@ -134,7 +134,7 @@ def _rejected(path: str, reason: str, detail: str) -> Iterator:
 
 def _relative(path: str, root: str) -> str:
     rel = path[len(root) :].lstrip("/") if storage.has_scheme(path) else posixpath.relpath(path, root)
-    return rel.replace("\\", "/")
+    return rel.replace(os.sep, "/") if os.sep != "/" else rel  # a backslash is part of a POSIX name
 
 
 def _glob_root(pattern: str) -> str:
@@ -150,8 +150,15 @@ def _file_pattern(input_path: str) -> tuple[str, str]:
     return root + "/**", root
 
 
+def input_root(input_path: str) -> str:
+    """The directory an INPUT's file sample_ids are relative to: INPUT itself, or a glob's part before
+    its first wildcard."""
+    return _file_pattern(input_path)[1]
+
+
 def _is_local_dir(path: str) -> bool:
-    return not storage.has_scheme(path) and not any(c in path for c in "*?[") and os.path.isdir(path)
+    """An existing local directory is INPUT as named, even with ``*?[`` in its name (``in[1]``)."""
+    return not storage.has_scheme(path) and os.path.isdir(path)
 
 
 class _WalkLocal(beam.DoFn):

@@ -55,9 +55,16 @@ def parse_cost_model(spec: str) -> CostModel:
             raise ValueError(f"--cost-model linear:c0,a,b needs 3 numbers, got {spec!r}")
         return _linear(*(float(p) for p in parts))
     if spec.startswith("@"):
-        obj = storage.read_json(spec[1:])
-        model = obj.get("cost_model", obj)
-        return _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear")
+        path = spec[1:]
+        obj = storage.read_json(path, what=f"--cost-model file {path}")
+        model = obj.get("cost_model", obj) if isinstance(obj, dict) else None
+        try:
+            c0, a, b = (float(model[k]) for k in ("c0", "a", "b"))
+        except (TypeError, KeyError, ValueError, OverflowError):
+            raise ValueError(
+                f"--cost-model file {path} must hold numbers c0, a, b (as lidarshard calibrate writes them)"
+            ) from None
+        return _linear(c0, a, b, name="linear")
     raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")
 
 

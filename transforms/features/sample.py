@@ -17,12 +17,13 @@ from lidarshard.transforms.formats import readers
 from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.nuscenes.tables import NuScenesTask, check_labels
 from lidarshard.transforms.storage import FileTooLargeError
+from lidarshard.transforms.storage import NotRegularFileError as NotRegularFile
 
 __all__ = ["ScanConfig", "featurize", "file_task", "FEATURE_MODES"]
 
 FEATURE_MODES = ("full", "stat")
 
-ReadBytes = Callable[[str, int], bytes]  # (path, max bytes): raises OSError, FileTooLargeError
+ReadBytes = Callable[[str, int | None], bytes]  # (path, limit): at most limit + 1 bytes
 SizeOf = Callable[[str], int]
 
 
@@ -83,21 +84,29 @@ def file_task(sample_id: str, path: str) -> NuScenesTask:
     return _FileTask(sample_id=sample_id, path=path, sweeps=(), label_path=None)
 
 
-def _read(path: str, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig, missing: str) -> bytes:
+def _size(path: str, size_of: SizeOf, missing: str) -> int:
     try:
-        size = size_of(path)
+        return size_of(path)
+    except NotRegularFile as e:  # a FIFO, device or directory is there: never read it
+        raise RejectError("unreadable", str(e)) from None
     except OSError as e:  # Beam raises BeamIOError, an IOError (= OSError)
         raise RejectError(missing, f"{path}: {e}") from None
+
+
+def _read(path: str, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig, missing: str) -> bytes:
+    size = _size(path, size_of, missing)
     if size > cfg.max_file_bytes:
         raise RejectError("too_large", f"{size} bytes > --max-file-bytes {cfg.max_file_bytes}")
     try:
-        data = read_bytes(path, cfg.max_file_bytes)
+        data = read_bytes(path, cfg.max_file_bytes)  # capped whatever the size said
     except FileTooLargeError as e:
         raise RejectError("too_large", f"{e.size} bytes > --max-file-bytes {cfg.max_file_bytes}") from None
     except IsADirectoryError:
         raise RejectError("unreadable", f"{path} is a directory") from None
     except OSError as e:
         raise RejectError("unreadable", f"{path}: {e}") from None
+    if len(data) > cfg.max_file_bytes:
+        raise RejectError("too_large", f"{path}: more than --max-file-bytes {cfg.max_file_bytes} bytes")
     if len(data) != size:
         raise RejectError("unreadable", f"{path}: read {len(data)} bytes, file has {size}")
     return data
@@ -119,10 +128,7 @@ def _missing(task: NuScenesTask) -> str:
 def _stat_row(task: NuScenesTask, fmt: str, size_of: SizeOf, cfg: ScanConfig) -> dict:
     total, n = 0, 0
     for p in (task.path, *(s.path for s in task.sweeps)):
-        try:
-            size = size_of(p)
-        except OSError as e:
-            raise RejectError("missing_sweep" if p != task.path else _missing(task), f"{p}: {e}") from None
+        size = _size(p, size_of, "missing_sweep" if p != task.path else _missing(task))
         total += size
         n += readers.count_points_from_size(size, fmt, cfg.point_dims)
     return {"file_bytes": total, "num_points": n, "has_labels": task.label_path is not None}

@@ -20,17 +20,20 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.formats.ascii_values import read_columns
 
-__all__ = ["MAX_HEADER_BYTES", "PcdHeader", "parse_header", "read_pcd"]
+__all__ = ["MAX_HEADER_BYTES", "VALUES_PER_POINT", "PcdHeader", "parse_header", "read_pcd"]
 
 #: The header (everything up to and including the DATA line) must fit in this many bytes.
 MAX_HEADER_BYTES = 64 * 1024
+#: Values (points x fields x COUNT) a file may hold per point of ``max_points``: a wide record (COUNT 97)
+#: counts against the limit too.
+VALUES_PER_POINT = 16
 #: Upper bound on one point record; real PCL records (even 352-float SHOT descriptors) are far smaller.
 _MAX_RECORD_BYTES = 64 * 1024
 #: LZF emits at most 264 output bytes per 3 input bytes (a long back-reference) and starts with a
 #: literal, so a block never decompresses to more than 88x its size; 89x is a safe upper bound.
 _LZF_MAX_RATIO = 89
-_MAX_TOKEN = 64  # longest ascii number accepted
 _INT_RE = re.compile(r"\+?[0-9]{1,18}")
 _DTYPES = {
     ("F", 4): "<f4", ("F", 8): "<f8",
@@ -206,6 +209,12 @@ def read_pcd(data: bytes, *, max_points: int = 50_000_000) -> NDArray[np.float32
         raise RejectError("empty", "PCD: header claims 0 points")
     if h.points > max_points:
         raise RejectError("too_large", f"PCD: header claims {h.points} points > max_points {max_points}")
+    values = h.points * sum(h.counts)
+    if values > VALUES_PER_POINT * max_points:
+        raise RejectError(
+            "too_large",
+            f"PCD: POINTS {h.points} x {sum(h.counts)} values (COUNT) > {VALUES_PER_POINT} x max_points {max_points}",
+        )
     body = memoryview(data)[h.data_offset :]
     if h.data == "ascii":
         cols = _ascii(h, body)
@@ -281,19 +290,11 @@ def _compressed(h: PcdHeader, body: memoryview) -> list[NDArray]:
 def _ascii(h: PcdHeader, body: memoryview) -> list[NDArray]:
     per_point = sum(h.counts)
     need = h.points * per_point
-    # every value takes at least one character plus a separator: refuse before splitting
+    # every value takes at least one character plus a separator: refuse before allocating
     if 2 * need - 1 > len(body):
         raise RejectError("truncated", f"PCD ascii: {len(body)} body bytes cannot hold {need} values")
-    tokens = bytes(body).split(None, need)
-    if len(tokens) < need:
-        raise RejectError("truncated", f"PCD ascii: {len(tokens)} values < POINTS {h.points} x {per_point}")
-    if len(tokens) > need:
+    starts = dict(zip(h.fields, np.cumsum([0, *h.counts])[:-1].tolist(), strict=True))
+    out, more = read_columns(body, h.points, per_point, [starts[c] for c in h.columns], what="PCD ascii")
+    if more:
         raise _bad(f"ascii body holds more than POINTS {h.points} x {per_point} values")
-    if max(map(len, tokens)) > _MAX_TOKEN:  # np.array(tokens) is need x longest token bytes
-        raise _bad(f"ascii body holds a value longer than {_MAX_TOKEN} characters")
-    try:
-        vals = np.array(tokens).astype(np.float64).reshape(h.points, per_point)
-    except ValueError:
-        raise _bad("ascii body holds a value that is not a number") from None
-    starts = np.cumsum([0, *h.counts])
-    return _pick(h, {name: vals[:, int(s)] for name, s in zip(h.fields, starts[:-1], strict=True)})
+    return list(out.T)

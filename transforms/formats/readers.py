@@ -25,14 +25,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.errors import RejectError
-from lidarshard.transforms.formats.pcd import read_pcd
+from lidarshard.transforms.formats.ascii_values import read_columns
+from lidarshard.transforms.formats.pcd import VALUES_PER_POINT, read_pcd
 
 __all__ = ["FORMATS", "detect_format", "record_floats", "read_points", "count_points_from_size"]
 
 FORMATS: tuple[str, ...] = ("nuscenes_bin", "kitti_bin", "bin", "npy", "pcd", "ply")
 _FIXED = {"nuscenes_bin": 5, "kitti_bin": 4, "bin": None}
 _MAX_HEADER = 64 * 1024
-_MAX_TOKEN = 64
 _PLY_TYPES = {
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1", "short": "i2", "int16": "i2",
     "ushort": "u2", "uint16": "u2", "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4",
@@ -257,6 +257,11 @@ def _read_ply(data: bytes, max_points: int) -> NDArray[np.float32]:
         raise RejectError("empty", "PLY: 0 vertices")
     if n > max_points:
         raise RejectError("too_large", f"PLY: {n} vertices > max_points {max_points}")
+    if n * len(vprops) > VALUES_PER_POINT * max_points:
+        detail = (
+            f"PLY: {n} vertices x {len(vprops)} properties > {VALUES_PER_POINT} x max_points {max_points}"
+        )
+        raise RejectError("too_large", detail)
     body = memoryview(data)[offset:]
     _check_room(fmt, elements, len(body))
     if any(lt is not None for e in elements[: vi + 1] for _, lt, _ in e[2]):
@@ -264,18 +269,8 @@ def _read_ply(data: bytes, max_points: int) -> NDArray[np.float32]:
     order = ["x", "y", "z"] + [name for _, name in scalar if name not in ("x", "y", "z")]
     if fmt == "ascii":
         skip = sum(cnt * len(props) for _, cnt, props in elements[:vi])
-        need = n * len(vprops)
-        tokens = bytes(body).split(None, skip + need)[skip : skip + need]
-        if len(tokens) < need:
-            raise RejectError("truncated", f"PLY ascii: {len(tokens)} vertex values < {n} x {len(vprops)}")
-        if max(map(len, tokens)) > _MAX_TOKEN:
-            raise RejectError("bad_header", f"PLY ascii: a value is longer than {_MAX_TOKEN} characters")
-        try:
-            vals = np.array(tokens).astype(np.float64).reshape(n, len(vprops))
-        except ValueError:
-            raise RejectError("bad_header", "PLY ascii: a vertex value is not a number") from None
-        col = {name: vals[:, i] for i, (_, _, name) in enumerate(vprops)}
-        return _finish([col[k] for k in order], n)
+        index = {name: i for i, (_, _, name) in enumerate(vprops)}
+        return read_columns(body, n, len(vprops), [index[k] for k in order], skip=skip, what="PLY ascii")[0]
     bo = _PLY_FORMATS[fmt]
     skip = sum(cnt * sum(np.dtype(t).itemsize for t, _, _ in props) for _, cnt, props in elements[:vi])
     struct = np.dtype([(f"p{i}", bo + t) for i, (t, _, _) in enumerate(vprops)])

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.jsonsafe import short
 
 __all__ = ["quaternion_matrix", "pose_matrix", "pose_record", "sweep_transform", "sweep_matrices"]
 
@@ -24,14 +25,14 @@ def _vector(value: object, size: int, what: str) -> list[float]:
             out = [float(v) for v in value]
             if all(map(math.isfinite, out)):
                 return out
-    raise RejectError("bad_table", f"{what} must be a list of {size} finite numbers, got {value!r}")
+    raise RejectError("bad_table", f"{what} must be a list of {size} finite numbers, got {short(value)}")
 
 
 def _rotation(q: object) -> list[list[float]]:
     w, x, y, z = _vector(q, 4, "rotation quaternion")
     norm = math.sqrt(w * w + x * x + y * y + z * z)
     if not norm > 1e-9:
-        raise RejectError("bad_table", f"rotation quaternion {q!r} has zero norm")
+        raise RejectError("bad_table", f"rotation quaternion {short(q)} has zero norm")
     w, x, y, z = w / norm, x / norm, y / norm, z / norm
     return [
         [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
@@ -64,12 +65,12 @@ def pose_matrix(record: object, inverse: bool = False) -> NDArray[np.float64]:
         RejectError: ``bad_table`` for a missing or malformed translation/rotation.
     """
     if not isinstance(record, dict):
-        raise RejectError("bad_table", f"pose record {record!r} is not a JSON object")
+        raise RejectError("bad_table", f"pose record {short(record)} is not a JSON object")
     try:
         rot = _rotation(record.get("rotation"))
         t = _vector(record.get("translation"), 3, "translation")
     except RejectError as err:
-        raise RejectError("bad_table", f"pose {record.get('token', '?')}: {err.detail}") from None
+        raise RejectError("bad_table", f"pose {short(record.get('token', '?'))}: {err.detail}") from None
     if inverse:
         rot = [list(col) for col in zip(*rot, strict=True)]
         t = [-(r[0] * t[0] + r[1] * t[1] + r[2] * t[2]) for r in rot]

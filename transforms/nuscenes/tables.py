@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms import storage
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.jsonsafe import loads, short
 from lidarshard.transforms.nuscenes.geometry import pose_matrix
 from lidarshard.transforms.nuscenes.multisweep import check_labels
 
@@ -114,7 +115,7 @@ def join_under_root(dataroot: str, filename: object) -> str:
             ``bad_table`` (not a non-empty string, NUL byte, names the root itself).
     """
     if not isinstance(filename, str) or not filename:
-        raise RejectError("bad_table", f"filename {filename!r} is not a non-empty string")
+        raise RejectError("bad_table", f"filename {short(filename)} is not a non-empty string")
     if "\x00" in filename:
         raise RejectError("bad_table", f"filename {filename!r} holds a NUL byte")
     if filename.startswith("/") or storage.has_scheme(filename):
@@ -130,7 +131,9 @@ def join_under_root(dataroot: str, filename: object) -> str:
 def _timestamp(record: dict[str, Any]) -> float:
     ts = record["timestamp"]
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-        raise RejectError("bad_table", f"sample_data {record['token']}: timestamp {ts!r} is not a number")
+        raise RejectError(
+            "bad_table", f"sample_data {record['token']}: timestamp {short(ts)} is not a finite number"
+        )
     return ts
 
 
@@ -278,10 +281,7 @@ def _read_table(
         raise ValueError(f"nuScenes table {path} not found (is --nuscenes-version right?)") from None
     except OSError as err:
         raise ValueError(f"nuScenes table {path} could not be read: {err}") from err
-    try:
-        rows = json.loads(raw)
-    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"nuScenes table {path} is not valid JSON: {err}") from err
+    rows = loads(raw, f"nuScenes table {path}")
     if not isinstance(rows, list):
         raise ValueError(f"nuScenes table {path} is not a JSON list of records")
     if _SURROGATE_ESCAPE.search(raw):  # a lone "\udcff" escape decodes to text no UTF-8 writer can hold
@@ -326,12 +326,19 @@ def load_tasks(
         token = row.get("token") if isinstance(row, dict) else None
         ref = f"{db.ref}/sample_data.json#{token if isinstance(token, str) else f'[{i}]'}"
         if isinstance(row, dict):
+            if row.get("is_key_frame") is False:
+                continue  # a sweep: reached only through a keyframe's prev chain
             channel = db.channel_of(row)
-            if (channel is not None and channel != LIDAR_CHANNEL) or row.get("is_key_frame") is False:
-                continue  # another sensor, or a sweep (reached only through a keyframe's prev chain)
-            if channel is None:
-                rejects.append((ref, "bad_table", f"sample_data {token}: unknown sensor channel"))
+            if not isinstance(channel, str):  # a malformed sensor row must not hide its samples
+                what = (
+                    "unknown sensor channel"
+                    if channel is None
+                    else f"channel {short(channel)} is not a string"
+                )
+                rejects.append((ref, "bad_table", f"sample_data {token}: {what}"))
                 continue
+            if channel != LIDAR_CHANNEL:
+                continue  # another sensor
         try:
             record = _check_sd(row, f"sample_data {token if isinstance(token, str) else f'[{i}]'}")
             path = join_under_root(dataroot, record["filename"])
@@ -345,6 +352,17 @@ def load_tasks(
             task = db.task(record, path, sweeps)
         except RejectError as err:
             rejects.append((path, err.reason, err.detail))
+            continue
+        except (
+            TypeError,
+            ValueError,
+            OverflowError,
+            KeyError,
+            AttributeError,
+        ) as err:  # any other malformed value
+            rejects.append(
+                (path, "bad_table", f"sample_data {token}: {type(err).__name__}: {str(err)[:200]}")
+            )
             continue
         if task.sample_id in by_sample:
             first = by_sample[task.sample_id].path

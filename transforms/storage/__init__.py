@@ -17,7 +17,6 @@ and directory swaps), ``arrow`` (``pyarrow.fs``); this package's functions dispa
 
 from __future__ import annotations
 
-import errno
 import glob as _glob
 import json
 import os
@@ -28,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lidarshard.transforms.jsonsafe import loads
 from lidarshard.transforms.storage.arrow import ArrowBackend, arrow_filesystem
 from lidarshard.transforms.storage.base import (
     Backend,
@@ -40,7 +40,7 @@ from lidarshard.transforms.storage.base import (
     join,
     local_path,
 )
-from lidarshard.transforms.storage.local import exchange, list_local, read_local, write_local
+from lidarshard.transforms.storage.local import exchange, list_local, read_local, size_local, write_local
 
 __all__ = [
     "Backend",
@@ -113,9 +113,10 @@ def read_bytes(path: str, max_bytes: int | None = None) -> bytes:
     return data
 
 
-def read_json(path: str, max_bytes: int = METADATA_MAX_BYTES) -> Any:
-    """Parse the JSON file at ``path`` (ValueError when it is not JSON)."""
-    return json.loads(read_bytes(path, max_bytes))
+def read_json(path: str, max_bytes: int = METADATA_MAX_BYTES, what: str | None = None) -> Any:
+    """Parse the JSON file at ``path`` with ``jsonsafe.loads`` (bounded nesting and integers);
+    ValueError naming ``what`` (default: the path) when it is not JSON."""
+    return loads(read_bytes(path, max_bytes), what or path)
 
 
 def read_parquet(path: str, columns: Sequence[str] | None = None, max_bytes: int | None = None) -> pa.Table:
@@ -138,12 +139,10 @@ def write_json(path: str, obj: object) -> None:
 
 
 def size(path: str) -> int:
-    """Bytes of the file at ``path`` (FileNotFoundError when absent, IsADirectoryError for a dir)."""
+    """Bytes of the file at ``path``, literally (FileNotFoundError when absent; NotRegularFileError for a
+    local FIFO, device or directory; IsADirectoryError for a remote directory)."""
     if is_local(path):
-        p = local_path(path)
-        if os.path.isdir(p):
-            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-        return os.stat(p).st_size
+        return size_local(path)
     return _backend(path).stat(path).size
 
 

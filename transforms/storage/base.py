@@ -8,6 +8,8 @@ import posixpath
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
+from lidarshard.transforms.safeio import NotRegularFile, is_local, local_path
+
 __all__ = [
     "Backend",
     "FileInfo",
@@ -28,8 +30,8 @@ class FileInfo(NamedTuple):
     mtime: float
 
 
-class NotRegularFileError(OSError):
-    """A local path that is not a regular file (FIFO, device, socket): never read."""
+#: A local path that is not a regular file (FIFO, device, socket, directory): never read.
+NotRegularFileError = NotRegularFile
 
 
 class FileTooLargeError(OSError):
@@ -56,16 +58,6 @@ class Backend(Protocol):
 def has_scheme(path: str) -> bool:
     """True for any URI (``scheme://...``), ``file://`` included."""
     return "://" in path
-
-
-def is_local(path: str) -> bool:
-    """True for plain paths and ``file://`` URIs."""
-    return not has_scheme(path) or path.startswith("file://")
-
-
-def local_path(path: str) -> str:
-    """A local path or ``file://`` URI as a plain path."""
-    return path.removeprefix("file://")
 
 
 def absolute(path: str | None) -> str | None:

@@ -6,42 +6,27 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import stat
 import sys
 import uuid
 
-from lidarshard.transforms.storage.base import FileInfo, FileTooLargeError, NotRegularFileError, local_path
+from lidarshard.transforms import safeio
+from lidarshard.transforms.storage.base import FileInfo, FileTooLargeError, local_path
 
-__all__ = ["read_local", "write_local", "list_local", "exchange"]
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):  # fmt: skip
-        if test(mode):
-            return name
-    return "not a regular file"
+__all__ = ["read_local", "size_local", "write_local", "list_local", "exchange"]
 
 
 def read_local(path: str, limit: int | None) -> bytes:
-    # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused right after by fstat.
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with open(fd, "rb", closefd=True) as f:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFileError(
-                errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file: refusing to read it", path
-            )
-        if limit is None:
-            return f.read()
-        if st.st_size > limit:
-            raise FileTooLargeError(path, st.st_size, limit)
-        data = f.read(st.st_size + 1)  # one byte more tells a file that grew since fstat
-    if len(data) > limit:
+    """``safeio.read_local`` (regular files only, never more than ``limit + 1`` bytes read), with a
+    file larger than ``limit`` raised as ``FileTooLargeError``."""
+    data = safeio.read_local(path, limit)
+    if limit is not None and len(data) > limit:
         raise FileTooLargeError(path, len(data), limit)
     return data
+
+
+def size_local(path: str) -> int:
+    """Bytes of the regular file at ``path`` (``NotRegularFileError`` for a FIFO, device or directory)."""
+    return safeio.size_local(path)
 
 
 def write_local(path: str, data: bytes) -> None:

@@ -1,0 +1,155 @@
+"""Evaluation sharding: every validation sample exactly once over all ranks, cost balanced.
+
+``DistributedSampler`` pads a validation set to a multiple of the world size by repeating samples
+(which biases metrics) and deals indices round-robin, so one rank can get the large scenes. Here the
+shards are a partition of the dataset (no sample repeated, none left out), per-rank counts differ by
+at most one, and samples go largest-cost first to the least-loaded rank that still has room (LPT with
+a cardinality cap). The costs are the manifest's predicted costs (``lidarshard build`` on the
+validation set) or any per-sample array. Deterministic: no RNG, ties broken by index.
+
+    sampler = EvalSampler.from_manifest("VAL_OUT")          # rank / world size from torch.distributed
+    loader = DataLoader(val_dataset, sampler=sampler, batch_size=1, collate_fn=collate)
+    # gather per-sample results across ranks: every sample appears exactly once
+
+Needs PyTorch: ``pip install "lidarshard[torch]"``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+try:
+    from torch.utils.data import Sampler
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise ImportError(
+        'lidarshard.loaders.evaluation needs PyTorch, which is an optional extra: pip install "lidarshard[torch]"'
+    ) from e
+
+from lidarshard.loaders.reader import PathLike, check_int, read_samples
+from lidarshard.loaders.torch import _rank_world
+
+__all__ = ["EvalSampler", "eval_costs", "eval_shards"]
+
+
+def eval_shards(costs: Sequence[float] | NDArray[np.float64], world_size: int) -> list[NDArray[np.int64]]:
+    """Partition ``range(len(costs))`` into ``world_size`` shards of balanced total cost.
+
+    Args:
+        costs: (N,) predicted cost per sample, finite and >= 0 (cost-model units).
+        world_size: W >= 1 shards.
+
+    Returns:
+        W ascending (n_r,) index arrays: disjoint, covering 0..N-1, ``n_r`` in {N // W, N // W + 1}
+        (the first ``N % W`` ranks by load order get the extra one). Samples are placed in descending
+        cost order on the least-loaded rank with room, so max load - min load <= max cost in practice.
+    """
+    w = check_int("world_size", world_size, 1)
+    c = np.asarray(costs, dtype=np.float64)
+    if c.ndim != 1 or not np.isfinite(c).all() or (c < 0).any():
+        raise ValueError("costs must be a 1-d array of finite values >= 0")
+    base, extra = divmod(c.size, w)
+    order = np.lexsort((np.arange(c.size), -c))  # descending cost, ties by index
+    heap = [(0.0, r) for r in range(w)]
+    count = [0] * w
+    shards: list[list[int]] = [[] for _ in range(w)]
+    for i in order.tolist():
+        while True:
+            load, r = heap[0]
+            if count[r] < base + (extra > 0):
+                break
+            heapq.heappop(heap)  # full: base + 1 items, or base items once the extras are used up
+        shards[r].append(i)
+        count[r] += 1
+        if count[r] == base + 1:
+            extra -= 1
+        heapq.heapreplace(heap, (load + float(c[i]), r))
+    return [np.sort(np.asarray(s, dtype=np.int64)) for s in shards]
+
+
+def eval_costs(
+    out_dir: PathLike,
+    size: int | None = None,
+    index_of: Mapping[str, int] | Callable[[str], int] | None = None,
+) -> NDArray[np.float64]:
+    """(size,) predicted cost per dataset index, from a manifest's samples.parquet.
+
+    Args:
+        out_dir: committed manifest of the validation set.
+        size: dataset length; default the manifest's sample count (dataset in samples.parquet order).
+        index_of: sample_id -> dataset index (mapping or callable); default samples.parquet row order.
+
+    Raises:
+        ValueError: a dataset index has no cost (its sample is not in the manifest), or a sample maps
+            outside ``0..size-1``.
+    """
+    table = read_samples(out_dir, ["sample_id", "cost"])
+    ids, cost = table["sample_id"].to_pylist(), table["cost"].to_numpy()
+    n = len(ids) if size is None else check_int("size", size, 0)
+    if index_of is None:
+        idx = np.arange(len(ids))
+    else:
+        get = index_of.get if isinstance(index_of, Mapping) else index_of
+        idx = np.array([-1 if (j := get(s)) is None else int(j) for s in ids], dtype=np.int64)
+        keep = idx >= 0
+        idx, cost = idx[keep], cost[keep]
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise ValueError(f"a manifest sample maps to dataset index {int(idx.max())}, outside 0..{n - 1}")
+    out = np.full(n, np.nan)
+    out[idx] = cost
+    missing = np.flatnonzero(np.isnan(out))
+    if missing.size:
+        raise ValueError(
+            f"{missing.size} of {n} dataset items have no cost in {out_dir} (first index {int(missing[0])}): "
+            "build the manifest on this validation set, or pass the right index_of / id_key"
+        )
+    return out
+
+
+class EvalSampler(Sampler[int]):
+    """This rank's shard of an evaluation set (``DataLoader(sampler=...)``), ascending indices.
+
+    Args:
+        costs: (N,) predicted cost per dataset index (see :func:`eval_costs`).
+        rank: default ``torch.distributed.get_rank()``.
+        world_size: default ``torch.distributed.get_world_size()``.
+
+    ``len(sampler)`` is this rank's count (N // W or N // W + 1); ``set_epoch`` is accepted and
+    changes nothing (evaluation order is fixed).
+    """
+
+    def __init__(
+        self,
+        costs: Sequence[float] | NDArray[np.float64],
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.rank, self.world_size = _rank_world(rank, world_size)
+        self.shards = eval_shards(costs, self.world_size)
+        self.indices = self.shards[self.rank]
+
+    @classmethod
+    def from_manifest(
+        cls,
+        out_dir: PathLike,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        size: int | None = None,
+        index_of: Mapping[str, int] | Callable[[str], int] | None = None,
+    ) -> EvalSampler:
+        """Shards weighted by the manifest's predicted costs (:func:`eval_costs` arguments)."""
+        return cls(eval_costs(out_dir, size, index_of), rank, world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        check_int("epoch", epoch, 0)
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices.tolist())

@@ -1,0 +1,75 @@
+"""Where a batch sampler stands: batches yielded vs batches the training loop received.
+
+A ``DataLoader`` with workers draws up to ``num_workers * prefetch_factor`` batches from its batch
+sampler ahead of the loop, so "yielded" is not "trained". ``lidarshard.loaders.torch.PlanLoader``
+tells the sampler, batch by batch, which (epoch, step) the loop just received; the sampler's state
+then counts those. Pure Python: shared by the torch and elastic samplers.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+
+__all__ = ["Position", "caller_self"]
+
+
+def caller_self(depth: int) -> object:
+    """The ``self`` of the frame ``depth`` levels above the caller (who iterates a sampler), or None."""
+    return sys._getframe(depth + 1).f_locals.get("self")
+
+
+class Position:
+    """Mixin for batch samplers that resume: call :meth:`_reset_position` in ``__init__``,
+    :meth:`_yielded` for every batch, :meth:`_saved_step` in ``state_dict``.
+
+    Attributes read by subclasses: ``epoch`` (set by them), ``_resume`` (first step of the next pass).
+    """
+
+    epoch: int
+
+    def _reset_position(self, step: int = 0) -> None:
+        """Position ``step`` of ``self.epoch``: nothing handed out beyond it."""
+        self._step = self._resume = self._trained = step
+        self._handed: deque[tuple[int, int]] = deque()  # (epoch, step) yielded, not yet delivered
+        if not hasattr(self, "_tracked"):
+            self._tracked = False  # a PlanLoader reports deliveries
+            self._prefetcher: str | None = None  # a plain multi-worker DataLoader drives the sampler
+
+    def _note_caller(self, caller: object) -> None:
+        """Remember a plain prefetching DataLoader iterating us (its state would run ahead)."""
+        if type(caller).__name__ == "_MultiProcessingDataLoaderIter" and not self._tracked:
+            self._prefetcher = f"a DataLoader with num_workers={getattr(caller, '_num_workers', '?')}"
+
+    def _yielded(self, step: int) -> None:
+        self._step = step + 1
+        if self._tracked:
+            self._handed.append((self.epoch, step))
+
+    def _begin_delivery(self) -> None:
+        """A new pass of the loader: batches an abandoned pass prefetched are not coming."""
+        self._handed.clear()
+        self._trained = self._resume
+
+    def _delivered(self) -> None:
+        """The loop received the oldest batch handed out."""
+        epoch, step = self._handed.popleft()
+        if epoch == self.epoch:
+            self._trained = step + 1
+
+    def _saved_step(self) -> int:
+        """Batches of ``self.epoch`` the training loop received.
+
+        Raises:
+            RuntimeError: a plain multi-worker ``DataLoader`` drives the sampler, so only the
+                batches handed to workers are known; build the loader with ``PlanLoader``.
+        """
+        if self._tracked:
+            return self._trained
+        if self._prefetcher is not None:
+            raise RuntimeError(
+                f"{self._prefetcher} prefetches batches ahead of training, so this sampler cannot tell "
+                "how many were trained: build the loader with lidarshard.loaders.torch.PlanLoader("
+                "dataset, sampler, ...), whose state counts delivered batches"
+            )
+        return self._step

@@ -1,0 +1,147 @@
+"""Movable datasets: sample paths stored relative to a recorded root, resolved wherever the data lives.
+
+``lidarshard build --relative-to ROOT`` stores ``path``, ``sweep_paths`` and ``label_path`` relative to
+ROOT (``samples/LIDAR_TOP/x.bin``) and records ROOT as ``path_root`` in ``_manifest.json``; a reader
+joins them to the recorded root, or to the ``root=`` it is given when the data moved (a local path or
+a gs:// / s3:// URI). Absolute manifests move with ``path_map={"/old/prefix": "/new/prefix"}``.
+Pure pyarrow; no Beam, no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Callable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = [
+    "PATH_COLUMNS",
+    "PathResolver",
+    "absolute",
+    "is_relative",
+    "join_root",
+    "path_problem",
+    "relative_to",
+]
+
+#: Columns of samples.parquet and of the plan that hold paths (string or list<string>).
+PATH_COLUMNS = ("path", "sweep_paths", "label_path")
+
+
+def is_relative(path: str) -> bool:
+    """True for a stored relative path (no leading '/', no scheme, no drive)."""
+    return not (path.startswith("/") or "://" in path or os.path.isabs(path))
+
+
+def join_root(root: str, rel: str) -> str:
+    """``root`` + ``rel`` with '/' for URIs, the OS separator for local roots."""
+    if "://" in root:
+        return posixpath.join(root.rstrip("/"), rel)
+    return os.path.join(root, *rel.split("/"))
+
+
+def _map_strings(arr: pa.Array, fn: Callable[[pa.Array], pa.Array]) -> pa.Array:
+    """Apply ``fn`` to the strings of a string or list<string> array, keeping nulls and offsets."""
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        offsets = pc.subtract(arr.offsets, arr.offsets[0])  # a sliced array's offsets need not start at 0
+        return type(arr).from_arrays(offsets, fn(arr.flatten()), mask=arr.is_null())
+    return fn(arr)
+
+
+def _rewrite(table: pa.Table, fn: Callable[[pa.Array], pa.Array]) -> pa.Table:
+    for name in PATH_COLUMNS:
+        if name in table.column_names:
+            i = table.column_names.index(name)
+            col = table.column(name).combine_chunks()
+            table = table.set_column(i, table.field(name), _map_strings(col, fn).cast(col.type))
+    return table
+
+
+def relative_to(table: pa.Table, root: str | None) -> pa.Table:
+    """``table`` with every path made relative to ``root`` (None: unchanged).
+
+    Raises:
+        ValueError: a path is not inside ``root`` (naming it), or is already relative.
+    """
+    if root is None:
+        return table
+    prefix = root.rstrip("/") + "/"
+
+    def strip(values: pa.Array) -> pa.Array:
+        outside = pc.invert(pc.fill_null(pc.starts_with(values, prefix), True))
+        if pc.any(outside).as_py():
+            bad = values.filter(outside)[0].as_py()
+            raise ValueError(
+                f"{bad} is not inside --relative-to {root}: pass a ROOT that holds every input "
+                "(or --relative-to none for full paths)"
+            )
+        return pc.utf8_slice_codeunits(values, len(prefix))
+
+    return _rewrite(table, strip)
+
+
+def absolute(table: pa.Table, root: str | None) -> pa.Table:
+    """``table`` with relative paths joined to ``root`` (None: the paths must already be absolute)."""
+    if root is None:
+        return table
+    prefix = root.rstrip("/") + "/"
+
+    def join(values: pa.Array) -> pa.Array:
+        rel = pc.invert(
+            pc.fill_null(pc.or_(pc.starts_with(values, "/"), pc.match_substring(values, "://")), True)
+        )
+        return pc.if_else(rel, pc.binary_join_element_wise(prefix, values, ""), values)
+
+    return _rewrite(table, join)
+
+
+def path_problem(table: pa.Table, root: object) -> str | None:
+    """What is wrong with ``table``'s stored paths for a manifest whose ``path_root`` is ``root``:
+    with a root every path must be relative and stay inside it (no ``..``); without, all are full."""
+    if root is not None and not isinstance(root, str):
+        return f"path_root must be a string or null, got {root!r}"
+    for name in PATH_COLUMNS:
+        if name not in table.column_names:
+            continue
+        col = table.column(name).combine_chunks()
+        values = (col.flatten() if pa.types.is_list(col.type) else col).drop_null()
+        full = pc.or_(pc.starts_with(values, "/"), pc.match_substring(values, "://"))
+        bad = pc.match_substring_regex(values, r"(^|/)\.\.(/|$)")
+        bad = pc.or_(bad, full if root is not None else pc.invert(full))
+        if pc.any(bad).as_py():
+            want = f"relative to path_root {root} and inside it" if root else "a full path (no path_root)"
+            return f"{name} {values.filter(bad)[0].as_py()!r} is not {want}"
+    return None
+
+
+class PathResolver:
+    """Stored path -> path to open; a plain object, so DataLoader workers can pickle it (spawn).
+
+    Args:
+        manifest_root: the manifest's recorded ``path_root`` (None: it stores full paths).
+        root: where the data lives now (local path or URI); overrides ``manifest_root``.
+        path_map: ``{old prefix: new prefix}`` applied to full paths (and to joined ones), longest
+            prefix first, whole path components only.
+    """
+
+    def __init__(
+        self, manifest_root: str | None, root: str | None = None, path_map: Mapping[str, str] | None = None
+    ) -> None:
+        self.base = root if root is not None else manifest_root
+        pairs = ((k.rstrip("/"), v.rstrip("/")) for k, v in (path_map or {}).items())
+        self.pairs = sorted(pairs, key=lambda kv: -len(kv[0]))
+
+    def __call__(self, path: str) -> str:
+        """Raises ValueError for a relative path when there is no root to join it to."""
+        if is_relative(path):
+            if self.base is None:
+                raise ValueError(
+                    f"{path} is stored relative but the manifest records no path_root: pass root="
+                )
+            path = join_root(self.base, path)
+        for old, new in self.pairs:
+            if path == old or path.startswith(old + "/"):
+                return new + path[len(old) :]
+        return path
