@@ -21,7 +21,7 @@ from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.tools.validate import validate
 from tests.adversarial import TABLES_VERSION, good_cloud, write_tables_corpus
-from tests.conftest import BEAM_TEST_FLAGS
+from tests.helpers import BEAM_TEST_FLAGS
 
 LOOSE = ["--max-reject-fraction", "1", *BEAM_TEST_FLAGS]
 TABLE_FLAGS = ["--nuscenes-version", TABLES_VERSION, *LOOSE]

@@ -16,7 +16,7 @@ from lidarshard.loaders import ManifestReader, read_samples
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.tools.validate import validate
 from lidarshard.transforms.paths import PathResolver, absolute, relative_to
-from tests.conftest import BEAM_TEST_FLAGS
+from tests.helpers import BEAM_TEST_FLAGS
 
 PLAN = ["--nuscenes-version", "v1.0-synth", "--sweeps", "1", "--world-size", "2", "--batch-size", "2"]
 
