@@ -80,15 +80,18 @@ def _linearity(steps: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
 
 
 def _bisect(
-    build: Callable[[float], NDArray[np.int64]], ok: Callable[[NDArray[np.int64]], bool]
-) -> NDArray[np.int64] | None:
-    """Steps of the largest ``EPS_LADDER`` rung for which ``ok(build(eps))``; None if none.
+    build: Callable[[float], NDArray[np.int64]],
+    ok: Callable[[NDArray[np.int64]], bool],
+    exact: NDArray[np.int64],
+) -> NDArray[np.int64]:
+    """Steps of the largest ``EPS_LADDER`` rung for which ``ok(build(eps))``.
 
-    Linearity falls as eps grows, so the rungs are bisected like ``balanced.choose_eps``.
+    ``exact`` is ``build(0.0)``, the last rung, already known to pass. Linearity falls as eps
+    grows, so the rungs are bisected like ``balanced.choose_eps``.
     """
     ladder = balanced.EPS_LADDER
-    lo, hi = 0, len(ladder)  # invariant: rung hi passes (len(ladder): none known to pass yet)
-    found: dict[int, NDArray[np.int64]] = {}
+    lo, hi = 0, len(ladder) - 1  # invariant: rung hi passes
+    found = {hi: exact}
     while lo < hi:
         mid = (lo + hi) // 2
         steps = build(ladder[mid])
@@ -96,7 +99,7 @@ def _bisect(
             hi, found[mid] = mid, steps
         else:
             lo = mid + 1
-    return found.get(hi)
+    return found[hi]
 
 
 def choose_steps(
@@ -137,9 +140,12 @@ def choose_steps(
             h_steps = _split_steps(head[balanced.jittered_order(head_log, u_head, eps)], costs, w)
             return np.concatenate([h_steps, t_steps])
 
-        steps = _bisect(build, lambda st: _linearity(st, costs) >= target)
-        if steps is not None:
-            return k, steps
+        def ok(steps: NDArray[np.int64]) -> bool:
+            return _linearity(steps, costs) >= target
+
+        exact = build(0.0)  # the most balanced rung: if it misses, so does every other
+        if ok(exact):
+            return k, _bisect(build, ok, exact)
     raise AssertionError("k = S, eps = 0 reproduces the bound and must pass")  # pragma: no cover
 
 
