@@ -44,7 +44,7 @@ STRATEGIES: dict[str, PlanFn] = {
 #: Strategies whose rank-steps hold a variable number of samples (``-1`` pads the plan).
 VARIABLE_COUNT = frozenset({"budget"})
 
-DEFAULT_STRATEGY = "balanced"
+DEFAULT_STRATEGY = "mixed"
 
 
 def strategy_salt(strategy: str) -> int:
