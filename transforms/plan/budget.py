@@ -39,7 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.plan._partition import permute_ranks
-from lidarshard.transforms.plan.balanced import _log_cost
+from lidarshard.transforms.plan.balanced import log_cost
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 
 __all__ = ["plan", "SLACK_LADDER", "TARGET", "JITTER_LADDER", "TOLERANCE", "to_padded"]
@@ -289,7 +289,7 @@ def plan(
         raise ValueError(f"budget needs at least W = {w} samples per epoch, the pool holds {p}")
     limits = limits or PoolLimits(Caps())
     u, tie = rng.uniform(-1.0, 1.0, p), rng.random(p)
-    logc = _log_cost(costs)
+    logc = log_cost(costs)
 
     def attempt(jitter: float, candidates: list[int]) -> tuple[float, _Bins, list[list[int]]] | None:
         order = np.argsort(-(logc + jitter * u), kind="stable").astype(np.int64)
