@@ -199,6 +199,7 @@ def summarize(runs: list[dict[str, Any]], target_frac: float) -> dict[str, dict[
             "final_std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
             "final_min": min(finals),
             "final_max": max(finals),
+            "cpu_linearity": statistics.fmean(r["cpu_linearity"] for r in mine),
         }
         for clock in ("wall", "cpu"):
             reach = [time_to_target(_curve(r, clock), target) for r in mine]
@@ -260,7 +261,7 @@ def _print(runs: list[dict[str, Any]], summary: dict[str, dict[str, Any]]) -> No
     )
     print(f"target mIoU {summary['_target']['miou']:.3f} ({len(runs)} runs)")
     print(
-        f"{'sampler':<12}{'final mIoU':>16}{'min..max':>14}"
+        f"{'sampler':<12}{'final mIoU':>16}{'min..max':>14}{'cpu lin':>8}"
         + "".join(f"{c + ' s/ep':>11}{c + ' to target':>18}{'vs dist':>8}" for c in ("wall", "cpu"))
     )
     base = summary.get("distributed", {})
@@ -275,7 +276,7 @@ def _print(runs: list[dict[str, Any]], summary: dict[str, dict[str, Any]]) -> No
             cells += f"{s[f'{c}_s_per_epoch']:>11.1f}{reach:>18}{ratio:>8}"
         print(
             f"{name:<12}{s['final_mean']:>8.3f} ± {s['final_std']:.3f}"
-            f"{s['final_min']:>7.3f}..{s['final_max']:.3f}{cells}"
+            f"{s['final_min']:>7.3f}..{s['final_max']:.3f}{s['cpu_linearity']:>8.3f}{cells}"
         )
 
 
@@ -289,6 +290,7 @@ def _record(result: dict[str, Any], sampler: str, seed: int) -> dict[str, Any]:
         "val_loss": [e["val_loss"] for e in epochs],
         "wall": [e["wall_s"] for e in epochs],
         "cpu": [float(np.asarray(e["cpu_s"]).max(axis=0).sum()) for e in epochs],  # (W, steps) -> s
+        "cpu_linearity": result["cpu_linearity"],  # sum_steps mean_rank / sum_steps max_rank CPU time
         "miou0": result["val_initial"]["val_miou"],
         "class_points": result["val_initial"]["val_class_points"],
     }
