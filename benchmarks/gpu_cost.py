@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lidarshard.loaders import read_samples
-from lidarshard.loaders.reader import load_points
+from lidarshard.loaders.torch import PointCloudDataset
 from lidarshard.pipelines.tools.calibrate import calibrate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,14 +247,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out = args.manifest or _synth_build(Path(tmp), args.scenes, args.sweeps)
         name, model = _backbone(args.backbone)
         model = model.to(device)
-        table = read_samples(out, ["sample_id", "path", "format", "sweep_paths", "sweep_transforms", "cost"])
-        rows = table.to_pylist()
+        rows = read_samples(out, ["sample_id", "cost"]).to_pylist()
+        dataset = PointCloudDataset(out)  # keyframe + planned sweeps, paths resolved against path_root
         timings = Path(tmp) / "timings.csv"
         measured: list[float] = []
         other: list[float] = []  # the clock not fitted
         for i, r in enumerate(rows):
-            pts = load_points(r["path"], r["format"], r["sweep_paths"] or [], r["sweep_transforms"])
-            coords, feats = voxelize(torch.from_numpy(pts), args.voxel_size)
+            pts = dataset[i]["points"]
+            coords, feats = voxelize(pts, args.voxel_size)
             coords, feats = coords.to(device), feats.to(device)
             if i == 0:
                 _step_ms(model, coords, feats, device)  # warm-up (allocators, kernels), untimed
