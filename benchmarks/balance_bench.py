@@ -4,9 +4,11 @@
 
 Prints one row per (cost distribution, W, B): the bound and each strategy's linearity
 (sum of mean rank cost / sum of max rank cost), and the pair-repeat rate (% of the pairs sharing
-a step in epoch 0 that share one in epoch 1) of balanced and random, then the targets for
-``balanced`` and the planning time of one 1M-sample epoch (W=64, B=2) as a ratio against
-``random`` in the same process.
+a step in epoch 0 that share one in epoch 1) of balanced and random. A second table puts
+linearity and diversity side by side for every strategy: linearity minus the bound, the pair
+repeat rate as a multiple of ``random``'s, and ``mate_cost_correlation`` (0 = every step holds the
+whole size mix, 1 = steps of cost neighbours). Then the targets and the planning time of one
+1M-sample epoch (W=64, B=2) as a ratio against ``random`` in the same process.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.features.buckets import fit_pool
 from lidarshard.transforms.plan import STRATEGIES, plan_epoch
-from lidarshard.transforms.plan.metrics import bound_linearity, linearity, pair_repeat_rate
+from lidarshard.transforms.plan.metrics import (
+    bound_linearity,
+    linearity,
+    mate_cost_correlation,
+    pair_repeat_rate,
+)
 
-COMPARED = ("random", "stratified", "megabatch", "balanced")
+COMPARED = ("random", "stratified", "megabatch", "balanced", "mixed")
 SEED = 0
 
 
@@ -47,17 +54,17 @@ def load_costs(path: Path, column: str) -> NDArray[np.float64]:
 
 
 def bench_cell(costs: NDArray[np.float64], w: int, b: int) -> dict[str, float]:
-    """Linearity of every compared strategy, the bound, and the pair-repeat ratio for one cell."""
+    """For one cell: the bound and, per compared strategy, linearity (key = name), pair repeat
+    rate in % (``pairs_<name>``) and mate cost correlation (``mates_<name>``)."""
     pool, _, _ = fit_pool(np.arange(costs.size), w * b, "drop_last", np.random.default_rng(SEED))
     c = costs[pool]
     row: dict[str, float] = {"P": c.size, "bound": bound_linearity(c, w, b)}
-    plans = {}
     for name in COMPARED:
-        plans[name] = plan_epoch(name, c, w, b, seed=SEED, epoch=0)
-        row[name] = linearity(plans[name], c)
-    for name in ("balanced", "random"):
+        first = plan_epoch(name, c, w, b, seed=SEED, epoch=0)
         again = plan_epoch(name, c, w, b, seed=SEED, epoch=1)
-        row[f"pairs_{name}"] = 100.0 * pair_repeat_rate(plans[name], again)
+        row[name] = linearity(first, c)
+        row[f"pairs_{name}"] = 100.0 * pair_repeat_rate(first, again)
+        row[f"mates_{name}"] = mate_cost_correlation(first, c)
     return row
 
 
@@ -81,6 +88,20 @@ def print_table(dists: dict[str, NDArray[np.float64]], worlds: list[int], batche
     return rows
 
 
+def print_diversity(rows: list) -> None:
+    """Second table: per strategy, linearity - bound / pair repeat x random / mate correlation."""
+    print("\nlinearity - bound / pair repeat rate as a multiple of random's / mate cost correlation")
+    print(f"{'dist':<10}{'W':>5}{'B':>3}{'pair%rnd':>10}" + "".join(f"{n[:10]:>24}" for n in COMPARED))
+    for dname, w, b, r in rows:
+        rnd = r["pairs_random"]
+        cells = "".join(
+            f"{r[n] - r['bound']:>+9.4f} {r[f'pairs_{n}'] / rnd if rnd else float('nan'):>6.2f}x"
+            f"{r[f'mates_{n}']:>+7.2f}"
+            for n in COMPARED
+        )
+        print(f"{dname:<10}{w:>5}{b:>3}{rnd:>10.3f}{cells}")
+
+
 def check_targets(rows: list) -> None:
     synth = [r for d, w, b, r in rows if d == "synth" and (w, b) == (16, 2)]
     if synth:
@@ -88,6 +109,11 @@ def check_targets(rows: list) -> None:
         print(f"target balanced >= 0.99 at synth W=16 B=2: {lin:.4f} {'OK' if lin >= 0.99 else 'MISS'}")
     misses = [(d, w, b) for d, w, b, r in rows if w <= 64 and r["balanced"] < r["bound"] - 0.01]
     print(f"target balanced within 0.01 of bound (W <= 64): {'OK' if not misses else f'MISS {misses}'}")
+    for name in ("balanced", "mixed"):
+        far = [(d, w, b) for d, w, b, r in rows if r[name] < r["bound"] - 0.005 - 1e-9]
+        print(f"target {name} within 0.005 of bound: {'OK' if not far else f'MISS {far}'}")
+        many = [(d, w, b) for d, w, b, r in rows if b >= 2 and r[f"pairs_{name}"] > 1.5 * r["pairs_random"]]
+        print(f"target {name} pair repeat <= 1.5x random (B >= 2): {'OK' if not many else f'MISS {many}'}")
 
 
 def time_1m(n: int) -> None:
@@ -115,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     dists["synth"] = load_costs(args.costs, args.column) if args.costs else synth_costs(n, rng)
     worlds = [4, 16, 64] if args.quick else [4, 16, 64, 256]
     rows = print_table(dists, worlds, [1, 2, 4])
+    print_diversity(rows)
     check_targets(rows)
     time_1m(200_000 if args.quick else 1_000_000)
 

@@ -1,6 +1,7 @@
 """Planning at scale: ``lidarshard build --from-samples`` on N synthetic feature rows.
 
     python benchmarks/plan_bench.py [--sizes 250000,1000000,5000000] [--sweeps 0] [--workers 2]
+        [--runners direct,dask]
 
 For each N, writes a ``samples.parquet`` of N rows (``lidarshard.schemas.sample_schema()``, nuScenes-like
 paths, voxel counts drawn like ``balance_bench``'s 10-sweep costs; ``--sweeps`` sweep paths and
@@ -11,7 +12,9 @@ transforms per row; the writer settings of ``lidarshard scan``), then runs
 
 in a child process and measures wall time and peak memory: the largest single-process RSS
 (``wait4``) and the peak of the summed RSS of the whole process tree (launcher + Beam workers,
-sampled every 0.1 s). A first run on ``--baseline`` rows shows the fixed cost (interpreters,
+sampled every 0.1 s; the largest process as sampled is printed too). ``--runners direct,dask`` runs each build on the DirectRunner and with
+``--runner=dask`` (Beam's DaskRunner on a LocalCluster the launcher starts: its worker processes
+are in the tree), prints their ratios and checks that both wrote the same bytes. A first run on ``--baseline`` rows shows the fixed cost (interpreters,
 Beam start-up). Prints a table, the log-log slopes of time and memory against N over all sizes
 and between consecutive sizes (1.0 = linear; the fixed cost pulls slopes below 1 at small N),
 and the issue #4 target: 1M rows in <= 60 s and <= 2 GiB on 2 cores.
@@ -95,8 +98,8 @@ def synth_samples(n: int, sweeps: int, seed: int = 0) -> pa.Table:
     return pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)
 
 
-def _tree_rss(root: int) -> int:
-    """Summed RSS (bytes) of ``root`` and all its descendants, from /proc."""
+def _tree_rss(root: int) -> dict[int, int]:
+    """{pid: RSS bytes} of ``root`` and all its descendants, from /proc."""
     parent: dict[int, int] = {}
     rss: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -109,26 +112,30 @@ def _tree_rss(root: int) -> int:
             continue
         parent[int(entry)] = int(fields[1])
         rss[int(entry)] = int(fields[21]) * _PAGE
-    total, todo = 0, [root]
+    tree, todo = {}, [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        tree[pid] = rss.get(pid, 0)
         todo += [c for c, p in parent.items() if p == pid]
-    return total
+    return tree
 
 
 def measure(cmd: list[str], timeout: float) -> dict[str, float]:
-    """Run ``cmd``; wall s, peak single-process RSS and peak process-tree RSS (bytes)."""
+    """Run ``cmd``; wall s, peak single-process RSS (``wait4``; and as sampled), peak process-tree
+    RSS (bytes) and the number of processes seen in the tree."""
     log = tempfile.TemporaryFile()  # not a pipe: a full pipe would block the child
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    peak_tree = 0
+    peak_tree = peak_proc = 0
+    seen: set[int] = set()
     status, usage = 0, None
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
-        peak_tree = max(peak_tree, _tree_rss(proc.pid))
+        tree = _tree_rss(proc.pid)
+        peak_tree, peak_proc = max(peak_tree, sum(tree.values())), max(peak_proc, *tree.values())
+        seen |= set(tree)
         if time.perf_counter() - t0 > timeout:
             os.killpg(proc.pid, 9)
             os.wait4(proc.pid, 0)
@@ -141,12 +148,72 @@ def measure(cmd: list[str], timeout: float) -> dict[str, float]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}):\n{out[-4000:]}")
-    return {"wall_s": wall, "max_rss": usage.ru_maxrss * 1024, "tree_rss": peak_tree}
+    return {
+        "wall_s": wall,
+        "max_rss": usage.ru_maxrss * 1024,
+        "proc_rss": peak_proc,
+        "tree_rss": peak_tree,
+        "procs": len(seen),
+    }
 
 
 def slope(ns: list[int], ys: list[float]) -> float:
     """Least-squares slope of log(y) against log(N)."""
     return float(np.polyfit(np.log(ns), np.log(ys), 1)[0]) if len(ns) > 1 else float("nan")
+
+
+def _runner_flags(name: str, workers: int) -> list[str]:
+    if name == "direct":
+        return [
+            "--runner=DirectRunner",
+            "--direct_running_mode=multi_processing",
+            f"--direct_num_workers={workers}",
+        ]
+    if name == "dask":
+        return ["--runner=dask"]  # a LocalCluster of this machine's default size
+    raise ValueError(f"unknown runner {name!r}: direct or dask")
+
+
+def _tree_digest(root: Path) -> dict[str, bytes]:
+    """{relative path: bytes} of every file under ``root`` (outputs are small next to the input)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _build(out: Path, samples: Path, flags: list[str], timeout: float) -> dict[str, float]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "lidarshard.pipelines.cli",
+        "build",
+        str(out),
+        "--from-samples",
+        str(samples),
+    ]
+    return measure([*cmd, "--world-size", "64", "--batch-size", "2", "--epochs", "1", *flags], timeout)
+
+
+def _print_slopes(rows: list[tuple[int, dict]], label: str) -> None:
+    if len(rows) < 2:
+        return
+    keys = (("time", "wall_s"), ("max RSS", "max_rss"), ("tree RSS", "tree_rss"))
+    print(
+        f"{label}: log-log slope vs N, least squares over the sizes: "
+        + ", ".join(f"{name} {slope([n for n, _ in rows], [m[k] for _, m in rows]):.2f}" for name, k in keys)
+    )
+    for (n0, m0), (n1, m1) in zip(rows, rows[1:], strict=False):  # the fixed cost weighs less as N grows
+        print(
+            f"{label}: log-log slope {n0} -> {n1}: "
+            + ", ".join(f"{name} {slope([n0, n1], [m0[k], m1[k]]):.2f}" for name, k in keys)
+        )
+
+
+def _print_target(n: int, m: dict) -> None:
+    if n == TARGET_N:
+        ok = m["wall_s"] <= TARGET_S and m["tree_rss"] <= TARGET_GIB * GIB
+        print(
+            f"target 1M rows <= {TARGET_S:.0f} s and <= {TARGET_GIB:.0f} GiB: {m['wall_s']:.1f} s, "
+            f"{m['tree_rss'] / GIB:.2f} GiB (whole tree) -> {'MET' if ok else 'MISSED'}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,70 +222,64 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=int, default=4096, help="rows of the fixed-cost run (0: none)")
     ap.add_argument("--sweeps", type=int, default=0, help="sweep paths per row (0: single-frame files)")
     ap.add_argument("--workers", type=int, default=2, help="--direct_num_workers")
+    ap.add_argument("--runners", default="direct", help="comma-separated: direct, dask (default direct)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per build before it is killed")
     ap.add_argument("--workdir", help="keep inputs/outputs here (default: a temp dir, removed)")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     sizes = ([args.baseline] if args.baseline else []) + sizes
+    runners = {name: _runner_flags(name, args.workers) for name in args.runners.split(",")}
     work = Path(args.workdir or tempfile.mkdtemp(prefix="plan_bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    runner = ["--runner=DirectRunner", "--direct_running_mode=multi_processing"]
-    runner.append(f"--direct_num_workers={args.workers}")
     print(
-        f"plan_bench: W=64 B=2 epochs=1, sweeps/row {args.sweeps}, DirectRunner multi_processing x{args.workers}"
+        f"plan_bench: W=64 B=2 epochs=1, sweeps/row {args.sweeps}; direct = DirectRunner multi_processing x{args.workers}"
     )
     print(
-        f"{'N':>9} {'write s':>8} {'file MB':>8} {'build s':>8} {'rows/s':>9} {'max RSS GiB':>11} {'tree RSS GiB':>12}"
+        f"{'N':>9} {'runner':>6} {'write s':>8} {'file MB':>8} {'build s':>8} {'rows/s':>9} "
+        f"{'max RSS GiB':>11} {'sampled':>7} {'tree RSS GiB':>12} {'procs':>5}"
     )
-    rows = []
+    rows: dict[str, list[tuple[int, dict]]] = {name: [] for name in runners}
     try:
         for n in sizes:
             t = time.perf_counter()
             path = work / f"samples-{n}.parquet"
             path.write_bytes(parquet_bytes(synth_samples(n, args.sweeps)))  # as scan/build write it
             wrote = time.perf_counter() - t
-            out = work / f"out-{n}"
-            cmd = [
-                sys.executable,
-                "-m",
-                "lidarshard.pipelines.cli",
-                "build",
-                str(out),
-                "--from-samples",
-                str(path),
-            ]
-            cmd += ["--world-size", "64", "--batch-size", "2", "--epochs", "1", *runner]
-            m = measure(cmd, args.timeout)
-            rows.append((n, m))
-            print(
-                f"{n:>9} {wrote:>8.1f} {path.stat().st_size / 1e6:>8.1f} {m['wall_s']:>8.1f} "
-                f"{n / m['wall_s']:>9.0f} {m['max_rss'] / GIB:>11.2f} {m['tree_rss'] / GIB:>12.2f}",
-                flush=True,
-            )
-            shutil.rmtree(out, ignore_errors=True)
+            outputs = {}
+            for name, flags in runners.items():
+                out = work / f"out-{n}-{name}"
+                m = _build(out, path, flags, args.timeout)
+                rows[name].append((n, m))
+                print(
+                    f"{n:>9} {name:>6} {wrote:>8.1f} {path.stat().st_size / 1e6:>8.1f} {m['wall_s']:>8.1f} "
+                    f"{n / m['wall_s']:>9.0f} {m['max_rss'] / GIB:>11.2f} {m['proc_rss'] / GIB:>7.2f} "
+                    f"{m['tree_rss'] / GIB:>12.2f} "
+                    f"{m['procs']:>5}",
+                    flush=True,
+                )
+                outputs[name] = _tree_digest(out)
+                shutil.rmtree(out, ignore_errors=True)
+            if len(outputs) > 1:
+                same = all(o == next(iter(outputs.values())) for o in outputs.values())
+                ms = {name: rows[name][-1][1] for name in runners}
+                first, *rest = runners
+                for other in rest:
+                    print(
+                        f"{n:>9} {other}/{first}: time {ms[other]['wall_s'] / ms[first]['wall_s']:.2f}x, "
+                        f"largest process {ms[other]['max_rss'] / ms[first]['max_rss']:.2f}x, "
+                        f"tree {ms[other]['tree_rss'] / ms[first]['tree_rss']:.2f}x; "
+                        f"output {'byte-identical' if same else 'DIFFERS'}",
+                        flush=True,
+                    )
             path.unlink()
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
-    keys = (("time", "wall_s"), ("max RSS", "max_rss"), ("tree RSS", "tree_rss"))
-    big = rows[1:] if args.baseline else rows
-    print(
-        "log-log slope vs N, least squares over the sizes: "
-        + ", ".join(f"{name} {slope([n for n, _ in big], [m[k] for _, m in big]):.2f}" for name, k in keys)
-    )
-    for (n0, m0), (n1, m1) in zip(big, big[1:], strict=False):  # the fixed cost weighs less as N grows
-        print(
-            f"log-log slope {n0} -> {n1}: "
-            + ", ".join(f"{name} {slope([n0, n1], [m0[k], m1[k]]):.2f}" for name, k in keys)
-        )
+    for name, got in rows.items():
+        _print_slopes(got[1:] if args.baseline else got, name)
+        for n, m in got:
+            _print_target(n, m)
     print("(1.0 = linear; N log N from 1M to 5M is 1.07)")
-    for n, m in rows:
-        if n == TARGET_N:
-            ok = m["wall_s"] <= TARGET_S and m["tree_rss"] <= TARGET_GIB * GIB
-            print(
-                f"target 1M rows <= {TARGET_S:.0f} s and <= {TARGET_GIB:.0f} GiB: {m['wall_s']:.1f} s, "
-                f"{m['tree_rss'] / GIB:.2f} GiB (whole tree) -> {'MET' if ok else 'MISSED'}"
-            )
     return 0
 
 

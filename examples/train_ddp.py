@@ -5,7 +5,10 @@ Each rank runs one thread (``torch.set_num_threads(1)``) and reads the manifest 
 PyTorch's ``DistributedSampler`` over the same samples (``--sampler distributed``). The model is a small
 point-voxel net: per-point MLP, voxel max-pooling (``torch.scatter_reduce``), voxel MLP, per-point head,
 so its cost grows with points and occupied voxels like a real sparse backbone. Targets are synthesized
-height classes: the run measures compute, not accuracy.
+height classes (the default: the run measures compute, not accuracy) or, with ``--targets lidarseg``, the
+samples' lidarseg labels (keyframe points; aggregated sweep points are inputs only). ``--val-manifest V``
+evaluates on V's samples after every epoch (split across ranks, outside the timed epoch): loss and mIoU
+over the classes present in V.
 
 Timing: every step, each rank times forward + backward with ``time.perf_counter`` and only then
 all-reduces the gradients itself (one flat ``all_reduce``, what DDP does inside ``backward``). The
@@ -19,6 +22,7 @@ point counts and over the manifest's predicted costs. ``--emit-timings t.csv`` t
 accumulation over the batch) and writes ``sample_id, step, rank, ms, num_points`` for calibration.
 
     python examples/train_ddp.py --manifest OUT [--sampler distributed] [--epochs 1] [--json-out r.json]
+        [--targets lidarseg --val-manifest VAL]
 """
 
 from __future__ import annotations
@@ -42,10 +46,19 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from lidarshard.loaders import load_manifest, read_samples
-from lidarshard.loaders.torch import BalancedBatchSampler, PlanLoader, PointCloudDataset, collate
+from lidarshard.loaders.torch import (
+    IGNORE_LABEL,
+    BalancedBatchSampler,
+    PlanLoader,
+    PointCloudDataset,
+    collate,
+)
 from lidarshard.transforms.plan.metrics import load_linearity
 
-__all__ = ["SegNet", "height_labels", "linearity", "main"]
+__all__ = ["SegNet", "height_labels", "linearity", "miou", "main"]
+
+#: Output classes with ``--targets lidarseg``: nuScenes-lidarseg class indices are 0..31.
+LIDARSEG_CLASSES = 32
 
 
 class SegNet(nn.Module):
@@ -102,6 +115,20 @@ def linearity(per_rank: torch.Tensor) -> float:
     return load_linearity(per_rank.T.double().numpy())
 
 
+def miou(confusion: torch.Tensor) -> tuple[float, dict[int, float]]:
+    """Mean IoU over the classes present in the ground truth of a (K, K) [truth, prediction] matrix.
+
+    Returns:
+        (mean IoU in [0, 1], {class: IoU}); (0.0, {}) when no class is present.
+    """
+    conf = confusion.double()
+    tp = conf.diagonal()
+    union = conf.sum(0) + conf.sum(1) - tp
+    present = (conf.sum(1) > 0).nonzero().flatten().tolist()
+    ious = {k: float(tp[k] / union[k]) for k in present}
+    return (sum(ious.values()) / len(ious) if ious else 0.0), ious
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--manifest", required=True, help="committed lidarshard manifest directory")
@@ -110,9 +137,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None, help="cap steps per epoch (quick runs)")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
     p.add_argument("--width", type=int, default=32, help="voxel MLP width")
-    p.add_argument("--classes", type=int, default=4)
+    p.add_argument("--classes", type=int, default=4, help="height bands (--targets height)")
+    p.add_argument("--targets", choices=["height", "lidarseg"], default="height")
+    p.add_argument("--val-manifest", type=Path, default=None, help="evaluate on its samples every epoch")
     p.add_argument("--voxel-size", type=float, default=0.05, help="m (0.05: build's occupied_voxels)")
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="sgd: momentum 0.9")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-sweeps", action="store_true", help="keyframes only")
     p.add_argument("--emit-timings", type=Path, default=None, help="CSV of per-sample measured ms")
@@ -144,67 +174,113 @@ def _allreduce_grads(params: list[nn.Parameter], world: int) -> None:
         offset += n
 
 
+def _targets(batch: dict[str, Any], classes: int) -> torch.Tensor:
+    """(N,) int64 targets: the batch's lidarseg labels when it carries them, else height bands."""
+    return batch["labels"] if "labels" in batch else height_labels(batch["points"], classes)
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, labels, ignore_index=IGNORE_LABEL)
+
+
 def _compute(
     model: SegNet, batch: dict[str, Any], classes: int, per_sample: bool
-) -> tuple[float, float, list[tuple[str, float, int]]]:
-    """Forward + backward of one batch: (wall s, thread CPU s, per-sample [(sample_id, ms, points)])."""
+) -> tuple[float, float, float, list[tuple[str, float, int]]]:
+    """Forward + backward of one batch: (wall s, thread CPU s, loss, per-sample [(sample_id, ms, points)])."""
     points, index, counts = batch["points"], batch["batch"], batch["num_points"].tolist()
-    labels = height_labels(points, classes)
+    labels = _targets(batch, classes)
     if not per_sample:
         w0, c0 = time.perf_counter(), time.thread_time()
-        F.cross_entropy(model(points, index), labels).backward()
-        return time.perf_counter() - w0, time.thread_time() - c0, []
-    wall = cpu = 0.0
+        loss = _loss(model(points, index), labels)
+        loss.backward()
+        return time.perf_counter() - w0, time.thread_time() - c0, float(loss.detach()), []
+    wall = cpu = total = 0.0
     rows, lo = [], 0
     for sid, n in zip(batch["sample_id"], counts, strict=True):
         pts, lab = points[lo : lo + n], labels[lo : lo + n]
         lo += n
         w0, c0 = time.perf_counter(), time.thread_time()
-        (F.cross_entropy(model(pts, torch.zeros(n, dtype=torch.int64)), lab) / len(counts)).backward()
+        loss = _loss(model(pts, torch.zeros(n, dtype=torch.int64)), lab) / len(counts)
+        loss.backward()
         dw = time.perf_counter() - w0
-        wall, cpu = wall + dw, cpu + time.thread_time() - c0
+        wall, cpu, total = wall + dw, cpu + time.thread_time() - c0, total + float(loss.detach())
         rows.append((sid, dw * 1e3, n))
-    return wall, cpu, rows
+    return wall, cpu, total, rows
+
+
+@torch.no_grad()
+def _evaluate(model: SegNet, val: PointCloudDataset, classes: int, rank: int, world: int) -> dict[str, Any]:
+    """Loss and mIoU on ``val``: rank r takes samples r, r+W, ...; results summed over ranks."""
+    conf = torch.zeros(classes, classes, dtype=torch.float64)
+    loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of point losses, labelled points)
+    for i in range(rank, len(val), world):
+        batch = collate([val[i]])
+        labels = _targets(batch, classes)
+        logits = model(batch["points"], batch["batch"])
+        keep = labels != IGNORE_LABEL
+        loss_sum += torch.tensor(
+            [float(F.cross_entropy(logits[keep], labels[keep], reduction="sum")), keep.sum()]
+        )
+        pairs = labels[keep] * classes + logits[keep].argmax(1)
+        conf += torch.bincount(pairs, minlength=classes * classes).view(classes, classes)
+    dist.all_reduce(conf)
+    dist.all_reduce(loss_sum)
+    value, ious = miou(conf)
+    points = {k: int(n) for k, n in enumerate(conf.sum(1).tolist()) if n > 0}
+    loss = float(loss_sum[0] / loss_sum[1].clamp_min(1))
+    return {"val_loss": loss, "val_miou": value, "val_iou": ious, "val_class_points": points}
 
 
 def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | None:
     manifest = load_manifest(args.manifest)
     epochs = args.epochs if args.epochs is not None else int(manifest["epochs"])
-    dataset = PointCloudDataset(args.manifest, sweeps=not args.no_sweeps)
+    labels = args.targets == "lidarseg"
+    classes = LIDARSEG_CLASSES if labels else args.classes
+    dataset = PointCloudDataset(args.manifest, sweeps=not args.no_sweeps, labels=labels)
+    val = (
+        PointCloudDataset(args.val_manifest, sweeps=not args.no_sweeps, labels=labels)
+        if args.val_manifest
+        else None
+    )
     predicted = torch.tensor(read_samples(args.manifest, ["cost"])["cost"].to_numpy())  # cost model units
     loader, sampler = _loader(args, dataset, rank, world, int(manifest["batch_size"]))
     torch.manual_seed(args.seed)
     probe = dataset[0]["points"]
-    model = SegNet(probe.shape[1], args.width, args.classes, args.voxel_size)
+    model = SegNet(probe.shape[1], args.width, classes, args.voxel_size)
     params = list(model.parameters())
     for p in params:
         dist.broadcast(p.data, src=0)
-    opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+    if args.optimizer == "adam":
+        opt: torch.optim.Optimizer = torch.optim.Adam(params, lr=args.lr)
+    else:
+        opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9)
     model(probe, torch.zeros(len(probe), dtype=torch.int64)).sum().backward()  # warm-up, untimed
     per_epoch, timings = [], []
+    initial = _evaluate(model, val, classes, rank, world) if val is not None else None
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
-        wall_c, cpu_c, pts_c, cost_c = [], [], [], []
+        wall_c, cpu_c, pts_c, cost_c, loss_c = [], [], [], [], []
         dist.barrier()
         t0 = time.perf_counter()
         for step, batch in enumerate(loader):
             if args.max_steps is not None and step >= args.max_steps:
                 break
             opt.zero_grad(set_to_none=False)
-            w, c, rows = _compute(model, batch, args.classes, args.emit_timings is not None)
+            w, c, loss, rows = _compute(model, batch, classes, args.emit_timings is not None)
             _allreduce_grads(params, world)
             opt.step()
             wall_c.append(w)
             cpu_c.append(c)
+            loss_c.append(loss)
             pts_c.append(float(batch["num_points"].sum()))
             cost_c.append(float(predicted[batch["index"]].sum()))
             timings += [(sid, step, rank, f"{ms:.4f}", n) for sid, ms, n in rows]
         dist.barrier()
         epoch_wall = time.perf_counter() - t0
-        local = torch.tensor([wall_c, cpu_c, pts_c, cost_c], dtype=torch.float64)  # (4, steps)
+        local = torch.tensor([wall_c, cpu_c, pts_c, cost_c, loss_c], dtype=torch.float64)  # (5, steps)
         gathered = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(gathered, local)
-        g = torch.stack(gathered, 1)  # (4, W, steps)
+        g = torch.stack(gathered, 1)  # (5, W, steps)
         per_epoch.append(
             {
                 "epoch": epoch,
@@ -219,8 +295,10 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
                 "compute_s": g[0].tolist(),
                 "cpu_s": g[1].tolist(),
                 "points": g[2].tolist(),  # (W, steps)
-                "_g": g,
+                "train_loss": float(g[4].mean()) if g[4].numel() else float("nan"),
+                "_g": g[:4],
             }
+            | (_evaluate(model, val, classes, rank, world) if val is not None else {})
         )
     gathered_rows: list[Any] = [None] * world if rank == 0 else []
     dist.gather_object(timings, gathered_rows if rank == 0 else None, dst=0)
@@ -241,6 +319,7 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
         "cost_linearity": linearity(allg[3]),
         "wall_s_per_epoch": sum(e["wall_s"] for e in per_epoch) / max(len(per_epoch), 1),
         "planned_linearity": [b.get("linearity") for b in manifest.get("balance", [])],
+        "val_initial": initial,
     }
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 try:
     import torch
@@ -42,11 +43,22 @@ from lidarshard.loaders.reader import (
     check_int,
     load_manifest,
     load_points,
+    read_bytes,
     read_samples,
 )
 from lidarshard.transforms.paths import PathResolver
 
-__all__ = ["BalancedBatchSampler", "PlanLoader", "PlanSampler", "PointCloudDataset", "collate"]
+__all__ = [
+    "BalancedBatchSampler",
+    "PlanLoader",
+    "PlanSampler",
+    "PointCloudDataset",
+    "collate",
+    "IGNORE_LABEL",
+]
+
+#: Label of points lidarseg does not label (aggregated sweep rows); pass as ``ignore_index``.
+IGNORE_LABEL = -1
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -313,7 +325,9 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
 
     ``dataset[i]`` reads sample i's keyframe and, with ``sweeps=True``, its planned sweeps moved into
     the keyframe frame (``lidarshard.transforms.nuscenes.multisweep.aggregate``), and returns
-    ``{"index": i, "sample_id": str, "points": torch.float32 (N, C)}`` with x, y, z (m) first.
+    ``{"index": i, "sample_id": str, "points": torch.float32 (N, C)}`` with x, y, z (m) first; with
+    ``labels=True`` also ``"labels": torch.int64 (N,)``: the keyframe's lidarseg class ids (its rows
+    come first), ``IGNORE_LABEL`` (-1) on sweep rows, which lidarseg does not label.
 
     Args:
         out_dir: committed manifest directory (local path or URI).
@@ -321,6 +335,8 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         point_dims: channels per point for raw ``bin`` files.
         root: where the data lives now, for a manifest of relative paths (default: its ``path_root``).
         path_map: ``{"/old/prefix": "/new/prefix"}`` for a manifest of full paths.
+        labels: also read each sample's lidarseg file (samples.parquet ``label_path``); every
+            sample must have one.
     """
 
     def __init__(
@@ -331,10 +347,18 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         point_dims: int | None = None,
         root: str | None = None,
         path_map: Mapping[str, str] | None = None,
+        labels: bool = False,
     ) -> None:
-        cols = ["sample_id", "path", "sweep_paths", "sweep_transforms", "format"]
+        cols = ["sample_id", "path", "sweep_paths", "sweep_transforms", "format", "label_path"]
         self.resolve_path = PathResolver(load_manifest(out_dir).get("path_root"), root, path_map)
         table = read_samples(out_dir, cols).combine_chunks()
+        self._labels = table["label_path"].chunk(0) if labels and table.num_rows else None
+        if self._labels is not None and self._labels.null_count:
+            first = table["sample_id"].filter(self._labels.is_null())[0].as_py()
+            raise ValueError(
+                f"{self._labels.null_count} samples have no lidarseg labels (first: {first}); "
+                "build from a nuScenes dataroot whose lidarseg.json lists them"
+            )
         self.sample_ids: list[str] = table["sample_id"].to_pylist()
         # Per-sample paths and matrices stay in Arrow buffers: compact, and no Python objects whose
         # refcounts would un-share forked DataLoader workers' memory page by page.
@@ -362,7 +386,21 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
             self._tf_values[lo:hi],
             self.point_dims,
         )
-        return {"index": int(i), "sample_id": self.sample_ids[i], "points": torch.from_numpy(points)}
+        item = {"index": int(i), "sample_id": self.sample_ids[i], "points": torch.from_numpy(points)}
+        if self._labels is not None:
+            label_path = self.resolve_path(self._labels[i].as_py())
+            item["labels"] = torch.from_numpy(_keyframe_labels(label_path, len(points)))
+        return item
+
+
+def _keyframe_labels(label_path: str, num_points: int) -> NDArray[np.int64]:
+    """(num_points,) int64: the uint8 lidarseg ids of the keyframe rows, then ``IGNORE_LABEL``."""
+    keyframe = np.frombuffer(read_bytes(label_path), dtype=np.uint8)
+    if keyframe.size > num_points:
+        raise ValueError(f"{label_path}: {keyframe.size} labels for a sample of {num_points} points")
+    out = np.full(num_points, IGNORE_LABEL, dtype=np.int64)
+    out[: keyframe.size] = keyframe
+    return out
 
 
 def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -370,10 +408,12 @@ def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
 
     Returns:
         ``{"sample_id": [B str], "index": (B,) int64, "points": (sum N_b, C) float32,
-        "batch": (sum N_b,) int64 sample position b of each point, "num_points": (B,) int64}``.
+        "batch": (sum N_b,) int64 sample position b of each point, "num_points": (B,) int64}``, plus
+        ``"labels": (sum N_b,) int64`` when the items carry labels.
     """
     counts = torch.tensor([it["points"].shape[0] for it in items], dtype=torch.int64)
-    return {
+    labels = {"labels": torch.cat([it["labels"] for it in items])} if items and "labels" in items[0] else {}
+    return labels | {
         "sample_id": [it["sample_id"] for it in items],
         "index": torch.tensor([it["index"] for it in items], dtype=torch.int64),
         "points": torch.cat([it["points"] for it in items], dim=0),

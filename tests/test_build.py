@@ -14,6 +14,7 @@ import pytest
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.cli import main as cli_main
+from lidarshard.transforms.plan import DEFAULT_STRATEGY
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 
@@ -69,7 +70,7 @@ def test_balance_is_recorded_and_beats_random(built) -> None:
             b["linearity"] >= b["bound"] - 0.02
         )  # "bound" is the sort-cut-partition reference, not a ceiling
         assert b["linearity"] > b["random_linearity"]
-    assert set(m["pair_repeat_rate"]) == {"balanced", "random"}
+    assert set(m["pair_repeat_rate"]) == {DEFAULT_STRATEGY, "random"}
 
 
 def _plan_keys(out: Path) -> list[tuple[int, int, int, int, str]]:

@@ -210,7 +210,7 @@ def _plan(costs: np.ndarray, w: int, b: int, strategy: str = "balanced") -> Elas
     new_w=st.integers(1, 9),
     new_b=st.integers(1, 5),
     frac=st.floats(0, 1),
-    strategy=st.sampled_from(["balanced", "stratified", "random", "megabatch"]),
+    strategy=st.sampled_from(["balanced", "mixed", "stratified", "random", "megabatch"]),
     seed=st.integers(0, 2**16),
 )
 def test_switch_invariants(

@@ -133,7 +133,13 @@ def test_synth_dataroot_on_object_store_builds(bucket: str) -> None:
     assert build_cli.run([root, out, *flags, *BEAM_TEST_FLAGS]) == 0
     m = json.loads(_get(f"{out}/{schemas.MANIFEST_FILE}"))
     assert m["counts"]["accepted"] == 4 and m["counts"]["rejected"] == 0
-    rows = pq.read_table(pa.BufferReader(_get(f"{out}/{schemas.plan_file(0, 0)}"))).to_pylist()
+    rows = [
+        r
+        for rank in (0, 1)
+        for r in pq.read_table(pa.BufferReader(_get(f"{out}/{schemas.plan_file(0, rank)}"))).to_pylist()
+    ]
     assert m["path_root"] == root
-    assert all(r["path"].startswith("samples/") for r in rows)
-    assert all(len(r["sweep_paths"]) == 1 and r["sweep_paths"][0].startswith("sweeps/") for r in rows)
+    assert len(rows) == 4 and all(r["path"].startswith("samples/") for r in rows)
+    # every keyframe but the scene's first has one previous sweep
+    assert sorted(len(r["sweep_paths"]) for r in rows) == [0, 1, 1, 1]
+    assert all(p.startswith("sweeps/") for r in rows for p in r["sweep_paths"])

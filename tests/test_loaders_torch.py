@@ -4,6 +4,7 @@ real 2-rank gloo run of examples/train_ddp.py."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from lidarshard.loaders import ManifestReader, read_samples  # noqa: E402
 from lidarshard.loaders.torch import (  # noqa: E402
+    IGNORE_LABEL,
     BalancedBatchSampler,
     PlanLoader,
     PlanSampler,
@@ -147,6 +149,34 @@ def test_collate_concatenates_with_batch_index(out: Path) -> None:
     assert tuple(batch["points"].shape) == (sum(n), 5)
     assert batch["batch"].tolist() == [0] * n[0] + [1] * n[1] + [2] * n[2]
     torch.testing.assert_close(batch["points"][n[0] : n[0] + n[1]], dataset[0]["points"])
+
+
+def _labelled(tmp_path: Path, sizes: list[int], name: str, **plan: int) -> Path:
+    """A manifest of clouds with 2 sweeps whose keyframe point k of sample i is labelled (k + i) % 32."""
+    cols = write_clouds(tmp_path / f"{name}_data", sizes, sweeps=2, sweep_size=7, seed=0)
+    cols["label_path"] = []
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"{name}_labels{i}.bin"
+        path.write_bytes(((np.arange(size) + i) % 32).astype(np.uint8).tobytes())
+        cols["label_path"].append(str(path))
+    return write_manifest(tmp_path / name, cols, **({"world_size": 1, "batch_size": 1, "epochs": 1} | plan))
+
+
+def test_dataset_labels_keyframe_rows_and_ignores_sweeps(tmp_path: Path) -> None:
+    out = _labelled(tmp_path, [40, 30], "out")
+    dataset = PointCloudDataset(out, labels=True)
+    item = dataset[1]
+    n = item["points"].shape[0]
+    assert item["labels"].dtype == torch.int64 and tuple(item["labels"].shape) == (n,) and n > 30
+    assert item["labels"][:30].tolist() == [(k + 1) % 32 for k in range(30)]
+    assert (item["labels"][30:] == IGNORE_LABEL).all()
+    batch = collate([dataset[0], dataset[1]])
+    assert batch["labels"].shape == batch["batch"].shape
+    assert "labels" not in PointCloudDataset(out)[0] and "labels" not in collate([PointCloudDataset(out)[0]])
+    unlabelled = write_manifest(tmp_path / "bare", write_clouds(tmp_path / "d2", [5]), world_size=1,
+                                batch_size=1, epochs=1)  # fmt: skip
+    with pytest.raises(ValueError, match="1 samples have no lidarseg labels"):
+        PointCloudDataset(unlabelled, labels=True)
 
 
 def test_dataset_on_real_nuscenes_sweeps(tmp_path: Path, realdata: Path) -> None:
@@ -321,3 +351,37 @@ def test_sampler_rank_epoch_and_state_must_be_ints(out: Path, bad: object) -> No
         sampler.load_state_dict({"epoch": 0, "step": 5})
     with pytest.raises(TypeError, match="PlanLoader: .*'batch_size'"):
         PlanLoader(_Indices(3), sampler, batch_size=3)
+
+
+@pytest.mark.timeout(120)
+def test_train_ddp_lidarseg_with_validation(tmp_path: Path) -> None:
+    """The example on lidarseg labels: validation before and after every epoch, counted per class."""
+    train = _labelled(
+        tmp_path, [60 + 10 * i for i in range(8)], "train", world_size=2, batch_size=2, epochs=2
+    )
+    val = _labelled(tmp_path, [50, 70, 90], "val")
+    summary = tmp_path / "r.json"
+    cmd = [sys.executable, str(REPO / "examples/train_ddp.py"), "--manifest", str(train), "--val-manifest",
+           str(val), "--targets", "lidarseg", "--optimizer", "adam", "--epochs", "2", "--width", "8",
+           "--json-out", str(summary)]  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=110, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(summary.read_text())
+    evals = [result["val_initial"], *result["epochs"]]
+    for e in evals:
+        assert sum(e["val_class_points"].values()) == 50 + 70 + 90  # keyframe rows only, every one
+        assert 0.0 <= e["val_miou"] <= 1.0 and e["val_loss"] > 0
+        assert set(e["val_iou"]) == set(e["val_class_points"]) == {str(k) for k in range(32)}
+    assert all(e["train_loss"] > 0 for e in result["epochs"])
+
+
+def test_example_miou_by_hand() -> None:
+    spec = importlib.util.spec_from_file_location("train_ddp", REPO / "examples/train_ddp.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    conf = torch.tensor([[3, 1, 0], [0, 2, 0], [0, 0, 0]])  # [truth, prediction]; class 2 absent
+    value, ious = example.miou(conf)
+    assert ious == pytest.approx({0: 3 / 4, 1: 2 / 3}) and value == pytest.approx((3 / 4 + 2 / 3) / 2)
+    assert example.miou(torch.zeros(2, 2)) == (0.0, {})

@@ -8,12 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lidarshard.transforms.features.buckets import assign_buckets, quantile_edges
-from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch, strategy_salt
+from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, balanced, mixed, plan_epoch, strategy_salt
 from lidarshard.transforms.plan.balanced import TOLERANCE
 from lidarshard.transforms.plan.megabatch import MEGABATCH_MULT, megabatch_steps
 from lidarshard.transforms.plan.metrics import (
     bound_linearity,
     linearity,
+    mate_cost_correlation,
     pair_repeat_rate,
     rank_costs,
     spearman_step_cost,
@@ -75,11 +76,12 @@ def test_every_strategy_satisfies_invariants(name: str, pool: tuple, seed: int) 
     check_plan(name, *pool, seed)
 
 
+@pytest.mark.parametrize("name", ["balanced", "mixed"])
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(pool=pools(), seed=st.integers(0, 2**31 - 1))
-def test_balanced_reaches_bound(pool: tuple, seed: int) -> None:
+def test_balance_strategies_reach_bound(name: str, pool: tuple, seed: int) -> None:
     costs, w, b = pool
-    plan = plan_epoch("balanced", costs, w, b, seed=seed, epoch=3)
+    plan = plan_epoch(name, costs, w, b, seed=seed, epoch=3)
     assert linearity(plan, costs) >= bound_linearity(costs, w, b) - TOLERANCE - 1e-9
 
 
@@ -105,6 +107,35 @@ def test_balanced_is_random_where_it_can_be() -> None:
         totals = rank_costs(plan, costs).sum(axis=0)
         assert totals.max() / totals.mean() < 1.02  # no systematically heavy rank
     assert pair_repeat_rate(plans[0], plans[1]) < 0.15  # steps are regrouped between epochs
+
+
+def test_mixed_regroups_steps_like_random() -> None:
+    costs = np.random.default_rng(4).lognormal(0.0, 0.6, 16 * 2 * 512)
+    names = ("random", "balanced", "mixed")
+    plans = {n: [plan_epoch(n, costs, 16, 2, seed=1, epoch=e) for e in range(2)] for n in names}
+    repeat = {n: pair_repeat_rate(*p) for n, p in plans.items()}
+    assert repeat["mixed"] <= 1.5 * repeat["random"] < repeat["balanced"]
+    mates = {n: mate_cost_correlation(p[0], costs) for n, p in plans.items()}
+    assert abs(mates["random"]) < 0.05 < mates["mixed"] < mates["balanced"]
+    for plan in plans["mixed"]:
+        assert abs(spearman_step_cost(plan, costs)) < 0.2
+        totals = rank_costs(plan, costs).sum(axis=0)
+        assert totals.max() / totals.mean() < 1.02
+
+
+def test_mixed_plans_heavy_tails_like_the_bound() -> None:
+    costs = np.random.default_rng(1).lognormal(0.0, 1.5, 16 * 2 * 64)  # 1% of samples hold 20% of cost
+    k, steps = mixed.choose_steps(costs, 16, 2, np.random.default_rng(0))
+    assert 0 < k < 64  # the heaviest k steps are planned like the bound, the rest as random batches
+    assert linearity(steps, costs) >= bound_linearity(costs, 16, 2) - TOLERANCE
+    giants = np.argsort(costs)[-16:]
+    assert np.isin(giants, steps[-k:]).all()
+
+
+def test_mixed_is_balanced_when_batches_are_single_samples() -> None:
+    costs = np.random.default_rng(6).lognormal(0.0, 1.0, 8 * 40)
+    same = [s.plan(costs, 8, 1, np.random.default_rng(9), None) for s in (mixed, balanced)]
+    np.testing.assert_array_equal(*same)
 
 
 def test_random_is_distributed_sampler() -> None:

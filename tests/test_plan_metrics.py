@@ -13,6 +13,7 @@ from lidarshard.transforms.plan.metrics import (
     bound_linearity,
     linearity,
     load_linearity,
+    mate_cost_correlation,
     pair_repeat_rate,
     rank_costs,
     spearman_step_cost,
@@ -73,6 +74,18 @@ def test_pair_repeat_rate() -> None:
     half = np.arange(8).reshape(2, 2, 2)
     other = np.array([0, 1, 4, 5, 2, 3, 6, 7]).reshape(2, 2, 2)  # 2 of 6 pairs per step kept
     assert pair_repeat_rate(half, other) == pytest.approx(2 / 6)
+
+
+def test_mate_cost_correlation() -> None:
+    costs = np.arange(32, dtype=np.float64)
+    sorted_steps = np.arange(32).reshape(8, 2, 2)  # {0..3}, {4..7}, ...: mates share the size
+    assert mate_cost_correlation(sorted_steps, costs) > 0.95
+    mixed_steps = np.array([0, 7, 1, 6, 2, 5, 3, 4]).reshape(2, 2, 2)  # equal sums per step
+    assert mate_cost_correlation(mixed_steps, costs[:8]) == pytest.approx(-1.0)
+    assert mate_cost_correlation(sorted_steps, np.ones(32)) == 0.0
+    assert mate_cost_correlation(np.arange(4).reshape(4, 1, 1), costs) == 0.0
+    shuffled = plan_epoch("random", np.ones(4096), 8, 2, seed=0, epoch=0)
+    assert abs(mate_cost_correlation(shuffled, np.arange(4096.0))) < 0.05
 
 
 def test_balance_summary_is_json_and_rounded() -> None:

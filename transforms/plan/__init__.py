@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.plan import balanced, budget, megabatch, stratified
+from lidarshard.transforms.plan import balanced, budget, megabatch, mixed, stratified
 from lidarshard.transforms.plan import random as random_
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
 
@@ -38,12 +38,13 @@ STRATEGIES: dict[str, PlanFn] = {
     "balanced": balanced.plan,
     "megabatch": megabatch.plan,
     "budget": budget.plan,
+    "mixed": mixed.plan,
 }
 
 #: Strategies whose rank-steps hold a variable number of samples (``-1`` pads the plan).
 VARIABLE_COUNT = frozenset({"budget"})
 
-DEFAULT_STRATEGY = "balanced"
+DEFAULT_STRATEGY = "mixed"
 
 
 def strategy_salt(strategy: str) -> int:

@@ -27,7 +27,7 @@ from lidarshard.transforms.plan._partition import partition_steps, permute_ranks
 from lidarshard.transforms.plan.caps import PoolLimits
 from lidarshard.transforms.plan.metrics import bound_linearity, step_linearity
 
-__all__ = ["plan", "choose_eps", "EPS_LADDER", "TOLERANCE"]
+__all__ = ["plan", "choose_eps", "log_cost", "jittered_order", "EPS_LADDER", "TOLERANCE"]
 
 #: Jitter amplitudes in natural-log units, largest (most random) first, halving down to ~6e-5,
 #: then 0. The fine end matters for B == 1, where a step's max-to-mean spread grows about
@@ -57,14 +57,15 @@ def portable_log(x: NDArray[np.float64]) -> NDArray[np.float64]:
     return e * _LN2 + 2.0 * z * acc
 
 
-def _log_cost(costs: NDArray[np.float64]) -> NDArray[np.float64]:
+def log_cost(costs: NDArray[np.float64]) -> NDArray[np.float64]:
     """(P,) log of costs; zero costs are clamped to half the smallest positive cost."""
     positive = costs[costs > 0]
     floor = positive.min() / 2 if positive.size else 1.0
     return portable_log(np.maximum(costs, floor))
 
 
-def _order(logc: NDArray[np.float64], u: NDArray[np.float64], eps: float) -> NDArray[np.int64]:
+def jittered_order(logc: NDArray[np.float64], u: NDArray[np.float64], eps: float) -> NDArray[np.int64]:
+    """(P,) order by ``logc + eps * u``; eps 0 sorts exactly, ``u`` breaking ties."""
     if eps == 0:
         return np.lexsort((u, logc)).astype(np.int64)  # exact sort, random tie-break
     return np.argsort(logc + eps * u, kind="stable").astype(np.int64)
@@ -84,18 +85,18 @@ def choose_eps(
         u: (P,) jitter draws in [-1, 1).
     """
     w, b = world_size, batch_size
-    logc = _log_cost(costs)
+    logc = log_cost(costs)
     bound = bound_linearity(costs, w, b)
     lo, hi = 0, len(EPS_LADDER) - 1  # invariant: rung hi passes
     orders: dict[int, NDArray[np.int64]] = {}
     while lo < hi:
         mid = (lo + hi) // 2
-        orders[mid] = _order(logc, u, EPS_LADDER[mid])
+        orders[mid] = jittered_order(logc, u, EPS_LADDER[mid])
         if _linearity(orders[mid], costs, w, b) >= bound - TOLERANCE:
             hi = mid
         else:
             lo = mid + 1
-    order = orders[hi] if hi in orders else _order(logc, u, EPS_LADDER[hi])
+    order = orders[hi] if hi in orders else jittered_order(logc, u, EPS_LADDER[hi])
     return EPS_LADDER[hi], order
 
 

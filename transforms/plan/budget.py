@@ -39,7 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.plan._partition import permute_ranks
-from lidarshard.transforms.plan.balanced import _log_cost
+from lidarshard.transforms.plan.balanced import log_cost
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import load_linearity
 
@@ -288,7 +288,7 @@ def plan(
         raise ValueError(f"budget needs at least W = {w} samples per epoch, the pool holds {p}")
     limits = limits or PoolLimits(Caps())
     u, tie = rng.uniform(-1.0, 1.0, p), rng.random(p)
-    logc = _log_cost(costs)
+    logc = log_cost(costs)
 
     def attempt(jitter: float, candidates: list[int]) -> tuple[float, _Bins, list[list[int]]] | None:
         order = np.argsort(-(logc + jitter * u), kind="stable").astype(np.int64)

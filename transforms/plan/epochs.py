@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
-from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
+from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
 
@@ -41,7 +41,7 @@ class PlanConfig:
     batch_size: int
     epochs: int = 1
     seed: int = 0
-    strategy: str = "balanced"
+    strategy: str = DEFAULT_STRATEGY
     policy: str = "drop_last"
     num_buckets: int | None = None  # None: buckets.default_num_buckets(N)
     weights: tuple[float, ...] | None = None

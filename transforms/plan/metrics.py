@@ -23,6 +23,7 @@ __all__ = [
     "bound_linearity",
     "spearman_step_cost",
     "pair_repeat_rate",
+    "mate_cost_correlation",
     "balance_summary",
 ]
 
@@ -99,13 +100,7 @@ def spearman_step_cost(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> f
     ~0 means no size curriculum across the epoch; 0.0 when undefined (< 2 steps or constant).
     """
     step_mean = rank_costs(plan, costs).mean(axis=1) if plan.size else np.empty(0)
-    if step_mean.size < 2:
-        return 0.0
-    a = _average_ranks(np.arange(step_mean.size, dtype=np.float64))
-    b = _average_ranks(step_mean)
-    a, b = a - a.mean(), b - b.mean()
-    denom = np.sqrt((a * a).sum() * (b * b).sum())
-    return float((a * b).sum() / denom) if denom > 0 else 0.0
+    return _spearman(np.arange(step_mean.size, dtype=np.float64), step_mean)
 
 
 def pair_repeat_rate(plan_a: NDArray[np.int64], plan_b: NDArray[np.int64]) -> float:
@@ -136,6 +131,33 @@ def pair_repeat_rate(plan_a: NDArray[np.int64], plan_b: NDArray[np.int64]) -> fl
     group = group[key[start] % base != 0]  # drop entries absent from plan_b
     shared = (group * (group - 1) // 2).sum()
     return float(shared / pairs)
+
+
+def _spearman(x: NDArray[np.float64], y: NDArray[np.float64]) -> float:
+    """Spearman rank correlation of two (N,) arrays; 0.0 when undefined (N < 2 or constant)."""
+    if x.size < 2:
+        return 0.0
+    a, b = _average_ranks(x), _average_ranks(y)
+    a, b = a - a.mean(), b - b.mean()
+    denom = np.sqrt((a * a).sum() * (b * b).sum())
+    return float((a * b).sum() / denom) if denom > 0 else 0.0
+
+
+def mate_cost_correlation(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
+    """Spearman correlation of a sample's cost with the mean cost of its step-mates, in [-1, 1].
+
+    How size-homogeneous the steps are: ~0 when steps are random draws of the pool (every
+    gradient step sees the whole size mix), ~1 when each step holds only neighbours in cost (a
+    step is all small or all large scenes, so gradient and normalization statistics swing with
+    size from step to step). 0.0 when steps hold a single sample or costs are constant.
+    """
+    s = plan.shape[0]
+    per_step = int(np.prod(plan.shape[1:]))
+    if s == 0 or per_step < 2:
+        return 0.0
+    c = np.asarray(costs, dtype=np.float64)[plan.reshape(s, per_step)]
+    mates = (c.sum(axis=1, keepdims=True) - c) / (per_step - 1)
+    return _spearman(c.ravel(), mates.ravel())
 
 
 def balance_summary(

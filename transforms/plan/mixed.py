@@ -1,0 +1,171 @@
+"""``mixed``: random rank batches, grouped into steps by their total cost.
+
+``balanced`` builds every step from neighbours in cost, so the same samples meet again epoch
+after epoch. With ``B >= 2`` a rank's batch can mix a big and a small sample: what must match
+within a step is the *sum* of each rank's batch, not its members. So:
+
+1. cut a random permutation of the pool into ``P / B`` random rank batches (``B`` samples each);
+2. sort the batches by a jittered key ``log(batch cost) + eps * u``, ``u ~ U(-1, 1)``;
+3. cut that order into steps of ``W`` batches;
+4. per step, keep the random batches or re-split the step's ``W*B`` samples with equal-count LPT,
+   whichever has the smaller slowest rank (the step's members stay the same either way);
+5. permute rank labels per step and shuffle the step order.
+
+Sums of ``B`` random costs are dense and concentrated, so neighbouring batches have nearly equal
+sums while their members are drawn afresh each epoch: step-mates rarely meet again. ``eps`` is the
+largest rung of ``balanced.EPS_LADDER`` whose predicted linearity is within ``TOLERANCE`` of the
+equal-count bound (bisection, as in ``balanced``). Where a heavy tail makes random batches miss
+the target at every eps (a giant's random partner shifts its batch sum by more than the gap to
+the next giant), the heaviest ``k`` steps' worth of samples are planned as ``balanced`` plans
+them (jittered sort of single costs) and only the rest as random batches; ``k`` grows from 0 over
+``_tail_ladder`` until the epoch passes (``k = S, eps = 0`` is the bound itself). With ``B == 1`` a
+batch is one sample and the strategy is ``balanced`` itself (as random as balance allows there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from lidarshard.transforms.plan import balanced
+from lidarshard.transforms.plan._partition import (
+    lpt_assign,
+    partition_steps,
+    permute_ranks,
+    step_linearity,
+)
+from lidarshard.transforms.plan.caps import PoolLimits
+
+__all__ = ["plan", "choose_steps"]
+
+
+def _split_steps(batches: NDArray[np.int64], costs: NDArray[np.float64], w: int) -> NDArray[np.int64]:
+    """(S, W, B) steps of ``W`` consecutive batches, each re-split by LPT where that is better.
+
+    Args:
+        batches: (P/B, B) pool indices in step order.
+    """
+    b = batches.shape[1]
+    steps = batches.reshape(-1, w, b)
+    s = steps.shape[0]
+    if s == 0:
+        return steps
+    flat = steps.reshape(s, w * b)
+    cols = lpt_assign(costs[flat], w, b).reshape(s, -1)
+    lpt = np.take_along_axis(flat, cols, axis=1).reshape(s, w, b)
+    keep = costs[steps].sum(-1).max(axis=1) <= costs[lpt].sum(-1).max(axis=1)
+    return np.where(keep[:, None, None], steps, lpt)
+
+
+def _tail_ladder(num_steps: int) -> list[int]:
+    """Numbers of heaviest steps to plan sorted: 0, then S/64, S/32, ... up to all S."""
+    return sorted({0, num_steps} | {-(-num_steps // 2**k) for k in range(6, 0, -1)})
+
+
+def _batch_sums(costs: NDArray[np.float64], batches: NDArray[np.int64]) -> NDArray[np.float64]:
+    """(N,) cost of each of the (N, B) batches, summed column by column (same bits on every CPU)."""
+    total = costs[batches[:, 0]].copy()
+    for j in range(1, batches.shape[1]):
+        total += costs[batches[:, j]]
+    return total
+
+
+def _linearity(steps: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
+    """Predicted linearity of (S, W, B) steps (as ``metrics.linearity``, which imports this package)."""
+    rank = costs[steps].sum(-1)
+    top = rank.max(axis=1).sum()
+    return float(rank.mean(axis=1).sum() / top) if top > 0 else 1.0
+
+
+def _bisect(
+    build: Callable[[float], NDArray[np.int64]],
+    ok: Callable[[NDArray[np.int64]], bool],
+    exact: NDArray[np.int64],
+) -> NDArray[np.int64]:
+    """Steps of the largest ``EPS_LADDER`` rung for which ``ok(build(eps))``.
+
+    ``exact`` is ``build(0.0)``, the last rung, already known to pass. Linearity falls as eps
+    grows, so the rungs are bisected like ``balanced.choose_eps``.
+    """
+    ladder = balanced.EPS_LADDER
+    lo, hi = 0, len(ladder) - 1  # invariant: rung hi passes
+    found = {hi: exact}
+    while lo < hi:
+        mid = (lo + hi) // 2
+        steps = build(ladder[mid])
+        if ok(steps):
+            hi, found[mid] = mid, steps
+        else:
+            lo = mid + 1
+    return found[hi]
+
+
+def choose_steps(
+    costs: NDArray[np.float64], world_size: int, batch_size: int, rng: np.random.Generator
+) -> tuple[int, NDArray[np.int64]]:
+    """Fewest tail steps, then most jitter, within ``TOLERANCE`` of the bound.
+
+    The heaviest ``k`` steps' worth of samples are planned as ``balanced`` plans (jittered
+    sort of single costs, LPT); the rest as random batches (module docstring); both with the
+    same jitter ``eps``. ``k`` runs up ``_tail_ladder``; ``k = S`` with ``eps = 0`` is the
+    bound itself, so some ``(k, eps)`` always passes.
+
+    Args:
+        costs: (P,) pool costs, P % (W*B) == 0.
+
+    Returns:
+        (k, (S, W, B) pool indices in unshuffled step order: head steps, then tail steps).
+    """
+    w, b = world_size, batch_size
+    per_step = w * b
+    target = step_linearity(np.sort(costs).reshape(-1, per_step), w, b) - balanced.TOLERANCE
+    logc = balanced.log_cost(costs)
+    u_item = rng.uniform(-1.0, 1.0, costs.size)
+    by_cost = np.lexsort((u_item, costs)).astype(np.int64)
+    rank_in_cost = np.empty_like(by_cost)
+    rank_in_cost[by_cost] = np.arange(costs.size)
+    shuffled = rng.permutation(costs.size).astype(np.int64)
+    for k in _tail_ladder(costs.size // per_step):
+        cut = costs.size - k * per_step
+        tail = by_cost[cut:]
+        head = shuffled[rank_in_cost[shuffled] < cut].reshape(-1, b)
+        head_log = balanced.log_cost(_batch_sums(costs, head))
+        u_head = rng.uniform(-1.0, 1.0, head.shape[0])
+
+        def build(eps: float, tail=tail, head=head, head_log=head_log, u_head=u_head) -> NDArray[np.int64]:
+            t = tail[balanced.jittered_order(logc[tail], u_item[tail], eps)]
+            t_steps = partition_steps(t, costs, w, b) if t.size else np.empty((0, w, b), np.int64)
+            h_steps = _split_steps(head[balanced.jittered_order(head_log, u_head, eps)], costs, w)
+            return np.concatenate([h_steps, t_steps])
+
+        def ok(steps: NDArray[np.int64]) -> bool:
+            return _linearity(steps, costs) >= target
+
+        exact = build(0.0)  # the most balanced rung: if it misses, so does every other
+        if ok(exact):
+            return k, _bisect(build, ok, exact)
+    raise AssertionError("k = S, eps = 0 reproduces the bound and must pass")  # pragma: no cover
+
+
+def plan(
+    costs: NDArray[np.float64],
+    world_size: int,
+    batch_size: int,
+    rng: np.random.Generator,
+    bucket_ids: NDArray[np.int32] | None,
+    limits: PoolLimits | None = None,
+) -> NDArray[np.int64]:
+    """Plan one epoch near the equal-count bound whose step-mates change between epochs.
+
+    Caps (``limits``) are not planned for, only checked by ``plan_epoch``, as for ``balanced``.
+
+    Returns:
+        (S, W, B) int64 pool indices.
+    """
+    if batch_size == 1:
+        return balanced.plan(costs, world_size, batch_size, rng, bucket_ids, limits)
+    _, steps = choose_steps(costs, world_size, batch_size, rng)
+    steps = permute_ranks(steps, rng)
+    return steps[rng.permutation(steps.shape[0])]
