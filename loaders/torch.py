@@ -43,9 +43,9 @@ from lidarshard.loaders.reader import (
     check_int,
     load_manifest,
     load_points,
-    read_bytes,
     read_samples,
 )
+from lidarshard.transforms import storage
 from lidarshard.transforms.paths import PathResolver
 
 __all__ = [
@@ -395,7 +395,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
 
 def _keyframe_labels(label_path: str, num_points: int) -> NDArray[np.int64]:
     """(num_points,) int64: the uint8 lidarseg ids of the keyframe rows, then ``IGNORE_LABEL``."""
-    keyframe = np.frombuffer(read_bytes(label_path), dtype=np.uint8)
+    keyframe = np.frombuffer(storage.read_bytes(label_path), dtype=np.uint8)
     if keyframe.size > num_points:
         raise ValueError(f"{label_path}: {keyframe.size} labels for a sample of {num_points} points")
     out = np.full(num_points, IGNORE_LABEL, dtype=np.int64)

@@ -30,13 +30,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.plan import balanced
-from lidarshard.transforms.plan._partition import (
-    lpt_assign,
-    partition_steps,
-    permute_ranks,
-    step_linearity,
-)
+from lidarshard.transforms.plan._partition import lpt_assign, partition_steps, permute_ranks
 from lidarshard.transforms.plan.caps import PoolLimits
+from lidarshard.transforms.plan.metrics import linearity, step_linearity
 
 __all__ = ["plan", "choose_steps"]
 
@@ -70,13 +66,6 @@ def _batch_sums(costs: NDArray[np.float64], batches: NDArray[np.int64]) -> NDArr
     for j in range(1, batches.shape[1]):
         total += costs[batches[:, j]]
     return total
-
-
-def _linearity(steps: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
-    """Predicted linearity of (S, W, B) steps (as ``metrics.linearity``, which imports this package)."""
-    rank = costs[steps].sum(-1)
-    top = rank.max(axis=1).sum()
-    return float(rank.mean(axis=1).sum() / top) if top > 0 else 1.0
 
 
 def _bisect(
@@ -141,7 +130,7 @@ def choose_steps(
             return np.concatenate([h_steps, t_steps])
 
         def ok(steps: NDArray[np.int64]) -> bool:
-            return _linearity(steps, costs) >= target
+            return linearity(steps, costs) >= target
 
         exact = build(0.0)  # the most balanced rung: if it misses, so does every other
         if ok(exact):
