@@ -143,3 +143,36 @@ def test_synth_dataroot_on_object_store_builds(bucket: str) -> None:
     # every keyframe but the scene's first has one previous sweep
     assert sorted(len(r["sweep_paths"]) for r in rows) == [0, 1, 1, 1]
     assert all(p.startswith("sweeps/") for r in rows for p in r["sweep_paths"])
+
+
+def test_trainer_reads_manifest_and_points_from_the_object_store(bucket: str) -> None:
+    """The trainer side on an object store: ManifestReader and PointCloudDataset read the manifest and
+    the point files through the storage layer; the dataroot then moves to another prefix and
+    ``root=`` finds it there, byte for byte the same points."""
+    synth = pytest.importorskip("lidarshard.pipelines.synth")
+    torch_loaders = pytest.importorskip("lidarshard.loaders.torch")
+    from lidarshard.loaders import ManifestReader, load_points
+
+    root = f"{bucket}/nuscenes"
+    argv = [root, "--scenes", "1", "--keyframes-per-scene", "4", "--sweeps-per-keyframe", "1"]
+    assert synth.run([*argv, *BEAM_TEST_FLAGS]) in (0, None)
+    out = f"{bucket}/manifest"
+    flags = ["--nuscenes-version", "v1.0-synth", "--sweeps", "1", "--world-size", "2", "--batch-size", "2"]
+    assert build_cli.run([root, out, *flags, *BEAM_TEST_FLAGS]) == 0
+    reader = ManifestReader(out, 1, 2, 0)
+    batch = next(iter(reader))
+    assert all(p.startswith(f"{root}/samples/") for p in batch.paths)
+    dataset = torch_loaders.PointCloudDataset(out)
+    before = [dataset[i]["points"] for i in range(len(dataset))]
+    assert all(p.shape[0] > 0 for p in before)
+    assert load_points(batch.paths[0], None).shape[0] > 0
+    moved = f"{bucket}/elsewhere/nuscenes"
+    for key in [k for k in MemoryObjectStore.objects if k.startswith(root + "/")]:
+        MemoryObjectStore.objects[moved + key[len(root) :]] = MemoryObjectStore.objects.pop(key)
+    with pytest.raises(OSError):
+        dataset[0]  # noqa: B018 - the recorded root is empty now
+    again = torch_loaders.PointCloudDataset(out, root=moved)
+    assert all(torch_loaders.torch.equal(a, again[i]["points"]) for i, a in enumerate(before))
+    assert all(
+        p.startswith(f"{moved}/samples/") for p in next(iter(ManifestReader(out, 1, 2, 0, root=moved))).paths
+    )
