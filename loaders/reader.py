@@ -6,6 +6,7 @@ Pure pyarrow/numpy; imports neither Beam nor torch. ``out_dir`` may be a local p
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:  # pyarrow.dataset is imported where it is used: it doubles the import time
@@ -35,6 +37,7 @@ from lidarshard.transforms.nuscenes.geometry import sweep_matrices
 from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.paths import PathResolver
 from lidarshard.transforms.plan import VARIABLE_COUNT
+from lidarshard.transforms.storage.base import FileTooLargeError
 
 __all__ = [
     "Batch",
@@ -197,10 +200,40 @@ def _is_plan_path(rel: str) -> bool:
     )
 
 
-def read_plan_file(path: str, columns: Sequence[str]) -> pa.Table:
-    """``columns`` of one plan file; an empty, truncated or foreign file raises ValueError naming it."""
+def _verified_bytes(path: str, recorded: object) -> bytes:
+    """The bytes of ``path`` when they match the size and sha256 ``_manifest.json`` recorded for it.
+
+    Raises:
+        ValueError: the file is not listed, or its size or sha256 differs (rewritten after the commit).
+    """
+    if not isinstance(recorded, dict) or type(recorded.get("bytes")) is not int:
+        raise ValueError(
+            f"{path}: not a readable plan file (not listed in {MANIFEST_FILE}); rebuild the manifest"
+        )
     try:
-        table = storage.read_parquet(path, columns)
+        data = storage.read_bytes(path, recorded["bytes"])  # never more than the recorded size
+    except FileTooLargeError:
+        data = b""
+    if len(data) != recorded["bytes"] or hashlib.sha256(data).hexdigest() != recorded.get("sha256"):
+        raise ValueError(
+            f"{path}: not a readable plan file (size or sha256 differs from {MANIFEST_FILE}: modified "
+            "after the build); rebuild the manifest, or pass verify=False to read it anyway"
+        )
+    return data
+
+
+def read_plan_file(
+    path: str, columns: Sequence[str], recorded: object = None, verify: bool = False
+) -> pa.Table:
+    """``columns`` of one plan file; an empty, truncated or foreign file raises ValueError naming it.
+
+    With ``verify``, the bytes must first match ``recorded`` (its ``_manifest.json`` 'files' entry).
+    """
+    try:
+        if verify:
+            table = pq.read_table(pa.BufferReader(_verified_bytes(path, recorded)), columns=list(columns))
+        else:
+            table = storage.read_parquet(path, columns)
     except (pa.ArrowInvalid, OSError, KeyError) as e:
         if isinstance(e, FileNotFoundError):
             raise
@@ -219,6 +252,8 @@ class ManifestReader:
         world_size: ranks the trainer runs (int); must equal the manifest's ``world_size``.
         epoch: training epoch, an int >= 0.
         start_step: first step to yield (resume mid-epoch); ``0 <= start_step <= steps``.
+        verify: check each plan file's size and sha256 against ``_manifest.json`` when it is opened
+            (default); False reads a plan edited after the build, at the user's risk.
 
     Raises:
         TypeError: rank, world_size, epoch or start_step is not an int (``True``, ``0.5``, ``"0"``).
@@ -242,8 +277,10 @@ class ManifestReader:
         cycle: bool = False,
         root: str | None = None,
         path_map: Mapping[str, str] | None = None,
+        verify: bool = True,
     ) -> None:
         self.out_dir = out_dir
+        self.verify = bool(verify)
         self.manifest = load_manifest(out_dir)
         self.resolve_path = PathResolver(self.manifest.get("path_root"), root, path_map)
         planned_ws = self.manifest["world_size"]
@@ -288,7 +325,11 @@ class ManifestReader:
                 )
         if not files:
             raise ValueError(f"{rank_dir}: the rank directory holds no plan file; rebuild the manifest")
-        table = pa.concat_tables(read_plan_file(path, _PLAN_COLUMNS) for path, _ in files)
+        listed = self.manifest.get("files") if isinstance(self.manifest.get("files"), dict) else {}
+        table = pa.concat_tables(
+            read_plan_file(path, _PLAN_COLUMNS, listed.get(f"{rel_dir}/{rel}"), self.verify)
+            for path, rel in files
+        )
         table = table.sort_by([("step", "ascending"), ("slot", "ascending")])
         steps, slots = table["step"].to_numpy(), table["slot"].to_numpy()
         counts = np.bincount(steps, minlength=self.steps) if steps.size and steps.min() >= 0 else None

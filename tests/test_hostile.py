@@ -414,3 +414,135 @@ def test_wide_records_count_against_max_points(tmp_path: Path) -> None:
     with pytest.raises(RejectError, match="too_large: PLY: 1000 vertices x 100 properties"):
         read_points((tmp_path / "c.ply").read_bytes(), "ply", max_points=5000)
     assert read_points((tmp_path / "c.pcd").read_bytes(), "pcd", max_points=7000).shape == (1000, 3)
+
+
+# ------------------------------------------------------------------------------ forged manifests
+
+
+@pytest.fixture(scope="module")
+def built(scanned: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("built") / "out"
+    flags = ["--epochs", "2", "--strategy", "balanced"]
+    assert (
+        cli_main(["build", str(out), "--from-samples", str(scanned / schemas.SAMPLES_FILE), *PLAN, *flags])
+        == 0
+    )
+    return out
+
+
+def _copy(built: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(built, tmp_path / "out"))
+
+
+def _manifest(out: Path, edit) -> None:
+    m = json.loads((out / schemas.MANIFEST_FILE).read_text())
+    edit(m)
+    (out / schemas.MANIFEST_FILE).write_text(json.dumps(m))
+
+
+def _rehash(out: Path, *rels: str) -> None:
+    """Update the sizes and sha256 of ``rels`` in _manifest.json, as a careful forger would."""
+    import hashlib
+
+    def edit(m: dict) -> None:
+        for rel in rels:
+            data = (out / rel).read_bytes()
+            m["files"][rel] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    _manifest(out, edit)
+
+
+def test_swapped_ranks_fail_validate_even_with_matching_hashes(built: Path, tmp_path: Path) -> None:
+    out = _copy(built, tmp_path)
+    a, b = (out / schemas.plan_file(0, r) for r in (0, 1))
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+    _rehash(out, schemas.plan_file(0, 0), schemas.plan_file(0, 1))
+    problems, _ = validate(str(out))
+    assert any("differs from the plan" in p and "recomputes" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("strategy", "random"), ("seed", 7), ("pair_repeat_rate", {"balanced": 0.0, "random": 0.0})],
+)
+def test_forged_plan_settings_fail_validate(built: Path, tmp_path: Path, key: str, value) -> None:
+    out = _copy(built, tmp_path)
+    _manifest(out, lambda m: m.update({key: value}))
+    problems, _ = validate(str(out))
+    assert problems and any(key in p for p in problems), problems
+
+
+@pytest.mark.parametrize("world_size", [10**6, 10**7, 10**12])
+def test_a_forged_world_size_costs_one_line_and_bounded_memory(
+    built: Path, tmp_path: Path, world_size: int
+) -> None:
+    out = _copy(built, tmp_path)
+    _manifest(out, lambda m: m.update(world_size=world_size))
+    setup = "from lidarshard.pipelines.tools.validate import validate"
+    grew, outcome = _measure(
+        setup, f"problems, _ = validate({str(out)!r}); assert len(problems) <= 5, problems"
+    )
+    MEMORY_PEAKS[f"validate_world_size_{world_size}"] = grew
+    assert outcome == "ok" and grew < 64
+    problems, _ = validate(str(out))
+    assert any(f"world_size {world_size} x epochs 2 need" in p for p in problems)
+
+
+def test_validate_caps_the_problems_it_keeps(built: Path, tmp_path: Path) -> None:
+    out = _copy(built, tmp_path)
+    _manifest(
+        out,
+        lambda m: m["files"].update({f"junk/{i}.parquet": {"bytes": 1, "sha256": ""} for i in range(5000)}),
+    )
+    problems, _ = validate(str(out))
+    assert len(problems) <= 202 and problems[-1].startswith("... and ") and "more problems" in problems[-1]
+
+
+@pytest.mark.parametrize("where", ["manifest", "scan"])
+def test_deeply_nested_metadata_is_one_validate_line(
+    built: Path, scanned: Path, tmp_path: Path, where: str
+) -> None:
+    import shutil
+
+    src, name = (built, schemas.MANIFEST_FILE) if where == "manifest" else (scanned, schemas.SCAN_FILE)
+    out = Path(shutil.copytree(src, tmp_path / "out"))
+    (out / name).write_text('{"schema_version": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    problems, _ = validate(str(out))
+    assert problems == [f"{name} is not usable JSON: nested too deeply"]
+
+
+@pytest.mark.parametrize("value", ["[" * 100_000 + "]" * 100_000, f'{{"world_size": {HUGE}}}', "[]", "nul"])
+def test_manifest_reader_refuses_hostile_json_in_one_line(built: Path, tmp_path: Path, value: str) -> None:
+    from lidarshard.loaders.reader import ManifestReader
+
+    out = _copy(built, tmp_path)
+    (out / schemas.MANIFEST_FILE).write_text(value)
+    with pytest.raises(ValueError) as info:
+        ManifestReader(out, 0, 2, 0)
+    assert "\n" not in str(info.value) and str(out) in str(info.value)
+
+
+def test_manifest_reader_checks_each_plan_file_against_the_manifest(built: Path, tmp_path: Path) -> None:
+    from lidarshard.loaders.reader import ManifestReader
+
+    out = _copy(built, tmp_path)
+    rel = schemas.plan_file(0, 1)
+    table = pq.read_table(out / rel)
+    forged = table.set_column(
+        table.schema.get_field_index("path"), "path", pa.array(["/etc/shadow"] * table.num_rows)
+    )
+    pq.write_table(forged, out / rel)
+    assert next(iter(ManifestReader(out, 0, 2, 0))).paths  # rank 0's file is intact
+    with pytest.raises(
+        ValueError,
+        match=r"not a readable plan file \(size or sha256 differs from _manifest.json.*verify=False",
+    ):
+        ManifestReader(out, 1, 2, 0)
+    assert (
+        next(iter(ManifestReader(out, 1, 2, 0, verify=False))).paths[0] == "/etc/shadow"
+    )  # the user's choice
+    assert any(rel in p and "bytes, recorded" in p or "sha256 differs" in p for p in validate(str(out))[0])

@@ -35,6 +35,8 @@ from lidarshard.pipelines.tools.validate_plan import (
     check_counts,
     check_epoch,
     check_plan,
+    check_repeat_rate,
+    check_replan,
     lookup,
     padded_plan,
 )
@@ -364,6 +366,8 @@ def _check_manifest(c: _Checker) -> str:
             check_counts(c.problems, e, table, plan, per_step)
             check_caps(c.problems, e, caps, plan, samples)
             check_epoch(c.problems, m, e, plan, samples)
+            check_replan(c.problems, m, e, plan, samples, caps)
+    check_repeat_rate(c.problems, m, samples, caps)
     c_ = m["counts"]
     return (
         f"{c_['scanned']} scanned, {c_['accepted']} accepted, {c_['rejected']} rejected; world size {w}, "

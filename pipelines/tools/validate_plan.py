@@ -12,11 +12,16 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.transforms.jsonsafe import short
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
+from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples, repeat_rates
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool
 
-__all__ = ["check_plan", "lookup", "padded_plan", "check_counts", "check_caps", "check_epoch"]
+__all__ = [
+    "check_plan", "lookup", "padded_plan", "check_counts", "check_caps", "check_epoch", "check_replan",
+    "check_repeat_rate",
+]  # fmt: skip
 
 _MAX_SHOWN = 5
 
@@ -235,3 +240,78 @@ def check_epoch(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], s
     for key, value in again.items():
         if key not in recorded or not abs(float(recorded[key]) - value) <= 1e-6:
             _add(problems, where, f"balance.{key} recorded {recorded.get(key)}, recomputed {value:.6f}")
+
+
+def _plan_config(m: dict, samples: pa.Table, caps: Caps) -> PlanConfig:
+    """The PlanConfig the manifest records (weights cut to the buckets that hold samples, as planning sees them)."""
+    k = int(samples.column("bucket_id").to_numpy().max(initial=-1)) + 1
+    weights = tuple(float(w) for w in m["buckets"]["weights"][: max(k, 1)])
+    return PlanConfig(
+        world_size=m["world_size"],
+        batch_size=m["batch_size"],
+        epochs=m["epochs"],
+        seed=m["seed"],
+        strategy=m["strategy"],
+        policy=m["policy"],
+        weights=weights,
+        caps=caps,
+    )
+
+
+def _trim(plan: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``plan`` (S, W, M) without trailing slot columns that are empty (-1) everywhere."""
+    used = np.flatnonzero((plan >= 0).any(axis=(0, 1)))
+    return plan[:, :, : int(used[-1]) + 1 if used.size else 0]
+
+
+def check_replan(
+    problems: list[str], m: dict, e: int, plan: NDArray[np.int64], samples: pa.Table, caps: Caps
+) -> None:
+    """Epoch ``e``'s plan (S, W, B) equals the one the recorded strategy and seed recompute from samples
+    (catches swapped ranks or steps and a forged strategy or seed, whatever the hashes say)."""
+    try:
+        want, _ = plan_samples(samples, e, _plan_config(m, samples, caps))
+    except (ValueError, TypeError, KeyError) as err:
+        _add(
+            problems,
+            f"epoch {e}",
+            f"the plan cannot be recomputed from strategy {short(m.get('strategy'))}: {err}",
+        )
+        return
+    want, plan = _trim(want), _trim(plan)
+    if want.shape != plan.shape:
+        _add(
+            problems,
+            f"epoch {e}",
+            f"plan shape {plan.shape} differs from the plan strategy "
+            f"{m['strategy']} with seed {m['seed']} recomputes {want.shape}",
+        )
+        return
+    diff = np.argwhere(want != plan)
+    if diff.size:
+        s, r, k = (int(v) for v in diff[0])
+        sid = samples.column("sample_id")
+        _add(
+            problems,
+            f"{schemas.plan_file(e, r)}: epoch {e} rank {r} step {s} slot {k}",
+            f"{sid[int(plan[s, r, k])]} differs from the plan strategy {m['strategy']} with seed {m['seed']} "
+            f"recomputes ({sid[int(want[s, r, k])]}); {len(diff)} slots differ",
+        )
+
+
+def check_repeat_rate(problems: list[str], m: dict, samples: pa.Table, caps: Caps) -> None:
+    """``pair_repeat_rate`` recomputed from the samples and the recorded settings (within 1e-6)."""
+    try:
+        again = repeat_rates(samples, _plan_config(m, samples, caps))
+    except (ValueError, TypeError, KeyError) as err:
+        _add(problems, "_manifest.json", f"pair_repeat_rate cannot be recomputed ({err})")
+        return
+    got = m.get("pair_repeat_rate")
+    same = (again is None and got is None) or (
+        isinstance(got, dict)
+        and again is not None
+        and set(got) == set(again)
+        and all(isinstance(got[k], (int, float)) and abs(got[k] - v) <= 1e-6 for k, v in again.items())
+    )
+    if not same:
+        _add(problems, "_manifest.json", f"pair_repeat_rate recorded {short(got)}, recomputed {again}")
