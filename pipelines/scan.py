@@ -22,6 +22,7 @@ from apache_beam.runners.runner import PipelineState
 
 from lidarshard import schemas
 from lidarshard.pipelines import _output
+from lidarshard.pipelines._lifeline import interruptible
 from lidarshard.pipelines.runners import resolve_runner
 from lidarshard.pipelines.tools.validate import validate
 from lidarshard.transforms import storage
@@ -172,12 +173,13 @@ def run_pipeline(pipeline: beam.Pipeline, staging: str, out: str) -> bool:
                 _output.discard(staging)
         return False
     try:
-        result = pipeline.run()
-        result.wait_until_finish()
-        if result.state != PipelineState.DONE:
-            raise RuntimeError(f"the pipeline ended in state {result.state}; nothing was published")
-        storage.write_bytes(storage.join(staging, schemas.SUCCESS_FILE), b"")
-        _check_staged(staging)
+        with interruptible(lambda: _output.discard(staging), f"nothing was published ({out} is unchanged)"):
+            result = pipeline.run()
+            result.wait_until_finish()
+            if result.state != PipelineState.DONE:
+                raise RuntimeError(f"the pipeline ended in state {result.state}; nothing was published")
+            storage.write_bytes(storage.join(staging, schemas.SUCCESS_FILE), b"")
+            _check_staged(staging)
     except BaseException:
         _output.discard(staging)
         raise
