@@ -35,7 +35,7 @@ from lidarshard.transforms.formats.readers import detect_format, read_points
 from lidarshard.transforms.jsonsafe import short
 from lidarshard.transforms.nuscenes.geometry import sweep_matrices
 from lidarshard.transforms.nuscenes.multisweep import aggregate
-from lidarshard.transforms.paths import PathResolver
+from lidarshard.transforms.paths import PathResolver, path_problem
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.storage.base import FileTooLargeError
 
@@ -349,6 +349,9 @@ class ManifestReader:
             )
         self._global = table["global_count"].to_numpy()[self._starts[:-1]].astype(np.int64)
         self._ids: list[str] = table["sample_id"].to_pylist()
+        problem = path_problem(table, self.manifest.get("path_root"))
+        if problem:  # a forged plan must not point the trainer outside the dataset
+            raise ValueError(f"{rank_dir}: {problem}; refusing to read it (rebuild the manifest)")
         fix = self.resolve_path
         self._paths: list[str] = [fix(p) for p in table["path"].to_pylist()]
         self._sweeps: list[list[str]] = [[fix(p) for p in s or []] for s in table["sweep_paths"].to_pylist()]

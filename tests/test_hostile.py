@@ -546,3 +546,26 @@ def test_manifest_reader_checks_each_plan_file_against_the_manifest(built: Path,
         next(iter(ManifestReader(out, 1, 2, 0, verify=False))).paths[0] == "/etc/shadow"
     )  # the user's choice
     assert any(rel in p and "bytes, recorded" in p or "sha256 differs" in p for p in validate(str(out))[0])
+
+
+@pytest.mark.parametrize("forged", ["../../../etc/shadow", "/etc/shadow", "samples/../../x.bin"])
+def test_manifest_reader_refuses_paths_outside_the_recorded_root(
+    scanned: Path, tmp_path: Path, forged: str
+) -> None:
+    from lidarshard.loaders.reader import ManifestReader
+
+    out = tmp_path / "out"
+    root = ["--relative-to", str(scanned.parent / "in")]
+    assert (
+        cli_main(["build", str(out), "--from-samples", str(scanned / schemas.SAMPLES_FILE), *PLAN, *root])
+        == 0
+    )
+    assert json.loads((out / schemas.MANIFEST_FILE).read_text())["path_root"]
+    rel = schemas.plan_file(0, 1)
+    table = pq.read_table(out / rel)
+    paths = [forged, *table.column("path").to_pylist()[1:]]
+    pq.write_table(table.set_column(table.schema.get_field_index("path"), "path", pa.array(paths)), out / rel)
+    _rehash(out, rel)  # a careful forger updates the manifest too
+    with pytest.raises(ValueError, match="is not relative to path_root .* refusing to read it"):
+        ManifestReader(out, 1, 2, 0)
+    assert validate(str(out))[0]
