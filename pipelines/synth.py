@@ -37,6 +37,7 @@ With --keyframes-per-scene 40 (as in nuScenes) 2.5% of samples are first keyfram
 Scenes are generated in parallel (one DoFn call per scene); tables are assembled from all scenes,
 sorted, and written once. Any Beam runner flag works (--runner, --direct_num_workers, Dataflow);
 OUT may be a gs:// URI. Without --runner: FnApiRunner, in memory.
+The table folder is --nuscenes-version (default v1.0-synth), the name `lidarshard build` reads it by.
 """
 
 from __future__ import annotations
@@ -45,51 +46,63 @@ import argparse
 import logging
 import sys
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import StandardOptions
 
-import lidarshard.transforms.beam  # noqa: F401  (URIs through Beam FileSystems, also on workers)
-from lidarshard.pipelines.runners import resolve_runner
+from lidarshard.pipelines import launch, options
+from lidarshard.pipelines.launch import flag, int_in
 from lidarshard.transforms import storage
 from lidarshard.transforms.synth import dataroot as synth
 from lidarshard.transforms.synth import tables as tb
 
-__all__ = ["SynthOptions", "GenerateDataroot", "config_from_options", "run"]
+__all__ = ["GenerateDataroot", "parser", "synth_config", "run"]
 
 _LOG = logging.getLogger(__name__)
 
-#: (user-facing flag, Beam option, type, default, help). Beam options are prefixed ``synth_`` so they
-#: never collide with another pipeline's ``--seed`` or with Dataflow's own ``--labels``.
-_FLAGS: list[tuple[str, str, type, Any, str]] = [
-    ("--scenes", "synth_scenes", int, 4, "number of scenes"),
-    ("--keyframes-per-scene", "synth_keyframes_per_scene", int, 10, "keyframes (samples) per scene"),
-    ("--sweeps-per-keyframe", "synth_sweeps_per_keyframe", int, 9, "sweeps between two keyframes"),
-    ("--seed", "synth_seed", int, 0, "dataset seed (>= 0)"),
-    ("--version", "synth_version", str, "v1.0-synth", "table folder name, v1.0-<name>"),
-]
+#: Without --runner: FnApiRunner in memory (DirectRunner >= 2.62 first tries to download Prism).
+DEFAULT_RUNNER = ("--runner=FnApiRunner", "--direct_running_mode=in_memory")
 
 
-class SynthOptions(PipelineOptions):
-    """Options of ``lidarshard synth`` as Beam sees them (``--synth_*``)."""
+def parser() -> launch.CommandParser:
+    """The ``synth`` command line; one name per concept with ``build`` (``--nuscenes-version``)."""
+    p = launch.CommandParser("lidarshard synth", __doc__)
+    p.add_argument("out", metavar="OUT", help="dataroot to write (local path or gs:// URI)")
+    g = p.add_argument_group("dataset")
+    flag(g, "--scenes", "number of scenes", type=int_in(1, 100_000), default=4, metavar="N")
+    flag(g, "--keyframes-per-scene", "keyframes (samples) per scene", type=int_in(1, 10_000), default=10,
+         metavar="N")  # fmt: skip
+    flag(
+        g,
+        "--sweeps-per-keyframe",
+        "sweeps between two keyframes",
+        type=int_in(0, 100),
+        default=9,
+        metavar="N",
+    )
+    flag(g, "--seed", "dataset seed", type=int_in(0, 2**63 - 1), default=0, metavar="S")
+    flag(g, "--nuscenes-version", "table folder name, v1.0-<name>", default="v1.0-synth", metavar="V1.0-XXX")
+    g.add_argument("--labels", action="store_true", help="also write lidarseg labels (default: off)")
+    return p
 
-    @classmethod
-    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--synth_output", default=None, help="dataroot to write (local path or URI)")
-        for _, dest, typ, default, text in _FLAGS:
-            parser.add_argument(f"--{dest}", type=typ, default=default, help=text)
-        parser.add_argument("--synth_labels", action="store_true", help="also write lidarseg labels")
+
+def synth_config(args: argparse.Namespace) -> synth.SynthConfig:
+    """The generator config of parsed ``synth`` flags (raises UsageError on a bad table folder name)."""
+    try:
+        return synth.SynthConfig(
+            seed=args.seed, scenes=args.scenes, keyframes_per_scene=args.keyframes_per_scene,
+            sweeps_per_keyframe=args.sweeps_per_keyframe, labels=args.labels, version=args.nuscenes_version,
+        )  # fmt: skip
+    except ValueError as e:
+        raise launch.UsageError(f"--nuscenes-version {args.nuscenes_version}: {e}") from None
 
 
-def config_from_options(options: PipelineOptions) -> synth.SynthConfig:
-    """The generator config held by ``options`` (raises ValueError on bad values)."""
-    o = options.view_as(SynthOptions)
-    return synth.SynthConfig(
-        seed=o.synth_seed, scenes=o.synth_scenes, keyframes_per_scene=o.synth_keyframes_per_scene,
-        sweeps_per_keyframe=o.synth_sweeps_per_keyframe, labels=o.synth_labels, version=o.synth_version,
-    )  # fmt: skip
+def _write(out: str, rel: str, data: bytes) -> None:
+    with FileSystems.create(FileSystems.join(out, rel), compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.write(data)
 
 
 class _GenerateSceneFn(beam.DoFn):
@@ -103,7 +116,7 @@ class _GenerateSceneFn(beam.DoFn):
 
     def process(self, index: int) -> Iterator[tuple[str, tuple[str, dict]]]:
         for rel, data in synth.scene_files(self._cfg, index):
-            storage.write_bytes(storage.join(self._out, rel), data)
+            _write(self._out, rel, data)
             self._files.inc()
             self._bytes.inc(len(data))
         for table, records in synth.scene_tables(self._cfg, index).items():
@@ -124,8 +137,8 @@ class _WriteTableFn(beam.DoFn):
         if table == "map":
             records = tb.merge_map_records(records)
             for rec in records:
-                storage.write_bytes(storage.join(self._out, rec["filename"]), tb.blank_png())
-        storage.write_bytes(storage.join(self._out, self._version, f"{table}.json"), tb.table_json(records))
+                _write(self._out, rec["filename"], tb.blank_png())
+        _write(self._out, f"{self._version}/{table}.json", tb.table_json(records))
         yield table
 
 
@@ -157,55 +170,25 @@ class GenerateDataroot(beam.PTransform):
         )
 
 
-def _cli_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lidarshard synth", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Other --flags go to Beam (e.g. --runner=FnApiRunner --direct_num_workers=2); use --flag=value.",
-    )  # fmt: skip
-    parser.add_argument("out", help="dataroot to write (local path or gs:// URI)")
-    for flag, dest, typ, default, text in _FLAGS:
-        metavar = "NAME" if typ is str else "N"
-        parser.add_argument(
-            flag, dest=dest, type=typ, default=None, metavar=metavar, help=f"{text} (default {default})"
-        )
-    parser.add_argument(
-        "--labels", dest="synth_labels", action="store_true", help="also write lidarseg labels"
-    )
-    return parser
-
-
-def _beam_argv(argv: list[str]) -> list[str]:
-    """User argv -> Beam flags: synth flags renamed to ``--synth_*``, a default runner added."""
-    args, rest = _cli_parser().parse_known_args(argv)
-    rest = resolve_runner(rest)
-    out = storage.absolute(args.out)
-    flags = [f"--synth_output={out}"]
-    flags += [f"--{dest}={getattr(args, dest)}" for _, dest, *_ in _FLAGS if getattr(args, dest) is not None]
-    flags += ["--synth_labels"] if args.synth_labels else []
-    if not any(a == "--runner" or a.startswith("--runner=") for a in rest):
-        # DirectRunner (Beam >= 2.62) first tries to download Prism; FnApiRunner is its in-process fallback.
-        flags += ["--runner=FnApiRunner", "--direct_running_mode=in_memory"]
-    return rest + flags
-
-
 def run(argv: list[str] | None = None) -> int:
-    """Entry point of ``lidarshard synth``; returns the process exit code."""
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Entry point of ``lidarshard synth``: exits 2 on a usage error, raises when the run fails."""
     # With postponed annotations Beam logs every DoFn hint it cannot resolve at INFO; not news.
     logging.getLogger("apache_beam.typehints.native_type_compatibility").setLevel(logging.WARNING)
-    options = SynthOptions(_beam_argv(argv))
+    p = parser()
+    args, beam_argv = p.parse(argv)
     try:
-        cfg = config_from_options(options)
-    except ValueError as e:
-        print(f"lidarshard synth: error: {e}", file=sys.stderr)
-        return 2
-    out = options.view_as(SynthOptions).synth_output
-    if storage.exists(storage.join(out, cfg.version, "scene.json")):
+        cfg = synth_config(args)
+        out = storage.absolute(args.out)
+        options.check_output_parent(out)
+    except launch.UsageError as e:
+        p.fail(str(e))
+    opts = launch.beam_options(beam_argv, DEFAULT_RUNNER)
+    if FileSystems.exists(FileSystems.join(out, cfg.version, "scene.json")):
         _LOG.warning("%s already holds %s tables: overwriting (files of the old run stay)", out, cfg.version)
-    runner = options.view_as(StandardOptions).runner
+    runner = opts.view_as(StandardOptions).runner
     _LOG.info("synth: %d scenes x %d frames -> %s (%s)", cfg.scenes, cfg.frames_per_scene, out, runner)
-    with beam.Pipeline(options=options) as p:
-        _ = p | "Synth" >> GenerateDataroot(out, cfg)
+    with beam.Pipeline(options=opts) as pipeline:
+        _ = pipeline | "Synth" >> GenerateDataroot(out, cfg)
     return 0
 
 

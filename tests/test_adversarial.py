@@ -14,6 +14,8 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines import _output
+from lidarshard.pipelines import build as build_cli
+from lidarshard.pipelines import scan as scan_cli
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.tools.validate import validate
 from tests.adversarial import FILE_FLAGS, TABLES_VERSION, Corpus, write_file_corpus, write_tables_corpus
@@ -81,7 +83,7 @@ def test_a_lone_surrogate_in_a_table_fails_with_a_clear_message(tmp_path: Path) 
     table.write_text(table.read_text().replace('good00.pcd.bin"', 'good00\\udcff.pcd.bin"', 1))
     flags = ["--nuscenes-version", TABLES_VERSION, "--max-reject-fraction", "1"]
     with pytest.raises(Exception, match="holds a lone UTF-16 surrogate escape"):
-        cli_main(["scan", str(corpus.root), str(tmp_path / "out"), *flags, *BEAM_TEST_FLAGS])
+        scan_cli.run([str(corpus.root), str(tmp_path / "out"), *flags, *BEAM_TEST_FLAGS])
     assert not (tmp_path / "out").exists()
 
 
@@ -97,10 +99,10 @@ def test_too_many_rejects_fail_the_build_and_keep_the_previous_output(
     with pytest.raises(
         Exception, match=rf"{bad} of {n} inputs rejected \(> --max-reject-fraction 0.01\): .*bad_header: 19"
     ):
-        cli_main(["build", str(file_corpus.root), str(out), *flags, *BEAM_TEST_FLAGS])
+        build_cli.run([str(file_corpus.root), str(out), *flags, *BEAM_TEST_FLAGS])
     assert sorted(os.listdir(out)) == [schemas.SUCCESS_FILE, schemas.MANIFEST_FILE]
     assert (out / schemas.MANIFEST_FILE).read_text() == '{"previous": true}'
-    assert sorted(os.listdir(tmp_path)) == ["out"]
+    assert sorted(os.listdir(tmp_path)) == ["out", "out.rejects.parquet"]  # the rejects, beside OUT
 
 
 def _symlink_dir(root: Path) -> Path:
@@ -170,5 +172,6 @@ def test_output_module_leaves_no_trace_after_a_failed_run(file_corpus: Corpus, t
     """A run that fails before commit discards its staging directory (nothing to recover later)."""
     out = tmp_path / "never"
     with pytest.raises(Exception, match="inputs rejected"):
-        cli_main(["scan", str(file_corpus.root), str(out), *FILE_FLAGS, *BEAM_TEST_FLAGS])
-    assert not out.exists() and not _output.leftovers(str(out)) and os.listdir(tmp_path) == []
+        scan_cli.run([str(file_corpus.root), str(out), *FILE_FLAGS, *BEAM_TEST_FLAGS])
+    assert not out.exists() and not _output.leftovers(str(out))
+    assert os.listdir(tmp_path) == ["never.rejects.parquet"]

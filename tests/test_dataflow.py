@@ -23,7 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.stager import Stager
 
-from lidarshard.pipelines import build, scan
+from lidarshard.pipelines import build, launch, scan
 from tests.helpers import PACKAGES, make_bins
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,25 +123,14 @@ def _dry_run(wheel: Path, construct, argv: list[str]) -> set[str]:
 
 
 def _build(pipeline: beam.Pipeline, argv: list[str]) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("input")
-    parser.add_argument("output")
-    build.add_scan_arguments(parser)
-    build.add_plan_arguments(parser)
-    args = parser.parse_args(argv)
-    build.build_pipeline(pipeline, args, build.plan_config(args), f"{args.output}.staging-dryrun")
+    args, _ = build.parser().parse(argv)
+    cfg, model = build.prepare(args, dry_run=True)
+    build.build_pipeline(pipeline, args, cfg, model, f"{args.output}.staging-dryrun")
 
 
 def _scan(pipeline: beam.Pipeline, argv: list[str]) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("input")
-    parser.add_argument("output")
-    scan.add_scan_arguments(parser)
-    args = parser.parse_args(argv)
+    args, _ = scan.parser().parse(argv)
+    scan.prepare(args, dry_run=True)
     scan.build_scan(pipeline, args, f"{args.output}.staging-dryrun")
 
 
@@ -165,7 +154,7 @@ def test_cli_dry_run_is_offline_and_publishes_nothing(wheel: Path, tmp_path: Pat
     argv += ["--world-size", "8", "--batch-size", "2", *DATAFLOW, f"--extra_package={wheel}"]
     assert build.run(argv) == 0
     assert scan.run([f"{GS}/kitti", f"{GS}/scan", *DATAFLOW, f"--extra_package={wheel}"]) == 0
-    assert capsys.readouterr().out.count(scan.DRY_RUN_NOTE) == 2
+    assert capsys.readouterr().out.count(launch.DRY_RUN_NOTE) == 2
 
 
 def test_dry_run_on_a_local_runner_publishes_nothing(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ child processes (own process group) with a timeout and is killed in teardown: CI
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import re
@@ -332,14 +331,10 @@ def test_multi_threading_never_loses_samples_silently(work: Path, dataroot: Path
 
 def test_counters_report_every_outcome(dataroot: Path, tmp_path: Path) -> None:
     """Beam counters (namespace ``lidarshard``): what remote runners show while a job runs."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("input")
-    parser.add_argument("output")
-    build.add_scan_arguments(parser)
-    build.add_plan_arguments(parser)
-    args = parser.parse_args([str(dataroot), str(tmp_path / "out"), *PLAN])
+    args, _ = build.parser().parse([str(dataroot), str(tmp_path / "out"), *PLAN])
+    cfg, model = build.prepare(args)
     pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
-    build.build_pipeline(pipeline, args, build.plan_config(args), str(tmp_path / "staging"))
+    build.build_pipeline(pipeline, args, cfg, model, str(tmp_path / "staging"))
     result = pipeline.run()
     result.wait_until_finish()
     counters = result.metrics().query(MetricsFilter().with_namespace("lidarshard"))["counters"]

@@ -322,12 +322,14 @@ def test_pipeline_sizes_read_back_from_files(written):
             assert 240_000 <= points <= 300_000 and 80_000 <= voxels <= 230_000
 
 
-def test_cli_flags_map_to_beam_options():
-    from lidarshard.pipelines.synth import SynthOptions, _beam_argv, config_from_options
+def test_cli_flags_map_to_the_config_and_beam_options():
+    from lidarshard.pipelines.synth import parser, synth_config
 
-    argv = _beam_argv(["out", "--scenes", "3", "--labels", "--seed=9", "--direct_num_workers=2"])
-    assert "--direct_num_workers=2" in argv and "--runner=FnApiRunner" in argv
-    cfg = config_from_options(SynthOptions(argv))
+    args, beam_argv = parser().parse(
+        ["out", "--scenes", "3", "--labels", "--seed=9", "--direct_num_workers=2"]
+    )
+    assert beam_argv == ["--direct_num_workers=2"]
+    cfg = synth_config(args)
     assert (cfg.scenes, cfg.seed, cfg.labels, cfg.keyframes_per_scene, cfg.version) == (
         3,
         9,
@@ -335,13 +337,16 @@ def test_cli_flags_map_to_beam_options():
         10,
         "v1.0-synth",
     )
-    assert "--runner=FnApiRunner" not in _beam_argv(["out", "--runner=DirectRunner"])
+    args, _ = parser().parse(["out", "--nuscenes-version", "v1.0-mini"])
+    assert synth_config(args).version == "v1.0-mini"
 
 
 def test_cli_rejects_bad_values_and_prints_help(tmp_path, capsys):
     from lidarshard.pipelines.synth import run
 
-    assert run([str(tmp_path / "x"), "--scenes", "0", *BEAM_TEST_FLAGS]) == 2
+    with pytest.raises(SystemExit) as exc:
+        run([str(tmp_path / "x"), "--scenes", "0", *BEAM_TEST_FLAGS])
+    assert exc.value.code == 2 and "--scenes: 0 is out of range" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
     with pytest.raises(SystemExit) as exc:
         run(["--help"])

@@ -92,7 +92,7 @@ def test_dataroot_loads_in_nuscenes_devkit(tmp_path):
         "--seed",
         "2",
         "--labels",
-        "--version",
+        "--nuscenes-version",
         "v1.0-mini",
     ]
     assert run([str(root), *args, *BEAM_TEST_FLAGS]) == 0

@@ -26,13 +26,13 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from lidarshard import schemas
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import concat_sorted, rows_to_table
-from lidarshard.transforms.beam.tagged import SplitTags
+from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.formats.discover import walk_local
 from lidarshard.transforms.nuscenes import tables as nuscenes
 
-__all__ = ["ScanSamples", "ScanResult", "ConcatRows", "input_root", "NAMESPACE"]
+__all__ = ["ScanSamples", "ScanResult", "scan_results", "ConcatRows", "input_root", "NAMESPACE"]
 
 NAMESPACE = "lidarshard"
 
@@ -225,14 +225,28 @@ class ConcatRows(beam.CombineFn):
         return self._table([acc])
 
 
+def scan_results(gathered: dict[str, list]) -> tuple[int, pa.Table, pa.Table]:
+    """``GatherTagged`` of a ``ScanResult`` (``{"scanned": [n], "samples": [table], "rejects": [table]}``)
+    -> the three; an absent key (nothing was gathered) is 0 or an empty table."""
+    (scanned,) = gathered.get("scanned", [0])
+    (samples,) = gathered.get("samples", [schemas.sample_schema().empty_table()])
+    (rejects,) = gathered.get("rejects", [schemas.reject_schema().empty_table()])
+    return scanned, samples, rejects
+
+
 class ScanResult:
     """PCollections produced by ``ScanSamples``: one table each, plus the scanned count; each is
-    EMPTY (no element) when there is nothing to gather: ``pipelines.scan.scan_results`` fills in
+    EMPTY (no element) when there is nothing to gather: ``scan_results`` fills in
     0 and empty tables. (Without defaults: a default is injected through a side input, which the
     DaskRunner recomputes, see ``transforms.beam.tagged``.)"""
 
     def __init__(self, samples: beam.PCollection, rejects: beam.PCollection, scanned: beam.PCollection):
         self.samples, self.rejects, self.scanned = samples, rejects, scanned
+
+    def gathered(self) -> beam.PCollection:
+        """ONE element ``{"scanned", "samples", "rejects"}`` (see ``scan_results``), as a main input."""
+        tagged = (tag(self.scanned, "scanned"), tag(self.samples, "samples"), tag(self.rejects, "rejects"))
+        return tagged | "GatherScan" >> GatherTagged()
 
 
 def _to_table(schema: pa.Schema, keys: tuple[str, ...], label: str, pcoll: beam.PCollection):

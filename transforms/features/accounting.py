@@ -11,7 +11,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["dedupe", "counts_of", "settle", "fingerprint"]
+__all__ = ["TooManyRejects", "dedupe", "counts_of", "settle", "fingerprint"]
+
+
+class TooManyRejects(RuntimeError):
+    """More than ``--max-reject-fraction`` of the inputs were rejected; ``rejects`` holds them all."""
+
+    def __init__(self, message: str, rejects: pa.Table) -> None:
+        super().__init__(message)
+        self.rejects = rejects
 
 
 def dedupe(samples: pa.Table) -> tuple[pa.Table, list[dict]]:
@@ -51,9 +59,10 @@ def counts_of(scanned: int, samples: pa.Table, rejects: pa.Table, max_reject_fra
                 *(rejects.column(c).to_pylist()[:3] for c in ("path", "reason", "detail")), strict=True
             )
         )
-        raise RuntimeError(
-            f"{rejected} of {scanned} inputs rejected (> --max-reject-fraction {max_reject_fraction}): {summary}."
-            f" First: {examples}. Nothing was written; see the reasons above or raise --max-reject-fraction."
+        raise TooManyRejects(
+            f"{rejected} of {scanned} inputs rejected (> --max-reject-fraction {max_reject_fraction}): "
+            f"{summary}; first: {examples.split('; ')[0]}",
+            rejects,
         )
     return {
         "scanned": scanned,

@@ -8,6 +8,7 @@ sees after the range filter; ``num_points`` under ``--features stat``) and ``vox
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
 
@@ -17,7 +18,13 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms import storage
 
-__all__ = ["CostModel", "parse_cost_model", "sample_costs"]
+__all__ = ["CostModel", "parse_cost_model", "sample_costs", "COST_MODEL_HELP"]
+
+COST_MODEL_HELP = (
+    "points | voxels | linear:c0,a,b (cost = c0 + a*points + b*voxels) | @fit.json "
+    "(as written by lidarshard calibrate)"
+)
+_FILE_SCHEMA = '{"cost_model": {"c0": number, "a": number, "b": number}} (as lidarshard calibrate writes)'
 
 
 @dataclass(frozen=True)
@@ -56,15 +63,28 @@ def parse_cost_model(spec: str) -> CostModel:
         return _linear(*(float(p) for p in parts))
     if spec.startswith("@"):
         path = spec[1:]
-        obj = storage.read_json(path, what=f"--cost-model file {path}")
-        model = obj.get("cost_model", obj) if isinstance(obj, dict) else None
         try:
-            c0, a, b = (float(model[k]) for k in ("c0", "a", "b"))
-        except (TypeError, KeyError, ValueError, OverflowError):
+            obj = storage.read_json(path, what="the file")
+        except FileNotFoundError:
+            raise ValueError("no such file") from None
+        except ValueError as e:
+            raise ValueError(f"{e}; expected {_FILE_SCHEMA}") from None
+        model = obj.get("cost_model", obj) if isinstance(obj, dict) else obj
+        if not isinstance(model, dict):
+            raise ValueError(f"expected {_FILE_SCHEMA}, got {type(model).__name__} {json.dumps(model)[:40]}")
+        missing = [k for k in ("c0", "a", "b") if k not in model]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}; expected {_FILE_SCHEMA}")
+        bad = [
+            k
+            for k in ("c0", "a", "b")
+            if isinstance(model[k], bool) or not isinstance(model[k], (int, float))
+        ]
+        if bad:
             raise ValueError(
-                f"--cost-model file {path} must hold numbers c0, a, b (as lidarshard calibrate writes them)"
-            ) from None
-        return _linear(c0, a, b, name="linear")
+                f"{', '.join(bad)} must be numbers, got {', '.join(repr(model[k]) for k in bad)}"
+            )
+        return _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear")
     raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")
 
 

@@ -13,6 +13,7 @@ the caps (``lidarshard.transforms.plan.caps``). Balance metrics live in
 
 from __future__ import annotations
 
+import sys
 import zlib
 from collections.abc import Callable
 
@@ -23,7 +24,15 @@ from lidarshard.transforms.plan import balanced, budget, megabatch, mixed, strat
 from lidarshard.transforms.plan import random as random_
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
 
-__all__ = ["PlanFn", "STRATEGIES", "VARIABLE_COUNT", "DEFAULT_STRATEGY", "plan_epoch", "strategy_salt"]
+__all__ = [
+    "PlanFn",
+    "STRATEGIES",
+    "VARIABLE_COUNT",
+    "DEFAULT_STRATEGY",
+    "STRATEGY_HELP",
+    "plan_epoch",
+    "strategy_salt",
+]
 
 #: ``plan(costs (P,), world_size, batch_size, rng, bucket_ids (P,) | None, limits | None)
 #: -> (S, W, M) int64``.
@@ -45,6 +54,17 @@ STRATEGIES: dict[str, PlanFn] = {
 VARIABLE_COUNT = frozenset({"budget"})
 
 DEFAULT_STRATEGY = "mixed"
+
+
+def _summary(fn: PlanFn) -> str:
+    """The first line of a strategy module's docstring, without its leading name."""
+    line = (sys.modules[fn.__module__].__doc__ or "").strip().splitlines()[0]
+    line = line.split(":", 1)[1].strip() if line.startswith("``") and ":" in line else line
+    return line.replace("``", "")
+
+
+#: One line per registered strategy, for ``--strategy`` help: ``name: summary``.
+STRATEGY_HELP = "\n".join(f"{name}: {_summary(fn)}" for name, fn in STRATEGIES.items())
 
 
 def strategy_salt(strategy: str) -> int:

@@ -21,6 +21,7 @@ from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
 
 __all__ = [
+    "MAX_PLAN_FACTOR",
     "PlanConfig",
     "score",
     "plan_rows",
@@ -31,6 +32,8 @@ __all__ = [
 ]
 
 _POOL_SALT = zlib.crc32(b"pool")
+#: Default bound on plan entries per input sample per epoch (``--max-plan-factor``).
+MAX_PLAN_FACTOR = 100.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class PlanConfig:
     num_buckets: int | None = None  # None: buckets.default_num_buckets(N)
     weights: tuple[float, ...] | None = None
     caps: Caps = Caps()
+    max_plan_factor: float = MAX_PLAN_FACTOR  # plan entries per sample per epoch, at most
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.batch_size < 1 or self.epochs < 1:
@@ -58,14 +62,23 @@ class PlanConfig:
             raise ValueError(f"policy must be one of {buckets.POLICIES}")
 
 
-def score(samples: pa.Table, model: CostModel, cfg: PlanConfig) -> tuple[pa.Table, NDArray[np.float64]]:
+def score(
+    samples: pa.Table, model: CostModel, cfg: PlanConfig, costs: pa.Array | None = None
+) -> tuple[pa.Table, NDArray[np.float64]]:
     """Add ``cost`` and ``bucket_id`` to a samples table (sorted by sample_id).
+
+    ``costs`` (N,), when given, are used as they are instead of the model's (``model.name == "given"``).
 
     Returns:
         (scored table with ``lidarshard.schemas.scored_schema()``, bucket edges (K-1,) in cost units).
     """
     base = samples.select([name for name, _, _ in schemas.SAMPLE_FIELDS])
-    costs = sample_costs(base, model)
+    if costs is None:
+        costs = sample_costs(base, model)
+    else:
+        costs = np.asarray(costs, dtype=np.float64)
+        if costs.shape != (samples.num_rows,) or not np.isfinite(costs).all() or (costs < 0).any():
+            raise ValueError("cost must hold one finite value >= 0 per sample")
     k = cfg.num_buckets or buckets.default_num_buckets(max(len(costs), 1))
     edges = buckets.quantile_edges(costs, k) if len(costs) else np.empty(0)
     ids = buckets.assign_buckets(costs, edges)
@@ -99,6 +112,12 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray
     costs = scored.column("cost").to_numpy()
     ids = scored.column("bucket_id").to_numpy()
     weights = buckets.resolve_weights(cfg.weights, int(ids.max()) + 1 if len(ids) else 1)
+    expected = float(weights[ids].sum()) if len(ids) else 0.0
+    if expected > cfg.max_plan_factor * len(ids):
+        raise ValueError(
+            f"--bucket-weights {list(weights)} would plan ~{expected:.6g} entries from {len(ids)} samples per "
+            f"epoch, more than --max-plan-factor {cfg.max_plan_factor:g} x the input; lower the weights or raise it"
+        )
     rng = np.random.default_rng([cfg.seed, epoch, _POOL_SALT])
     pool = buckets.weighted_pool(ids, weights, rng)
     w, b = cfg.world_size, cfg.batch_size

@@ -1,0 +1,144 @@
+"""From settled samples to the files of a manifest directory. Pure: every file goes through an
+injected ``write(rel, data)``.
+
+``lidarshard build`` calls these from its Beam steps (epochs in parallel, files on any Beam
+filesystem); ``lidarshard.write_manifest`` calls them in one process. Same samples and options,
+same bytes::
+
+    checked = score_samples(samples, rejects, counts, model, cfg, write)   # samples/rejects.parquet
+    files, stats = write_epoch(scored, epoch, cfg, write)                  # once per epoch
+    manifest = manifest_json(meta, cfg, checked, files + checked["files"], stats)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lidarshard import schemas
+from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
+from lidarshard.transforms.features.accounting import fingerprint
+from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.plan.caps import over_cap
+from lidarshard.transforms.plan.epochs import PlanConfig, bucket_info, plan_tables, repeat_rates, score
+
+__all__ = [
+    "Write",
+    "PLAN_INPUT",
+    "write_file",
+    "score_samples",
+    "read_scored",
+    "write_epoch",
+    "manifest_json",
+]
+
+#: ``write(relative path, data)``: stores one file of the manifest directory being built.
+Write = Callable[[str, bytes], None]
+
+#: The columns of the scored samples an epoch's plan needs.
+PLAN_INPUT = ["sample_id", "path", "sweep_paths", "cost", "bucket_id", "num_points"]
+
+
+def write_file(write: Write, rel: str, data: bytes) -> dict:
+    """Write one file; returns its ``files`` entry {path, bytes, sha256}."""
+    write(rel, data)
+    return {"path": rel, "bytes": len(data), "sha256": sha256_hex(data)}
+
+
+def reject_over_cap(
+    samples: pa.Table, rejects: pa.Table, model: CostModel, cfg: PlanConfig, costs: pa.Array | None = None
+) -> tuple[pa.Table, pa.Table]:
+    """Move the samples that alone exceed a cap to rejects (reason ``over_cap``)."""
+    if not cfg.caps.active:
+        return samples, rejects
+    points = samples.column("num_points").to_numpy(zero_copy_only=False)
+    cost = sample_costs(samples, model) if costs is None else np.asarray(costs, dtype=np.float64)
+    details = over_cap(cost, points, cfg.caps)
+    bad = np.array([bool(d) for d in details], dtype=bool)
+    if bad.any():
+        rows = {
+            "path": samples.column("path").filter(pa.array(bad)).to_pylist(),
+            "reason": ["over_cap"] * int(bad.sum()),
+            "detail": [d for d in details if d],
+        }
+        rejects = pa.concat_tables([rejects, pa.Table.from_pydict(rows, schema=rejects.schema)])
+        rejects = rejects.sort_by([(c, "ascending") for c in ("path", "reason", "detail")])
+        samples = samples.filter(pa.array(~bad))
+    return samples, rejects
+
+
+def score_samples(
+    samples: pa.Table,
+    rejects: pa.Table,
+    counts: dict,
+    model: CostModel,
+    cfg: PlanConfig,
+    write: Write,
+    costs: pa.Array | None = None,
+) -> dict:
+    """Score settled samples (sorted by sample_id), write samples.parquet and rejects.parquet.
+
+    Returns only small metadata (``files``, ``counts``, ``model``, ``buckets``, ``fingerprint``,
+    ``pair_repeat_rate``): the scored table is read back from the written file where needed.
+    ``costs`` (N,) replaces the model's costs (``model.name == "given"``).
+    """
+    if samples.num_rows == 0:
+        raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
+    scored, edges = score(samples, model, cfg, costs)
+    return {
+        "files": [
+            write_file(write, schemas.SAMPLES_FILE, parquet_bytes(scored)),
+            write_file(write, schemas.REJECTS_FILE, parquet_bytes(rejects)),
+        ],
+        "counts": counts,
+        "model": model.to_json(),
+        "buckets": bucket_info(scored, edges, cfg),
+        "fingerprint": fingerprint(samples),
+        "pair_repeat_rate": repeat_rates(scored, cfg),
+    }
+
+
+def read_scored(data: bytes) -> pa.Table:
+    """The columns an epoch needs from the bytes of a written samples.parquet."""
+    return pq.read_table(pa.BufferReader(data), columns=PLAN_INPUT)
+
+
+def write_epoch(scored: pa.Table, epoch: int, cfg: PlanConfig, write: Write) -> tuple[list[dict], dict]:
+    """Plan one epoch and write its W rank files; returns (``files`` entries, epoch stats)."""
+    tables, stats = plan_tables(scored, epoch, cfg)
+    files = [write_file(write, schemas.plan_file(epoch, r), parquet_bytes(t)) for r, t in enumerate(tables)]
+    return files, stats
+
+
+def manifest_json(meta: dict, cfg: PlanConfig, checked: dict, files: list[dict], stats: list[dict]) -> dict:
+    """The ``_manifest.json`` object: ``meta`` (provenance, ``path_root``) plus the plan's numbers and
+    file hashes."""
+    stats = sorted(stats, key=lambda s: s["epoch"])
+    balance = [{k: v for k, v in s.items() if k not in ("planned", "dropped", "padded")} for s in stats]
+    counts = dict(checked["counts"])
+    for key in ("planned", "dropped", "padded"):
+        counts[key] = [s[key] for s in stats]
+    return meta | {
+        "world_size": cfg.world_size,
+        "batch_size": cfg.batch_size,
+        "epochs": cfg.epochs,
+        "seed": cfg.seed,
+        "strategy": cfg.strategy,
+        "policy": cfg.policy,
+        "caps": cfg.caps.to_json(),
+        "cost_model": checked["model"],
+        "buckets": checked["buckets"],
+        "steps_per_epoch": [s["steps"] for s in stats],
+        "counts": counts,
+        "balance": balance,
+        "pair_repeat_rate": checked["pair_repeat_rate"],
+        "inputs_fingerprint": checked["fingerprint"],
+        "files": {
+            f["path"]: {"bytes": f["bytes"], "sha256": f["sha256"]}
+            for f in sorted(files, key=lambda f: f["path"])
+        },
+        "plan_schema": schemas.schema_to_json(schemas.plan_schema()),
+    }
