@@ -6,6 +6,8 @@ The public API is loaded lazily, so ``import lidarshard`` costs nothing and a tr
     import lidarshard
     reader = lidarshard.ManifestReader("OUT", rank=0, world_size=4, epoch=0)
     sampler = lidarshard.BalancedBatchSampler("OUT")  # needs torch
+    lidarshard.write_manifest(table, "OUT", world_size=4, batch_size=2)  # from your own sample list
+    lidarshard.build("data/", "OUT", world_size=4, batch_size=2)  # scan + plan with Beam
 
 Stage packages (the repository's top-level folders): ``lidarshard.transforms`` (pure steps),
 ``lidarshard.pipelines`` (Beam commands and tools), ``lidarshard.schemas`` (the manifest
@@ -33,6 +35,8 @@ _API: dict[str, str] = {
     "PlanSampler": "lidarshard.loaders.torch",
     "PointCloudDataset": "lidarshard.loaders.torch",
     "collate": "lidarshard.loaders.torch",
+    "build": "lidarshard.pipelines.api",
+    "write_manifest": "lidarshard.pipelines.api",
     "plan_epoch": "lidarshard.transforms.plan",
     "STRATEGIES": "lidarshard.transforms.plan",
 }

@@ -1,0 +1,250 @@
+"""The Python API of the pipeline side: ``lidarshard.build`` and ``lidarshard.write_manifest``.
+
+Both take the command's flags as keyword arguments (``--bucket-weights`` -> ``bucket_weights``),
+check them with the same parser and checks as ``lidarshard build`` (a bad value raises
+:class:`~lidarshard.pipelines.launch.UsageError`, a ``ValueError``, with the same one line), plan
+and write with the same code, publish atomically the same way and return the same summary::
+
+    summary = lidarshard.build("data/", "out/", world_size=8, batch_size=2, epochs=3, runner="FnApiRunner")
+    summary = lidarshard.write_manifest(infos_df, "out/", 8, 2, epochs=3)   # no Beam pipeline, no scan
+
+``write_manifest`` is for users who already have their samples (an mmdet3d/OpenPCDet infos file, a
+dataframe): a table with ``sample_id``, ``path`` and either ``cost`` or the size columns the cost
+model needs (``num_points``/``num_in_range``, ``occupied_voxels``). The same samples give the same
+bytes as ``lidarshard build OUT --from-samples`` (only the provenance keys of ``_manifest.json`` differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lidarshard import schemas
+from lidarshard.pipelines import _output, launch, options
+from lidarshard.pipelines import build as build_cmd
+from lidarshard.transforms import storage
+from lidarshard.transforms.features.cost import CostModel
+from lidarshard.transforms.plan import manifest
+
+__all__ = ["build", "write_manifest", "summary"]
+
+#: The keyword arguments ``write_manifest`` takes besides its own (the plan flags).
+_PLAN_KEYS = {"epochs", "seed", "strategy", "buckets", "bucket_weights", "max_plan_factor", "pad", "drop_last",
+              "max_reject_fraction", "max_points_per_rank_step", "max_cost_per_rank_step",
+              "max_samples_per_rank_step"}  # fmt: skip
+#: What ``write_manifest`` records instead of a scan's provenance.
+_CREATED_BY = f"lidarshard {launch.VERSION} write_manifest"
+
+
+def _argv(options_: dict[str, Any]) -> list[str]:
+    """Keyword arguments -> flags: True -> ``--flag``; False/None -> left out; sequences -> ``a,b``."""
+    argv = []
+    for key, value in options_.items():
+        name = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(name)
+        elif isinstance(value, (list, tuple)):
+            argv.append(f"{name}={','.join(str(v) for v in value)}")
+        else:
+            argv.append(f"{name}={value}")
+    return argv
+
+
+def _parse(
+    paths: list[str], world_size: int, batch_size: int, options_: dict[str, Any]
+) -> argparse.Namespace:
+    parser = build_cmd.parser()
+    parser.raise_errors = True
+    size = {"world_size": world_size, "batch_size": batch_size}
+    args, beam_argv = parser.parse([*paths, *_argv(size | options_)])
+    if beam_argv:
+        raise launch.UsageError(f"{beam_argv[0]} is a Beam option: pass it in pipeline_args")
+    return args
+
+
+def summary(out: str) -> dict:
+    """The numbers of a written manifest: out, counts, steps_per_epoch, buckets, balance per epoch."""
+    m = storage.read_json(storage.join(out, schemas.MANIFEST_FILE))
+    keys = (
+        "world_size",
+        "batch_size",
+        "epochs",
+        "strategy",
+        "counts",
+        "steps_per_epoch",
+        "buckets",
+        "balance",
+    )
+    return {"out": out} | {k: m[k] for k in keys}
+
+
+def build(
+    input: str | None,
+    out: str,
+    *,
+    world_size: int,
+    batch_size: int,
+    runner: str | None = None,
+    pipeline_args: Sequence[str] = (),
+    **flags: Any,
+) -> dict:
+    """Run ``lidarshard build`` in this process; returns :func:`summary` of the published OUT.
+
+    Args:
+        input: INPUT (directory, glob, nuScenes dataroot); None with ``from_samples=...``.
+        out: OUT, replaced atomically on success.
+        world_size, batch_size: W ranks, B samples per rank per step.
+        runner: Beam runner name (``FnApiRunner``, ``DataflowRunner``, ...); default as the CLI.
+        pipeline_args: further Beam flags, e.g. ``["--direct_num_workers=2"]``.
+        **flags: any other ``build`` flag in snake case (``epochs=3``, ``bucket_weights=(1, 2)``, ``pad=True``).
+
+    Raises:
+        UsageError: a bad flag, value or path (the CLI's exit 2), before Beam starts.
+        Exception: the run failed (the CLI's exit 1); nothing was published.
+    """
+    args = _parse([out] if input is None else [input, out], world_size, batch_size, flags)
+    cfg, model = build_cmd.prepare(args)
+    beam_argv = [*([f"--runner={runner}"] if runner else []), *pipeline_args]
+    if not build_cmd.launch_build(args, beam_argv, cfg, model):
+        return {"out": args.output, "dry_run": True}
+    return summary(args.output)
+
+
+def _samples_table(samples: Any) -> pa.Table:
+    """A pyarrow Table or pandas DataFrame -> the samples schema, sorted by sample_id."""
+    table = samples if isinstance(samples, pa.Table) else pa.Table.from_pandas(samples, preserve_index=False)
+    missing = [c for c in ("sample_id", "path") if c not in table.column_names]
+    if missing:
+        raise launch.UsageError(f"samples: missing column(s) {', '.join(missing)}")
+    n = table.num_rows
+    want = schemas.sample_schema()
+    defaults = {
+        "sweep_paths": pa.array([[]] * n, want.field("sweep_paths").type),
+        "sweep_transforms": pa.array([[]] * n, want.field("sweep_transforms").type),
+        "has_labels": pa.array(np.zeros(n, bool)),
+    }
+    cols = []
+    for f in want:
+        if f.name in table.column_names:
+            col = table.column(f.name)
+            try:
+                cols.append(col.cast(f.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise launch.UsageError(
+                    f"samples: column {f.name} ({col.type}) is not {f.type}: {e}"
+                ) from None
+        elif f.name == "num_sweeps":
+            cols.append(pc.list_value_length(cols[want.get_field_index("sweep_paths")]).cast(f.type))
+        else:
+            cols.append(defaults.get(f.name, pa.nulls(n, f.type)))
+    out = pa.Table.from_arrays(cols, schema=want)
+    if "cost" in table.column_names:
+        out = out.append_column("cost", table.column("cost").cast(pa.float64()))
+    return out.sort_by("sample_id")
+
+
+def write_manifest(
+    samples: Any,
+    out: str,
+    world_size: int,
+    batch_size: int,
+    *,
+    rejects: pa.Table | None = None,
+    cost_model: str | None = None,
+    **flags: Any,
+) -> dict:
+    """Plan and write a manifest in this process (no Beam pipeline, no scan); returns :func:`summary`.
+
+    Args:
+        samples: pyarrow Table or pandas DataFrame, one row per sample: ``sample_id``, ``path``, and
+            ``cost`` or the size columns of ``lidarshard.schemas.SAMPLE_FIELDS`` the cost model reads;
+            other sample columns (``sweep_paths``, ...) are kept when present.
+        out: OUT directory (local or any Beam filesystem), replaced atomically.
+        world_size, batch_size: W ranks, B samples per rank per step.
+        rejects: rows already rejected upstream (``lidarshard.schemas.reject_schema()``), kept in
+            rejects.parquet and the counts.
+        cost_model: as ``--cost-model``; None uses the ``cost`` column when there is one, else voxels.
+        **flags: the other plan flags in snake case (``epochs``, ``seed``, ``strategy``, ``buckets``,
+            ``bucket_weights``, ``pad``, ``max_plan_factor``, ``max_reject_fraction``).
+    """
+    table = _samples_table(samples)
+    given = cost_model is None and "cost" in table.column_names
+    if cost_model is None and not given:
+        cost_model = "voxels"
+    unknown = sorted(set(flags) - _PLAN_KEYS)
+    if unknown:
+        raise launch.UsageError(f"write_manifest takes the plan flags only, not {', '.join(unknown)}")
+    plan_flags = dict(flags) | ({"cost_model": cost_model} if cost_model else {})
+    args = _parse([out], world_size, batch_size, plan_flags)
+    cfg = options.plan_config(args)
+    model = CostModel("given") if given else options.cost_model(args.cost_model)
+    out = storage.absolute(out)
+    options.check_output(out, [])
+    fraction = (
+        options.DEFAULT_REJECT_FRACTION if args.max_reject_fraction is None else args.max_reject_fraction
+    )
+    costs = table.column("cost") if given else None
+    base = table.select([f.name for f in schemas.sample_schema()])
+    rejects = (
+        schemas.reject_schema().empty_table() if rejects is None else rejects.cast(schemas.reject_schema())
+    )
+    storage.delete([launch.rejects_path(out)]) if storage.exists(
+        launch.rejects_path(out)
+    ) else None  # a stale one from an earlier failed call would mislead
+    if costs is not None and pc.count_distinct(base.column("sample_id")).as_py() != base.num_rows:
+        raise launch.UsageError("samples: sample_id must be unique when a cost column is given")
+    settled, rejects, counts = launch.settle_or_stop(
+        base.num_rows + rejects.num_rows, base, rejects, fraction, launch.rejects_path(out),
+        lambda s, r: _screen(s, r, model, cfg, costs),
+    )  # fmt: skip
+    if costs is not None:  # the over-cap rejects left: keep the costs of the rows kept
+        keep = pc.is_in(table.column("sample_id"), settled.column("sample_id"))
+        costs = table.column("cost").filter(keep)
+    staging = _output.new_staging(out)
+    try:
+        write = _writer(staging)
+        checked = manifest.score_samples(settled, rejects, counts, model, cfg, write, costs)
+        scored = storage.read_parquet(
+            storage.join(staging, schemas.SAMPLES_FILE), columns=manifest.PLAN_INPUT
+        )
+        files, stats = list(checked["files"]), []
+        for epoch in range(cfg.epochs):
+            epoch_files, epoch_stats = manifest.write_epoch(scored, epoch, cfg, write)
+            files += epoch_files
+            stats.append(epoch_stats)
+        meta = {
+            "schema_version": schemas.SCHEMA_VERSION,
+            "created_by": _CREATED_BY,
+            "input": None,
+            "from_samples": None,
+            "max_reject_fraction": fraction,
+            "path_root": None,  # the paths are stored as the table gave them
+        }
+        storage.write_json(
+            storage.join(staging, schemas.MANIFEST_FILE),
+            manifest.manifest_json(meta, cfg, checked, files, stats),
+        )
+        storage.write_bytes(storage.join(staging, schemas.SUCCESS_FILE), b"")
+    except BaseException:
+        _output.discard(staging)
+        raise
+    _output.commit(staging, out)
+    return summary(out)
+
+
+def _screen(samples: pa.Table, rejects: pa.Table, model: CostModel, cfg, costs) -> tuple[pa.Table, pa.Table]:
+    return manifest.reject_over_cap(samples, rejects, model, cfg, costs)
+
+
+def _writer(staging: str) -> manifest.Write:
+    def write(rel: str, data: bytes) -> None:
+        storage.write_bytes(storage.join(staging, rel), data)
+
+    return write

@@ -1,0 +1,107 @@
+"""``lidarshard.build`` and ``lidarshard.write_manifest``: same checks, same plan, same bytes as the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import lidarshard
+from lidarshard import schemas
+from lidarshard.pipelines.cli import main
+from lidarshard.pipelines.launch import UsageError
+from lidarshard.pipelines.tools.validate import validate
+from tests.helpers import BEAM_TEST_FLAGS, make_bins
+
+#: _manifest.json keys that record where the samples came from (a scan vs a table).
+PROVENANCE = {
+    "created_by",
+    "input",
+    "from_samples",
+    "nuscenes_version",
+    "sweeps",
+    "scan_config",
+    "sample_schema",
+}
+
+
+def _tree(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def scanned(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("api")
+    inp = make_bins(tmp / "in", n=40)
+    assert main(["scan", str(inp), str(tmp / "scan"), "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]) == 0
+    return tmp / "scan"
+
+
+def test_write_manifest_gives_the_bytes_of_build_from_samples(scanned: Path, tmp_path: Path) -> None:
+    flags = {
+        "epochs": 2,
+        "seed": 3,
+        "bucket_weights": (1, 2, 1, 0.5),
+        "cost_model": "points",
+        "max_reject_fraction": 0.1,
+    }
+    by_build = lidarshard.build(
+        None, str(tmp_path / "b"), world_size=2, batch_size=3, from_samples=str(scanned / schemas.SAMPLES_FILE),
+        runner="FnApiRunner", **flags,
+    )  # fmt: skip
+    samples = pq.read_table(scanned / schemas.SAMPLES_FILE)
+    rejects = pq.read_table(scanned / schemas.REJECTS_FILE)
+    by_table = lidarshard.write_manifest(samples, str(tmp_path / "t"), 2, 3, rejects=rejects, **flags)
+    a, b = _tree(tmp_path / "b"), _tree(tmp_path / "t")
+    assert a.keys() == b.keys()
+    assert {k for k in a if a[k] != b[k]} == {schemas.MANIFEST_FILE}
+    ma, mb = (json.loads(t[schemas.MANIFEST_FILE]) for t in (a, b))
+    assert {k: v for k, v in ma.items() if k not in PROVENANCE} == {
+        k: v for k, v in mb.items() if k not in PROVENANCE
+    }
+    assert by_build["balance"] == by_table["balance"] and by_build["counts"] == by_table["counts"]
+    assert by_table["counts"]["rejected"] == 1 and len(by_table["balance"]) == 2
+    assert validate(str(tmp_path / "t"))[0] == []
+
+
+def test_write_manifest_from_given_costs(tmp_path: Path) -> None:
+    table = pa.table({"sample_id": [f"s{i:03d}" for i in range(50)], "path": [f"/d/{i}.bin" for i in range(50)],
+                      "cost": [float(1 + (i * 37) % 11) for i in range(50)]})  # fmt: skip
+    s = lidarshard.write_manifest(table, str(tmp_path / "m"), 4, 2, epochs=1)
+    assert s["counts"]["accepted"] == 50 and s["steps_per_epoch"] == [6]
+    plan = pq.read_table(tmp_path / "m" / schemas.plan_file(0, 0))
+    costs = dict(zip(table["sample_id"].to_pylist(), table["cost"].to_pylist(), strict=True))
+    assert all(
+        costs[sid] == c
+        for sid, c in zip(plan["sample_id"].to_pylist(), plan["cost"].to_pylist(), strict=True)
+    )
+    m = json.loads((tmp_path / "m" / schemas.MANIFEST_FILE).read_text())
+    assert m["cost_model"]["name"] == "given"
+    assert validate(str(tmp_path / "m"))[0] == []
+
+
+def test_write_manifest_takes_a_dataframe(tmp_path: Path) -> None:
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame(
+        {"sample_id": ["b", "a", "c", "d"], "path": ["/b", "/a", "/c", "/d"], "cost": [2.0, 1, 3, 4]}
+    )
+    s = lidarshard.write_manifest(df, str(tmp_path / "m"), 2, 1)
+    assert s["counts"]["accepted"] == 4 and s["steps_per_epoch"] == [2]
+
+
+def test_api_refuses_what_the_cli_refuses(scanned: Path, tmp_path: Path) -> None:
+    table = pa.table({"sample_id": ["a", "b"], "path": ["/a", "/b"], "cost": [1.0, 2.0]})
+    with pytest.raises(UsageError, match="--bucket-weights 0,0"):
+        lidarshard.write_manifest(table, str(tmp_path / "x"), 1, 1, bucket_weights=(0, 0))
+    with pytest.raises(UsageError, match="not voxel_size"):
+        lidarshard.write_manifest(table, str(tmp_path / "x"), 1, 1, voxel_size=0.1)
+    with pytest.raises(UsageError, match="missing column"):
+        lidarshard.write_manifest(pa.table({"sample_id": ["a"]}), str(tmp_path / "x"), 1, 1)
+    with pytest.raises(UsageError, match="does not exist"):
+        lidarshard.build(str(tmp_path / "nope"), str(tmp_path / "x"), world_size=1, batch_size=1)
+    with pytest.raises(UsageError, match="unknown flag --sweps"):
+        lidarshard.build(str(scanned), str(tmp_path / "x"), world_size=1, batch_size=1, sweps=9)
+    assert not (tmp_path / "x").exists()
