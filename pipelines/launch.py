@@ -135,11 +135,14 @@ def flag(
 ) -> argparse.Action:
     """Declare one flag: its help always ends with its default (``shown`` overrides how it reads)."""
     text = shown or ("none" if default is None else str(default))
+    full = help
     if kw.get("required"):
-        help = f"{help} (required)"
+        full, text = f"{help} (required)", "required"
     elif kw.get("action") not in ("store_true", "store_const"):
-        help = f"{help} (default: {text})"
-    return group.add_argument(name, default=default, help=help, **kw)
+        full = f"{help} (default: {text})"
+    action = group.add_argument(name, default=default, help=full, **kw)
+    action.table_row = (help, text)  # what flag_table prints
+    return action
 
 
 # ---------------------------------------------------------------------------------- Beam pass-through
@@ -208,11 +211,8 @@ class CommandParser(argparse.ArgumentParser):
         self.raise_errors = False  # the Python API sets it: UsageError instead of exit 2
         # "-50,-50,-5,50,50,3" and "-1e-3" are values, not flags (argparse only knows "-5" and "-.5")
         self._negative_number_matcher = re.compile(r"^-\.?\d[\d.,eE+-]*$")
-        self.add_argument(
-            "--debug",
-            action="store_true",
-            help=f"show the full traceback of a failure (or set {DEBUG_ENV}=1)",
-        )
+        flag(self, "--debug", f"show the full traceback of a failure (or set {DEBUG_ENV}=1)", action="store_true",
+             default=False, shown="off")  # fmt: skip
 
     def _add_beam_options(self) -> None:
         mine = set(self._option_string_actions)
@@ -221,6 +221,15 @@ class CommandParser(argparse.ArgumentParser):
                 self.add_argument(
                     *strings, action=_BeamFlag, nargs=nargs, dest="_beam", help=argparse.SUPPRESS
                 )
+
+    def flag_table(self) -> str:
+        """Markdown table of the flags declared with :func:`flag` (the README's, diffed by a test)."""
+        rows = ["| flag | default | meaning |", "|---|---|---|"]
+        for a in self._actions:
+            if hasattr(a, "table_row"):
+                meaning, default = (t.replace("\n", "<br>").replace("|", "\\|") for t in a.table_row)
+                rows.append(f"| `{a.option_strings[0]}` | {default} | {meaning} |")
+        return "\n".join(rows)
 
     def known_flags(self) -> list[str]:
         return sorted(s for s in self._option_string_actions if s.startswith("--"))

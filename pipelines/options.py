@@ -83,7 +83,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     flag(g, "--batch-size", "samples per rank per step B", type=int_in(1, 1 << 20), required=True, metavar="B")  # fmt: skip
     flag(g, "--epochs", "epochs to plan", type=int_in(1, 10_000), default=1, metavar="E")
     flag(g, "--seed", "plan seed", type=int_in(0, 2**63 - 1), default=0, metavar="S")
-    flag(g, "--strategy", "how each step is filled:\n" + STRATEGY_HELP, choices=sorted(STRATEGIES),
+    flag(g, "--strategy", "how each step is filled, one of:\n" + STRATEGY_HELP, choices=sorted(STRATEGIES),
          default=DEFAULT_STRATEGY)  # fmt: skip
     flag(g, "--buckets", "cost buckets K in [1, 4096]", type=int_in(1, 4096), metavar="K",
          shown="clamp(sqrt(N)/4, 4, 64), or the number of --bucket-weights")  # fmt: skip
@@ -93,10 +93,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
          type=float_in(1.0, 1e6), default=MAX_PLAN_FACTOR, metavar="X")  # fmt: skip
     flag(g, "--cost-model", COST_MODEL_HELP, default="voxels", metavar="MODEL")
     pol = g.add_mutually_exclusive_group()
-    pol.add_argument("--drop-last", dest="policy", action="store_const", const="drop_last",
-                     help="drop the samples that do not fill a last step (default)")  # fmt: skip
-    pol.add_argument("--pad", dest="policy", action="store_const", const="pad",
-                     help="repeat random samples to fill the last step")  # fmt: skip
+    flag(pol, "--drop-last", "drop the samples that do not fill a last step", dest="policy", action="store_const",
+         const="drop_last", shown="on")  # fmt: skip
+    flag(pol, "--pad", "repeat random samples to fill the last step", dest="policy", action="store_const",
+         const="pad", shown="off (--drop-last)")  # fmt: skip
     flag(g, "--from-samples", "re-plan from a previous run's samples.parquet (no rescan)", metavar="SAMPLES")
     flag(g, "--relative-to", "store sample paths relative to ROOT and record it, so the data can move; 'none' "
          "stores full paths", metavar="ROOT", shown="the dataroot for --nuscenes-version, INPUT for a directory, "

@@ -85,7 +85,7 @@ def parser() -> launch.CommandParser:
     )
     flag(g, "--seed", "dataset seed", type=int_in(0, 2**63 - 1), default=0, metavar="S")
     flag(g, "--nuscenes-version", "table folder name, v1.0-<name>", default="v1.0-synth", metavar="V1.0-XXX")
-    g.add_argument("--labels", action="store_true", help="also write lidarseg labels (default: off)")
+    flag(g, "--labels", "also write lidarseg labels", action="store_true", default=False, shown="off")
     return p
 
 

@@ -247,3 +247,24 @@ def test_every_flag_has_help_and_its_default(command: str) -> None:
     text = parser.format_help()
     for name in ("balanced", "random", "stratified", "megabatch") if command == "build" else ():
         assert f"{name}: " in text
+
+
+@pytest.mark.parametrize("command", ["build", "synth"])
+def test_readme_flag_tables_are_the_parsers(command: str) -> None:
+    """The README's flag tables are what the parsers declare: same flags, defaults and meanings."""
+    from importlib import import_module
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = import_module(f"lidarshard.pipelines.{command}").parser().flag_table()
+    assert table in readme, f"README's `{command}` flag table differs from the parser; paste:\n{table}"
+
+
+def test_readme_states_the_default_runners() -> None:
+    from lidarshard.pipelines import launch, synth
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert "`scan` and `build` run on the local DirectRunner on all cores (`multi_processing`)" in readme
+    assert "`synth` runs in-process on the FnApiRunner" in readme
+    assert synth.DEFAULT_RUNNER[0] == "--runner=FnApiRunner"
+    opts = launch.beam_options([]).get_all_options()
+    assert (opts["runner"], opts["direct_running_mode"]) == ("DirectRunner", "multi_processing")
