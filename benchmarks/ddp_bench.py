@@ -12,8 +12,8 @@ predicted costs of the batches each run actually trained on.
 Manifest source, one of:
     --manifest OUT      an existing ``lidarshard build`` output;
     (default)           ``lidarshard synth`` + ``lidarshard build`` into a temp dir (``--scenes``, ...);
-    --fixture           clouds and a manifest from ``tests/manifest_fixture.py`` (no pipeline needed;
-                        its stand-in planner, not the pipeline's).
+    --fixture           synthetic clouds and a manifest from ``lidarshard.write_manifest`` (no Beam
+                        pipeline, no scan; the pipeline's planner on their point counts).
 
     python benchmarks/ddp_bench.py --manifest OUT [--epochs 1] [--repeats 1]
 """
@@ -44,7 +44,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--manifest", type=Path, help="existing manifest dir (lidarshard build output)")
-    src.add_argument("--fixture", action="store_true", help="use tests/manifest_fixture.py, no pipeline")
+    src.add_argument(
+        "--fixture", action="store_true", help="synthetic clouds + lidarshard.write_manifest, no pipeline"
+    )
     p.add_argument("--workdir", type=Path, default=None, help="where inputs are written (default: temp)")
     p.add_argument("--scenes", type=int, default=8, help="lidarshard synth --scenes")
     p.add_argument("--batch-size", type=int, default=2, help="samples per rank per step (build)")
@@ -95,15 +97,40 @@ def _synth_build(args: argparse.Namespace, work: Path) -> Path:
     return out
 
 
+def _sweep_transform(k: int) -> list[float]:
+    """Row-major 4x4 sweep k -> keyframe transform: a 0.5 m x-translation per sweep."""
+    m = np.eye(4)
+    m[0, 3] = 0.5 * (k + 1)
+    return m.ravel().tolist()
+
+
 def _fixture(args: argparse.Namespace, work: Path) -> Path:
-    sys.path.insert(0, str(REPO / "tests"))
-    from manifest_fixture import make_fixture
+    """Clouds (keyframe + 2 sweeps, x5 float32) with log-uniform sizes and a manifest planned from
+    their point counts by ``lidarshard.write_manifest`` (the pipeline's planner, no Beam run)."""
+    import pyarrow as pa
+
+    import lidarshard
 
     rng = np.random.default_rng(0)  # log-uniform sizes: a few large scenes dominate, as in driving logs
     sizes = np.exp(rng.uniform(np.log(1_000), np.log(12_000), args.fixture_samples)).astype(int)
-    return make_fixture(
-        work, sizes.tolist(), world_size=2, batch_size=args.batch_size, epochs=args.plan_epochs, sweeps=2
-    )
+    (work / "data").mkdir(parents=True, exist_ok=True)
+    cols: dict[str, list] = {
+        k: [] for k in ("sample_id", "path", "sweep_paths", "sweep_transforms", "num_points")
+    }
+    for i, n in enumerate(sizes.tolist()):
+        files = [work / "data" / f"s{i:05d}{suffix}.pcd.bin" for suffix in ("", "_0", "_1")]
+        for f in files:
+            rng.normal(scale=20.0, size=(n, 5)).astype(np.float32).tofile(f)
+        cols["sample_id"].append(f"s{i:05d}")
+        cols["path"].append(str(files[0]))
+        cols["sweep_paths"].append([str(f) for f in files[1:]])
+        cols["sweep_transforms"].append(_sweep_transform(0) + _sweep_transform(1))
+        cols["num_points"].append(3 * n)
+    cols["num_in_range"] = cols["num_points"]
+    out = work / "out"
+    lidarshard.write_manifest(pa.table(cols), str(out), 2, args.batch_size, epochs=args.plan_epochs,
+                              cost_model="points")  # fmt: skip
+    return out
 
 
 def _train(manifest: Path, sampler: str, args: argparse.Namespace, work: Path, i: int) -> dict[str, Any]:
