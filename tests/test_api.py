@@ -96,6 +96,9 @@ def test_api_refuses_what_the_cli_refuses(scanned: Path, tmp_path: Path) -> None
     table = pa.table({"sample_id": ["a", "b"], "path": ["/a", "/b"], "cost": [1.0, 2.0]})
     with pytest.raises(UsageError, match="--bucket-weights 0,0"):
         lidarshard.write_manifest(table, str(tmp_path / "x"), 1, 1, bucket_weights=(0, 0))
+    tied = pa.table({"sample_id": ["a", "b", "c", "d"], "path": ["/a", "/b", "/c", "/d"], "cost": [1.0] * 4})
+    with pytest.raises(ValueError, match="2 weights but the costs make only 1 distinct buckets"):
+        lidarshard.write_manifest(tied, str(tmp_path / "x"), 1, 1, bucket_weights=(1, 2))
     with pytest.raises(UsageError, match="not voxel_size"):
         lidarshard.write_manifest(table, str(tmp_path / "x"), 1, 1, voxel_size=0.1)
     with pytest.raises(UsageError, match="missing column"):

@@ -73,7 +73,9 @@ def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | 
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lidarshard calibrate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="lidarshard calibrate", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("out", metavar="OUT", help="the manifest directory the timings were measured on")
     parser.add_argument("--timings", required=True, help="CSV: ms + sample_id, or ms + step, rank [, epoch]")
     parser.add_argument(

@@ -239,7 +239,9 @@ def write_report(data: ReportData, out: str, directory: str, epoch: int, timings
 
 
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lidarshard report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="lidarshard report", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("out", metavar="OUT", help="a manifest directory written by lidarshard build")
     parser.add_argument(
         "--timings",

@@ -432,7 +432,9 @@ def validate(out: str) -> tuple[list[str], str]:
 
 def run(argv: list[str] | None = None) -> int:
     """CLI entry: prints ``OK <summary>`` and returns 0, or prints the problems and returns 1."""
-    parser = argparse.ArgumentParser(prog="lidarshard validate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="lidarshard validate", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("out", help="manifest (or scan) directory: local path or URI")
     args = parser.parse_args(argv)
     problems, summary = validate(args.out)

@@ -81,6 +81,11 @@ def score(
             raise ValueError("cost must hold one finite value >= 0 per sample")
     k = cfg.num_buckets or buckets.default_num_buckets(max(len(costs), 1))
     edges = buckets.quantile_edges(costs, k) if len(costs) else np.empty(0)
+    if cfg.weights is not None and len(cfg.weights) > 1 and len(cfg.weights) != len(edges) + 1:
+        raise ValueError(
+            f"--bucket-weights gives {len(cfg.weights)} weights but the costs make only {len(edges) + 1} "
+            f"distinct buckets (tied costs); give 1 or {len(edges) + 1} weights"
+        )
     ids = buckets.assign_buckets(costs, edges)
     scored = base.append_column(schemas.scored_schema().field("cost"), pa.array(costs, pa.float64()))
     scored = scored.append_column(schemas.scored_schema().field("bucket_id"), pa.array(ids, pa.int32()))
