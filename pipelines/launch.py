@@ -251,7 +251,11 @@ class CommandParser(argparse.ArgumentParser):
         if not flags:
             return f"unexpected argument {extra[0]!r}"
         name = flags[0].split("=", 1)[0]
-        close = difflib.get_close_matches(name, self.known_flags(), n=1, cutoff=0.6)
+        beam = {s for a in self._actions if a.dest == "_beam" for s in a.option_strings}
+        ours = [f for f in self.known_flags() if f not in beam]  # a near miss of ours first
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6) or difflib.get_close_matches(
+            name, sorted(beam), n=1, cutoff=0.6
+        )
         hint = f"; did you mean {close[0]}?" if close else ""
         return f"unknown flag {name}{hint} (see {self.prog} --help)"
 

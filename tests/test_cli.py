@@ -225,7 +225,13 @@ def test_beam_options_pass_through_and_version(capsys) -> None:
     assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("lidarshard 0.")
     assert main(["buidl"]) == 2 and "did you mean build?" in capsys.readouterr().err
     assert main(["synth", "x", "--version", "v1.0-x"]) == 2
-    assert "unknown flag --version" in capsys.readouterr().err
+    assert "unknown flag --version; did you mean --nuscenes-version?" in capsys.readouterr().err
+
+
+def test_runner_options_defined_beside_their_runner_pass_through() -> None:
+    pytest.importorskip("distributed")  # the DaskRunner's options module needs dask
+    _, beam = build_cli.parser().parse(["i", "o", *PLAN, "--runner=dask", "--dask_client_address=h:8786"])
+    assert beam == ["--runner=dask", "--dask_client_address=h:8786"]
 
 
 @pytest.mark.parametrize("command", ["synth", "scan", "build"])
