@@ -226,9 +226,14 @@ def _exists(path: str) -> bool:
         return False
 
 
+def _is_pattern(path: str) -> bool:
+    """A glob: wildcard characters, unless a local file or directory has that very name."""
+    return any(c in path for c in "*?[") and not (_output.is_local(path) and _exists(path))
+
+
 def _root_of(path: str) -> str:
     """The directory INPUT names (the fixed part of a glob)."""
-    cut = min((path.find(c) for c in "*?[" if c in path), default=-1)
+    cut = min((path.find(c) for c in "*?[" if c in path), default=-1) if _is_pattern(path) else -1
     return path[:cut].rsplit("/", 1)[0] if cut >= 0 else path.rstrip("/")
 
 
@@ -236,7 +241,7 @@ def check_input(path: str) -> None:
     """INPUT must exist: a file, a directory, or a glob matching something (local or remote)."""
     from apache_beam.io.filesystems import FileSystems
 
-    if any(c in path for c in "*?["):
+    if _is_pattern(path):
         if not FileSystems.match([path])[0].metadata_list:
             raise UsageError(f"INPUT {path}: the pattern matches no file")
         return
@@ -300,7 +305,7 @@ def _versions(dataroot: str) -> list[str]:
 
 def check_nuscenes(input: str, version: str | None) -> None:
     """A dataroot needs ``--nuscenes-version``; a version must be one of the folders present."""
-    if any(c in input for c in "*?["):
+    if _is_pattern(input):
         if version:
             raise UsageError(
                 f"--nuscenes-version {version}: INPUT must be the dataroot directory, not a pattern"

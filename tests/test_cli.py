@@ -98,7 +98,7 @@ def test_bad_flags_and_values_stop_before_beam(
         ('{"c0": 0, "a": 1}', "missing b"),
         ('{"cost_model": null}', "got NoneType"),
         ('{"cost_model": {"c0": 0, "a": "x", "b": 1}}', "a must be numbers, got 'x'"),
-        ("not json", "not JSON"),
+        ("not json", "the file is not valid JSON"),
         (None, "no such file"),
     ],
 )
