@@ -205,7 +205,7 @@ def cost_model(spec: str) -> CostModel:
     """Parse ``--cost-model`` once, in the launcher (``@file.json`` is read here, not by workers)."""
 
     try:
-        return parse_cost_model(spec, lambda p: storage.read_bytes(p).decode("utf-8", "replace"))
+        return parse_cost_model(spec)
     except FileNotFoundError:
         raise UsageError(f"--cost-model {spec}: no such file") from None
     except (ValueError, OSError) as e:
