@@ -15,6 +15,8 @@ Every rank re-derives the same new plan in-process from the manifest, in seconds
     (``lidarshard.transforms.plan.plan_epoch``) for ``W' x B'``. They are first fitted to whole steps of
     ``W'*B'`` with the manifest's policy (``lidarshard.transforms.features.buckets.fit_pool``): ``drop_last`` leaves
     out fewer than ``W'*B'`` entries, ``pad`` repeats as many; both are recorded on the plan.
+  - a ``budget`` manifest (variable counts per rank-step, ``-1`` pads in ``rows``) is always re-planned
+    with ``budget`` on any new size: nothing is dropped or padded, the mean count stays ``B'``.
 
 The result of any chain of switches is a pure function of the manifest, the epoch and the
 switch history ``[(consumed_steps, W', B'), ...]``, which is small and JSON-able: store it in the
@@ -38,7 +40,7 @@ from numpy.typing import NDArray
 from lidarshard.loaders.position import Position, caller_self
 from lidarshard.loaders.reader import PathLike, load_manifest, plan_dataset, read_samples
 from lidarshard.transforms.features.buckets import fit_pool
-from lidarshard.transforms.plan import STRATEGIES, plan_epoch
+from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.metrics import bound_linearity, linearity
 
 __all__ = ["ElasticPlan", "ElasticBatchSampler", "load_epoch_plan", "merge_ranks", "replan_remaining"]
@@ -92,7 +94,8 @@ class ElasticPlan:
     ``consumed + rows + dropped - padded`` equals the manifest's plan of the epoch.
 
     Attributes:
-        rows: (S, W, B) int64 samples.parquet row of every slot of the steps still to run.
+        rows: (S, W, B) int64 samples.parquet row of every slot of the steps still to run; for a
+            variable-count (``budget``) plan (S, W, M) with ``-1`` after each rank-step's rows.
         costs: (N,) float64 cost of every samples.parquet row (cost-model units).
         consumed: (C,) rows trained before the last switch, in training order (step, rank, slot).
         dropped: rows a ``drop_last`` re-plan left out of this epoch.
@@ -111,6 +114,7 @@ class ElasticPlan:
     strategy: str
     policy: str
     history: tuple[Switch, ...] = ()
+    mean_batch: int | None = None  # B of a variable-count plan (rows.shape[2] is its largest count)
 
     @property
     def steps(self) -> int:
@@ -122,16 +126,19 @@ class ElasticPlan:
 
     @property
     def batch_size(self) -> int:
-        return int(self.rows.shape[2])
+        return int(self.mean_batch or self.rows.shape[2])
 
     def balance(self) -> dict[str, float]:
-        """``{"linearity", "bound"}`` of the remaining steps (``lidarshard.transforms.plan.metrics``)."""
-        flat = self.rows.ravel()
-        pool = np.arange(flat.size, dtype=np.int64).reshape(self.rows.shape)
-        c = self.costs[flat]
+        """``{"linearity", "bound"}`` of the remaining steps (``lidarshard.transforms.plan.metrics``);
+        the equal-count bound over the first ``P - P % (W*B)`` entries."""
+        valid = self.rows >= 0
+        pool = np.full(self.rows.shape, -1, dtype=np.int64)
+        pool[valid] = np.arange(int(valid.sum()))
+        c = self.costs[self.rows[valid]]
+        fitted = c[: c.size - c.size % (self.world_size * self.batch_size)]
         return {
             "linearity": linearity(pool, c),
-            "bound": bound_linearity(c, self.world_size, self.batch_size),
+            "bound": bound_linearity(fitted, self.world_size, self.batch_size),
         }
 
     def switch(self, consumed_steps: int, world_size: int, batch_size: int | None = None) -> ElasticPlan:
@@ -146,7 +153,7 @@ class ElasticPlan:
             The new plan: merged when W' divides W and B' is ``B`` or ``(W/W')*B``, re-planned
             otherwise (module docstring); unchanged rows when ``(W', B') == (W, B)``.
         """
-        s, w, b = self.rows.shape
+        s, w, b = self.steps, self.world_size, self.batch_size
         if not 0 <= consumed_steps <= s:
             raise ValueError(f"consumed_steps {consumed_steps} is outside 0..{s}")
         if world_size < 1:
@@ -160,6 +167,7 @@ class ElasticPlan:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         done, rest = self.rows[:consumed_steps].ravel(), self.rows[consumed_steps:]
+        done = done[done >= 0]
         out = replace(
             self,
             consumed=np.concatenate([self.consumed, done]),
@@ -167,6 +175,8 @@ class ElasticPlan:
         )
         if (world_size, batch_size) == (w, b):
             return replace(out, rows=np.ascontiguousarray(rest))
+        if self.strategy in VARIABLE_COUNT:
+            return self._replan(out, rest[rest >= 0], world_size, batch_size)
         if w % world_size == 0 and batch_size in (b, (w // world_size) * b):
             return replace(out, rows=merge_ranks(rest, world_size, keep_batch_size=batch_size == b))
         return self._replan(out, rest.ravel(), world_size, batch_size)
@@ -177,6 +187,12 @@ class ElasticPlan:
                 f"the manifest's strategy {self.strategy!r} is not one of {sorted(STRATEGIES)}: cannot re-plan"
             )
         seed = _seed(self.seed, self.epoch, len(out.history), *np.ravel(out.history))
+        if self.strategy in VARIABLE_COUNT:  # plans any pool size: nothing dropped or padded
+            if pool.size < w:
+                raise ValueError(f"{pool.size} samples are left in the epoch, fewer than world_size {w}")
+            order = np.sort(pool)[np.random.default_rng(seed + 1).permutation(pool.size)]
+            plan = plan_epoch(self.strategy, self.costs[order], w, b, seed=seed, epoch=self.epoch)
+            return replace(out, rows=np.where(plan >= 0, order[plan], -1), mean_batch=b)
         fitted, n_drop, n_pad = fit_pool(pool, w * b, self.policy, np.random.default_rng(seed))
         n = self.costs.size
         dropped = _minus(pool, fitted, n) if n_drop else np.empty(0, np.int64)
@@ -202,22 +218,28 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
     if not 0 <= epoch < epochs:
         raise ValueError(f"epoch {epoch} was not planned: the manifest holds epochs 0..{epochs - 1}")
     s = int(manifest["steps_per_epoch"][epoch])
+    variable = str(manifest["strategy"]) in VARIABLE_COUNT
     samples = read_samples(out_dir, ["sample_id", "cost"])
     plan = plan_dataset(out_dir).to_table(
         columns=["step", "rank", "slot", "sample_id"], filter=ds.field("epoch") == epoch
     )
-    if plan.num_rows != s * w * b:
+    if plan.num_rows != s * w * b and not variable:
         raise ValueError(f"epoch {epoch}: {plan.num_rows} plan rows, expected {s}x{w}x{b} = {s * w * b}")
     found = pc.index_in(plan["sample_id"], value_set=samples["sample_id"])
     if found.null_count:
         raise ValueError(f"epoch {epoch}: {found.null_count} planned sample_ids are not in samples.parquet")
     step, rank, slot = (plan[c].to_numpy().astype(np.int64) for c in ("step", "rank", "slot"))
-    rows = np.full(s * w * b, -1, dtype=np.int64)
-    rows[(step * w + rank) * b + slot] = found.to_numpy().astype(np.int64)
-    if (rows < 0).any():
+    m = int(slot.max(initial=-1)) + 1 if variable else b
+    if variable and (step.min(initial=0) < 0 or step.max(initial=0) >= s or rank.max(initial=0) >= w):
+        raise ValueError(f"epoch {epoch}: plan rows outside {s} steps x {w} ranks")
+    rows = np.full(s * w * m, -1, dtype=np.int64)
+    rows[(step * w + rank) * m + slot] = found.to_numpy().astype(np.int64)
+    filled = (rows >= 0).reshape(s, w, m)
+    if (~filled[..., 0]).any() if variable else (rows < 0).any():
         raise ValueError(f"epoch {epoch}: the plan does not fill every (step, rank, slot) exactly once")
     return ElasticPlan(
-        rows=rows.reshape(s, w, b),
+        rows=rows.reshape(s, w, m),
+        mean_batch=b if variable else None,
         costs=samples["cost"].to_numpy().astype(np.float64),
         consumed=np.empty(0, np.int64),
         dropped=np.empty(0, np.int64),
@@ -345,9 +367,10 @@ class ElasticBatchSampler(Position):
         rows = self.plan().rows[:, self.rank]
         start = self._step = self._resume
         for s in range(start, rows.shape[0]):
-            idx = rows[s] if self._index is None else self._index[rows[s]]
+            step_rows = rows[s][rows[s] >= 0]  # -1 pads a variable-count rank-step
+            idx = step_rows if self._index is None else self._index[step_rows]
             if (idx < 0).any():
-                sid = read_samples(self.out_dir, ["sample_id"])["sample_id"][int(rows[s][idx < 0][0])]
+                sid = read_samples(self.out_dir, ["sample_id"])["sample_id"][int(step_rows[idx < 0][0])]
                 raise KeyError(f"sample_id {sid.as_py()!r} of the plan is not in index_of")
             self._yielded(s)
             yield idx.tolist()

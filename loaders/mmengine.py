@@ -37,7 +37,7 @@ Needs ``pip install "lidarshard[mmengine]"`` (mmengine >= 0.10, pure Python, any
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 try:
@@ -88,7 +88,9 @@ class LidarshardBatchSampler(BatchSampler):
     """``train_dataloader.batch_sampler``: batches of a :class:`LidarshardSampler`, size checked.
 
     mmengine passes the built ``sampler`` and the dataloader's ``batch_size``; a batch size other
-    than the manifest's would cut across planned steps, so it is refused.
+    than the manifest's (its mean count per rank-step under ``--strategy budget``) is refused.
+    Batches are the planned steps, of variable length under ``budget``; the sampler's
+    ``loss_scale(step)`` turns a summed loss into the global-batch mean under DDP.
     """
 
     def __init__(self, sampler: LidarshardSampler, batch_size: int) -> None:
@@ -102,6 +104,13 @@ class LidarshardBatchSampler(BatchSampler):
                 f"{sampler.batch_size}: set batch_size={sampler.batch_size}"
             )
         super().__init__(sampler, sampler.batch_size, drop_last=True)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Whole planned steps, any length (``--strategy budget`` varies the count per rank-step)."""
+        return self.sampler.iter_batches()
+
+    def __len__(self) -> int:
+        return self.sampler.num_steps()
 
 
 @DATA_SAMPLERS.register_module()

@@ -38,7 +38,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError('lidarshard.loaders.pointcept needs PyTorch: pip install "lidarshard[torch]"') from e
 
 from lidarshard.loaders.reader import PathLike
-from lidarshard.loaders.torch import PlanSampler
+from lidarshard.loaders.torch import PlanBatchSampler, PlanSampler
 
 __all__ = [
     "index_from_dataset",
@@ -156,17 +156,21 @@ def build_train_loader(
         )
     workers = int(cfg.num_worker_per_gpu)
     seed = getattr(cfg, "seed", None)
+    # variable counts (--strategy budget): whole steps through a batch sampler; offsets collate them
+    batching = (
+        {"batch_sampler": PlanBatchSampler(sampler)}
+        if sampler.batches.variable
+        else {"batch_size": sampler.batch_size, "sampler": sampler, "drop_last": True}
+    )
     return DataLoader(
         dataset,
-        batch_size=sampler.batch_size,
-        sampler=sampler,
+        **batching,
         num_workers=workers,
         collate_fn=collate_fn,
         pin_memory=torch.cuda.is_available(),
         worker_init_fn=partial(_worker_init, num_workers=workers, rank=rank, seed=seed)
         if seed is not None
         else None,
-        drop_last=True,
         persistent_workers=workers > 0,
     )
 
@@ -189,10 +193,14 @@ class LidarshardTrainerMixin:
         opts = self.cfg.lidarshard
         return build_train_loader(self, opts["manifest"], id_of=opts.get("id_key"))
 
+    def _plan_sampler(self) -> PlanSampler:
+        sampler = self.train_loader.sampler
+        return sampler if isinstance(sampler, PlanSampler) else self.train_loader.batch_sampler.sampler
+
     def before_train(self) -> None:
         super().before_train()  # type: ignore[misc]
-        self.train_loader.sampler.set_epoch(self.start_epoch)
+        self._plan_sampler().set_epoch(self.start_epoch)
 
     def after_epoch(self) -> None:
         super().after_epoch()  # type: ignore[misc]
-        self.train_loader.sampler.set_epoch(self.epoch + 1)
+        self._plan_sampler().set_epoch(self.epoch + 1)

@@ -9,9 +9,13 @@ Typical use with ``torch.distributed`` initialized::
         sampler.load_state_dict(checkpoint["sampler"])   # continues after the last trained batch
     for epoch in range(sampler.epoch, epochs):
         sampler.set_epoch(epoch)
-        for batch in loader:                          # len(loader): the batches still to come
-            train(batch)
+        for step, batch in enumerate(loader, start=sampler.state_dict()["step"]):  # still to come
+            train(batch, scale=sampler.loss_scale(step))  # loss = scale * sum(per-sample losses)
             checkpoint["sampler"] = sampler.state_dict()  # counts trained batches, not prefetched ones
+
+``loss_scale(step)`` is ``W / N`` (N: samples of all ranks at that step), so under DDP's gradient
+averaging ``loss = scale * sum(per-sample losses)`` gives the mean over the global batch even when
+ranks hold different counts (``--strategy budget``); see :class:`lidarshard.loaders.reader.Batch`.
 
 Needs PyTorch: ``pip install "lidarshard[torch]"``.
 """
@@ -47,11 +51,13 @@ from lidarshard.loaders.reader import (
 )
 from lidarshard.transforms import storage
 from lidarshard.transforms.paths import PathResolver
+from lidarshard.transforms.plan import VARIABLE_COUNT
 
 __all__ = [
     "BalancedBatchSampler",
     "PlanLoader",
     "PlanSampler",
+    "PlanBatchSampler",
     "PointCloudDataset",
     "collate",
     "IGNORE_LABEL",
@@ -122,6 +128,24 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
         self._reset_position()  # _resume: where the next iteration starts (len() counts from there)
         self._finished = False  # the current epoch was iterated to its end
         self._warned = False
+        self._scales: tuple[int, np.ndarray] | None = None  # (epoch, (S,) loss scales)
+
+    @property
+    def variable(self) -> bool:
+        """True when batches hold a variable number of samples (``--strategy budget``)."""
+        return self.manifest.get("strategy") in VARIABLE_COUNT
+
+    def scales(self) -> np.ndarray:
+        """(S,) float64 loss scale ``W / N_s`` of every step of the current epoch (cached)."""
+        if self._scales is None or self._scales[0] != self.epoch:
+            reader = self._reader()
+            self._scales = (self.epoch, np.array([reader.batch(s).scale for s in range(reader.steps)]))
+        return self._scales[1]
+
+    def loss_scale(self, step: int) -> float:
+        """Multiply the *sum* of the per-sample losses of ``step`` by this: ``W / N`` with N the
+        samples of all ranks at that step (``1 / B`` with equal counts, the plain mean)."""
+        return float(self.scales()[step])
 
     def _lookup(self, sample_id: str) -> int:
         if not isinstance(self.index_of, Mapping):
@@ -284,17 +308,38 @@ class PlanSampler(Sampler[int]):
         self.epoch = check_int("epoch", epoch, 0)
         self.batches.set_epoch(self.epoch * self.passes)
 
-    def __len__(self) -> int:
+    def num_steps(self) -> int:
+        """Planned steps of the current trainer epoch (all passes)."""
         if self.passes == 1:
-            return len(self.batches) * self.batch_size
+            return len(self.batches)
         steps = 0
         for j in range(self.passes):
             self.batches.set_epoch(self.epoch * self.passes + j)
             steps += len(self.batches)
         self.batches.set_epoch(self.epoch * self.passes)
-        return steps * self.batch_size
+        return steps
+
+    def __len__(self) -> int:
+        return self.num_steps() * self.batch_size
+
+    def iter_batches(self) -> Iterator[list[int]]:
+        """This rank's planned batches (lists of indices, any length) over all passes."""
+        for j in range(self.passes):
+            if self.passes > 1:
+                self.batches.set_epoch(self.epoch * self.passes + j)
+            yield from self.batches
+
+    def loss_scale(self, step: int) -> float:
+        """:meth:`BalancedBatchSampler.loss_scale` of the planned epoch being replayed."""
+        return self.batches.loss_scale(step)
 
     def __iter__(self) -> Iterator[int]:
+        if self.batches.variable:
+            raise TypeError(
+                "this manifest has a variable number of samples per rank-step (--strategy budget): "
+                "a DataLoader with batch_size= would cut across steps; use "
+                "batch_sampler=PlanBatchSampler(sampler) (or BalancedBatchSampler)"
+            )
         caller = caller_self(1)
         if (
             isinstance(caller, BatchSampler)
@@ -306,11 +351,8 @@ class PlanSampler(Sampler[int]):
                 f"--batch-size {self.batch_size}: use batch_size={self.batch_size}, or every batch would "
                 "cut across planned steps"
             )
-        for j in range(self.passes):
-            if self.passes > 1:
-                self.batches.set_epoch(self.epoch * self.passes + j)
-            for batch in self.batches:
-                yield from batch
+        for batch in self.iter_batches():
+            yield from batch
 
     def state_dict(self) -> dict[str, int]:
         return self.batches.state_dict()
@@ -318,6 +360,31 @@ class PlanSampler(Sampler[int]):
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         self.batches.load_state_dict(state)
         self.epoch = int(state["epoch"]) // self.passes
+
+
+class PlanBatchSampler(Sampler[list[int]]):
+    """The planned batches of a :class:`PlanSampler`, whole steps of any length (``batch_sampler=``).
+
+    Needed for variable-count manifests (``--strategy budget``), where a fixed ``batch_size`` cannot
+    rebuild the steps; works for equal-count ones too. ``set_epoch``, ``loss_scale`` and the state
+    dict are the wrapped sampler's (``self.sampler``).
+    """
+
+    def __init__(self, sampler: PlanSampler) -> None:
+        super().__init__()
+        self.sampler = sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.sampler.num_steps()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.sampler.iter_batches()
+
+    def loss_scale(self, step: int) -> float:
+        return self.sampler.loss_scale(step)
 
 
 class PointCloudDataset(Dataset[dict[str, Any]]):

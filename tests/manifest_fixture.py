@@ -33,6 +33,9 @@ from lidarshard.schemas import (
     reject_schema,
     scored_schema,
 )
+from lidarshard.transforms.plan import plan_epoch
+from lidarshard.transforms.plan.epochs import plan_rows
+from lidarshard.transforms.plan.metrics import rank_costs
 
 __all__ = ["random_cloud", "write_clouds", "write_manifest", "make_fixture", "sweep_offset"]
 
@@ -168,6 +171,7 @@ def write_manifest(
     balanced: bool = True,
     costs: Sequence[float] | None = None,
     n_buckets: int = 4,
+    budget: bool = False,
 ) -> Path:
     """Write a committed manifest for samples ``cols`` (``write_clouds``'s columns, or at least sample_id,
     path); ``costs`` default to num_points. Returns ``out``."""
@@ -180,38 +184,44 @@ def write_manifest(
     ids, paths = samples["sample_id"].to_pylist(), samples["path"].to_pylist()
     sweeps, buckets = samples["sweep_paths"].to_pylist(), samples["bucket_id"].to_numpy()
     files, steps_per_epoch, balance = [SAMPLES_FILE, REJECTS_FILE], [], []
+    planned = []
     for e in range(epochs):
-        plan = _plan_epoch(cost, world_size, batch_size, seed, e, balanced)
+        if budget:  # the real variable-count planner over every sample
+            plan = plan_epoch("budget", cost, world_size, batch_size, seed=seed, epoch=e)
+        else:
+            plan = _plan_epoch(cost, world_size, batch_size, seed, e, balanced)
         steps = plan.shape[0]
         steps_per_epoch.append(steps)
+        planned.append(int((plan >= 0).sum()))
         random_plan = _plan_epoch(cost, world_size, batch_size, seed, e, False)
         balance.append(
             {
                 "epoch": e,
-                "linearity": _linearity(cost[plan].sum(2)),
+                "linearity": _linearity(rank_costs(plan, cost)),
                 "bound": 1.0,
                 "random_linearity": _linearity(cost[random_plan].sum(2)),
                 "spearman_step_cost": 0.0,
             }
         )
+        all_rows = plan_rows(plan)
         for r in range(world_size):
-            idx = plan[:, r, :].ravel()
+            mine = all_rows["rank"] == r
+            idx = all_rows["row"][mine]
             rows = {
-                "step": np.repeat(np.arange(steps, dtype=np.int32), batch_size),
-                "slot": np.tile(np.arange(batch_size, dtype=np.int32), steps),
+                "step": all_rows["step"][mine],
+                "slot": all_rows["slot"][mine],
                 "sample_id": [ids[i] for i in idx],
                 "path": [paths[i] for i in idx],
                 "sweep_paths": [sweeps[i] for i in idx],
                 "cost": cost[idx],
                 "bucket_id": buckets[idx].astype(np.int32),
-                "rank_count": np.full(idx.size, batch_size, np.int32),
-                "global_count": np.full(idx.size, world_size * batch_size, np.int32),
+                "rank_count": all_rows["rank_count"][mine],
+                "global_count": all_rows["global_count"][mine],
             }
             rel = plan_file(e, r)
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(pa.table(rows, schema=plan_schema()), out / rel)
             files.append(rel)
-    dropped = n - steps_per_epoch[0] * world_size * batch_size if epochs else n
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "created_by": "tests/manifest_fixture.py",
@@ -219,7 +229,7 @@ def write_manifest(
         "batch_size": batch_size,
         "epochs": epochs,
         "seed": seed,
-        "strategy": "fixture_sorted_lpt" if balanced else "fixture_random",
+        "strategy": "budget" if budget else "fixture_sorted_lpt" if balanced else "fixture_random",
         "cost_model": {"name": "points", "params": {}},
         "buckets": {
             "edges": edges.tolist(),
@@ -232,8 +242,8 @@ def write_manifest(
             "scanned": n,
             "accepted": n,
             "rejected": 0,
-            "planned": [s * world_size * batch_size for s in steps_per_epoch],
-            "dropped": [dropped] * epochs,
+            "planned": planned,
+            "dropped": [n - p for p in planned],
             "padded": [0] * epochs,
         },
         "balance": balance,
@@ -257,8 +267,10 @@ def make_fixture(
     sweep_size: int | None = None,
     seed: int = 0,
     balanced: bool = True,
+    budget: bool = False,
 ) -> Path:
-    """Clouds under ``tmp/data`` and a committed manifest at ``tmp/out``; returns the manifest dir."""
+    """Clouds under ``tmp/data`` and a committed manifest at ``tmp/out``; returns the manifest dir.
+    ``budget=True`` plans with the real ``budget`` strategy (variable counts per rank-step)."""
     cols = write_clouds(tmp / "data", sizes, sweeps=sweeps, sweep_size=sweep_size, seed=seed)
     return write_manifest(
         tmp / "out",
@@ -268,4 +280,5 @@ def make_fixture(
         epochs=epochs,
         seed=seed,
         balanced=balanced,
+        budget=budget,
     )

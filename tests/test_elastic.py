@@ -25,6 +25,7 @@ from lidarshard.pipelines import build as build_cli
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import linearity
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
+from tests.manifest_fixture import make_fixture
 
 W, B = 8, 2  # the manifest's plan; 197 clouds -> 12 steps of 16 per epoch, 5 dropped
 
@@ -258,3 +259,21 @@ def test_sampler_under_a_prefetching_plan_loader_resumes_on_half_the_ranks(built
     with pytest.raises(RuntimeError, match="prefetches batches ahead of training.*PlanLoader"):
         sampler.state_dict()
     del it
+
+
+def test_budget_manifest_is_replanned_with_budget_on_any_new_size(tmp_path: Path) -> None:
+    sizes = [int(v) for v in np.random.default_rng(2).lognormal(5.0, 1.0, 60).astype(int) + 5]
+    out = make_fixture(tmp_path, sizes, world_size=4, batch_size=2, epochs=1, budget=True)
+    full = load_epoch_plan(out, 0)
+    assert full.batch_size == 2 and (full.rows[..., 0] >= 0).all()
+    for new_w, new_b in [(2, None), (3, 1), (4, 2)]:
+        nxt = full.switch(2, new_w, new_b)
+        left = nxt.rows[nxt.rows >= 0]
+        assert nxt.world_size == new_w and (nxt.rows[..., 0] >= 0).all()  # no empty rank-step
+        assert nxt.dropped.size == nxt.padded.size == 0
+        np.testing.assert_array_equal(np.sort(np.concatenate([nxt.consumed, left])), np.arange(len(sizes)))
+        assert nxt.balance()["linearity"] >= nxt.balance()["bound"] - 0.01
+    again = full.switch(2, 3, 1)
+    np.testing.assert_array_equal(again.rows, full.switch(2, 3, 1).rows)  # a pure function of the history
+    sampler = ElasticBatchSampler(out, 1, 3, batch_size=1)
+    assert all(len(b) >= 1 for b in sampler) and len(list(sampler)) == len(sampler)

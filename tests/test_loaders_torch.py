@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -385,3 +387,82 @@ def test_example_miou_by_hand() -> None:
     value, ious = example.miou(conf)
     assert ious == pytest.approx({0: 3 / 4, 1: 2 / 3}) and value == pytest.approx((3 / 4 + 2 / 3) / 2)
     assert example.miou(torch.zeros(2, 2)) == (0.0, {})
+
+
+def _ddp_average_of_scaled_sums(x: torch.Tensor, y: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Simulated DDP: rank r holds ``counts[r]`` consecutive samples, computes
+    ``loss = scale * sum(per-sample losses)`` with the reader's ``scale = W / N``, and the W
+    gradients are averaged (what DDP's all-reduce does)."""
+    w, n = len(counts), sum(counts)
+    grads, start = [], 0
+    for c in counts:
+        model = torch.nn.Linear(3, 1, dtype=torch.float64)
+        torch.nn.init.constant_(model.weight, 0.5)
+        torch.nn.init.constant_(model.bias, -0.25)
+        per_sample = (model(x[start : start + c]).squeeze(1) - y[start : start + c]) ** 2
+        (per_sample.sum() * (w / n)).backward()
+        grads.append(torch.cat([model.weight.grad.ravel(), model.bias.grad]))
+        start += c
+    return torch.stack(grads).mean(0)
+
+
+def _global_mean_gradient(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    model = torch.nn.Linear(3, 1, dtype=torch.float64)
+    torch.nn.init.constant_(model.weight, 0.5)
+    torch.nn.init.constant_(model.bias, -0.25)
+    ((model(x).squeeze(1) - y) ** 2).mean().backward()
+    return torch.cat([model.weight.grad.ravel(), model.bias.grad])
+
+
+def test_loss_scale_two_ranks_1_and_3_equal_one_process_on_4() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x, y = (
+        torch.randn(4, 3, generator=gen, dtype=torch.float64),
+        torch.randn(4, generator=gen, dtype=torch.float64),
+    )
+    averaged = _ddp_average_of_scaled_sums(x, y, [1, 3])
+    torch.testing.assert_close(averaged, _global_mean_gradient(x, y))
+    # the per-rank mean (scale 1/n_r) would weight the lone sample 3x: a different gradient
+    per_rank_mean = 0.5 * (
+        _ddp_average_of_scaled_sums(x[:1], y[:1], [1]) + _ddp_average_of_scaled_sums(x[1:], y[1:], [3])
+    )
+    assert not torch.allclose(per_rank_mean, averaged)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=6), seed=st.integers(0, 2**31 - 1))
+def test_loss_scale_gives_the_global_mean_gradient_for_any_counts(counts: list[int], seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(counts)
+    x, y = (
+        torch.randn(n, 3, generator=gen, dtype=torch.float64),
+        torch.randn(n, generator=gen, dtype=torch.float64),
+    )
+    torch.testing.assert_close(_ddp_average_of_scaled_sums(x, y, counts), _global_mean_gradient(x, y))
+
+
+def test_budget_manifest_yields_variable_batches_with_loss_scales(tmp_path: Path) -> None:
+    from lidarshard.loaders.torch import PlanBatchSampler, PlanSampler
+
+    sizes = [int(v) for v in np.random.default_rng(4).lognormal(5.0, 1.0, 40).astype(int) + 5]
+    out = make_fixture(tmp_path, sizes, world_size=2, batch_size=2, epochs=2, budget=True)
+    steps = json.loads((out / "_manifest.json").read_text())["steps_per_epoch"]
+    seen = []
+    batches = [BalancedBatchSampler(out, rank, 2) for rank in range(2)]
+    for b in batches:
+        b.set_epoch(1)
+    per_rank = [list(b) for b in batches]
+    assert [len(p) for p in per_rank] == [steps[1]] * 2  # same number of steps on every rank
+    assert len({len(batch) for p in per_rank for batch in p}) > 1  # variable counts
+    for s in range(steps[1]):
+        n = len(per_rank[0][s]) + len(per_rank[1][s])
+        assert batches[0].loss_scale(s) == batches[1].loss_scale(s) == pytest.approx(2 / n)
+        seen += per_rank[0][s] + per_rank[1][s]
+    assert sorted(seen) == list(range(len(sizes)))  # every sample exactly once
+    plan = PlanSampler(out, 0, 2)
+    plan.set_epoch(1)
+    with pytest.raises(TypeError, match="PlanBatchSampler"):
+        list(plan)
+    loader = DataLoader(PointCloudDataset(out), batch_sampler=PlanBatchSampler(plan), collate_fn=collate)
+    assert len(loader) == steps[1]
+    assert [b["index"].tolist() for b in loader] == per_rank[0]

@@ -9,6 +9,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -23,6 +24,7 @@ from lidarshard.loaders import ManifestReader, read_samples  # noqa: E402
 from lidarshard.loaders.torch import PointCloudDataset, collate  # noqa: E402
 from lidarshard.pipelines import build as build_cli  # noqa: E402
 from tests.helpers import BEAM_TEST_FLAGS, make_bins  # noqa: E402
+from tests.manifest_fixture import make_fixture  # noqa: E402
 
 BATCH, STEPS = 3, 4  # 13 clouds, world size 1 -> 4 steps of 3 (1 dropped) per epoch
 
@@ -203,3 +205,19 @@ def test_eval_sampler_shards_the_val_set_once_across_ranks(
         shards.append([i for b in loader for i in b["index"].tolist()])
     assert sorted(shards[0] + shards[1]) == list(range(len(dataset)))
     assert sorted(len(s) for s in shards) == [len(dataset) // 2, len(dataset) - len(dataset) // 2]
+
+
+def test_batch_sampler_yields_variable_steps_of_a_budget_manifest(tmp_path: Path) -> None:
+    sizes = [int(v) for v in np.random.default_rng(5).lognormal(4.0, 1.0, 30).astype(int) + 10]
+    out = make_fixture(tmp_path, sizes, world_size=1, batch_size=3, epochs=1, budget=True)
+    loader = Runner.build_dataloader(
+        dict(
+            dataset=PointCloudDataset(out),
+            batch_size=3,
+            sampler=dict(type="LidarshardSampler", manifest=str(out)),
+            batch_sampler=dict(type="LidarshardBatchSampler"),
+        )
+    )
+    lengths = [len(b) for b in loader.batch_sampler]
+    assert sum(lengths) == len(sizes) and len(lengths) == len(loader.batch_sampler)
+    assert lengths == [len(b.sample_ids) for b in ManifestReader(out, 0, 1, 0)]

@@ -197,3 +197,17 @@ def test_without_pointcept_dataset_and_collate_are_required(
     monkeypatch.setitem(__import__("sys").modules, "pointcept.datasets", None)
     with pytest.raises(ImportError, match="pass dataset= and collate_fn="):
         build_train_loader(_cfg(out), out)
+
+
+def test_budget_manifest_trains_variable_batches_through_offset_collate(tmp_path: Path) -> None:
+    sizes = [int(v) for v in np.random.default_rng(5).lognormal(4.0, 1.0, 30).astype(int) + 10]
+    out = make_fixture(tmp_path, sizes, world_size=1, batch_size=3, epochs=1, budget=True)
+    dataset = PointCloudDataset(out)
+    loader = build_train_loader(_cfg(out), out, dataset, collate_fn=offset_collate)
+    batches = list(loader)
+    planned = _planned_ids(out, 0)
+    assert [b["sample_id"] for b in batches] == planned and len(batches) == len(loader)
+    assert sum(len(p) for p in planned) == len(sizes)  # nothing dropped
+    for b in batches:
+        n = [dataset[i]["points"].shape[0] for i in b["index"].tolist()]
+        assert b["offset"].tolist() == np.cumsum(n).tolist()

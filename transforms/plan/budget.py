@@ -18,8 +18,10 @@ that gets one large scene and a rank that gets three small ones do the same work
 4. the other bins are sorted by load and cut into steps of W (similar loads share a step);
    rank labels are permuted per step and the step order is shuffled.
 
-When the pool is exactly one item per bin (``B == 1`` at the first rung) the bins are the exact
-sort cut into steps of W, the equal-count optimum.
+Each step count is also packed the *sorted* way (the S*W heaviest items one per bin in exact
+cost order, consecutive bins a step, the rest filling each bin up to its step's heaviest bin),
+which wins near one item per bin; the better of the two is kept. When the pool is exactly one
+item per bin that is the exact sort cut into steps of W, the equal-count optimum.
 
 With ``B == 1`` every bin would hold exactly one item; so when a plan misses ``TARGET`` the
 strategy retries with fewer steps, raising the mean count per rank-step by up to 5%
@@ -115,50 +117,78 @@ def _levels(x: NDArray[np.float64], steps: int, w: int) -> tuple[NDArray[np.floa
 def _pack(
     order: NDArray[np.int64], costs: NDArray[np.float64], steps: int, w: int, limits: PoolLimits, tie: NDArray
 ) -> tuple[_Bins, int] | None:
-    """Assign every item of ``order`` (heaviest first) to one of ``steps * w`` bins.
+    """Water-level packing: every item of ``order`` (heaviest first) to one of ``steps * w`` bins.
 
     Returns:
         (bins, k high steps: bins ``0 .. k*W-1``, step by step), or None where the caps block.
     """
     n = steps * w
     x = costs[order]
-    bins = _Bins(n, costs, limits.caps, limits.points)
-    if n == x.size:  # one sample per bin: the equal-count optimum, exact sort in steps of W
-        for b, j in enumerate(np.argsort(-x, kind="stable")):
-            bins.add(b, int(order[j]), float(x[j]))
-        return bins, steps
+    if n == x.size:  # one sample per bin: the equal-count optimum
+        return _pack_sorted(order, costs, steps, w, limits, tie)
     tops, lam = _levels(x, steps, w)
     target = np.full(n, lam)
     target[: tops.size * w] = np.repeat(tops, w)
-    heap = list(zip((-target).tolist(), tie[:n].tolist(), range(n), strict=True))
+    bins = _Bins(n, costs, limits.caps, limits.points)
+    return (bins, tops.size) if _fill(bins, target, order, x, limits, tie) else None
+
+
+def _pack_sorted(
+    order: NDArray[np.int64], costs: NDArray[np.float64], steps: int, w: int, limits: PoolLimits, tie: NDArray
+) -> tuple[_Bins, int] | None:
+    """Sorted packing: the ``steps * w`` heaviest items one per bin in exact cost order (consecutive
+    bins form a step), then the rest fill each bin up to its step's heaviest bin (LPT). Best when
+    the pool holds about one item per bin (``B == 1``); all ``steps`` keep their grouping."""
+    n = steps * w
+    exact = order[np.argsort(-costs[order], kind="stable")]
+    bins = _Bins(n, costs, limits.caps, limits.points)
+    for b, item in enumerate(exact[:n].tolist()):
+        bins.add(b, item, float(costs[item]))
+    target = bins.loads().reshape(steps, w).max(axis=1).repeat(w)
+    rest = exact[n:]
+    return (bins, steps) if _fill(bins, target, rest, costs[rest], limits, tie) else None
+
+
+def _fill(
+    bins: _Bins,
+    target: NDArray[np.float64],
+    items: NDArray[np.int64],
+    x: NDArray[np.float64],
+    limits: PoolLimits,
+    tie: NDArray,
+) -> bool:
+    """LPT against targets: each item (heaviest first) to the bin furthest below its target that
+    fits the caps; zero-cost items by count; empty bins repaired. False where the caps block."""
+    n = len(bins.members)
+    heap = list(zip((np.asarray(bins.loads()) - target).tolist(), tie[:n].tolist(), range(n), strict=True))
     heapq.heapify(heap)
     zero = []
     capped = limits.caps.active
     max_samples = limits.caps.max_samples
     members, load = bins.members, bins.load
-    for item, cost in zip(order.tolist(), x.tolist(), strict=True):
+    for item, cost in zip(items.tolist(), x.tolist(), strict=True):
         if cost <= 0.0:
             zero.append(item)
             continue
-        if not capped:  # fast path: LPT against the targets
-            deficit, t, b = heap[0]
+        if not capped:  # fast path
+            key, t, b = heap[0]
             members[b].append(item)
             load[b] += cost
-            heapq.heapreplace(heap, (deficit + cost, t, b))
+            heapq.heapreplace(heap, (key + cost, t, b))
             continue
         skipped = []
         while heap and not bins.fits(heap[0][2], item, cost):
             skipped.append(heapq.heappop(heap))
         if not heap:
-            return None
-        deficit, t, b = heapq.heappop(heap)
+            return False
+        key, t, b = heapq.heappop(heap)
         bins.add(b, item, cost)
         full = max_samples is not None and len(members[b]) >= max_samples
-        for entry in skipped if full else [*skipped, (deficit + cost, t, b)]:
+        for entry in skipped if full else [*skipped, (key + cost, t, b)]:
             heapq.heappush(heap, entry)
     if zero and not _place_by_count(bins, zero, tie):
-        return None
-    return (bins, tops.size) if _repair_empty(bins) else None
+        return False
+    return _repair_empty(bins)
 
 
 def _place_by_count(bins: _Bins, items: list[int], tie: NDArray) -> bool:
@@ -254,12 +284,15 @@ def _attempt(
             packed = _pack(order, costs, steps, w, limits, tie)
         if packed is None:
             continue
-        bins, high = packed
-        layout = _steps_of(bins, high, w)
-        lin = _linearity(bins, layout)
-        if best is None or lin > best[0]:
-            best = (lin, bins, layout)
-        if lin >= TARGET:
+        found = [packed]
+        if steps * w < p:
+            found.append(_pack_sorted(order, costs, steps, w, limits, tie))
+        for bins, high in (f for f in found if f is not None):
+            layout = _steps_of(bins, high, w)
+            lin = _linearity(bins, layout)
+            if best is None or lin > best[0]:
+                best = (lin, bins, layout)
+        if best[0] >= TARGET:
             break
     return best
 
