@@ -18,8 +18,8 @@ that gets one large scene and a rank that gets three small ones do the same work
 4. the other bins are sorted by load and cut into steps of W (similar loads share a step);
    rank labels are permuted per step and the step order is shuffled.
 
-Each step count is also packed the *sorted* way (the S*W heaviest items one per bin in exact
-cost order, consecutive bins a step, the rest filling each bin up to its step's heaviest bin),
+Each step count is also packed the *sorted* way (the S*W heaviest items one per bin in key
+order, consecutive bins a step, the rest filling each bin up to its step's heaviest bin),
 which wins near one item per bin; the better of the two is kept. When the pool is exactly one
 item per bin that is the exact sort cut into steps of W, the equal-count optimum.
 
@@ -136,11 +136,11 @@ def _pack(
 def _pack_sorted(
     order: NDArray[np.int64], costs: NDArray[np.float64], steps: int, w: int, limits: PoolLimits, tie: NDArray
 ) -> tuple[_Bins, int] | None:
-    """Sorted packing: the ``steps * w`` heaviest items one per bin in exact cost order (consecutive
-    bins form a step), then the rest fill each bin up to its step's heaviest bin (LPT). Best when
-    the pool holds about one item per bin (``B == 1``); all ``steps`` keep their grouping."""
+    """Sorted packing: the ``steps * w`` heaviest items one per bin in ``order`` (consecutive bins
+    form a step), then the rest fill each bin up to its step's heaviest bin (LPT). Best when the
+    pool holds about one item per bin (``B == 1``); all ``steps`` keep their grouping."""
     n = steps * w
-    exact = order[np.argsort(-costs[order], kind="stable")]
+    exact = order  # heaviest first by the (jittered) key: exact with jitter 0
     bins = _Bins(n, costs, limits.caps, limits.points)
     for b, item in enumerate(exact[:n].tolist()):
         bins.add(b, item, float(costs[item]))
