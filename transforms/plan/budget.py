@@ -51,11 +51,12 @@ __all__ = ["plan", "SLACK_LADDER", "TARGET", "JITTER_LADDER", "TOLERANCE", "to_p
 SLACK_LADDER = (1.0, 1.01, 1.02, 1.03, 1.04, 1.05)
 #: Predicted linearity at which the ladder stops.
 TARGET = 0.995
-#: Jitter amplitudes of the heaviest-first order (natural-log units), most random first; the
-#: largest whose plan stays within ``TOLERANCE`` of the exact order's linearity is used.
-JITTER_LADDER = (1.0, 0.5, 0.25, 0.12, 0.06, 0.03, 0.015)
-#: Linearity that randomness may cost.
-TOLERANCE = 0.002
+#: Jitter amplitudes of the heaviest-first order (natural-log units), most random first, halving
+#: to ~6e-5 (the fine end matters near one sample per bin, as for ``balanced``); the largest whose
+#: plan stays within ``TOLERANCE`` of the exact order's linearity is used.
+JITTER_LADDER = tuple(2.0**-k for k in range(0, 15))
+#: Linearity that randomness may cost (against the unjittered plan).
+TOLERANCE = 0.003
 
 
 class _Bins:
