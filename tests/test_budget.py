@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lidarshard.transforms.plan import plan_epoch
+from lidarshard.transforms.plan.budget import TOLERANCE
 from lidarshard.transforms.plan.caps import Caps, PoolLimits, rank_step_sums
 from lidarshard.transforms.plan.metrics import bound_linearity, linearity, pair_repeat_rate
 
@@ -53,10 +54,10 @@ def test_budget_beats_the_equal_count_bound_on_heavy_tails(w: int, b: int) -> No
 
 
 @pytest.mark.parametrize("sigma", [0.1, 0.3, 1.0])
-def test_budget_never_falls_below_the_bound_at_one_sample_per_rank(sigma: float) -> None:
+def test_budget_stays_within_tolerance_of_the_bound_at_one_sample_per_rank(sigma: float) -> None:
     costs = np.random.default_rng(1).lognormal(0.0, sigma, 64 * 40)
     plan = plan_epoch("budget", costs, 64, 1, seed=3, epoch=0)
-    assert linearity(plan, costs) >= bound_linearity(costs, 64, 1) - 1e-12
+    assert linearity(plan, costs) >= bound_linearity(costs, 64, 1) - TOLERANCE - 1e-12  # jitter's price
 
 
 def test_budget_is_randomized_between_epochs() -> None:
