@@ -8,7 +8,10 @@ a step in epoch 0 that share one in epoch 1) of balanced and random. A second ta
 linearity and diversity side by side for every strategy: linearity minus the bound, the pair
 repeat rate as a multiple of ``random``'s, and ``mate_cost_correlation`` (0 = every step holds the
 whole size mix, 1 = steps of cost neighbours). Then the targets and the planning time of one
-1M-sample epoch (W=64, B=2) as a ratio against ``random`` in the same process.
+1M-sample epoch (W=64, B=2) as a ratio against ``random`` in the same process. ``budget`` (equal
+cost per rank-step, variable counts) also prints its mean samples per rank-step as a multiple of
+B, its targets, and a caps table: a heavy-tailed pool, the most points any rank gets at one step
+per strategy against a --max-points-per-rank-step cap.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.features.buckets import fit_pool
 from lidarshard.transforms.plan import STRATEGIES, plan_epoch
+from lidarshard.transforms.plan.caps import Caps, PoolLimits, rank_step_sums
 from lidarshard.transforms.plan.metrics import (
     bound_linearity,
     linearity,
@@ -29,7 +33,7 @@ from lidarshard.transforms.plan.metrics import (
     pair_repeat_rate,
 )
 
-COMPARED = ("random", "stratified", "megabatch", "balanced", "mixed")
+COMPARED = ("random", "stratified", "megabatch", "balanced", "mixed", "budget")
 SEED = 0
 
 
@@ -65,12 +69,14 @@ def bench_cell(costs: NDArray[np.float64], w: int, b: int) -> dict[str, float]:
         row[name] = linearity(first, c)
         row[f"pairs_{name}"] = 100.0 * pair_repeat_rate(first, again)
         row[f"mates_{name}"] = mate_cost_correlation(first, c)
+        if name == "budget":  # counts per rank-step vary: their mean as a multiple of B
+            row["count"] = float((first >= 0).sum(axis=-1).mean() / b)
     return row
 
 
 def print_table(dists: dict[str, NDArray[np.float64]], worlds: list[int], batches: list[int]) -> list:
     head = f"{'dist':<10}{'W':>5}{'B':>3}{'P':>8}{'bound':>8}" + "".join(f"{n[:10]:>11}" for n in COMPARED)
-    print(head + f"{'bal-bound':>11}{'pair%bal':>10}{'pair%rnd':>10}")
+    print(head + f"{'bud-cnt/B':>10}{'bal-bound':>11}{'pair%bal':>10}{'pair%bud':>10}{'pair%rnd':>10}")
     rows = []
     for dname, costs in dists.items():
         for w in worlds:
@@ -81,9 +87,9 @@ def print_table(dists: dict[str, NDArray[np.float64]], worlds: list[int], batche
                 rows.append((dname, w, b, r))
                 cells = "".join(f"{r[n]:>11.4f}" for n in COMPARED)
                 print(
-                    f"{dname:<10}{w:>5}{b:>3}{r['P']:>8}{r['bound']:>8.4f}{cells}"
+                    f"{dname:<10}{w:>5}{b:>3}{r['P']:>8}{r['bound']:>8.4f}{cells}{r['count']:>10.3f}"
                     f"{r['balanced'] - r['bound']:>+11.4f}"
-                    f"{r['pairs_balanced']:>10.3f}{r['pairs_random']:>10.3f}"
+                    f"{r['pairs_balanced']:>10.3f}{r['pairs_budget']:>10.3f}{r['pairs_random']:>10.3f}"
                 )
     return rows
 
@@ -114,6 +120,36 @@ def check_targets(rows: list) -> None:
         print(f"target {name} within 0.005 of bound: {'OK' if not far else f'MISS {far}'}")
         many = [(d, w, b) for d, w, b, r in rows if b >= 2 and r[f"pairs_{name}"] > 1.5 * r["pairs_random"]]
         print(f"target {name} pair repeat <= 1.5x random (B >= 2): {'OK' if not many else f'MISS {many}'}")
+    low = [(d, w, b, round(r["budget"], 4)) for d, w, b, r in rows if r["budget"] < 0.99]
+    hard = sum(r["bound"] < 0.95 for *_, r in rows)
+    print(
+        f"target budget >= 0.99 in all {len(rows)} cells ({hard} with bound < 0.95): "
+        f"{'OK' if not low else f'MISS in {len(low)}: {low}'}"
+    )
+    off = [(d, w, b, round(r["count"], 3)) for d, w, b, r in rows if abs(r["count"] - 1) > 0.05]
+    print(f"target budget mean count per rank-step within 5% of B: {'OK' if not off else f'MISS {off}'}")
+
+
+def caps_table(n: int, w: int = 16, b: int = 2) -> None:
+    """Heavy-tailed pool (points ~ lognormal sigma 1.0): the most points one rank gets at one step."""
+    rng = np.random.default_rng(SEED + 1)
+    points = np.round(rng.lognormal(np.log(30_000), 1.0, n - n % (w * b))).astype(np.int64)
+    cap = int(3 * b * np.median(points))  # three times a median rank-step
+    points = points[points <= cap]  # a sample alone above the cap would be rejected as over_cap
+    points = points[: points.size - points.size % (w * b)]
+    costs = points.astype(np.float64)
+    limits = PoolLimits(Caps(max_points=cap), points)
+    print(
+        f"\ncaps: heavy-tailed pool, {points.size:,} samples, W={w} B={b}, --max-points-per-rank-step {cap:,}"
+    )
+    print(f"{'strategy':<12}{'max points/rank-step':>22}{'x cap':>8}{'rank-steps over':>17}{'linearity':>11}")
+    for name in COMPARED:
+        plan = plan_epoch(name, costs, w, b, seed=SEED, epoch=0, limits=limits if name == "budget" else None)
+        sums = rank_step_sums(plan, points)
+        print(
+            f"{name:<12}{int(sums.max()):>22,}{sums.max() / cap:>8.2f}{int((sums > cap).sum()):>17}"
+            f"{linearity(plan, costs):>11.4f}"
+        )
 
 
 def time_1m(n: int) -> None:
@@ -143,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = print_table(dists, worlds, [1, 2, 4])
     print_diversity(rows)
     check_targets(rows)
+    caps_table(n)
     time_1m(200_000 if args.quick else 1_000_000)
 
 
