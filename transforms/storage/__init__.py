@@ -11,7 +11,7 @@ The pipeline registers an adapter over Beam's ``FileSystems`` (``lidarshard.tran
 on import of the Beam layer, so schemes only Beam knows keep working and Beam's own
 credentials/options (``--s3_endpoint_url`` ...) apply where a pipeline runs.
 
-Modules: ``base`` (types, path rules), ``local`` (``os``: regular files, bounded reads, atomic writes
+Modules: ``safeio`` (hostile local files: regular files only, capped reads), ``base`` (types, path rules), ``local`` (``os``: regular files, bounded reads, atomic writes
 and directory swaps), ``arrow`` (``pyarrow.fs``); this package's functions dispatch between them.
 """
 

@@ -8,7 +8,7 @@ import posixpath
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-from lidarshard.transforms.safeio import NotRegularFile, is_local, local_path
+from lidarshard.transforms.storage.safeio import NotRegularFile, is_local, local_path
 
 __all__ = [
     "Backend",

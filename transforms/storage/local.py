@@ -9,7 +9,7 @@ import os
 import sys
 import uuid
 
-from lidarshard.transforms import safeio
+from lidarshard.transforms.storage import safeio
 from lidarshard.transforms.storage.base import FileInfo, FileTooLargeError, local_path
 
 __all__ = ["read_local", "size_local", "write_local", "list_local", "exchange"]
