@@ -61,6 +61,22 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+class _BeamRootRecords(logging.Filter):
+    """Hold records that Beam's modules log through the *root* logger to the level set for Beam.
+
+    ``apache_beam.io.gcp...bigquery`` calls ``logging.warning("apitools not found ...")`` when it is
+    imported without the gcp extra; that line would precede every one-line error.
+    """
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+        self.beam_dir = os.sep + "apache_beam" + os.sep
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name != "root" or self.beam_dir not in record.pathname or record.levelno >= self.level
+
+
 def main(argv: list[str] | None = None) -> int:
     """``lidarshard ...``: returns the exit status (0 done, 1 failed run, 2 usage error)."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -83,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     # Beam relays every worker's start-up warnings and, on a failure, whole tracebacks at ERROR.
     level = os.environ.get("LIDARSHARD_BEAM_LOG_LEVEL", "WARNING" if debug else "CRITICAL")
     logging.getLogger("apache_beam").setLevel(level)
+    for handler in logging.getLogger().handlers:  # Beam also logs through the root logger at import
+        handler.addFilter(_BeamRootRecords(logging.getLogger("apache_beam").level))
     logging.getLogger("distributed").setLevel(logging.WARNING)  # --runner=dask: a line per connection
     try:
         module = importlib.import_module(SUBCOMMANDS[name][0])

@@ -4,6 +4,7 @@ published (or the rejects file where the message says)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
-from lidarshard.pipelines.cli import main
+from lidarshard.pipelines.cli import _BeamRootRecords, main
 from lidarshard.pipelines.launch import CommandParser
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
@@ -274,3 +275,17 @@ def test_readme_states_the_default_runners() -> None:
     assert synth.DEFAULT_RUNNER[0] == "--runner=FnApiRunner"
     opts = launch.beam_options([]).get_all_options()
     assert (opts["runner"], opts["direct_running_mode"]) == ("DirectRunner", "multi_processing")
+
+
+def test_beam_root_logger_records_follow_the_beam_level() -> None:
+    """Beam's import-time ``logging.warning`` (root logger) must not precede the one-line error."""
+
+    def record(name: str, path: str, level: int) -> logging.LogRecord:
+        return logging.LogRecord(name, level, path, 1, "msg", None, None)
+
+    beam_file = os.path.join(os.sep, "site-packages", "apache_beam", "io", "gcp", "x.py")
+    quiet, debug = _BeamRootRecords(logging.CRITICAL), _BeamRootRecords(logging.WARNING)
+    assert not quiet.filter(record("root", beam_file, logging.WARNING))
+    assert debug.filter(record("root", beam_file, logging.WARNING))
+    assert quiet.filter(record("root", "/work/train.py", logging.WARNING))  # a user's own root records stay
+    assert quiet.filter(record("lidarshard", beam_file, logging.INFO))
