@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:  # pyarrow.dataset is imported where it is used: it doubles the import time
@@ -31,6 +30,7 @@ from lidarshard.schemas import (
     plan_schema,
 )
 from lidarshard.transforms import storage
+from lidarshard.transforms.arrow import parquet_table
 from lidarshard.transforms.formats.readers import detect_format, read_points
 from lidarshard.transforms.jsonsafe import short
 from lidarshard.transforms.nuscenes.geometry import sweep_matrices
@@ -231,7 +231,7 @@ def read_plan_file(
     """
     try:
         if verify:
-            table = pq.read_table(pa.BufferReader(_verified_bytes(path, recorded)), columns=list(columns))
+            table = parquet_table(_verified_bytes(path, recorded), columns)
         else:
             table = storage.read_parquet(path, columns)
     except (pa.ArrowInvalid, OSError, KeyError) as e:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["rows_to_table", "concat_sorted", "parquet_bytes", "sha256_hex"]
+__all__ = ["rows_to_table", "concat_sorted", "parquet_bytes", "parquet_table", "sha256_hex"]
 
 #: Fixed writer settings: the same table always gives the same bytes.
 _PARQUET_OPTIONS = {"compression": "zstd", "row_group_size": 1 << 16, "use_dictionary": True}
@@ -40,6 +40,11 @@ def parquet_bytes(table: pa.Table) -> bytes:
         for start in range(0, max(table.num_rows, 1), step):
             writer.write_table(table.slice(start, step).combine_chunks(), row_group_size=step)
     return sink.getvalue().to_pybytes()
+
+
+def parquet_table(data: bytes, columns: Sequence[str] | None = None) -> pa.Table:
+    """The table in Parquet file bytes (``columns``: a subset, in that order); the inverse of ``parquet_bytes``."""
+    return pq.read_table(pa.BufferReader(data), columns=list(columns) if columns is not None else None)
 
 
 def sha256_hex(data: bytes) -> str:

@@ -27,7 +27,6 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from lidarshard import schemas
 from lidarshard.pipelines.tools.validate_plan import (
@@ -41,6 +40,7 @@ from lidarshard.pipelines.tools.validate_plan import (
     padded_plan,
 )
 from lidarshard.transforms import paths, storage
+from lidarshard.transforms.arrow import parquet_table
 from lidarshard.transforms.features import accounting
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
@@ -130,7 +130,7 @@ class _Checker:
 
     def table(self, rel: str, data: bytes, want: pa.Schema) -> pa.Table | None:
         try:
-            table = pq.read_table(pa.BufferReader(data))
+            table = parquet_table(data)
         except (pa.ArrowException, OSError) as e:
             self.problem(rel, f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})")
             return None

@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from lidarshard import schemas
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
@@ -30,7 +29,6 @@ __all__ = [
     "PLAN_INPUT",
     "write_file",
     "score_samples",
-    "read_scored",
     "write_epoch",
     "manifest_json",
 ]
@@ -99,11 +97,6 @@ def score_samples(
         "fingerprint": fingerprint(samples),
         "pair_repeat_rate": repeat_rates(scored, cfg),
     }
-
-
-def read_scored(data: bytes) -> pa.Table:
-    """The columns an epoch needs from the bytes of a written samples.parquet."""
-    return pq.read_table(pa.BufferReader(data), columns=PLAN_INPUT)
 
 
 def write_epoch(scored: pa.Table, epoch: int, cfg: PlanConfig, write: Write) -> tuple[list[dict], dict]:

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from lidarshard.transforms.arrow import parquet_table
 from lidarshard.transforms.jsonsafe import loads
 from lidarshard.transforms.storage.arrow import ArrowBackend, arrow_filesystem
 from lidarshard.transforms.storage.base import (
@@ -121,8 +121,7 @@ def read_json(path: str, max_bytes: int = METADATA_MAX_BYTES, what: str | None =
 
 def read_parquet(path: str, columns: Sequence[str] | None = None, max_bytes: int | None = None) -> pa.Table:
     """One Parquet file as a table (``columns``: a subset, in that order)."""
-    data = read_bytes(path, max_bytes)
-    return pq.read_table(pa.BufferReader(data), columns=list(columns) if columns is not None else None)
+    return parquet_table(read_bytes(path, max_bytes), columns)
 
 
 def write_bytes(path: str, data: bytes) -> None:
