@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lidarshard import schemas
-from lidarshard.pipelines._lifeline import _descendants
+from lidarshard.pipelines._lifeline import POLL_S, _descendants
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 
@@ -47,7 +47,11 @@ def inp(tmp_path_factory) -> Path:
 
 
 def _start(inp: Path, out: Path) -> tuple[subprocess.Popen, list[int]]:
-    """A launcher with 2 worker processes, once its workers run; (process, worker pids)."""
+    """A launcher with 2 worker processes, held mid-run; (process, worker pids).
+
+    The workers are frozen with SIGSTOP as soon as they exist, so the run cannot finish before the test
+    signals the launcher however fast the machine is (a fixed sleep let a fast CI machine publish first).
+    A frozen worker ignores SIGTERM until continued, so stopping it exercises the SIGKILL escalation."""
     cmd = [
         sys.executable,
         "-m",
@@ -66,17 +70,20 @@ def _start(inp: Path, out: Path) -> tuple[subprocess.Popen, list[int]]:
         for pid in _descendants(proc.pid):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-                if b"sdk_worker_main" in argv[-2] and not argv[0].endswith(b"sh"):
-                    found.append(pid)
+                    argv = [a for a in f.read().split(b"\0") if a]
             except OSError:
-                pass
+                continue
+            if argv and not argv[0].endswith(b"sh") and any(b"sdk_worker_main" in a for a in argv):
+                found.append(pid)
         return found
 
     assert _wait(lambda: len(workers()) >= 2, 120), "workers never started"
-    time.sleep(3)  # let them take bundles (and start watching the launcher)
+    found = workers()
+    for pid in found:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(3 * POLL_S)  # the reaper has recorded them
     assert proc.poll() is None, "the run finished before it could be interrupted"
-    return proc, workers()
+    return proc, found
 
 
 def _previous(out: Path) -> None:
