@@ -1,8 +1,15 @@
 """``lidarshard build INPUT OUT --world-size W --batch-size B``: balanced, rank-sharded manifests.
 
 One Beam pipeline: scan (or ``--from-samples``) -> accounting check -> cost -> exact quantile
-buckets -> per-epoch plans (epochs in parallel) -> Parquet files -> ``_manifest.json``; the
-launcher then writes ``_SUCCESS`` and publishes the staging directory as OUT.
+buckets -> samples.parquet -> per-epoch plans (epochs in parallel) -> plan files -> ``_manifest.json``;
+the launcher then writes ``_SUCCESS`` and publishes the staging directory as OUT.
+
+No step holds the samples' paths after samples.parquet is written (``transforms.plan.sharded``): an
+epoch is planned from the numeric columns, then one task per (epoch, shard of samples.parquet)
+writes each rank's rows of that shard to a scratch file under ``_work/``, and one task per
+(epoch, rank) sorts its pieces into the rank's plan file. ``--from-samples`` streams the earlier
+samples.parquet a row group at a time (``transforms.features.previous``) when its ids are sorted, as
+lidarshard writes them; the scan still gathers its rows in one step.
 
 Bucket edges are exact quantiles of the gathered cost column, not Beam's ApproximateQuantiles,
 whose result can depend on bundling and would break byte-identical output across runners.
@@ -15,19 +22,26 @@ import sys
 from collections.abc import Sequence
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
 from lidarshard.pipelines import launch, options
 from lidarshard.transforms import paths, storage
+from lidarshard.transforms.arrow import parquet_bytes, read_rows
 from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, scan_results
-from lidarshard.transforms.beam.tagged import GatherTagged, tag
-from lidarshard.transforms.features.cost import CostModel
-from lidarshard.transforms.plan import manifest
-from lidarshard.transforms.plan.epochs import PlanConfig
+from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
+from lidarshard.transforms.features import previous
+from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.plan import manifest, sharded
+from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs, bucket_info, repeat_rates
 
-__all__ = ["run", "parser", "prepare", "build_pipeline", "launch_build"]
+__all__ = ["run", "parser", "prepare", "build_pipeline", "launch_build", "WORK_DIR"]
+
+#: Scratch directory inside the staging directory (plan pieces); removed before publishing.
+WORK_DIR = "_work"
 
 USAGE = (
     "lidarshard build INPUT OUT --world-size W --batch-size B [options] [beam options]\n"
@@ -65,38 +79,125 @@ def _check_and_score(
     return manifest.score_samples(samples, rejects, counts, model, cfg, _writer(args["staging"]))
 
 
+def _previous_rejects(path: str) -> pa.Table:
+    root = path.rsplit("/", 1)[0] if "/" in path else "."
+    try:
+        return storage.read_parquet(storage.join(root, schemas.REJECTS_FILE))
+    except OSError:
+        return schemas.reject_schema().empty_table()
+
+
 def _previous(path: str, new_root: str | None) -> tuple[int, pa.Table, pa.Table]:
     """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``, with its
-    sample paths re-rooted from the earlier run's ``path_root`` onto ``new_root``."""
+    sample paths re-rooted from the earlier run's ``path_root`` onto ``new_root``. Holds the table:
+    for an input whose ids are not sorted (``_settle_previous`` streams the others)."""
     samples = options.read_previous_samples(path)
-    root = path.rsplit("/", 1)[0] if "/" in path else "."
     samples = paths.relative_to(paths.absolute(samples, options.previous_root(path)), new_root)
-    try:
-        rejects = storage.read_parquet(storage.join(root, schemas.REJECTS_FILE))
-    except OSError:
-        rejects = schemas.reject_schema().empty_table()
+    rejects = _previous_rejects(path)
     return samples.num_rows + rejects.num_rows, samples, rejects
 
 
+def _settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) -> dict:
+    """``--from-samples``: settle, score and write samples.parquet/rejects.parquet like
+    ``_check_and_score``, reading ``NUMERIC`` columns and then streaming the rows a row group at a time."""
+    old_root, new_root = options.previous_root(path), args["root"]
+
+    def reroot(t: pa.Table) -> pa.Table:
+        return paths.relative_to(paths.absolute(t, old_root), new_root)
+
+    with storage.open_read(path) as f:
+        file = pq.ParquetFile(f)
+        numeric = previous.numeric_columns(file)
+        if numeric is None:  # not sorted by sample_id: sort and dedupe the whole table
+            return _check_and_score(*_previous(path, new_root), model, cfg, args)
+        rejects = _previous_rejects(path)
+        scanned = numeric.num_rows + rejects.num_rows
+        cost = sample_costs(numeric, model)
+        points = numeric.column("num_points").to_numpy()
+
+        def paths_at(rows: np.ndarray) -> list[str]:
+            found = pa.table({"path": previous.paths_at(file, rows)})
+            return reroot(found).column("path").to_pylist()
+
+        keep, rejects = manifest.over_cap_rejects(cost, points, cfg, rejects, paths_at)
+        counts = launch.counts_or_stop(
+            scanned, int(keep.sum()), rejects, args["max_reject"], args["rejects_out"]
+        )
+        if not keep.any():
+            raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
+        cost = cost[keep]
+        ids, edges = bucket_costs(cost, cfg)
+        write = _writer(args["staging"])
+        with storage.open_write(storage.join(args["staging"], schemas.SAMPLES_FILE)) as sink:
+            digest, out = previous.rewrite_scored(file, keep, cost, ids, reroot, sink)
+    Metrics.counter(NAMESPACE, "files_written").inc()
+    Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
+    scored = pa.table({"cost": cost, "bucket_id": pa.array(ids, pa.int32()), "num_points": points[keep]})
+    return {
+        "files": [
+            {"path": schemas.SAMPLES_FILE, "bytes": out.bytes, "sha256": out.sha256},
+            manifest.write_file(write, schemas.REJECTS_FILE, parquet_bytes(rejects)),
+        ],
+        "counts": counts,
+        "model": model.to_json(),
+        "buckets": bucket_info(scored, edges, cfg),
+        "fingerprint": digest,
+        "pair_repeat_rate": repeat_rates(scored, cfg),
+    }
+
+
 def _plan_epoch(task: tuple[int, dict], cfg: PlanConfig, staging: str):
-    """Plan epoch ``task[0]`` and write its rank files: ``("files", entry)`` per file, then
-    ``("stats", stats)``. ``task[1]`` (CheckAndScore's metadata) only orders this after it."""
+    """Plan epoch ``task[0]`` from the numeric columns of samples.parquet: ``("stats", stats)``, one
+    ``("shard", (epoch, start, stop, entries))`` per shard holding planned samples and one
+    ``("rank", ((epoch, rank), -1))`` per rank (so every rank's file is written). ``task[1]``
+    (CheckAndScore's metadata) only orders this after samples.parquet is written."""
     epoch, _ = task
-    scored = storage.read_parquet(storage.join(staging, schemas.SAMPLES_FILE), columns=manifest.PLAN_INPUT)
-    files, stats = manifest.write_epoch(scored, epoch, cfg, _writer(staging))
+    path = storage.join(staging, schemas.SAMPLES_FILE)
+    numeric = storage.read_parquet(path, columns=sharded.NUMERIC_INPUT)
+    part, stats = sharded.assignment(numeric, epoch, cfg)
     Metrics.counter(NAMESPACE, "planned").inc(stats["planned"])
-    for entry in files:
-        yield "files", entry
     yield "stats", stats
+    for start, stop in sharded.shard_bounds(numeric.num_rows):
+        entries = sharded.slice_rows(part, start, stop)
+        if entries["row"].size:
+            yield "shard", (epoch, start, stop, entries)
+    for rank in range(cfg.world_size):
+        yield "rank", ((epoch, rank), -1)
+
+
+def _piece_path(staging: str, epoch: int, rank: int, start: int) -> str:
+    return storage.join(staging, WORK_DIR, f"epoch={epoch}", f"rank={rank}", f"{start:012d}.parquet")
+
+
+def _write_pieces(shard: tuple[int, int, int, dict], staging: str):
+    """One shard of samples.parquet -> each rank's plan rows from it, in a scratch file: ``((epoch,
+    rank), start)`` per file written."""
+    epoch, start, stop, entries = shard
+    with storage.open_read(storage.join(staging, schemas.SAMPLES_FILE)) as f:
+        rows = read_rows(pq.ParquetFile(f), start, stop, sharded.COPIED)
+    for rank, piece in sharded.rank_pieces(rows, start, entries).items():
+        storage.write_bytes(_piece_path(staging, epoch, rank, start), parquet_bytes(piece))
+        yield (epoch, rank), start
+
+
+def _write_rank(grouped: tuple[tuple[int, int], list[int]], staging: str) -> dict:
+    """Rank ``rank``'s plan file of epoch ``epoch`` from its pieces (``grouped``: ((epoch, rank),
+    piece starts)); its ``files`` entry."""
+    (epoch, rank), starts = grouped
+    pieces = [storage.read_parquet(_piece_path(staging, epoch, rank, s)) for s in sorted(set(starts) - {-1})]
+    data = parquet_bytes(sharded.finish_rank(pieces))
+    return manifest.write_file(_writer(staging), schemas.plan_file(epoch, rank), data)
 
 
 def _write_manifest(gathered: dict[str, list], staging: str, meta: dict, cfg: PlanConfig) -> None:
-    """``gathered``: ``{"checked": [CheckAndScore's dict], "files": [...], "stats": [...]}``."""
+    """``gathered``: ``{"checked": [CheckAndScore's dict], "files": [...], "stats": [...]}``; then the
+    scratch directory goes."""
     (checked,) = gathered["checked"]
     files, stats = [*checked["files"], *gathered.get("files", [])], gathered.get("stats", [])
     storage.write_json(
         storage.join(staging, schemas.MANIFEST_FILE), manifest.manifest_json(meta, cfg, checked, files, stats)
     )
+    storage.remove_tree(storage.join(staging, WORK_DIR))
 
 
 def build_pipeline(
@@ -112,10 +213,7 @@ def build_pipeline(
         checked = (
             pipeline
             | "Previous" >> beam.Create([args.from_samples])
-            | "CheckAndScore"
-            >> beam.Map(
-                lambda path: _check_and_score(*_previous(path, args.relative_to), model, cfg, settings)
-            )
+            | "CheckAndScore" >> beam.Map(_settle_previous, model, cfg, settings)
         )
     else:
         scan = pipeline | "Scan" >> ScanSamples(args.input, scan_cfg, args.nuscenes_version, args.sweeps)
@@ -127,11 +225,23 @@ def build_pipeline(
         | "Epochs" >> beam.FlatMap(lambda c: [(e, c) for e in range(cfg.epochs)])
         | "SpreadEpochs" >> beam.Reshuffle()
         | "PlanEpoch" >> beam.FlatMap(_plan_epoch, cfg, staging)
+        | "SplitPlan" >> SplitTags("stats", "shard", "rank")
+    )
+    pieces = (
+        planned["shard"]
+        | "SpreadShards" >> beam.Reshuffle()
+        | "WritePieces" >> beam.FlatMap(_write_pieces, staging)
+    )
+    files = (
+        (planned["rank"], pieces)
+        | "AllPieces" >> beam.Flatten()
+        | "ByRank" >> beam.GroupByKey()
+        | "WriteRanks" >> beam.Map(_write_rank, staging)
     )
     meta = options.scan_meta(args, scan_cfg, launch.VERSION)
     meta |= {"from_samples": args.from_samples, "path_root": args.relative_to}
     _ = (
-        (tag(checked, "checked"), planned)
+        (tag(checked, "checked"), tag(files, "files"), tag(planned["stats"], "stats"))
         | "GatherAll" >> GatherTagged()
         | "WriteManifest" >> beam.Map(_write_manifest, staging, meta, cfg)
     )

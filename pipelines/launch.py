@@ -46,6 +46,7 @@ __all__ = [
     "new_staging",
     "run_pipeline",
     "settle_or_stop",
+    "counts_or_stop",
 ]
 
 VERSION = __version__
@@ -373,15 +374,34 @@ def settle_or_stop(
     """``settle`` (then ``screen(samples, rejects) -> (samples, rejects)``, e.g. the over-cap
     rejects, and the counts again); when too many inputs were rejected, write them all to
     ``rejects_out`` (beside OUT, never published) and fail with a message that names it."""
-    from lidarshard.transforms.arrow import parquet_bytes
-    from lidarshard.transforms.features.accounting import TooManyRejects, counts_of, settle
+    from lidarshard.transforms.features.accounting import counts_of, settle
 
-    try:
+    def settled() -> tuple:
         if screen is None:
             return settle(scanned, samples, rejects, max_reject)
-        samples, rejects, _ = settle(scanned, samples, rejects, 1.0)
-        samples, rejects = screen(samples, rejects)
-        return samples, rejects, counts_of(scanned, samples, rejects, max_reject)
+        kept, out, _ = settle(scanned, samples, rejects, 1.0)
+        kept, out = screen(kept, out)
+        return kept, out, counts_of(scanned, kept, out, max_reject)
+
+    return _or_stop(settled, rejects_out)
+
+
+def counts_or_stop(scanned: int, accepted: int, rejects, max_reject: float, rejects_out: str) -> dict:
+    """``counts_of`` for ``accepted`` samples that are not in one table; stops as ``settle_or_stop``."""
+    import pyarrow as pa
+
+    from lidarshard.transforms.features.accounting import counts_of
+
+    samples = pa.table({"n": pa.nulls(accepted, pa.int8())})
+    return _or_stop(lambda: counts_of(scanned, samples, rejects, max_reject), rejects_out)
+
+
+def _or_stop(settled: Callable, rejects_out: str):
+    from lidarshard.transforms.arrow import parquet_bytes
+    from lidarshard.transforms.features.accounting import TooManyRejects
+
+    try:
+        return settled()
     except TooManyRejects as e:
         storage.write_bytes(rejects_out, parquet_bytes(e.rejects))
         raise TooManyRejects(

@@ -326,8 +326,24 @@ def check_nuscenes(input: str, version: str | None) -> None:
         )
 
 
+def _check_previous_schema(where: str, schema: pa.Schema) -> None:
+    """The columns and types of a ``--from-samples`` table (ValueError: one line naming the fix)."""
+    want = schemas.sample_schema()
+    missing = [n for n in want.names if n not in schema.names]
+    if missing:
+        raise ValueError(f"{where} lacks columns {missing}: pass a samples.parquet written by lidarshard")
+    ids = schema.field("sample_id").type
+    if not (pa.types.is_string(ids) or pa.types.is_large_string(ids)):
+        raise ValueError(f"{where}: sample_id is {ids}, not strings: pass a lidarshard samples.parquet")
+    try:
+        schema.empty_table().select(want.names).cast(want)
+    except (pa.ArrowException, ValueError) as e:
+        raise ValueError(f"{where}: columns do not match the samples contract ({str(e)[:160]})") from None
+
+
 def read_previous_samples(path: str) -> pa.Table:
     """The ``--from-samples`` table, checked and sorted by sample_id (``settle`` then rejects duplicates).
+    Holds the whole table: ``build`` streams a sorted one instead (``transforms.features.previous``).
 
     Raises:
         ValueError: not a lidarshard samples table: columns missing or of another type, null or
@@ -339,29 +355,47 @@ def read_previous_samples(path: str) -> pa.Table:
         samples = storage.read_parquet(path)
     except pa.ArrowException as e:
         raise ValueError(f"{where} is not a readable Parquet file ({str(e)[:120]})") from None
-    want = schemas.sample_schema()
-    missing = [n for n in want.names if n not in samples.column_names]
-    if missing:
-        raise ValueError(f"{where} lacks columns {missing}: pass a samples.parquet written by lidarshard")
+    _check_previous_schema(where, samples.schema)
     ids = samples.column("sample_id")
-    if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
-        raise ValueError(f"{where}: sample_id is {ids.type}, not strings: pass a lidarshard samples.parquet")
     if ids.null_count:
         raise ValueError(f"{where}: {ids.null_count} rows have a null sample_id")
-    try:
-        samples = samples.select(want.names).cast(want)
-    except (pa.ArrowException, ValueError) as e:
-        raise ValueError(f"{where}: columns do not match the samples contract ({str(e)[:160]})") from None
+    samples = samples.select(schemas.sample_schema().names).cast(schemas.sample_schema())
     return samples.sort_by([("sample_id", "ascending"), ("path", "ascending")])
 
 
+def previous_rows(path: str) -> int:
+    """Rows of a ``--from-samples`` table after checking its schema and that no sample_id is null,
+    reading its footer and the sample_id column a row group at a time (never the whole table).
+
+    Raises:
+        ValueError: as ``read_previous_samples``.
+    """
+    import pyarrow.parquet as pq
+
+    where = f"--from-samples {path}"
+    try:
+        with storage.open_read(path) as f:
+            file = pq.ParquetFile(f)
+            _check_previous_schema(where, file.schema_arrow)
+            nulls = sum(
+                file.read_row_group(g, columns=["sample_id"]).column(0).null_count
+                for g in range(file.metadata.num_row_groups)
+            )
+            rows = file.metadata.num_rows
+    except pa.ArrowException as e:
+        raise ValueError(f"{where} is not a readable Parquet file ({str(e)[:120]})") from None
+    if nulls:
+        raise ValueError(f"{where}: {nulls} rows have a null sample_id")
+    return rows
+
+
 def check_from_samples(path: str) -> tuple[int, float | None]:
-    """``--from-samples`` must be a samples.parquet of ours (``read_previous_samples``). Returns
+    """``--from-samples`` must be a samples.parquet of ours (``previous_rows``). Returns
     (rows, the reject fraction its run recorded, or None)."""
     if not _exists(path):
         raise UsageError(f"--from-samples {path} does not exist")
     try:
-        rows = read_previous_samples(path).num_rows
+        rows = previous_rows(path)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
     recorded = None

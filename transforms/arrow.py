@@ -8,10 +8,21 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["rows_to_table", "concat_sorted", "parquet_bytes", "parquet_table", "sha256_hex"]
+__all__ = [
+    "ROW_GROUP_ROWS",
+    "rows_to_table",
+    "concat_sorted",
+    "parquet_bytes",
+    "ParquetStream",
+    "parquet_table",
+    "read_rows",
+    "sha256_hex",
+]
 
+#: Rows per Parquet row group (the last one of a file may be shorter).
+ROW_GROUP_ROWS = 1 << 16
 #: Fixed writer settings: the same table always gives the same bytes.
-_PARQUET_OPTIONS = {"compression": "zstd", "row_group_size": 1 << 16, "use_dictionary": True}
+_PARQUET_OPTIONS = {"compression": "zstd", "use_dictionary": True}
 
 
 def rows_to_table(rows: Sequence[dict], schema: pa.Schema) -> pa.Table:
@@ -32,19 +43,95 @@ def concat_sorted(tables: Iterable[pa.Table], schema: pa.Schema, keys: Sequence[
 def parquet_bytes(table: pa.Table) -> bytes:
     """Serialize ``table`` to Parquet with fixed settings (byte-identical for equal tables)."""
     sink = pa.BufferOutputStream()
-    step = _PARQUET_OPTIONS["row_group_size"]
-    options = {k: v for k, v in _PARQUET_OPTIONS.items() if k != "row_group_size"}
-    with pq.ParquetWriter(sink, table.schema, **options) as writer:
-        # One row group at a time: the same bytes as write_table(combine_chunks()) without a
-        # second copy of the whole table in memory.
-        for start in range(0, max(table.num_rows, 1), step):
-            writer.write_table(table.slice(start, step).combine_chunks(), row_group_size=step)
+    with ParquetStream(sink, table.schema) as out:
+        out.write(table)
     return sink.getvalue().to_pybytes()
+
+
+class _Hashing:
+    """A write-only binary stream that hashes and counts what passes through to ``sink``."""
+
+    def __init__(self, sink) -> None:
+        self._sink, self.sha, self.bytes = sink, hashlib.sha256(), 0
+        self.closed = False
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        self.sha.update(view)
+        self.bytes += view.nbytes
+        self._sink.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class ParquetStream:
+    """Tables appended one after another become the Parquet file ``parquet_bytes`` would write for
+    their concatenation (same bytes), written to the binary stream ``sink`` one row group at a time:
+    memory is one row group, whatever the file's size. ``bytes`` and ``sha256`` (hex) are set on close.
+    """
+
+    def __init__(self, sink, schema: pa.Schema) -> None:
+        self._out = _Hashing(sink)
+        self._writer = pq.ParquetWriter(self._out, schema, **_PARQUET_OPTIONS)
+        self._pending: list[pa.Table] = []
+        self._rows = self._written = 0
+        self.bytes, self.sha256 = 0, ""
+
+    def write(self, table: pa.Table) -> None:
+        """Append ``table``'s rows."""
+        if table.num_rows:
+            self._pending.append(table)
+            self._rows += table.num_rows
+        while self._rows >= ROW_GROUP_ROWS:
+            self._flush(ROW_GROUP_ROWS)
+
+    def _flush(self, rows: int) -> None:
+        table = pa.concat_tables(self._pending) if self._pending else self._writer.schema.empty_table()
+        self._writer.write_table(table.slice(0, rows).combine_chunks(), row_group_size=ROW_GROUP_ROWS)
+        rest = table.slice(rows)
+        self._pending, self._rows = ([rest] if rest.num_rows else []), self._rows - rows
+        self._written += rows
+
+    def close(self) -> None:
+        if self._rows or not self._written:  # an empty file still holds one (empty) row group
+            self._flush(self._rows)
+        self._writer.close()
+        self.bytes, self.sha256 = self._out.bytes, self._out.sha.hexdigest()
+
+    def __enter__(self) -> ParquetStream:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is None:
+            self.close()
 
 
 def parquet_table(data: bytes, columns: Sequence[str] | None = None) -> pa.Table:
     """The table in Parquet file bytes (``columns``: a subset, in that order); the inverse of ``parquet_bytes``."""
     return pq.read_table(pa.BufferReader(data), columns=list(columns) if columns is not None else None)
+
+
+def read_rows(file: pq.ParquetFile, start: int, stop: int, columns: Sequence[str] | None = None) -> pa.Table:
+    """Rows [start, stop) of a Parquet file, reading only the row groups that hold them."""
+    meta, first, groups = file.metadata, 0, []
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if first < stop and first + n > start:
+            groups.append((g, first))
+        first += n
+    if not groups:
+        return file.schema_arrow.empty_table().select(
+            list(columns) if columns is not None else file.schema_arrow.names
+        )
+    table = file.read_row_groups(
+        [g for g, _ in groups], columns=list(columns) if columns is not None else None
+    )
+    return table.slice(start - groups[0][1], stop - start)
 
 
 def sha256_hex(data: bytes) -> str:

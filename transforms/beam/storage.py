@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 import functools
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -66,6 +68,12 @@ class BeamBackend:
     def write(self, uri: str, data: bytes) -> None:
         with FileSystems.create(uri, compression_type=_RAW) as f:
             f.write(data)
+
+    def open_read(self, uri: str) -> BinaryIO:
+        return FileSystems.open(uri, compression_type=_RAW)
+
+    def open_write(self, uri: str) -> AbstractContextManager[BinaryIO]:
+        return FileSystems.create(uri, compression_type=_RAW)
 
     def list(self, root: str) -> dict[str, FileInfo]:
         found = FileSystems.match([root + "/**"])[0].metadata_list

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["TooManyRejects", "dedupe", "counts_of", "settle", "fingerprint"]
+__all__ = ["TooManyRejects", "dedupe", "counts_of", "settle", "fingerprint", "fingerprint_update"]
 
 
 class TooManyRejects(RuntimeError):
@@ -84,20 +84,26 @@ def settle(
 
 
 def fingerprint(samples: pa.Table) -> str:
-    """SHA-256 over one line ``sample_id <TAB> file_bytes <LF>`` per accepted input (sorted by id).
+    """SHA-256 over one line ``sample_id <TAB> file_bytes <LF>`` per accepted input (sorted by id)."""
+    h = hashlib.sha256()
+    fingerprint_update(h, samples)
+    return h.hexdigest()
+
+
+def fingerprint_update(h: hashlib._Hash, samples: pa.Table) -> None:
+    """Feed ``samples``' lines of ``fingerprint`` to ``h``: the rows of a table in consecutive parts
+    give the digest of the whole.
 
     Arrow builds the lines and they are hashed straight from its string buffer: no Python object
     per row (1M rows: 0.3 s instead of 0.7 s); the digest equals the plain per-row loop's.
     """
-    h = hashlib.sha256()
     ids, nbytes = samples.column("sample_id"), samples.column("file_bytes")
     if ids.null_count or nbytes.null_count:  # never in practice; keep the definition exact
         for sid, n in zip(ids.to_pylist(), nbytes.to_pylist(), strict=True):
             h.update(f"{sid}\t{n}\n".encode())
-        return h.hexdigest()
+        return
     pairs = pc.binary_join_element_wise(ids, pc.cast(nbytes, pa.string()), "\t")
     for chunk in pc.binary_join_element_wise(pairs, "", "\n").chunks:
         if len(chunk):  # the values of a utf8 array are its lines back to back
             offsets = np.frombuffer(chunk.buffers()[1], np.int32, count=chunk.offset + len(chunk) + 1)
             h.update(memoryview(chunk.buffers()[2])[offsets[chunk.offset] : offsets[-1]])
-    return h.hexdigest()

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_PLAN_FACTOR",
     "PlanConfig",
     "score",
+    "bucket_costs",
     "plan_rows",
     "plan_tables",
     "plan_samples",
@@ -79,6 +80,16 @@ def score(
         costs = np.asarray(costs, dtype=np.float64)
         if costs.shape != (samples.num_rows,) or not np.isfinite(costs).all() or (costs < 0).any():
             raise ValueError("cost must hold one finite value >= 0 per sample")
+    ids, edges = bucket_costs(costs, cfg)
+    scored = base.append_column(schemas.scored_schema().field("cost"), pa.array(costs, pa.float64()))
+    scored = scored.append_column(schemas.scored_schema().field("bucket_id"), pa.array(ids, pa.int32()))
+    return scored.cast(schemas.scored_schema()), edges
+
+
+def bucket_costs(
+    costs: NDArray[np.float64], cfg: PlanConfig
+) -> tuple[NDArray[np.int32], NDArray[np.float64]]:
+    """(bucket id per cost (N,), bucket edges (K-1,)): exact quantile buckets of ``costs``."""
     k = cfg.num_buckets or buckets.default_num_buckets(max(len(costs), 1))
     edges = buckets.quantile_edges(costs, k) if len(costs) else np.empty(0)
     if cfg.weights is not None and len(cfg.weights) > 1 and len(cfg.weights) != len(edges) + 1:
@@ -86,10 +97,7 @@ def score(
             f"--bucket-weights gives {len(cfg.weights)} weights but the costs make only {len(edges) + 1} "
             f"distinct buckets (tied costs); give 1 or {len(edges) + 1} weights"
         )
-    ids = buckets.assign_buckets(costs, edges)
-    scored = base.append_column(schemas.scored_schema().field("cost"), pa.array(costs, pa.float64()))
-    scored = scored.append_column(schemas.scored_schema().field("bucket_id"), pa.array(ids, pa.int32()))
-    return scored.cast(schemas.scored_schema()), edges
+    return buckets.assign_buckets(costs, edges), edges
 
 
 def bucket_info(scored: pa.Table, edges: NDArray[np.float64], cfg: PlanConfig) -> dict:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
@@ -28,6 +29,8 @@ __all__ = [
     "Write",
     "PLAN_INPUT",
     "write_file",
+    "reject_over_cap",
+    "over_cap_rejects",
     "score_samples",
     "write_epoch",
     "manifest_json",
@@ -52,20 +55,35 @@ def reject_over_cap(
     """Move the samples that alone exceed a cap to rejects (reason ``over_cap``)."""
     if not cfg.caps.active:
         return samples, rejects
-    points = samples.column("num_points").to_numpy(zero_copy_only=False)
     cost = sample_costs(samples, model) if costs is None else np.asarray(costs, dtype=np.float64)
+    points = samples.column("num_points").to_numpy(zero_copy_only=False)
+    paths = samples.column("path")
+    keep, rejects = over_cap_rejects(
+        cost, points, cfg, rejects, lambda rows: paths.take(pa.array(rows)).to_pylist()
+    )
+    return (samples if keep.all() else samples.filter(pa.array(keep))), rejects
+
+
+def over_cap_rejects(
+    cost: NDArray[np.float64],
+    points: NDArray[np.int64],
+    cfg: PlanConfig,
+    rejects: pa.Table,
+    paths_at: Callable[[NDArray[np.int64]], list[str]],
+) -> tuple[NDArray[np.bool_], pa.Table]:
+    """(keep mask (N,), ``rejects`` plus one ``over_cap`` row per sample that alone exceeds a cap, sorted);
+    ``paths_at(rows)`` gives the stored paths of the rows (N,) ``cost`` and ``points`` describe."""
+    keep = np.ones(len(cost), dtype=bool)
+    if not cfg.caps.active:
+        return keep, rejects
     details = over_cap(cost, points, cfg.caps)
-    bad = np.array([bool(d) for d in details], dtype=bool)
-    if bad.any():
-        rows = {
-            "path": samples.column("path").filter(pa.array(bad)).to_pylist(),
-            "reason": ["over_cap"] * int(bad.sum()),
-            "detail": [d for d in details if d],
-        }
+    bad = np.flatnonzero([bool(d) for d in details])
+    if bad.size:
+        keep[bad] = False
+        rows = {"path": paths_at(bad), "reason": ["over_cap"] * bad.size, "detail": [details[i] for i in bad]}
         rejects = pa.concat_tables([rejects, pa.Table.from_pydict(rows, schema=rejects.schema)])
         rejects = rejects.sort_by([(c, "ascending") for c in ("path", "reason", "detail")])
-        samples = samples.filter(pa.array(~bad))
-    return samples, rejects
+    return keep, rejects
 
 
 def score_samples(

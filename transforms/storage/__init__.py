@@ -22,9 +22,11 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, BinaryIO
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from lidarshard.transforms.arrow import parquet_table
 from lidarshard.transforms.jsonsafe import loads
@@ -40,7 +42,15 @@ from lidarshard.transforms.storage.base import (
     join,
     local_path,
 )
-from lidarshard.transforms.storage.local import exchange, list_local, read_local, size_local, write_local
+from lidarshard.transforms.storage.local import (
+    exchange,
+    list_local,
+    open_write_local,
+    read_local,
+    size_local,
+    write_local,
+)
+from lidarshard.transforms.storage.safeio import open_local
 
 __all__ = [
     "Backend",
@@ -60,6 +70,8 @@ __all__ = [
     "join",
     "list_files",
     "local_path",
+    "open_read",
+    "open_write",
     "read_bytes",
     "read_json",
     "read_parquet",
@@ -120,8 +132,12 @@ def read_json(path: str, max_bytes: int = METADATA_MAX_BYTES, what: str | None =
 
 
 def read_parquet(path: str, columns: Sequence[str] | None = None, max_bytes: int | None = None) -> pa.Table:
-    """One Parquet file as a table (``columns``: a subset, in that order)."""
-    return parquet_table(read_bytes(path, max_bytes), columns)
+    """One Parquet file as a table (``columns``: a subset, in that order). Without ``max_bytes`` the file
+    is read through ``open_read``: only the chunks of ``columns`` are fetched."""
+    if max_bytes is not None:
+        return parquet_table(read_bytes(path, max_bytes), columns)
+    with open_read(path) as f:
+        return pq.read_table(f, columns=list(columns) if columns is not None else None)
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -130,6 +146,22 @@ def write_bytes(path: str, data: bytes) -> None:
         write_local(local_path(path), data)
     else:
         _backend(path).write(path, data)
+
+
+def open_read(path: str) -> BinaryIO:
+    """``path`` opened for reading: a binary, seekable stream the caller closes (a local path must be a
+    regular file). For what reads parts of a file, e.g. Parquet row groups."""
+    if is_local(path):
+        return open_local(local_path(path))
+    return _backend(path).open_read(path)
+
+
+def open_write(path: str) -> AbstractContextManager[BinaryIO]:
+    """A binary stream (``with``) that becomes ``path`` when the block ends (parents created); a local
+    file appears whole or not at all. For what is too large to build in memory first."""
+    if is_local(path):
+        return open_write_local(local_path(path))
+    return _backend(path).open_write(path)
 
 
 def write_json(path: str, obj: object) -> None:

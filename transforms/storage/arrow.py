@@ -9,6 +9,8 @@ import functools
 import os
 import posixpath
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -72,6 +74,15 @@ class ArrowBackend:
         fs.create_dir(posixpath.dirname(p), recursive=True)
         with fs.open_output_stream(p) as f:
             f.write(data)
+
+    def open_read(self, uri: str) -> BinaryIO:
+        fs, p = arrow_filesystem(uri)
+        return fs.open_input_file(p)
+
+    def open_write(self, uri: str) -> AbstractContextManager[BinaryIO]:
+        fs, p = arrow_filesystem(uri)
+        fs.create_dir(posixpath.dirname(p), recursive=True)
+        return fs.open_output_stream(p)
 
     def list(self, root: str) -> dict[str, FileInfo]:
         fs, base = arrow_filesystem(root)

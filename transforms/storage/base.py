@@ -6,7 +6,8 @@ import errno
 import os
 import posixpath
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from contextlib import AbstractContextManager
+from typing import BinaryIO, NamedTuple, Protocol
 
 from lidarshard.transforms.storage.safeio import NotRegularFile, is_local, local_path
 
@@ -49,6 +50,8 @@ class Backend(Protocol):
     def stat(self, uri: str) -> FileInfo: ...  # FileNotFoundError / IsADirectoryError
     def read(self, uri: str, nbytes: int | None) -> bytes: ...  # at most nbytes (None: all)
     def write(self, uri: str, data: bytes) -> None: ...
+    def open_read(self, uri: str) -> BinaryIO: ...  # seekable
+    def open_write(self, uri: str) -> AbstractContextManager[BinaryIO]: ...
     def list(self, root: str) -> dict[str, FileInfo]: ...
     def glob(self, pattern: str) -> list[str]: ...  # '*' within a segment, '**' across them
     def delete(self, uris: Sequence[str]) -> None: ...

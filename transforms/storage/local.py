@@ -8,11 +8,14 @@ import errno
 import os
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
 
 from lidarshard.transforms.storage import safeio
 from lidarshard.transforms.storage.base import FileInfo, FileTooLargeError, local_path
 
-__all__ = ["read_local", "size_local", "write_local", "list_local", "exchange"]
+__all__ = ["read_local", "size_local", "write_local", "open_write_local", "list_local", "exchange"]
 
 
 def read_local(path: str, limit: int | None) -> bytes:
@@ -37,6 +40,23 @@ def write_local(path: str, data: bytes) -> None:
     try:
         with open(tmp, "wb") as f:
             f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@contextmanager
+def open_write_local(path: str) -> Iterator[BinaryIO]:
+    """A binary stream that becomes ``path`` when the block ends without error (temporary sibling and
+    rename, as ``write_local``); on an error nothing appears."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         if os.path.lexists(tmp):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import BinaryIO
 
 __all__ = ["NotRegularFile", "is_local", "local_path", "read_local", "size_local"]
 
@@ -72,3 +73,16 @@ def read_local(path: str, limit: int | None = None) -> bytes:
             return f.read(min(st.st_size + 1, limit + 1))  # +1: a file that grew shows it
     finally:
         os.close(fd)
+
+
+def open_local(path: str) -> BinaryIO:
+    """The regular file at ``path`` opened for reading (binary, seekable); type checked on the descriptor
+    as in ``read_local``."""
+    fd = os.open(local_path(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _require_regular(path, os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

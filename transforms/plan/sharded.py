@@ -1,0 +1,99 @@
+"""An epoch's plan files written without any process holding the samples' strings. Pure.
+
+``plan_tables`` takes rows from the whole scored table in one process: at 1M samples with 9 sweeps
+that is ~1 GB of paths per epoch. Here the plan is decided on the numeric columns only
+(``NUMERIC_INPUT``, ~20 bytes a sample), and the rows travel in shards of samples.parquet::
+
+    part, stats = assignment(numeric, epoch, cfg)          # sample index -> (rank, step, slot), sorted
+    for k, (start, stop) in enumerate(shard_bounds(n)):    # in parallel: one task per (epoch, shard)
+        pieces = rank_pieces(read_rows(start, stop), start, slice_rows(part, start, stop))
+    table = finish_rank(pieces_of_rank)                    # in parallel: one task per (epoch, rank)
+
+``finish_rank`` gives exactly ``plan_tables``' table of that rank (same rows, order and types), so
+the Parquet bytes match the one-process path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from lidarshard import schemas
+from lidarshard.transforms.plan.epochs import PlanConfig, plan_rows, plan_samples
+
+__all__ = [
+    "NUMERIC_INPUT",
+    "COPIED",
+    "ROWS_PER_SHARD",
+    "shard_bounds",
+    "assignment",
+    "slice_rows",
+    "rank_pieces",
+    "finish_rank",
+]
+
+#: The scored columns an epoch's plan is decided from.
+NUMERIC_INPUT = ["cost", "bucket_id", "num_points"]
+#: The scored columns every plan row copies from its sample.
+COPIED = ["sample_id", "path", "sweep_paths", "cost", "bucket_id"]
+#: Samples one (epoch, shard) task holds: 4 row groups of samples.parquet (``arrow.ROW_GROUP_ROWS``).
+ROWS_PER_SHARD = 1 << 18
+
+_FIXED = ("step", "slot", "rank_count", "global_count")
+
+
+def shard_bounds(n: int, rows: int = ROWS_PER_SHARD) -> list[tuple[int, int]]:
+    """[start, stop) sample-index ranges of ``rows`` samples (the last one shorter) covering ``n``."""
+    return [(a, min(a + rows, n)) for a in range(0, n, rows)]
+
+
+def assignment(numeric: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[dict[str, NDArray], dict]:
+    """Plan epoch ``epoch`` from ``NUMERIC_INPUT`` columns (rows in sample order).
+
+    Returns:
+        (``plan_rows`` arrays sorted by sample index ``row`` (ties: rank-major plan order), the
+        epoch's stats as ``plan_samples`` gives them).
+    """
+    plan, stats = plan_samples(numeric, epoch, cfg)
+    rows = plan_rows(plan)
+    order = np.argsort(rows["row"], kind="stable")
+    return {k: v[order] for k, v in rows.items()}, stats
+
+
+def slice_rows(part: dict[str, NDArray], start: int, stop: int) -> dict[str, NDArray]:
+    """The entries of ``part`` (sorted by ``row``) whose sample index is in [start, stop)."""
+    a, b = np.searchsorted(part["row"], [start, stop])
+    return {k: v[a:b] for k, v in part.items()}
+
+
+def rank_pieces(rows: pa.Table, start: int, part: dict[str, NDArray]) -> dict[int, pa.Table]:
+    """Plan rows of one shard, per rank.
+
+    Args:
+        rows: the ``COPIED`` columns of samples [start, start + rows.num_rows).
+        start: sample index of ``rows``' first row.
+        part: ``slice_rows`` of the epoch's assignment for this shard.
+
+    Returns:
+        {rank: table of ``plan_schema()``, rows in this shard's order} for the ranks with entries.
+    """
+    by_rank = np.argsort(part["rank"], kind="stable")
+    ranks = part["rank"][by_rank]
+    taken = rows.select(COPIED).take(pa.array(part["row"][by_rank] - start))
+    fixed = {name: pa.array(part[name][by_rank]) for name in _FIXED}
+    arrays = [fixed[f.name] if f.name in fixed else taken.column(f.name) for f in schemas.plan_schema()]
+    table = pa.Table.from_arrays(arrays, schema=schemas.plan_schema())
+    cuts = np.flatnonzero(np.diff(ranks)) + 1
+    starts, stops = np.r_[0, cuts], np.r_[cuts, len(ranks)]
+    return {
+        int(ranks[a]): table.slice(int(a), int(b - a)) for a, b in zip(starts, stops, strict=True) if b > a
+    }
+
+
+def finish_rank(pieces: list[pa.Table]) -> pa.Table:
+    """One rank's plan file table from its pieces (any order): sorted by (step, slot)."""
+    parts = [p for p in pieces if p.num_rows]
+    table = pa.concat_tables(parts) if parts else schemas.plan_schema().empty_table()
+    table = table.sort_by([("step", "ascending"), ("slot", "ascending")]).combine_chunks()
+    return table.cast(schemas.plan_schema())  # read-back pieces name list items "element"
