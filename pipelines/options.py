@@ -326,17 +326,19 @@ def check_nuscenes(input: str, version: str | None) -> None:
         )
 
 
-def _check_previous_schema(where: str, schema: pa.Schema) -> None:
-    """The columns and types of a ``--from-samples`` table (ValueError: one line naming the fix)."""
-    want = schemas.sample_schema()
+def _check_previous_schema(where: str, table: pa.Table, want: pa.Schema | None = None) -> None:
+    """The columns and types of a ``--from-samples`` table or row group: they cast to ``want`` (the
+    samples contract; ValueError: one line naming the fix)."""
+    want = schemas.sample_schema() if want is None else want
+    schema = table.schema
     missing = [n for n in want.names if n not in schema.names]
     if missing:
         raise ValueError(f"{where} lacks columns {missing}: pass a samples.parquet written by lidarshard")
-    ids = schema.field("sample_id").type
+    ids = schema.field("sample_id").type if "sample_id" in want.names else pa.string()
     if not (pa.types.is_string(ids) or pa.types.is_large_string(ids)):
         raise ValueError(f"{where}: sample_id is {ids}, not strings: pass a lidarshard samples.parquet")
     try:
-        schema.empty_table().select(want.names).cast(want)
+        table.select(want.names).cast(want)
     except (pa.ArrowException, ValueError) as e:
         raise ValueError(f"{where}: columns do not match the samples contract ({str(e)[:160]})") from None
 
@@ -355,7 +357,7 @@ def read_previous_samples(path: str) -> pa.Table:
         samples = storage.read_parquet(path)
     except pa.ArrowException as e:
         raise ValueError(f"{where} is not a readable Parquet file ({str(e)[:120]})") from None
-    _check_previous_schema(where, samples.schema)
+    _check_previous_schema(where, samples)
     ids = samples.column("sample_id")
     if ids.null_count:
         raise ValueError(f"{where}: {ids.null_count} rows have a null sample_id")
@@ -376,11 +378,17 @@ def previous_rows(path: str) -> int:
     try:
         with storage.open_read(path) as f:
             file = pq.ParquetFile(f)
-            _check_previous_schema(where, file.schema_arrow)
-            nulls = sum(
-                file.read_row_group(g, columns=["sample_id"]).column(0).null_count
-                for g in range(file.metadata.num_row_groups)
-            )
+            _check_previous_schema(where, file.schema_arrow.empty_table())
+            want = schemas.sample_schema()
+            other = [f for f in want if not file.schema_arrow.field(f.name).type.equals(f.type)]
+            nulls = 0
+            for g in range(file.metadata.num_row_groups):  # values of other types must cast
+                t = file.read_row_group(
+                    g, columns=list(dict.fromkeys(["sample_id", *(f.name for f in other)]))
+                )
+                nulls += t.column("sample_id").null_count
+                if other:
+                    _check_previous_schema(where, t.select([f.name for f in other]), pa.schema(other))
             rows = file.metadata.num_rows
     except pa.ArrowException as e:
         raise ValueError(f"{where} is not a readable Parquet file ({str(e)[:120]})") from None

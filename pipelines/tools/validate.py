@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from lidarshard import schemas
 from lidarshard.pipelines.tools.validate_plan import (
@@ -39,9 +39,8 @@ from lidarshard.pipelines.tools.validate_plan import (
     lookup,
     padded_plan,
 )
-from lidarshard.transforms import paths, storage
-from lidarshard.transforms.arrow import parquet_table
-from lidarshard.transforms.features import accounting
+from lidarshard.pipelines.tools.validate_samples import SamplesView, read_samples
+from lidarshard.transforms import storage
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.jsonsafe import loads, short
@@ -59,6 +58,7 @@ _META = {schemas.SUCCESS_FILE, schemas.MANIFEST_FILE, schemas.SCAN_FILE}
 #: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
 _DERIVED_PREFIXES = ("report/",)
 _MAX_SHOWN = 5  # list items shown in one message
+_BLOCK = 8 << 20  # bytes hashed at a time
 #: Problems kept (and printed); the rest are counted. Bounds memory whatever a forged manifest claims.
 MAX_PROBLEMS = 200
 
@@ -80,6 +80,19 @@ class _Store:
     def read(self, rel: str, max_bytes: int | None = storage.METADATA_MAX_BYTES) -> bytes:
         """The file ``rel``, never more than ``max_bytes`` (raises OSError)."""
         return storage.read_bytes(storage.join(self.root, rel), max_bytes)
+
+    def sha256(self, rel: str, size: int) -> str:
+        """Hex SHA-256 of the file ``rel``, read in blocks; OSError unless exactly ``size`` bytes."""
+        h, seen = hashlib.sha256(), 0
+        with storage.open_read(storage.join(self.root, rel)) as f:
+            while block := f.read(min(_BLOCK, size - seen + 1)):
+                h.update(block)
+                seen += len(block)
+                if seen > size:
+                    break
+        if seen != size:
+            raise OSError(f"{seen} bytes read, {size} listed")
+        return h.hexdigest()
 
 
 def _type(t: pa.DataType) -> str:
@@ -128,9 +141,10 @@ class _Checker:
     def problem(self, where: str, what: str) -> None:
         self.problems.append(f"{where}: {what}")
 
-    def table(self, rel: str, data: bytes, want: pa.Schema) -> pa.Table | None:
+    def table(self, rel: str, want: pa.Schema) -> pa.Table | None:
+        """The Parquet file ``rel`` when it reads and has the ``want`` schema (else a problem, None)."""
         try:
-            table = parquet_table(data)
+            table = storage.read_parquet(storage.join(self.store.root, rel))
         except (pa.ArrowException, OSError) as e:
             self.problem(rel, f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})")
             return None
@@ -140,10 +154,10 @@ class _Checker:
             return None
         return table
 
-    def files(self, recorded: dict) -> dict[str, bytes]:
-        """Check sizes and sha256 of recorded files; returns {rel: bytes} of those that match."""
+    def files(self, recorded: dict) -> set[str]:
+        """Check sizes and sha256 of recorded files (streamed, never held); returns those that match."""
         present = self.store.sizes()
-        good: dict[str, bytes] = {}
+        good: set[str] = set()
         extras = {rel for rel in present if rel.startswith(_DERIVED_PREFIXES)}  # `lidarshard report` output
         for rel in sorted(set(present) - _META - set(recorded) - extras):
             self.problem(rel, "file is not listed in _manifest.json 'files' (left over or added)")
@@ -158,40 +172,53 @@ class _Checker:
                 )
                 continue
             try:
-                data = self.store.read(rel, present[rel])
+                digest = self.store.sha256(rel, present[rel])
             except OSError as e:
                 self.problem(rel, f"cannot be read ({e})")
                 continue
-            if hashlib.sha256(data).hexdigest() != info.get("sha256"):
+            if digest != info.get("sha256"):
                 self.problem(rel, "sha256 differs from the one recorded at commit (file was modified)")
                 continue
-            good[rel] = data
+            good.add(rel)
         return good
 
-    def samples(self, data: bytes | None, want: pa.Schema, counts: dict, fingerprint: str) -> pa.Table | None:
+    def samples(
+        self, usable: bool, want: pa.Schema, counts: dict, fingerprint: str, root: object = False
+    ) -> SamplesView | None:
+        """samples.parquet streamed (``validate_samples``); stored paths checked against a manifest's
+        ``path_root`` ``root`` (``False``: not checked, a scan directory)."""
         rel = schemas.SAMPLES_FILE
-        samples = self.table(rel, data, want) if data is not None else None
-        if samples is None:
+        if not usable:
             return None
-        ids = samples.column("sample_id")
-        if ids.null_count:
-            self.problem(rel, f"{ids.null_count} rows have a null sample_id")
-        elif samples.num_rows > 1:
-            order = pc.less_equal(ids.slice(1), ids.slice(0, samples.num_rows - 1))
-            bad = np.flatnonzero(order.to_numpy(zero_copy_only=False))
-            if bad.size:
-                self.problem(
-                    rel, f"sample_id not strictly increasing at row {bad[0] + 1} ({ids[int(bad[0]) + 1]})"
+        path = storage.join(self.store.root, rel)
+        try:
+            with storage.open_read(path) as f:
+                file = pq.ParquetFile(f)
+                bad = _schema_problem(file.schema_arrow.empty_table(), want)
+                if bad:
+                    self.problem(rel, bad)
+                    return None
+                view, digest, path_bad = read_samples(
+                    path, file, root or None, lambda what: self.problem(rel, what)
                 )
-        if samples.num_rows != counts.get("accepted"):
-            self.problem(rel, f"{samples.num_rows} rows, counts.accepted is {counts.get('accepted')}")
-        if accounting.fingerprint(samples) != fingerprint:
+        except (pa.ArrowException, OSError) as e:
+            self.problem(rel, f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})")
+            return None
+        if path_bad and root is not False:
+            self.problem(rel, path_bad)
+        if view.key_clash():
+            self.problem(
+                rel, "two sample ids share a 64-bit key: validate cannot check this manifest's plan rows"
+            )
+        if view.num_rows != counts.get("accepted"):
+            self.problem(rel, f"{view.num_rows} rows, counts.accepted is {counts.get('accepted')}")
+        if digest != fingerprint:
             self.problem(rel, "inputs_fingerprint recomputed from (sample_id, file_bytes) differs")
-        return samples
+        return view
 
-    def rejects(self, data: bytes | None, counts: dict) -> None:
+    def rejects(self, usable: bool, counts: dict) -> None:
         rel = schemas.REJECTS_FILE
-        rejects = self.table(rel, data, schemas.reject_schema()) if data is not None else None
+        rejects = self.table(rel, schemas.reject_schema()) if usable else None
         if rejects is None:
             return
         reasons = rejects.column("reason").to_pylist()
@@ -335,15 +362,13 @@ def _check_manifest(c: _Checker) -> str:
     complete = _check_listed(c, m["files"], w, epochs)
     good = c.files(m["files"])
     samples = c.samples(
-        good.get(schemas.SAMPLES_FILE), schemas.scored_schema(), m["counts"], m["inputs_fingerprint"]
-    )
-    c.rejects(good.get(schemas.REJECTS_FILE), m["counts"])
+        schemas.SAMPLES_FILE in good, schemas.scored_schema(), m["counts"], m["inputs_fingerprint"],
+        m.get("path_root"),
+    )  # fmt: skip
+    c.rejects(schemas.REJECTS_FILE in good, m["counts"])
     if samples is None:
         return "samples.parquet unusable"
     _check_scored(c, m, samples)
-    problem = paths.path_problem(samples, m.get("path_root"))
-    if problem:
-        c.problem(schemas.SAMPLES_FILE, problem)
     rows = 0
     per_step = None if m["strategy"] in VARIABLE_COUNT else b
     try:
@@ -353,17 +378,21 @@ def _check_manifest(c: _Checker) -> str:
     if not complete:  # a plan file is missing from the list: per-epoch checks would mislead
         return ""
     for e in range(min(epochs, len(steps))):
-        ranks = []
+        ranks, found = [], []
         for r in range(w):
             rel = schemas.plan_file(e, r)
-            t = c.table(rel, good[rel], schemas.plan_schema()) if rel in good else None
-            if t is not None and check_plan(c.problems, rel, t, e, r, steps[e], per_step):
-                ranks.append(t.append_column("rank", pa.array(np.full(t.num_rows, r, np.int32))))
+            t = c.table(rel, schemas.plan_schema()) if rel in good else None
             rows += t.num_rows if t is not None else 0
-        table = pa.concat_tables(ranks) if len(ranks) == w else None
-        idx = lookup(c.problems, e, table, samples) if table is not None else None
-        if idx is not None:
-            plan = padded_plan(idx, table, steps[e], w)
+            if t is None or not check_plan(c.problems, rel, t, e, r, steps[e], per_step):
+                continue
+            t = t.append_column("rank", pa.array(np.full(t.num_rows, r, np.int32)))
+            idx = lookup(c.problems, e, t, samples)
+            if idx is not None:  # the strings are checked: keep the numbers only
+                ranks.append(t.select(["step", "slot", "rank", "rank_count", "global_count"]))
+                found.append(idx)
+        if len(ranks) == w:
+            table = pa.concat_tables(ranks)
+            plan = padded_plan(np.concatenate(found), table, steps[e], w)
             check_counts(c.problems, e, table, plan, per_step)
             check_caps(c.problems, e, caps, plan, samples)
             check_epoch(c.problems, m, e, plan, samples)
@@ -382,20 +411,12 @@ def _check_scan(c: _Checker) -> str:
     present = c.store.sizes()
     for rel in sorted(set(present) - _META - {schemas.SAMPLES_FILE, schemas.REJECTS_FILE}):
         c.problem(rel, "unexpected file in a scan directory")
-    try:
-        read = {
-            rel: c.store.read(rel, present[rel])
-            for rel in (schemas.SAMPLES_FILE, schemas.REJECTS_FILE)
-            if rel in present
-        }
-    except OSError as e:
-        raise Invalid(f"{c.store.root}: {e}") from None
-    for rel in sorted({schemas.SAMPLES_FILE, schemas.REJECTS_FILE} - set(read)):
+    for rel in sorted({schemas.SAMPLES_FILE, schemas.REJECTS_FILE} - set(present)):
         c.problem(rel, "missing")
     c.samples(
-        read.get(schemas.SAMPLES_FILE), schemas.sample_schema(), counts, m.get("inputs_fingerprint", "")
+        schemas.SAMPLES_FILE in present, schemas.sample_schema(), counts, m.get("inputs_fingerprint", "")
     )
-    c.rejects(read.get(schemas.REJECTS_FILE), counts)
+    c.rejects(schemas.REJECTS_FILE in present, counts)
     return f"scan: {counts.get('scanned')} scanned, {counts.get('accepted')} accepted, {counts.get('rejected')} rejected"
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.pipelines.tools.validate_samples import SamplesView, row_keys
 from lidarshard.transforms.jsonsafe import short
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
@@ -154,30 +154,32 @@ def check_caps(problems: list[str], e: int, caps: Caps, plan: NDArray[np.int64],
             )
 
 
-def lookup(problems: list[str], e: int, t: pa.Table, samples: pa.Table) -> NDArray[np.int64] | None:
-    """(W*S*B,) row indices into ``samples`` of epoch ``e``'s plan ``t`` (all ranks, rank-major, with a
-    ``rank`` column added from the file paths), after checking that every sample_id exists and path, cost, bucket_id, sweep_paths equal the sample's."""
+def lookup(problems: list[str], e: int, t: pa.Table, samples: SamplesView) -> NDArray[np.int64] | None:
+    """(n,) row indices into ``samples`` of the n rows of plan table ``t`` (epoch ``e``, with a ``rank``
+    column added from the file path), after checking that every sample_id exists and cost, bucket_id,
+    path and sweep_paths equal the sample's (the strings through their row keys)."""
 
     def where(i: int) -> str:
         rank, step, slot = (t.column(k)[i].as_py() for k in ("rank", "step", "slot"))
         return f"{schemas.plan_file(e, rank)}: epoch {e} rank {rank} step {step} slot {slot}"
 
-    idx = pc.index_in(t.column("sample_id"), value_set=samples.column("sample_id"))
-    if idx.null_count:
-        i = int(np.flatnonzero(idx.is_null().to_numpy(zero_copy_only=False))[0])
-        _add(problems, where(i), f"sample_id {t.column('sample_id')[i]} is not in samples.parquet")
+    ids = t.column("sample_id").combine_chunks()
+    idx = samples.find(ids)
+    if (idx < 0).any():
+        i = int(np.flatnonzero(idx < 0)[0])
+        _add(problems, where(i), f"sample_id {ids[i]} is not in samples.parquet")
         return None
-    idx = idx.to_numpy().astype(np.int64)
-    for name in ("path", "cost", "bucket_id", "sweep_paths"):
-        got = t.column(name).combine_chunks()
-        want = samples.column(name).take(pa.array(idx)).combine_chunks()
-        if got.equals(want):
-            continue
-        if name == "sweep_paths":
-            i = next(i for i in range(len(got)) if got[i] != want[i])
+    keys = row_keys(ids, t.column("path"), t.column("sweep_paths"))
+    for name in ("cost", "bucket_id", "path"):
+        if name == "path":
+            got, want = keys, samples.row_key[idx]
         else:
-            i = int(np.flatnonzero(~pc.equal(got, want).to_numpy(zero_copy_only=False))[0])
-        _add(problems, where(i), f"{name} of {t.column('sample_id')[i]} differs from samples.parquet")
+            got, want = t.column(name).to_numpy(), samples.column(name).to_numpy()[idx]
+        if np.array_equal(got, want):
+            continue
+        i = int(np.flatnonzero(got != want)[0])
+        what = "path or sweep_paths" if name == "path" else name
+        _add(problems, where(i), f"{what} of {ids[i]} differs from samples.parquet")
         return None
     return idx
 

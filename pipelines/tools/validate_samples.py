@@ -1,0 +1,148 @@
+"""samples.parquet for ``lidarshard validate``, read one row group at a time.
+
+What the checks need of every sample is numeric (``NUMERIC``) plus two 64-bit keys: one of its
+sample_id (to find a plan row's sample) and one of (sample_id, path, sweep_paths) (to check that a
+plan row copies its sample). Paths and sweep paths are hashed as they stream by and never held:
+1M samples with 9 sweeps are ~1 GB of strings, 16 MB of keys. A sample_id is read back from its row
+group only to name it in a message. Keys are BLAKE2b-64 of the values with separators; the rare
+case of two ids sharing a key is detected and reported as a problem of the validator, not a pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from lidarshard.transforms import paths, storage
+from lidarshard.transforms.features.accounting import fingerprint_update
+
+__all__ = ["NUMERIC", "SamplesView", "id_keys", "row_keys", "read_samples"]
+
+#: Sample columns kept whole (those absent from a scan's samples are skipped).
+NUMERIC = ["cost", "bucket_id", "num_points", "num_in_range", "occupied_voxels", "file_bytes"]
+
+
+def _digests(values: pa.Array) -> NDArray[np.uint64]:
+    """BLAKE2b-64 of each (non-null) string of ``values``, as uint64."""
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    arr = arr.cast(pa.large_string()) if not pa.types.is_large_string(arr.type) else arr
+    if len(arr) == 0:
+        return np.empty(0, dtype=np.uint64)
+    offsets = np.frombuffer(arr.buffers()[1], np.int64, count=arr.offset + len(arr) + 1)[arr.offset :]
+    data = memoryview(arr.buffers()[2] or b"")
+    b2 = hashlib.blake2b
+    return np.fromiter(
+        (
+            int.from_bytes(b2(data[a:b], digest_size=8).digest(), "little")
+            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+        ),
+        dtype=np.uint64,
+        count=len(arr),
+    )
+
+
+def id_keys(ids: pa.Array) -> NDArray[np.uint64]:
+    """(N,) key of each sample_id."""
+    return _digests(ids)
+
+
+def row_keys(ids: pa.Array, path: pa.Array, sweep_paths: pa.Array) -> NDArray[np.uint64]:
+    """(N,) key of each (sample_id, path, sweep_paths): equal rows, equal keys."""
+    sweeps = pc.fill_null(pc.binary_join(sweep_paths, "\x1f"), "\x00")
+    count = pc.cast(pc.fill_null(pc.list_value_length(sweep_paths), -1), pa.string())
+    joined = pc.binary_join_element_wise(ids, pc.fill_null(path, "\x00"), count, sweeps, "\x1e")
+    return _digests(joined)
+
+
+class _LazyIds:
+    """``ids[i]``: the sample_id of row ``i`` of the file at ``path``, read from its row group when
+    asked (for messages)."""
+
+    def __init__(self, path: str, file: pq.ParquetFile) -> None:
+        self._path = path
+        sizes = [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)]
+        self._starts = np.cumsum([0, *sizes])
+
+    def __getitem__(self, i: int) -> str:
+        g = int(np.searchsorted(self._starts, int(i), side="right")) - 1
+        with storage.open_read(self._path) as f:
+            col = pq.ParquetFile(f).read_row_group(g, columns=["sample_id"]).column(0)
+        return col[int(i) - int(self._starts[g])].as_py()
+
+
+class SamplesView:
+    """The samples as the plan checks see them: ``column(name)`` / ``column_names`` / ``num_rows`` like
+    a table of the ``NUMERIC`` columns, ``column("sample_id")`` indexable for messages."""
+
+    def __init__(
+        self, numeric: pa.Table, ids: _LazyIds, id_key: NDArray[np.uint64], row_key: NDArray[np.uint64]
+    ):
+        self.numeric, self._ids = numeric, ids
+        self.row_key = row_key
+        self._order = np.argsort(id_key, kind="stable")
+        self._sorted = id_key[self._order]
+        self.num_rows = numeric.num_rows
+        self.column_names = numeric.column_names
+
+    def column(self, name: str):
+        return self._ids if name == "sample_id" else self.numeric.column(name)
+
+    def key_clash(self) -> bool:
+        """True when two sample ids share a key (then ``find`` cannot be trusted)."""
+        return bool(self._sorted.size > 1 and (np.diff(self._sorted) == 0).any())
+
+    def find(self, ids: pa.Array) -> NDArray[np.int64]:
+        """(n,) row of each sample_id in ``ids``, -1 when no sample has its key."""
+        keys = id_keys(ids)
+        at = np.minimum(np.searchsorted(self._sorted, keys), max(self._sorted.size - 1, 0))
+        hit = self._sorted[at] == keys if self._sorted.size else np.zeros(keys.size, dtype=bool)
+        return np.where(hit, self._order[at] if self._sorted.size else -1, -1).astype(np.int64)
+
+
+def read_samples(
+    path: str, file: pq.ParquetFile, root: object, problem: Callable[[str], None]
+) -> tuple[SamplesView, str, str | None]:
+    """Stream ``file`` (the samples.parquet at ``path``, its schema checked), reporting null or unordered ids
+    through ``problem``. Returns (the view, the inputs fingerprint, the first stored-path problem
+    for ``path_root`` ``root`` or None)."""
+    names = file.schema_arrow.names
+    numeric_names = [n for n in NUMERIC if n in names]
+    h, parts, id_parts, row_parts = hashlib.sha256(), [], [], []
+    last, first_row, path_bad = None, 0, None
+    for g in range(file.metadata.num_row_groups):
+        t = file.read_row_group(g)
+        ids = t.column("sample_id").combine_chunks()
+        if ids.null_count:
+            problem(f"{ids.null_count} rows have a null sample_id")
+        elif len(ids):
+            later = pc.less(ids.slice(0, len(ids) - 1), ids.slice(1)).to_numpy(zero_copy_only=False)
+            ok = np.r_[last is None or last < ids[0].as_py(), later]
+            if not ok.all():
+                i = int(np.flatnonzero(~ok)[0])
+                problem(f"sample_id not strictly increasing at row {first_row + i} ({ids[i]})")
+            last = ids[-1].as_py()
+        if path_bad is None:
+            path_bad = paths.path_problem(t, root)
+        fingerprint_update(h, t)
+        parts.append(t.select(numeric_names))
+        id_parts.append(id_keys(ids))
+        row_parts.append(row_keys(ids, t.column("path"), t.column("sweep_paths")))
+        first_row += t.num_rows
+    numeric = (
+        pa.concat_tables(parts).combine_chunks()
+        if parts
+        else file.schema_arrow.empty_table().select(numeric_names)
+    )
+    view = SamplesView(
+        numeric,
+        _LazyIds(path, file),
+        np.concatenate(id_parts) if id_parts else np.empty(0, np.uint64),
+        np.concatenate(row_parts) if row_parts else np.empty(0, np.uint64),
+    )
+    return view, h.hexdigest(), path_bad
