@@ -23,6 +23,7 @@ and the issue #4 target: 1M rows in <= 60 s and <= 2 GiB on 2 cores.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
@@ -36,9 +37,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lidarshard import schemas
-from lidarshard.transforms.arrow import parquet_bytes
+from lidarshard.transforms.arrow import ParquetStream
 
 TARGET_N, TARGET_S, TARGET_GIB = 1_000_000, 60.0, 2.0
+#: Issue #16: at 1M rows every process <= 1 GiB and the tree <= 2 GiB; at 10M every process
+#: <= 2.5 GiB within 15 min, with log-log slopes of time and memory from 1M to 10M <= 1.1.
+SCALE = {1_000_000: (1.0, 2.0, None), 10_000_000: (2.5, None, 900.0)}
+SCALE_SLOPE = 1.1
 GIB = 1 << 30
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -49,14 +54,15 @@ def _strings(prefix: str, ids: pa.Array, suffix: str) -> pa.Array:
     return pc.binary_join_element_wise(pa.scalar(prefix), text, pa.scalar(suffix), "")
 
 
-def synth_samples(n: int, sweeps: int, seed: int = 0) -> pa.Table:
-    """(n rows) of ``lidarshard.schemas.sample_schema()`` sorted by sample_id, with realistic sizes.
+def synth_samples(n: int, sweeps: int, seed: int = 0, start: int = 0) -> pa.Table:
+    """(n rows) of ``lidarshard.schemas.sample_schema()`` sorted by sample_id, with realistic sizes;
+    ids ``start .. start + n - 1`` (consecutive chunks make one sorted table).
 
     occupied_voxels: 2.5% single-frame (~25k), the rest 4x-7x that by scene type with ~10%
     spread (``balance_bench.synth_costs``); num_points ~ 34,688 per frame times (1 + sweeps).
     """
-    rng = np.random.default_rng(seed)
-    idx = pa.array(np.arange(n, dtype=np.int64))
+    rng = np.random.default_rng([seed, start])
+    idx = pa.array(np.arange(start, start + n, dtype=np.int64))
     single = rng.random(n) < 0.025
     mult = np.linspace(4.0, 7.0, 8)[rng.choice(8, n, p=rng.dirichlet(np.full(8, 2.0)))]
     voxels = (25_000.0 * np.where(single, 1.0, mult) * rng.lognormal(0.0, 0.1, n)).astype(np.int64)
@@ -64,7 +70,7 @@ def synth_samples(n: int, sweeps: int, seed: int = 0) -> pa.Table:
     root = "/data/nuscenes/"
     flat = _strings(
         root + "sweeps/LIDAR_TOP/n015-2018-07-24-11-22-45+0800__LIDAR_TOP__",
-        pa.array(np.arange(n * sweeps, dtype=np.int64)),
+        pa.array(np.arange(start * sweeps, (start + n) * sweeps, dtype=np.int64)),
         ".pcd.bin",
     )
     offsets = pa.array(
@@ -96,6 +102,24 @@ def synth_samples(n: int, sweeps: int, seed: int = 0) -> pa.Table:
         cols |= {f"{axis}_min": lo, f"{axis}_max": hi, f"{axis}_p01": lo * 0.9, f"{axis}_p99": hi * 0.9}
     schema = schemas.sample_schema()
     return pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)
+
+
+def write_samples(path: Path, n: int, sweeps: int, chunk: int = 1_000_000) -> None:
+    """``synth_samples`` of ``n`` rows written to ``path`` ``chunk`` rows at a time (10M rows with 9
+    sweeps would not fit in memory at once), in a child process: ``wait4``'s peak RSS of a child
+    counts the parent's at fork, so the benchmark process itself must stay small."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from plan_bench import _write_chunks; "
+        "_write_chunks(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))"
+    )
+    here = str(Path(__file__).resolve().parent)
+    subprocess.run([sys.executable, "-c", code, here, str(path), str(n), str(sweeps), str(chunk)], check=True)
+
+
+def _write_chunks(path: str, n: int, sweeps: int, chunk: int) -> None:
+    with open(path, "wb") as sink, ParquetStream(sink, schemas.sample_schema()) as out:
+        for start in range(0, n, chunk):
+            out.write(synth_samples(min(chunk, n - start), sweeps, start=start))
 
 
 def _tree_rss(root: int) -> dict[int, int]:
@@ -140,7 +164,7 @@ def measure(cmd: list[str], timeout: float) -> dict[str, float]:
             os.killpg(proc.pid, 9)
             os.wait4(proc.pid, 0)
             raise TimeoutError(f"{cmd[:4]} ran past {timeout} s")
-        time.sleep(0.1)
+        time.sleep(0.05)
     wall = time.perf_counter() - t0
     log.seek(0)
     out = log.read().decode(errors="replace")
@@ -174,9 +198,17 @@ def _runner_flags(name: str, workers: int) -> list[str]:
     raise ValueError(f"unknown runner {name!r}: direct or dask")
 
 
-def _tree_digest(root: Path) -> dict[str, bytes]:
-    """{relative path: bytes} of every file under ``root`` (outputs are small next to the input)."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+def _tree_digest(root: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under ``root``."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                while block := f.read(1 << 22):
+                    h.update(block)
+            out[str(p.relative_to(root))] = h.hexdigest()
+    return out
 
 
 def _build(out: Path, samples: Path, flags: list[str], timeout: float) -> dict[str, float]:
@@ -205,6 +237,32 @@ def _print_slopes(rows: list[tuple[int, dict]], label: str) -> None:
             f"{label}: log-log slope {n0} -> {n1}: "
             + ", ".join(f"{name} {slope([n0, n1], [m0[k], m1[k]]):.2f}" for name, k in keys)
         )
+
+
+def _print_scale_targets(rows: list[tuple[int, dict]], label: str) -> None:
+    """Issue #16's targets for the sizes that were run."""
+    got = dict(rows)
+    for n, (proc, tree, secs) in SCALE.items():
+        if n not in got:
+            continue
+        m = got[n]
+        biggest = max(m["max_rss"], m["proc_rss"])
+        checks = [
+            f"every process {biggest / GIB:.2f} <= {proc} GiB: {'MET' if biggest <= proc * GIB else 'MISSED'}"
+        ]
+        if tree is not None:
+            ok = m["tree_rss"] <= tree * GIB
+            checks.append(f"tree {m['tree_rss'] / GIB:.2f} <= {tree} GiB: {'MET' if ok else 'MISSED'}")
+        if secs is not None:
+            checks.append(f"{m['wall_s']:.0f} <= {secs:.0f} s: {'MET' if m['wall_s'] <= secs else 'MISSED'}")
+        print(f"{label} target at {n}: " + "; ".join(checks))
+    if all(n in got for n in SCALE):
+        (a, ma), (b, mb) = ((n, got[n]) for n in SCALE)
+        for name, key in (("time", "wall_s"), ("max RSS", "max_rss"), ("tree RSS", "tree_rss")):
+            k = slope([a, b], [ma[key], mb[key]])
+            print(
+                f"{label} target slope {name} {a} -> {b}: {k:.2f} <= {SCALE_SLOPE}: {'MET' if k <= SCALE_SLOPE else 'MISSED'}"
+            )
 
 
 def _print_target(n: int, m: dict) -> None:
@@ -243,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             t = time.perf_counter()
             path = work / f"samples-{n}.parquet"
-            path.write_bytes(parquet_bytes(synth_samples(n, args.sweeps)))  # as scan/build write it
+            write_samples(path, n, args.sweeps)  # as scan/build write it
             wrote = time.perf_counter() - t
             outputs = {}
             for name, flags in runners.items():
@@ -279,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_slopes(got[1:] if args.baseline else got, name)
         for n, m in got:
             _print_target(n, m)
+        _print_scale_targets(got, name)
     print("(1.0 = linear; N log N from 1M to 5M is 1.07)")
     return 0
 

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from lidarshard.transforms import storage
@@ -116,3 +117,27 @@ def test_arrow_backend_round_trip_and_filesystem_cache() -> None:
     assert sorted(storage.list_files(root)) == ["b.bin", "t.parquet"]
     info = storage_arrow._arrow_fs.cache_info()
     assert info.misses == 1 and info.hits > 5  # one filesystem object for every call on the bucket
+
+
+def test_streams_local_and_arrow(tmp_path: Path) -> None:
+    """open_write: the file appears when the block ends, never on an error; open_read seeks."""
+    storage_arrow._arrow_fs.cache_clear()
+    for root in (str(tmp_path / "run"), "mock://bucket/streams"):
+        path = storage.join(root, "d", "t.parquet")
+        with storage.open_write(path) as f:
+            pq.write_table(pa.table({"x": [1, 2, 3]}), f)
+        with storage.open_read(path) as f:
+            assert pq.ParquetFile(f).read().column("x").to_pylist() == [1, 2, 3]
+    half = str(tmp_path / "run" / "half.bin")
+    with pytest.raises(RuntimeError), storage.open_write(half) as f:
+        f.write(b"partial")
+        raise RuntimeError("worker died")
+    assert sorted(os.listdir(tmp_path / "run")) == ["d"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs mkfifo")
+def test_open_read_refuses_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "samples.parquet"
+    os.mkfifo(fifo)
+    with pytest.raises(storage.NotRegularFileError):
+        storage.open_read(str(fifo))

@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 #: Rows per Parquet row group (the last one of a file may be shorter).
-ROW_GROUP_ROWS = 1 << 16
+ROW_GROUP_ROWS = 1 << 14
 #: Fixed writer settings: the same table always gives the same bytes.
 _PARQUET_OPTIONS = {"compression": "zstd", "use_dictionary": True}
 

@@ -113,10 +113,11 @@ def read_samples(
     for ``path_root`` ``root`` or None)."""
     names = file.schema_arrow.names
     numeric_names = [n for n in NUMERIC if n in names]
+    columns = ["sample_id", *(n for n in paths.PATH_COLUMNS if n in names), *numeric_names]
     h, parts, id_parts, row_parts = hashlib.sha256(), [], [], []
     last, first_row, path_bad = None, 0, None
     for g in range(file.metadata.num_row_groups):
-        t = file.read_row_group(g)
+        t = file.read_row_group(g, columns=columns)
         ids = t.column("sample_id").combine_chunks()
         if ids.null_count:
             problem(f"{ids.null_count} rows have a null sample_id")

@@ -89,11 +89,11 @@ def rewrite_scored(
     scored = schemas.scored_schema()
     h, first, done = hashlib.sha256(), 0, 0
     with ParquetStream(sink, scored) as out:
-        for g in range(file.metadata.num_row_groups):
+        for g in range(file.metadata.num_row_groups):  # (iter_batches reads ahead: more memory)
             t = file.read_row_group(g, columns=names).select(names).cast(schemas.sample_schema())
             mask = keep[first : first + t.num_rows]
             first += t.num_rows
-            t = reroot(t.filter(pa.array(mask)))
+            t = reroot(t if mask.all() else t.filter(pa.array(mask)))
             fingerprint_update(h, t)
             n = t.num_rows
             t = t.append_column(scored.field("cost"), pa.array(cost[done : done + n], pa.float64()))

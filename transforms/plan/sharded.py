@@ -37,8 +37,8 @@ __all__ = [
 NUMERIC_INPUT = ["cost", "bucket_id", "num_points"]
 #: The scored columns every plan row copies from its sample.
 COPIED = ["sample_id", "path", "sweep_paths", "cost", "bucket_id"]
-#: Samples one (epoch, shard) task holds: 4 row groups of samples.parquet (``arrow.ROW_GROUP_ROWS``).
-ROWS_PER_SHARD = 1 << 18
+#: Samples one (epoch, shard) task holds (4 row groups of samples.parquet, ``arrow.ROW_GROUP_ROWS``).
+ROWS_PER_SHARD = 1 << 16  # 4 row groups
 
 _FIXED = ("step", "slot", "rank_count", "global_count")
 
