@@ -23,6 +23,7 @@ import hashlib
 import os
 import re
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -183,7 +184,13 @@ class _Checker:
         return good
 
     def samples(
-        self, usable: bool, want: pa.Schema, counts: dict, fingerprint: str, root: object = False
+        self,
+        usable: bool,
+        want: pa.Schema,
+        counts: dict,
+        fingerprint: str,
+        root: object = False,
+        model_cost: Callable[[pa.Table], np.ndarray] | None = None,
     ) -> SamplesView | None:
         """samples.parquet streamed (``validate_samples``); stored paths checked against a manifest's
         ``path_root`` ``root`` (``False``: not checked, a scan directory)."""
@@ -199,7 +206,7 @@ class _Checker:
                     self.problem(rel, bad)
                     return None
                 view, digest, path_bad = read_samples(
-                    path, file, root or None, lambda what: self.problem(rel, what)
+                    path, file, root or None, lambda what: self.problem(rel, what), model_cost
                 )
         except (pa.ArrowException, OSError) as e:
             self.problem(rel, f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})")
@@ -256,16 +263,24 @@ def _load_json(c: _Checker, rel: str) -> dict:
     return obj
 
 
-def _check_scored(c: _Checker, m: dict, samples: pa.Table) -> None:
+def _model_cost(m: dict) -> tuple[Callable[[pa.Table], np.ndarray] | None, str | None]:
+    """(row group -> costs under the recorded cost model, or None for "given" costs; the reason the
+    model cannot be applied, or None)."""
+    try:
+        model = CostModel(**m["cost_model"])
+    except (TypeError, ValueError, KeyError) as e:
+        return None, f"cost_model {short(m.get('cost_model'))} cannot be applied ({e})"
+    # "given": costs came with the samples (lidarshard.write_manifest), nothing to re-derive
+    return (None if model.name == "given" else lambda t: sample_costs(t, model)), None
+
+
+def _check_scored(c: _Checker, m: dict, samples: SamplesView, bad_model: str | None) -> None:
     """Costs from the recorded cost model, bucket ids from the edges, bucket counts."""
     rel = schemas.SAMPLES_FILE
     cost = samples.column("cost").to_numpy()
-    try:
-        model = CostModel(**m["cost_model"])
-        # "given": costs came with the samples (lidarshard.write_manifest), nothing to re-derive
-        want = cost if model.name == "given" else sample_costs(samples, model)
-    except (TypeError, ValueError, KeyError) as e:
-        c.problem("_manifest.json", f"cost_model {short(m.get('cost_model'))} cannot be applied ({e})")
+    want = cost if samples.model_cost is None else samples.model_cost
+    if bad_model:
+        c.problem("_manifest.json", bad_model)
     else:
         bad = np.flatnonzero(~np.isclose(cost, want, rtol=1e-12, atol=0))
         if bad.size:
@@ -361,14 +376,15 @@ def _check_manifest(c: _Checker) -> str:
         raise Invalid("_manifest.json: 'files' is not a JSON object")
     complete = _check_listed(c, m["files"], w, epochs)
     good = c.files(m["files"])
+    model_cost, bad_model = _model_cost(m)
     samples = c.samples(
         schemas.SAMPLES_FILE in good, schemas.scored_schema(), m["counts"], m["inputs_fingerprint"],
-        m.get("path_root"),
+        m.get("path_root"), model_cost if bad_model is None else None,
     )  # fmt: skip
     c.rejects(schemas.REJECTS_FILE in good, m["counts"])
     if samples is None:
         return "samples.parquet unusable"
-    _check_scored(c, m, samples)
+    _check_scored(c, m, samples, bad_model)
     rows = 0
     per_step = None if m["strategy"] in VARIABLE_COUNT else b
     try:

@@ -24,8 +24,9 @@ from lidarshard.transforms.features.accounting import fingerprint_update
 
 __all__ = ["NUMERIC", "SamplesView", "id_keys", "row_keys", "read_samples"]
 
-#: Sample columns kept whole (those absent from a scan's samples are skipped).
-NUMERIC = ["cost", "bucket_id", "num_points", "num_in_range", "occupied_voxels", "file_bytes"]
+#: Sample columns kept whole (those absent from a scan's samples are skipped): what plans are
+#: checked and re-planned from, 20 bytes a sample.
+NUMERIC = ["cost", "bucket_id", "num_points"]
 
 
 def _digests(values: pa.Array) -> NDArray[np.uint64]:
@@ -81,10 +82,15 @@ class SamplesView:
     a table of the ``NUMERIC`` columns, ``column("sample_id")`` indexable for messages."""
 
     def __init__(
-        self, numeric: pa.Table, ids: _LazyIds, id_key: NDArray[np.uint64], row_key: NDArray[np.uint64]
+        self,
+        numeric: pa.Table,
+        ids: _LazyIds,
+        id_key: NDArray[np.uint64],
+        row_key: NDArray[np.uint64],
+        model_cost: NDArray[np.float64] | None = None,
     ):
         self.numeric, self._ids = numeric, ids
-        self.row_key = row_key
+        self.row_key, self.model_cost = row_key, model_cost
         self._order = np.argsort(id_key, kind="stable")
         self._sorted = id_key[self._order]
         self.num_rows = numeric.num_rows
@@ -106,15 +112,25 @@ class SamplesView:
 
 
 def read_samples(
-    path: str, file: pq.ParquetFile, root: object, problem: Callable[[str], None]
+    path: str,
+    file: pq.ParquetFile,
+    root: object,
+    problem: Callable[[str], None],
+    model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
 ) -> tuple[SamplesView, str, str | None]:
     """Stream ``file`` (the samples.parquet at ``path``, its schema checked), reporting null or unordered ids
-    through ``problem``. Returns (the view, the inputs fingerprint, the first stored-path problem
-    for ``path_root`` ``root`` or None)."""
+    through ``problem``; ``model_cost(row group) -> (n,)`` costs are kept as ``view.model_cost``
+    (the feature columns they need are not). Returns (the view, the inputs fingerprint, the first
+    stored-path problem for ``path_root`` ``root`` or None)."""
     names = file.schema_arrow.names
     numeric_names = [n for n in NUMERIC if n in names]
-    columns = ["sample_id", *(n for n in paths.PATH_COLUMNS if n in names), *numeric_names]
-    h, parts, id_parts, row_parts = hashlib.sha256(), [], [], []
+    features = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]  # fingerprint, cost models
+    columns = list(
+        dict.fromkeys(
+            ["sample_id", *(n for n in paths.PATH_COLUMNS if n in names), *numeric_names, *features]
+        )
+    )
+    h, parts, id_parts, row_parts, costs = hashlib.sha256(), [], [], [], []
     last, first_row, path_bad = None, 0, None
     for g in range(file.metadata.num_row_groups):
         t = file.read_row_group(g, columns=columns)
@@ -132,6 +148,8 @@ def read_samples(
             path_bad = paths.path_problem(t, root)
         fingerprint_update(h, t)
         parts.append(t.select(numeric_names))
+        if model_cost is not None:
+            costs.append(model_cost(t))
         id_parts.append(id_keys(ids))
         row_parts.append(row_keys(ids, t.column("path"), t.column("sweep_paths")))
         first_row += t.num_rows
@@ -145,5 +163,6 @@ def read_samples(
         _LazyIds(path, file),
         np.concatenate(id_parts) if id_parts else np.empty(0, np.uint64),
         np.concatenate(row_parts) if row_parts else np.empty(0, np.uint64),
+        (np.concatenate(costs) if costs else np.empty(0)) if model_cost is not None else None,
     )
     return view, h.hexdigest(), path_bad
