@@ -407,9 +407,11 @@ def _check_manifest(c: _Checker) -> str:
                 ranks.append(t.select(["step", "slot", "rank", "rank_count", "global_count"]))
                 found.append(idx)
         if len(ranks) == w:
-            table = pa.concat_tables(ranks)
-            plan = padded_plan(np.concatenate(found), table, steps[e], w)
+            table, idx = pa.concat_tables(ranks).combine_chunks(), np.concatenate(found)
+            ranks, found = [], []  # (held through the re-plan otherwise)
+            plan = padded_plan(idx, table, steps[e], w)
             check_counts(c.problems, e, table, plan, per_step)
+            del table, idx
             check_caps(c.problems, e, caps, plan, samples)
             check_epoch(c.problems, m, e, plan, samples)
             check_replan(c.problems, m, e, plan, samples, caps)

@@ -91,7 +91,7 @@ class SamplesView:
     ):
         self.numeric, self._ids = numeric, ids
         self.row_key, self.model_cost = row_key, model_cost
-        self._order = np.argsort(id_key, kind="stable")
+        self._order = np.argsort(id_key, kind="stable").astype(np.int32 if id_key.size < 2**31 else np.int64)
         self._sorted = id_key[self._order]
         self.num_rows = numeric.num_rows
         self.column_names = numeric.column_names
