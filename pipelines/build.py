@@ -15,7 +15,9 @@ import sys
 from collections.abc import Sequence
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
@@ -23,6 +25,7 @@ from lidarshard.pipelines import launch, options
 from lidarshard.transforms import paths, storage
 from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, scan_results
 from lidarshard.transforms.beam.tagged import GatherTagged, tag
+from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.plan import manifest
 from lidarshard.transforms.plan.epochs import PlanConfig
@@ -60,14 +63,24 @@ def _check_and_score(
         scanned, samples, rejects, args["max_reject"], args["rejects_out"],
         lambda s, r: manifest.reject_over_cap(s, r, model, cfg),
     )  # fmt: skip
+    label_root = args["root"] if args["from_samples"] else None  # a scan's paths are still absolute
+    samples, weights = repeat.sample_weights(samples, cfg.repeat, lambda p: _read_label(p, label_root))
     if samples.num_rows and args["root"] is not None and not args["from_samples"]:  # re-rooted when read
         samples = paths.relative_to(samples, args["root"])
-    return manifest.score_samples(samples, rejects, counts, model, cfg, _writer(args["staging"]))
+    return manifest.score_samples(
+        samples, rejects, counts, model, cfg, _writer(args["staging"]), weights=weights
+    )
 
 
-def _previous(path: str, new_root: str | None) -> tuple[int, pa.Table, pa.Table]:
+def _read_label(path: str, root: str | None) -> bytes:
+    """A lidarseg label file; a relative ``path`` resolves under ``root``."""
+    return storage.read_bytes(paths.join_root(root, path) if root and paths.is_relative(path) else path)
+
+
+def _previous(path: str, new_root: str | None, weight_column: str | None) -> tuple[int, pa.Table, pa.Table]:
     """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``, with its
-    sample paths re-rooted from the earlier run's ``path_root`` onto ``new_root``."""
+    sample paths re-rooted from the earlier run's ``path_root`` onto ``new_root``; ``weight_column``
+    (``--sample-weights``) rides along as ``repeat.WEIGHT_COLUMN``, matched by sample_id."""
     samples = options.read_previous_samples(path)
     root = path.rsplit("/", 1)[0] if "/" in path else "."
     samples = paths.relative_to(paths.absolute(samples, options.previous_root(path)), new_root)
@@ -75,6 +88,11 @@ def _previous(path: str, new_root: str | None) -> tuple[int, pa.Table, pa.Table]
         rejects = storage.read_parquet(storage.join(root, schemas.REJECTS_FILE))
     except OSError:
         rejects = schemas.reject_schema().empty_table()
+    if weight_column is not None:  # the raw table's row order differs from the sorted samples
+        raw = storage.read_parquet(path, columns=["sample_id", weight_column])
+        at = pc.index_in(samples.column("sample_id"), value_set=raw.column("sample_id")).to_numpy()
+        values = repeat.column_weights(raw, weight_column)[at.astype(np.int64)]
+        samples = samples.append_column(repeat.WEIGHT_COLUMN, pa.array(values, pa.float64()))
     return samples.num_rows + rejects.num_rows, samples, rejects
 
 
@@ -114,7 +132,9 @@ def build_pipeline(
             | "Previous" >> beam.Create([args.from_samples])
             | "CheckAndScore"
             >> beam.Map(
-                lambda path: _check_and_score(*_previous(path, args.relative_to), model, cfg, settings)
+                lambda path: _check_and_score(
+                    *_previous(path, args.relative_to, args.sample_weights), model, cfg, settings
+                )
             )
         )
     else:
@@ -168,11 +188,45 @@ def prepare(args: argparse.Namespace, dry_run: bool = False) -> tuple[PlanConfig
     elif look:
         options.check_input(args.input)
         options.check_nuscenes(args.input, args.nuscenes_version)
+    if look:
+        _check_weights(args, cfg)
     if args.max_reject_fraction is None:
         args.max_reject_fraction = options.DEFAULT_REJECT_FRACTION
     options.check_output(args.output, [args.input], publish=not dry_run)
     args.rejects_out = launch.rejects_path(args.output)
     return cfg, model
+
+
+def _check_weights(args: argparse.Namespace, cfg: PlanConfig) -> None:
+    """``--sample-weights`` names a good column of the ``--from-samples`` table; ``--repeat-factors``
+    has lidarseg labels to read (a dataroot with ``lidarseg.json``, or labelled samples)."""
+    if args.sample_weights is not None:
+        if not args.from_samples:
+            raise launch.UsageError(
+                f"--sample-weights {args.sample_weights} reads a column of a --from-samples table: "
+                "add --from-samples PREV/samples.parquet"
+            )
+        table = storage.read_parquet(args.from_samples)
+        try:
+            repeat.check_weights(table, args.sample_weights, cfg.max_plan_factor)
+        except ValueError as e:
+            raise launch.UsageError(f"--sample-weights {e}") from None
+    if cfg.repeat.threshold is None:
+        return
+    if args.from_samples:
+        labelled = storage.read_parquet(args.from_samples, columns=["label_path"]).column("label_path")
+        if labelled.null_count == len(labelled):
+            raise launch.UsageError(
+                f"--repeat-factors: no sample of {args.from_samples} has lidarseg labels (label_path)"
+            )
+    elif not args.nuscenes_version or not storage.exists(
+        storage.join(args.input, args.nuscenes_version, "lidarseg.json")
+    ):
+        where = f"{args.input}/{args.nuscenes_version}" if args.nuscenes_version else args.input
+        raise launch.UsageError(
+            f"--repeat-factors reads lidarseg labels: {where} has no lidarseg.json "
+            "(a nuScenes dataroot with lidarseg, read with --nuscenes-version)"
+        )
 
 
 def launch_build(
