@@ -188,8 +188,7 @@ def prepare(args: argparse.Namespace, dry_run: bool = False) -> tuple[PlanConfig
     elif look:
         options.check_input(args.input)
         options.check_nuscenes(args.input, args.nuscenes_version)
-    if look:
-        _check_weights(args, cfg)
+    _check_weights(args, cfg, look)
     if args.max_reject_fraction is None:
         args.max_reject_fraction = options.DEFAULT_REJECT_FRACTION
     options.check_output(args.output, [args.input], publish=not dry_run)
@@ -197,15 +196,18 @@ def prepare(args: argparse.Namespace, dry_run: bool = False) -> tuple[PlanConfig
     return cfg, model
 
 
-def _check_weights(args: argparse.Namespace, cfg: PlanConfig) -> None:
+def _check_weights(args: argparse.Namespace, cfg: PlanConfig, look: bool) -> None:
     """``--sample-weights`` names a good column of the ``--from-samples`` table; ``--repeat-factors``
-    has lidarseg labels to read (a dataroot with ``lidarseg.json``, or labelled samples)."""
+    has lidarseg labels to read (a dataroot with ``lidarseg.json``, or labelled samples). Files are
+    only looked at with ``look`` (not in an offline dry run)."""
+    if args.sample_weights is not None and not args.from_samples:
+        raise launch.UsageError(
+            f"--sample-weights {args.sample_weights} reads a column of a --from-samples table: "
+            "add --from-samples PREV/samples.parquet"
+        )
+    if not look:
+        return
     if args.sample_weights is not None:
-        if not args.from_samples:
-            raise launch.UsageError(
-                f"--sample-weights {args.sample_weights} reads a column of a --from-samples table: "
-                "add --from-samples PREV/samples.parquet"
-            )
         table = storage.read_parquet(args.from_samples)
         try:
             repeat.check_weights(table, args.sample_weights, cfg.max_plan_factor)
