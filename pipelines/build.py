@@ -260,6 +260,15 @@ def print_summary(out: str) -> None:
             f"{b['random_linearity']:.4f}  {b['spearman_step_cost']:+.3f}  "
             f"{b.get('mean_count', m['batch_size']):>20.3f} {b.get('max_count', m['batch_size']):>3}"
         )
+    if m.get("repeat"):
+        rep = m["repeat"]
+        print(
+            f"weights {rep['mode']}: copies per epoch expected/realized (mean of epochs), per class: "
+            + ", ".join(
+                f"{k} {v:.1f}/{sum(r.get(k, 0.0) for r in rep['realized']) / len(rep['realized']):.1f}"
+                for k, v in sorted(rep["expected"].items(), key=lambda kv: (len(kv[0]), kv[0]))
+            )
+        )
     if m.get("pair_repeat_rate"):
         print(
             "pair repeat rate epoch 0->1: "
