@@ -1,6 +1,7 @@
 """Balance benchmark: predicted DDP linearity of every strategy against the equal-count bound.
 
     python benchmarks/balance_bench.py [--quick] [--costs costs.npy|samples.parquet] [--n 65536]
+    python benchmarks/balance_bench.py --timing [--timing-n 1000000]   # only the planning times
 
 Prints one row per (cost distribution, W, B): the bound and each strategy's linearity
 (sum of mean rank cost / sum of max rank cost), and the pair-repeat rate (% of the pairs sharing
@@ -8,7 +9,8 @@ a step in epoch 0 that share one in epoch 1) of balanced and random. A second ta
 linearity and diversity side by side for every strategy: linearity minus the bound, the pair
 repeat rate as a multiple of ``random``'s, and ``mate_cost_correlation`` (0 = every step holds the
 whole size mix, 1 = steps of cost neighbours). Then the targets and the planning time of one
-1M-sample epoch (W=64, B=2) as a ratio against ``random`` in the same process. ``budget`` (equal
+1M-sample epoch (W=64, B=2) as a ratio against ``random`` in the same process, and ``budget``'s
+time as a ratio against ``balanced``'s on the same pool (``--timing``: only this part). ``budget`` (equal
 cost per rank-step, variable counts) also prints its mean samples per rank-step as a multiple of
 B, its targets, and a caps table: a heavy-tailed pool, the most points any rank gets at one step
 per strategy against a --max-points-per-rank-step cap.
@@ -152,16 +154,17 @@ def caps_table(n: int, w: int = 16, b: int = 2) -> None:
         )
 
 
-def time_1m(n: int) -> None:
+def time_plans(n: int) -> None:
+    """Wall time of one epoch per strategy on the same pool, as ratios against random and balanced."""
     costs = np.random.default_rng(SEED).lognormal(0.0, 1.0, n - n % 128)
     print(f"\nplan_epoch time, {costs.size:,} samples, W=64 B=2 (lognormal sigma=1.0):")
-    base = None
+    took = {}
     for name in STRATEGIES:
         t = time.perf_counter()
         plan_epoch(name, costs, 64, 2, seed=SEED, epoch=0)
-        dt = time.perf_counter() - t
-        base = dt if name == "random" else base
-        print(f"  {name:<11}{dt:8.3f} s   x{dt / base:6.1f} random")
+        took[name] = time.perf_counter() - t
+        print(f"  {name:<11}{took[name]:8.3f} s   x{took[name] / took['random']:6.1f} random")
+    print(f"  budget / balanced: x{took['budget'] / took['balanced']:.1f} on the same pool")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -170,7 +173,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--costs", type=Path, help="real costs: .npy, or Parquet with --column")
     ap.add_argument("--column", default="cost")
     ap.add_argument("--n", type=int, default=65_536, help="samples per synthetic distribution")
+    ap.add_argument("--timing", action="store_true", help="only the planning times (no tables)")
+    ap.add_argument("--timing-n", type=int, help="pool size of the planning times (default 1M, --quick 200k)")
     args = ap.parse_args(argv)
+    timing_n = args.timing_n or (200_000 if args.quick else 1_000_000)
+    if args.timing:
+        time_plans(timing_n)
+        return
     n = 16_384 if args.quick else args.n
     rng = np.random.default_rng(SEED)
     dists = {f"logn{s}": rng.lognormal(0.0, s, n) for s in (0.3, 0.6, 1.0)}
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     print_diversity(rows)
     check_targets(rows)
     caps_table(n)
-    time_1m(200_000 if args.quick else 1_000_000)
+    time_plans(timing_n)
 
 
 if __name__ == "__main__":

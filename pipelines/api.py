@@ -28,6 +28,7 @@ from lidarshard import schemas
 from lidarshard.pipelines import _output, launch, options
 from lidarshard.pipelines import build as build_cmd
 from lidarshard.transforms import storage
+from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.plan import manifest
 
@@ -36,7 +37,7 @@ __all__ = ["build", "write_manifest", "summary"]
 #: The keyword arguments ``write_manifest`` takes besides its own (the plan flags).
 _PLAN_KEYS = {"epochs", "seed", "strategy", "buckets", "bucket_weights", "max_plan_factor", "pad", "drop_last",
               "max_reject_fraction", "max_points_per_rank_step", "max_cost_per_rank_step",
-              "max_samples_per_rank_step"}  # fmt: skip
+              "max_samples_per_rank_step", "repeat_factors", "sample_weights"}  # fmt: skip
 #: What ``write_manifest`` records instead of a scan's provenance.
 _CREATED_BY = f"lidarshard {launch.VERSION} write_manifest"
 
@@ -117,8 +118,9 @@ def build(
     return summary(args.output)
 
 
-def _samples_table(samples: Any) -> pa.Table:
-    """A pyarrow Table or pandas DataFrame -> the samples schema, sorted by sample_id."""
+def _samples_table(samples: Any, args: argparse.Namespace) -> pa.Table:
+    """A pyarrow Table or pandas DataFrame -> the samples schema (plus ``cost`` and the
+    ``--sample-weights`` column as ``repeat.WEIGHT_COLUMN`` when given), sorted by sample_id."""
     table = samples if isinstance(samples, pa.Table) else pa.Table.from_pandas(samples, preserve_index=False)
     missing = [c for c in ("sample_id", "path") if c not in table.column_names]
     if missing:
@@ -147,6 +149,14 @@ def _samples_table(samples: Any) -> pa.Table:
     out = pa.Table.from_arrays(cols, schema=want)
     if "cost" in table.column_names:
         out = out.append_column("cost", table.column("cost").cast(pa.float64()))
+    if args.sample_weights is not None:
+        try:
+            w = repeat.check_weights(table, args.sample_weights, args.max_plan_factor)
+        except ValueError as e:
+            raise launch.UsageError(f"sample_weights {e}") from None
+        out = out.append_column(repeat.WEIGHT_COLUMN, pa.array(w, pa.float64()))
+    if args.repeat_factors is not None and out.column("label_path").null_count == n:
+        raise launch.UsageError("repeat_factors: no sample has a label_path (lidarseg labels) to read")
     return out.sort_by("sample_id")
 
 
@@ -172,17 +182,19 @@ def write_manifest(
             rejects.parquet and the counts.
         cost_model: as ``--cost-model``; None uses the ``cost`` column when there is one, else voxels.
         **flags: the other plan flags in snake case (``epochs``, ``seed``, ``strategy``, ``buckets``,
-            ``bucket_weights``, ``pad``, ``max_plan_factor``, ``max_reject_fraction``).
+            ``bucket_weights``, ``pad``, ``max_plan_factor``, ``max_reject_fraction``, caps);
+            ``sample_weights="COLUMN"`` takes per-sample weights from that column of ``samples``,
+            ``repeat_factors="lidarseg:t=T"`` reads each ``label_path`` (as given) for LVIS repeat factors.
     """
-    table = _samples_table(samples)
-    given = cost_model is None and "cost" in table.column_names
-    if cost_model is None and not given:
-        cost_model = "voxels"
     unknown = sorted(set(flags) - _PLAN_KEYS)
     if unknown:
         raise launch.UsageError(f"write_manifest takes the plan flags only, not {', '.join(unknown)}")
-    plan_flags = dict(flags) | ({"cost_model": cost_model} if cost_model else {})
+    given = cost_model is None and "cost" in (
+        samples.column_names if isinstance(samples, pa.Table) else list(samples.columns)
+    )
+    plan_flags = dict(flags) | ({"cost_model": cost_model or "voxels"} if not given else {})
     args = _parse([out], world_size, batch_size, plan_flags)
+    table = _samples_table(samples, args)
     cfg = options.plan_config(args)
     model = CostModel("given") if given else options.cost_model(args.cost_model)
     out = storage.absolute(out)
@@ -191,7 +203,11 @@ def write_manifest(
         options.DEFAULT_REJECT_FRACTION if args.max_reject_fraction is None else args.max_reject_fraction
     )
     costs = table.column("cost") if given else None
-    base = table.select([f.name for f in schemas.sample_schema()])
+    keep = [
+        *(f.name for f in schemas.sample_schema()),
+        *([repeat.WEIGHT_COLUMN] if args.sample_weights else []),
+    ]
+    base = table.select(keep)
     rejects = (
         schemas.reject_schema().empty_table() if rejects is None else rejects.cast(schemas.reject_schema())
     )
@@ -210,7 +226,8 @@ def write_manifest(
     staging = _output.new_staging(out)
     try:
         write = _writer(staging)
-        checked = manifest.score_samples(settled, rejects, counts, model, cfg, write, costs)
+        settled, weights = repeat.sample_weights(settled, cfg.repeat, storage.read_bytes)
+        checked = manifest.score_samples(settled, rejects, counts, model, cfg, write, costs, weights)
         scored = storage.read_parquet(
             storage.join(staging, schemas.SAMPLES_FILE), columns=manifest.PLAN_INPUT
         )

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
@@ -33,7 +34,7 @@ from lidarshard.transforms import paths, storage
 from lidarshard.transforms.arrow import parquet_bytes, read_rows
 from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, scan_results
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
-from lidarshard.transforms.features import previous
+from lidarshard.transforms.features import previous, repeat
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.plan import manifest, sharded
 from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs, bucket_info, repeat_rates
@@ -74,9 +75,18 @@ def _check_and_score(
         scanned, samples, rejects, args["max_reject"], args["rejects_out"],
         lambda s, r: manifest.reject_over_cap(s, r, model, cfg),
     )  # fmt: skip
+    label_root = args["root"] if args["from_samples"] else None  # a scan's paths are still absolute
+    samples, weights = repeat.sample_weights(samples, cfg.repeat, lambda p: _read_label(p, label_root))
     if samples.num_rows and args["root"] is not None and not args["from_samples"]:  # re-rooted when read
         samples = paths.relative_to(samples, args["root"])
-    return manifest.score_samples(samples, rejects, counts, model, cfg, _writer(args["staging"]))
+    return manifest.score_samples(
+        samples, rejects, counts, model, cfg, _writer(args["staging"]), weights=weights
+    )
+
+
+def _read_label(path: str, root: str | None) -> bytes:
+    """A lidarseg label file; a relative ``path`` resolves under ``root``."""
+    return storage.read_bytes(paths.join_root(root, path) if root and paths.is_relative(path) else path)
 
 
 def _previous_rejects(path: str) -> pa.Table:
@@ -87,29 +97,38 @@ def _previous_rejects(path: str) -> pa.Table:
         return schemas.reject_schema().empty_table()
 
 
-def _previous(path: str, new_root: str | None) -> tuple[int, pa.Table, pa.Table]:
+def _previous(path: str, new_root: str | None, weight_column: str | None) -> tuple[int, pa.Table, pa.Table]:
     """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``, with its
-    sample paths re-rooted from the earlier run's ``path_root`` onto ``new_root``. Holds the table:
-    for an input whose ids are not sorted (``_settle_previous`` streams the others)."""
+    sample paths re-rooted from the earlier run's ``path_root`` onto ``new_root``; ``weight_column``
+    (``--sample-weights``) rides along as ``repeat.WEIGHT_COLUMN``, matched by sample_id. Holds the
+    table: for inputs ``_settle_previous`` does not stream."""
     samples = options.read_previous_samples(path)
     samples = paths.relative_to(paths.absolute(samples, options.previous_root(path)), new_root)
     rejects = _previous_rejects(path)
+    if weight_column is not None:  # the raw table's row order differs from the sorted samples
+        raw = storage.read_parquet(path, columns=["sample_id", weight_column])
+        at = pc.index_in(samples.column("sample_id"), value_set=raw.column("sample_id")).to_numpy()
+        values = repeat.column_weights(raw, weight_column)[at.astype(np.int64)]
+        samples = samples.append_column(repeat.WEIGHT_COLUMN, pa.array(values, pa.float64()))
     return samples.num_rows + rejects.num_rows, samples, rejects
 
 
 def _settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) -> dict:
     """``--from-samples``: settle, score and write samples.parquet/rejects.parquet like
-    ``_check_and_score``, reading ``NUMERIC`` columns and then streaming the rows a row group at a time."""
+    ``_check_and_score``, reading ``previous.NUMERIC`` (and a ``--sample-weights`` column), then
+    streaming the rows a row group at a time. Inputs not sorted by sample_id, and
+    ``--repeat-factors`` (which reads every label file), take the in-memory path."""
     old_root, new_root = options.previous_root(path), args["root"]
+    column = cfg.repeat.column
 
     def reroot(t: pa.Table) -> pa.Table:
         return paths.relative_to(paths.absolute(t, old_root), new_root)
 
     with storage.open_read(path) as f:
         file = pq.ParquetFile(f)
-        numeric = previous.numeric_columns(file)
-        if numeric is None:  # not sorted by sample_id: sort and dedupe the whole table
-            return _check_and_score(*_previous(path, new_root), model, cfg, args)
+        numeric = None if cfg.repeat.threshold is not None else previous.numeric_columns(file, column)
+        if numeric is None:
+            return _check_and_score(*_previous(path, new_root, column), model, cfg, args)
         rejects = _previous_rejects(path)
         scanned = numeric.num_rows + rejects.num_rows
         cost = sample_costs(numeric, model)
@@ -126,13 +145,19 @@ def _settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) -
         if not keep.any():
             raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
         cost = cost[keep]
+        weights = (
+            None if column is None else repeat.Weights(repeat.column_weights(numeric, column)[keep], None)
+        )
+        weight = np.ones(cost.size) if weights is None else weights.values
         ids, edges = bucket_costs(cost, cfg)
         write = _writer(args["staging"])
         with storage.open_write(storage.join(args["staging"], schemas.SAMPLES_FILE)) as sink:
-            digest, out = previous.rewrite_scored(file, keep, cost, ids, reroot, sink)
+            digest, out = previous.rewrite_scored(file, keep, cost, ids, weight, reroot, sink)
     Metrics.counter(NAMESPACE, "files_written").inc()
     Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
-    scored = pa.table({"cost": cost, "bucket_id": pa.array(ids, pa.int32()), "num_points": points[keep]})
+    scored = pa.table(
+        {"cost": cost, "bucket_id": pa.array(ids, pa.int32()), "num_points": points[keep], "weight": weight}
+    )
     return {
         "files": [
             {"path": schemas.SAMPLES_FILE, "bytes": out.bytes, "sha256": out.sha256},
@@ -143,6 +168,7 @@ def _settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) -
         "buckets": bucket_info(scored, edges, cfg),
         "fingerprint": digest,
         "pair_repeat_rate": repeat_rates(scored, cfg),
+        "repeat": manifest.repeat_info(scored, weights, cfg),
     }
 
 
@@ -278,11 +304,53 @@ def prepare(args: argparse.Namespace, dry_run: bool = False) -> tuple[PlanConfig
     elif look:
         options.check_input(args.input)
         options.check_nuscenes(args.input, args.nuscenes_version)
+    _check_weights(args, cfg, look)
     if args.max_reject_fraction is None:
         args.max_reject_fraction = options.DEFAULT_REJECT_FRACTION
     options.check_output(args.output, [args.input], publish=not dry_run)
     args.rejects_out = launch.rejects_path(args.output)
     return cfg, model
+
+
+def _check_weights(args: argparse.Namespace, cfg: PlanConfig, look: bool) -> None:
+    """``--sample-weights`` names a good column of the ``--from-samples`` table; ``--repeat-factors``
+    has lidarseg labels to read (a dataroot with ``lidarseg.json``, or labelled samples). Files are
+    only looked at with ``look`` (not in an offline dry run)."""
+    if args.sample_weights is not None and not args.from_samples:
+        raise launch.UsageError(
+            f"--sample-weights {args.sample_weights} reads a column of a --from-samples table: "
+            "add --from-samples PREV/samples.parquet"
+        )
+    if not look:
+        return
+    if args.sample_weights is not None:
+        with storage.open_read(args.from_samples) as f:
+            schema = pq.ParquetFile(f).schema_arrow
+        table = (  # only the column: a missing one gets named with the ones there are
+            storage.read_parquet(args.from_samples, columns=[args.sample_weights])
+            if args.sample_weights in schema.names
+            else schema.empty_table()
+        )
+        try:
+            repeat.check_weights(table, args.sample_weights, cfg.max_plan_factor)
+        except ValueError as e:
+            raise launch.UsageError(f"--sample-weights {e}") from None
+    if cfg.repeat.threshold is None:
+        return
+    if args.from_samples:
+        labelled = storage.read_parquet(args.from_samples, columns=["label_path"]).column("label_path")
+        if labelled.null_count == len(labelled):
+            raise launch.UsageError(
+                f"--repeat-factors: no sample of {args.from_samples} has lidarseg labels (label_path)"
+            )
+    elif not args.nuscenes_version or not storage.exists(
+        storage.join(args.input, args.nuscenes_version, "lidarseg.json")
+    ):
+        where = f"{args.input}/{args.nuscenes_version}" if args.nuscenes_version else args.input
+        raise launch.UsageError(
+            f"--repeat-factors reads lidarseg labels: {where} has no lidarseg.json "
+            "(a nuScenes dataroot with lidarseg, read with --nuscenes-version)"
+        )
 
 
 def launch_build(
@@ -313,6 +381,15 @@ def print_summary(out: str) -> None:
             f"{b['epoch']:>5}  {b['steps']:>5}  {b['linearity']:>9.4f}  {b['bound']:.4f}  "
             f"{b['random_linearity']:.4f}  {b['spearman_step_cost']:+.3f}  "
             f"{b.get('mean_count', m['batch_size']):>20.3f} {b.get('max_count', m['batch_size']):>3}"
+        )
+    if m.get("repeat"):
+        rep = m["repeat"]
+        print(
+            f"weights {rep['mode']}: copies per epoch expected/realized (mean of epochs), per class: "
+            + ", ".join(
+                f"{k} {v:.1f}/{sum(r.get(k, 0.0) for r in rep['realized']) / len(rep['realized']):.1f}"
+                for k, v in sorted(rep["expected"].items(), key=lambda kv: (len(kv[0]), kv[0]))
+            )
         )
     if m.get("pair_repeat_rate"):
         print(

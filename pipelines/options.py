@@ -20,6 +20,7 @@ from lidarshard.pipelines import _output
 from lidarshard.pipelines.launch import UsageError, flag, float_in, float_list, int_in
 from lidarshard.transforms import storage
 from lidarshard.transforms.features.cost import COST_MODEL_HELP, CostModel, parse_cost_model
+from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
 from lidarshard.transforms.features.sample import FEATURE_MODES, ScanConfig
 from lidarshard.transforms.formats.readers import FORMATS
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP
@@ -110,7 +111,21 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
          type=float_in(0.0, above=True), metavar="C")  # fmt: skip
     flag(g, "--max-samples-per-rank-step", "hard cap on samples one rank gets at one step", type=int_in(1),
          metavar="N")  # fmt: skip
+    rep = g.add_mutually_exclusive_group()
+    flag(rep, "--repeat-factors", "LVIS-style repeat factors from the lidarseg labels: a sample's weight is "
+         "the max over its classes c of max(1, sqrt(T / f_c)), f_c the share of labelled samples holding c",
+         type=_repeat_factors, metavar="lidarseg:t=T")  # fmt: skip
+    flag(rep, "--sample-weights", "per-sample weights (CBGS, your own) from this numeric column of the "
+         "--from-samples table; fractional weights are realized per epoch by seeded stochastic rounding",
+         metavar="COLUMN")  # fmt: skip
     parser.set_defaults(policy="drop_last")
+
+
+def _repeat_factors(text: str) -> float:
+    try:
+        return parse_repeat_factors(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def scan_config(args: argparse.Namespace) -> ScanConfig:
@@ -194,6 +209,7 @@ def plan_config(args: argparse.Namespace) -> PlanConfig:
         weights=weights,
         max_plan_factor=args.max_plan_factor,
         caps=Caps(args.max_points_per_rank_step, args.max_cost_per_rank_step, args.max_samples_per_rank_step),
+        repeat=WeightSpec(args.repeat_factors, args.sample_weights),
     )
 
 

@@ -16,7 +16,8 @@ Parquet reader pointed at that one directory (pandas, pyarrow, DuckDB, polars, S
 plan with integer ``epoch`` and ``rank`` taken from the hive directory names.
 
 Version history: 1.x kept ``epoch`` and ``rank`` both as columns and as directories directly under OUT
-(readers pointed at a directory failed to merge the two); 2.0 moved the plan under ``OUT/plan``.
+(readers pointed at a directory failed to merge the two); 2.0 moved the plan under ``OUT/plan``;
+2.1 added samples.parquet's ``weight`` (repeat factors) and the manifest's ``repeat``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ __all__ = [
     "check_version",
 ]
 
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 
 SAMPLES_FILE = "samples.parquet"
 REJECTS_FILE = "rejects.parquet"
@@ -126,6 +127,12 @@ SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
 SCORED_FIELDS: list[tuple[str, pa.DataType, str]] = SAMPLE_FIELDS + [
     ("cost", _F64, "predicted compute cost under the run's cost model (arbitrary units)"),
     ("bucket_id", pa.int32(), "cost bucket, 0 = cheapest"),
+    (
+        "weight",
+        _F64,
+        "expected copies per epoch from --repeat-factors / --sample-weights (1.0 without); the bucket "
+        "weight multiplies it; realized per epoch by deterministic stochastic rounding",
+    ),
 ]
 
 REJECT_FIELDS: list[tuple[str, pa.DataType, str]] = [
@@ -196,6 +203,8 @@ MANIFEST_KEYS: dict[str, str] = {
     "created_by": "lidarshard version",
     "world_size": "int W: ranks planned for",
     "batch_size": "int B: samples per rank per step (the mean per rank-step under --strategy budget)",
+    "repeat": "{'mode': 'lidarseg:t=T' | 'column:NAME', 'expected': {class: copies}, 'realized': [E "
+    "{class: copies}]} or null without weights (lidarseg class indices; else totals under key 'all')",
     "caps": "{'max_points_per_rank_step', 'max_cost_per_rank_step', 'max_samples_per_rank_step'}: int/float or null",
     "epochs": "int E: epochs planned",
     "seed": "int: the plan's seed",

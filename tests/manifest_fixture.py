@@ -142,6 +142,7 @@ def _scored_table(
         "has_labels": [False] * n,
         "cost": costs,
         "bucket_id": np.searchsorted(edges, costs, side="right").astype(np.int32),
+        "weight": np.ones(n),
     }
     schema = scored_schema()
     arrays = []

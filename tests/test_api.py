@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -108,3 +109,35 @@ def test_api_refuses_what_the_cli_refuses(scanned: Path, tmp_path: Path) -> None
     with pytest.raises(UsageError, match="unknown flag --sweps"):
         lidarshard.build(str(scanned), str(tmp_path / "x"), world_size=1, batch_size=1, sweps=9)
     assert not (tmp_path / "x").exists()
+
+
+def test_write_manifest_takes_sample_weights_with_the_bytes_of_build(scanned: Path, tmp_path: Path) -> None:
+    prev = Path(shutil.copytree(scanned, tmp_path / "prev"))
+    samples = pq.read_table(prev / schemas.SAMPLES_FILE)
+    samples = samples.append_column("cbgs", pa.array([0.5 + (i % 4) * 0.6 for i in range(samples.num_rows)]))
+    pq.write_table(samples, prev / schemas.SAMPLES_FILE)
+    flags = {
+        "epochs": 2,
+        "seed": 1,
+        "strategy": "budget",
+        "max_reject_fraction": 0.1,
+        "sample_weights": "cbgs",
+    }
+    lidarshard.build(None, str(tmp_path / "b"), world_size=2, batch_size=2, runner="FnApiRunner",
+                     from_samples=str(prev / schemas.SAMPLES_FILE), **flags)  # fmt: skip
+    rejects = pq.read_table(prev / schemas.REJECTS_FILE)
+    lidarshard.write_manifest(
+        samples, str(tmp_path / "t"), 2, 2, rejects=rejects, cost_model="voxels", **flags
+    )
+    a, b = _tree(tmp_path / "b"), _tree(tmp_path / "t")
+    assert {k for k in a if a[k] != b[k]} == {schemas.MANIFEST_FILE} and a.keys() == b.keys()
+    m = json.loads(b[schemas.MANIFEST_FILE])
+    assert m["repeat"] == json.loads(a[schemas.MANIFEST_FILE])["repeat"]
+    assert m["repeat"]["mode"] == "column:cbgs" and validate(str(tmp_path / "t"))[0] == []
+    with pytest.raises(UsageError, match="sample_weights nope: no such column"):
+        lidarshard.write_manifest(samples, str(tmp_path / "x"), 2, 2, sample_weights="nope")
+    with pytest.raises(UsageError, match="repeat_factors: no sample has a label_path"):
+        lidarshard.write_manifest(samples, str(tmp_path / "x"), 2, 2, repeat_factors="lidarseg:t=0.1")
+    with pytest.raises(UsageError, match="not allowed with"):
+        lidarshard.write_manifest(samples, str(tmp_path / "x"), 2, 2, repeat_factors="lidarseg:t=0.1",
+                                  sample_weights="cbgs")  # fmt: skip

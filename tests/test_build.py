@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -270,3 +271,95 @@ def test_budget_with_a_points_cap_end_to_end(built, tmp_path: Path) -> None:
             assert 1 <= len(batch.sample_ids) and sum(by_id[s] for s in batch.sample_ids) <= cap
             assert batch.scale == pytest.approx(4 / batch.global_count)
     assert m["balance"][0]["mean_count"] == pytest.approx(c["accepted"] / (4 * steps), abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory) -> Path:
+    """A tiny synthetic nuScenes dataroot with lidarseg labels (8 keyframes)."""
+    from lidarshard.pipelines.synth import run
+
+    root = tmp_path_factory.mktemp("labelled") / "data"
+    assert run([str(root), "--scenes", "4", "--keyframes-per-scene", "2", "--seed", "3", "--labels",
+                *BEAM_TEST_FLAGS]) == 0  # fmt: skip
+    return root
+
+
+LABELLED = ["--nuscenes-version", "v1.0-synth", "--world-size", "2", "--batch-size", "1", "--epochs", "3"]
+
+
+@pytest.mark.parametrize("strategy", sorted({DEFAULT_STRATEGY, "balanced", "budget"}))
+def test_repeat_factors_from_lidarseg_labels(labelled: Path, tmp_path: Path, strategy: str) -> None:
+    from lidarshard.pipelines.tools.validate import validate
+    from lidarshard.transforms.features.repeat import label_presence, lvis_factors
+
+    out = tmp_path / "r"
+    m = _build(
+        labelled, out, *LABELLED, "--strategy", strategy, "--repeat-factors", "lidarseg:t=1.0", "--pad"
+    )
+    rep = m["repeat"]
+    assert rep["mode"] == "lidarseg:t=1" and len(rep["realized"]) == 3
+    samples = pq.read_table(out / schemas.SAMPLES_FILE)
+    weights = samples.column("weight").to_numpy()
+    labels = [(labelled / p).read_bytes() for p in samples.column("label_path").to_pylist()]
+    np.testing.assert_allclose(weights, lvis_factors(*label_presence(labels), 1.0))
+    assert weights.max() > 1  # some class is in fewer than all samples
+    assert set(rep["realized"][0]) == set(rep["expected"])
+    assert validate(str(out))[0] == []
+    assert cli_main(["report", str(out)]) == 0  # plots variable counts and the repeat counts
+    assert (out / "report" / "repeat.png").read_bytes()[:4] == b"\x89PNG"
+    c = m["counts"]
+    for e in range(3):
+        drawn = c["planned"][e] - c["padded"][e] + c["dropped"][e]
+        assert np.floor(weights).sum() <= drawn <= np.ceil(weights).sum()
+
+
+def test_sample_weights_from_a_column(built, tmp_path: Path) -> None:
+    from lidarshard.pipelines.tools.validate import validate
+
+    _, out, _ = built
+    table = pq.read_table(out / schemas.SAMPLES_FILE)
+    w = np.where(np.arange(table.num_rows) % 2 == 0, 2.0, 0.5)
+    prev = shutil.copytree(out, tmp_path / "prev")  # beside its manifest: relative paths resolve
+    pq.write_table(table.append_column("cbgs", pa.array(w)), prev / "samples.parquet")
+    flags = ["--world-size", "2", "--batch-size", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]
+    for strategy in ("budget", DEFAULT_STRATEGY):
+        o = tmp_path / strategy
+        assert build_cli.run([str(o), "--from-samples", str(prev / "samples.parquet"),
+                              "--sample-weights", "cbgs", "--strategy", strategy, *flags]) == 0  # fmt: skip
+        m = json.loads((o / schemas.MANIFEST_FILE).read_text())
+        assert m["repeat"]["mode"] == "column:cbgs" and m["repeat"]["expected"] == {"all": float(w.sum())}
+        assert m["counts"]["planned"] == [int(m["repeat"]["realized"][0]["all"])]
+        assert pq.read_table(o / schemas.SAMPLES_FILE).column("weight").to_numpy().tolist() == w.tolist()
+        assert validate(str(o))[0] == []
+    assert np.floor(w).sum() <= m["counts"]["planned"][0] + m["counts"]["dropped"][0] <= np.ceil(w).sum()
+
+
+def test_weight_flags_fail_before_beam_with_one_line(labelled: Path, built, tmp_path: Path, capsys) -> None:
+    inp, out, _ = built
+    table = pq.read_table(out / schemas.SAMPLES_FILE)
+    n = table.num_rows
+    bad = {"neg": [-1.0] + [1.0] * (n - 1), "nan": [float("nan")] * n, "name": ["x"] * n}
+    prev = shutil.copytree(out, tmp_path / "prev")
+    pq.write_table(table.append_column("neg", pa.array(bad["neg"])).append_column("nan", pa.array(bad["nan"]))
+                   .append_column("name", pa.array(bad["name"])), prev / "samples.parquet")  # fmt: skip
+    plan = ["--world-size", "2", "--batch-size", "1"]
+    prev_s = ["--from-samples", str(prev / "samples.parquet")]
+    cases = [
+        ([str(tmp_path / "o"), *prev_s, "--sample-weights", "nope"], "--sample-weights nope: no such column"),
+        ([str(tmp_path / "o"), *prev_s, "--sample-weights", "neg"], "--sample-weights neg: weights must be finite"),
+        ([str(tmp_path / "o"), *prev_s, "--sample-weights", "nan"], "--sample-weights nan: weights must be finite"),
+        ([str(tmp_path / "o"), *prev_s, "--sample-weights", "name"], "needs a numeric column"),
+        ([str(inp), str(tmp_path / "o"), "--sample-weights", "w"], "reads a column of a --from-samples table"),
+        ([str(inp), str(tmp_path / "o"), "--repeat-factors", "lidarseg:t=0.1"], "has no lidarseg.json"),
+        ([str(tmp_path / "o"), *prev_s, "--repeat-factors", "lidarseg:t=0.1"], "has lidarseg labels"),
+        ([str(labelled), str(tmp_path / "o"), "--repeat-factors", "lidarseg:t=0"], "0 < T <= 1"),
+        ([str(tmp_path / "o"), *prev_s, "--repeat-factors", "lidarseg:t=0.1", "--sample-weights", "neg"],
+         "not allowed with argument"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exc:
+            build_cli.run([*argv, *plan, *BEAM_TEST_FLAGS])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert message in err[-1], (argv, err)
+        assert not (tmp_path / "o").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from manifest_fixture import make_fixture, sweep_offset
 
 from lidarshard.loaders import ManifestReader, load_manifest, load_points, plan_dataset, read_samples
-from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, PLAN_FIELDS, SUCCESS_FILE, plan_file
+from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, PLAN_FIELDS, SCHEMA_VERSION, SUCCESS_FILE, plan_file
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [100 + 37 * i for i in range(23)]  # 23 samples, W*B = 4 -> 5 steps, 3 dropped
@@ -72,7 +73,7 @@ def test_refuses_a_v1_manifest_naming_both_versions_and_the_rebuild(out: Path) -
     meta["schema_version"] = "1.0"
     (out / MANIFEST_FILE).write_text(json.dumps(meta))
     want = (
-        rf"{out} was written with manifest schema 1\.0; this lidarshard reads 2\.x \(2\.0\): rebuild it "
+        rf"{out} was written with manifest schema 1\.0; this lidarshard reads 2\.x \({re.escape(SCHEMA_VERSION)}\): rebuild it "
         rf"without rescanning with `lidarshard build NEW_OUT --from-samples {out}/samples\.parquet "
         r"--world-size 2 --batch-size 2 --epochs 2 --seed 0 --strategy fixture_sorted_lpt`"
     )

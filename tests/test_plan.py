@@ -76,6 +76,14 @@ def test_every_strategy_satisfies_invariants(name: str, pool: tuple, seed: int) 
     check_plan(name, *pool, seed)
 
 
+def test_budget_satisfies_invariants_on_a_large_heavy_tailed_pool() -> None:
+    """At this size each fill runs tens of vectorized rounds (long ones and the short
+    water-filling ones of the high steps), unlike the small hypothesis pools."""
+    costs = np.random.default_rng(2).lognormal(0.0, 1.0, 64 * 2 * 1024 + 77)  # not a whole step
+    plan = check_plan("budget", costs, 64, 2, seed=9)
+    assert linearity(plan, costs) >= 0.99
+
+
 @pytest.mark.parametrize("name", ["balanced", "mixed"])
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(pool=pools(), seed=st.integers(0, 2**31 - 1))

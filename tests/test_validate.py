@@ -197,7 +197,7 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "schema version": (
         _manifest_edit(lambda m: m.update(schema_version="1.0")),
-        "written with manifest schema 1.0; this lidarshard reads 2.x (2.0): rebuild it without rescanning "
+        "written with manifest schema 1.0; this lidarshard reads 2.x (2.1): rebuild it without rescanning "
         "with `lidarshard build NEW_OUT --from-samples",
     ),
     "scanned count": (
@@ -276,3 +276,71 @@ def test_pad_policy_coverage(built: Path, tmp_path: Path) -> None:
     m["counts"]["padded"] = [1]
     _save_manifest(out, m)
     assert "epoch 0: planned 32 != accepted 30 + padded 1 (dropped 0)" in validate_cli.validate(str(out))[0]
+
+
+@pytest.fixture(scope="module")
+def weighted(built: Path, tmp_path_factory) -> Path:
+    """A re-plan of ``built`` with --sample-weights (2, 0.5, 2, ...) from a column of its samples."""
+    tmp = tmp_path_factory.mktemp("weighted")
+    prev = Path(shutil.copytree(built, tmp / "prev"))
+    table = pq.read_table(prev / schemas.SAMPLES_FILE)
+    w = [2.0 if i % 2 == 0 else 0.5 for i in range(table.num_rows)]
+    pq.write_table(table.append_column("cbgs", pa.array(w)), prev / schemas.SAMPLES_FILE)
+    argv = [str(tmp / "out"), "--from-samples", str(prev / schemas.SAMPLES_FILE), "--sample-weights", "cbgs"]
+    assert build_cli.run([*argv, *FLAGS, *BEAM_TEST_FLAGS]) == 0
+    assert validate_cli.validate(str(tmp / "out"))[0] == []
+    return tmp / "out"
+
+
+def _weights_edit(change: Callable[[list], list]) -> Callable[[Path], None]:
+    def edit(out: Path) -> None:
+        _rewrite(
+            out,
+            schemas.SAMPLES_FILE,
+            lambda t: _set(t, "weight", change(t.column("weight").to_pylist())),
+            True,
+        )
+
+    return edit
+
+
+def _zero_a_planned_weight(weights: list) -> list:
+    return [0.0 if i == 0 else v for i, v in enumerate(weights)]  # sample 0 (weight 2) is planned
+
+
+WEIGHT_TAMPERING = {
+    "a zeroed weight": (
+        _weights_edit(_zero_a_planned_weight),
+        [
+            "more than bucket weight x sample weight 0 allows",
+            "repeat.expected recorded",
+            "differs from the plan",
+        ],
+    ),
+    "a negative weight": (
+        _weights_edit(lambda w: [-1.0, *w[1:]]),
+        ["weight holds values that are not finite"],
+    ),
+    "a forged realized count": (
+        _manifest_edit(lambda m: m["repeat"]["realized"][1].update(all=1.0)),
+        ["epoch 1: repeat.realized recorded {'all': 1.0}"],
+    ),
+    "weights the manifest does not record": (
+        _manifest_edit(lambda m: m.update(repeat=None)),
+        ["has weight 2 but the manifest records no repeat factors"],
+    ),
+    "a forged lidarseg mode": (
+        _manifest_edit(lambda m: m["repeat"].update(mode="lidarseg:t=0.5")),
+        ["has weight 2, its labels give repeat factor 1 (30 samples differ)"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WEIGHT_TAMPERING))
+def test_tampered_weights_are_caught(weighted: Path, tmp_path: Path, case: str) -> None:
+    out = Path(shutil.copytree(weighted, tmp_path / "out"))
+    tamper, needles = WEIGHT_TAMPERING[case]
+    tamper(out)
+    problems = "\n".join(validate_cli.validate(str(out))[0])
+    for needle in needles:
+        assert needle in problems, problems

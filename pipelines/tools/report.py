@@ -84,7 +84,10 @@ def load(out: str) -> ReportData:
     epochs = plan.column("epoch").to_numpy()
     chosen, baseline = [], []
     for e in range(int(m["epochs"])):
-        chosen.append(all_costs[epochs == e].reshape(-1, w, b).sum(axis=2))
+        mine = epochs == e  # summed per (step, rank): counts per rank-step vary under budget
+        key = plan.column("step").to_numpy()[mine].astype(np.int64) * w + plan.column("rank").to_numpy()[mine]
+        steps = int(m["steps_per_epoch"][e])
+        chosen.append(np.bincount(key, weights=all_costs[mine], minlength=steps * w).reshape(steps, w))
         idx, _ = plan_samples(samples, e, cfg)
         baseline.append(costs[idx].sum(axis=2))
     try:
@@ -163,6 +166,18 @@ def summarize(data: ReportData) -> list[str]:
             f"{worst:.2f} (random {worst_r:.2f}); rank totals within {_spread(ch):.1f}% "
             f"(random {_spread(rnd):.1f}%)"
         )
+    rep = m.get("repeat")
+    if rep:
+        ids = data.samples.column("bucket_id").to_numpy()
+        expected = data.samples.column("weight").to_numpy() * np.asarray(m["buckets"]["weights"])[ids]
+        ratio = [
+            np.mean([r.get(k, 0.0) for r in rep["realized"]]) / v for k, v in rep["expected"].items() if v > 0
+        ]
+        lines.append(
+            f"weights {rep['mode']}: {expected.sum():.1f} sample copies expected per epoch, planned "
+            f"{', '.join(str(p) for p in c['planned'])}; realized/expected per class "
+            f"{min(ratio, default=1.0):.3f}..{max(ratio, default=1.0):.3f} (repeat.png)"
+        )
     return lines
 
 
@@ -177,6 +192,11 @@ _FIGURES = [
     ("rank_totals.png", "Each rank's total predicted cost per epoch relative to the mean rank."),
     ("buckets.png", "How many samples of each cost bucket every step holds (all ranks together)."),
     ("rejects.png", "Inputs left out of the manifest, by reason (details in rejects.parquet)."),
+    (
+        "repeat.png",
+        "Repeat factors / sample weights: expected copies per epoch of the samples holding each lidarseg "
+        "class (or of all samples), and the copies each epoch's seeded stochastic rounding realized.",
+    ),
     (
         "predicted_vs_measured.png",
         "Predicted cost vs measured time from the timings CSV: a straight, "
@@ -228,6 +248,9 @@ def write_report(data: ReportData, out: str, directory: str, epoch: int, timings
         "buckets.png": plots.bucket_composition(_step_buckets(data, epoch), epoch),
         "rejects.png": plots.rejects_by_reason(data.reasons),
     }
+    if m.get("repeat"):
+        rep = m["repeat"]
+        files["repeat.png"] = plots.repeat_counts(rep["expected"], rep["realized"], rep["mode"])
     if timings:
         figs, more = _timings(data, timings, epoch)
         files |= figs

@@ -7,8 +7,9 @@ rejects (reasons, counts); every ``plan/epoch=E/rank=R`` file (no partition colu
 per step in (step, slot) order, or at least one under ``budget``, ``rank_count`` / ``global_count``,
 ``steps_per_epoch``, every sample id known with matching path, sweeps, cost and bucket; the caps);
 coverage per epoch (drop_last: each sample at most once, planned = accepted - dropped;
-pad: each at least once, planned = accepted + padded); the recorded balance numbers recomputed from the
-plan files (within 1e-6). A scan directory (``_scan.json``) gets the samples/rejects/counts checks.
+pad: each at least once, planned = accepted + padded; with weights at most ceil(bucket weight x sample
+weight) copies); the sample weights and the manifest's ``repeat`` counts (``validate_repeat``); the
+recorded balance numbers recomputed from the plan files (within 1e-6). A scan directory (``_scan.json``) gets the samples/rejects/counts checks.
 
 Exit status 0 with a one-line summary when valid, 1 with one precise line per problem otherwise
 (file, epoch, rank, step), 2 for bad arguments; also ``python -m lidarshard.pipelines.tools.validate OUT``. Vectorized
@@ -40,6 +41,7 @@ from lidarshard.pipelines.tools.validate_plan import (
     lookup,
     padded_plan,
 )
+from lidarshard.pipelines.tools.validate_repeat import check_realized, check_weights
 from lidarshard.pipelines.tools.validate_samples import SamplesView, read_samples
 from lidarshard.transforms import storage
 from lidarshard.transforms.features.buckets import assign_buckets
@@ -385,6 +387,7 @@ def _check_manifest(c: _Checker) -> str:
     if samples is None:
         return "samples.parquet unusable"
     _check_scored(c, m, samples, bad_model)
+    held = check_weights(c.problems, m, samples)
     rows = 0
     per_step = None if m["strategy"] in VARIABLE_COUNT else b
     try:
@@ -415,6 +418,8 @@ def _check_manifest(c: _Checker) -> str:
             check_caps(c.problems, e, caps, plan, samples)
             check_epoch(c.problems, m, e, plan, samples)
             check_replan(c.problems, m, e, plan, samples, caps)
+            if held is not None:
+                check_realized(c.problems, m, e, plan, held)
     check_repeat_rate(c.problems, m, samples, caps)
     c_ = m["counts"]
     return (

@@ -189,8 +189,8 @@ def check_epoch(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], s
     ``-1`` = empty slot (variable counts).
 
     Weights all 1: drop_last plans each sample at most once and planned = accepted - dropped; pad plans
-    each at least once and planned = accepted + padded. Other weights: no sample beyond ceil(weight)
-    copies (+1 under pad). Every ``balance`` number is recomputed from the plan's costs (within 1e-6).
+    each at least once and planned = accepted + padded. Other weights: no sample beyond
+    ceil(bucket weight x sample weight) copies (+1 under pad). Every ``balance`` number is recomputed from the plan's costs (within 1e-6).
     """
     counts, n = m["counts"], samples.num_rows
     planned, dropped, padded = (counts[k][e] for k in ("planned", "dropped", "padded"))
@@ -199,8 +199,8 @@ def check_epoch(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], s
     if planned != entries.size:
         _add(problems, where, f"counts.planned {planned} != {entries.size} plan rows")
     seen = np.bincount(entries, minlength=n)
-    weights = np.asarray(m["buckets"]["weights"], dtype=np.float64)
     ids = samples.column("bucket_id").to_numpy()
+    weights = np.asarray(m["buckets"]["weights"], dtype=np.float64)[ids] * samples.column("weight").to_numpy()
     sid = samples.column("sample_id")
     if (weights == 1).all():
         if m["policy"] == "drop_last":
@@ -229,9 +229,13 @@ def check_epoch(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], s
                     where,
                     f"planned {planned} != accepted {n} + padded {padded} (dropped {dropped})",
                 )
-    elif (seen > np.ceil(weights[ids]) + (m["policy"] == "pad")).any():
-        i = int(np.flatnonzero(seen > np.ceil(weights[ids]) + (m["policy"] == "pad"))[0])
-        _add(problems, where, f"sample {sid[i]} planned {seen[i]} times, more than its bucket weight allows")
+    elif (seen > np.ceil(weights) + (m["policy"] == "pad")).any():
+        i = int(np.flatnonzero(seen > np.ceil(weights) + (m["policy"] == "pad"))[0])
+        _add(
+            problems,
+            where,
+            f"sample {sid[i]} planned {seen[i]} times, more than bucket weight x sample weight {weights[i]:.6g} allows",
+        )
     pool = np.sort(entries)
     costs = samples.column("cost").to_numpy()[pool]
     in_pool = np.where(plan >= 0, np.searchsorted(pool, plan), -1)

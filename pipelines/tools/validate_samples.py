@@ -25,8 +25,8 @@ from lidarshard.transforms.features.accounting import fingerprint_update
 __all__ = ["NUMERIC", "SamplesView", "id_keys", "row_keys", "read_samples"]
 
 #: Sample columns kept whole (those absent from a scan's samples are skipped): what plans are
-#: checked and re-planned from, 20 bytes a sample.
-NUMERIC = ["cost", "bucket_id", "num_points"]
+#: checked and re-planned from, 28 bytes a sample.
+NUMERIC = ["cost", "bucket_id", "num_points", "weight"]
 
 
 def _digests(values: pa.Array) -> NDArray[np.uint64]:
@@ -66,13 +66,13 @@ class _LazyIds:
     asked (for messages)."""
 
     def __init__(self, path: str, file: pq.ParquetFile) -> None:
-        self._path = path
+        self.path = path
         sizes = [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)]
         self._starts = np.cumsum([0, *sizes])
 
     def __getitem__(self, i: int) -> str:
         g = int(np.searchsorted(self._starts, int(i), side="right")) - 1
-        with storage.open_read(self._path) as f:
+        with storage.open_read(self.path) as f:
             col = pq.ParquetFile(f).read_row_group(g, columns=["sample_id"]).column(0)
         return col[int(i) - int(self._starts[g])].as_py()
 
@@ -98,6 +98,10 @@ class SamplesView:
 
     def column(self, name: str):
         return self._ids if name == "sample_id" else self.numeric.column(name)
+
+    def select(self, names: list[str]) -> pa.Table:
+        """Other columns, read from the file when asked (e.g. ``label_path`` to re-derive repeat factors)."""
+        return storage.read_parquet(self._ids.path, columns=names)
 
     def key_clash(self) -> bool:
         """True when two sample ids share a key (then ``find`` cannot be trusted)."""

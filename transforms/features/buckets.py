@@ -125,17 +125,22 @@ def resolve_weights(weights: Sequence[float] | None, k: int) -> NDArray[np.float
 
 
 def weighted_pool(
-    bucket_ids: NDArray[np.int32], weights: NDArray[np.float64], rng: np.random.Generator
+    bucket_ids: NDArray[np.int32],
+    weights: NDArray[np.float64],
+    rng: np.random.Generator,
+    sample_weights: NDArray[np.float64] | None = None,
 ) -> NDArray[np.int64]:
     """Sample one epoch's pool: sample ``i`` appears ``floor(w) + Bernoulli(frac(w))`` times.
 
-    ``w = weights[bucket_ids[i]]``: w > 1 repeats, w < 1 thins, w == 1 keeps every sample once.
-    The expected number of copies is exactly ``w``.
+    ``w = weights[bucket_ids[i]] * sample_weights[i]``: w > 1 repeats, w < 1 thins, w == 1 keeps
+    every sample once. The expected number of copies is exactly ``w`` (deterministic stochastic
+    rounding: one draw per sample from the epoch's seeded ``rng``).
 
     Args:
         bucket_ids: (N,) bucket of each sample, in ``[0, K)``.
         weights: (K,) finite weights >= 0.
         rng: the epoch's generator (one uniform draw per sample).
+        sample_weights: optional (N,) finite per-sample weights >= 0 (repeat factors).
 
     Returns:
         (M,) int64 sample indices into ``bucket_ids``, sorted ascending (repeats adjacent).
@@ -147,6 +152,14 @@ def weighted_pool(
     if not (np.isfinite(weights).all() and (weights >= 0).all()):
         raise ValueError("bucket weights must be finite and >= 0")
     w = weights[ids]
+    if sample_weights is not None:
+        sample_weights = np.asarray(sample_weights, dtype=np.float64)
+        if (
+            sample_weights.shape != ids.shape
+            or not (np.isfinite(sample_weights) & (sample_weights >= 0)).all()
+        ):
+            raise ValueError("sample weights must be (N,), finite and >= 0")
+        w = w * sample_weights
     whole = np.floor(w)
     copies = whole.astype(np.int64) + (rng.random(ids.size) < (w - whole))
     return np.repeat(np.arange(ids.size, dtype=np.int64), copies)

@@ -26,9 +26,10 @@ __all__ = ["NUMERIC", "numeric_columns", "paths_at", "rewrite_scored"]
 NUMERIC = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]
 
 
-def numeric_columns(file: pq.ParquetFile) -> pa.Table | None:
-    """``NUMERIC`` of every row (schema types), or None when the sample ids are not strictly
-    increasing (then the caller sorts and dedupes the whole table). Reads one row group at a time.
+def numeric_columns(file: pq.ParquetFile, extra: str | None = None) -> pa.Table | None:
+    """``NUMERIC`` (schema types) and the column ``extra`` (as stored) of every row, or None when the
+    sample ids are not strictly increasing (then the caller sorts and dedupes the whole table).
+    Reads one row group at a time.
 
     Raises:
         ValueError: a null sample_id (one line).
@@ -36,7 +37,8 @@ def numeric_columns(file: pq.ParquetFile) -> pa.Table | None:
     want = schemas.sample_schema()
     parts, last = [], None
     for g in range(file.metadata.num_row_groups):
-        t = file.read_row_group(g, columns=["sample_id", *NUMERIC])
+        names = list(dict.fromkeys(["sample_id", *NUMERIC, *([extra] if extra else [])]))
+        t = file.read_row_group(g, columns=names)
         ids = t.column("sample_id")
         if ids.null_count:
             raise ValueError(f"{ids.null_count} rows have a null sample_id")
@@ -47,9 +49,12 @@ def numeric_columns(file: pq.ParquetFile) -> pa.Table | None:
             if t.num_rows > 1 and not pc.all(pc.less(ids.slice(0, len(ids) - 1), ids.slice(1))).as_py():
                 return None
             last = ids[-1].as_py()
-        parts.append(t.drop_columns(["sample_id"]).cast(pa.schema([want.field(n) for n in NUMERIC])))
-    if not parts:
-        return pa.schema([want.field(n) for n in NUMERIC]).empty_table()
+        numeric = t.select(NUMERIC).cast(pa.schema([want.field(n) for n in NUMERIC]))
+        if extra and extra not in NUMERIC:
+            numeric = numeric.append_column(extra, t.column(extra))
+        parts.append(numeric)
+    if not parts:  # no rows: the caller's in-memory path says so
+        return None
     return pa.concat_tables(parts).combine_chunks()
 
 
@@ -72,10 +77,11 @@ def rewrite_scored(
     keep: NDArray[np.bool_],
     cost: NDArray[np.float64],
     bucket_id: NDArray[np.int32],
+    weight: NDArray[np.float64],
     reroot: Callable[[pa.Table], pa.Table],
     sink,
 ) -> tuple[str, ParquetStream]:
-    """Write the kept rows of ``file`` with their ``cost`` and ``bucket_id`` (one per kept row) as a
+    """Write the kept rows of ``file`` with their ``cost``, ``bucket_id`` and ``weight`` (one per kept row) as a
     samples.parquet of ``scored_schema()`` to the binary stream ``sink``, a row group at a time.
 
     Args:
@@ -98,6 +104,7 @@ def rewrite_scored(
             n = t.num_rows
             t = t.append_column(scored.field("cost"), pa.array(cost[done : done + n], pa.float64()))
             t = t.append_column(scored.field("bucket_id"), pa.array(bucket_id[done : done + n], pa.int32()))
+            t = t.append_column(scored.field("weight"), pa.array(weight[done : done + n], pa.float64()))
             out.write(t.cast(scored))
             done += n
     return h.hexdigest(), out

@@ -14,7 +14,8 @@ that gets one large scene and a rank that gets three small ones do the same work
    ones on the other ranks;
 3. fill: the items, heaviest first, each go to the bin furthest below its target that still fits
    the caps (LPT against targets; ties broken by a random bin order); zero-cost items go to the
-   bins holding the fewest samples; an empty bin takes the lightest item of the fullest bin;
+   bins holding the fewest samples; an empty bin takes the lightest item of the fullest bin
+   (``_budget_fill``: vectorized in rounds without caps, a heap with them; the same assignment);
 4. the other bins are sorted by load and cut into steps of W (similar loads share a step);
    rank labels are permuted per step and the step order is shuffled.
 
@@ -35,17 +36,16 @@ every rank-step holds at least one sample.
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.transforms.plan._budget_fill import Packed, fill
 from lidarshard.transforms.plan._partition import permute_ranks
 from lidarshard.transforms.plan.balanced import log_cost
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import load_linearity
 
-__all__ = ["plan", "SLACK_LADDER", "TARGET", "JITTER_LADDER", "TOLERANCE", "to_padded"]
+__all__ = ["plan", "SLACK_LADDER", "TARGET", "JITTER_LADDER", "TOLERANCE"]
 
 #: Mean-count factors tried in turn (fewer steps, more samples per rank-step): at most +5%.
 SLACK_LADDER = (1.0, 1.01, 1.02, 1.03, 1.04, 1.05)
@@ -59,42 +59,6 @@ JITTER_LADDER = tuple(2.0**-k for k in range(0, 15))
 TOLERANCE = 0.003
 
 
-class _Bins:
-    """S*W bins: members, cost load, points and the caps."""
-
-    def __init__(
-        self, n: int, costs: NDArray[np.float64], caps: Caps, points: NDArray[np.int64] | None
-    ) -> None:
-        self.costs = costs
-        self.members: list[list[int]] = [[] for _ in range(n)]
-        self.load = [0.0] * n  # Python floats: the packing loop is scalar
-        self.pts = [0] * n
-        self.caps = caps
-        self.points = None if points is None else points.tolist()
-
-    def fits(self, b: int, item: int, cost: float) -> bool:
-        c = self.caps
-        if c.max_samples is not None and len(self.members[b]) >= c.max_samples:
-            return False
-        if c.max_cost is not None and self.load[b] + cost > c.max_cost:
-            return False
-        return not (
-            c.max_points is not None
-            and self.points is not None
-            and self.pts[b] + self.points[item] > c.max_points
-        )
-
-    def add(self, b: int, item: int, cost: float) -> None:
-        self.members[b].append(item)
-        self.load[b] += cost
-        if self.points is not None:
-            self.pts[b] += self.points[item]
-
-    def loads(self) -> NDArray[np.float64]:
-        """(n,) cost per bin."""
-        return np.asarray(self.load)
-
-
 def _levels(x: NDArray[np.float64], steps: int, w: int) -> tuple[NDArray[np.float64], float]:
     """((k,) targets of the k high steps, free level lambda) for heaviest-first costs ``x``.
 
@@ -102,12 +66,12 @@ def _levels(x: NDArray[np.float64], steps: int, w: int) -> tuple[NDArray[np.floa
     it must fit into the high steps' capacity ``W * sum(targets)``. While they do not, the heaviest
     item that does not fit opens another high step at its own cost.
     """
-    total, csum = float(x.sum()), np.cumsum(x)
+    total, csum, neg = float(x.sum()), np.cumsum(x), -x
     tops: list[float] = []
     cap = lam = 0.0
     while len(tops) < steps:
         lam = (total - w * cap) / (w * (steps - len(tops)))
-        above = int(np.searchsorted(-x, -lam, side="left"))  # items heavier than lam
+        above = int(np.searchsorted(neg, -lam, side="left"))  # items heavier than lam
         if lam <= 0 or above == 0 or csum[above - 1] <= w * cap:
             break
         tops.append(float(x[min(int(np.searchsorted(csum, w * cap, side="right")), x.size - 1)]))
@@ -117,7 +81,7 @@ def _levels(x: NDArray[np.float64], steps: int, w: int) -> tuple[NDArray[np.floa
 
 def _pack(
     order: NDArray[np.int64], costs: NDArray[np.float64], steps: int, w: int, limits: PoolLimits, tie: NDArray
-) -> tuple[_Bins, int] | None:
+) -> tuple[Packed, int] | None:
     """Water-level packing: every item of ``order`` (heaviest first) to one of ``steps * w`` bins.
 
     Returns:
@@ -130,114 +94,28 @@ def _pack(
     tops, lam = _levels(x, steps, w)
     target = np.full(n, lam)
     target[: tops.size * w] = np.repeat(tops, w)
-    bins = _Bins(n, costs, limits.caps, limits.points)
-    return (bins, tops.size) if _fill(bins, target, order, x, limits, tie) else None
+    bins = fill(order[:0], order, target, costs, tie, limits)
+    return None if bins is None else (bins, tops.size)
 
 
 def _pack_sorted(
     order: NDArray[np.int64], costs: NDArray[np.float64], steps: int, w: int, limits: PoolLimits, tie: NDArray
-) -> tuple[_Bins, int] | None:
+) -> tuple[Packed, int] | None:
     """Sorted packing: the ``steps * w`` heaviest items one per bin in ``order`` (consecutive bins
     form a step), then the rest fill each bin up to its step's heaviest bin (LPT). Best when the
     pool holds about one item per bin (``B == 1``); all ``steps`` keep their grouping."""
     n = steps * w
-    exact = order  # heaviest first by the (jittered) key: exact with jitter 0
-    bins = _Bins(n, costs, limits.caps, limits.points)
-    for b, item in enumerate(exact[:n].tolist()):
-        bins.add(b, item, float(costs[item]))
-    target = bins.loads().reshape(steps, w).max(axis=1).repeat(w)
-    rest = exact[n:]
-    return (bins, steps) if _fill(bins, target, rest, costs[rest], limits, tie) else None
+    target = costs[order[:n]].reshape(steps, w).max(axis=1).repeat(w)
+    bins = fill(order[:n], order[n:], target, costs, tie, limits)
+    return None if bins is None else (bins, steps)
 
 
-def _fill(
-    bins: _Bins,
-    target: NDArray[np.float64],
-    items: NDArray[np.int64],
-    x: NDArray[np.float64],
-    limits: PoolLimits,
-    tie: NDArray,
-) -> bool:
-    """LPT against targets: each item (heaviest first) to the bin furthest below its target that
-    fits the caps; zero-cost items by count; empty bins repaired. False where the caps block."""
-    n = len(bins.members)
-    heap = list(zip((np.asarray(bins.loads()) - target).tolist(), tie[:n].tolist(), range(n), strict=True))
-    heapq.heapify(heap)
-    zero = []
-    capped = limits.caps.active
-    max_samples = limits.caps.max_samples
-    members, load = bins.members, bins.load
-    for item, cost in zip(items.tolist(), x.tolist(), strict=True):
-        if cost <= 0.0:
-            zero.append(item)
-            continue
-        if not capped:  # fast path
-            key, t, b = heap[0]
-            members[b].append(item)
-            load[b] += cost
-            heapq.heapreplace(heap, (key + cost, t, b))
-            continue
-        skipped = []
-        while heap and not bins.fits(heap[0][2], item, cost):
-            skipped.append(heapq.heappop(heap))
-        if not heap:
-            return False
-        key, t, b = heapq.heappop(heap)
-        bins.add(b, item, cost)
-        full = max_samples is not None and len(members[b]) >= max_samples
-        for entry in skipped if full else [*skipped, (key + cost, t, b)]:
-            heapq.heappush(heap, entry)
-    if zero and not _place_by_count(bins, zero, tie):
-        return False
-    return _repair_empty(bins)
-
-
-def _place_by_count(bins: _Bins, items: list[int], tie: NDArray) -> bool:
-    """Zero-cost items to the bins holding the fewest samples (that fit the caps)."""
-    heap = [(len(m), float(tie[b]), b) for b, m in enumerate(bins.members)]
-    heapq.heapify(heap)
-    for item in items:
-        skipped = []
-        while heap and not bins.fits(heap[0][2], item, 0.0):
-            skipped.append(heapq.heappop(heap))
-        if not heap:
-            return False
-        _, t, b = heapq.heappop(heap)
-        bins.add(b, item, 0.0)
-        for entry in [*skipped, (len(bins.members[b]), t, b)]:
-            heapq.heappush(heap, entry)
-    return True
-
-
-def _repair_empty(bins: _Bins) -> bool:
-    """Give every empty bin one sample: the last (lightest) item of the fullest bin."""
-    counts = np.array([len(m) for m in bins.members])
-    for b in np.flatnonzero(counts == 0):
-        donor = int(np.argmax(counts))
-        if counts[donor] < 2:
-            return False
-        item = bins.members[donor].pop()
-        cost = float(bins.costs[item])
-        bins.load[donor] -= cost
-        bins.add(b, item, cost)
-        if bins.points is not None:
-            bins.pts[donor] -= bins.points[item]  # the item's points moved with it
-        counts[donor] -= 1
-        counts[b] = 1
-    return True
-
-
-def _steps_of(bins: _Bins, k: int, w: int) -> list[list[int]]:
-    """Bin ids per step: tail steps as packed, the rest sorted by load and cut into steps of W."""
-    n = len(bins.members)
+def _steps_of(bins: Packed, k: int, w: int) -> NDArray[np.int64]:
+    """(S, W) bin ids per step: tail steps as packed, the rest sorted by load and cut into steps of W."""
+    n = bins.loads.size
     free = np.arange(k * w, n)
-    free = free[np.argsort(bins.loads()[free], kind="stable")]
-    ids = np.concatenate([np.arange(k * w), free])
-    return ids.reshape(-1, w).tolist()
-
-
-def _linearity(bins: _Bins, layout: list[list[int]]) -> float:
-    return load_linearity(bins.loads()[np.asarray(layout)])
+    free = free[np.argsort(bins.loads[free], kind="stable")]
+    return np.concatenate([np.arange(k * w), free]).reshape(-1, w)
 
 
 def _min_steps(costs: NDArray[np.float64], w: int, limits: PoolLimits) -> int:
@@ -252,16 +130,6 @@ def _min_steps(costs: NDArray[np.float64], w: int, limits: PoolLimits) -> int:
     return need
 
 
-def to_padded(bins: list[list[int]], layout: list[list[int]]) -> NDArray[np.int64]:
-    """(S, W, M) int64 from per-bin members, ``-1`` beyond each bin's count."""
-    m = max(len(bins[b]) for step in layout for b in step)
-    out = np.full((len(layout), len(layout[0]), m), -1, dtype=np.int64)
-    for s, step in enumerate(layout):
-        for r, b in enumerate(step):
-            out[s, r, : len(bins[b])] = bins[b]
-    return out
-
-
 def _attempt(
     costs: NDArray[np.float64],
     w: int,
@@ -269,7 +137,7 @@ def _attempt(
     order: NDArray[np.int64],
     tie: NDArray[np.float64],
     candidates: list[int],
-) -> tuple[float, _Bins, list[list[int]]] | None:
+) -> tuple[float, Packed, NDArray[np.int64]] | None:
     """Pack ``order`` into each step count of ``candidates`` in turn: (linearity, bins, step layout)
     of the first plan that reaches ``TARGET``, else the best; None when the caps leave no room."""
     p = costs.size
@@ -290,7 +158,7 @@ def _attempt(
             found.append(_pack_sorted(order, costs, steps, w, limits, tie))
         for bins, high in (f for f in found if f is not None):
             layout = _steps_of(bins, high, w)
-            lin = _linearity(bins, layout)
+            lin = load_linearity(bins.loads[layout])
             if best is None or lin > best[0]:
                 best = (lin, bins, layout)
         if best[0] >= TARGET:
@@ -324,7 +192,7 @@ def plan(
     u, tie = rng.uniform(-1.0, 1.0, p), rng.random(p)
     logc = log_cost(costs)
 
-    def attempt(jitter: float, candidates: list[int]) -> tuple[float, _Bins, list[list[int]]] | None:
+    def attempt(jitter: float, candidates: list[int]) -> tuple[float, Packed, NDArray[np.int64]] | None:
         order = np.argsort(-(logc + jitter * u), kind="stable").astype(np.int64)
         return _attempt(costs, w, limits, order, tie, candidates)
 
@@ -342,5 +210,5 @@ def plan(
             best, hi = got, mid
         else:
             lo = mid + 1
-    out = permute_ranks(to_padded(best[1].members, best[2]), rng)
+    out = permute_ranks(best[1].padded(best[2]), rng)
     return out[rng.permutation(out.shape[0])]

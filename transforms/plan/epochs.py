@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.features.repeat import WeightSpec
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
@@ -28,6 +29,7 @@ __all__ = [
     "plan_rows",
     "plan_tables",
     "plan_samples",
+    "epoch_pool",
     "repeat_rates",
     "bucket_info",
 ]
@@ -51,6 +53,7 @@ class PlanConfig:
     weights: tuple[float, ...] | None = None
     caps: Caps = Caps()
     max_plan_factor: float = MAX_PLAN_FACTOR  # plan entries per sample per epoch, at most
+    repeat: WeightSpec = WeightSpec()  # where per-sample weights come from (the manifest's repeat.mode)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.batch_size < 1 or self.epochs < 1:
@@ -64,11 +67,16 @@ class PlanConfig:
 
 
 def score(
-    samples: pa.Table, model: CostModel, cfg: PlanConfig, costs: pa.Array | None = None
+    samples: pa.Table,
+    model: CostModel,
+    cfg: PlanConfig,
+    costs: pa.Array | None = None,
+    weights: NDArray[np.float64] | None = None,
 ) -> tuple[pa.Table, NDArray[np.float64]]:
-    """Add ``cost`` and ``bucket_id`` to a samples table (sorted by sample_id).
+    """Add ``cost``, ``bucket_id`` and ``weight`` to a samples table (sorted by sample_id).
 
-    ``costs`` (N,), when given, are used as they are instead of the model's (``model.name == "given"``).
+    ``costs`` (N,), when given, are used as they are instead of the model's (``model.name == "given"``);
+    ``weights`` (N,) are the per-sample weights (repeat factors, ``--sample-weights``), None: all 1.
 
     Returns:
         (scored table with ``lidarshard.schemas.scored_schema()``, bucket edges (K-1,) in cost units).
@@ -83,6 +91,10 @@ def score(
     ids, edges = bucket_costs(costs, cfg)
     scored = base.append_column(schemas.scored_schema().field("cost"), pa.array(costs, pa.float64()))
     scored = scored.append_column(schemas.scored_schema().field("bucket_id"), pa.array(ids, pa.int32()))
+    weight = np.ones(len(costs)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if weight.shape != (len(costs),) or not (np.isfinite(weight) & (weight >= 0)).all():
+        raise ValueError("sample weights must hold one finite value >= 0 per sample")
+    scored = scored.append_column(schemas.scored_schema().field("weight"), pa.array(weight, pa.float64()))
     return scored.cast(schemas.scored_schema()), edges
 
 
@@ -124,19 +136,9 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray
     """
     costs = scored.column("cost").to_numpy()
     ids = scored.column("bucket_id").to_numpy()
-    weights = buckets.resolve_weights(cfg.weights, int(ids.max()) + 1 if len(ids) else 1)
-    expected = float(weights[ids].sum()) if len(ids) else 0.0
-    if expected > cfg.max_plan_factor * len(ids):
-        raise ValueError(
-            f"--bucket-weights {list(weights)} would plan ~{expected:.6g} entries from {len(ids)} samples per "
-            f"epoch, more than --max-plan-factor {cfg.max_plan_factor:g} x the input; lower the weights or raise it"
-        )
-    rng = np.random.default_rng([cfg.seed, epoch, _POOL_SALT])
-    pool = buckets.weighted_pool(ids, weights, rng)
+    sample_weights = scored.column("weight").to_numpy() if "weight" in scored.column_names else None
+    pool, dropped, padded = epoch_pool(ids, sample_weights, epoch, cfg)[:3]
     w, b = cfg.world_size, cfg.batch_size
-    dropped = padded = 0
-    if cfg.strategy not in VARIABLE_COUNT:
-        pool, dropped, padded = buckets.fit_pool(pool, w * b, cfg.policy, rng)
     if pool.size == 0 or pool.size < w:
         raise ValueError(
             f"epoch {epoch}: {len(costs)} samples do not fill one step of W*B = "
@@ -153,6 +155,35 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray
     stats = balance_summary(plan, costs[pool], w, b, baseline=baseline, epoch=epoch)
     stats |= {"planned": int(pool.size), "dropped": int(dropped), "padded": int(padded)}
     return np.where(plan >= 0, pool[plan], -1), stats
+
+
+def epoch_pool(
+    ids: NDArray[np.int32], sample_weights: NDArray[np.float64] | None, epoch: int, cfg: PlanConfig
+) -> tuple[NDArray[np.int64], int, int, np.random.Generator]:
+    """The pool epoch ``epoch`` plans: bucket weight x sample weight per sample, realized by seeded
+    stochastic rounding (``buckets.weighted_pool``), then fitted to whole steps for equal-count
+    strategies (``cfg.policy``).
+
+    Args:
+        ids: (N,) bucket ids; sample_weights: (N,) per-sample weights, or None (all 1).
+
+    Returns:
+        (pool (M,) sorted sample indices, dropped, padded, the epoch's generator after its draws).
+    """
+    weights = buckets.resolve_weights(cfg.weights, int(ids.max()) + 1 if len(ids) else 1)
+    per_sample = weights[ids] if sample_weights is None else weights[ids] * sample_weights
+    expected = float(per_sample.sum()) if len(ids) else 0.0
+    if expected > cfg.max_plan_factor * len(ids):
+        raise ValueError(
+            f"the bucket and sample weights would plan ~{expected:.6g} entries from {len(ids)} samples per "
+            f"epoch, more than --max-plan-factor {cfg.max_plan_factor:g} x the input; lower the weights or raise it"
+        )
+    rng = np.random.default_rng([cfg.seed, epoch, _POOL_SALT])
+    pool = buckets.weighted_pool(ids, weights, rng, sample_weights)
+    dropped = padded = 0
+    if cfg.strategy not in VARIABLE_COUNT:
+        pool, dropped, padded = buckets.fit_pool(pool, cfg.world_size * cfg.batch_size, cfg.policy, rng)
+    return pool, dropped, padded, rng
 
 
 def plan_rows(plan: NDArray[np.int64]) -> dict[str, NDArray]:

@@ -5,7 +5,8 @@ injected ``write(rel, data)``.
 filesystem); ``lidarshard.write_manifest`` calls them in one process. Same samples and options,
 same bytes::
 
-    checked = score_samples(samples, rejects, counts, model, cfg, write)   # samples/rejects.parquet
+    samples, weights = repeat.sample_weights(samples, cfg.repeat, read)     # weights, if any
+    checked = score_samples(samples, rejects, counts, model, cfg, write, weights=weights)
     files, stats = write_epoch(scored, epoch, cfg, write)                  # once per epoch
     manifest = manifest_json(meta, cfg, checked, files + checked["files"], stats)
 """
@@ -21,9 +22,18 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
 from lidarshard.transforms.features.accounting import fingerprint
+from lidarshard.transforms.features.buckets import resolve_weights
 from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.features.repeat import Weights, class_counts
 from lidarshard.transforms.plan.caps import over_cap
-from lidarshard.transforms.plan.epochs import PlanConfig, bucket_info, plan_tables, repeat_rates, score
+from lidarshard.transforms.plan.epochs import (
+    PlanConfig,
+    bucket_info,
+    epoch_pool,
+    plan_tables,
+    repeat_rates,
+    score,
+)
 
 __all__ = [
     "Write",
@@ -32,6 +42,7 @@ __all__ = [
     "reject_over_cap",
     "over_cap_rejects",
     "score_samples",
+    "repeat_info",
     "write_epoch",
     "manifest_json",
 ]
@@ -40,7 +51,7 @@ __all__ = [
 Write = Callable[[str, bytes], None]
 
 #: The columns of the scored samples an epoch's plan needs.
-PLAN_INPUT = ["sample_id", "path", "sweep_paths", "cost", "bucket_id", "num_points"]
+PLAN_INPUT = ["sample_id", "path", "sweep_paths", "cost", "bucket_id", "num_points", "weight"]
 
 
 def write_file(write: Write, rel: str, data: bytes) -> dict:
@@ -94,16 +105,18 @@ def score_samples(
     cfg: PlanConfig,
     write: Write,
     costs: pa.Array | None = None,
+    weights: Weights | None = None,
 ) -> dict:
     """Score settled samples (sorted by sample_id), write samples.parquet and rejects.parquet.
 
     Returns only small metadata (``files``, ``counts``, ``model``, ``buckets``, ``fingerprint``,
-    ``pair_repeat_rate``): the scored table is read back from the written file where needed.
-    ``costs`` (N,) replaces the model's costs (``model.name == "given"``).
+    ``pair_repeat_rate``, ``repeat``): the scored table is read back from the written file where
+    needed. ``costs`` (N,) replaces the model's costs (``model.name == "given"``); ``weights`` are the
+    samples' own weights (``repeat.sample_weights``), None: all 1.
     """
     if samples.num_rows == 0:
         raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
-    scored, edges = score(samples, model, cfg, costs)
+    scored, edges = score(samples, model, cfg, costs, None if weights is None else weights.values)
     return {
         "files": [
             write_file(write, schemas.SAMPLES_FILE, parquet_bytes(scored)),
@@ -114,7 +127,30 @@ def score_samples(
         "buckets": bucket_info(scored, edges, cfg),
         "fingerprint": fingerprint(samples),
         "pair_repeat_rate": repeat_rates(scored, cfg),
+        "repeat": repeat_info(scored, weights, cfg),
     }
+
+
+def repeat_info(scored: pa.Table, weights: Weights | None, cfg: PlanConfig) -> dict | None:
+    """The manifest's ``repeat`` object (None without sample weights): expected copies per epoch of
+    the samples holding each lidarseg class (bucket weight x sample weight), and the copies each
+    epoch's plan holds; a column's weights count all samples under ``'all'``."""
+    if weights is None:
+        return None
+    ids = scored.column("bucket_id").to_numpy()
+    n = scored.num_rows
+    held = weights.presence if weights.presence is not None else np.ones((n, 1), dtype=bool)
+
+    def named(totals: dict[str, float]) -> dict[str, float]:
+        return totals if weights.presence is not None else {"all": totals.get("0", 0.0)}
+
+    k = int(ids.max()) + 1 if n else 1
+    expected = named(class_counts(held, weights.values * resolve_weights(cfg.weights, k)[ids]))
+    realized = [
+        named(class_counts(held, np.bincount(epoch_pool(ids, weights.values, e, cfg)[0], minlength=n)))
+        for e in range(cfg.epochs)
+    ]
+    return {"mode": cfg.repeat.mode, "expected": expected, "realized": realized}
 
 
 def write_epoch(scored: pa.Table, epoch: int, cfg: PlanConfig, write: Write) -> tuple[list[dict], dict]:
@@ -140,6 +176,7 @@ def manifest_json(meta: dict, cfg: PlanConfig, checked: dict, files: list[dict],
         "strategy": cfg.strategy,
         "policy": cfg.policy,
         "caps": cfg.caps.to_json(),
+        "repeat": checked["repeat"],
         "cost_model": checked["model"],
         "buckets": checked["buckets"],
         "steps_per_epoch": [s["steps"] for s in stats],

@@ -22,6 +22,7 @@ __all__ = [
     "rank_totals",
     "bucket_composition",
     "rejects_by_reason",
+    "repeat_counts",
     "predicted_vs_measured",
     "residuals",
 ]
@@ -222,6 +223,31 @@ def rejects_by_reason(reasons: Mapping[str, int]) -> bytes:
         ax.set_xlabel("rejected inputs")
         ax.margins(x=0.12)
     ax.set_title(f"Rejected inputs by reason ({sum(reasons.values())} total)")
+    return _png(fig)
+
+
+#: Epochs ``repeat_counts`` draws bars for (the manifest holds them all).
+MAX_EPOCH_BARS = 8
+
+
+def repeat_counts(expected: Mapping[str, float], realized: list[Mapping[str, float]], mode: str) -> bytes:
+    """Grouped bars per class: expected copies per epoch (black) beside the realized copies of the
+    first ``MAX_EPOCH_BARS`` epochs."""
+    names = sorted(expected, key=lambda c: (len(c), c))  # class indices in numeric order
+    realized = realized[:MAX_EPOCH_BARS]
+    fig, ax = _figure(width=min(20.0, max(7.5, 0.3 * len(names) * (1 + len(realized)))))
+    x = np.arange(len(names), dtype=np.float64)
+    width = 0.8 / (1 + len(realized))
+    ax.bar(x, [expected[c] for c in names], width, color="black", label="expected")
+    for i, r in enumerate(realized):
+        ax.bar(
+            x + (i + 1) * width, [r.get(c, 0.0) for c in names], width, color=f"C{i % 10}", label=f"epoch {i}"
+        )
+    ax.set_xticks(x + 0.4 - width / 2, names)
+    ax.set_xlabel("lidarseg class index" if names != ["all"] else "")
+    ax.set_ylabel("sample copies per epoch")
+    ax.set_title(f"Expected vs realized copies ({mode})")
+    ax.legend(fontsize=8, ncol=min(4, 1 + len(realized)))
     return _png(fig)
 
 

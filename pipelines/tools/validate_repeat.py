@@ -1,0 +1,116 @@
+"""``lidarshard validate``'s checks of per-sample weights (repeat factors, ``--sample-weights``). No Beam.
+
+samples.parquet's ``weight`` must be finite and >= 0, and 1 everywhere unless the manifest records a
+``repeat`` object. Under ``lidarseg:t=T`` the weights are re-derived from the label files (resolved
+against ``path_root``); ``repeat.expected`` is recomputed from the weights and bucket weights, and
+``repeat.realized[e]`` from epoch ``e``'s plan rows. How many copies a weight allows is checked with
+the other counts (``validate_plan.check_epoch``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from lidarshard.transforms import paths, storage
+from lidarshard.transforms.features.buckets import resolve_weights
+from lidarshard.transforms.features.repeat import (
+    class_counts,
+    label_presence,
+    lvis_factors,
+    parse_repeat_factors,
+)
+from lidarshard.transforms.jsonsafe import short
+
+__all__ = ["check_weights", "check_realized"]
+
+_WHERE = "_manifest.json"
+
+
+def _named(held: NDArray[np.bool_], copies: NDArray[np.float64], per_class: bool) -> dict[str, float]:
+    totals = class_counts(held, copies)
+    return totals if per_class else {"all": totals.get("0", 0.0)}
+
+
+def _same(got: object, want: dict[str, float]) -> bool:
+    return (
+        isinstance(got, dict)
+        and set(got) == set(want)
+        and all(
+            isinstance(got[k], (int, float)) and abs(got[k] - v) <= 1e-6 * max(1.0, abs(v))
+            for k, v in want.items()
+        )
+    )
+
+
+def _label_presence(
+    problems: list[str], samples: pa.Table, root: str | None
+) -> tuple[NDArray[np.bool_], NDArray[np.bool_]] | None:
+    found = paths.absolute(samples.select(["label_path"]), root).column("label_path").to_pylist()
+    try:
+        return label_presence(None if p is None else storage.read_bytes(p) for p in found)
+    except OSError as e:
+        problems.append(f"{e.filename or 'label_path'}: lidarseg labels unreadable ({e.strerror or e}); "
+                        "the weights were not re-derived")  # fmt: skip
+        return None
+
+
+def check_weights(problems: list[str], m: dict, samples: pa.Table) -> tuple[NDArray[np.bool_], bool] | None:
+    """The ``weight`` column against ``m['repeat']``; returns (held (N, C) booleans the counts are
+    per, per-class?) for :func:`check_realized`, or None when there is nothing (more) to check."""
+    w = samples.column("weight").to_numpy()
+    rep = m.get("repeat")
+    if not (np.isfinite(w).all() and (w >= 0).all()):
+        problems.append("samples.parquet: weight holds values that are not finite and >= 0")
+        return None
+    if rep is None:
+        if (w != 1).any():
+            i = int(np.flatnonzero(w != 1)[0])
+            problems.append(f"samples.parquet: {samples.column('sample_id')[i]} has weight {w[i]:g} but the "
+                            "manifest records no repeat factors or sample weights")  # fmt: skip
+        return None
+    mode = rep.get("mode") if isinstance(rep, dict) else None
+    if not isinstance(mode, str) or not mode.startswith(("lidarseg:", "column:")):
+        problems.append(f"{_WHERE}: repeat.mode {short(mode)} is not lidarseg:t=T or column:NAME")
+        return None
+    n = samples.num_rows
+    held, per_class = np.ones((n, 1), dtype=bool), mode.startswith("lidarseg:")
+    if per_class:
+        try:
+            t = parse_repeat_factors(mode)
+        except ValueError as e:
+            problems.append(f"{_WHERE}: repeat.mode {short(mode)}: {e}")
+            return None
+        found = _label_presence(problems, samples, m.get("path_root"))
+        if found is None:
+            return None
+        held = found[0]
+        again = lvis_factors(found[0], found[1], t)
+        bad = np.flatnonzero(np.abs(again - w) > 1e-9 * np.maximum(1.0, again))
+        if bad.size:
+            i = int(bad[0])
+            problems.append(f"samples.parquet: {samples.column('sample_id')[i]} has weight {w[i]:.6g}, its "
+                            f"labels give repeat factor {again[i]:.6g} ({bad.size} samples differ)")  # fmt: skip
+    ids = samples.column("bucket_id").to_numpy()
+    try:
+        bucket = resolve_weights(m["buckets"]["weights"], len(m["buckets"]["weights"]))[ids]
+    except (ValueError, TypeError, IndexError):  # reported by the bucket checks
+        return None
+    want = _named(held, w * bucket, per_class)
+    if not _same(rep.get("expected"), want):
+        problems.append(
+            f"{_WHERE}: repeat.expected recorded {short(rep.get('expected'))}, recomputed {short(want)}"
+        )
+    return held, per_class
+
+
+def check_realized(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], held: tuple) -> None:
+    """``repeat.realized[e]`` equals the copies per class that epoch ``e``'s plan (S, W, M) holds."""
+    presence, per_class = held
+    seen = np.bincount(plan[plan >= 0], minlength=presence.shape[0])
+    want = _named(presence, seen, per_class)
+    realized = m["repeat"].get("realized")
+    got = realized[e] if isinstance(realized, list) and e < len(realized) else None
+    if not _same(got, want):
+        problems.append(f"epoch {e}: repeat.realized recorded {short(got)}, the plan holds {short(want)}")

@@ -1,0 +1,231 @@
+"""The fill step of ``budget``: items, heaviest first, each to the bin furthest below its target.
+
+Bins are ordered by the tuple ``(key, tie, bin)`` with ``key = load - target``; each item goes to
+the smallest bin (that fits the caps) and raises its key by the item's cost. Two implementations
+give the same assignment:
+
+- ``lpt_rounds`` (no caps): exact and vectorized. The bins are kept sorted; a *round* gives the
+  next ``k`` items to the ``k`` smallest bins in order, ``k`` the longest prefix where every bin
+  is still smaller than each bin already raised in the round (so the heap would choose the same).
+  Then the raised bins are merged back into the sorted order. Rounds are long wherever items are
+  small next to the spread of keys, so an epoch takes tens of rounds, not one heap step per item;
+- ``lpt_heap`` (caps): the scalar heap, skipping bins a cap blocks.
+
+``Packed`` holds the result per bin (members in insertion order, loads) and repairs empty bins.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+from numpy.typing import NDArray
+
+from lidarshard.transforms.plan.caps import PoolLimits
+
+__all__ = ["Packed", "CapState", "fill", "lpt_rounds", "lpt_heap"]
+
+_MIN_ROUND = 64  # items tried at least per round: after a short round, the next tries 4x as many
+
+
+def lpt_rounds(
+    key0: NDArray[np.float64], tie: NDArray[np.float64], x: NDArray[np.float64]
+) -> NDArray[np.int64]:
+    """Exact LPT against targets without caps, vectorized in rounds.
+
+    Args:
+        key0: (n,) initial key of each bin (load - target).
+        tie: (n,) tie-break of each bin (then the bin id).
+        x: (K,) key increment of each item, in assignment order.
+
+    Returns:
+        (K,) bin of each item: the same as a heap of ``(key, tie, bin)`` that gives each item to
+        its smallest entry.
+    """
+    n = key0.size
+    if not x.size:
+        return np.empty(0, dtype=np.int64)
+    ids = np.lexsort((tie, key0))  # ascending (key, tie, bin): lexsort is stable
+    key, tie_s = key0[ids], tie[ids]
+    out = np.empty(x.size, dtype=np.int64)
+    j, m = 0, n
+    while j < x.size:
+        m = min(m, n, x.size - j)
+        raised = key[:m] + x[j : j + m]
+        low = np.minimum.accumulate(raised)
+        stop = np.append(key[1:m] >= low[:-1], True)  # a raised bin is as small: the heap may choose it
+        k = min(int(np.argmax(stop)) + 1, m)
+        out[j : j + k] = ids[:k]
+        j += k
+        _merge_front(key, tie_s, ids, raised[:k])
+        m = n if k == m else max(_MIN_ROUND, 4 * k)
+    return out
+
+
+def _merge_front(key: NDArray, tie: NDArray, ids: NDArray, raised: NDArray) -> None:
+    """In place: the first ``k = raised.size`` bins of the sorted arrays take the keys ``raised``;
+    merge them back into the sorted rest (ascending ``(key, tie, bin)``)."""
+    k = raised.size
+    hi = k + int(np.searchsorted(key[k:], raised.max(), side="right"))  # the rest beyond stays
+    t = np.argsort(raised, kind="stable")
+    new = (raised[t], tie[:k][t], ids[:k][t])
+    old = (key[k:hi].copy(), tie[k:hi].copy(), ids[k:hi].copy())
+    left = np.searchsorted(old[0], new[0], side="left")
+    if (np.searchsorted(old[0], new[0], side="right") > left).any() or (new[0][1:] == new[0][:-1]).any():
+        s = np.lexsort(tuple(np.concatenate([a, b]) for a, b in zip(new[::-1], old[::-1], strict=True)))
+        for arr, a, b in zip((key, tie, ids), new, old, strict=True):
+            arr[:hi] = np.concatenate([a, b])[s]  # equal keys: order by tie, then bin
+        return
+    dest = left + np.arange(k)  # raised bin r lands after `left[r]` untouched ones and r raised
+    free = np.ones(hi, dtype=bool)
+    free[dest] = False
+    for arr, a, b in zip((key, tie, ids), new, old, strict=True):
+        arr[:hi][dest] = a
+        arr[:hi][free] = b
+
+
+class CapState:
+    """Per-bin samples, cost and points that the caps are checked against (Python scalars: the
+    heap loop is scalar)."""
+
+    def __init__(
+        self, limits: PoolLimits, costs: NDArray[np.float64], first: NDArray[np.int64], n: int
+    ) -> None:
+        caps, points = limits.caps, limits.points
+        self.max_n, self.max_c = caps.max_samples, caps.max_cost
+        self.max_p = caps.max_points if points is not None else None
+        self.cost = costs.tolist()
+        self.pt = points.tolist() if self.max_p is not None else None
+        self.counts = [1] * first.size + [0] * (n - first.size)
+        self.loads = (costs[first] if first.size else np.zeros(n)).tolist()
+        self.pts = points[first].tolist() if self.pt is not None and first.size else [0] * n
+
+    def fits(self, b: int, item: int) -> bool:
+        """Whether bin b can take pool entry ``item`` without exceeding a cap."""
+        if self.max_n is not None and self.counts[b] >= self.max_n:
+            return False
+        if self.max_c is not None and self.loads[b] + self.cost[item] > self.max_c:
+            return False
+        return self.max_p is None or self.pts[b] + self.pt[item] <= self.max_p
+
+    def add(self, b: int, item: int) -> bool:
+        """Put ``item`` into bin b; True when the bin is now full (``max_samples``)."""
+        self.counts[b] += 1
+        self.loads[b] += self.cost[item]
+        if self.pt is not None:
+            self.pts[b] += self.pt[item]
+        return self.max_n is not None and self.counts[b] >= self.max_n
+
+
+def lpt_heap(
+    key0: NDArray[np.float64], tie: NDArray[np.float64], items: NDArray[np.int64], x: NDArray, state: CapState
+) -> NDArray[np.int64] | None:
+    """LPT against targets with caps: each item to the smallest ``(key, tie, bin)`` that fits.
+
+    Args:
+        key0: (n,) initial keys; tie: (n,) tie-breaks; items: (K,) pool indices; x: (K,) their key
+            increments; state: the bins' contents the caps are checked against, updated in place.
+
+    Returns:
+        (K,) bin of each item, or None where an item fits no bin.
+    """
+    heap = list(zip(key0.tolist(), tie.tolist(), range(key0.size), strict=True))
+    heapq.heapify(heap)
+    out = np.empty(items.size, dtype=np.int64)
+    for i, (item, step) in enumerate(zip(items.tolist(), x.tolist(), strict=True)):
+        skipped = []
+        while heap and not state.fits(heap[0][2], item):
+            skipped.append(heapq.heappop(heap))
+        if not heap:
+            return None
+        key, t, b = heapq.heappop(heap)
+        out[i] = b
+        full = state.add(b, item)
+        for entry in skipped if full else [*skipped, (key + step, t, b)]:
+            heapq.heappush(heap, entry)
+    return out
+
+
+class Packed:
+    """Bins as CSR: ``members[start[b] : start[b] + counts[b]]`` are bin b's pool indices in
+    insertion order; ``loads`` (n,) their cost, summed in that order."""
+
+    def __init__(
+        self, members: NDArray[np.int64], counts: NDArray[np.int64], loads: NDArray[np.float64]
+    ) -> None:
+        self.members, self.counts, self.loads = members, counts, loads
+        self.start = np.cumsum(counts) - counts
+
+    @classmethod
+    def of(cls, n: int, seq_items: NDArray[np.int64], seq_bins: NDArray[np.int64], costs: NDArray) -> Packed:
+        """From (K,) pool indices and their (K,) bins in insertion order."""
+        members = seq_items[np.argsort(seq_bins, kind="stable")]
+        loads = np.bincount(seq_bins, weights=costs[seq_items], minlength=n)  # sequential sums
+        return cls(members, np.bincount(seq_bins, minlength=n), loads)
+
+    def repair_empty(self, costs: NDArray[np.float64]) -> Packed | None:
+        """Every empty bin takes one sample: the last item of the fullest bin. None: no donor."""
+        empty = np.flatnonzero(self.counts == 0)
+        if not empty.size:
+            return self
+        counts, loads, moved = self.counts.copy(), self.loads.copy(), []
+        for b in empty.tolist():
+            donor = int(np.argmax(counts))
+            if counts[donor] < 2:
+                return None
+            counts[donor] -= 1
+            item = int(self.members[self.start[donor] + counts[donor]])
+            loads[donor] -= costs[item]
+            loads[b] = 0.0 + costs[item]
+            counts[b] = 1
+            moved.append((b, item))
+        within = np.arange(self.members.size) - np.repeat(self.start, self.counts)
+        keep = within < np.repeat(counts, self.counts)  # donors lose their last members
+        bins = np.repeat(np.arange(counts.size), self.counts)[keep]
+        to, items = np.asarray(moved, dtype=np.int64).T
+        out = Packed.of(
+            counts.size, np.concatenate([self.members[keep], items]), np.concatenate([bins, to]), costs
+        )
+        return Packed(out.members, out.counts, loads)  # loads by the moves' own arithmetic
+
+    def padded(self, layout: NDArray[np.int64]) -> NDArray[np.int64]:
+        """(S, W, M) pool indices of the bins ``layout`` (S, W), ``-1`` beyond each bin's count."""
+        flat = layout.ravel()
+        c = self.counts[flat]
+        out = np.full((flat.size, int(c.max())), -1, dtype=np.int64)
+        rows = np.repeat(np.arange(flat.size), c)
+        cols = np.arange(c.sum()) - np.repeat(np.cumsum(c) - c, c)
+        out[rows, cols] = self.members[np.repeat(self.start[flat], c) + cols]
+        return out.reshape(*layout.shape, -1)
+
+
+def fill(
+    first: NDArray[np.int64],
+    rest: NDArray[np.int64],
+    target: NDArray[np.float64],
+    costs: NDArray[np.float64],
+    tie: NDArray[np.float64],
+    limits: PoolLimits,
+) -> Packed | None:
+    """Pack ``first`` one per bin (bin i takes ``first[i]``; may be empty), then ``rest`` (heaviest
+    first) by LPT against ``target`` (n,); zero-cost items to the bins holding the fewest samples;
+    empty bins repaired. None where the caps block."""
+    n = target.size
+    loads0 = costs[first] if first.size else np.zeros(n)
+    key0, tie = loads0 - target, tie[:n]
+    positive = costs[rest] > 0.0
+    live, zero = rest[positive], rest[~positive]
+    if not limits.caps.active:
+        to_live = lpt_rounds(key0, tie, costs[live])
+        counts = np.bincount(np.concatenate([np.arange(first.size), to_live]), minlength=n)
+        to_zero = lpt_rounds(counts.astype(np.float64), tie, np.ones(zero.size))
+    else:
+        state = CapState(limits, costs, first, n)
+        to_live = lpt_heap(key0, tie, live, costs[live], state)
+        if to_live is None:
+            return None
+        to_zero = lpt_heap(np.asarray(state.counts, np.float64), tie, zero, np.ones(zero.size), state)
+        if to_zero is None:
+            return None
+    bins = np.concatenate([np.arange(first.size), to_live, to_zero])
+    return Packed.of(n, np.concatenate([first, live, zero]), bins, costs).repair_empty(costs)
