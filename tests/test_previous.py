@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import BEAM_TEST_FLAGS, build_bins_manifest
+from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
