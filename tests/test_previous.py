@@ -8,12 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
 from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.features import previous
+from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
 
 
 @pytest.fixture(scope="module")

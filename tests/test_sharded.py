@@ -24,6 +24,7 @@ def _scored(n: int, seed: int) -> pa.Table:
             "cost": rng.lognormal(0.0, 1.0, n),
             "bucket_id": pa.array(rng.integers(0, 3, n), pa.int32()),
             "num_points": rng.integers(1, 1000, n),
+            "weight": rng.choice([0.0, 0.5, 1.0, 1.0, 2.3], n),
         }
     )
 
@@ -83,7 +84,6 @@ def test_slice_rows_and_bounds() -> None:
     assert sharded.shard_bounds(5, 2) == [(0, 2), (2, 4), (4, 5)]
     part = {"row": np.array([0, 1, 1, 3, 4]), "rank": np.arange(5)}
     assert sharded.slice_rows(part, 1, 4)["rank"].tolist() == [1, 2, 3]
-    with pytest.raises(ValueError):
-        sharded.assignment(
-            _scored(3, 0).select(sharded.NUMERIC_INPUT), 0, PlanConfig(world_size=4, batch_size=1)
-        )
+    three = _scored(3, 0).select(sharded.NUMERIC_INPUT).set_column(3, "weight", pa.array([1.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="do not fill one step"):
+        sharded.assignment(three, 0, PlanConfig(world_size=4, batch_size=1))
