@@ -42,7 +42,7 @@ from lidarshard.pipelines.tools.validate_plan import (
     padded_plan,
 )
 from lidarshard.pipelines.tools.validate_repeat import check_realized, check_weights
-from lidarshard.pipelines.tools.validate_samples import SamplesView, read_samples
+from lidarshard.pipelines.tools.validate_samples import SamplesView, read_samples, release_memory
 from lidarshard.transforms import storage
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
@@ -412,6 +412,7 @@ def _check_manifest(c: _Checker) -> str:
         if len(ranks) == w:
             table, idx = pa.concat_tables(ranks).combine_chunks(), np.concatenate(found)
             ranks, found = [], []  # (held through the re-plan otherwise)
+            release_memory()
             plan = padded_plan(idx, table, steps[e], w)
             check_counts(c.problems, e, table, plan, per_step)
             del table, idx

@@ -10,6 +10,8 @@ case of two ids sharing a key is detected and reported as a problem of the valid
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 from collections.abc import Callable
 
@@ -22,11 +24,30 @@ from numpy.typing import NDArray
 from lidarshard.transforms import paths, storage
 from lidarshard.transforms.features.accounting import fingerprint_update
 
-__all__ = ["NUMERIC", "SamplesView", "id_keys", "row_keys", "read_samples"]
+__all__ = ["NUMERIC", "SamplesView", "id_keys", "row_keys", "read_samples", "release_memory"]
 
 #: Sample columns kept whole (those absent from a scan's samples are skipped): what plans are
 #: checked and re-planned from, 28 bytes a sample.
 NUMERIC = ["cost", "bucket_id", "num_points", "weight"]
+
+
+def release_memory() -> None:
+    """Hand memory freed by a streaming pass back to the OS (Arrow's pool and glibc's heap keep it
+    otherwise: at 3M samples ~0.3 GB of the validator's RSS after reading samples.parquet)."""
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _glibc()
 
 
 def _digests(values: pa.Array) -> NDArray[np.uint64]:
@@ -169,4 +190,6 @@ def read_samples(
         np.concatenate(row_parts) if row_parts else np.empty(0, np.uint64),
         (np.concatenate(costs) if costs else np.empty(0)) if model_cost is not None else None,
     )
+    del parts, id_parts, row_parts, costs
+    release_memory()
     return view, h.hexdigest(), path_bad
