@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes, FileMetadata, FileSystem
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,3 +164,19 @@ class MemoryObjectStore(FileSystem):
                     errors[path] = FileNotFoundError(path)
         if errors:
             raise BeamIOError("Delete failed", errors)
+
+
+def scored_pool(n: int, seed: int) -> pa.Table:
+    """``n`` scored rows (ids, paths, 0-3 sweeps, lognormal costs, 3 buckets, points, weights 0..2.3)."""
+    rng = np.random.default_rng(seed)
+    return pa.table(
+        {
+            "sample_id": [f"s{i:06d}" for i in range(n)],
+            "path": [f"scenes/{i}.bin" for i in range(n)],
+            "sweep_paths": [[f"sweeps/{i}_{j}.bin" for j in range(i % 4)] for i in range(n)],
+            "cost": rng.lognormal(0.0, 1.0, n),
+            "bucket_id": pa.array(rng.integers(0, 3, n), pa.int32()),
+            "num_points": rng.integers(1, 1000, n),
+            "weight": rng.choice([0.0, 0.5, 1.0, 1.0, 2.3], n),
+        }
+    )

@@ -12,21 +12,7 @@ from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.plan import sharded
 from lidarshard.transforms.plan.caps import Caps
 from lidarshard.transforms.plan.epochs import PlanConfig, plan_tables
-
-
-def _scored(n: int, seed: int) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    return pa.table(
-        {
-            "sample_id": [f"s{i:06d}" for i in range(n)],
-            "path": [f"scenes/{i}.bin" for i in range(n)],
-            "sweep_paths": [[f"sweeps/{i}_{j}.bin" for j in range(i % 4)] for i in range(n)],
-            "cost": rng.lognormal(0.0, 1.0, n),
-            "bucket_id": pa.array(rng.integers(0, 3, n), pa.int32()),
-            "num_points": rng.integers(1, 1000, n),
-            "weight": rng.choice([0.0, 0.5, 1.0, 1.0, 2.3], n),
-        }
-    )
+from tests.helpers import scored_pool
 
 
 def _sharded_tables(
@@ -55,7 +41,7 @@ def _sharded_tables(
     seed=st.integers(0, 3),
 )
 def test_pieces_make_the_same_rank_files(n, w, b, strategy, policy, rows, reverse, seed) -> None:
-    scored = _scored(n, seed)
+    scored = scored_pool(n, seed)
     cfg = PlanConfig(world_size=w, batch_size=b, strategy=strategy, policy=policy, weights=(1.0, 2.0, 0.5))
     want, _ = plan_tables(scored, 1, cfg)
     got = _sharded_tables(scored, 1, cfg, rows, reverse)
@@ -66,7 +52,7 @@ def test_pieces_make_the_same_rank_files(n, w, b, strategy, policy, rows, revers
 
 def test_pieces_round_trip_through_parquet_keep_the_schema() -> None:
     """Pieces are stored as Parquet; read back, list items are named 'element': the file is unchanged."""
-    scored = _scored(300, 0)
+    scored = scored_pool(300, 0)
     cfg = PlanConfig(world_size=3, batch_size=2, caps=Caps(max_points=5000), strategy="budget")
     want, _ = plan_tables(scored, 0, cfg)
     part, _ = sharded.assignment(scored.select(sharded.NUMERIC_INPUT), 0, cfg)
@@ -84,6 +70,6 @@ def test_slice_rows_and_bounds() -> None:
     assert sharded.shard_bounds(5, 2) == [(0, 2), (2, 4), (4, 5)]
     part = {"row": np.array([0, 1, 1, 3, 4]), "rank": np.arange(5)}
     assert sharded.slice_rows(part, 1, 4)["rank"].tolist() == [1, 2, 3]
-    three = _scored(3, 0).select(sharded.NUMERIC_INPUT).set_column(3, "weight", pa.array([1.0, 1.0, 1.0]))
+    three = scored_pool(3, 0).select(sharded.NUMERIC_INPUT).set_column(3, "weight", pa.array([1.0, 1.0, 1.0]))
     with pytest.raises(ValueError, match="do not fill one step"):
         sharded.assignment(three, 0, PlanConfig(world_size=4, batch_size=1))

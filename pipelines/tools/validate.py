@@ -42,10 +42,14 @@ from lidarshard.pipelines.tools.validate_plan import (
     padded_plan,
 )
 from lidarshard.pipelines.tools.validate_repeat import check_realized, check_weights
-from lidarshard.pipelines.tools.validate_samples import SamplesView, read_samples, release_memory
+from lidarshard.pipelines.tools.validate_samples import (
+    SamplesView,
+    check_scored,
+    cost_model_of,
+    read_samples,
+    release_memory,
+)
 from lidarshard.transforms import storage
-from lidarshard.transforms.features.buckets import assign_buckets
-from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.jsonsafe import loads, short
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
@@ -265,52 +269,6 @@ def _load_json(c: _Checker, rel: str) -> dict:
     return obj
 
 
-def _model_cost(m: dict) -> tuple[Callable[[pa.Table], np.ndarray] | None, str | None]:
-    """(row group -> costs under the recorded cost model, or None for "given" costs; the reason the
-    model cannot be applied, or None)."""
-    try:
-        model = CostModel(**m["cost_model"])
-    except (TypeError, ValueError, KeyError) as e:
-        return None, f"cost_model {short(m.get('cost_model'))} cannot be applied ({e})"
-    # "given": costs came with the samples (lidarshard.write_manifest), nothing to re-derive
-    return (None if model.name == "given" else lambda t: sample_costs(t, model)), None
-
-
-def _check_scored(c: _Checker, m: dict, samples: SamplesView, bad_model: str | None) -> None:
-    """Costs from the recorded cost model, bucket ids from the edges, bucket counts."""
-    rel = schemas.SAMPLES_FILE
-    cost = samples.column("cost").to_numpy()
-    want = cost if samples.model_cost is None else samples.model_cost
-    if bad_model:
-        c.problem("_manifest.json", bad_model)
-    else:
-        bad = np.flatnonzero(~np.isclose(cost, want, rtol=1e-12, atol=0))
-        if bad.size:
-            sid = samples.column("sample_id")[int(bad[0])]
-            c.problem(
-                rel, f"{bad.size} costs differ from cost_model, first {sid}: {cost[bad[0]]} != {want[bad[0]]}"
-            )
-    edges = np.asarray(m["buckets"].get("edges", []), dtype=np.float64)
-    ids = samples.column("bucket_id").to_numpy()
-    try:
-        bad = np.flatnonzero(assign_buckets(cost, edges) != ids)
-    except ValueError as e:
-        c.problem(rel, f"costs or bucket edges are invalid ({e})")
-        return
-    if bad.size:
-        c.problem(
-            rel,
-            f"{bad.size} bucket_ids disagree with buckets.edges, first {samples.column('sample_id')[int(bad[0])]}",
-        )
-    k = len(edges) + 1
-    if np.bincount(ids, minlength=k).tolist() != m["buckets"].get("counts"):
-        c.problem("_manifest.json", "buckets.counts differ from the bucket_ids in samples.parquet")
-    if len(m["buckets"].get("weights", [])) != k:
-        c.problem(
-            "_manifest.json", f"buckets.weights holds {len(m['buckets'].get('weights', []))} values, need {k}"
-        )
-
-
 def _plan_key(rel: str) -> tuple[int, int] | None:
     """(epoch, rank) when ``rel`` is exactly ``schemas.plan_file(epoch, rank)``, else None."""
     nums = re.findall(r"[0-9]{1,18}", rel)[:2]
@@ -378,7 +336,7 @@ def _check_manifest(c: _Checker) -> str:
         raise Invalid("_manifest.json: 'files' is not a JSON object")
     complete = _check_listed(c, m["files"], w, epochs)
     good = c.files(m["files"])
-    model_cost, bad_model = _model_cost(m)
+    model_cost, bad_model = cost_model_of(m)
     samples = c.samples(
         schemas.SAMPLES_FILE in good, schemas.scored_schema(), m["counts"], m["inputs_fingerprint"],
         m.get("path_root"), model_cost if bad_model is None else None,
@@ -386,7 +344,7 @@ def _check_manifest(c: _Checker) -> str:
     c.rejects(schemas.REJECTS_FILE in good, m["counts"])
     if samples is None:
         return "samples.parquet unusable"
-    _check_scored(c, m, samples, bad_model)
+    check_scored(c.problem, m, samples, bad_model)
     held = check_weights(c.problems, m, samples)
     rows = 0
     per_step = None if m["strategy"] in VARIABLE_COUNT else b

@@ -21,10 +21,23 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from lidarshard import schemas
 from lidarshard.transforms import paths, storage
 from lidarshard.transforms.features.accounting import fingerprint_update
+from lidarshard.transforms.features.buckets import assign_buckets
+from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.jsonsafe import short
 
-__all__ = ["NUMERIC", "SamplesView", "id_keys", "row_keys", "read_samples", "release_memory"]
+__all__ = [
+    "NUMERIC",
+    "SamplesView",
+    "id_keys",
+    "row_keys",
+    "read_samples",
+    "release_memory",
+    "cost_model_of",
+    "check_scored",
+]
 
 #: Sample columns kept whole (those absent from a scan's samples are skipped): what plans are
 #: checked and re-planned from, 28 bytes a sample.
@@ -193,3 +206,52 @@ def read_samples(
     del parts, id_parts, row_parts, costs
     release_memory()
     return view, h.hexdigest(), path_bad
+
+
+def cost_model_of(m: dict) -> tuple[Callable[[pa.Table], np.ndarray] | None, str | None]:
+    """(row group -> costs under the recorded cost model, or None for "given" costs; the reason the
+    model cannot be applied, or None)."""
+    try:
+        model = CostModel(**m["cost_model"])
+    except (TypeError, ValueError, KeyError) as e:
+        return None, f"cost_model {short(m.get('cost_model'))} cannot be applied ({e})"
+    # "given": costs came with the samples (lidarshard.write_manifest), nothing to re-derive
+    return (None if model.name == "given" else lambda t: sample_costs(t, model)), None
+
+
+def check_scored(
+    problem: Callable[[str, str], None], m: dict, samples: SamplesView, bad_model: str | None
+) -> None:
+    """Costs from the recorded cost model (``samples.model_cost``), bucket ids from the edges, bucket
+    counts; ``problem(where, what)`` reports, ``bad_model`` is ``cost_model_of``'s reason."""
+    rel = schemas.SAMPLES_FILE
+    cost = samples.column("cost").to_numpy()
+    want = cost if samples.model_cost is None else samples.model_cost
+    if bad_model:
+        problem("_manifest.json", bad_model)
+    else:
+        bad = np.flatnonzero(~np.isclose(cost, want, rtol=1e-12, atol=0))
+        if bad.size:
+            sid = samples.column("sample_id")[int(bad[0])]
+            problem(
+                rel, f"{bad.size} costs differ from cost_model, first {sid}: {cost[bad[0]]} != {want[bad[0]]}"
+            )
+    edges = np.asarray(m["buckets"].get("edges", []), dtype=np.float64)
+    ids = samples.column("bucket_id").to_numpy()
+    try:
+        bad = np.flatnonzero(assign_buckets(cost, edges) != ids)
+    except ValueError as e:
+        problem(rel, f"costs or bucket edges are invalid ({e})")
+        return
+    if bad.size:
+        problem(
+            rel,
+            f"{bad.size} bucket_ids disagree with buckets.edges, first {samples.column('sample_id')[int(bad[0])]}",
+        )
+    k = len(edges) + 1
+    if np.bincount(ids, minlength=k).tolist() != m["buckets"].get("counts"):
+        problem("_manifest.json", "buckets.counts differ from the bucket_ids in samples.parquet")
+    if len(m["buckets"].get("weights", [])) != k:
+        problem(
+            "_manifest.json", f"buckets.weights holds {len(m['buckets'].get('weights', []))} values, need {k}"
+        )

@@ -1,0 +1,42 @@
+"""``pipelines.tools.validate_samples``: row keys, the id lookup, the streamed read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lidarshard import schemas
+from lidarshard.pipelines.tools.validate_samples import id_keys, read_samples, release_memory, row_keys
+from lidarshard.transforms.arrow import parquet_bytes
+from tests.helpers import scored_pool
+
+
+def test_row_keys_see_every_part_of_a_row() -> None:
+    ids = pa.array(["a", "a", "a", "a", "a"])
+    path = pa.array(["p", "p", "q", None, "p"])
+    sweeps = pa.array([["x", "y"], ["xy"], ["x", "y"], ["x", "y"], None])
+    keys = row_keys(ids, path, sweeps)
+    assert len(set(keys.tolist())) == 5  # a changed path, a split sweep, a null path, null sweeps
+    assert row_keys(ids, path, sweeps).tolist() == keys.tolist()  # deterministic (no salted hash)
+    assert id_keys(pa.array(["a", "b"]))[0] == id_keys(pa.array(["b", "a"]))[1]
+
+
+def test_streamed_view_finds_rows_and_reads_ids_on_demand(tmp_path) -> None:
+    table = scored_pool(40_000, 1)
+    full = pa.table({f.name: table.column(f.name) if f.name in table.column_names else pa.nulls(40_000, f.type)
+                     for f in schemas.scored_schema()})  # fmt: skip
+    full = full.set_column(
+        full.schema.get_field_index("file_bytes"), "file_bytes", pa.array(np.arange(40_000))
+    )
+    path = tmp_path / "samples.parquet"
+    path.write_bytes(parquet_bytes(full.cast(schemas.scored_schema())))
+    problems: list[str] = []
+    view, _, _ = read_samples(str(path), pq.ParquetFile(str(path)), None, problems.append)
+    release_memory()
+    assert problems == [] and view.num_rows == 40_000 and not view.key_clash()
+    rows = np.array([0, 17_000, 39_999, 5])
+    assert view.find(table.column("sample_id").take(pa.array(rows))).tolist() == rows.tolist()
+    assert view.find(pa.array(["nope"])).tolist() == [-1]
+    assert view.column("sample_id")[17_000] == table.column("sample_id")[17_000].as_py()
+    assert view.column("cost").to_numpy()[5] == table.column("cost")[5].as_py()
