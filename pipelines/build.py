@@ -25,13 +25,12 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
 from lidarshard.pipelines import launch, options
 from lidarshard.transforms import paths, storage
-from lidarshard.transforms.arrow import parquet_bytes, read_rows
+from lidarshard.transforms.arrow import parquet_bytes, parquet_file, read_rows
 from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, scan_results
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.features import previous, repeat
@@ -125,7 +124,7 @@ def _settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) -
         return paths.relative_to(paths.absolute(t, old_root), new_root)
 
     with storage.open_read(path) as f:
-        file = pq.ParquetFile(f)
+        file = parquet_file(f)
         numeric = None if cfg.repeat.threshold is not None else previous.numeric_columns(file, column)
         if numeric is None:
             return _check_and_score(*_previous(path, new_root, column), model, cfg, args)
@@ -200,7 +199,7 @@ def _write_pieces(shard: tuple[int, int, int, dict], staging: str):
     rank), start)`` per file written."""
     epoch, start, stop, entries = shard
     with storage.open_read(storage.join(staging, schemas.SAMPLES_FILE)) as f:
-        rows = read_rows(pq.ParquetFile(f), start, stop, sharded.COPIED)
+        rows = read_rows(parquet_file(f), start, stop, sharded.COPIED)
     for rank, piece in sharded.rank_pieces(rows, start, entries).items():
         storage.write_bytes(_piece_path(staging, epoch, rank, start), parquet_bytes(piece))
         yield (epoch, rank), start
@@ -325,7 +324,7 @@ def _check_weights(args: argparse.Namespace, cfg: PlanConfig, look: bool) -> Non
         return
     if args.sample_weights is not None:
         with storage.open_read(args.from_samples) as f:
-            schema = pq.ParquetFile(f).schema_arrow
+            schema = parquet_file(f).schema_arrow
         table = (  # only the column: a missing one gets named with the ones there are
             storage.read_parquet(args.from_samples, columns=[args.sample_weights])
             if args.sample_weights in schema.names

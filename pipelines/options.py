@@ -388,20 +388,19 @@ def previous_rows(path: str) -> int:
     Raises:
         ValueError: as ``read_previous_samples``.
     """
-    import pyarrow.parquet as pq
+    from lidarshard.transforms.arrow import parquet_file
 
     where = f"--from-samples {path}"
     try:
         with storage.open_read(path) as f:
-            file = pq.ParquetFile(f)
+            file = parquet_file(f)
             _check_previous_schema(where, file.schema_arrow.empty_table())
             want = schemas.sample_schema()
             other = [f for f in want if not file.schema_arrow.field(f.name).type.equals(f.type)]
             nulls = 0
             for g in range(file.metadata.num_row_groups):  # values of other types must cast
-                t = file.read_row_group(
-                    g, columns=list(dict.fromkeys(["sample_id", *(f.name for f in other)]))
-                )
+                names = list(dict.fromkeys(["sample_id", *(f.name for f in other)]))
+                t = file.read_row_group(g, columns=names, use_threads=False)
                 nulls += t.column("sample_id").null_count
                 if other:
                     _check_previous_schema(where, t.select([f.name for f in other]), pa.schema(other))

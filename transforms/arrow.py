@@ -16,6 +16,7 @@ __all__ = [
     "ParquetStream",
     "parquet_table",
     "read_rows",
+    "parquet_file",
     "sha256_hex",
 ]
 
@@ -113,7 +114,16 @@ class ParquetStream:
 
 def parquet_table(data: bytes, columns: Sequence[str] | None = None) -> pa.Table:
     """The table in Parquet file bytes (``columns``: a subset, in that order); the inverse of ``parquet_bytes``."""
-    return pq.read_table(pa.BufferReader(data), columns=list(columns) if columns is not None else None)
+    cols = list(columns) if columns is not None else None
+    return pq.read_table(pa.BufferReader(data), columns=cols, use_threads=False, pre_buffer=False)
+
+
+def parquet_file(source) -> pq.ParquetFile:
+    """``source`` (a path or binary stream) as a ParquetFile read on the calling thread only: no
+    pre-buffering, and every read here passes ``use_threads=False``. Arrow's reader threads still
+    alive at interpreter exit abort the process ("terminate called without an active exception",
+    apache/arrow#34314), which hit ``validate`` subprocesses under load."""
+    return pq.ParquetFile(source, pre_buffer=False)
 
 
 def read_rows(file: pq.ParquetFile, start: int, stop: int, columns: Sequence[str] | None = None) -> pa.Table:
@@ -129,7 +139,9 @@ def read_rows(file: pq.ParquetFile, start: int, stop: int, columns: Sequence[str
             list(columns) if columns is not None else file.schema_arrow.names
         )
     table = file.read_row_groups(
-        [g for g, _ in groups], columns=list(columns) if columns is not None else None
+        use_threads=False,
+        row_groups=[g for g, _ in groups],
+        columns=list(columns) if columns is not None else None,
     )
     return table.slice(start - groups[0][1], stop - start)
 

@@ -28,7 +28,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from lidarshard import schemas
 from lidarshard.pipelines.tools.validate_plan import (
@@ -50,6 +49,7 @@ from lidarshard.pipelines.tools.validate_samples import (
     release_memory,
 )
 from lidarshard.transforms import storage
+from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.jsonsafe import loads, short
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
@@ -206,7 +206,7 @@ class _Checker:
         path = storage.join(self.store.root, rel)
         try:
             with storage.open_read(path) as f:
-                file = pq.ParquetFile(f)
+                file = parquet_file(f)
                 bad = _schema_problem(file.schema_arrow.empty_table(), want)
                 if bad:
                     self.problem(rel, bad)

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.transforms import paths, storage
+from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.features.accounting import fingerprint_update
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
@@ -107,7 +108,7 @@ class _LazyIds:
     def __getitem__(self, i: int) -> str:
         g = int(np.searchsorted(self._starts, int(i), side="right")) - 1
         with storage.open_read(self.path) as f:
-            col = pq.ParquetFile(f).read_row_group(g, columns=["sample_id"]).column(0)
+            col = parquet_file(f).read_row_group(g, columns=["sample_id"], use_threads=False).column(0)
         return col[int(i) - int(self._starts[g])].as_py()
 
 
@@ -171,7 +172,7 @@ def read_samples(
     h, parts, id_parts, row_parts, costs = hashlib.sha256(), [], [], [], []
     last, first_row, path_bad = None, 0, None
     for g in range(file.metadata.num_row_groups):
-        t = file.read_row_group(g, columns=columns)
+        t = file.read_row_group(g, columns=columns, use_threads=False)
         ids = t.column("sample_id").combine_chunks()
         if ids.null_count:
             problem(f"{ids.null_count} rows have a null sample_id")

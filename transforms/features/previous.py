@@ -38,7 +38,7 @@ def numeric_columns(file: pq.ParquetFile, extra: str | None = None) -> pa.Table 
     parts, last = [], None
     for g in range(file.metadata.num_row_groups):
         names = list(dict.fromkeys(["sample_id", *NUMERIC, *([extra] if extra else [])]))
-        t = file.read_row_group(g, columns=names)
+        t = file.read_row_group(g, columns=names, use_threads=False)
         ids = t.column("sample_id")
         if ids.null_count:
             raise ValueError(f"{ids.null_count} rows have a null sample_id")
@@ -66,7 +66,7 @@ def paths_at(file: pq.ParquetFile, rows: NDArray[np.int64]) -> list[str]:
         n = file.metadata.row_group(g).num_rows
         inside = rows[(rows >= first) & (rows < first + n)] - first
         if inside.size:
-            col = file.read_row_group(g, columns=["path"]).column("path")
+            col = file.read_row_group(g, columns=["path"], use_threads=False).column("path")
             out += col.take(pa.array(inside)).to_pylist()
         first += n
     return out
@@ -96,7 +96,11 @@ def rewrite_scored(
     h, first, done = hashlib.sha256(), 0, 0
     with ParquetStream(sink, scored) as out:
         for g in range(file.metadata.num_row_groups):  # (iter_batches reads ahead: more memory)
-            t = file.read_row_group(g, columns=names).select(names).cast(schemas.sample_schema())
+            t = (
+                file.read_row_group(g, columns=names, use_threads=False)
+                .select(names)
+                .cast(schemas.sample_schema())
+            )
             mask = keep[first : first + t.num_rows]
             first += t.num_rows
             t = reroot(t if mask.all() else t.filter(pa.array(mask)))

@@ -26,9 +26,8 @@ from contextlib import AbstractContextManager
 from typing import Any, BinaryIO
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from lidarshard.transforms.arrow import parquet_table
+from lidarshard.transforms.arrow import parquet_file, parquet_table
 from lidarshard.transforms.jsonsafe import loads
 from lidarshard.transforms.storage.arrow import ArrowBackend, arrow_filesystem
 from lidarshard.transforms.storage.base import (
@@ -137,7 +136,8 @@ def read_parquet(path: str, columns: Sequence[str] | None = None, max_bytes: int
     if max_bytes is not None:
         return parquet_table(read_bytes(path, max_bytes), columns)
     with open_read(path) as f:
-        return pq.read_table(f, columns=list(columns) if columns is not None else None)
+        cols = list(columns) if columns is not None else None
+        return parquet_file(f).read(columns=cols, use_threads=False)
 
 
 def write_bytes(path: str, data: bytes) -> None:
