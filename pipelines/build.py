@@ -36,7 +36,7 @@ from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.features import previous, repeat
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.plan import manifest, sharded
-from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs, bucket_info, repeat_rates
+from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs
 
 __all__ = ["run", "parser", "prepare", "build_pipeline", "launch_build", "WORK_DIR"]
 
@@ -149,7 +149,6 @@ def _settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) -
         )
         weight = np.ones(cost.size) if weights is None else weights.values
         ids, edges = bucket_costs(cost, cfg)
-        write = _writer(args["staging"])
         with storage.open_write(storage.join(args["staging"], schemas.SAMPLES_FILE)) as sink:
             digest, out = previous.rewrite_scored(file, keep, cost, ids, weight, reroot, sink)
     Metrics.counter(NAMESPACE, "files_written").inc()
@@ -157,18 +156,11 @@ def _settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) -
     scored = pa.table(
         {"cost": cost, "bucket_id": pa.array(ids, pa.int32()), "num_points": points[keep], "weight": weight}
     )
-    return {
-        "files": [
-            {"path": schemas.SAMPLES_FILE, "bytes": out.bytes, "sha256": out.sha256},
-            manifest.write_file(write, schemas.REJECTS_FILE, parquet_bytes(rejects)),
-        ],
-        "counts": counts,
-        "model": model.to_json(),
-        "buckets": bucket_info(scored, edges, cfg),
-        "fingerprint": digest,
-        "pair_repeat_rate": repeat_rates(scored, cfg),
-        "repeat": manifest.repeat_info(scored, weights, cfg),
-    }
+    samples_file = {"path": schemas.SAMPLES_FILE, "bytes": out.bytes, "sha256": out.sha256}
+    write = _writer(args["staging"])
+    return manifest.checked_meta(
+        samples_file, rejects, counts, model, cfg, write, scored, edges, digest, weights
+    )
 
 
 def _plan_epoch(task: tuple[int, dict], cfg: PlanConfig, staging: str):

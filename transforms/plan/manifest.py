@@ -42,6 +42,7 @@ __all__ = [
     "reject_over_cap",
     "over_cap_rejects",
     "score_samples",
+    "checked_meta",
     "repeat_info",
     "write_epoch",
     "manifest_json",
@@ -117,15 +118,33 @@ def score_samples(
     if samples.num_rows == 0:
         raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
     scored, edges = score(samples, model, cfg, costs, None if weights is None else weights.values)
+    samples_file = write_file(write, schemas.SAMPLES_FILE, parquet_bytes(scored))
+    return checked_meta(
+        samples_file, rejects, counts, model, cfg, write, scored, edges, fingerprint(samples), weights
+    )
+
+
+def checked_meta(
+    samples_file: dict,
+    rejects: pa.Table,
+    counts: dict,
+    model: CostModel,
+    cfg: PlanConfig,
+    write: Write,
+    scored: pa.Table,
+    edges: NDArray[np.float64],
+    inputs_fingerprint: str,
+    weights: Weights | None,
+) -> dict:
+    """Write rejects.parquet; the metadata ``score_samples`` returns, for a samples.parquet already
+    written (``samples_file``: its ``files`` entry). ``scored`` needs only ``cost``, ``bucket_id``,
+    ``num_points`` and ``weight``."""
     return {
-        "files": [
-            write_file(write, schemas.SAMPLES_FILE, parquet_bytes(scored)),
-            write_file(write, schemas.REJECTS_FILE, parquet_bytes(rejects)),
-        ],
+        "files": [samples_file, write_file(write, schemas.REJECTS_FILE, parquet_bytes(rejects))],
         "counts": counts,
         "model": model.to_json(),
         "buckets": bucket_info(scored, edges, cfg),
-        "fingerprint": fingerprint(samples),
+        "fingerprint": inputs_fingerprint,
         "pair_repeat_rate": repeat_rates(scored, cfg),
         "repeat": repeat_info(scored, weights, cfg),
     }
