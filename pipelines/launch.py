@@ -381,19 +381,16 @@ def settle_or_stop(
             return settle(scanned, samples, rejects, max_reject)
         kept, out, _ = settle(scanned, samples, rejects, 1.0)
         kept, out = screen(kept, out)
-        return kept, out, counts_of(scanned, kept, out, max_reject)
+        return kept, out, counts_of(scanned, kept.num_rows, out, max_reject)
 
     return _or_stop(settled, rejects_out)
 
 
 def counts_or_stop(scanned: int, accepted: int, rejects, max_reject: float, rejects_out: str) -> dict:
     """``counts_of`` for ``accepted`` samples that are not in one table; stops as ``settle_or_stop``."""
-    import pyarrow as pa
-
     from lidarshard.transforms.features.accounting import counts_of
 
-    samples = pa.table({"n": pa.nulls(accepted, pa.int8())})
-    return _or_stop(lambda: counts_of(scanned, samples, rejects, max_reject), rejects_out)
+    return _or_stop(lambda: counts_of(scanned, accepted, rejects, max_reject), rejects_out)
 
 
 def _or_stop(settled: Callable, rejects_out: str):

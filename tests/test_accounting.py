@@ -38,12 +38,12 @@ def test_dedupe_keeps_the_first_row_of_each_id() -> None:
 
 def test_counts_of_checks_accounting_and_reject_fraction() -> None:
     rejects = _rejects([("/x", "empty", "0 bytes")])
-    counts = counts_of(3, _samples(["a", "b"]), rejects)
+    counts = counts_of(3, _samples(["a", "b"]).num_rows, rejects)
     assert counts == {"scanned": 3, "accepted": 2, "rejected": 1, "rejected_by_reason": {"empty": 1}}
     with pytest.raises(RuntimeError, match="lost or duplicated"):
-        counts_of(4, _samples(["a", "b"]), rejects)
+        counts_of(4, _samples(["a", "b"]).num_rows, rejects)
     with pytest.raises(RuntimeError, match=r"1 of 3 inputs rejected .*empty: 1.*/x: empty"):
-        counts_of(3, _samples(["a", "b"]), rejects, max_reject_fraction=0.2)
+        counts_of(3, _samples(["a", "b"]).num_rows, rejects, max_reject_fraction=0.2)
 
 
 def test_settle_moves_duplicates_to_sorted_rejects() -> None:
@@ -68,3 +68,14 @@ def test_fingerprint_is_the_per_row_definition() -> None:
     assert fingerprint(_samples(ids, [1, None, 3])) == _plain(ids, [1, None, 3])
     assert fingerprint(_samples([])) == hashlib.sha256().hexdigest()
     assert fingerprint(_samples(ids, nbytes).slice(1)) == _plain(ids[1:], nbytes[1:])
+
+
+def test_first_not_increasing_across_parts() -> None:
+    from lidarshard.transforms.features.accounting import first_not_increasing
+
+    assert first_not_increasing(pa.array(["a", "b", "c"])) is None
+    assert first_not_increasing(pa.array(["a", "b", "b"])) == 2  # a duplicate
+    assert first_not_increasing(pa.array(["a", "c", "b"])) == 2
+    assert first_not_increasing(pa.array(["b", "c"]), last="b") == 0  # equal to the previous part's last
+    assert first_not_increasing(pa.array(["c"]), last="b") is None
+    assert first_not_increasing(pa.array([], pa.string()), last="x") is None

@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.transforms import paths, storage
 from lidarshard.transforms.arrow import parquet_file
-from lidarshard.transforms.features.accounting import fingerprint_update
+from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.jsonsafe import short
@@ -177,10 +177,8 @@ def read_samples(
         if ids.null_count:
             problem(f"{ids.null_count} rows have a null sample_id")
         elif len(ids):
-            later = pc.less(ids.slice(0, len(ids) - 1), ids.slice(1)).to_numpy(zero_copy_only=False)
-            ok = np.r_[last is None or last < ids[0].as_py(), later]
-            if not ok.all():
-                i = int(np.flatnonzero(~ok)[0])
+            i = first_not_increasing(ids, last)
+            if i is not None:
                 problem(f"sample_id not strictly increasing at row {first_row + i} ({ids[i]})")
             last = ids[-1].as_py()
         if path_bad is None:

@@ -11,7 +11,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["TooManyRejects", "dedupe", "counts_of", "settle", "fingerprint", "fingerprint_update"]
+__all__ = [
+    "TooManyRejects",
+    "dedupe",
+    "counts_of",
+    "settle",
+    "fingerprint",
+    "fingerprint_update",
+    "first_not_increasing",
+]
 
 
 class TooManyRejects(RuntimeError):
@@ -41,10 +49,11 @@ def dedupe(samples: pa.Table) -> tuple[pa.Table, list[dict]]:
     return samples.filter(pc.invert(pa.array(dup))), rejects
 
 
-def counts_of(scanned: int, samples: pa.Table, rejects: pa.Table, max_reject_fraction: float = 1.0) -> dict:
-    """Accounting: raises when the runner lost or duplicated inputs (scanned != accepted + rejected)
-    or when more than ``max_reject_fraction`` of the inputs were rejected."""
-    accepted, rejected = samples.num_rows, rejects.num_rows
+def counts_of(scanned: int, accepted: int, rejects: pa.Table, max_reject_fraction: float = 1.0) -> dict:
+    """Accounting of ``accepted`` samples and the ``rejects`` table: raises when the runner lost or
+    duplicated inputs (scanned != accepted + rejected) or when more than ``max_reject_fraction`` of the
+    inputs were rejected."""
+    rejected = rejects.num_rows
     if scanned != accepted + rejected:
         raise RuntimeError(
             f"accounting check failed: scanned {scanned} inputs but accepted {accepted} + rejected {rejected}"
@@ -80,7 +89,21 @@ def settle(
     if dup:
         rejects = pa.concat_tables([rejects, pa.Table.from_pylist(dup, schema=rejects.schema)])
         rejects = rejects.sort_by([(c, "ascending") for c in ("path", "reason", "detail")])
-    return samples, rejects, counts_of(scanned, samples, rejects, max_reject_fraction)
+    return samples, rejects, counts_of(scanned, samples.num_rows, rejects, max_reject_fraction)
+
+
+def first_not_increasing(ids: pa.Array, last: str | None = None) -> int | None:
+    """Index of the first of ``ids`` (non-null strings) not greater than the id before it (``last``:
+    the id before ``ids[0]``, from an earlier part of the same column); None when strictly increasing.
+    For sorted-unique checks made a row group at a time."""
+    if not len(ids):
+        return None
+    ok = np.ones(len(ids), dtype=bool)
+    if last is not None:
+        ok[0] = pc.less(pa.scalar(last, ids.type), ids[0]).as_py()
+    ok[1:] = pc.less(ids.slice(0, len(ids) - 1), ids.slice(1)).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) if bad.size else None
 
 
 def fingerprint(samples: pa.Table) -> str:

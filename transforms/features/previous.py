@@ -12,13 +12,12 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.transforms.arrow import ParquetStream
-from lidarshard.transforms.features.accounting import fingerprint_update
+from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 
 __all__ = ["NUMERIC", "numeric_columns", "paths_at", "rewrite_scored"]
 
@@ -44,9 +43,7 @@ def numeric_columns(file: pq.ParquetFile, extra: str | None = None) -> pa.Table 
             raise ValueError(f"{ids.null_count} rows have a null sample_id")
         if t.num_rows:
             ids = ids.combine_chunks()
-            if last is not None and not pc.less(pa.scalar(last, ids.type), ids[0]).as_py():
-                return None
-            if t.num_rows > 1 and not pc.all(pc.less(ids.slice(0, len(ids) - 1), ids.slice(1))).as_py():
+            if first_not_increasing(ids, last) is not None:
                 return None
             last = ids[-1].as_py()
         numeric = t.select(NUMERIC).cast(pa.schema([want.field(n) for n in NUMERIC]))
