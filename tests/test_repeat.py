@@ -23,7 +23,7 @@ from lidarshard.transforms.features.repeat import (
     sample_weights,
 )
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT
-from lidarshard.transforms.plan.epochs import PlanConfig, epoch_pool, plan_samples
+from lidarshard.transforms.plan.epochs import PlanConfig, epoch_pool, plan_samples, replan
 from lidarshard.transforms.plan.manifest import repeat_info
 
 
@@ -142,6 +142,7 @@ def test_every_strategy_plans_each_sample_as_often_as_its_rounded_weight(strateg
         plan, stats = plan_samples(scored, epoch, cfg)
         again, _ = plan_samples(scored, epoch, cfg)
         np.testing.assert_array_equal(plan, again)  # deterministic per (seed, epoch)
+        np.testing.assert_array_equal(replan(scored, epoch, cfg), plan)  # validate's plan, no stats
         pool = epoch_pool(scored.column("bucket_id").to_numpy(), w, epoch, cfg)[0]
         seen = np.bincount(plan[plan >= 0], minlength=n)
         np.testing.assert_array_equal(seen, np.bincount(pool, minlength=n))  # the plan holds the pool

@@ -67,8 +67,8 @@ def log_cost(costs: NDArray[np.float64]) -> NDArray[np.float64]:
 def jittered_order(logc: NDArray[np.float64], u: NDArray[np.float64], eps: float) -> NDArray[np.int64]:
     """(P,) order by ``logc + eps * u``; eps 0 sorts exactly, ``u`` breaking ties."""
     if eps == 0:
-        return np.lexsort((u, logc)).astype(np.int64)  # exact sort, random tie-break
-    return np.argsort(logc + eps * u, kind="stable").astype(np.int64)
+        return np.lexsort((u, logc)).astype(np.int64, copy=False)  # exact sort, random tie-break
+    return np.argsort(logc + eps * u, kind="stable").astype(np.int64, copy=False)
 
 
 def _linearity(order: NDArray[np.int64], costs: NDArray[np.float64], w: int, b: int) -> float:
@@ -88,16 +88,16 @@ def choose_eps(
     logc = log_cost(costs)
     bound = bound_linearity(costs, w, b)
     lo, hi = 0, len(EPS_LADDER) - 1  # invariant: rung hi passes
-    orders: dict[int, NDArray[np.int64]] = {}
+    best = None  # the order of rung hi once computed (only the newest passing one is held)
     while lo < hi:
         mid = (lo + hi) // 2
-        orders[mid] = jittered_order(logc, u, EPS_LADDER[mid])
-        if _linearity(orders[mid], costs, w, b) >= bound - TOLERANCE:
-            hi = mid
+        order = jittered_order(logc, u, EPS_LADDER[mid])
+        if _linearity(order, costs, w, b) >= bound - TOLERANCE:
+            hi, best = mid, order
         else:
             lo = mid + 1
-    order = orders[hi] if hi in orders else jittered_order(logc, u, EPS_LADDER[hi])
-    return EPS_LADDER[hi], order
+        del order
+    return EPS_LADDER[hi], best if best is not None else jittered_order(logc, u, EPS_LADDER[hi])
 
 
 def plan(

@@ -29,6 +29,7 @@ __all__ = [
     "plan_rows",
     "plan_tables",
     "plan_samples",
+    "replan",
     "epoch_pool",
     "repeat_rates",
     "bucket_info",
@@ -134,10 +135,38 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray
         (plan (S, W, M) int64 row indices into ``scored``, ``-1`` = empty slot, stats) where stats
         holds the epoch's balance summary and counts {planned, dropped, padded}.
     """
+    plan, pool, costs, dropped, padded = _plan_pool(scored, epoch, cfg)
+    w, b = cfg.world_size, cfg.batch_size
+    baseline = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=cfg.seed, epoch=epoch)
+    stats = balance_summary(plan, costs, w, b, baseline=baseline, epoch=epoch)
+    stats |= {"planned": int(pool.size), "dropped": int(dropped), "padded": int(padded)}
+    del baseline, costs
+    return _to_samples(plan, pool), stats
+
+
+def replan(scored: pa.Table, epoch: int, cfg: PlanConfig) -> NDArray[np.int64]:
+    """``plan_samples``' plan without its stats (no reference plans held beside it): what
+    ``lidarshard validate`` compares the plan files with."""
+    plan, pool = _plan_pool(scored, epoch, cfg)[:2]
+    return _to_samples(plan, pool)
+
+
+def _to_samples(plan: NDArray[np.int64], pool: NDArray[np.int64]) -> NDArray[np.int64]:
+    """(S, W, M) pool indices -> sample indices (``-1`` stays), one plan-sized array."""
+    out = pool[plan]  # -1 reads the last entry; reset below
+    out[plan < 0] = -1
+    return out
+
+
+def _plan_pool(
+    scored: pa.Table, epoch: int, cfg: PlanConfig
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64], int, int]:
+    """(plan (S, W, M) in pool space, pool (P,) sample indices, pool costs (P,), dropped, padded)."""
     costs = scored.column("cost").to_numpy()
     ids = scored.column("bucket_id").to_numpy()
     sample_weights = scored.column("weight").to_numpy() if "weight" in scored.column_names else None
     pool, dropped, padded = epoch_pool(ids, sample_weights, epoch, cfg)[:3]
+    del sample_weights
     w, b = cfg.world_size, cfg.batch_size
     if pool.size == 0 or pool.size < w:
         raise ValueError(
@@ -148,13 +177,11 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray
     if cfg.caps.active:
         points = scored.column("num_points").to_numpy() if "num_points" in scored.column_names else None
         limits = PoolLimits(cfg.caps, None if points is None else points[pool])
+    pooled = costs[pool]
     plan = plan_epoch(
-        cfg.strategy, costs[pool], w, b, seed=cfg.seed, epoch=epoch, bucket_ids=ids[pool], limits=limits
+        cfg.strategy, pooled, w, b, seed=cfg.seed, epoch=epoch, bucket_ids=ids[pool], limits=limits
     )
-    baseline = plan_epoch("random", equal_count_pool(costs[pool], w, b), w, b, seed=cfg.seed, epoch=epoch)
-    stats = balance_summary(plan, costs[pool], w, b, baseline=baseline, epoch=epoch)
-    stats |= {"planned": int(pool.size), "dropped": int(dropped), "padded": int(padded)}
-    return np.where(plan >= 0, pool[plan], -1), stats
+    return plan, pool, pooled, dropped, padded
 
 
 def epoch_pool(

@@ -80,15 +80,16 @@ def _bisect(
     """
     ladder = balanced.EPS_LADDER
     lo, hi = 0, len(ladder) - 1  # invariant: rung hi passes
-    found = {hi: exact}
+    best = exact  # the steps of rung hi (only the newest passing rung is held: 8 bytes a sample)
     while lo < hi:
         mid = (lo + hi) // 2
         steps = build(ladder[mid])
         if ok(steps):
-            hi, found[mid] = mid, steps
+            hi, best = mid, steps
         else:
             lo = mid + 1
-    return found[hi]
+        del steps
+    return best
 
 
 def choose_steps(
@@ -112,10 +113,10 @@ def choose_steps(
     target = step_linearity(np.sort(costs).reshape(-1, per_step), w, b) - balanced.TOLERANCE
     logc = balanced.log_cost(costs)
     u_item = rng.uniform(-1.0, 1.0, costs.size)
-    by_cost = np.lexsort((u_item, costs)).astype(np.int64)
+    by_cost = np.lexsort((u_item, costs)).astype(np.int64, copy=False)
     rank_in_cost = np.empty_like(by_cost)
     rank_in_cost[by_cost] = np.arange(costs.size)
-    shuffled = rng.permutation(costs.size).astype(np.int64)
+    shuffled = rng.permutation(costs.size).astype(np.int64, copy=False)
     for k in _tail_ladder(costs.size // per_step):
         cut = costs.size - k * per_step
         tail = by_cost[cut:]
