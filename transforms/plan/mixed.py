@@ -111,24 +111,33 @@ def choose_steps(
     w, b = world_size, batch_size
     per_step = w * b
     target = step_linearity(np.sort(costs).reshape(-1, per_step), w, b) - balanced.TOLERANCE
-    logc = balanced.log_cost(costs)
     u_item = rng.uniform(-1.0, 1.0, costs.size)
-    by_cost = np.lexsort((u_item, costs)).astype(np.int64, copy=False)
-    rank_in_cost = np.empty_like(by_cost)
-    rank_in_cost[by_cost] = np.arange(costs.size)
+    by_cost = np.empty(0, np.int64)  # order by (cost, u_item): sorted once a tail is needed (k > 0)
     shuffled = rng.permutation(costs.size).astype(np.int64, copy=False)
     for k in _tail_ladder(costs.size // per_step):
         cut = costs.size - k * per_step
+        if k and not by_cost.size:
+            by_cost = np.lexsort((u_item, costs)).astype(np.int64, copy=False)
         tail = by_cost[cut:]
-        head = shuffled[rank_in_cost[shuffled] < cut].reshape(-1, b)
+        if k:  # the samples left of the cut, in shuffled order (k = 0, the usual case: all of them)
+            in_head = np.zeros(costs.size, dtype=bool)
+            in_head[by_cost[:cut]] = True
+            head = shuffled[in_head[shuffled]].reshape(-1, b)
+            del in_head
+        else:
+            head = shuffled.reshape(-1, b)
+        tail_log = balanced.log_cost(costs)[tail] if tail.size else np.empty(0)
         head_log = balanced.log_cost(_batch_sums(costs, head))
         u_head = rng.uniform(-1.0, 1.0, head.shape[0])
 
-        def build(eps: float, tail=tail, head=head, head_log=head_log, u_head=u_head) -> NDArray[np.int64]:
-            t = tail[balanced.jittered_order(logc[tail], u_item[tail], eps)]
-            t_steps = partition_steps(t, costs, w, b) if t.size else np.empty((0, w, b), np.int64)
+        def build(
+            eps: float, tail=tail, tail_log=tail_log, head=head, head_log=head_log, u_head=u_head
+        ) -> NDArray[np.int64]:
             h_steps = _split_steps(head[balanced.jittered_order(head_log, u_head, eps)], costs, w)
-            return np.concatenate([h_steps, t_steps])
+            if not tail.size:
+                return h_steps
+            t = tail[balanced.jittered_order(tail_log, u_item[tail], eps)]
+            return np.concatenate([h_steps, partition_steps(t, costs, w, b)])
 
         def ok(steps: NDArray[np.int64]) -> bool:
             return linearity(steps, costs) >= target
