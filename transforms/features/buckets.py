@@ -145,7 +145,9 @@ def weighted_pool(
     Returns:
         (M,) int64 sample indices into ``bucket_ids``, sorted ascending (repeats adjacent).
     """
-    ids = np.asarray(bucket_ids, dtype=np.int64)
+    ids = np.asarray(bucket_ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        ids = ids.astype(np.int64)
     weights = np.asarray(weights, dtype=np.float64)
     if ids.size and (ids.min() < 0 or ids.max() >= weights.size):
         raise ValueError(f"bucket ids must lie in [0, {weights.size})")
@@ -159,9 +161,15 @@ def weighted_pool(
             or not (np.isfinite(sample_weights) & (sample_weights >= 0)).all()
         ):
             raise ValueError("sample weights must be (N,), finite and >= 0")
-        w = w * sample_weights
+        w *= sample_weights
+    # in place, at most three (N,) temporaries at once: whole copies, then one draw against the fraction
     whole = np.floor(w)
-    copies = whole.astype(np.int64) + (rng.random(ids.size) < (w - whole))
+    w -= whole
+    up = rng.random(ids.size) < w
+    del w
+    copies = whole.astype(np.int64)
+    del whole
+    copies += up
     return np.repeat(np.arange(ids.size, dtype=np.int64), copies)
 
 

@@ -200,6 +200,7 @@ def epoch_pool(
     weights = buckets.resolve_weights(cfg.weights, int(ids.max()) + 1 if len(ids) else 1)
     per_sample = weights[ids] if sample_weights is None else weights[ids] * sample_weights
     expected = float(per_sample.sum()) if len(ids) else 0.0
+    del per_sample
     if expected > cfg.max_plan_factor * len(ids):
         raise ValueError(
             f"the bucket and sample weights would plan ~{expected:.6g} entries from {len(ids)} samples per "
