@@ -147,6 +147,13 @@ def _wrong_cost(out: Path) -> None:
     _rewrite(out, PLAN, lambda t: _set(t, "cost", pc.multiply(t.column("cost"), 2).to_pylist()), record=True)
 
 
+def _counts(name: str, value: int) -> Callable[[Path], None]:
+    def edit(out: Path) -> None:
+        _rewrite(out, PLAN, lambda t: _set(t, name, [value, *t.column(name).to_pylist()[1:]]), record=True)
+
+    return edit
+
+
 def _samples_cost(out: Path) -> None:
     rel = schemas.SAMPLES_FILE
     _rewrite(
@@ -189,6 +196,11 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     "schema change, sha fixed": (_other_schema, "schema differs from the contract: missing ['bucket_id']"),
     "plan cost, sha fixed": (_wrong_cost, "cost of "),
     "samples cost, sha fixed": (_samples_cost, "costs differ from cost_model"),
+    "rank count, sha fixed": (
+        _counts("rank_count", 5),
+        f"{PLAN}: epoch 1 rank 2 step 0: rank_count 5, the plan holds 2",
+    ),
+    "global count, sha fixed": (_counts("global_count", 7), "step 0: global_count 7, the plan holds 8"),
     "unlisted rank file": (_extra_file, "plan/epoch=0/rank=9/part-00000.parquet: file is not listed"),
     "no _SUCCESS": (_no_success, "no _SUCCESS, so it is not a committed lidarshard output"),
     "world size edited": (

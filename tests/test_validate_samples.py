@@ -22,7 +22,8 @@ def test_row_keys_see_every_part_of_a_row() -> None:
     assert id_keys(pa.array(["a", "b"]))[0] == id_keys(pa.array(["b", "a"]))[1]
 
 
-def test_streamed_view_finds_rows_and_reads_ids_on_demand(tmp_path) -> None:
+def _samples_file(tmp_path) -> tuple[pa.Table, object]:
+    """A scored pool of 40,000 rows (file_bytes = row index) written as samples.parquet (3 row groups)."""
     table = scored_pool(40_000, 1)
     full = pa.table({f.name: table.column(f.name) if f.name in table.column_names else pa.nulls(40_000, f.type)
                      for f in schemas.scored_schema()})  # fmt: skip
@@ -31,6 +32,11 @@ def test_streamed_view_finds_rows_and_reads_ids_on_demand(tmp_path) -> None:
     )
     path = tmp_path / "samples.parquet"
     path.write_bytes(parquet_bytes(full.cast(schemas.scored_schema())))
+    return table, path
+
+
+def test_streamed_view_finds_rows_and_reads_ids_on_demand(tmp_path) -> None:
+    table, path = _samples_file(tmp_path)
     problems: list[str] = []
     view, _, _ = read_samples(str(path), pq.ParquetFile(str(path)), None, problems.append)
     release_memory()
@@ -40,3 +46,18 @@ def test_streamed_view_finds_rows_and_reads_ids_on_demand(tmp_path) -> None:
     assert view.find(pa.array(["nope"])).tolist() == [-1]
     assert view.column("sample_id")[17_000] == table.column("sample_id")[17_000].as_py()
     assert view.column("cost").to_numpy()[5] == table.column("cost")[5].as_py()
+    assert view.cost_mismatch is None  # no cost model given
+
+
+def test_cost_model_mismatches_are_counted_across_row_groups(tmp_path) -> None:
+    table, path = _samples_file(tmp_path)
+    file = pq.ParquetFile(str(path))
+    assert file.metadata.num_row_groups > 1
+
+    def model(t: pa.Table) -> np.ndarray:  # differs from row 30_001 on (a later row group)
+        return t.column("cost").to_numpy() + (t.column("file_bytes").to_numpy() > 30_000)
+
+    view, _, _ = read_samples(str(path), file, None, [].append, model)
+    count, first, got, want = view.cost_mismatch
+    assert (count, first) == (9_999, 30_001) and want == got + 1
+    assert got == table.column("cost")[30_001].as_py()

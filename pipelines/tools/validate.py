@@ -31,16 +31,10 @@ import pyarrow as pa
 
 from lidarshard import schemas
 from lidarshard.pipelines.tools.validate_plan import (
-    check_caps,
-    check_counts,
-    check_epoch,
-    check_plan,
+    check_epoch_files,
     check_repeat_rate,
-    check_replan,
-    lookup,
-    padded_plan,
 )
-from lidarshard.pipelines.tools.validate_repeat import check_realized, check_weights
+from lidarshard.pipelines.tools.validate_repeat import check_weights
 from lidarshard.pipelines.tools.validate_samples import (
     SamplesView,
     check_scored,
@@ -51,7 +45,6 @@ from lidarshard.pipelines.tools.validate_samples import (
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.jsonsafe import loads, short
-from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
 
 __all__ = ["run", "validate"]
@@ -347,38 +340,18 @@ def _check_manifest(c: _Checker) -> str:
     check_scored(c.problem, m, samples, bad_model)
     held = check_weights(c.problems, m, samples)
     rows = 0
-    per_step = None if m["strategy"] in VARIABLE_COUNT else b
     try:
         caps = Caps.from_json(m.get("caps"))
     except (ValueError, TypeError) as err:
         raise Invalid(f"_manifest.json: bad caps {short(m.get('caps'))}: {err}") from None
     if not complete:  # a plan file is missing from the list: per-epoch checks would mislead
         return ""
+
+    def read(rel: str) -> pa.Table | None:
+        return c.table(rel, schemas.plan_schema()) if rel in good else None
+
     for e in range(min(epochs, len(steps))):
-        ranks, found = [], []
-        for r in range(w):
-            rel = schemas.plan_file(e, r)
-            t = c.table(rel, schemas.plan_schema()) if rel in good else None
-            rows += t.num_rows if t is not None else 0
-            if t is None or not check_plan(c.problems, rel, t, e, r, steps[e], per_step):
-                continue
-            t = t.append_column("rank", pa.array(np.full(t.num_rows, r, np.int32)))
-            idx = lookup(c.problems, e, t, samples)
-            if idx is not None:  # the strings are checked: keep the numbers only
-                ranks.append(t.select(["step", "slot", "rank", "rank_count", "global_count"]))
-                found.append(idx)
-        if len(ranks) == w:
-            table, idx = pa.concat_tables(ranks).combine_chunks(), np.concatenate(found)
-            ranks, found = [], []  # (held through the re-plan otherwise)
-            release_memory()
-            plan = padded_plan(idx, table, steps[e], w)
-            check_counts(c.problems, e, table, plan, per_step)
-            del table, idx
-            check_caps(c.problems, e, caps, plan, samples)
-            check_epoch(c.problems, m, e, plan, samples)
-            check_replan(c.problems, m, e, plan, samples, caps)
-            if held is not None:
-                check_realized(c.problems, m, e, plan, held)
+        rows += check_epoch_files(c.problems, read, m, e, samples, caps, held)
     check_repeat_rate(c.problems, m, samples, caps)
     c_ = m["counts"]
     return (
@@ -416,6 +389,7 @@ def _leftover_hint(out: str) -> str:
 def validate(out: str) -> tuple[list[str], str]:
     """(problems, summary) for the directory ``out``; no problems means valid."""
     c = _Checker(out)
+    release_memory()  # in a build's launcher: what the pipeline run left in Arrow's pool and the heap
     try:
         if storage.is_local(out) and not os.path.isdir(storage.local_path(out)):
             raise Invalid(f"{out}: no such directory{_leftover_hint(out)}")

@@ -6,20 +6,23 @@ file, epoch, rank, step and slot as precisely as the problem allows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.pipelines.tools.validate_samples import SamplesView, row_keys
+from lidarshard.pipelines.tools.validate_repeat import check_realized
+from lidarshard.pipelines.tools.validate_samples import SamplesView, release_memory, row_keys
 from lidarshard.transforms.jsonsafe import short
-from lidarshard.transforms.plan import plan_epoch
+from lidarshard.transforms.plan import VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
-from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples, repeat_rates
+from lidarshard.transforms.plan.epochs import PlanConfig, repeat_rates, replan
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool
 
 __all__ = [
-    "check_plan", "lookup", "padded_plan", "check_counts", "check_caps", "check_epoch", "check_replan",
+    "check_plan", "lookup", "rank_rows", "padded_plan", "check_counts", "check_epoch_files", "check_caps", "check_epoch", "check_replan",
     "check_repeat_rate",
 ]  # fmt: skip
 
@@ -113,27 +116,49 @@ def _check_variable(problems: list[str], rel: str, t: pa.Table, e: int, r: int, 
     return True
 
 
-def padded_plan(idx: NDArray[np.int64], t: pa.Table, steps: int, w: int) -> NDArray[np.int64]:
-    """(S, W, M) plan of sample indices ``idx`` (one per row of ``t``), ``-1`` = empty slot."""
-    step, rank, slot = (t.column(k).to_numpy().astype(np.int64) for k in ("step", "rank", "slot"))
-    out = np.full((steps, w, int(slot.max(initial=0)) + 1), -1, dtype=np.int64)
-    out[step, rank, slot] = idx
+#: Plan rows whose strings are joined and hashed at a time (a whole rank's file at 10M samples
+#: with 9 sweeps would join ~150 MB of strings at once).
+_KEY_ROWS = 1 << 16
+#: What an epoch keeps of each rank's plan file once its strings are checked: (n,) int32 columns.
+_KEPT = ("step", "slot", "rank_count", "global_count")
+
+
+def rank_rows(t: pa.Table, idx: NDArray[np.int64], n: int) -> dict[str, NDArray]:
+    """The numbers an epoch's checks need of one rank's plan table ``t`` (its strings checked):
+    ``_KEPT`` as int32 copies (nothing of ``t`` stays referenced) and ``row``, the sample index of each
+    of the (m,) rows (``lookup``), int32 when the ``n`` samples allow it."""
+    out = {k: np.array(t.column(k).to_numpy(), dtype=np.int32) for k in _KEPT}
+    out["row"] = idx.astype(np.int32) if n < 2**31 else idx
     return out
 
 
-def check_counts(problems: list[str], e: int, t: pa.Table, plan: NDArray[np.int64], b: int | None) -> None:
-    """``rank_count`` and ``global_count`` of every row against the plan (S, W, M) of epoch ``e``."""
+def padded_plan(ranks: list[dict[str, NDArray]], steps: int) -> NDArray[np.int64]:
+    """(S, W, M) plan of sample indices from the ``rank_rows`` of ranks 0..W-1, ``-1`` = empty slot."""
+    m = max((int(p["slot"].max(initial=0)) for p in ranks), default=0) + 1
+    out = np.full((steps, len(ranks), m), -1, dtype=np.int64)
+    for r, p in enumerate(ranks):
+        out[p["step"], r, p["slot"]] = p["row"]
+    return out
+
+
+def check_counts(
+    problems: list[str], e: int, ranks: list[dict[str, NDArray]], plan: NDArray[np.int64], b: int | None
+) -> None:
+    """``rank_count`` and ``global_count`` of every row (``rank_rows`` of ranks 0..W-1) against the plan
+    (S, W, M) of epoch ``e``."""
     counts = (plan >= 0).sum(axis=-1)
-    step, rank = (t.column(k).to_numpy().astype(np.int64) for k in ("step", "rank"))
-    for name, want in (("rank_count", counts[step, rank]), ("global_count", counts.sum(axis=1)[step])):
-        got = t.column(name).to_numpy().astype(np.int64)
-        if not np.array_equal(got, want):
-            i = int(np.flatnonzero(got != want)[0])
-            _add(
-                problems,
-                f"{schemas.plan_file(e, int(rank[i]))}: epoch {e} rank {rank[i]} step {step[i]}",
-                f"{name} {got[i]}, the plan holds {want[i]}",
-            )
+    totals = counts.sum(axis=1)
+    for name in ("rank_count", "global_count"):
+        for r, p in enumerate(ranks):
+            got, want = p[name], counts[p["step"], r] if name == "rank_count" else totals[p["step"]]
+            if not np.array_equal(got, want):
+                i = int(np.flatnonzero(got != want)[0])
+                _add(
+                    problems,
+                    f"{schemas.plan_file(e, r)}: epoch {e} rank {r} step {p['step'][i]}",
+                    f"{name} {got[i]}, the plan holds {want[i]}",
+                )
+                break
     if b is not None and (counts != b).any():
         _add(problems, f"epoch {e}", f"a rank-step holds {counts[counts != b][0]} samples, batch_size is {b}")
 
@@ -154,25 +179,26 @@ def check_caps(problems: list[str], e: int, caps: Caps, plan: NDArray[np.int64],
             )
 
 
-def lookup(problems: list[str], e: int, t: pa.Table, samples: SamplesView) -> NDArray[np.int64] | None:
-    """(n,) row indices into ``samples`` of the n rows of plan table ``t`` (epoch ``e``, with a ``rank``
-    column added from the file path), after checking that every sample_id exists and cost, bucket_id,
-    path and sweep_paths equal the sample's (the strings through their row keys)."""
+def lookup(
+    problems: list[str], e: int, r: int, t: pa.Table, samples: SamplesView
+) -> NDArray[np.int64] | None:
+    """(n,) row indices into ``samples`` of the n rows of rank ``r``'s plan table ``t`` (epoch ``e``),
+    after checking that every sample_id exists and cost, bucket_id, path and sweep_paths equal the
+    sample's (the strings through their row keys)."""
 
     def where(i: int) -> str:
-        rank, step, slot = (t.column(k)[i].as_py() for k in ("rank", "step", "slot"))
-        return f"{schemas.plan_file(e, rank)}: epoch {e} rank {rank} step {step} slot {slot}"
+        step, slot = (t.column(k)[i].as_py() for k in ("step", "slot"))
+        return f"{schemas.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}"
 
-    ids = t.column("sample_id").combine_chunks()
+    ids = t.column("sample_id")
     idx = samples.find(ids)
     if (idx < 0).any():
         i = int(np.flatnonzero(idx < 0)[0])
         _add(problems, where(i), f"sample_id {ids[i]} is not in samples.parquet")
         return None
-    keys = row_keys(ids, t.column("path"), t.column("sweep_paths"))
     for name in ("cost", "bucket_id", "path"):
         if name == "path":
-            got, want = keys, samples.row_key[idx]
+            got, want = _row_keys(t), samples.row_key[idx]
         else:
             got, want = t.column(name).to_numpy(), samples.column(name).to_numpy()[idx]
         if np.array_equal(got, want):
@@ -182,6 +208,53 @@ def lookup(problems: list[str], e: int, t: pa.Table, samples: SamplesView) -> ND
         _add(problems, where(i), f"{what} of {ids[i]} differs from samples.parquet")
         return None
     return idx
+
+
+def _row_keys(t: pa.Table) -> NDArray[np.uint64]:
+    """``row_keys`` of plan table ``t``, ``_KEY_ROWS`` rows at a time."""
+    parts = [t.slice(a, _KEY_ROWS) for a in range(0, t.num_rows, _KEY_ROWS)]
+    keys = [row_keys(p.column("sample_id"), p.column("path"), p.column("sweep_paths")) for p in parts]
+    return np.concatenate(keys) if keys else np.empty(0, np.uint64)
+
+
+def check_epoch_files(
+    problems: list[str],
+    read: Callable[[str], pa.Table | None],
+    m: dict,
+    e: int,
+    samples: SamplesView,
+    caps: Caps,
+    held: tuple | None,
+) -> int:
+    """Epoch ``e``'s plan files (``read(rel)``: the table, or None when unusable) one at a time (each one's strings checked, then only its numbers kept:
+    ~20 bytes a row), then the whole epoch's plan; memory handed back between the steps (the peak is
+    one check's temporaries over the samples view and the plan, not their sum). Returns its rows."""
+    w, steps = m["world_size"], m["steps_per_epoch"][e]
+    per_step = None if m["strategy"] in VARIABLE_COUNT else m["batch_size"]
+    ranks, rows = [], 0
+    for r in range(w):
+        rel = schemas.plan_file(e, r)
+        t = read(rel)
+        rows += t.num_rows if t is not None else 0
+        if t is not None and check_plan(problems, rel, t, e, r, steps, per_step):
+            idx = lookup(problems, e, r, t, samples)
+            if idx is not None:
+                ranks.append(rank_rows(t, idx, samples.num_rows))
+        del t
+        release_memory()
+    if len(ranks) < w:
+        return rows
+    plan = padded_plan(ranks, steps)
+    check_counts(problems, e, ranks, plan, per_step)
+    del ranks
+    release_memory()
+    check_caps(problems, e, caps, plan, samples)
+    check_epoch(problems, m, e, plan, samples)
+    release_memory()
+    check_replan(problems, m, e, plan, samples, caps)
+    if held is not None:
+        check_realized(problems, m, e, plan, held)
+    return rows
 
 
 def check_epoch(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], samples: pa.Table) -> None:
@@ -236,9 +309,12 @@ def check_epoch(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], s
             where,
             f"sample {sid[i]} planned {seen[i]} times, more than bucket weight x sample weight {weights[i]:.6g} allows",
         )
-    pool = np.sort(entries)
-    costs = samples.column("cost").to_numpy()[pool]
-    in_pool = np.where(plan >= 0, np.searchsorted(pool, plan), -1)
+    del seen, weights, ids
+    entries.sort()  # the pool, sorted
+    pool, costs = entries, samples.column("cost").to_numpy()[entries]
+    in_pool = np.searchsorted(pool, plan)
+    in_pool[plan < 0] = -1
+    del pool, entries
     w, b = m["world_size"], m["batch_size"]
     baseline = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=m["seed"], epoch=e)
     again = balance_summary(in_pool, costs, w, b, baseline=baseline, epoch=e)
@@ -276,7 +352,7 @@ def check_replan(
     """Epoch ``e``'s plan (S, W, B) equals the one the recorded strategy and seed recompute from samples
     (catches swapped ranks or steps and a forged strategy or seed, whatever the hashes say)."""
     try:
-        want, _ = plan_samples(samples, e, _plan_config(m, samples, caps))
+        want = replan(samples, e, _plan_config(m, samples, caps))
     except (ValueError, TypeError, KeyError) as err:
         _add(
             problems,

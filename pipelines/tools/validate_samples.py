@@ -65,22 +65,26 @@ _LIBC = _glibc()
 
 
 def _digests(values: pa.Array) -> NDArray[np.uint64]:
-    """BLAKE2b-64 of each (non-null) string of ``values``, as uint64."""
+    """BLAKE2b-64 of each (non-null) string of ``values``, as uint64 (little-endian digest bytes).
+
+    The loop is the cost of validate at scale (~0.4 us a short row): one copy of a keyed-once hasher
+    per row and one join of the digests, no per-row int conversion."""
     arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
     arr = arr.cast(pa.large_string()) if not pa.types.is_large_string(arr.type) else arr
     if len(arr) == 0:
         return np.empty(0, dtype=np.uint64)
-    offsets = np.frombuffer(arr.buffers()[1], np.int64, count=arr.offset + len(arr) + 1)[arr.offset :]
+    offsets = np.frombuffer(arr.buffers()[1], np.int64, count=arr.offset + len(arr) + 1)[
+        arr.offset :
+    ].tolist()
     data = memoryview(arr.buffers()[2] or b"")
-    b2 = hashlib.blake2b
-    return np.fromiter(
-        (
-            int.from_bytes(b2(data[a:b], digest_size=8).digest(), "little")
-            for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
-        ),
-        dtype=np.uint64,
-        count=len(arr),
-    )
+    new = hashlib.blake2b(digest_size=8).copy
+    out: list[bytes] = []
+    add = out.append
+    for a, b in zip(offsets, offsets[1:]):  # noqa: B905 (one shorter by construction)
+        h = new()
+        h.update(data[a:b])
+        add(h.digest())
+    return np.frombuffer(b"".join(out), dtype="<u8").astype(np.uint64, copy=False)
 
 
 def id_keys(ids: pa.Array) -> NDArray[np.uint64]:
@@ -114,7 +118,12 @@ class _LazyIds:
 
 class SamplesView:
     """The samples as the plan checks see them: ``column(name)`` / ``column_names`` / ``num_rows`` like
-    a table of the ``NUMERIC`` columns, ``column("sample_id")`` indexable for messages."""
+    a table of the ``NUMERIC`` columns, ``column("sample_id")`` indexable for messages.
+
+    ``cost_mismatch`` is (rows whose cost differs from the recorded cost model, the first such row,
+    its cost, the model's), or None when no model was applied. Holds ~48 bytes a sample: the
+    numeric columns, the row keys and the id keys sorted with their rows (int32 below 2**31 rows).
+    """
 
     def __init__(
         self,
@@ -122,11 +131,13 @@ class SamplesView:
         ids: _LazyIds,
         id_key: NDArray[np.uint64],
         row_key: NDArray[np.uint64],
-        model_cost: NDArray[np.float64] | None = None,
+        cost_mismatch: tuple[int, int, np.float64, np.float64] | None = None,
     ):
         self.numeric, self._ids = numeric, ids
-        self.row_key, self.model_cost = row_key, model_cost
-        self._order = np.argsort(id_key, kind="stable").astype(np.int32 if id_key.size < 2**31 else np.int64)
+        self.row_key, self.cost_mismatch = row_key, cost_mismatch
+        order = np.argsort(id_key, kind="stable")
+        self._order = order.astype(np.int32) if id_key.size < 2**31 else order
+        del order
         self._sorted = id_key[self._order]
         self.num_rows = numeric.num_rows
         self.column_names = numeric.column_names
@@ -158,9 +169,9 @@ def read_samples(
     model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
 ) -> tuple[SamplesView, str, str | None]:
     """Stream ``file`` (the samples.parquet at ``path``, its schema checked), reporting null or unordered ids
-    through ``problem``; ``model_cost(row group) -> (n,)`` costs are kept as ``view.model_cost``
-    (the feature columns they need are not). Returns (the view, the inputs fingerprint, the first
-    stored-path problem for ``path_root`` ``root`` or None)."""
+    through ``problem``; ``model_cost(row group) -> (n,)`` costs are compared with ``cost`` row group
+    by row group (``view.cost_mismatch``; the feature columns they need are not kept). Returns (the view,
+    the inputs fingerprint, the first stored-path problem for ``path_root`` ``root`` or None)."""
     names = file.schema_arrow.names
     numeric_names = [n for n in NUMERIC if n in names]
     features = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]  # fingerprint, cost models
@@ -169,8 +180,10 @@ def read_samples(
             ["sample_id", *(n for n in paths.PATH_COLUMNS if n in names), *numeric_names, *features]
         )
     )
-    h, parts, id_parts, row_parts, costs = hashlib.sha256(), [], [], [], []
+    h, id_parts, row_parts = hashlib.sha256(), [], []
+    parts: dict[str, list[pa.Array]] = {n: [] for n in numeric_names}
     last, first_row, path_bad = None, 0, None
+    mismatch = None if model_cost is None else (0, -1, np.float64(0), np.float64(0))
     for g in range(file.metadata.num_row_groups):
         t = file.read_row_group(g, columns=columns, use_threads=False)
         ids = t.column("sample_id").combine_chunks()
@@ -184,27 +197,53 @@ def read_samples(
         if path_bad is None:
             path_bad = paths.path_problem(t, root)
         fingerprint_update(h, t)
-        parts.append(t.select(numeric_names))
-        if model_cost is not None:
-            costs.append(model_cost(t))
+        for n in numeric_names:
+            parts[n] += t.column(n).chunks
+        if mismatch is not None:
+            mismatch = _cost_mismatch(mismatch, t, model_cost(t), first_row)
         id_parts.append(id_keys(ids))
         row_parts.append(row_keys(ids, t.column("path"), t.column("sweep_paths")))
         first_row += t.num_rows
-    numeric = (
-        pa.concat_tables(parts).combine_chunks()
-        if parts
-        else file.schema_arrow.empty_table().select(numeric_names)
+        del t, ids
+        release_memory()  # the row group's strings: Arrow's pool keeps freed pages otherwise
+    # one column at a time, each freed as it is joined: the peak is the result plus one column
+    schema = file.schema_arrow
+    numeric = pa.Table.from_arrays(
+        [_joined(parts.pop(n), schema.field(n).type) for n in numeric_names], names=numeric_names
     )
-    view = SamplesView(
-        numeric,
-        _LazyIds(path, file),
-        np.concatenate(id_parts) if id_parts else np.empty(0, np.uint64),
-        np.concatenate(row_parts) if row_parts else np.empty(0, np.uint64),
-        (np.concatenate(costs) if costs else np.empty(0)) if model_cost is not None else None,
-    )
-    del parts, id_parts, row_parts, costs
+    row_key = _joined_keys(row_parts)
+    view = SamplesView(numeric, _LazyIds(path, file), _joined_keys(id_parts), row_key, mismatch)
     release_memory()
     return view, h.hexdigest(), path_bad
+
+
+def _joined(chunks: list[pa.Array], type_: pa.DataType) -> pa.Array:
+    """One contiguous array of ``chunks`` (emptied: the caller's list no longer holds them)."""
+    out = pa.chunked_array(chunks, type_).combine_chunks()
+    chunks.clear()
+    release_memory()
+    return out
+
+
+def _joined_keys(parts: list[NDArray[np.uint64]]) -> NDArray[np.uint64]:
+    """The key arrays of ``parts`` concatenated (``parts`` emptied)."""
+    out = np.concatenate(parts) if parts else np.empty(0, np.uint64)
+    parts.clear()
+    release_memory()
+    return out
+
+
+def _cost_mismatch(
+    seen: tuple[int, int, np.float64, np.float64], t: pa.Table, want: NDArray[np.float64], start: int
+) -> tuple[int, int, np.float64, np.float64]:
+    """``seen`` (count, first row, its cost, its model cost) updated with row group ``t`` (first row
+    ``start``) and its model costs ``want``."""
+    cost = t.column("cost").to_numpy()
+    bad = np.flatnonzero(~np.isclose(cost, want, rtol=1e-12, atol=0))
+    if seen[0] or not bad.size:
+        return (seen[0] + int(bad.size), *seen[1:])
+    i = int(bad[0])
+    return int(bad.size), start + i, cost[i], want[i]
 
 
 def cost_model_of(m: dict) -> tuple[Callable[[pa.Table], np.ndarray] | None, str | None]:
@@ -221,20 +260,16 @@ def cost_model_of(m: dict) -> tuple[Callable[[pa.Table], np.ndarray] | None, str
 def check_scored(
     problem: Callable[[str, str], None], m: dict, samples: SamplesView, bad_model: str | None
 ) -> None:
-    """Costs from the recorded cost model (``samples.model_cost``), bucket ids from the edges, bucket
+    """Costs from the recorded cost model (``samples.cost_mismatch``), bucket ids from the edges, bucket
     counts; ``problem(where, what)`` reports, ``bad_model`` is ``cost_model_of``'s reason."""
     rel = schemas.SAMPLES_FILE
     cost = samples.column("cost").to_numpy()
-    want = cost if samples.model_cost is None else samples.model_cost
     if bad_model:
         problem("_manifest.json", bad_model)
-    else:
-        bad = np.flatnonzero(~np.isclose(cost, want, rtol=1e-12, atol=0))
-        if bad.size:
-            sid = samples.column("sample_id")[int(bad[0])]
-            problem(
-                rel, f"{bad.size} costs differ from cost_model, first {sid}: {cost[bad[0]]} != {want[bad[0]]}"
-            )
+    elif samples.cost_mismatch is not None and samples.cost_mismatch[0]:
+        count, first, got, want = samples.cost_mismatch
+        sid = samples.column("sample_id")[first]
+        problem(rel, f"{count} costs differ from cost_model, first {sid}: {got} != {want}")
     edges = np.asarray(m["buckets"].get("edges", []), dtype=np.float64)
     ids = samples.column("bucket_id").to_numpy()
     try:
