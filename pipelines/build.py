@@ -31,17 +31,14 @@ from lidarshard import schemas
 from lidarshard.pipelines import launch, options
 from lidarshard.transforms import paths, storage
 from lidarshard.transforms.arrow import parquet_bytes, parquet_file, read_rows
-from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, scan_results
+from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples, scan_results, shard_path
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
-from lidarshard.transforms.features import previous, repeat
+from lidarshard.transforms.features import previous, repeat, shards
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.plan import manifest, sharded
 from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs
 
-__all__ = ["run", "parser", "prepare", "build_pipeline", "launch_build", "WORK_DIR"]
-
-#: Scratch directory inside the staging directory (plan pieces); removed before publishing.
-WORK_DIR = "_work"
+__all__ = ["run", "parser", "prepare", "build_pipeline", "launch_build"]
 
 USAGE = (
     "lidarshard build INPUT OUT --world-size W --batch-size B [options] [beam options]\n"
@@ -114,43 +111,66 @@ def _previous(path: str, new_root: str | None, weight_column: str | None) -> tup
 
 def _settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) -> dict:
     """``--from-samples``: settle, score and write samples.parquet/rejects.parquet like
-    ``_check_and_score``, reading ``previous.NUMERIC`` (and a ``--sample-weights`` column), then
-    streaming the rows a row group at a time. Inputs not sorted by sample_id, and
-    ``--repeat-factors`` (which reads every label file), take the in-memory path."""
+    ``_check_and_score``, streaming the earlier table (``_score_stream``). Inputs not sorted by
+    sample_id, and ``--repeat-factors`` (which reads every label file), take the in-memory path."""
     old_root, new_root = options.previous_root(path), args["root"]
-    column = cfg.repeat.column
 
     def reroot(t: pa.Table) -> pa.Table:
         return paths.relative_to(paths.absolute(t, old_root), new_root)
 
     with storage.open_read(path) as f:
         file = parquet_file(f)
+        column = cfg.repeat.column
         numeric = None if cfg.repeat.threshold is not None else previous.numeric_columns(file, column)
         if numeric is None:
             return _check_and_score(*_previous(path, new_root, column), model, cfg, args)
         rejects = _previous_rejects(path)
         scanned = numeric.num_rows + rejects.num_rows
-        cost = sample_costs(numeric, model)
-        points = numeric.column("num_points").to_numpy()
+        return _score_stream(file, numeric, scanned, rejects, (reroot, reroot), model, cfg, args)
 
-        def paths_at(rows: np.ndarray) -> list[str]:
-            found = pa.table({"path": previous.paths_at(file, rows)})
-            return reroot(found).column("path").to_pylist()
 
-        keep, rejects = manifest.over_cap_rejects(cost, points, cfg, rejects, paths_at)
-        counts = launch.counts_or_stop(
-            scanned, int(keep.sum()), rejects, args["max_reject"], args["rejects_out"]
-        )
-        if not keep.any():
-            raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
-        cost = cost[keep]
-        weights = (
-            None if column is None else repeat.Weights(repeat.column_weights(numeric, column)[keep], None)
-        )
-        weight = np.ones(cost.size) if weights is None else weights.values
-        ids, edges = bucket_costs(cost, cfg)
-        with storage.open_write(storage.join(args["staging"], schemas.SAMPLES_FILE)) as sink:
-            digest, out = previous.rewrite_scored(file, keep, cost, ids, weight, reroot, sink)
+def _settle_scan(gathered: dict[str, list], model: CostModel, cfg: PlanConfig, args: dict) -> dict:
+    """The scan's shard files merged into one sorted scratch table (streamed), then settled and
+    scored like ``--from-samples`` (``_score_stream``); with ``--repeat-factors`` in memory."""
+    scanned, written, rejects = scan_results(gathered)
+    work = storage.join(args["staging"], launch.WORK_DIR)
+    merged = storage.join(work, "scanned.parquet")
+    with storage.open_write(merged) as sink:
+        shards.write_merged([shard_path(work, s) for s, _ in written], storage.open_read, sink)
+    with storage.open_read(merged) as f:
+        file = parquet_file(f)
+        numeric = None if cfg.repeat.threshold is not None else previous.numeric_columns(file)
+        if numeric is None:  # no sample, or repeat factors: the in-memory path says what is wrong
+            samples = storage.read_parquet(merged)
+            return _check_and_score(scanned, samples, rejects, model, cfg, args)
+        rows = (lambda t: paths.relative_to(t, args["root"]), lambda t: t)  # rejects keep full paths
+        return _score_stream(file, numeric, scanned, rejects, rows, model, cfg, args)
+
+
+def _score_stream(
+    file, numeric: pa.Table, scanned: int, rejects: pa.Table, reroot: tuple, model: CostModel,
+    cfg: PlanConfig, args: dict,
+) -> dict:  # fmt: skip
+    """Settle and score from ``numeric`` (``previous.NUMERIC`` of ``file``'s rows, sorted unique
+    ids), then stream ``file`` into samples.parquet; ``reroot``: (for the rows, for over-cap reject
+    paths), each table -> table with paths stored the new run's way. CheckAndScore's metadata."""
+    column = cfg.repeat.column
+    cost = sample_costs(numeric, model)
+    points = numeric.column("num_points").to_numpy()
+
+    def paths_at(rows: np.ndarray) -> list[str]:
+        return reroot[1](pa.table({"path": previous.paths_at(file, rows)})).column("path").to_pylist()
+
+    keep, rejects = manifest.over_cap_rejects(cost, points, cfg, rejects, paths_at)
+    counts = launch.counts_or_stop(scanned, int(keep.sum()), rejects, args["max_reject"], args["rejects_out"])
+    if not keep.any():
+        raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
+    cost = cost[keep]
+    weights = None if column is None else repeat.Weights(repeat.column_weights(numeric, column)[keep], None)
+    weight = np.ones(cost.size) if weights is None else weights.values
+    ids, edges = bucket_costs(cost, cfg)
+    with storage.open_write(storage.join(args["staging"], schemas.SAMPLES_FILE)) as sink:
+        digest, out = previous.rewrite_scored(file, keep, cost, ids, weight, reroot[0], sink)
     Metrics.counter(NAMESPACE, "files_written").inc()
     Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
     scored = pa.table(
@@ -183,7 +203,7 @@ def _plan_epoch(task: tuple[int, dict], cfg: PlanConfig, staging: str):
 
 
 def _piece_path(staging: str, epoch: int, rank: int, start: int) -> str:
-    return storage.join(staging, WORK_DIR, f"epoch={epoch}", f"rank={rank}", f"{start:012d}.parquet")
+    return storage.join(staging, launch.WORK_DIR, f"epoch={epoch}", f"rank={rank}", f"{start:012d}.parquet")
 
 
 def _write_pieces(shard: tuple[int, int, int, dict], staging: str):
@@ -214,7 +234,7 @@ def _write_manifest(gathered: dict[str, list], staging: str, meta: dict, cfg: Pl
     storage.write_json(
         storage.join(staging, schemas.MANIFEST_FILE), manifest.manifest_json(meta, cfg, checked, files, stats)
     )
-    storage.remove_tree(storage.join(staging, WORK_DIR))
+    storage.remove_tree(storage.join(staging, launch.WORK_DIR))
 
 
 def build_pipeline(
@@ -233,10 +253,11 @@ def build_pipeline(
             | "CheckAndScore" >> beam.Map(_settle_previous, model, cfg, settings)
         )
     else:
-        scan = pipeline | "Scan" >> ScanSamples(args.input, scan_cfg, args.nuscenes_version, args.sweeps)
-        checked = scan.gathered() | "CheckAndScore" >> beam.Map(
-            lambda g: _check_and_score(*scan_results(g), model, cfg, settings)
+        work = storage.join(staging, launch.WORK_DIR)
+        scan = pipeline | "Scan" >> ScanSamples(
+            args.input, scan_cfg, args.nuscenes_version, args.sweeps, work
         )
+        checked = scan.gathered() | "CheckAndScore" >> beam.Map(_settle_scan, model, cfg, settings)
     planned = (
         checked
         | "Epochs" >> beam.FlatMap(lambda c: [(e, c) for e in range(cfg.epochs)])

@@ -304,6 +304,10 @@ def dry_run_requested(beam_argv: Sequence[str]) -> bool:
     return _dry_run(PipelineOptions(list(beam_argv)))
 
 
+#: Scratch directory inside a staging directory (scan shards, plan pieces); removed before publishing.
+WORK_DIR = "_work"
+
+
 def rejects_path(out: str) -> str:
     """Where a run stopped by ``--max-reject-fraction`` leaves its rejects (beside OUT, not in it)."""
     return out.rstrip("/") + ".rejects.parquet"

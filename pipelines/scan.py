@@ -16,8 +16,8 @@ from lidarshard import schemas
 from lidarshard.pipelines import launch, options
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_bytes
-from lidarshard.transforms.beam.scan import ScanSamples, scan_results
-from lidarshard.transforms.features.accounting import fingerprint
+from lidarshard.transforms.beam.scan import ScanSamples, scan_results, shard_path
+from lidarshard.transforms.features import shards
 
 __all__ = ["run", "parser", "prepare", "build_scan"]
 
@@ -33,7 +33,8 @@ def parser() -> launch.CommandParser:
 
 
 def _finalize(gathered: dict[str, list], staging: str, meta: dict, args: dict) -> None:
-    scanned, samples, rejects = scan_results(gathered)
+    """Accounting first, then the shard files merged into samples.parquet (streamed), rejects, ``_scan.json``."""
+    scanned, written, rejects = scan_results(gathered)
     if (
         scanned == 0 and not args["empty_ok"]
     ):  # tables or a pattern that yield nothing: a mistake, not a dataset
@@ -42,20 +43,26 @@ def _finalize(gathered: dict[str, list], staging: str, meta: dict, args: dict) -
             + ("lists no LIDAR_TOP keyframe" if meta["nuscenes_version"] else "matched no file")
             + "; nothing was written"
         )
-    samples, rejects, counts = launch.settle_or_stop(
-        scanned, samples, rejects, args["max_reject"], args["rejects_out"]
-    )
-    storage.write_bytes(storage.join(staging, schemas.SAMPLES_FILE), parquet_bytes(samples))
+    accepted = sum(rows for _, rows in written)
+    counts = launch.counts_or_stop(scanned, accepted, rejects, args["max_reject"], args["rejects_out"])
+    work = storage.join(staging, launch.WORK_DIR)
+    with storage.open_write(storage.join(staging, schemas.SAMPLES_FILE)) as sink:
+        rows, digest, _ = shards.write_merged(
+            [shard_path(work, s) for s, _ in written], storage.open_read, sink
+        )
+    if rows != accepted:  # a shard file changed under the run
+        raise RuntimeError(f"the scan's shard files hold {rows} samples, not the {accepted} accepted")
     storage.write_bytes(storage.join(staging, schemas.REJECTS_FILE), parquet_bytes(rejects))
     storage.write_json(
-        storage.join(staging, schemas.SCAN_FILE),
-        meta | {"counts": counts, "inputs_fingerprint": fingerprint(samples)},
+        storage.join(staging, schemas.SCAN_FILE), meta | {"counts": counts, "inputs_fingerprint": digest}
     )
+    storage.remove_tree(work)
 
 
 def build_scan(pipeline: beam.Pipeline, args: argparse.Namespace, staging: str) -> None:
     cfg = options.scan_config(args)
-    scan = pipeline | "Scan" >> ScanSamples(args.input, cfg, args.nuscenes_version, args.sweeps)
+    work = storage.join(staging, launch.WORK_DIR)
+    scan = pipeline | "Scan" >> ScanSamples(args.input, cfg, args.nuscenes_version, args.sweeps, work)
     settings = {
         "max_reject": args.max_reject_fraction,
         "rejects_out": args.rejects_out,

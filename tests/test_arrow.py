@@ -1,4 +1,5 @@
-"""``transforms.arrow``: ParquetStream writes parquet_bytes' bytes whatever the pieces; read_rows."""
+"""``transforms.arrow``: ParquetStream writes parquet_bytes' bytes whatever the pieces; read_rows;
+merge_sorted."""
 
 from __future__ import annotations
 
@@ -8,8 +9,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from lidarshard.transforms.arrow import ROW_GROUP_ROWS, ParquetStream, parquet_bytes, read_rows, sha256_hex
+from lidarshard.transforms.arrow import (
+    ROW_GROUP_ROWS,
+    ParquetStream,
+    merge_sorted,
+    parquet_bytes,
+    read_rows,
+    sha256_hex,
+)
 
 
 def _table(n: int) -> pa.Table:
@@ -57,3 +67,25 @@ def test_read_rows_reads_a_range_across_row_groups() -> None:
         assert read_rows(file, start, stop, ["i", "s"]).equals(
             table.select(["i", "s"]).slice(start, stop - start)
         )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.text(min_size=0, max_size=6), unique=True, max_size=80),
+    streams=st.integers(1, 6),
+    data=st.data(),
+)
+def test_merge_sorted_is_the_sorted_union_whatever_the_split(keys: list[str], streams: int, data) -> None:
+    """Keys dealt to streams at random, each stream cut into tables of random sizes (empty ones too):
+    the merged stream is every key once, in Arrow's (UTF-8 byte) order."""
+    owner = data.draw(st.lists(st.integers(0, streams - 1), min_size=len(keys), max_size=len(keys)))
+    sources = []
+    for s in range(streams):
+        mine = pa.table({"k": pa.array(sorted(k for k, o in zip(keys, owner, strict=True) if o == s))})
+        cuts = sorted(data.draw(st.lists(st.integers(0, mine.num_rows), max_size=4)))
+        bounds = [0, *cuts, mine.num_rows]
+        sources.append(iter([mine.slice(a, b - a) for a, b in zip(bounds, bounds[1:], strict=False)]))
+    merged = list(merge_sorted(sources, "k"))
+    got = [k for t in merged for k in t.column("k").to_pylist()]
+    assert got == pa.array(keys, pa.string()).sort().to_pylist()
+    assert all(t.num_rows for t in merged)

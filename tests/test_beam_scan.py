@@ -2,46 +2,60 @@
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from lidarshard.transforms.beam.scan import ConcatRows, ScanSamples
 from lidarshard.transforms.features.sample import ScanConfig
+from lidarshard.transforms.features.shards import shard_of
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
-
-
-def _ids(table: pa.Table) -> list[str]:
-    return table.column("sample_id").to_pylist()
 
 
 def _reasons(table: pa.Table) -> list[tuple[str, str]]:
     return list(zip(table.column("path").to_pylist(), table.column("reason").to_pylist(), strict=True))
 
 
-def _scan(input_path: str, want_ids: list[str], want_rejects: list[tuple[str, str]]) -> None:
+def _scan(input_path: str, work: Path, want_ids: list[str], want_rejects: list[tuple[str, str]]) -> None:
     with test_pipeline.TestPipeline(options=PipelineOptions(BEAM_TEST_FLAGS)) as p:
-        result = p | "Scan" >> ScanSamples(input_path, ScanConfig(), None, 0)
-        assert_that(result.samples | "Ids" >> beam.Map(_ids), equal_to([want_ids]), label="Samples")
+        result = p | "Scan" >> ScanSamples(input_path, ScanConfig(), None, 0, str(work))
+        want_shards = collections.Counter(shard_of(i) for i in want_ids)
+        assert_that(result.shards, equal_to(list(want_shards.items())), label="Shards")
         assert_that(result.rejects | "Why" >> beam.Map(_reasons), equal_to([want_rejects]), label="Rejects")
         assert_that(result.scanned, equal_to([len(want_ids) + len(want_rejects)]), label="Scanned")
+    files = sorted(work.glob("scan/shard=*.parquet"))
+    assert len(files) == len(want_shards)
+    ids = pa.concat_tables(pq.read_table(f) for f in files).column("sample_id").to_pylist()
+    assert sorted(ids) == want_ids
 
 
 def test_directory_scan_sends_a_bad_file_to_the_dead_letter_output(tmp_path: Path) -> None:
     root = make_bins(tmp_path / "in", n=4)
     (root / "empty.bin").write_bytes(b"")
     ids = [f"{i:04d}.bin" for i in range(4)]
-    _scan(str(root), ids, [(str(root / "bad.bin"), "truncated"), (str(root / "empty.bin"), "empty")])
+    _scan(
+        str(root),
+        tmp_path / "work",
+        ids,
+        [(str(root / "bad.bin"), "truncated"), (str(root / "empty.bin"), "empty")],
+    )
 
 
 def test_glob_scan_matches_files_and_rejects_through_the_same_output(tmp_path: Path) -> None:
     root = make_bins(tmp_path / "in", n=3)
     (root / "notes.txt").write_text("not a cloud")
-    _scan(f"{root}/*.bin", [f"{i:04d}.bin" for i in range(3)], [(str(root / "bad.bin"), "truncated")])
+    _scan(
+        f"{root}/*.bin",
+        tmp_path / "work",
+        [f"{i:04d}.bin" for i in range(3)],
+        [(str(root / "bad.bin"), "truncated")],
+    )
 
 
 def test_concat_rows_is_sorted_whatever_the_bundling() -> None:

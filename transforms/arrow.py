@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 __all__ = [
     "ROW_GROUP_ROWS",
     "rows_to_table",
     "concat_sorted",
+    "merge_sorted",
+    "row_groups",
     "parquet_bytes",
     "ParquetStream",
     "parquet_table",
@@ -39,6 +42,48 @@ def concat_sorted(tables: Iterable[pa.Table], schema: pa.Schema, keys: Sequence[
     table = pa.concat_tables(parts) if parts else schema.empty_table()
     table = table.sort_by([(k, "ascending") for k in keys])
     return table.combine_chunks()
+
+
+def merge_sorted(sources: Sequence[Iterator[pa.Table]], key: str) -> Iterator[pa.Table]:
+    """Merge streams of tables, each sorted by the column ``key`` over the whole stream and holding
+    keys no other stream holds, into one stream sorted by ``key``. Memory: one table per stream.
+
+    Works a round at a time: every row up to the smallest of the streams' current last keys is
+    final, so each round sorts those rows together and drops at least one stream's table. Streams
+    of uniformly spread keys (hash shards) advance together: a round takes a table's worth of rows
+    from every stream.
+    """
+    heads: list[tuple[pa.Table, Iterator[pa.Table]]] = []
+    for it in sources:
+        head = _next_rows(it)
+        if head is not None:
+            heads.append((head, it))
+    while heads:
+        bound = min((t.column(key)[-1] for t, _ in heads), key=lambda s: s.as_py())
+        taken, left = [], []
+        for table, it in heads:
+            n = pc.sum(pc.less_equal(table.column(key), bound)).as_py() or 0
+            taken.append(table.slice(0, n))
+            rest = table.slice(n) if n < table.num_rows else _next_rows(it)
+            if rest is not None:
+                left.append((rest, it))
+        heads = left
+        yield pa.concat_tables(taken).sort_by([(key, "ascending")])
+
+
+def _next_rows(it: Iterator[pa.Table]) -> pa.Table | None:
+    """The next non-empty table of ``it``, or None at its end."""
+    for table in it:
+        if table.num_rows:
+            return table
+    return None
+
+
+def row_groups(file: pq.ParquetFile, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+    """``file``'s row groups, one table at a time (read on the calling thread)."""
+    cols = list(columns) if columns is not None else None
+    for g in range(file.metadata.num_row_groups):
+        yield file.read_row_group(g, columns=cols, use_threads=False)
 
 
 def parquet_bytes(table: pa.Table) -> bytes:

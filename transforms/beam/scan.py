@@ -1,4 +1,6 @@
-"""Beam wiring of the scan: discover -> read+featurize (dead letters to rejects) -> Arrow tables.
+"""Beam wiring of the scan: discover -> read+featurize (dead letters to rejects) -> hash shards of
+the feature rows, each sorted, deduplicated and written as a scratch file (``features.shards``).
+Only the shard list, the scanned count and the rejects are gathered; no step holds every row.
 
 DoFns with two outputs yield ``(tag, value)`` records split by ``SplitTags`` (correct on the
 DaskRunner too, whose multi-output ParDo is broken).
@@ -28,11 +30,20 @@ from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import concat_sorted, rows_to_table
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.features import shards
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.formats.discover import walk_local
 from lidarshard.transforms.nuscenes import tables as nuscenes
 
-__all__ = ["ScanSamples", "ScanResult", "scan_results", "ConcatRows", "input_root", "NAMESPACE"]
+__all__ = [
+    "ScanSamples",
+    "ScanResult",
+    "scan_results",
+    "shard_path",
+    "ConcatRows",
+    "input_root",
+    "NAMESPACE",
+]
 
 NAMESPACE = "lidarshard"
 
@@ -225,27 +236,49 @@ class ConcatRows(beam.CombineFn):
         return self._table([acc])
 
 
-def scan_results(gathered: dict[str, list]) -> tuple[int, pa.Table, pa.Table]:
-    """``GatherTagged`` of a ``ScanResult`` (``{"scanned": [n], "samples": [table], "rejects": [table]}``)
-    -> the three; an absent key (nothing was gathered) is 0 or an empty table."""
+def scan_results(gathered: dict[str, list]) -> tuple[int, list[tuple[int, int]], pa.Table]:
+    """``GatherTagged`` of a ``ScanResult`` (``{"scanned": [n], "shards": [(shard, rows), ...],
+    "rejects": [table]}``) -> (scanned, shards sorted, rejects); an absent key (nothing was
+    gathered) is 0, no shard or an empty table."""
     (scanned,) = gathered.get("scanned", [0])
-    (samples,) = gathered.get("samples", [schemas.sample_schema().empty_table()])
     (rejects,) = gathered.get("rejects", [schemas.reject_schema().empty_table()])
-    return scanned, samples, rejects
+    return scanned, sorted(gathered.get("shards", [])), rejects
+
+
+def shard_path(work_dir: str, shard: int) -> str:
+    """The scratch file of hash shard ``shard`` of the scan's rows."""
+    return storage.join(work_dir, "scan", f"shard={shard:04d}.parquet")
+
+
+class _WriteShard(beam.DoFn):
+    """``(shard, feature rows)`` -> its scratch file, sorted and deduplicated; yields ``("shards",
+    (shard, rows kept))`` and ``("rejects", row)`` per duplicate id."""
+
+    def __init__(self, work_dir: str) -> None:
+        self._work = work_dir
+
+    def process(self, grouped: tuple[int, Iterable[dict]]) -> Iterator:
+        shard, rows = grouped
+        table, dups = shards.settle_shard(list(rows))
+        storage.write_bytes(shard_path(self._work, shard), shards.shard_bytes(table))
+        yield "shards", (shard, table.num_rows)
+        for row in dups:
+            yield from _rejected(row["path"], row["reason"], row["detail"])
 
 
 class ScanResult:
-    """PCollections produced by ``ScanSamples``: one table each, plus the scanned count; each is
-    EMPTY (no element) when there is nothing to gather: ``scan_results`` fills in
-    0 and empty tables. (Without defaults: a default is injected through a side input, which the
-    DaskRunner recomputes, see ``transforms.beam.tagged``.)"""
+    """PCollections produced by ``ScanSamples``: ``shards`` ((shard, rows) per scratch file written),
+    ``rejects`` (one table) and ``scanned`` (one count); each is EMPTY (no element) when there is
+    nothing to gather: ``scan_results`` fills in 0, no shard and an empty table. (Without defaults: a
+    default is injected through a side input, which the DaskRunner recomputes, see
+    ``transforms.beam.tagged``.)"""
 
-    def __init__(self, samples: beam.PCollection, rejects: beam.PCollection, scanned: beam.PCollection):
-        self.samples, self.rejects, self.scanned = samples, rejects, scanned
+    def __init__(self, shards: beam.PCollection, rejects: beam.PCollection, scanned: beam.PCollection):
+        self.shards, self.rejects, self.scanned = shards, rejects, scanned
 
     def gathered(self) -> beam.PCollection:
-        """ONE element ``{"scanned", "samples", "rejects"}`` (see ``scan_results``), as a main input."""
-        tagged = (tag(self.scanned, "scanned"), tag(self.samples, "samples"), tag(self.rejects, "rejects"))
+        """ONE element ``{"scanned", "shards", "rejects"}`` (see ``scan_results``), as a main input."""
+        tagged = (tag(self.scanned, "scanned"), tag(self.shards, "shards"), tag(self.rejects, "rejects"))
         return tagged | "GatherScan" >> GatherTagged()
 
 
@@ -254,12 +287,15 @@ def _to_table(schema: pa.Schema, keys: tuple[str, ...], label: str, pcoll: beam.
 
 
 class ScanSamples(beam.PTransform):
-    """INPUT (files/glob, or a nuScenes dataroot) -> ``ScanResult`` of samples and rejects tables."""
+    """INPUT (files/glob, or a nuScenes dataroot) -> ``ScanResult``: shard files of the accepted rows
+    under ``work_dir`` (``shard_path``; the caller merges and removes them), the rejects table."""
 
-    def __init__(self, input_path: str, cfg: ScanConfig, nuscenes_version: str | None, sweeps: int) -> None:
+    def __init__(
+        self, input_path: str, cfg: ScanConfig, nuscenes_version: str | None, sweeps: int, work_dir: str
+    ) -> None:
         super().__init__()
         self._input, self._cfg = input_path, cfg  # local paths: made absolute by the launcher
-        self._version, self._sweeps = nuscenes_version, sweeps
+        self._version, self._sweeps, self._work = nuscenes_version, sweeps, work_dir
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> ScanResult:
         if self._version:
@@ -302,7 +338,13 @@ class ScanSamples(beam.PTransform):
             )
             | "SplitRead" >> SplitTags("samples", "rejects")
         )
-        rejects = (table_rejects, read["rejects"]) | "AllRejects" >> beam.Flatten()
-        samples = _to_table(schemas.sample_schema(), ("sample_id",), "Samples", read["samples"])
+        written = (
+            read["samples"]
+            | "ByShard" >> beam.Map(lambda row: (shards.shard_of(row["sample_id"]), row))
+            | "GroupShards" >> beam.GroupByKey()
+            | "WriteShards" >> beam.ParDo(_WriteShard(self._work))
+            | "SplitShards" >> SplitTags("shards", "rejects")
+        )
+        rejects = (table_rejects, read["rejects"], written["rejects"]) | "AllRejects" >> beam.Flatten()
         reject_table = _to_table(schemas.reject_schema(), ("path", "reason", "detail"), "Rejects", rejects)
-        return ScanResult(samples, reject_table, scanned)
+        return ScanResult(written["shards"], reject_table, scanned)
