@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import heapq
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 __all__ = [
@@ -45,38 +47,63 @@ def concat_sorted(tables: Iterable[pa.Table], schema: pa.Schema, keys: Sequence[
 
 
 def merge_sorted(sources: Sequence[Iterator[pa.Table]], key: str) -> Iterator[pa.Table]:
-    """Merge streams of tables, each sorted by the column ``key`` over the whole stream and holding
-    keys no other stream holds, into one stream sorted by ``key``. Memory: one table per stream.
+    """Merge streams of tables, each sorted by the string column ``key`` over the whole stream and
+    holding keys no other stream holds, into one stream sorted by ``key`` (UTF-8 byte order, as
+    Arrow sorts). Memory: one table per stream.
 
     Works a round at a time: every row up to the smallest of the streams' current last keys is
-    final, so each round sorts those rows together and drops at least one stream's table. Streams
-    of uniformly spread keys (hash shards) advance together: a round takes a table's worth of rows
-    from every stream.
+    final; a round takes those rows (binary search per stream that holds any), sorts them together
+    and emits them, and at least one stream moves on to its next table. Two heaps (current first and
+    last key per stream) keep a round's cost to the streams it takes rows from.
     """
-    heads: list[tuple[pa.Table, Iterator[pa.Table]]] = []
-    for it in sources:
-        head = _next_rows(it)
-        if head is not None:
-            heads.append((head, it))
-    while heads:
-        bound = min((t.column(key)[-1] for t, _ in heads), key=lambda s: s.as_py())
-        taken, left = [], []
-        for table, it in heads:
-            n = pc.sum(pc.less_equal(table.column(key), bound)).as_py() or 0
-            taken.append(table.slice(0, n))
-            rest = table.slice(n) if n < table.num_rows else _next_rows(it)
-            if rest is not None:
-                left.append((rest, it))
-        heads = left
+    heads = [_Head(it, key) for it in sources]
+    lasts = [(h.keys[-1], i, h.loads) for i, h in enumerate(heads) if h.table is not None]
+    firsts = [(h.keys[0], i) for i, h in enumerate(heads) if h.table is not None]
+    heapq.heapify(lasts)
+    heapq.heapify(firsts)
+    while lasts:
+        bound, i, loads = lasts[0]
+        if heads[i].table is None or loads != heads[i].loads:  # stale: that stream has moved on
+            heapq.heappop(lasts)
+            continue
+        taken = []
+        while firsts and firsts[0][0] <= bound:
+            _, j = heapq.heappop(firsts)
+            head = heads[j]
+            taken.append(head.take_through(bound))
+            if head.table is None:
+                continue
+            heapq.heappush(firsts, (head.keys[head.pos], j))
+            if head.pos == 0:  # a new table: its last key joins the heap
+                heapq.heappush(lasts, (head.keys[-1], j, head.loads))
         yield pa.concat_tables(taken).sort_by([(key, "ascending")])
 
 
-def _next_rows(it: Iterator[pa.Table]) -> pa.Table | None:
-    """The next non-empty table of ``it``, or None at its end."""
-    for table in it:
-        if table.num_rows:
-            return table
-    return None
+class _Head:
+    """A stream's current table, its keys (Python str: compares as UTF-8 bytes do) and read position."""
+
+    def __init__(self, it: Iterator[pa.Table], key: str) -> None:
+        self._it, self._key, self.loads = it, key, 0
+        self.table: pa.Table | None = None
+        self._load()
+
+    def _load(self) -> None:
+        self.table, self.pos = None, 0
+        for table in self._it:
+            if table.num_rows:
+                self.table, self.loads = table, self.loads + 1
+                self.keys = table.column(self._key).to_numpy(zero_copy_only=False)
+                return
+
+    def take_through(self, bound: str) -> pa.Table:
+        """The rows from the position on with keys <= ``bound`` (at least one); loads the next table
+        when this one is used up."""
+        stop = int(np.searchsorted(self.keys, bound, side="right"))
+        rows = self.table.slice(self.pos, stop - self.pos)
+        self.pos = stop
+        if stop == len(self.keys):
+            self._load()
+        return rows
 
 
 def row_groups(file: pq.ParquetFile, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
@@ -155,6 +182,9 @@ class ParquetStream:
     def __exit__(self, kind, *_) -> None:
         if kind is None:
             self.close()
+        else:  # the sink is abandoned: close the writer now, not when collected (its sink may be closed)
+            with contextlib.suppress(Exception):
+                self._writer.close()
 
 
 def parquet_table(data: bytes, columns: Sequence[str] | None = None) -> pa.Table:

@@ -32,9 +32,9 @@ __all__ = [
 
 #: Hash shards of the scan's rows: one task each (~40k samples at 10M), one open file each in the merge.
 SCAN_SHARDS = 256
-#: Rows per row group of a shard file: the merge holds one group per shard (256 x 512 rows x
-#: ~2.3 KB a 9-sweep row: ~0.3 GB at most).
-SHARD_GROUP_ROWS = 512
+#: Rows per row group of a shard file: the merge holds one group per shard (256 x 256 rows x
+#: ~2.2 KB a 9-sweep row: ~0.15 GB of Arrow data at most).
+SHARD_GROUP_ROWS = 256
 #: Sort keys of a shard: the id, then columns that tell apart two inputs claiming one id, so the row
 #: ``dedupe`` keeps does not depend on arrival order.
 ORDER = ("sample_id", "path", "format", "file_bytes", "num_points", "num_in_range", "label_path")
