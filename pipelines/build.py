@@ -4,12 +4,14 @@ One Beam pipeline: scan (or ``--from-samples``) -> accounting check -> cost -> e
 buckets -> samples.parquet -> per-epoch plans (epochs in parallel) -> plan files -> ``_manifest.json``;
 the launcher then writes ``_SUCCESS`` and publishes the staging directory as OUT.
 
-No step holds the samples' paths after samples.parquet is written (``transforms.plan.sharded``): an
-epoch is planned from the numeric columns, then one task per (epoch, shard of samples.parquet)
-writes each rank's rows of that shard to a scratch file under ``_work/``, and one task per
-(epoch, rank) sorts its pieces into the rank's plan file. ``--from-samples`` streams the earlier
-samples.parquet a row group at a time (``transforms.features.previous``) when its ids are sorted, as
-lidarshard writes them; the scan still gathers its rows in one step.
+No step holds the samples' paths. The scan writes its rows in hash shards of sample_id, merged
+into one sorted scratch table by a streaming k-way merge (``transforms.features.shards``);
+``--from-samples`` streams the earlier samples.parquet when its ids are sorted, as lidarshard writes
+them. Either table is settled and scored from four numeric columns, then streamed into
+samples.parquet a row group at a time (``transforms.features.previous``). An epoch is planned from
+the numeric columns (``transforms.plan.sharded``), then one task per (epoch, shard of
+samples.parquet) writes each rank's rows of that shard to a scratch file under ``_work/``, and one
+task per (epoch, rank) sorts its pieces into the rank's plan file.
 
 Bucket edges are exact quantiles of the gathered cost column, not Beam's ApproximateQuantiles,
 whose result can depend on bundling and would break byte-identical output across runners.

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import heapq
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 __all__ = [
@@ -49,60 +49,53 @@ def concat_sorted(tables: Iterable[pa.Table], schema: pa.Schema, keys: Sequence[
 def merge_sorted(sources: Sequence[Iterator[pa.Table]], key: str) -> Iterator[pa.Table]:
     """Merge streams of tables, each sorted by the string column ``key`` over the whole stream and
     holding keys no other stream holds, into one stream sorted by ``key`` (UTF-8 byte order, as
-    Arrow sorts). Memory: one table per stream.
+    Arrow sorts). Memory: up to two tables per stream.
 
-    Works a round at a time: every row up to the smallest of the streams' current last keys is
-    final; a round takes those rows (binary search per stream that holds any), sorts them together
-    and emits them, and at least one stream moves on to its next table. Two heaps (current first and
-    last key per stream) keep a round's cost to the streams it takes rows from.
+    Works a round at a time: every row up to the smallest last buffered key of the streams not yet
+    read to their end is final, so a round takes those rows from every stream (a binary search
+    each), sorts them together and emits them; then each stream holding less than a table reads its
+    next one. With keys spread evenly over the streams (hash shards), a round emits about a table's
+    worth of rows per stream; once every stream is read to its end, one round takes the rest.
     """
-    heads = [_Head(it, key) for it in sources]
-    lasts = [(h.keys[-1], i, h.loads) for i, h in enumerate(heads) if h.table is not None]
-    firsts = [(h.keys[0], i) for i, h in enumerate(heads) if h.table is not None]
-    heapq.heapify(lasts)
-    heapq.heapify(firsts)
-    while lasts:
-        bound, i, loads = lasts[0]
-        if heads[i].table is None or loads != heads[i].loads:  # stale: that stream has moved on
-            heapq.heappop(lasts)
-            continue
-        taken = []
-        while firsts and firsts[0][0] <= bound:
-            _, j = heapq.heappop(firsts)
-            head = heads[j]
-            taken.append(head.take_through(bound))
-            if head.table is None:
-                continue
-            heapq.heappush(firsts, (head.keys[head.pos], j))
-            if head.pos == 0:  # a new table: its last key joins the heap
-                heapq.heappush(lasts, (head.keys[-1], j, head.loads))
-        yield pa.concat_tables(taken).sort_by([(key, "ascending")])
+    heads = [h for h in (_Head(it, key) for it in sources) if h.table.num_rows]
+    while heads:
+        bound = min((h.keys[-1] for h in heads if not h.done), default=None)
+        taken = [t for t in (h.take_through(bound) for h in heads) if t.num_rows]
+        heads = [h for h in heads if h.table.num_rows]
+        table = pa.concat_tables(taken).combine_chunks()  # one take over whole arrays is faster
+        yield table.take(pc.sort_indices(table.column(key)))
 
 
 class _Head:
-    """A stream's current table, its keys (Python str: compares as UTF-8 bytes do) and read position."""
+    """The rows of a stream read but not yet merged, their keys (Python str: they compare as UTF-8
+    bytes do) and the stream; keeps at least a table's worth buffered while the stream lasts."""
 
     def __init__(self, it: Iterator[pa.Table], key: str) -> None:
-        self._it, self._key, self.loads = it, key, 0
+        self._it, self._key, self._want, self.done = it, key, 1, False
         self.table: pa.Table | None = None
-        self._load()
+        self.keys = np.empty(0, dtype=object)
+        self._refill()
 
-    def _load(self) -> None:
-        self.table, self.pos = None, 0
-        for table in self._it:
-            if table.num_rows:
-                self.table, self.loads = table, self.loads + 1
-                self.keys = table.column(self._key).to_numpy(zero_copy_only=False)
-                return
+    def _refill(self) -> None:
+        while self.table is None or self.table.num_rows < self._want:
+            more = next(self._it, None)
+            if more is None:
+                self.done = True
+                break
+            if not more.num_rows:
+                continue
+            self._want = max(self._want, more.num_rows)
+            keys = more.column(self._key).to_numpy(zero_copy_only=False)
+            self.table = more if self.table is None else pa.concat_tables([self.table, more])
+            self.keys = np.concatenate([self.keys, keys])
+        if self.table is None:
+            self.table = pa.table({self._key: pa.array([], pa.string())})
 
-    def take_through(self, bound: str) -> pa.Table:
-        """The rows from the position on with keys <= ``bound`` (at least one); loads the next table
-        when this one is used up."""
-        stop = int(np.searchsorted(self.keys, bound, side="right"))
-        rows = self.table.slice(self.pos, stop - self.pos)
-        self.pos = stop
-        if stop == len(self.keys):
-            self._load()
+    def take_through(self, bound: str | None) -> pa.Table:
+        """The buffered rows with keys <= ``bound`` (None: all), removed from the buffer (then refilled)."""
+        stop = len(self.keys) if bound is None else int(np.searchsorted(self.keys, bound, side="right"))
+        rows, self.table, self.keys = self.table.slice(0, stop), self.table.slice(stop), self.keys[stop:]
+        self._refill()
         return rows
 
 
