@@ -52,7 +52,8 @@ def _write_bad_corpus(root: Path) -> dict[str, str]:
 def _scan(tmp_path: Path, inp: str, *flags: str) -> tuple[dict, list[dict], list[dict]]:
     out = tmp_path / "out"
     assert scan_cli.run([inp, str(out), "--max-reject-fraction", "1", *flags, *BEAM_TEST_FLAGS]) == 0
-    assert (out / "_SUCCESS").exists()
+    names = {p.name for p in out.iterdir()}  # the shard files under _work/ are gone
+    assert names == {"_SUCCESS", "_scan.json", "samples.parquet", "rejects.parquet"}
     meta = json.loads((out / "_scan.json").read_text())
     return (
         meta,

@@ -32,9 +32,10 @@ __all__ = [
 
 #: Hash shards of the scan's rows: one task each (~40k samples at 10M), one open file each in the merge.
 SCAN_SHARDS = 256
-#: Rows per row group of a shard file: the merge holds one group per shard (256 x 256 rows x
-#: ~2.2 KB a 9-sweep row: ~0.15 GB of Arrow data at most).
-SHARD_GROUP_ROWS = 256
+#: Rows per row group of a shard file. The merge buffers one to two groups per shard and emits about
+#: one per shard a round (256 x 128 rows x ~2.2 KB a 9-sweep row: ~72 MB of Arrow data); measured
+#: peak RSS ~1 GiB at 1M rows, flat in N (``benchmarks/merge_bench.py``).
+SHARD_GROUP_ROWS = 128
 #: Sort keys of a shard: the id, then columns that tell apart two inputs claiming one id, so the row
 #: ``dedupe`` keeps does not depend on arrival order.
 ORDER = ("sample_id", "path", "format", "file_bytes", "num_points", "num_in_range", "label_path")
