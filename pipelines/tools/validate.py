@@ -350,8 +350,9 @@ def _check_manifest(c: _Checker) -> str:
     def read(rel: str) -> pa.Table | None:
         return c.table(rel, schemas.plan_schema()) if rel in good else None
 
-    for e in range(min(epochs, len(steps))):
-        rows += check_epoch_files(c.problems, read, m, e, samples, caps, held)
+    last = min(epochs, len(steps)) - 1
+    for e in range(last + 1):
+        rows += check_epoch_files(c.problems, read, m, e, samples, caps, held, e == last)
     check_repeat_rate(c.problems, m, samples, caps)
     c_ = m["counts"]
     return (

@@ -225,10 +225,14 @@ def check_epoch_files(
     samples: SamplesView,
     caps: Caps,
     held: tuple | None,
+    last: bool,
 ) -> int:
-    """Epoch ``e``'s plan files (``read(rel)``: the table, or None when unusable) one at a time (each one's strings checked, then only its numbers kept:
-    ~20 bytes a row), then the whole epoch's plan; memory handed back between the steps (the peak is
-    one check's temporaries over the samples view and the plan, not their sum). Returns its rows."""
+    """Epoch ``e``'s plan files (``read(rel)``: the table, or None when unusable) one at a time, each
+    one's strings checked and then only its numbers kept (~20 bytes a row), then the whole epoch's plan.
+
+    Memory is handed back between the steps, so the peak is one check's temporaries over the samples
+    view and the plan, not their sum; after the ``last`` epoch's files the view's keys are dropped
+    (the re-plan, the peak, runs without them). Returns the epoch's plan rows."""
     w, steps = m["world_size"], m["steps_per_epoch"][e]
     per_step = None if m["strategy"] in VARIABLE_COUNT else m["batch_size"]
     ranks, rows = [], 0
@@ -242,6 +246,8 @@ def check_epoch_files(
                 ranks.append(rank_rows(t, idx, samples.num_rows))
         del t
         release_memory()
+    if last:
+        samples.drop_keys()
     if len(ranks) < w:
         return rows
     plan = padded_plan(ranks, steps)

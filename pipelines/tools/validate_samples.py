@@ -149,12 +149,19 @@ class SamplesView:
         """Other columns, read from the file when asked (e.g. ``label_path`` to re-derive repeat factors)."""
         return storage.read_parquet(self._ids.path, columns=names)
 
+    def drop_keys(self) -> None:
+        """Free the id and row keys (20 bytes a sample) once no plan file is left to look up;
+        ``find`` refuses afterwards."""
+        self._order, self._sorted, self.row_key = None, None, None
+
     def key_clash(self) -> bool:
         """True when two sample ids share a key (then ``find`` cannot be trusted)."""
         return bool(self._sorted.size > 1 and (np.diff(self._sorted) == 0).any())
 
     def find(self, ids: pa.Array) -> NDArray[np.int64]:
         """(n,) row of each sample_id in ``ids``, -1 when no sample has its key."""
+        if self._sorted is None:
+            raise RuntimeError("the keys were dropped (drop_keys): no lookups after the last plan file")
         keys = id_keys(ids)
         at = np.minimum(np.searchsorted(self._sorted, keys), max(self._sorted.size - 1, 0))
         hit = self._sorted[at] == keys if self._sorted.size else np.zeros(keys.size, dtype=bool)

@@ -57,8 +57,9 @@ def assignment(numeric: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[dict[str
     """
     plan, stats = plan_samples(numeric, epoch, cfg)
     rows = plan_rows(plan)
+    del plan
     order = np.argsort(rows["row"], kind="stable")
-    return {k: v[order] for k, v in rows.items()}, stats
+    return {k: rows.pop(k)[order] for k in list(rows)}, stats  # each column freed once reordered
 
 
 def slice_rows(part: dict[str, NDArray], start: int, stop: int) -> dict[str, NDArray]:
