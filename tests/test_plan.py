@@ -200,3 +200,10 @@ def test_plan_epoch_validates() -> None:
 def test_strategies_use_distinct_streams() -> None:
     assert len({strategy_salt(n) for n in NAMES}) == len(NAMES)
     assert strategy_salt("balanced") == 3262407112  # stable across processes and versions
+
+
+def test_mixed_plans_the_same_when_its_steps_are_split_in_chunks(monkeypatch) -> None:
+    costs = np.random.default_rng(4).lognormal(0.0, 1.0, 8 * 2 * 40)
+    whole = mixed.plan(costs, 8, 2, np.random.default_rng(1), None)
+    monkeypatch.setattr(mixed, "_CHUNK_STEPS", 3)  # 40 steps re-split 3 at a time
+    np.testing.assert_array_equal(mixed.plan(costs, 8, 2, np.random.default_rng(1), None), whole)

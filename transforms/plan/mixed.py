@@ -37,6 +37,10 @@ from lidarshard.transforms.plan.metrics import linearity, step_linearity
 __all__ = ["plan", "choose_steps"]
 
 
+#: Steps re-split at a time: LPT's temporaries (~5 arrays of the steps' size) stay bounded.
+_CHUNK_STEPS = 1 << 12
+
+
 def _split_steps(batches: NDArray[np.int64], costs: NDArray[np.float64], w: int) -> NDArray[np.int64]:
     """(S, W, B) steps of ``W`` consecutive batches, each re-split by LPT where that is better.
 
@@ -45,7 +49,17 @@ def _split_steps(batches: NDArray[np.int64], costs: NDArray[np.float64], w: int)
     """
     b = batches.shape[1]
     steps = batches.reshape(-1, w, b)
-    s = steps.shape[0]
+    if steps.shape[0] <= _CHUNK_STEPS:
+        return _split_chunk(steps, costs)
+    out = np.empty_like(steps)
+    for a in range(0, steps.shape[0], _CHUNK_STEPS):  # every step on its own: same result as at once
+        out[a : a + _CHUNK_STEPS] = _split_chunk(steps[a : a + _CHUNK_STEPS], costs)
+    return out
+
+
+def _split_chunk(steps: NDArray[np.int64], costs: NDArray[np.float64]) -> NDArray[np.int64]:
+    """``_split_steps`` of (s, W, B) steps."""
+    s, w, b = steps.shape
     if s == 0:
         return steps
     flat = steps.reshape(s, w * b)
