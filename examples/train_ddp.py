@@ -10,6 +10,11 @@ samples' lidarseg labels (keyframe points; aggregated sweep points are inputs on
 evaluates on V's samples after every epoch (split across ranks, outside the timed epoch): loss and mIoU
 over the classes present in V.
 
+Loss: each rank's batch-mean loss, times ``W n_r / N`` (``_rank_weight``, from the sampler's
+``loss_scale``) so that averaging gradients over ranks weights each rank by its share of the step's
+samples: manifests of ``--strategy budget`` give ranks different counts; with equal counts the factor
+is exactly 1.
+
 Timing: every step, each rank times forward + backward with ``time.perf_counter`` and only then
 all-reduces the gradients itself (one flat ``all_reduce``, what DDP does inside ``backward``). The
 timed span therefore holds this rank's own compute only: no data loading, no waiting for the slowest
@@ -183,16 +188,28 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, labels, ignore_index=IGNORE_LABEL)
 
 
+def _rank_weight(sampler: Any, step: int, n: int, world: int) -> float:
+    """Multiplier of this rank's batch-mean loss at ``step`` (``n`` samples here): ``W n / N`` with N
+    the step's samples over all ranks, so that DDP's average over ranks weights each rank by its share
+    of the step's samples (``--strategy budget`` plans vary n per rank). 1 with equal counts and for
+    torch's DistributedSampler. ``loss_scale(step)`` is ``W / N`` (``loaders.reader.Batch.scale``)."""
+    if not hasattr(sampler, "loss_scale"):
+        return 1.0
+    total = round(world / sampler.loss_scale(step))
+    return world * n / total
+
+
 def _compute(
-    model: SegNet, batch: dict[str, Any], classes: int, per_sample: bool
+    model: SegNet, batch: dict[str, Any], classes: int, per_sample: bool, weight: float = 1.0
 ) -> tuple[float, float, float, list[tuple[str, float, int]]]:
-    """Forward + backward of one batch: (wall s, thread CPU s, loss, per-sample [(sample_id, ms, points)])."""
+    """Forward + backward of one batch, the loss times ``weight`` (``_rank_weight``): (wall s, thread
+    CPU s, loss (unweighted), per-sample [(sample_id, ms, points)])."""
     points, index, counts = batch["points"], batch["batch"], batch["num_points"].tolist()
     labels = _targets(batch, classes)
     if not per_sample:
         w0, c0 = time.perf_counter(), time.thread_time()
         loss = _loss(model(points, index), labels)
-        loss.backward()
+        (loss * weight if weight != 1.0 else loss).backward()
         return time.perf_counter() - w0, time.thread_time() - c0, float(loss.detach()), []
     wall = cpu = total = 0.0
     rows, lo = [], 0
@@ -201,7 +218,7 @@ def _compute(
         lo += n
         w0, c0 = time.perf_counter(), time.thread_time()
         loss = _loss(model(pts, torch.zeros(n, dtype=torch.int64)), lab) / len(counts)
-        loss.backward()
+        (loss * weight if weight != 1.0 else loss).backward()
         dw = time.perf_counter() - w0
         wall, cpu, total = wall + dw, cpu + time.thread_time() - c0, total + float(loss.detach())
         rows.append((sid, dw * 1e3, n))
@@ -266,7 +283,8 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
             if args.max_steps is not None and step >= args.max_steps:
                 break
             opt.zero_grad(set_to_none=False)
-            w, c, loss, rows = _compute(model, batch, classes, args.emit_timings is not None)
+            weight = _rank_weight(sampler, step, len(batch["sample_id"]), world)
+            w, c, loss, rows = _compute(model, batch, classes, args.emit_timings is not None, weight)
             _allreduce_grads(params, world)
             opt.step()
             wall_c.append(w)

@@ -389,6 +389,33 @@ def test_example_miou_by_hand() -> None:
     assert example.miou(torch.zeros(2, 2)) == (0.0, {})
 
 
+class _Scales:
+    """A sampler's ``loss_scale``: ``W / N`` of a step whose ranks hold ``counts``."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = counts
+
+    def loss_scale(self, step: int) -> float:
+        return len(self.counts) / sum(self.counts)
+
+
+@pytest.mark.parametrize("counts", [[49] * 7, [2] * 64, [3, 1, 2, 2], [5, 1], [1, 1, 1, 9]])
+def test_example_weights_each_ranks_mean_loss_by_its_share_of_the_step(counts: list[int]) -> None:
+    """train_ddp's ``_rank_weight``: W n_r / N, so averaging the W weighted rank means weights each
+    rank by n_r / N; exactly 1 with equal counts (the example's usual loss, unchanged)."""
+    spec = importlib.util.spec_from_file_location("train_ddp", REPO / "examples/train_ddp.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    w, total = len(counts), sum(counts)
+    weights = [example._rank_weight(_Scales(counts), 0, n, w) for n in counts]
+    means = [float(r + 1) for r in range(w)]  # any per-rank mean losses
+    ddp = sum(wt * m for wt, m in zip(weights, means, strict=True)) / w
+    assert ddp == pytest.approx(sum(n * m for n, m in zip(counts, means, strict=True)) / total)
+    if len(set(counts)) == 1:
+        assert weights == [1.0] * w
+    assert example._rank_weight(object(), 0, 3, w) == 1.0  # torch's DistributedSampler
+
+
 def _ddp_average_of_scaled_sums(x: torch.Tensor, y: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """Simulated DDP: rank r holds ``counts[r]`` consecutive samples, computes
     ``loss = scale * sum(per-sample losses)`` with the reader's ``scale = W / N``, and the W
