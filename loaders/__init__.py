@@ -1,7 +1,7 @@
-"""The trainer side: read a rank's manifest. Imports no Beam; torch only in ``lidarshard.loaders.torch``.
+"""The trainer side: read a rank's manifest. Imports no Beam; this package and ``reader`` import no torch.
 
-``lidarshard.loaders.torch`` (``BalancedBatchSampler``, ``PointCloudDataset``, ``collate``) needs PyTorch:
-``pip install "lidarshard[torch]"``.
+``lidarshard.loaders.torch`` (``BalancedBatchSampler``, ``PlanLoader``; ``PointCloudDataset`` and ``collate``
+from ``loaders.dataset``) and the framework adapters need PyTorch: ``pip install "lidarshard[torch]"``.
 """
 
 from lidarshard.loaders.reader import (

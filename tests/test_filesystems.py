@@ -150,8 +150,9 @@ def test_trainer_reads_manifest_and_points_from_the_object_store(bucket: str) ->
     the point files through the storage layer; the dataroot then moves to another prefix and
     ``root=`` finds it there, byte for byte the same points."""
     synth = pytest.importorskip("lidarshard.pipelines.synth")
-    torch_loaders = pytest.importorskip("lidarshard.loaders.torch")
+    torch = pytest.importorskip("torch")
     from lidarshard.loaders import ManifestReader, load_points
+    from lidarshard.loaders.torch import PointCloudDataset
 
     root = f"{bucket}/nuscenes"
     argv = [root, "--scenes", "1", "--keyframes-per-scene", "4", "--sweeps-per-keyframe", "1"]
@@ -162,7 +163,7 @@ def test_trainer_reads_manifest_and_points_from_the_object_store(bucket: str) ->
     reader = ManifestReader(out, 1, 2, 0)
     batch = next(iter(reader))
     assert all(p.startswith(f"{root}/samples/") for p in batch.paths)
-    dataset = torch_loaders.PointCloudDataset(out)
+    dataset = PointCloudDataset(out)
     before = [dataset[i]["points"] for i in range(len(dataset))]
     assert all(p.shape[0] > 0 for p in before)
     assert load_points(batch.paths[0], None).shape[0] > 0
@@ -171,8 +172,8 @@ def test_trainer_reads_manifest_and_points_from_the_object_store(bucket: str) ->
         MemoryObjectStore.objects[moved + key[len(root) :]] = MemoryObjectStore.objects.pop(key)
     with pytest.raises(OSError):
         dataset[0]  # noqa: B018 - the recorded root is empty now
-    again = torch_loaders.PointCloudDataset(out, root=moved)
-    assert all(torch_loaders.torch.equal(a, again[i]["points"]) for i, a in enumerate(before))
+    again = PointCloudDataset(out, root=moved)
+    assert all(torch.equal(a, again[i]["points"]) for i, a in enumerate(before))
     assert all(
         p.startswith(f"{moved}/samples/") for p in next(iter(ManifestReader(out, 1, 2, 0, root=moved))).paths
     )
