@@ -6,6 +6,8 @@ label file) and an earlier table not sorted by sample_id take the in-memory path
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +24,9 @@ from lidarshard.transforms.plan import manifest
 from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs
 
 __all__ = ["writer", "check_and_score", "settle_previous", "settle_scan"]
+
+#: Table -> table with its paths stored the new run's way.
+Reroot = Callable[[pa.Table], pa.Table]
 
 
 def writer(staging: str):
@@ -98,7 +103,7 @@ def settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) ->
             return check_and_score(*_previous(path, new_root, column), model, cfg, args)
         rejects = _previous_rejects(path)
         scanned = numeric.num_rows + rejects.num_rows
-        return _score_stream(file, numeric, scanned, rejects, (reroot, reroot), model, cfg, args)
+        return _score_stream(file, numeric, scanned, rejects, reroot, reroot, model, cfg, args)
 
 
 def settle_scan(gathered: dict[str, list], model: CostModel, cfg: PlanConfig, args: dict) -> dict:
@@ -115,23 +120,28 @@ def settle_scan(gathered: dict[str, list], model: CostModel, cfg: PlanConfig, ar
         if numeric is None:  # no sample, or repeat factors: the in-memory path says what is wrong
             samples = storage.read_parquet(merged)
             return check_and_score(scanned, samples, rejects, model, cfg, args)
-        rows = (lambda t: paths.relative_to(t, args["root"]), lambda t: t)  # rejects keep full paths
-        return _score_stream(file, numeric, scanned, rejects, rows, model, cfg, args)
+
+        def reroot(t: pa.Table) -> pa.Table:
+            return paths.relative_to(t, args["root"])
+
+        # a scan's rejects keep full paths, as in the in-memory path
+        return _score_stream(file, numeric, scanned, rejects, reroot, lambda t: t, model, cfg, args)
 
 
 def _score_stream(
-    file, numeric: pa.Table, scanned: int, rejects: pa.Table, reroot: tuple, model: CostModel,
-    cfg: PlanConfig, args: dict,
+    file, numeric: pa.Table, scanned: int, rejects: pa.Table, reroot: Reroot, reroot_rejects: Reroot,
+    model: CostModel, cfg: PlanConfig, args: dict,
 ) -> dict:  # fmt: skip
     """Settle and score from ``numeric`` (``previous.NUMERIC`` of ``file``'s rows, sorted unique
-    ids), then stream ``file`` into samples.parquet; ``reroot``: (for the rows, for over-cap reject
-    paths), each table -> table with paths stored the new run's way. CheckAndScore's metadata."""
+    ids), then stream ``file`` into samples.parquet. ``reroot`` (the rows) and ``reroot_rejects``
+    (over-cap reject paths): table -> table with paths stored the new run's way. CheckAndScore's
+    metadata."""
     column = cfg.repeat.column
     cost = sample_costs(numeric, model)
     points = numeric.column("num_points").to_numpy()
 
     def paths_at(rows: np.ndarray) -> list[str]:
-        return reroot[1](pa.table({"path": previous.paths_at(file, rows)})).column("path").to_pylist()
+        return reroot_rejects(pa.table({"path": previous.paths_at(file, rows)})).column("path").to_pylist()
 
     keep, rejects = manifest.over_cap_rejects(cost, points, cfg, rejects, paths_at)
     counts = launch.counts_or_stop(scanned, int(keep.sum()), rejects, args["max_reject"], args["rejects_out"])
@@ -142,7 +152,7 @@ def _score_stream(
     weight = np.ones(cost.size) if weights is None else weights.values
     ids, edges = bucket_costs(cost, cfg)
     with storage.open_write(storage.join(args["staging"], schemas.SAMPLES_FILE)) as sink:
-        digest, out = previous.rewrite_scored(file, keep, cost, ids, weight, reroot[0], sink)
+        digest, out = previous.rewrite_scored(file, keep, cost, ids, weight, reroot, sink)
     Metrics.counter(NAMESPACE, "files_written").inc()
     Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
     scored = pa.table(

@@ -388,7 +388,7 @@ def previous_rows(path: str) -> int:
     Raises:
         ValueError: as ``read_previous_samples``.
     """
-    from lidarshard.transforms.arrow import parquet_file
+    from lidarshard.transforms.arrow import parquet_file, row_groups
 
     where = f"--from-samples {path}"
     try:
@@ -398,9 +398,8 @@ def previous_rows(path: str) -> int:
             want = schemas.sample_schema()
             other = [f for f in want if not file.schema_arrow.field(f.name).type.equals(f.type)]
             nulls = 0
-            for g in range(file.metadata.num_row_groups):  # values of other types must cast
-                names = list(dict.fromkeys(["sample_id", *(f.name for f in other)]))
-                t = file.read_row_group(g, columns=names, use_threads=False)
+            names = list(dict.fromkeys(["sample_id", *(f.name for f in other)]))
+            for t in row_groups(file, names):  # values of other types must cast
                 nulls += t.column("sample_id").null_count
                 if other:
                     _check_previous_schema(where, t.select([f.name for f in other]), pa.schema(other))

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.transforms import paths, storage
-from lidarshard.transforms.arrow import parquet_file
+from lidarshard.transforms.arrow import parquet_file, row_groups
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
@@ -191,8 +191,7 @@ def read_samples(
     parts: dict[str, list[pa.Array]] = {n: [] for n in numeric_names}
     last, first_row, path_bad = None, 0, None
     mismatch = None if model_cost is None else (0, -1, np.float64(0), np.float64(0))
-    for g in range(file.metadata.num_row_groups):
-        t = file.read_row_group(g, columns=columns, use_threads=False)
+    for t in row_groups(file, columns):
         ids = t.column("sample_id").combine_chunks()
         if ids.null_count:
             problem(f"{ids.null_count} rows have a null sample_id")

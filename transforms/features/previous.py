@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms.arrow import ParquetStream
+from lidarshard.transforms.arrow import ParquetStream, row_groups
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 
 __all__ = ["NUMERIC", "numeric_columns", "paths_at", "rewrite_scored"]
@@ -35,9 +35,8 @@ def numeric_columns(file: pq.ParquetFile, extra: str | None = None) -> pa.Table 
     """
     want = schemas.sample_schema()
     parts, last = [], None
-    for g in range(file.metadata.num_row_groups):
-        names = list(dict.fromkeys(["sample_id", *NUMERIC, *([extra] if extra else [])]))
-        t = file.read_row_group(g, columns=names, use_threads=False)
+    names = list(dict.fromkeys(["sample_id", *NUMERIC, *([extra] if extra else [])]))
+    for t in row_groups(file, names):
         ids = t.column("sample_id")
         if ids.null_count:
             raise ValueError(f"{ids.null_count} rows have a null sample_id")
@@ -92,12 +91,8 @@ def rewrite_scored(
     scored = schemas.scored_schema()
     h, first, done = hashlib.sha256(), 0, 0
     with ParquetStream(sink, scored) as out:
-        for g in range(file.metadata.num_row_groups):  # (iter_batches reads ahead: more memory)
-            t = (
-                file.read_row_group(g, columns=names, use_threads=False)
-                .select(names)
-                .cast(schemas.sample_schema())
-            )
+        for t in row_groups(file, names):  # (iter_batches reads ahead: more memory)
+            t = t.select(names).cast(schemas.sample_schema())
             mask = keep[first : first + t.num_rows]
             first += t.num_rows
             t = reroot(t if mask.all() else t.filter(pa.array(mask)))
