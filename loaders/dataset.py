@@ -13,15 +13,14 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from lidarshard.loaders.reader import PathLike, load_manifest, load_points, needs_torch, read_samples
+
 try:
     import torch
     from torch.utils.data import Dataset
 except ImportError as e:  # pragma: no cover - exercised only without torch
-    raise ImportError(
-        'lidarshard.loaders.dataset needs PyTorch, which is an optional extra: pip install "lidarshard[torch]"'
-    ) from e
+    raise needs_torch(__name__) from e
 
-from lidarshard.loaders.reader import PathLike, load_manifest, load_points, read_samples
 from lidarshard.transforms import storage
 from lidarshard.transforms.paths import PathResolver
 

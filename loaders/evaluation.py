@@ -22,14 +22,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.loaders.reader import PathLike, check_int, needs_torch, read_samples
+
 try:
     from torch.utils.data import Sampler
 except ImportError as e:  # pragma: no cover - exercised only without torch
-    raise ImportError(
-        'lidarshard.loaders.evaluation needs PyTorch, which is an optional extra: pip install "lidarshard[torch]"'
-    ) from e
+    raise needs_torch(__name__) from e
 
-from lidarshard.loaders.reader import PathLike, check_int, read_samples
 from lidarshard.loaders.torch import _rank_world
 
 __all__ = ["EvalSampler", "eval_costs", "eval_shards"]

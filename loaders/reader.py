@@ -48,6 +48,7 @@ __all__ = [
     "plan_files",
     "read_samples",
     "check_int",
+    "needs_torch",
 ]
 
 PathLike = str | os.PathLike[str]
@@ -74,6 +75,11 @@ class Batch(NamedTuple):
     costs: NDArray[np.float64]  # (n,), predicted cost, cost-model units
     global_count: int = 0  # N: samples of all ranks at this step
     scale: float = 1.0  # W / N: multiply the summed per-sample loss by it
+
+
+def needs_torch(module: str) -> ImportError:
+    """The error a trainer-side module ``module`` raises when imported without PyTorch (one line)."""
+    return ImportError(f'{module} needs PyTorch, which is an optional extra: pip install "lidarshard[torch]"')
 
 
 def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:

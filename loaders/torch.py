@@ -28,24 +28,24 @@ from typing import Any
 
 import numpy as np
 
-try:
-    import torch.distributed as dist
-    from torch.utils.data import BatchSampler, DataLoader, Sampler
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
-except ImportError as e:  # pragma: no cover - exercised only without torch
-    raise ImportError(
-        'lidarshard.loaders.torch needs PyTorch, which is an optional extra: pip install "lidarshard[torch]"'
-    ) from e
-
-from lidarshard.loaders.dataset import IGNORE_LABEL, PointCloudDataset, collate
-from lidarshard.loaders.position import Position, caller_self
 from lidarshard.loaders.reader import (
     ManifestReader,
     PathLike,
     check_int,
     load_manifest,
+    needs_torch,
     read_samples,
 )
+
+try:
+    import torch.distributed as dist
+    from torch.utils.data import BatchSampler, DataLoader, Sampler
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    raise needs_torch(__name__) from e
+
+from lidarshard.loaders.dataset import IGNORE_LABEL, PointCloudDataset, collate
+from lidarshard.loaders.position import Position, caller_self
 from lidarshard.transforms.plan import VARIABLE_COUNT
 
 __all__ = [
