@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lidarshard import schemas
-from lidarshard.pipelines import _output, launch, options
+from lidarshard.pipelines import _output, _score, launch, options
 from lidarshard.pipelines import build as build_cmd
 from lidarshard.transforms import storage
 from lidarshard.transforms.features import repeat
@@ -225,7 +225,7 @@ def write_manifest(
         costs = table.column("cost").filter(keep)
     staging = _output.new_staging(out)
     try:
-        write = _writer(staging)
+        write = _score.writer(staging)  # (its Beam counters are no-ops outside a pipeline)
         settled, weights = repeat.sample_weights(settled, cfg.repeat, storage.read_bytes)
         checked = manifest.score_samples(settled, rejects, counts, model, cfg, write, costs, weights)
         scored = storage.read_parquet(
@@ -258,10 +258,3 @@ def write_manifest(
 
 def _screen(samples: pa.Table, rejects: pa.Table, model: CostModel, cfg, costs) -> tuple[pa.Table, pa.Table]:
     return manifest.reject_over_cap(samples, rejects, model, cfg, costs)
-
-
-def _writer(staging: str) -> manifest.Write:
-    def write(rel: str, data: bytes) -> None:
-        storage.write_bytes(storage.join(staging, rel), data)
-
-    return write
