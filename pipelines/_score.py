@@ -1,12 +1,15 @@
-"""The build's CheckAndScore step: the scan's rows (merged from their hash shards) or an earlier
-run's samples.parquet (``--from-samples``) -> accounting and caps -> cost -> exact quantile buckets
--> samples.parquet and rejects.parquet in the staging directory; returns the metadata the manifest
-needs. Both inputs are streamed a row group at a time; ``--repeat-factors`` (which reads every
-label file) and an earlier table not sorted by sample_id take the in-memory path."""
+"""The build's CheckAndScore step: the scan's samples parts or an earlier run's samples
+(``--from-samples``) -> accounting and caps -> cost -> exact quantile buckets -> rejects.parquet and
+the tasks that write the new samples parts, one each, in parallel (``write_part``); the metadata the
+manifest needs once they are written (``samples_written``). Inputs are streamed a row group at a
+time; ``--repeat-factors`` (which reads every label file) and an earlier table not sorted by
+sample_id take the in-memory path, which writes its parts itself.
+
+CheckAndScore yields ``("scored", metadata)`` and one ``("part", previous.PartTask)`` per part."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -17,16 +20,27 @@ from lidarshard import schemas
 from lidarshard.pipelines import launch, options
 from lidarshard.transforms import paths, storage
 from lidarshard.transforms.arrow import parquet_file
-from lidarshard.transforms.beam.scan import NAMESPACE, scan_results, shard_path
-from lidarshard.transforms.features import previous, repeat, shards
+from lidarshard.transforms.beam.scan import NAMESPACE, scan_results
+from lidarshard.transforms.features import previous, repeat
 from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.plan import manifest
 from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs
 
-__all__ = ["writer", "check_and_score", "settle_previous", "settle_scan"]
+__all__ = [
+    "writer",
+    "check_and_score",
+    "settle_previous",
+    "settle_scan",
+    "write_part",
+    "samples_written",
+    "SCANNED_DIR",
+]
 
 #: Table -> table with its paths stored the new run's way.
 Reroot = Callable[[pa.Table], pa.Table]
+#: The scan's samples parts of a build, under the staging directory's scratch directory.
+SCANNED_DIR = "scanned"
 
 
 def writer(staging: str):
@@ -42,8 +56,9 @@ def writer(staging: str):
 
 def check_and_score(
     scanned: int, samples: pa.Table, rejects: pa.Table, model: CostModel, cfg: PlanConfig, args: dict
-) -> dict:
-    """The in-memory path: settle (duplicates, caps, counts), repeat weights, re-root, score and write."""
+) -> Iterator[tuple[str, object]]:
+    """The in-memory path: settle (duplicates, caps, counts), repeat weights, re-root, score and
+    write the parts here; yields ``("scored", metadata)`` only."""
     samples, rejects, counts = launch.settle_or_stop(
         scanned, samples, rejects, args["max_reject"], args["rejects_out"],
         lambda s, r: manifest.reject_over_cap(s, r, model, cfg),
@@ -52,9 +67,11 @@ def check_and_score(
     samples, weights = repeat.sample_weights(samples, cfg.repeat, lambda p: _read_label(p, label_root))
     if samples.num_rows and args["root"] is not None and not args["from_samples"]:  # re-rooted when read
         samples = paths.relative_to(samples, args["root"])
-    return manifest.score_samples(
-        samples, rejects, counts, model, cfg, writer(args["staging"]), weights=weights
+    write = writer(args["staging"])
+    meta = manifest.score_samples(
+        samples, rejects, counts, model, cfg, write, weights=weights, part_rows=args["part_rows"]
     )
+    yield "scored", meta | {"parts": 0}
 
 
 def _read_label(path: str, root: str | None) -> bytes:
@@ -65,7 +82,7 @@ def _read_label(path: str, root: str | None) -> bytes:
 def _previous_rejects(path: str) -> pa.Table:
     root = path.rsplit("/", 1)[0] if "/" in path else "."
     try:
-        return storage.read_parquet(storage.join(root, schemas.REJECTS_FILE))
+        return storage.read_parquet(storage.join(root, schemas.REJECTS_FILE)).cast(schemas.reject_schema())
     except OSError:
         return schemas.reject_schema().empty_table()
 
@@ -79,63 +96,61 @@ def _previous(path: str, new_root: str | None, weight_column: str | None) -> tup
     samples = paths.relative_to(paths.absolute(samples, options.previous_root(path)), new_root)
     rejects = _previous_rejects(path)
     if weight_column is not None:  # the raw table's row order differs from the sorted samples
-        raw = storage.read_parquet(path, columns=["sample_id", weight_column])
+        raw = read_parts(samples_files(path), columns=["sample_id", weight_column])
         at = pc.index_in(samples.column("sample_id"), value_set=raw.column("sample_id")).to_numpy()
         values = repeat.column_weights(raw, weight_column)[at.astype(np.int64)]
         samples = samples.append_column(repeat.WEIGHT_COLUMN, pa.array(values, pa.float64()))
     return samples.num_rows + rejects.num_rows, samples, rejects
 
 
-def settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) -> dict:
-    """``--from-samples``: settle, score and write samples.parquet/rejects.parquet like
-    ``check_and_score``, streaming the earlier table (``_score_stream``). Inputs not sorted by
-    sample_id, and ``--repeat-factors`` (which reads every label file), take the in-memory path."""
-    old_root, new_root = options.previous_root(path), args["root"]
-
-    def reroot(t: pa.Table) -> pa.Table:
-        return paths.relative_to(paths.absolute(t, old_root), new_root)
-
-    with storage.open_read(path) as f:
-        file = parquet_file(f)
+def settle_previous(path: str, model: CostModel, cfg: PlanConfig, args: dict) -> Iterator[tuple[str, object]]:
+    """``--from-samples``: settle and score like ``check_and_score``, streaming the earlier samples
+    (``_score_stream``). Inputs not sorted by sample_id, and ``--repeat-factors`` (which reads every
+    label file), take the in-memory path."""
+    files = samples_files(path)
+    roots = (options.previous_root(path), args["root"])
+    with open_parts(files) as file:
         column = cfg.repeat.column
         numeric = None if cfg.repeat.threshold is not None else previous.numeric_columns(file, column)
         if numeric is None:
-            return check_and_score(*_previous(path, new_root, column), model, cfg, args)
+            yield from check_and_score(*_previous(path, args["root"], column), model, cfg, args)
+            return
         rejects = _previous_rejects(path)
         scanned = numeric.num_rows + rejects.num_rows
-        return _score_stream(file, numeric, scanned, rejects, reroot, reroot, model, cfg, args)
+        reroot_rejects = lambda t: previous.reroot(t, roots)  # noqa: E731
+        yield from _score_stream(
+            file, files, numeric, scanned, rejects, roots, reroot_rejects, model, cfg, args
+        )
 
 
-def settle_scan(gathered: dict[str, list], model: CostModel, cfg: PlanConfig, args: dict) -> dict:
-    """The scan's shard files merged into one sorted scratch table (streamed), then settled and
-    scored like ``--from-samples`` (``_score_stream``); with ``--repeat-factors`` in memory."""
-    scanned, written, rejects = scan_results(gathered)
-    work = storage.join(args["staging"], launch.WORK_DIR)
-    merged = storage.join(work, "scanned.parquet")
-    with storage.open_write(merged) as sink:
-        shards.write_merged([shard_path(work, s) for s, _ in written], storage.open_read, sink)
-    with storage.open_read(merged) as f:
-        file = parquet_file(f)
+def settle_scan(
+    gathered: dict[str, list], model: CostModel, cfg: PlanConfig, args: dict
+) -> Iterator[tuple[str, object]]:
+    """The scan's samples parts (scratch, sorted by sample_id across parts), settled and scored like
+    ``--from-samples`` (``_score_stream``); with ``--repeat-factors`` in memory."""
+    scanned, parts, rejects = scan_results(gathered)
+    work = storage.join(args["staging"], launch.WORK_DIR, SCANNED_DIR)
+    files = [storage.join(work, schemas.part_name(k)) for k, _, _ in parts]
+    with open_parts(files) as file:
         numeric = None if cfg.repeat.threshold is not None else previous.numeric_columns(file)
         if numeric is None:  # no sample, or repeat factors: the in-memory path says what is wrong
-            samples = storage.read_parquet(merged)
-            return check_and_score(scanned, samples, rejects, model, cfg, args)
-
-        def reroot(t: pa.Table) -> pa.Table:
-            return paths.relative_to(t, args["root"])
-
+            samples = pa.concat_tables([file.read_row_group(g) for g in range(file.metadata.num_row_groups)])
+            yield from check_and_score(scanned, samples, rejects, model, cfg, args)
+            return
         # a scan's rejects keep full paths, as in the in-memory path
-        return _score_stream(file, numeric, scanned, rejects, reroot, lambda t: t, model, cfg, args)
+        roots = (None, args["root"])
+        yield from _score_stream(file, files, numeric, scanned, rejects, roots, lambda t: t, model, cfg, args)
 
 
 def _score_stream(
-    file, numeric: pa.Table, scanned: int, rejects: pa.Table, reroot: Reroot, reroot_rejects: Reroot,
-    model: CostModel, cfg: PlanConfig, args: dict,
-) -> dict:  # fmt: skip
-    """Settle and score from ``numeric`` (``previous.NUMERIC`` of ``file``'s rows, sorted unique
-    ids), then stream ``file`` into samples.parquet. ``reroot`` (the rows) and ``reroot_rejects``
-    (over-cap reject paths): table -> table with paths stored the new run's way. CheckAndScore's
-    metadata."""
+    file, files: list[str], numeric: pa.Table, scanned: int, rejects: pa.Table,
+    roots: tuple[str | None, str | None], reroot_rejects: Reroot, model: CostModel, cfg: PlanConfig, args: dict,
+) -> Iterator[tuple[str, object]]:  # fmt: skip
+    """Settle and score from ``numeric`` (``previous.NUMERIC`` of the rows of ``file``, a
+    ``ParquetParts`` of ``files``, sorted unique ids); write rejects.parquet, then yield
+    ``("scored", metadata)`` and the tasks that write the samples parts. ``roots``: where the rows'
+    paths are stored (None: absolute) and where the new run stores them; ``reroot_rejects``: table
+    -> table with over-cap reject paths stored the new run's way."""
     column = cfg.repeat.column
     cost = sample_costs(numeric, model)
     points = numeric.column("num_points").to_numpy()
@@ -151,15 +166,41 @@ def _score_stream(
     weights = None if column is None else repeat.Weights(repeat.column_weights(numeric, column)[keep], None)
     weight = np.ones(cost.size) if weights is None else weights.values
     ids, edges = bucket_costs(cost, cfg)
-    with storage.open_write(storage.join(args["staging"], schemas.SAMPLES_FILE)) as sink:
-        digest, out = previous.rewrite_scored(file, keep, cost, ids, weight, reroot, sink)
-    Metrics.counter(NAMESPACE, "files_written").inc()
-    Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
+    tasks = previous.part_tasks(file, files, keep, cost, ids, weight, roots, args["part_rows"])
+    digest = previous.fingerprint_kept(file, keep)
     scored = pa.table(
         {"cost": cost, "bucket_id": pa.array(ids, pa.int32()), "num_points": points[keep], "weight": weight}
     )
-    samples_file = {"path": schemas.SAMPLES_FILE, "bytes": out.bytes, "sha256": out.sha256}
     write = writer(args["staging"])
-    return manifest.checked_meta(
-        samples_file, rejects, counts, model, cfg, write, scored, edges, digest, weights
-    )
+    meta = manifest.checked_meta([], rejects, counts, model, cfg, write, scored, edges, digest, weights)
+    yield "scored", meta | {"parts": len(tasks)}
+    for task in tasks:
+        yield "part", task
+
+
+def write_part(task: previous.PartTask, staging: str) -> tuple[int, int, dict]:
+    """Write samples part ``task.part`` into the staging directory: ``(k, rows, files entry)``."""
+    rel = schemas.samples_part(task.part)
+    with storage.open_read(task.path) as f, storage.open_write(storage.join(staging, rel)) as sink:
+        out = previous.write_part(parquet_file(f), task, sink)
+    Metrics.counter(NAMESPACE, "files_written").inc()
+    Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
+    return task.part, int(task.keep.sum()), {"path": rel, "bytes": out.bytes, "sha256": out.sha256}
+
+
+def samples_written(gathered: dict[str, list]) -> dict:
+    """``{"scored": [CheckAndScore's metadata], "written": [write_part's results]}`` -> the metadata
+    with every part in its ``files``, after checking that each part was written once and that they
+    hold the accepted samples."""
+    (meta,) = gathered["scored"]
+    written = sorted(gathered.get("written", []), key=lambda w: w[0])
+    want = meta.pop("parts")
+    if [k for k, _, _ in written] != list(range(want)):
+        raise RuntimeError(f"{len(written)} samples parts were written, not the {want} planned")
+    rows = sum(n for _, n, _ in written)
+    if want and rows != meta["counts"]["accepted"]:
+        raise RuntimeError(
+            f"the samples parts hold {rows} samples, not the {meta['counts']['accepted']} accepted"
+        )
+    meta["files"] = [*(entry for _, _, entry in written), *meta["files"]]
+    return meta

@@ -1,17 +1,18 @@
 """``lidarshard build INPUT OUT --world-size W --batch-size B``: balanced, rank-sharded manifests.
 
 One Beam pipeline: scan (or ``--from-samples``) -> accounting check -> cost -> exact quantile
-buckets -> samples.parquet -> per-epoch plans (epochs in parallel) -> plan files -> ``_manifest.json``;
-the launcher then writes ``_SUCCESS`` and publishes the staging directory as OUT.
+buckets -> samples parts (in parallel) -> per-epoch plans (epochs in parallel) -> plan files ->
+``_manifest.json``; the launcher then writes ``_SUCCESS`` and publishes the staging directory as OUT.
 
-No step holds the samples' paths. The scan writes its rows in hash shards of sample_id, merged
-into one sorted scratch table by a streaming k-way merge (``transforms.features.shards``);
-``--from-samples`` streams the earlier samples.parquet when its ids are sorted, as lidarshard writes
-them. Either table is settled and scored from four numeric columns, then streamed into
-samples.parquet a row group at a time (``transforms.features.previous``). An epoch is planned from
-the numeric columns (``transforms.plan.sharded``), then one task per (epoch, shard of
-samples.parquet) writes each rank's rows of that shard to a scratch file under ``_work/``, and one
-task per (epoch, rank) sorts its pieces into the rank's plan file.
+No step holds the samples' paths. The scan writes its rows in hash shards of sample_id, then one
+task per sample_id range merges that range from every shard into a scratch samples part
+(``transforms.features.shards``); ``--from-samples`` streams the earlier samples (parts, or a 2.x
+samples.parquet) when its ids are sorted, as lidarshard writes them. Either is settled and scored
+from four numeric columns, then one task per part streams its rows into the new samples part a row
+group at a time (``transforms.features.previous``). An epoch is planned from the numeric columns
+(``transforms.plan.sharded``), then one task per (epoch, row range of the samples) writes each
+rank's rows of that range to a scratch file under ``_work/``, and one task per (epoch, rank) sorts
+its pieces into the rank's plan file.
 
 Bucket edges are exact quantiles of the gathered cost column, not Beam's ApproximateQuantiles,
 whose result can depend on bundling and would break byte-identical output across runners.
@@ -29,11 +30,12 @@ from apache_beam.metrics import Metrics
 from lidarshard import schemas
 from lidarshard.pipelines import _score, launch, options
 from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import parquet_bytes, parquet_file, read_rows
+from lidarshard.transforms.arrow import parquet_bytes, read_rows
 from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel
+from lidarshard.transforms.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.plan import manifest, sharded
 from lidarshard.transforms.plan.epochs import PlanConfig
 
@@ -41,7 +43,7 @@ __all__ = ["run", "parser", "prepare", "build_pipeline", "launch_build"]
 
 USAGE = (
     "lidarshard build INPUT OUT --world-size W --batch-size B [options] [beam options]\n"
-    "       lidarshard build OUT --from-samples PREV/samples.parquet --world-size W --batch-size B [options]"
+    "       lidarshard build OUT --from-samples PREV/samples --world-size W --batch-size B [options]"
 )
 
 
@@ -54,21 +56,30 @@ def parser() -> launch.CommandParser:
     return p
 
 
+def _samples(checked: dict, staging: str) -> list[str]:
+    """The samples parts written (from CheckAndScore's ``files``), in order."""
+    return [
+        storage.join(staging, f["path"])
+        for f in checked["files"]
+        if f["path"].startswith(schemas.SAMPLES_DIR + "/")
+    ]
+
+
 def _plan_epoch(task: tuple[int, dict], cfg: PlanConfig, staging: str):
-    """Plan epoch ``task[0]`` from the numeric columns of samples.parquet: ``("stats", stats)``, one
-    ``("shard", (epoch, start, stop, entries))`` per shard holding planned samples and one
+    """Plan epoch ``task[0]`` from the numeric columns of the samples: ``("stats", stats)``, one
+    ``("shard", (epoch, start, stop, entries, parts))`` per shard holding planned samples and one
     ``("rank", ((epoch, rank), -1))`` per rank (so every rank's file is written). ``task[1]``
-    (CheckAndScore's metadata) only orders this after samples.parquet is written."""
-    epoch, _ = task
-    path = storage.join(staging, schemas.SAMPLES_FILE)
-    numeric = storage.read_parquet(path, columns=sharded.NUMERIC_INPUT)
+    (the metadata once every samples part is written) names the parts."""
+    epoch, checked = task
+    parts = _samples(checked, staging)
+    numeric = read_parts(parts, columns=sharded.NUMERIC_INPUT)
     part, stats = sharded.assignment(numeric, epoch, cfg)
     Metrics.counter(NAMESPACE, "planned").inc(stats["planned"])
     yield "stats", stats
     for start, stop in sharded.shard_bounds(numeric.num_rows):
         entries = sharded.slice_rows(part, start, stop)
         if entries["row"].size:
-            yield "shard", (epoch, start, stop, entries)
+            yield "shard", (epoch, start, stop, entries, parts)
     for rank in range(cfg.world_size):
         yield "rank", ((epoch, rank), -1)
 
@@ -77,12 +88,12 @@ def _piece_path(staging: str, epoch: int, rank: int, start: int) -> str:
     return storage.join(staging, launch.WORK_DIR, f"epoch={epoch}", f"rank={rank}", f"{start:012d}.parquet")
 
 
-def _write_pieces(shard: tuple[int, int, int, dict], staging: str):
-    """One shard of samples.parquet -> each rank's plan rows from it, in a scratch file: ``((epoch,
-    rank), start)`` per file written."""
-    epoch, start, stop, entries = shard
-    with storage.open_read(storage.join(staging, schemas.SAMPLES_FILE)) as f:
-        rows = read_rows(parquet_file(f), start, stop, sharded.COPIED)
+def _write_pieces(shard: tuple[int, int, int, dict, list[str]], staging: str):
+    """Rows [start, stop) of the samples -> each rank's plan rows from them, in a scratch file:
+    ``((epoch, rank), start)`` per file written."""
+    epoch, start, stop, entries, parts = shard
+    with open_parts(parts) as file:
+        rows = read_rows(file, start, stop, sharded.COPIED)
     for rank, piece in sharded.rank_pieces(rows, start, entries).items():
         storage.write_bytes(_piece_path(staging, epoch, rank, start), parquet_bytes(piece))
         yield (epoch, rank), start
@@ -116,19 +127,32 @@ def build_pipeline(
     each step once (see ``transforms.beam.tagged``)."""
     scan_cfg = options.scan_config(args)
     settings = {"max_reject": args.max_reject_fraction, "rejects_out": args.rejects_out, "staging": staging,
-                "root": args.relative_to, "from_samples": bool(args.from_samples)}  # fmt: skip
+                "root": args.relative_to, "from_samples": bool(args.from_samples),
+                "part_rows": args.part_rows}  # fmt: skip
     if args.from_samples:  # read where it is used: passing the table along would pickle it
-        checked = (
+        scored = (
             pipeline
             | "Previous" >> beam.Create([args.from_samples])
-            | "CheckAndScore" >> beam.Map(_score.settle_previous, model, cfg, settings)
+            | "CheckAndScore" >> beam.FlatMap(_score.settle_previous, model, cfg, settings)
         )
     else:
         work = storage.join(staging, launch.WORK_DIR)
+        scratch = storage.join(work, _score.SCANNED_DIR)
         scan = pipeline | "Scan" >> ScanSamples(
-            args.input, scan_cfg, args.nuscenes_version, args.sweeps, work
+            args.input, scan_cfg, args.nuscenes_version, args.sweeps, work, scratch, args.part_rows
         )
-        checked = scan.gathered() | "CheckAndScore" >> beam.Map(_score.settle_scan, model, cfg, settings)
+        scored = scan.gathered() | "CheckAndScore" >> beam.FlatMap(_score.settle_scan, model, cfg, settings)
+    scored = scored | "SplitScored" >> SplitTags("scored", "part")
+    written = (
+        scored["part"]
+        | "SpreadParts" >> beam.Reshuffle()
+        | "WriteSamples" >> beam.Map(_score.write_part, staging)
+    )
+    checked = (
+        (tag(scored["scored"], "scored"), tag(written, "written"))
+        | "GatherSamples" >> GatherTagged()
+        | "SamplesWritten" >> beam.Map(_score.samples_written)
+    )
     planned = (
         checked
         | "Epochs" >> beam.FlatMap(lambda c: [(e, c) for e in range(cfg.epochs)])
@@ -170,6 +194,8 @@ def prepare(args: argparse.Namespace, dry_run: bool = False) -> tuple[PlanConfig
     args.input, args.output = (args.from_samples, args.paths[0]) if args.from_samples else args.paths
     args.input, args.output = storage.absolute(args.input), storage.absolute(args.output)
     args.from_samples = storage.absolute(args.from_samples)
+    if args.from_samples:  # a samples directory may be given with a trailing slash
+        args.from_samples = args.from_samples.rstrip("/") or "/"
     args.relative_to = options.path_root(args)
     cfg = options.plan_config(args)
     model = options.cost_model(args.cost_model)
@@ -202,15 +228,16 @@ def _check_weights(args: argparse.Namespace, cfg: PlanConfig, look: bool) -> Non
     if args.sample_weights is not None and not args.from_samples:
         raise launch.UsageError(
             f"--sample-weights {args.sample_weights} reads a column of a --from-samples table: "
-            "add --from-samples PREV/samples.parquet"
+            "add --from-samples PREV/samples"
         )
     if not look:
         return
+    files = samples_files(args.from_samples) if args.from_samples else []
     if args.sample_weights is not None:
-        with storage.open_read(args.from_samples) as f:
-            schema = parquet_file(f).schema_arrow
+        with open_parts(files) as file:
+            schema = file.schema_arrow
         table = (  # only the column: a missing one gets named with the ones there are
-            storage.read_parquet(args.from_samples, columns=[args.sample_weights])
+            read_parts(files, columns=[args.sample_weights])
             if args.sample_weights in schema.names
             else schema.empty_table()
         )
@@ -221,7 +248,7 @@ def _check_weights(args: argparse.Namespace, cfg: PlanConfig, look: bool) -> Non
     if cfg.repeat.threshold is None:
         return
     if args.from_samples:
-        labelled = storage.read_parquet(args.from_samples, columns=["label_path"]).column("label_path")
+        labelled = read_parts(files, columns=["label_path"]).column("label_path")
         if labelled.null_count == len(labelled):
             raise launch.UsageError(
                 f"--repeat-factors: no sample of {args.from_samples} has lidarseg labels (label_path)"

@@ -23,6 +23,7 @@ from lidarshard.transforms.features.cost import COST_MODEL_HELP, CostModel, pars
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
 from lidarshard.transforms.features.sample import FEATURE_MODES, ScanConfig
 from lidarshard.transforms.formats.readers import FORMATS
+from lidarshard.transforms.parts import PART_ROWS, open_parts, read_parts, samples_files
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP
 from lidarshard.transforms.plan.caps import Caps
 from lidarshard.transforms.plan.epochs import MAX_PLAN_FACTOR, PlanConfig
@@ -75,6 +76,8 @@ def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
          "fail, publishing nothing, when more than this fraction of inputs is rejected; the rejects "
          "then go to OUT.rejects.parquet", type=float_in(0.0, 1.0),
          shown=f"{DEFAULT_REJECT_FRACTION}; with --from-samples the fraction that run recorded", metavar="F")  # fmt: skip
+    flag(g, "--part-rows", "rows of each samples part (OUT/samples/part-NNNNN.parquet, one write task each)",
+         type=int_in(1, 1 << 30), default=PART_ROWS, shown=f"{PART_ROWS:,}", metavar="N")  # fmt: skip
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,7 +160,7 @@ def scan_meta(args: argparse.Namespace, cfg: ScanConfig, version: str) -> dict:
 
 
 def previous_root(samples_path: str) -> str | None:
-    """The ``path_root`` recorded next to an earlier run's samples.parquet (None: full paths)."""
+    """The ``path_root`` recorded next to an earlier run's samples (None: full paths)."""
     base = samples_path.rsplit("/", 1)[0] if "/" in samples_path else "."
     for name in (schemas.MANIFEST_FILE, schemas.SCAN_FILE):
         try:
@@ -370,7 +373,7 @@ def read_previous_samples(path: str) -> pa.Table:
 
     where = f"--from-samples {path}"
     try:
-        samples = storage.read_parquet(path)
+        samples = read_parts(samples_files(path))
     except pa.ArrowException as e:
         raise ValueError(f"{where} is not a readable Parquet file ({str(e)[:120]})") from None
     _check_previous_schema(where, samples)
@@ -388,12 +391,11 @@ def previous_rows(path: str) -> int:
     Raises:
         ValueError: as ``read_previous_samples``.
     """
-    from lidarshard.transforms.arrow import parquet_file, row_groups
+    from lidarshard.transforms.arrow import row_groups
 
     where = f"--from-samples {path}"
     try:
-        with storage.open_read(path) as f:
-            file = parquet_file(f)
+        with open_parts(samples_files(path)) as file:
             _check_previous_schema(where, file.schema_arrow.empty_table())
             want = schemas.sample_schema()
             other = [f for f in want if not file.schema_arrow.field(f.name).type.equals(f.type)]
@@ -412,7 +414,8 @@ def previous_rows(path: str) -> int:
 
 
 def check_from_samples(path: str) -> tuple[int, float | None]:
-    """``--from-samples`` must be a samples.parquet of ours (``previous_rows``). Returns
+    """``--from-samples`` must be samples of ours, a samples directory or a 2.x samples.parquet
+    (``previous_rows``). Returns
     (rows, the reject fraction its run recorded, or None)."""
     if not _exists(path):
         raise UsageError(f"--from-samples {path} does not exist")

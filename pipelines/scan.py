@@ -1,6 +1,6 @@
 """``lidarshard scan INPUT OUT``: size features of every point cloud, bad input to rejects.
 
-Writes ``OUT/samples.parquet``, ``OUT/rejects.parquet``, ``OUT/_scan.json`` and ``OUT/_SUCCESS``.
+Writes ``OUT/samples/part-NNNNN.parquet`` (in parallel), ``OUT/rejects.parquet``, ``OUT/_scan.json`` and ``OUT/_SUCCESS``.
 Beam pipeline options (``--runner``, ``--direct_num_workers``, ...) pass through; unknown flags are refused.
 """
 
@@ -16,8 +16,9 @@ from lidarshard import schemas
 from lidarshard.pipelines import launch, options
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_bytes
-from lidarshard.transforms.beam.scan import ScanSamples, scan_results, shard_path
-from lidarshard.transforms.features import shards
+from lidarshard.transforms.beam.scan import ScanSamples, scan_results
+from lidarshard.transforms.features.previous import fingerprint_kept
+from lidarshard.transforms.parts import open_parts
 
 __all__ = ["run", "parser", "prepare", "build_scan"]
 
@@ -33,8 +34,8 @@ def parser() -> launch.CommandParser:
 
 
 def _finalize(gathered: dict[str, list], staging: str, meta: dict, args: dict) -> None:
-    """Accounting first, then the shard files merged into samples.parquet (streamed), rejects, ``_scan.json``."""
-    scanned, written, rejects = scan_results(gathered)
+    """Accounting of the parts written, the inputs fingerprint (streamed), rejects, ``_scan.json``."""
+    scanned, parts, rejects = scan_results(gathered)
     if (
         scanned == 0 and not args["empty_ok"]
     ):  # tables or a pattern that yield nothing: a mistake, not a dataset
@@ -43,26 +44,24 @@ def _finalize(gathered: dict[str, list], staging: str, meta: dict, args: dict) -
             + ("lists no LIDAR_TOP keyframe" if meta["nuscenes_version"] else "matched no file")
             + "; nothing was written"
         )
-    accepted = sum(rows for _, rows in written)
+    accepted = sum(rows for _, rows, _ in parts)
     counts = launch.counts_or_stop(scanned, accepted, rejects, args["max_reject"], args["rejects_out"])
-    work = storage.join(staging, launch.WORK_DIR)
-    with storage.open_write(storage.join(staging, schemas.SAMPLES_FILE)) as sink:
-        rows, digest, _ = shards.write_merged(
-            [shard_path(work, s) for s, _ in written], storage.open_read, sink
-        )
-    if rows != accepted:  # a shard file changed under the run
-        raise RuntimeError(f"the scan's shard files hold {rows} samples, not the {accepted} accepted")
+    with open_parts([storage.join(staging, entry["path"]) for _, _, entry in parts]) as file:
+        digest = fingerprint_kept(file)
     storage.write_bytes(storage.join(staging, schemas.REJECTS_FILE), parquet_bytes(rejects))
     storage.write_json(
         storage.join(staging, schemas.SCAN_FILE), meta | {"counts": counts, "inputs_fingerprint": digest}
     )
-    storage.remove_tree(work)
+    storage.remove_tree(storage.join(staging, launch.WORK_DIR))
 
 
 def build_scan(pipeline: beam.Pipeline, args: argparse.Namespace, staging: str) -> None:
     cfg = options.scan_config(args)
     work = storage.join(staging, launch.WORK_DIR)
-    scan = pipeline | "Scan" >> ScanSamples(args.input, cfg, args.nuscenes_version, args.sweeps, work)
+    parts = storage.join(staging, schemas.SAMPLES_DIR)
+    scan = pipeline | "Scan" >> ScanSamples(
+        args.input, cfg, args.nuscenes_version, args.sweeps, work, parts, args.part_rows
+    )
     settings = {
         "max_reject": args.max_reject_fraction,
         "rejects_out": args.rejects_out,

@@ -6,7 +6,8 @@ plain data (name, Arrow type, doc) and are stored as JSON, never pickled.
 Layout of an output directory ``OUT``::
 
     OUT/_manifest.json            run metadata (see ``MANIFEST_KEYS``)
-    OUT/samples.parquet           one row per accepted sample (``SAMPLE_FIELDS`` + cost, bucket_id)
+    OUT/samples/part-00000.parquet   accepted samples (``SAMPLE_FIELDS`` + cost, bucket_id, weight),
+                                     sorted by sample_id across consecutive parts (``samples_part``)
     OUT/rejects.parquet           one row per rejected input (``REJECT_FIELDS``)
     OUT/plan/epoch=E/rank=R/part-00000.parquet   rank R's plan for epoch E (``PLAN_FIELDS``)
     OUT/_SUCCESS                  written last; readers refuse a directory without it
@@ -17,7 +18,10 @@ plan with integer ``epoch`` and ``rank`` taken from the hive directory names.
 
 Version history: 1.x kept ``epoch`` and ``rank`` both as columns and as directories directly under OUT
 (readers pointed at a directory failed to merge the two); 2.0 moved the plan under ``OUT/plan``;
-2.1 added samples.parquet's ``weight`` (repeat factors) and the manifest's ``repeat``.
+2.1 added samples.parquet's ``weight`` (repeat factors) and the manifest's ``repeat``;
+3.0 split samples.parquet into ``OUT/samples/part-NNNNN.parquet`` (written in parallel, one task a
+part): part k holds the k-th run of the rows sorted by sample_id, so reading the parts in name order
+(or pointing any Parquet reader at ``OUT/samples``) gives the old single table.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ __all__ = [
     "plan_schema",
     "schema_to_json",
     "SAMPLES_FILE",
+    "SAMPLES_DIR",
+    "samples_part",
+    "part_name",
+    "part_index",
     "REJECTS_FILE",
     "MANIFEST_FILE",
     "SCAN_FILE",
@@ -49,14 +57,34 @@ __all__ = [
     "check_version",
 ]
 
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "3.0"
 
+#: The single samples file of schema 2.x (``build --from-samples`` still reads it).
 SAMPLES_FILE = "samples.parquet"
+SAMPLES_DIR = "samples"
 REJECTS_FILE = "rejects.parquet"
 MANIFEST_FILE = "_manifest.json"
 SCAN_FILE = "_scan.json"
 SUCCESS_FILE = "_SUCCESS"
 PLAN_DIR = "plan"
+
+
+def part_name(k: int) -> str:
+    """File name of part ``k`` (0-based, consecutive) of a parted table."""
+    return f"part-{k:05d}.parquet"
+
+
+def samples_part(k: int) -> str:
+    """Relative path of part ``k`` of the samples."""
+    return f"{SAMPLES_DIR}/{part_name(k)}"
+
+
+def part_index(name: str) -> int | None:
+    """``k`` of a part file's name ``part-NNNNN.parquet`` (five or more digits), else None."""
+    stem = name.removeprefix("part-").removesuffix(".parquet")
+    if len(name) != len(stem) + 13 or len(stem) < 5 or not (stem.isascii() and stem.isdigit()):
+        return None
+    return int(stem)
 
 
 def plan_file(epoch: int, rank: int) -> str:
@@ -151,9 +179,9 @@ PARTITION_FIELDS: list[tuple[str, pa.DataType, str]] = [
 PLAN_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("step", pa.int32(), "step index within the epoch"),
     ("slot", pa.int32(), "position within the rank's batch, 0..rank_count-1"),
-    ("sample_id", _STR, "key into samples.parquet"),
-    ("path", _STR, "keyframe path, as in samples.parquet (relative to path_root when it is set)"),
-    ("sweep_paths", pa.list_(_STR), "sweep paths, as in samples.parquet"),
+    ("sample_id", _STR, "key into the samples"),
+    ("path", _STR, "keyframe path, as in the samples (relative to path_root when it is set)"),
+    ("sweep_paths", pa.list_(_STR), "sweep paths, as in the samples"),
     ("cost", _F64, "the sample's predicted cost"),
     ("bucket_id", pa.int32(), "the sample's cost bucket"),
     ("rank_count", pa.int32(), "samples this rank trains at this step (batch_size unless --strategy budget)"),
@@ -173,12 +201,12 @@ def _schema(fields: list[tuple[str, pa.DataType, str]]) -> pa.Schema:
 
 
 def sample_schema() -> pa.Schema:
-    """Arrow schema of ``lidarshard scan``'s samples.parquet."""
+    """Arrow schema of ``lidarshard scan``'s samples parts."""
     return _schema(SAMPLE_FIELDS)
 
 
 def scored_schema() -> pa.Schema:
-    """Arrow schema of ``lidarshard build``'s samples.parquet (features + cost + bucket)."""
+    """Arrow schema of ``lidarshard build``'s samples parts (features + cost + bucket + weight)."""
     return _schema(SCORED_FIELDS)
 
 
@@ -217,10 +245,10 @@ MANIFEST_KEYS: dict[str, str] = {
     "balance": "[E objects]: {'epoch', 'linearity', 'bound', 'random_linearity', 'spearman_step_cost', ...}",
     "inputs_fingerprint": "sha256 hex over the sorted (sample_id, file_bytes) of accepted inputs",
     "pair_repeat_rate": "{strategy: rate, 'random': rate}: share of epoch-0 step-mates that share a step in epoch 1",
-    "input": "INPUT as given (absolute for local paths); 'from_samples' when re-planned from samples.parquet",
+    "input": "INPUT as given (absolute for local paths); 'from_samples' when re-planned from earlier samples",
     "nuscenes_version": "tables version in tables mode, else null; 'sweeps': previous sweeps aggregated",
     "scan_config": "the feature options (voxel size, range, formats, limits); 'max_reject_fraction' too",
-    "sample_schema": "samples.parquet's fields as JSON (name, type, doc); 'plan_schema' likewise",
+    "sample_schema": "the samples' fields as JSON (name, type, doc); 'plan_schema' likewise",
     "path_root": "ROOT that relative sample paths resolve against (build --relative-to), or null: absolute paths",
     "files": "{relative path: {'bytes': int, 'sha256': hex}} for every data file, recorded at commit",
 }
@@ -254,8 +282,10 @@ def check_version(version: object, where: str, manifest: dict | None = None) -> 
         for k in ("world_size", "batch_size", "epochs", "seed", "strategy")
         if isinstance(m.get(k), (int, str)) and len(str(m[k])) <= 40
     )
+    major = found.split(".")[0]
+    samples = SAMPLES_FILE if major.isdigit() and int(major) < 3 else SAMPLES_DIR
     raise ValueError(
         f"{where} was written with manifest schema {found or 'unknown'}; this lidarshard reads "
         f"{SCHEMA_VERSION.split('.')[0]}.x ({SCHEMA_VERSION}): rebuild it without rescanning with "
-        f"`lidarshard build NEW_OUT --from-samples {where.rstrip('/')}/{SAMPLES_FILE} {plan or '...'}`"
+        f"`lidarshard build NEW_OUT --from-samples {where.rstrip('/')}/{samples} {plan or '...'}`"
     )

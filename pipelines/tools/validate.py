@@ -45,6 +45,7 @@ from lidarshard.pipelines.tools.validate_samples import (
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.jsonsafe import loads, short
+from lidarshard.transforms.parts import open_parts
 from lidarshard.transforms.plan.caps import Caps
 
 __all__ = ["run", "validate"]
@@ -184,31 +185,33 @@ class _Checker:
 
     def samples(
         self,
-        usable: bool,
+        parts: list[str] | None,
         want: pa.Schema,
         counts: dict,
         fingerprint: str,
         root: object = False,
         model_cost: Callable[[pa.Table], np.ndarray] | None = None,
     ) -> SamplesView | None:
-        """samples.parquet streamed (``validate_samples``); stored paths checked against a manifest's
-        ``path_root`` ``root`` (``False``: not checked, a scan directory)."""
-        rel = schemas.SAMPLES_FILE
-        if not usable:
+        """The samples ``parts`` (relative paths in order; None: unusable) streamed as one
+        (``validate_samples``); stored paths checked against a manifest's ``path_root`` ``root``
+        (``False``: not checked, a scan directory)."""
+        rel = schemas.SAMPLES_DIR
+        if parts is None:
             return None
-        path = storage.join(self.store.root, rel)
+        files = [storage.join(self.store.root, p) for p in parts]
         try:
-            with storage.open_read(path) as f:
-                file = parquet_file(f)
-                bad = _schema_problem(file.schema_arrow.empty_table(), want)
+            for one in parts:  # each part's own schema, named
+                with storage.open_read(storage.join(self.store.root, one)) as f:
+                    bad = _schema_problem(parquet_file(f).schema_arrow.empty_table(), want)
                 if bad:
-                    self.problem(rel, bad)
+                    self.problem(one, bad)
                     return None
+            with open_parts(files) as file:
                 view, digest, path_bad = read_samples(
-                    path, file, root or None, lambda what: self.problem(rel, what), model_cost
+                    files, file, root or None, lambda what: self.problem(rel, what), model_cost
                 )
-        except (pa.ArrowException, OSError) as e:
-            self.problem(rel, f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})")
+        except (pa.ArrowException, OSError, ValueError) as e:
+            self.problem(rel, f"not readable Parquet parts ({type(e).__name__}: {str(e)[:120]})")
             return None
         if path_bad and root is not False:
             self.problem(rel, path_bad)
@@ -271,20 +274,40 @@ def _plan_key(rel: str) -> tuple[int, int] | None:
     return (e, r) if schemas.plan_file(e, r) == rel else None
 
 
-def _check_listed(c: _Checker, files: dict, w: int, epochs: int) -> bool:
-    """The files ``_manifest.json`` lists are exactly samples, rejects and one plan file per (epoch, rank).
+def _samples_parts(c: _Checker, rels: list[str]) -> list[str] | None:
+    """The samples parts among ``rels`` in order, or None (a problem each) when one is misnamed, or
+    none is there, or the numbering from 0 has a gap (the first missing part is named)."""
+    found: dict[int, str] = {}
+    for rel in sorted(r for r in rels if r.startswith(schemas.SAMPLES_DIR + "/")):
+        k = schemas.part_index(rel.removeprefix(schemas.SAMPLES_DIR + "/"))
+        if k is None or schemas.samples_part(k) != rel:
+            c.problem(rel, "not a samples part (samples/part-NNNNN.parquet)")
+            return None
+        found[k] = rel
+    missing = next((k for k in range(len(found) + 1) if k not in found), 0)
+    if missing < len(found) or not found:
+        c.problem(schemas.samples_part(missing), "missing: samples parts are numbered from 0 without gaps")
+        return None
+    return [found[k] for k in range(len(found))]
+
+
+def _check_listed(c: _Checker, files: dict, w: int, epochs: int) -> tuple[bool, list[str] | None]:
+    """The files ``_manifest.json`` lists are exactly the samples parts, rejects and one plan file
+    per (epoch, rank).
 
     Works from the listed names, never from ``range(world_size)``: a forged ``world_size: 10**7``
-    costs one problem line, not ten million. Returns True when the list is complete.
+    costs one problem line, not ten million. Returns (whether the list is complete, the samples
+    parts in order or None: ``_samples_parts``).
     """
     plans: set[tuple[int, int]] = set()
     for rel in sorted(files):
         key = _plan_key(rel)
         if key is not None and key[0] < epochs and key[1] < w:
             plans.add(key)
-        elif rel not in (schemas.SAMPLES_FILE, schemas.REJECTS_FILE):
+        elif rel != schemas.REJECTS_FILE and not rel.startswith(schemas.SAMPLES_DIR + "/"):
             c.problem(rel, f"recorded in 'files' but not part of a world_size {w}, {epochs}-epoch plan")
-    missing = [rel for rel in (schemas.SAMPLES_FILE, schemas.REJECTS_FILE) if rel not in files]
+    missing = [rel for rel in (schemas.REJECTS_FILE,) if rel not in files]
+    parts = _samples_parts(c, list(files))
     gap = w * epochs - len(plans)
     if 0 < gap <= MAX_PROBLEMS:  # then w * epochs <= len(files) + MAX_PROBLEMS: cheap to enumerate
         missing += [schemas.plan_file(e, r) for e in range(epochs) for r in range(w) if (e, r) not in plans]
@@ -295,7 +318,7 @@ def _check_listed(c: _Checker, files: dict, w: int, epochs: int) -> bool:
         )
     for rel in missing:
         c.problem(rel, f"not recorded in _manifest.json 'files' (world_size {w}, epochs {epochs} need it)")
-    return not missing and gap == 0
+    return not missing and gap == 0 and parts is not None, parts
 
 
 def _check_manifest(c: _Checker) -> str:
@@ -327,16 +350,16 @@ def _check_manifest(c: _Checker) -> str:
             raise Invalid(f"_manifest.json: counts.{key} must hold {epochs} values")
     if not isinstance(m["files"], dict):
         raise Invalid("_manifest.json: 'files' is not a JSON object")
-    complete = _check_listed(c, m["files"], w, epochs)
+    complete, parts = _check_listed(c, m["files"], w, epochs)
     good = c.files(m["files"])
     model_cost, bad_model = cost_model_of(m)
     samples = c.samples(
-        schemas.SAMPLES_FILE in good, schemas.scored_schema(), m["counts"], m["inputs_fingerprint"],
-        m.get("path_root"), model_cost if bad_model is None else None,
+        parts if parts is not None and set(parts) <= good else None, schemas.scored_schema(), m["counts"],
+        m["inputs_fingerprint"], m.get("path_root"), model_cost if bad_model is None else None,
     )  # fmt: skip
     c.rejects(schemas.REJECTS_FILE in good, m["counts"])
     if samples is None:
-        return "samples.parquet unusable"
+        return "samples unusable"
     check_scored(c.problem, m, samples, bad_model)
     held = check_weights(c.problems, m, samples)
     rows = 0
@@ -365,13 +388,13 @@ def _check_scan(c: _Checker) -> str:
     m = _load_json(c, schemas.SCAN_FILE)
     counts = m.get("counts", {})
     present = c.store.sizes()
-    for rel in sorted(set(present) - _META - {schemas.SAMPLES_FILE, schemas.REJECTS_FILE}):
+    in_samples = [rel for rel in present if rel.startswith(schemas.SAMPLES_DIR + "/")]
+    for rel in sorted(set(present) - _META - {schemas.REJECTS_FILE} - set(in_samples)):
         c.problem(rel, "unexpected file in a scan directory")
-    for rel in sorted({schemas.SAMPLES_FILE, schemas.REJECTS_FILE} - set(present)):
-        c.problem(rel, "missing")
-    c.samples(
-        schemas.SAMPLES_FILE in present, schemas.sample_schema(), counts, m.get("inputs_fingerprint", "")
-    )
+    if schemas.REJECTS_FILE not in present:
+        c.problem(schemas.REJECTS_FILE, "missing")
+    parts = _samples_parts(c, in_samples)
+    c.samples(parts, schemas.sample_schema(), counts, m.get("inputs_fingerprint", ""))
     c.rejects(schemas.REJECTS_FILE in present, counts)
     return f"scan: {counts.get('scanned')} scanned, {counts.get('accepted')} accepted, {counts.get('rejected')} rejected"
 

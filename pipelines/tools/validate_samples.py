@@ -1,4 +1,4 @@
-"""samples.parquet for ``lidarshard validate``, read one row group at a time.
+"""The samples parts for ``lidarshard validate``, read one row group at a time.
 
 What the checks need of every sample is numeric (``NUMERIC``) plus two 64-bit keys: one of its
 sample_id (to find a plan row's sample) and one of (sample_id, path, sweep_paths) (to check that a
@@ -23,11 +23,12 @@ from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.transforms import paths, storage
-from lidarshard.transforms.arrow import parquet_file, row_groups
+from lidarshard.transforms.arrow import row_groups
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.jsonsafe import short
+from lidarshard.transforms.parts import open_parts
 
 __all__ = [
     "NUMERIC",
@@ -101,18 +102,18 @@ def row_keys(ids: pa.Array, path: pa.Array, sweep_paths: pa.Array) -> NDArray[np
 
 
 class _LazyIds:
-    """``ids[i]``: the sample_id of row ``i`` of the file at ``path``, read from its row group when
-    asked (for messages)."""
+    """``ids[i]``: the sample_id of row ``i`` of the samples parts at ``files``, read from its row
+    group when asked (for messages)."""
 
-    def __init__(self, path: str, file: pq.ParquetFile) -> None:
-        self.path = path
+    def __init__(self, files: list[str], file: pq.ParquetFile) -> None:
+        self.files = files
         sizes = [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)]
         self._starts = np.cumsum([0, *sizes])
 
     def __getitem__(self, i: int) -> str:
         g = int(np.searchsorted(self._starts, int(i), side="right")) - 1
-        with storage.open_read(self.path) as f:
-            col = parquet_file(f).read_row_group(g, columns=["sample_id"], use_threads=False).column(0)
+        with open_parts(self.files) as f:
+            col = f.read_row_group(g, columns=["sample_id"]).column(0)
         return col[int(i) - int(self._starts[g])].as_py()
 
 
@@ -169,13 +170,13 @@ class SamplesView:
 
 
 def read_samples(
-    path: str,
+    files: list[str],
     file: pq.ParquetFile,
     root: object,
     problem: Callable[[str], None],
     model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
 ) -> tuple[SamplesView, str, str | None]:
-    """Stream ``file`` (the samples.parquet at ``path``, its schema checked), reporting null or unordered ids
+    """Stream ``file`` (the samples parts at ``files`` as one, its schema checked), reporting null or unordered ids
     through ``problem``; ``model_cost(row group) -> (n,)`` costs are compared with ``cost`` row group
     by row group (``view.cost_mismatch``; the feature columns they need are not kept). Returns (the view,
     the inputs fingerprint, the first stored-path problem for ``path_root`` ``root`` or None)."""
@@ -218,7 +219,7 @@ def read_samples(
         [_joined(parts.pop(n), schema.field(n).type) for n in numeric_names], names=numeric_names
     )
     row_key = _joined_keys(row_parts)
-    view = SamplesView(numeric, _LazyIds(path, file), _joined_keys(id_parts), row_key, mismatch)
+    view = SamplesView(numeric, _LazyIds(files, file), _joined_keys(id_parts), row_key, mismatch)
     release_memory()
     return view, h.hexdigest(), path_bad
 
@@ -268,7 +269,7 @@ def check_scored(
 ) -> None:
     """Costs from the recorded cost model (``samples.cost_mismatch``), bucket ids from the edges, bucket
     counts; ``problem(where, what)`` reports, ``bad_model`` is ``cost_model_of``'s reason."""
-    rel = schemas.SAMPLES_FILE
+    rel = schemas.SAMPLES_DIR
     cost = samples.column("cost").to_numpy()
     if bad_model:
         problem("_manifest.json", bad_model)
@@ -290,7 +291,7 @@ def check_scored(
         )
     k = len(edges) + 1
     if np.bincount(ids, minlength=k).tolist() != m["buckets"].get("counts"):
-        problem("_manifest.json", "buckets.counts differ from the bucket_ids in samples.parquet")
+        problem("_manifest.json", "buckets.counts differ from the bucket_ids in the samples")
     if len(m["buckets"].get("weights", [])) != k:
         problem(
             "_manifest.json", f"buckets.weights holds {len(m['buckets'].get('weights', []))} values, need {k}"

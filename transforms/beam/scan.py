@@ -1,6 +1,8 @@
 """Beam wiring of the scan: discover -> read+featurize (dead letters to rejects) -> hash shards of
-the feature rows, each sorted, deduplicated and written as a scratch file (``features.shards``).
-Only the shard list, the scanned count and the rejects are gathered; no step holds every row.
+the feature rows, each sorted, deduplicated and written as a scratch file (``features.shards``) ->
+samples parts, one task per sample_id range merging it from every shard file. Only the shard list
+(with a sample of its ids), the part list, the scanned count and the rejects are gathered; no step
+holds every row.
 
 DoFns with two outputs yield ``(tag, value)`` records split by ``SplitTags`` (correct on the
 DaskRunner too, whose multi-output ParDo is broken).
@@ -236,13 +238,13 @@ class ConcatRows(beam.CombineFn):
         return self._table([acc])
 
 
-def scan_results(gathered: dict[str, list]) -> tuple[int, list[tuple[int, int]], pa.Table]:
-    """``GatherTagged`` of a ``ScanResult`` (``{"scanned": [n], "shards": [(shard, rows), ...],
-    "rejects": [table]}``) -> (scanned, shards sorted, rejects); an absent key (nothing was
-    gathered) is 0, no shard or an empty table."""
+def scan_results(gathered: dict[str, list]) -> tuple[int, list[tuple[int, int, dict]], pa.Table]:
+    """``GatherTagged`` of a ``ScanResult`` (``{"scanned": [n], "parts": [(k, rows, file entry), ...],
+    "rejects": [table]}``) -> (scanned, parts sorted by k, rejects); an absent key (nothing was
+    gathered) is 0, no part or an empty table."""
     (scanned,) = gathered.get("scanned", [0])
     (rejects,) = gathered.get("rejects", [schemas.reject_schema().empty_table()])
-    return scanned, sorted(gathered.get("shards", [])), rejects
+    return scanned, sorted(gathered.get("parts", []), key=lambda p: p[0]), rejects
 
 
 def shard_path(work_dir: str, shard: int) -> str:
@@ -250,35 +252,55 @@ def shard_path(work_dir: str, shard: int) -> str:
     return storage.join(work_dir, "scan", f"shard={shard:04d}.parquet")
 
 
+def _part_ranges(gathered: dict[str, list], work_dir: str, part_rows: int) -> Iterator[tuple]:
+    """The written shards (``{"shards": [(shard, rows, sampled ids), ...]}``) -> one ``(k, lo, hi,
+    shard paths)`` task per samples part (at least one, empty when no row was accepted)."""
+    written = sorted(s for s in gathered.get("shards", []) if s[1])
+    splits = shards.split_keys([k for _, _, keys in written for k in keys], part_rows, shards.key_stride(part_rows))
+    paths = [shard_path(work_dir, shard) for shard, _, _ in written]
+    for k, (lo, hi) in enumerate(shards.key_ranges(splits)):
+        yield k, lo, hi, paths
+
+
+def _merge_part(task: tuple, parts_dir: str) -> tuple[int, int, dict]:
+    """Write samples part ``k`` (its id range merged from the shard files): ``(k, rows, files entry)``."""
+    k, lo, hi, paths = task
+    with storage.open_write(storage.join(parts_dir, schemas.part_name(k))) as sink:
+        rows, out = shards.write_range(paths, lo, hi, storage.open_read, sink)
+    Metrics.counter(NAMESPACE, "files_written").inc()
+    Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
+    return k, rows, {"path": schemas.samples_part(k), "bytes": out.bytes, "sha256": out.sha256}
+
+
 class _WriteShard(beam.DoFn):
     """``(shard, feature rows)`` -> its scratch file, sorted and deduplicated; yields ``("shards",
-    (shard, rows kept))`` and ``("rejects", row)`` per duplicate id."""
+    (shard, rows kept, sampled ids))`` and ``("rejects", row)`` per duplicate id."""
 
-    def __init__(self, work_dir: str) -> None:
-        self._work = work_dir
+    def __init__(self, work_dir: str, stride: int) -> None:
+        self._work, self._stride = work_dir, stride
 
     def process(self, grouped: tuple[int, Iterable[dict]]) -> Iterator:
         shard, rows = grouped
         table, dups = shards.settle_shard(list(rows))
         storage.write_bytes(shard_path(self._work, shard), shards.shard_bytes(table))
-        yield "shards", (shard, table.num_rows)
+        yield "shards", (shard, table.num_rows, shards.sampled_keys(table, self._stride))
         for row in dups:
             yield from _rejected(row["path"], row["reason"], row["detail"])
 
 
 class ScanResult:
-    """PCollections produced by ``ScanSamples``: ``shards`` ((shard, rows) per scratch file written),
-    ``rejects`` (one table) and ``scanned`` (one count); each is EMPTY (no element) when there is
-    nothing to gather: ``scan_results`` fills in 0, no shard and an empty table. (Without defaults: a
+    """PCollections produced by ``ScanSamples``: ``parts`` ((k, rows, files entry) per samples part
+    written), ``rejects`` (one table) and ``scanned`` (one count); ``rejects`` and ``scanned`` are EMPTY
+    (no element) when there is nothing to gather: ``scan_results`` fills in 0 and an empty table. (Without defaults: a
     default is injected through a side input, which the DaskRunner recomputes, see
     ``transforms.beam.tagged``.)"""
 
-    def __init__(self, shards: beam.PCollection, rejects: beam.PCollection, scanned: beam.PCollection):
-        self.shards, self.rejects, self.scanned = shards, rejects, scanned
+    def __init__(self, parts: beam.PCollection, rejects: beam.PCollection, scanned: beam.PCollection):
+        self.parts, self.rejects, self.scanned = parts, rejects, scanned
 
     def gathered(self) -> beam.PCollection:
-        """ONE element ``{"scanned", "shards", "rejects"}`` (see ``scan_results``), as a main input."""
-        tagged = (tag(self.scanned, "scanned"), tag(self.shards, "shards"), tag(self.rejects, "rejects"))
+        """ONE element ``{"scanned", "parts", "rejects"}`` (see ``scan_results``), as a main input."""
+        tagged = (tag(self.scanned, "scanned"), tag(self.parts, "parts"), tag(self.rejects, "rejects"))
         return tagged | "GatherScan" >> GatherTagged()
 
 
@@ -287,15 +309,19 @@ def _to_table(schema: pa.Schema, keys: tuple[str, ...], label: str, pcoll: beam.
 
 
 class ScanSamples(beam.PTransform):
-    """INPUT (files/glob, or a nuScenes dataroot) -> ``ScanResult``: shard files of the accepted rows
-    under ``work_dir`` (``shard_path``; the caller merges and removes them), the rejects table."""
+    """INPUT (files/glob, or a nuScenes dataroot) -> ``ScanResult``: the accepted rows sorted by
+    sample_id as samples parts ``parts_dir/part-NNNNN.parquet`` of about ``part_rows`` rows, written
+    in parallel from hash-shard scratch files under ``work_dir`` (``shard_path``; the caller removes
+    them); the rejects table."""
 
     def __init__(
-        self, input_path: str, cfg: ScanConfig, nuscenes_version: str | None, sweeps: int, work_dir: str
-    ) -> None:
+        self, input_path: str, cfg: ScanConfig, nuscenes_version: str | None, sweeps: int, work_dir: str,
+        parts_dir: str, part_rows: int,
+    ) -> None:  # fmt: skip
         super().__init__()
         self._input, self._cfg = input_path, cfg  # local paths: made absolute by the launcher
         self._version, self._sweeps, self._work = nuscenes_version, sweeps, work_dir
+        self._parts_dir, self._part_rows = parts_dir, part_rows
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> ScanResult:
         if self._version:
@@ -342,9 +368,16 @@ class ScanSamples(beam.PTransform):
             read["samples"]
             | "ByShard" >> beam.Map(lambda row: (shards.shard_of(row["sample_id"]), row))
             | "GroupShards" >> beam.GroupByKey()
-            | "WriteShards" >> beam.ParDo(_WriteShard(self._work))
+            | "WriteShards" >> beam.ParDo(_WriteShard(self._work, shards.key_stride(self._part_rows)))
             | "SplitShards" >> SplitTags("shards", "rejects")
+        )
+        parts = (
+            (tag(written["shards"], "shards"),)
+            | "GatherShards" >> GatherTagged()
+            | "CutParts" >> beam.FlatMap(_part_ranges, self._work, self._part_rows)
+            | "SpreadParts" >> beam.Reshuffle()
+            | "MergeParts" >> beam.Map(_merge_part, self._parts_dir)
         )
         rejects = (table_rejects, read["rejects"], written["rejects"]) | "AllRejects" >> beam.Flatten()
         reject_table = _to_table(schemas.reject_schema(), ("path", "reason", "detail"), "Rejects", rejects)
-        return ScanResult(written["shards"], reject_table, scanned)
+        return ScanResult(parts, reject_table, scanned)

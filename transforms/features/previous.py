@@ -1,14 +1,16 @@
-"""An earlier run's samples.parquet (``build --from-samples``) read a row group at a time. Pure.
+"""The samples to score (an earlier run's, ``build --from-samples``, or the scan's parts) read a
+row group at a time. Pure.
 
 Settling and scoring need only a few numeric columns (``NUMERIC``, 32 bytes a sample); the paths,
 sweep paths and sweep transforms (~1-2 KB a sample with 9 sweeps) are streamed once, from the input
-row groups into the new samples.parquet (``rewrite_scored``). No step holds them all.
+row groups into the new samples parts, one task a part (``part_tasks``, ``write_part``). No step
+holds them all.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -16,10 +18,20 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.transforms import paths
 from lidarshard.transforms.arrow import ParquetStream, row_groups
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 
-__all__ = ["NUMERIC", "numeric_columns", "paths_at", "rewrite_scored"]
+__all__ = [
+    "NUMERIC",
+    "PartTask",
+    "numeric_columns",
+    "paths_at",
+    "part_tasks",
+    "reroot",
+    "write_part",
+    "fingerprint_kept",
+]
 
 #: The sample columns settling (fingerprint, caps) and scoring (cost models) read.
 NUMERIC = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]
@@ -68,39 +80,89 @@ def paths_at(file: pq.ParquetFile, rows: NDArray[np.int64]) -> list[str]:
     return out
 
 
-def rewrite_scored(
-    file: pq.ParquetFile,
-    keep: NDArray[np.bool_],
-    cost: NDArray[np.float64],
-    bucket_id: NDArray[np.int32],
-    weight: NDArray[np.float64],
-    reroot: Callable[[pa.Table], pa.Table],
-    sink,
-) -> tuple[str, ParquetStream]:
-    """Write the kept rows of ``file`` with their ``cost``, ``bucket_id`` and ``weight`` (one per kept row) as a
-    samples.parquet of ``scored_schema()`` to the binary stream ``sink``, a row group at a time.
+@dataclass(frozen=True)
+class PartTask:
+    """One samples part to write (one task each, in parallel): the ``keep`` rows of input file
+    ``path``'s row groups ``[groups[0], groups[1])``, with their ``cost``, ``bucket_id`` and ``weight``
+    (one per kept row). Paths are re-rooted from ``roots[0]`` (None: already absolute) onto
+    ``roots[1]`` (None: kept absolute)."""
 
-    Args:
-        reroot: table -> table with its paths stored the new run's way (``paths.absolute`` then
-            ``paths.relative_to``).
+    part: int
+    path: str
+    groups: tuple[int, int]
+    keep: NDArray[np.bool_]
+    cost: NDArray[np.float64]
+    bucket_id: NDArray[np.int32]
+    weight: NDArray[np.float64]
+    roots: tuple[str | None, str | None]
+
+
+def part_tasks(
+    file, paths: list[str], keep: NDArray[np.bool_], cost: NDArray[np.float64],
+    bucket_id: NDArray[np.int32], weight: NDArray[np.float64], roots: tuple[str | None, str | None],
+    part_rows: int,
+) -> list[PartTask]:  # fmt: skip
+    """Cut the kept rows of ``file`` (a ``ParquetParts`` of the files at ``paths``) into parts: a
+    new part at every input file and after every ``part_rows`` input rows (whole row groups); parts
+    left with no kept row are dropped, the rest numbered from 0. ``cost``/``bucket_id``/``weight``:
+    one per kept row, in order."""
+    tasks: list[PartTask] = []
+    row = out = base = 0
+    for path, groups in zip(paths, file.part_groups, strict=True):
+        first, taken = 0, 0
+        for g in range(groups):
+            taken += file.metadata.row_group(base + g).num_rows
+            if taken < part_rows and g < groups - 1:
+                continue
+            mask = keep[row : row + taken]
+            kept = int(mask.sum())
+            if kept:
+                scores = (cost[out : out + kept], bucket_id[out : out + kept], weight[out : out + kept])
+                tasks.append(PartTask(len(tasks), path, (first, g + 1), mask, *scores, roots))
+            row, out, first, taken = row + taken, out + kept, g + 1, 0
+        base += groups
+    return tasks
+
+
+def reroot(table: pa.Table, roots: tuple[str | None, str | None]) -> pa.Table:
+    """``table``'s paths, stored under ``roots[0]`` (None: absolute), re-stored under ``roots[1]``."""
+    return paths.relative_to(paths.absolute(table, roots[0]), roots[1])
+
+
+def write_part(file: pq.ParquetFile, task: PartTask, sink) -> ParquetStream:
+    """Write ``task``'s rows of ``file`` (its input file) with their scores as a samples part of
+    ``scored_schema()`` to the binary stream ``sink``, a row group at a time.
 
     Returns:
-        (the inputs fingerprint of the kept rows, the closed ``ParquetStream``: ``bytes``, ``sha256``).
+        the closed ``ParquetStream`` (``bytes``, ``sha256``).
     """
     names = schemas.sample_schema().names
     scored = schemas.scored_schema()
-    h, first, done = hashlib.sha256(), 0, 0
+    first = done = 0
     with ParquetStream(sink, scored) as out:
-        for t in row_groups(file, names):  # (iter_batches reads ahead: more memory)
+        for g in range(*task.groups):
+            t = file.read_row_group(g, columns=names, use_threads=False)
             t = t.select(names).cast(schemas.sample_schema())
-            mask = keep[first : first + t.num_rows]
+            mask = task.keep[first : first + t.num_rows]
             first += t.num_rows
-            t = reroot(t if mask.all() else t.filter(pa.array(mask)))
-            fingerprint_update(h, t)
+            t = reroot(t if mask.all() else t.filter(pa.array(mask)), task.roots)
             n = t.num_rows
-            t = t.append_column(scored.field("cost"), pa.array(cost[done : done + n], pa.float64()))
-            t = t.append_column(scored.field("bucket_id"), pa.array(bucket_id[done : done + n], pa.int32()))
-            t = t.append_column(scored.field("weight"), pa.array(weight[done : done + n], pa.float64()))
+            for name, values in (("cost", task.cost), ("bucket_id", task.bucket_id), ("weight", task.weight)):
+                field = scored.field(name)
+                t = t.append_column(field, pa.array(values[done : done + n], field.type))
             out.write(t.cast(scored))
             done += n
-    return h.hexdigest(), out
+    return out
+
+
+def fingerprint_kept(file, keep: NDArray[np.bool_] | None = None) -> str:
+    """The inputs fingerprint (``accounting.fingerprint``) of ``file``'s rows, or only of those
+    ``keep`` marks; reads two columns a row group at a time."""
+    h, first = hashlib.sha256(), 0
+    for t in row_groups(file, ["sample_id", "file_bytes"]):
+        n = t.num_rows
+        if keep is not None and not keep[first : first + n].all():
+            t = t.filter(pa.array(keep[first : first + n]))
+        fingerprint_update(h, t)
+        first += n
+    return h.hexdigest()

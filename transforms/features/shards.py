@@ -2,9 +2,11 @@
 
 Every feature row goes to shard ``shard_of(sample_id)`` (64-bit BLAKE2b of the id, so duplicates of
 an id meet in one shard). A shard is sorted and deduplicated on its own (``settle_shard``) and
-written as a scratch Parquet file of small row groups (``shard_bytes``); ``merge_shards`` then
-streams all shard files, merged by sample_id, into one sorted table stream, holding one row group
-per shard. The result does not depend on the shard count or on the order rows arrived in.
+written as a scratch Parquet file of small row groups (``shard_bytes``), and every
+``key_stride``-th of its ids is sampled. The sampled ids cut the sorted id space into the samples
+parts' ranges (``split_keys``); one task per part then streams the rows of its range from every
+shard file, merged by sample_id (``write_range``), holding one row group per shard. The result does
+not depend on the shard count or on the order rows arrived in.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import hashlib
 from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
-from lidarshard.transforms.arrow import ParquetStream, merge_sorted, parquet_file, row_groups, rows_to_table
-from lidarshard.transforms.features.accounting import dedupe, fingerprint_update
+from lidarshard.transforms.arrow import ParquetStream, merge_sorted, parquet_file, rows_to_table
+from lidarshard.transforms.features.accounting import dedupe
 
 __all__ = [
     "SCAN_SHARDS",
@@ -26,8 +29,12 @@ __all__ = [
     "shard_of",
     "settle_shard",
     "shard_bytes",
+    "key_stride",
+    "sampled_keys",
+    "split_keys",
+    "key_ranges",
     "merge_shards",
-    "write_merged",
+    "write_range",
 ]
 
 #: Hash shards of the scan's rows: one task each (~40k samples at 10M), one open file each in the merge.
@@ -61,26 +68,73 @@ def shard_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def merge_shards(files: Sequence[pq.ParquetFile]) -> Iterator[pa.Table]:
-    """Shard files (each sorted, ids unique across all) -> their rows sorted by sample_id, as a
-    stream of tables of ``sample_schema()``."""
+def key_stride(part_rows: int) -> int:
+    """Every ``key_stride``-th sample_id of a shard is sampled to cut the parts: ~64 keys a part."""
+    return max(1, part_rows // 64)
+
+
+def sampled_keys(table: pa.Table, stride: int) -> list[str]:
+    """Every ``stride``-th sample_id of a settled shard (``table``, sorted): each stands for ``stride`` rows."""
+    return table.column("sample_id").slice(stride - 1)[::stride].to_pylist() if table.num_rows else []
+
+
+def split_keys(keys: Sequence[str], part_rows: int, stride: int) -> list[str]:
+    """The first sample_id of every part but the first: every ``part_rows // stride``-th of the sorted
+    sampled ``keys``. Exact (part k = rows [k*part_rows, (k+1)*part_rows)) when ``stride`` is 1;
+    otherwise parts of about ``part_rows`` rows. Depends only on the key set, not on its order."""
+    every = max(1, part_rows // stride)
+    return sorted(keys)[every::every]
+
+
+def key_ranges(splits: Sequence[str]) -> list[tuple[str | None, str | None]]:
+    """``[lo, hi)`` sample_id range of each part (None: unbounded) from ``split_keys``."""
+    bounds: list[str | None] = [None, *splits, None]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _in_range(file: pq.ParquetFile, lo: str | None, hi: str | None) -> Iterator[pa.Table]:
+    """The rows of a sorted shard file with ``lo <= sample_id < hi``, a row group at a time; groups
+    whose statistics lie outside the range are not read."""
+    column = file.schema_arrow.get_field_index("sample_id")
+    for g in range(file.metadata.num_row_groups):
+        stats = file.metadata.row_group(g).column(column).statistics
+        if stats is not None and stats.has_min_max:
+            if (hi is not None and stats.min >= hi) or (lo is not None and stats.max < lo):
+                continue
+        t = file.read_row_group(g, use_threads=False)
+        ids = t.column("sample_id")
+        mask = None if lo is None else pc.greater_equal(ids, lo)
+        if hi is not None:
+            below = pc.less(ids, hi)
+            mask = below if mask is None else pc.and_(mask, below)
+        yield t if mask is None else t.filter(mask)
+
+
+def merge_shards(
+    files: Sequence[pq.ParquetFile], lo: str | None = None, hi: str | None = None
+) -> Iterator[pa.Table]:
+    """Shard files (each sorted, ids unique across all) -> their rows with ``lo <= sample_id < hi``
+    (None: unbounded) sorted by sample_id, as a stream of tables of ``sample_schema()``."""
     schema = schemas.sample_schema()
-    yield from (t.cast(schema) for t in merge_sorted([row_groups(f) for f in files], "sample_id"))
+    streams = [_in_range(f, lo, hi) for f in files]
+    yield from (t.cast(schema) for t in merge_sorted(streams, "sample_id"))
 
 
-def write_merged(paths: Sequence[str], open_read: Callable, sink) -> tuple[int, str, ParquetStream]:
-    """Merge the shard files at ``paths`` (opened with ``open_read``, a context manager giving a
-    binary stream) into the Parquet stream ``sink`` (``sample_schema()``, sorted by sample_id).
+def write_range(
+    paths: Sequence[str], lo: str | None, hi: str | None, open_read: Callable, sink
+) -> tuple[int, ParquetStream]:
+    """Merge the rows with ``lo <= sample_id < hi`` of the shard files at ``paths`` (opened with
+    ``open_read``, a context manager giving a binary stream) into the Parquet stream ``sink``
+    (``sample_schema()``, sorted by sample_id): one samples part.
 
     Returns:
-        (rows written, inputs fingerprint of them, the closed ``ParquetStream``).
+        (rows written, the closed ``ParquetStream``: ``bytes``, ``sha256``).
     """
-    h, rows = hashlib.sha256(), 0
+    rows = 0
     with contextlib.ExitStack() as stack:
         files = [parquet_file(stack.enter_context(open_read(p))) for p in paths]
         with ParquetStream(sink, schemas.sample_schema()) as out:
-            for table in merge_shards(files):
-                fingerprint_update(h, table)
+            for table in merge_shards(files, lo, hi):
                 out.write(table)
                 rows += table.num_rows
-    return rows, h.hexdigest(), out
+    return rows, out

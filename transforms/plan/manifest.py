@@ -25,6 +25,7 @@ from lidarshard.transforms.features.accounting import fingerprint
 from lidarshard.transforms.features.buckets import resolve_weights
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.features.repeat import Weights, class_counts
+from lidarshard.transforms.parts import PART_ROWS
 from lidarshard.transforms.plan.caps import over_cap
 from lidarshard.transforms.plan.epochs import (
     PlanConfig,
@@ -107,8 +108,10 @@ def score_samples(
     write: Write,
     costs: pa.Array | None = None,
     weights: Weights | None = None,
+    part_rows: int = PART_ROWS,
 ) -> dict:
-    """Score settled samples (sorted by sample_id), write samples.parquet and rejects.parquet.
+    """Score settled samples (sorted by sample_id), write them as samples parts of ``part_rows`` rows
+    and rejects.parquet.
 
     Returns only small metadata (``files``, ``counts``, ``model``, ``buckets``, ``fingerprint``,
     ``pair_repeat_rate``, ``repeat``): the scored table is read back from the written file where
@@ -118,14 +121,15 @@ def score_samples(
     if samples.num_rows == 0:
         raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
     scored, edges = score(samples, model, cfg, costs, None if weights is None else weights.values)
-    samples_file = write_file(write, schemas.SAMPLES_FILE, parquet_bytes(scored))
-    return checked_meta(
-        samples_file, rejects, counts, model, cfg, write, scored, edges, fingerprint(samples), weights
-    )
+    parts = [
+        write_file(write, schemas.samples_part(k), parquet_bytes(scored.slice(start, part_rows)))
+        for k, start in enumerate(range(0, scored.num_rows, part_rows))
+    ]
+    return checked_meta(parts, rejects, counts, model, cfg, write, scored, edges, fingerprint(samples), weights)
 
 
 def checked_meta(
-    samples_file: dict,
+    samples_files: list[dict],
     rejects: pa.Table,
     counts: dict,
     model: CostModel,
@@ -136,11 +140,11 @@ def checked_meta(
     inputs_fingerprint: str,
     weights: Weights | None,
 ) -> dict:
-    """Write rejects.parquet; the metadata ``score_samples`` returns, for a samples.parquet already
-    written (``samples_file``: its ``files`` entry). ``scored`` needs only ``cost``, ``bucket_id``,
+    """Write rejects.parquet; the metadata ``score_samples`` returns, for samples parts written
+    elsewhere (``samples_files``: their ``files`` entries, if written yet). ``scored`` needs only ``cost``, ``bucket_id``,
     ``num_points`` and ``weight``."""
     return {
-        "files": [samples_file, write_file(write, schemas.REJECTS_FILE, parquet_bytes(rejects))],
+        "files": [*samples_files, write_file(write, schemas.REJECTS_FILE, parquet_bytes(rejects))],
         "counts": counts,
         "model": model.to_json(),
         "buckets": bucket_info(scored, edges, cfg),
