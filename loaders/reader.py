@@ -22,7 +22,6 @@ if TYPE_CHECKING:  # pyarrow.dataset is imported where it is used: it doubles th
 from lidarshard.schemas import (
     MANIFEST_FILE,
     PLAN_DIR,
-    SAMPLES_FILE,
     SUCCESS_FILE,
     check_version,
     partition_schema,
@@ -35,6 +34,7 @@ from lidarshard.transforms.formats.readers import detect_format, read_points
 from lidarshard.transforms.jsonsafe import short
 from lidarshard.transforms.nuscenes.geometry import sweep_matrices
 from lidarshard.transforms.nuscenes.multisweep import aggregate
+from lidarshard.transforms.parts import listed_parts, read_parts
 from lidarshard.transforms.paths import PathResolver, path_problem
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.storage.base import FileTooLargeError
@@ -139,9 +139,13 @@ def load_manifest(out_dir: PathLike) -> dict[str, Any]:
 
 
 def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None) -> pa.Table:
-    """samples.parquet of a committed manifest, in its row order (the default dataset index order)."""
-    load_manifest(out_dir)
-    return storage.read_parquet(storage.join(os.fspath(out_dir), SAMPLES_FILE), columns)
+    """The samples of a committed manifest (the parts its ``files`` lists, in order): the default
+    dataset index order."""
+    files = load_manifest(out_dir).get("files")
+    base = os.fspath(out_dir)
+    return read_parts(
+        [storage.join(base, rel) for rel in listed_parts(files if isinstance(files, dict) else {})], columns
+    )
 
 
 def plan_files(out_dir: PathLike) -> list[str]:

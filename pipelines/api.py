@@ -30,6 +30,7 @@ from lidarshard.pipelines import build as build_cmd
 from lidarshard.transforms import storage
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel
+from lidarshard.transforms.parts import listed_parts, read_parts
 from lidarshard.transforms.plan import manifest
 
 __all__ = ["build", "write_manifest", "summary"]
@@ -228,9 +229,8 @@ def write_manifest(
         write = _score.writer(staging)  # (its Beam counters are no-ops outside a pipeline)
         settled, weights = repeat.sample_weights(settled, cfg.repeat, storage.read_bytes)
         checked = manifest.score_samples(settled, rejects, counts, model, cfg, write, costs, weights)
-        scored = storage.read_parquet(
-            storage.join(staging, schemas.SAMPLES_FILE), columns=manifest.PLAN_INPUT
-        )
+        parts = listed_parts(f["path"] for f in checked["files"])
+        scored = read_parts([storage.join(staging, p) for p in parts], columns=manifest.PLAN_INPUT)
         files, stats = list(checked["files"]), []
         for epoch in range(cfg.epochs):
             epoch_files, epoch_stats = manifest.write_epoch(scored, epoch, cfg, write)

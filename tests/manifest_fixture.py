@@ -1,6 +1,6 @@
 """Test helper: write a valid lidarshard manifest directory straight from numpy arrays.
 
-Follows the contract in ``schemas``: ``samples.parquet``, ``rejects.parquet``,
+Follows the contract in ``schemas``: ``samples/part-00000.parquet``, ``rejects.parquet``,
 ``epoch=E/rank=R/part-00000.parquet``, ``_manifest.json``, and ``_SUCCESS`` written last. The plan
 is made here by a tiny stand-in planner (not the pipeline's): ``balanced=True`` sorts the epoch's
 pool by cost, cuts it into steps of ``world_size * batch_size`` similar samples and deals each step
@@ -25,12 +25,12 @@ from numpy.typing import NDArray
 from lidarshard.schemas import (
     MANIFEST_FILE,
     REJECTS_FILE,
-    SAMPLES_FILE,
     SCHEMA_VERSION,
     SUCCESS_FILE,
     plan_file,
     plan_schema,
     reject_schema,
+    samples_part,
     scored_schema,
 )
 from lidarshard.transforms.plan import plan_epoch
@@ -180,11 +180,12 @@ def write_manifest(
     n = len(cols["sample_id"])
     cost = np.asarray(costs if costs is not None else cols.get("num_points", np.ones(n)), dtype=np.float64)
     samples, edges = _scored_table(cols, cost, n_buckets)
-    pq.write_table(samples, out / SAMPLES_FILE)
+    (out / samples_part(0)).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(samples, out / samples_part(0))
     pq.write_table(reject_schema().empty_table(), out / REJECTS_FILE)
     ids, paths = samples["sample_id"].to_pylist(), samples["path"].to_pylist()
     sweeps, buckets = samples["sweep_paths"].to_pylist(), samples["bucket_id"].to_numpy()
-    files, steps_per_epoch, balance = [SAMPLES_FILE, REJECTS_FILE], [], []
+    files, steps_per_epoch, balance = [samples_part(0), REJECTS_FILE], [], []
     planned = []
     for e in range(epochs):
         if budget:  # the real variable-count planner over every sample

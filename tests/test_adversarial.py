@@ -30,7 +30,7 @@ def _outputs(out: Path) -> tuple[dict, list[dict], list[dict]]:
     )
     return (
         meta,
-        pq.read_table(out / schemas.SAMPLES_FILE).to_pylist(),
+        pq.read_table(out / schemas.SAMPLES_DIR).to_pylist(),
         pq.read_table(out / schemas.REJECTS_FILE).to_pylist(),
     )
 

@@ -50,10 +50,10 @@ def test_write_manifest_gives_the_bytes_of_build_from_samples(scanned: Path, tmp
         "max_reject_fraction": 0.1,
     }
     by_build = lidarshard.build(
-        None, str(tmp_path / "b"), world_size=2, batch_size=3, from_samples=str(scanned / schemas.SAMPLES_FILE),
+        None, str(tmp_path / "b"), world_size=2, batch_size=3, from_samples=str(scanned / schemas.SAMPLES_DIR),
         runner="FnApiRunner", **flags,
     )  # fmt: skip
-    samples = pq.read_table(scanned / schemas.SAMPLES_FILE)
+    samples = pq.read_table(scanned / schemas.SAMPLES_DIR)
     rejects = pq.read_table(scanned / schemas.REJECTS_FILE)
     by_table = lidarshard.write_manifest(samples, str(tmp_path / "t"), 2, 3, rejects=rejects, **flags)
     a, b = _tree(tmp_path / "b"), _tree(tmp_path / "t")
@@ -113,9 +113,9 @@ def test_api_refuses_what_the_cli_refuses(scanned: Path, tmp_path: Path) -> None
 
 def test_write_manifest_takes_sample_weights_with_the_bytes_of_build(scanned: Path, tmp_path: Path) -> None:
     prev = Path(shutil.copytree(scanned, tmp_path / "prev"))
-    samples = pq.read_table(prev / schemas.SAMPLES_FILE)
+    samples = pq.read_table(prev / schemas.SAMPLES_DIR)
     samples = samples.append_column("cbgs", pa.array([0.5 + (i % 4) * 0.6 for i in range(samples.num_rows)]))
-    pq.write_table(samples, prev / schemas.SAMPLES_FILE)
+    pq.write_table(samples, prev / schemas.SAMPLES_DIR)
     flags = {
         "epochs": 2,
         "seed": 1,
@@ -124,7 +124,7 @@ def test_write_manifest_takes_sample_weights_with_the_bytes_of_build(scanned: Pa
         "sample_weights": "cbgs",
     }
     lidarshard.build(None, str(tmp_path / "b"), world_size=2, batch_size=2, runner="FnApiRunner",
-                     from_samples=str(prev / schemas.SAMPLES_FILE), **flags)  # fmt: skip
+                     from_samples=str(prev / schemas.SAMPLES_DIR), **flags)  # fmt: skip
     rejects = pq.read_table(prev / schemas.REJECTS_FILE)
     lidarshard.write_manifest(
         samples, str(tmp_path / "t"), 2, 2, rejects=rejects, cost_model="voxels", **flags

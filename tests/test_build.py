@@ -49,7 +49,7 @@ def test_manifest_contract(built) -> None:
     assert (c["scanned"], c["accepted"], c["rejected"]) == (62, 61, 1)
     assert c["planned"] == [56, 56, 56] and c["dropped"] == [5, 5, 5]
     assert m["steps_per_epoch"] == [7, 7, 7]
-    samples = pq.read_table(out / schemas.SAMPLES_FILE)
+    samples = pq.read_table(out / schemas.SAMPLES_DIR)
     assert samples.schema.names == [n for n, _, _ in schemas.SCORED_FIELDS]
     assert samples.column("sample_id").to_pylist() == sorted(samples.column("sample_id").to_pylist())
     for epoch in range(3):
@@ -154,7 +154,7 @@ def test_replan_from_samples_without_rescanning(built, tmp_path: Path) -> None:
                 "build",
                 str(re),
                 "--from-samples",
-                str(out / "samples.parquet"),
+                str(out / "samples"),
                 "--world-size",
                 "2",
                 "--batch-size",
@@ -237,7 +237,7 @@ def test_budget_with_a_points_cap_end_to_end(built, tmp_path: Path) -> None:
     from lidarshard.pipelines.tools.validate import validate
 
     inp, out, _ = built
-    points = pq.read_table(out / schemas.SAMPLES_FILE).column("num_points").to_numpy()
+    points = pq.read_table(out / schemas.SAMPLES_DIR).column("num_points").to_numpy()
     cap = int(np.sort(points)[-2])  # the largest sample alone is over it
     flags = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--cost-model", "points"]
     m = _build(inp, tmp_path / "b", *flags, "--strategy", "budget", "--max-points-per-rank-step", str(cap))
@@ -255,7 +255,7 @@ def test_budget_with_a_points_cap_end_to_end(built, tmp_path: Path) -> None:
     )
     by_id = dict(
         zip(
-            *pq.read_table(tmp_path / "b" / schemas.SAMPLES_FILE, columns=["sample_id", "num_points"])
+            *pq.read_table(tmp_path / "b" / schemas.SAMPLES_DIR, columns=["sample_id", "num_points"])
             .to_pydict()
             .values(),
             strict=True,
@@ -298,7 +298,7 @@ def test_repeat_factors_from_lidarseg_labels(labelled: Path, tmp_path: Path, str
     )
     rep = m["repeat"]
     assert rep["mode"] == "lidarseg:t=1" and len(rep["realized"]) == 3
-    samples = pq.read_table(out / schemas.SAMPLES_FILE)
+    samples = pq.read_table(out / schemas.SAMPLES_DIR)
     weights = samples.column("weight").to_numpy()
     labels = [(labelled / p).read_bytes() for p in samples.column("label_path").to_pylist()]
     np.testing.assert_allclose(weights, lvis_factors(*label_presence(labels), 1.0))
@@ -317,33 +317,33 @@ def test_sample_weights_from_a_column(built, tmp_path: Path) -> None:
     from lidarshard.pipelines.tools.validate import validate
 
     _, out, _ = built
-    table = pq.read_table(out / schemas.SAMPLES_FILE)
+    table = pq.read_table(out / schemas.SAMPLES_DIR)
     w = np.where(np.arange(table.num_rows) % 2 == 0, 2.0, 0.5)
     prev = shutil.copytree(out, tmp_path / "prev")  # beside its manifest: relative paths resolve
-    pq.write_table(table.append_column("cbgs", pa.array(w)), prev / "samples.parquet")
+    pq.write_table(table.append_column("cbgs", pa.array(w)), prev / "samples")
     flags = ["--world-size", "2", "--batch-size", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]
     for strategy in ("budget", DEFAULT_STRATEGY):
         o = tmp_path / strategy
-        assert build_cli.run([str(o), "--from-samples", str(prev / "samples.parquet"),
+        assert build_cli.run([str(o), "--from-samples", str(prev / "samples"),
                               "--sample-weights", "cbgs", "--strategy", strategy, *flags]) == 0  # fmt: skip
         m = json.loads((o / schemas.MANIFEST_FILE).read_text())
         assert m["repeat"]["mode"] == "column:cbgs" and m["repeat"]["expected"] == {"all": float(w.sum())}
         assert m["counts"]["planned"] == [int(m["repeat"]["realized"][0]["all"])]
-        assert pq.read_table(o / schemas.SAMPLES_FILE).column("weight").to_numpy().tolist() == w.tolist()
+        assert pq.read_table(o / schemas.SAMPLES_DIR).column("weight").to_numpy().tolist() == w.tolist()
         assert validate(str(o))[0] == []
     assert np.floor(w).sum() <= m["counts"]["planned"][0] + m["counts"]["dropped"][0] <= np.ceil(w).sum()
 
 
 def test_weight_flags_fail_before_beam_with_one_line(labelled: Path, built, tmp_path: Path, capsys) -> None:
     inp, out, _ = built
-    table = pq.read_table(out / schemas.SAMPLES_FILE)
+    table = pq.read_table(out / schemas.SAMPLES_DIR)
     n = table.num_rows
     bad = {"neg": [-1.0] + [1.0] * (n - 1), "nan": [float("nan")] * n, "name": ["x"] * n}
     prev = shutil.copytree(out, tmp_path / "prev")
     pq.write_table(table.append_column("neg", pa.array(bad["neg"])).append_column("nan", pa.array(bad["nan"]))
-                   .append_column("name", pa.array(bad["name"])), prev / "samples.parquet")  # fmt: skip
+                   .append_column("name", pa.array(bad["name"])), prev / "samples")  # fmt: skip
     plan = ["--world-size", "2", "--batch-size", "1"]
-    prev_s = ["--from-samples", str(prev / "samples.parquet")]
+    prev_s = ["--from-samples", str(prev / "samples")]
     cases = [
         ([str(tmp_path / "o"), *prev_s, "--sample-weights", "nope"], "--sample-weights nope: no such column"),
         ([str(tmp_path / "o"), *prev_s, "--sample-weights", "neg"], "--sample-weights neg: weights must be finite"),

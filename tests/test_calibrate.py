@@ -148,7 +148,7 @@ def built(tmp_path_factory) -> Path:
 
 def _write_timings(out: Path, path: Path, per_step: bool) -> None:
     """Timings of a known model: per sample (train_ddp's columns) or per rank per step."""
-    s = pq.read_table(out / schemas.SAMPLES_FILE).to_pydict()
+    s = pq.read_table(out / schemas.SAMPLES_DIR).to_pydict()
     ms = {i: 0.8 + 1e-3 * p for i, p in zip(s["sample_id"], s["num_in_range"], strict=True)}
     rng = np.random.default_rng(0)
     with open(path, "w", newline="") as f:
@@ -192,13 +192,13 @@ def test_calibrate_then_rebuild_records_the_fitted_model(built: Path, tmp_path: 
     fit = json.loads(fit_path.read_text())["cost_model"]
     re = tmp_path / "re"
     flags = ["--world-size", "2", "--batch-size", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]
-    samples = str(built / schemas.SAMPLES_FILE)
+    samples = str(built / schemas.SAMPLES_DIR)
     assert (
         cli_main(["build", str(re), "--from-samples", samples, "--cost-model", f"@{fit_path}", *flags]) == 0
     )
     recorded = json.loads((re / schemas.MANIFEST_FILE).read_text())["cost_model"]
     assert recorded == {"name": "linear", **{k: pytest.approx(fit[k]) for k in ("c0", "a", "b")}}
-    t = pq.read_table(re / schemas.SAMPLES_FILE)
+    t = pq.read_table(re / schemas.SAMPLES_DIR)
     expect = (
         fit["c0"]
         + fit["a"] * t.column("num_in_range").to_numpy()

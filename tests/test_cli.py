@@ -185,7 +185,7 @@ def test_from_samples_is_checked_and_keeps_the_recorded_reject_fraction(
     pq.write_table(pa.table({"sample_id": ["a"], "x": [1]}), tmp_path / "other.parquet")
     _fails(capsys, ["build", str(out), "--from-samples", str(tmp_path / "other.parquet"), *PLAN], 2,
            "lacks columns", "pass a samples.parquet written by lidarshard")  # fmt: skip
-    samples = str(previous / schemas.SAMPLES_FILE)
+    samples = str(previous / schemas.SAMPLES_DIR)
     _fails(capsys, ["build", str(out), "--from-samples", samples, "--world-size", "8", "--batch-size", "4"], 2,
            "--world-size 8 x --batch-size 4 = 32 samples per step", "holds 20")  # fmt: skip
     _nothing_published(out)

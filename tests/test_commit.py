@@ -80,7 +80,7 @@ def test_publish_replaces_wholesale(tmp_path: Path) -> None:
 def test_nothing_half_written_is_published(tmp_path: Path) -> None:
     out = str(tmp_path / "out")
     staging = _output.new_staging(out)
-    storage.write_bytes(storage.join(staging, "samples.parquet"), b"x")
+    storage.write_bytes(storage.join(staging, "samples"), b"x")
     with pytest.raises(FileNotFoundError, match="no _SUCCESS"):
         _output.commit(staging, out)
     assert not os.path.exists(out)

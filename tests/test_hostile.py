@@ -40,7 +40,7 @@ def _scan(
     assert cli_main(["scan", str(inp), str(out), *flags, *LOOSE]) == 0
     assert validate(str(out)) == ([], validate(str(out))[1])
     meta = json.loads((out / schemas.SCAN_FILE).read_text())
-    samples = {r["sample_id"]: r for r in pq.read_table(out / schemas.SAMPLES_FILE).to_pylist()}
+    samples = {r["sample_id"]: r for r in pq.read_table(out / schemas.SAMPLES_DIR).to_pylist()}
     rejects = {
         r["path"]: (r["reason"], r["detail"]) for r in pq.read_table(out / schemas.REJECTS_FILE).to_pylist()
     }
@@ -157,10 +157,10 @@ PLAN = ["--world-size", "2", "--batch-size", "2", "--max-reject-fraction", "1", 
 
 
 def _forge_samples(scanned: Path, tmp_path: Path, edit) -> Path:
-    table = edit(pq.read_table(scanned / schemas.SAMPLES_FILE))
+    table = edit(pq.read_table(scanned / schemas.SAMPLES_DIR))
     (tmp_path / "prev").mkdir()
-    pq.write_table(table, tmp_path / "prev" / schemas.SAMPLES_FILE)
-    return tmp_path / "prev" / schemas.SAMPLES_FILE
+    pq.write_table(table, tmp_path / "prev" / schemas.SAMPLES_DIR)
+    return tmp_path / "prev" / schemas.SAMPLES_DIR
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ def test_from_samples_sorts_and_dedupes(scanned: Path, tmp_path: Path, name: str
     assert validate(str(out))[0] == []
     rejects = pq.read_table(out / schemas.REJECTS_FILE).to_pylist()
     assert [r["reason"] for r in rejects] == ["duplicate_id"] * dups
-    assert pq.read_table(out / schemas.SAMPLES_FILE).num_rows == 12
+    assert pq.read_table(out / schemas.SAMPLES_DIR).num_rows == 12
 
 
 def _ids_as(t: pa.Table, values: list) -> pa.Table:
@@ -206,11 +206,8 @@ def test_from_samples_refuses_bad_input_before_beam(
 
 
 def test_from_samples_of_garbage_is_refused(tmp_path: Path, capsys) -> None:
-    (tmp_path / "samples.parquet").write_bytes(b"not parquet at all")
-    assert (
-        cli_main(["build", str(tmp_path / "out"), "--from-samples", str(tmp_path / "samples.parquet"), *PLAN])
-        == 2
-    )
+    (tmp_path / "samples").write_bytes(b"not parquet at all")
+    assert cli_main(["build", str(tmp_path / "out"), "--from-samples", str(tmp_path / "samples"), *PLAN]) == 2
     assert "is not a readable Parquet file" in capsys.readouterr().err
 
 
@@ -425,7 +422,7 @@ def built(scanned: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("built") / "out"
     flags = ["--epochs", "2", "--strategy", "balanced"]
     assert (
-        cli_main(["build", str(out), "--from-samples", str(scanned / schemas.SAMPLES_FILE), *PLAN, *flags])
+        cli_main(["build", str(out), "--from-samples", str(scanned / schemas.SAMPLES_DIR), *PLAN, *flags])
         == 0
     )
     return out
@@ -558,8 +555,7 @@ def test_manifest_reader_refuses_paths_outside_the_recorded_root(
     out = tmp_path / "out"
     root = ["--relative-to", str(scanned.parent / "in")]
     assert (
-        cli_main(["build", str(out), "--from-samples", str(scanned / schemas.SAMPLES_FILE), *PLAN, *root])
-        == 0
+        cli_main(["build", str(out), "--from-samples", str(scanned / schemas.SAMPLES_DIR), *PLAN, *root]) == 0
     )
     assert json.loads((out / schemas.MANIFEST_FILE).read_text())["path_root"]
     rel = schemas.plan_file(0, 1)

@@ -119,7 +119,7 @@ def test_from_samples_re_roots_and_a_root_outside_the_inputs_fails(dataroot: Pat
     out = tmp_path / "out"
     assert build_cli.run([str(dataroot), str(out), *PLAN, *BEAM_TEST_FLAGS]) == 0
     again = tmp_path / "again"
-    flags = [str(again), "--from-samples", str(out / schemas.SAMPLES_FILE), *PLAN[4:]]
+    flags = [str(again), "--from-samples", str(out / schemas.SAMPLES_DIR), *PLAN[4:]]
     assert build_cli.run([*flags, "--relative-to", str(dataroot.parent), *BEAM_TEST_FLAGS]) == 0
     m = json.loads((again / schemas.MANIFEST_FILE).read_text())
     assert m["path_root"] == str(dataroot.parent)

@@ -30,7 +30,7 @@ def _file(table: pa.Table, **kw) -> pq.ParquetFile:
 
 
 def test_numeric_columns_need_strictly_increasing_ids(built: Path) -> None:
-    samples = pq.read_table(built / schemas.SAMPLES_FILE).select(schemas.sample_schema().names)
+    samples = pq.read_table(built / schemas.SAMPLES_DIR).select(schemas.sample_schema().names)
     got = previous.numeric_columns(_file(samples, row_group_size=7))
     assert got.column_names == previous.NUMERIC and got.num_rows == samples.num_rows
     assert got.column("num_points").to_pylist() == samples.column("num_points").to_pylist()
@@ -51,19 +51,19 @@ def _build(src: Path, out: Path, *flags: str) -> None:
 def test_streamed_and_in_memory_inputs_give_the_same_manifest(built: Path, tmp_path: Path) -> None:
     """A sorted input streams; the same rows shuffled (and one duplicated) take the in-memory path.
     With a points cap (over_cap rejects) and re-rooted paths both give the same files."""
-    samples = pq.read_table(built / schemas.SAMPLES_FILE).select(schemas.sample_schema().names)
+    samples = pq.read_table(built / schemas.SAMPLES_DIR).select(schemas.sample_schema().names)
     cap = int(np.sort(samples.column("num_points").to_numpy())[-3])  # the 2 largest go over it
     sorted_dir, shuffled_dir = tmp_path / "sorted", tmp_path / "shuffled"
     for d in (sorted_dir, shuffled_dir):
         d.mkdir()
         for name in (schemas.MANIFEST_FILE, schemas.REJECTS_FILE):
             (d / name).write_bytes((built / name).read_bytes())  # path_root and earlier rejects
-    (sorted_dir / schemas.SAMPLES_FILE).write_bytes(parquet_bytes(samples))
+    (sorted_dir / schemas.SAMPLES_DIR).write_bytes(parquet_bytes(samples))
     order = np.random.default_rng(0).permutation(samples.num_rows)
-    (shuffled_dir / schemas.SAMPLES_FILE).write_bytes(parquet_bytes(samples.take(pa.array(order))))
+    (shuffled_dir / schemas.SAMPLES_DIR).write_bytes(parquet_bytes(samples.take(pa.array(order))))
     flags = ("--max-points-per-rank-step", str(cap), "--relative-to", str(built.parent))
-    _build(sorted_dir / schemas.SAMPLES_FILE, tmp_path / "a", *flags)
-    _build(shuffled_dir / schemas.SAMPLES_FILE, tmp_path / "b", *flags)
+    _build(sorted_dir / schemas.SAMPLES_DIR, tmp_path / "a", *flags)
+    _build(shuffled_dir / schemas.SAMPLES_DIR, tmp_path / "b", *flags)
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file())
     for rel in files:

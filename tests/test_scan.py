@@ -53,11 +53,11 @@ def _scan(tmp_path: Path, inp: str, *flags: str) -> tuple[dict, list[dict], list
     out = tmp_path / "out"
     assert scan_cli.run([inp, str(out), "--max-reject-fraction", "1", *flags, *BEAM_TEST_FLAGS]) == 0
     names = {p.name for p in out.iterdir()}  # the shard files under _work/ are gone
-    assert names == {"_SUCCESS", "_scan.json", "samples.parquet", "rejects.parquet"}
+    assert names == {"_SUCCESS", "_scan.json", "samples", "rejects.parquet"}
     meta = json.loads((out / "_scan.json").read_text())
     return (
         meta,
-        pq.read_table(out / "samples.parquet").to_pylist(),
+        pq.read_table(out / "samples").to_pylist(),
         pq.read_table(out / "rejects.parquet").to_pylist(),
     )
 
@@ -198,6 +198,6 @@ def test_concat_rows_is_independent_of_how_rows_are_split(monkeypatch) -> None:
 def test_empty_input_directory_scans_to_empty_tables(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     scan_cli.run([str(tmp_path / "in"), str(tmp_path / "out"), *BEAM_TEST_FLAGS])
-    assert pq.read_table(tmp_path / "out" / "samples.parquet").num_rows == 0
+    assert pq.read_table(tmp_path / "out" / "samples").num_rows == 0
     assert pq.read_table(tmp_path / "out" / "rejects.parquet").num_rows == 0
     assert json.loads((tmp_path / "out" / "_scan.json").read_text())["counts"]["scanned"] == 0

@@ -137,7 +137,7 @@ def test_streams_local_and_arrow(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs mkfifo")
 def test_open_read_refuses_a_fifo(tmp_path: Path) -> None:
-    fifo = tmp_path / "samples.parquet"
+    fifo = tmp_path / "samples"
     os.mkfifo(fifo)
     with pytest.raises(storage.NotRegularFileError):
         storage.open_read(str(fifo))

@@ -86,7 +86,7 @@ def test_a_scan_directory_is_valid_and_checked(tmp_path: Path) -> None:
     meta["counts"]["accepted"] = 6
     (out / schemas.SCAN_FILE).write_text(json.dumps(meta))
     problems, _ = validate_cli.validate(str(out))
-    assert "samples.parquet: 5 rows, counts.accepted is 6" in problems
+    assert "samples: 5 rows, counts.accepted is 6" in problems
 
 
 def _delete_rank(out: Path) -> None:
@@ -155,7 +155,7 @@ def _counts(name: str, value: int) -> Callable[[Path], None]:
 
 
 def _samples_cost(out: Path) -> None:
-    rel = schemas.SAMPLES_FILE
+    rel = schemas.SAMPLES_DIR
     _rewrite(
         out, rel, lambda t: _set(t, "cost", [c + 1.0 for c in t.column("cost").to_pylist()]), record=True
     )
@@ -280,7 +280,7 @@ def test_object_store_uri(built: Path, monkeypatch) -> None:
 def test_pad_policy_coverage(built: Path, tmp_path: Path) -> None:
     out = tmp_path / "pad"
     flags = ["--world-size", "4", "--batch-size", "2", "--pad", "--max-reject-fraction", "0.1"]
-    flags += ["--from-samples", str(built / "samples.parquet")]
+    flags += ["--from-samples", str(built / "samples")]
     assert build_cli.run([str(out), *flags, *BEAM_TEST_FLAGS]) == 0
     assert validate_cli.validate(str(out))[0] == []
     m = _manifest(out)
@@ -295,10 +295,10 @@ def weighted(built: Path, tmp_path_factory) -> Path:
     """A re-plan of ``built`` with --sample-weights (2, 0.5, 2, ...) from a column of its samples."""
     tmp = tmp_path_factory.mktemp("weighted")
     prev = Path(shutil.copytree(built, tmp / "prev"))
-    table = pq.read_table(prev / schemas.SAMPLES_FILE)
+    table = pq.read_table(prev / schemas.SAMPLES_DIR)
     w = [2.0 if i % 2 == 0 else 0.5 for i in range(table.num_rows)]
-    pq.write_table(table.append_column("cbgs", pa.array(w)), prev / schemas.SAMPLES_FILE)
-    argv = [str(tmp / "out"), "--from-samples", str(prev / schemas.SAMPLES_FILE), "--sample-weights", "cbgs"]
+    pq.write_table(table.append_column("cbgs", pa.array(w)), prev / schemas.SAMPLES_DIR)
+    argv = [str(tmp / "out"), "--from-samples", str(prev / schemas.SAMPLES_DIR), "--sample-weights", "cbgs"]
     assert build_cli.run([*argv, *FLAGS, *BEAM_TEST_FLAGS]) == 0
     assert validate_cli.validate(str(tmp / "out"))[0] == []
     return tmp / "out"
@@ -308,7 +308,7 @@ def _weights_edit(change: Callable[[list], list]) -> Callable[[Path], None]:
     def edit(out: Path) -> None:
         _rewrite(
             out,
-            schemas.SAMPLES_FILE,
+            schemas.SAMPLES_DIR,
             lambda t: _set(t, "weight", change(t.column("weight").to_pylist())),
             True,
         )

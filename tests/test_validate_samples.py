@@ -30,7 +30,7 @@ def _samples_file(tmp_path) -> tuple[pa.Table, object]:
     full = full.set_column(
         full.schema.get_field_index("file_bytes"), "file_bytes", pa.array(np.arange(40_000))
     )
-    path = tmp_path / "samples.parquet"
+    path = tmp_path / "samples"
     path.write_bytes(parquet_bytes(full.cast(schemas.scored_schema())))
     return table, path
 

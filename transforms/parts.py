@@ -9,7 +9,7 @@ numbers), so every reader that streams row groups or reads row ranges works on e
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -19,7 +19,15 @@ from lidarshard import schemas
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
 
-__all__ = ["PART_ROWS", "ParquetParts", "open_parts", "part_files", "samples_files", "read_parts"]
+__all__ = [
+    "PART_ROWS",
+    "ParquetParts",
+    "open_parts",
+    "part_files",
+    "listed_parts",
+    "samples_files",
+    "read_parts",
+]
 
 #: Rows a samples part aims at (``--part-rows``): 16 row groups of ``arrow.ROW_GROUP_ROWS``, ~24 MB
 #: with 9 sweeps a sample; one write task each.
@@ -71,7 +79,9 @@ class ParquetParts:
         self.part_groups = [f.metadata.num_row_groups for f in self._files]
         self._groups = groups
 
-    def read_row_group(self, g: int, columns: Sequence[str] | None = None, use_threads: bool = False) -> pa.Table:
+    def read_row_group(
+        self, g: int, columns: Sequence[str] | None = None, use_threads: bool = False
+    ) -> pa.Table:
         """Row group ``g`` (numbered across the files); always read on the calling thread."""
         part, local, _ = self._groups[g]
         return self._files[part].read_row_group(local, columns=columns, use_threads=False)
@@ -82,7 +92,9 @@ class ParquetParts:
         """Row groups ``row_groups`` (ascending) as one table."""
         tables = [self.read_row_group(g, columns) for g in row_groups]
         if not tables:
-            return self.schema_arrow.empty_table().select(list(columns) if columns else self.schema_arrow.names)
+            return self.schema_arrow.empty_table().select(
+                list(columns) if columns else self.schema_arrow.names
+            )
         return pa.concat_tables(tables)
 
 
@@ -113,6 +125,25 @@ def part_files(samples_dir: str) -> list[str]:
     missing = sorted(set(range(len(found))) - set(found))
     if missing:
         raise ValueError(f"{samples_dir} lacks part-{missing[0]:05d}.parquet (parts must be numbered from 0)")
+    return [found[k] for k in range(len(found))]
+
+
+def listed_parts(rels: Iterable[str]) -> list[str]:
+    """The samples parts among the relative paths ``rels`` (a manifest's ``files``), in order.
+
+    Raises:
+        ValueError: a misnamed file under ``samples/``, no part, or a gap in the numbering (one line).
+    """
+    found: dict[int, str] = {}
+    for rel in rels:
+        if rel.startswith(schemas.SAMPLES_DIR + "/"):
+            k = schemas.part_index(rel.removeprefix(schemas.SAMPLES_DIR + "/"))
+            if k is None or schemas.samples_part(k) != rel:
+                raise ValueError(f"{rel} is not a samples part (samples/part-NNNNN.parquet)")
+            found[k] = rel
+    missing = next(k for k in range(len(found) + 1) if k not in found)
+    if missing < len(found) or not found:
+        raise ValueError(f"{schemas.samples_part(missing)} is missing: samples parts are numbered from 0")
     return [found[k] for k in range(len(found))]
 
 

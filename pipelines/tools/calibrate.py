@@ -21,8 +21,7 @@ import sys
 
 import numpy as np
 
-from lidarshard import schemas
-from lidarshard.loaders import load_manifest
+from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.pipelines.tools.report import REPORT_DIR, read_plan
 from lidarshard.transforms import storage
 from lidarshard.transforms.report import calibrate as cal
@@ -38,7 +37,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     """
     manifest = load_manifest(out)
     timings = cal.read_timings(storage.read_bytes(timings_path))
-    samples = storage.read_parquet(storage.join(out, schemas.SAMPLES_FILE))
+    samples = read_samples(out)
     plan = None if "sample_id" in timings.column_names else read_plan(out)
     obs = cal.observations(timings, samples, plan, epoch)
     if obs.num_rows == 0:

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.loaders import load_manifest
+from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.reader import plan_dataset
 from lidarshard.transforms import storage
 from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
@@ -66,7 +66,7 @@ class ReportData:
 def load(out: str) -> ReportData:
     """Read a committed manifest directory and recompute the random baseline."""
     m = load_manifest(out)
-    samples = storage.read_parquet(storage.join(out, schemas.SAMPLES_FILE))
+    samples = read_samples(out)
     w, b = int(m["world_size"]), int(m["batch_size"])
     plan = read_plan(out)
     cfg = PlanConfig(

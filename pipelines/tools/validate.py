@@ -45,7 +45,7 @@ from lidarshard.pipelines.tools.validate_samples import (
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.jsonsafe import loads, short
-from lidarshard.transforms.parts import open_parts
+from lidarshard.transforms.parts import listed_parts, open_parts
 from lidarshard.transforms.plan.caps import Caps
 
 __all__ = ["run", "validate"]
@@ -275,20 +275,12 @@ def _plan_key(rel: str) -> tuple[int, int] | None:
 
 
 def _samples_parts(c: _Checker, rels: list[str]) -> list[str] | None:
-    """The samples parts among ``rels`` in order, or None (a problem each) when one is misnamed, or
-    none is there, or the numbering from 0 has a gap (the first missing part is named)."""
-    found: dict[int, str] = {}
-    for rel in sorted(r for r in rels if r.startswith(schemas.SAMPLES_DIR + "/")):
-        k = schemas.part_index(rel.removeprefix(schemas.SAMPLES_DIR + "/"))
-        if k is None or schemas.samples_part(k) != rel:
-            c.problem(rel, "not a samples part (samples/part-NNNNN.parquet)")
-            return None
-        found[k] = rel
-    missing = next((k for k in range(len(found) + 1) if k not in found), 0)
-    if missing < len(found) or not found:
-        c.problem(schemas.samples_part(missing), "missing: samples parts are numbered from 0 without gaps")
+    """The samples parts among ``rels`` in order (``parts.listed_parts``), or None and a problem."""
+    try:
+        return listed_parts(rels)
+    except ValueError as e:
+        c.problem(schemas.SAMPLES_DIR, str(e))
         return None
-    return [found[k] for k in range(len(found))]
 
 
 def _check_listed(c: _Checker, files: dict, w: int, epochs: int) -> tuple[bool, list[str] | None]:

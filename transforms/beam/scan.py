@@ -256,7 +256,9 @@ def _part_ranges(gathered: dict[str, list], work_dir: str, part_rows: int) -> It
     """The written shards (``{"shards": [(shard, rows, sampled ids), ...]}``) -> one ``(k, lo, hi,
     shard paths)`` task per samples part (at least one, empty when no row was accepted)."""
     written = sorted(s for s in gathered.get("shards", []) if s[1])
-    splits = shards.split_keys([k for _, _, keys in written for k in keys], part_rows, shards.key_stride(part_rows))
+    splits = shards.split_keys(
+        [k for _, _, keys in written for k in keys], part_rows, shards.key_stride(part_rows)
+    )
     paths = [shard_path(work_dir, shard) for shard, _, _ in written]
     for k, (lo, hi) in enumerate(shards.key_ranges(splits)):
         yield k, lo, hi, paths

@@ -125,7 +125,9 @@ def score_samples(
         write_file(write, schemas.samples_part(k), parquet_bytes(scored.slice(start, part_rows)))
         for k, start in enumerate(range(0, scored.num_rows, part_rows))
     ]
-    return checked_meta(parts, rejects, counts, model, cfg, write, scored, edges, fingerprint(samples), weights)
+    return checked_meta(
+        parts, rejects, counts, model, cfg, write, scored, edges, fingerprint(samples), weights
+    )
 
 
 def checked_meta(
