@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import math
+import shutil
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes, FileMetadata, FileSystem
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,3 +182,11 @@ def scored_pool(n: int, seed: int) -> pa.Table:
             "weight": rng.choice([0.0, 0.5, 1.0, 1.0, 2.3], n),
         }
     )
+
+
+def write_samples(samples: Path, table: pa.Table) -> Path:
+    """Replace the samples directory ``samples`` with ``table`` as its one part; returns ``samples``."""
+    shutil.rmtree(samples, ignore_errors=True)
+    samples.mkdir(parents=True)
+    pq.write_table(table, samples / "part-00000.parquet")
+    return samples

@@ -15,7 +15,7 @@ from lidarshard import schemas
 from lidarshard.pipelines.cli import main
 from lidarshard.pipelines.launch import UsageError
 from lidarshard.pipelines.tools.validate import validate
-from tests.helpers import BEAM_TEST_FLAGS, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, make_bins, write_samples
 
 #: _manifest.json keys that record where the samples came from (a scan vs a table).
 PROVENANCE = {
@@ -115,7 +115,7 @@ def test_write_manifest_takes_sample_weights_with_the_bytes_of_build(scanned: Pa
     prev = Path(shutil.copytree(scanned, tmp_path / "prev"))
     samples = pq.read_table(prev / schemas.SAMPLES_DIR)
     samples = samples.append_column("cbgs", pa.array([0.5 + (i % 4) * 0.6 for i in range(samples.num_rows)]))
-    pq.write_table(samples, prev / schemas.SAMPLES_DIR)
+    write_samples(prev / schemas.SAMPLES_DIR, samples)
     flags = {
         "epochs": 2,
         "seed": 1,

@@ -16,7 +16,7 @@ from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.transforms.plan import DEFAULT_STRATEGY
-from tests.helpers import BEAM_TEST_FLAGS, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, make_bins, write_samples
 
 
 def _build(inp: Path, out: Path, *flags: str) -> dict:
@@ -320,7 +320,7 @@ def test_sample_weights_from_a_column(built, tmp_path: Path) -> None:
     table = pq.read_table(out / schemas.SAMPLES_DIR)
     w = np.where(np.arange(table.num_rows) % 2 == 0, 2.0, 0.5)
     prev = shutil.copytree(out, tmp_path / "prev")  # beside its manifest: relative paths resolve
-    pq.write_table(table.append_column("cbgs", pa.array(w)), prev / "samples")
+    write_samples(prev / "samples", table.append_column("cbgs", pa.array(w)))
     flags = ["--world-size", "2", "--batch-size", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]
     for strategy in ("budget", DEFAULT_STRATEGY):
         o = tmp_path / strategy
@@ -340,8 +340,8 @@ def test_weight_flags_fail_before_beam_with_one_line(labelled: Path, built, tmp_
     n = table.num_rows
     bad = {"neg": [-1.0] + [1.0] * (n - 1), "nan": [float("nan")] * n, "name": ["x"] * n}
     prev = shutil.copytree(out, tmp_path / "prev")
-    pq.write_table(table.append_column("neg", pa.array(bad["neg"])).append_column("nan", pa.array(bad["nan"]))
-                   .append_column("name", pa.array(bad["name"])), prev / "samples")  # fmt: skip
+    write_samples(prev / "samples", table.append_column("neg", pa.array(bad["neg"]))
+                  .append_column("nan", pa.array(bad["nan"])).append_column("name", pa.array(bad["name"])))  # fmt: skip
     plan = ["--world-size", "2", "--batch-size", "1"]
     prev_s = ["--from-samples", str(prev / "samples")]
     cases = [

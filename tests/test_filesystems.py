@@ -69,7 +69,7 @@ def test_build_reads_and_writes_object_store_uris(bucket: str, tmp_path: Path) -
     m = json.loads(_get(f"{out}/{schemas.MANIFEST_FILE}"))
     assert (m["counts"]["scanned"], m["counts"]["accepted"], m["counts"]["rejected"]) == (62, 61, 1)
     assert sorted(m["files"]) == sorted(k for k in keys if k.endswith(".parquet"))
-    samples = pq.read_table(pa.BufferReader(_get(f"{out}/{schemas.SAMPLES_DIR}")))
+    samples = pq.read_table(pa.BufferReader(_get(f"{out}/{schemas.samples_part(0)}")))
     assert m["path_root"] == f"{bucket}/in"  # paths stored relative to INPUT, which is recorded
     assert all("://" not in p and p.endswith(".bin") for p in samples.column("path").to_pylist())
     assert not [k for k in MemoryObjectStore.objects if ".staging-" in k or ".old-" in k]
@@ -95,7 +95,7 @@ def test_rebuild_replaces_the_whole_output(bucket: str) -> None:
 def test_scan_then_replan_from_samples_and_cost_model_file(bucket: str) -> None:
     scanned = f"{bucket}/scanned"
     assert scan_cli.run([f"{bucket}/in", scanned, "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]) == 0
-    assert {schemas.SAMPLES_DIR, schemas.REJECTS_FILE, schemas.SCAN_FILE} <= set(_keys(scanned + "/"))
+    assert {schemas.samples_part(0), schemas.REJECTS_FILE, schemas.SCAN_FILE} <= set(_keys(scanned + "/"))
     with FileSystems.create(f"{bucket}/fit.json", compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.write(json.dumps({"cost_model": {"c0": 1.0, "a": 0.5, "b": 0.0}}).encode())
     out = f"{bucket}/replan"

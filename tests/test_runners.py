@@ -60,6 +60,7 @@ SYNTH = [
 PLAN = ["--nuscenes-version", "v1.0-synth", "--sweeps", "2"]
 PLAN += ["--world-size", "2", "--batch-size", "2", "--epochs", "2", "--seed", "3"]
 PLAN += ["--repeat-factors", "lidarseg:t=0.5"]  # label files read in the plan step, weights rounded per epoch
+PLAN += ["--part-rows", "5"]  # 12 samples: the scan and the build write 3 samples parts in parallel
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -206,6 +207,7 @@ def reference(work: Path, dataroot: Path) -> Path:
     r = _build(work, str(dataroot), str(out), ["--runner=FnApiRunner"], work / "ref.log")
     assert r.returncode == 0, r.stdout
     assert "scanned 12: accepted 12, rejected 0" in r.stdout
+    assert sorted(p.name for p in (out / schemas.SAMPLES_DIR).iterdir()) == [schemas.part_name(k) for k in range(3)]
     return out
 
 

@@ -18,7 +18,7 @@ from lidarshard.pipelines import scan as scan_cli
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.tools import validate as validate_cli
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
-from tests.helpers import BEAM_TEST_FLAGS, MemoryObjectStore, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, MemoryObjectStore, make_bins, write_samples
 
 FLAGS = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]
 PLAN = schemas.plan_file(1, 2)
@@ -155,7 +155,7 @@ def _counts(name: str, value: int) -> Callable[[Path], None]:
 
 
 def _samples_cost(out: Path) -> None:
-    rel = schemas.SAMPLES_DIR
+    rel = schemas.samples_part(0)
     _rewrite(
         out, rel, lambda t: _set(t, "cost", [c + 1.0 for c in t.column("cost").to_pylist()]), record=True
     )
@@ -209,7 +209,7 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "schema version": (
         _manifest_edit(lambda m: m.update(schema_version="1.0")),
-        "written with manifest schema 1.0; this lidarshard reads 2.x (2.1): rebuild it without rescanning "
+        "written with manifest schema 1.0; this lidarshard reads 3.x (3.0): rebuild it without rescanning "
         "with `lidarshard build NEW_OUT --from-samples",
     ),
     "scanned count": (
@@ -297,7 +297,7 @@ def weighted(built: Path, tmp_path_factory) -> Path:
     prev = Path(shutil.copytree(built, tmp / "prev"))
     table = pq.read_table(prev / schemas.SAMPLES_DIR)
     w = [2.0 if i % 2 == 0 else 0.5 for i in range(table.num_rows)]
-    pq.write_table(table.append_column("cbgs", pa.array(w)), prev / schemas.SAMPLES_DIR)
+    write_samples(prev / schemas.SAMPLES_DIR, table.append_column("cbgs", pa.array(w)))
     argv = [str(tmp / "out"), "--from-samples", str(prev / schemas.SAMPLES_DIR), "--sample-weights", "cbgs"]
     assert build_cli.run([*argv, *FLAGS, *BEAM_TEST_FLAGS]) == 0
     assert validate_cli.validate(str(tmp / "out"))[0] == []
@@ -308,7 +308,7 @@ def _weights_edit(change: Callable[[list], list]) -> Callable[[Path], None]:
     def edit(out: Path) -> None:
         _rewrite(
             out,
-            schemas.SAMPLES_DIR,
+            schemas.samples_part(0),
             lambda t: _set(t, "weight", change(t.column("weight").to_pylist())),
             True,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -9,6 +11,7 @@ import pyarrow.parquet as pq
 from lidarshard import schemas
 from lidarshard.pipelines.tools.validate_samples import id_keys, read_samples, release_memory, row_keys
 from lidarshard.transforms.arrow import parquet_bytes
+from lidarshard.transforms.parts import ParquetParts, open_parts
 from tests.helpers import scored_pool
 
 
@@ -22,23 +25,28 @@ def test_row_keys_see_every_part_of_a_row() -> None:
     assert id_keys(pa.array(["a", "b"]))[0] == id_keys(pa.array(["b", "a"]))[1]
 
 
-def _samples_file(tmp_path) -> tuple[pa.Table, object]:
-    """A scored pool of 40,000 rows (file_bytes = row index) written as samples.parquet (3 row groups)."""
+def _samples_parts(tmp_path) -> tuple[pa.Table, list[str]]:
+    """A scored pool of 40,000 rows (file_bytes = row index) written as two samples parts (25,000 rows:
+    2 row groups, and 15,000 rows)."""
     table = scored_pool(40_000, 1)
     full = pa.table({f.name: table.column(f.name) if f.name in table.column_names else pa.nulls(40_000, f.type)
                      for f in schemas.scored_schema()})  # fmt: skip
     full = full.set_column(
         full.schema.get_field_index("file_bytes"), "file_bytes", pa.array(np.arange(40_000))
     )
-    path = tmp_path / "samples"
-    path.write_bytes(parquet_bytes(full.cast(schemas.scored_schema())))
-    return table, path
+    full = full.cast(schemas.scored_schema())
+    (tmp_path / schemas.SAMPLES_DIR).mkdir()
+    files = [str(tmp_path / schemas.samples_part(k)) for k in range(2)]
+    for f, part in zip(files, (full.slice(0, 25_000), full.slice(25_000)), strict=True):
+        Path(f).write_bytes(parquet_bytes(part))
+    return table, files
 
 
 def test_streamed_view_finds_rows_and_reads_ids_on_demand(tmp_path) -> None:
-    table, path = _samples_file(tmp_path)
+    table, files = _samples_parts(tmp_path)
     problems: list[str] = []
-    view, _, _ = read_samples(str(path), pq.ParquetFile(str(path)), None, problems.append)
+    with open_parts(files) as file:
+        view, _, _ = read_samples(files, file, None, problems.append)
     release_memory()
     assert problems == [] and view.num_rows == 40_000 and not view.key_clash()
     rows = np.array([0, 17_000, 39_999, 5])
@@ -50,14 +58,14 @@ def test_streamed_view_finds_rows_and_reads_ids_on_demand(tmp_path) -> None:
 
 
 def test_cost_model_mismatches_are_counted_across_row_groups(tmp_path) -> None:
-    table, path = _samples_file(tmp_path)
-    file = pq.ParquetFile(str(path))
-    assert file.metadata.num_row_groups > 1
+    table, files = _samples_parts(tmp_path)
+    file = ParquetParts([pq.ParquetFile(f) for f in files])
+    assert file.part_groups == [2, 1]
 
     def model(t: pa.Table) -> np.ndarray:  # differs from row 30_001 on (a later row group)
         return t.column("cost").to_numpy() + (t.column("file_bytes").to_numpy() > 30_000)
 
-    view, _, _ = read_samples(str(path), file, None, [].append, model)
+    view, _, _ = read_samples(files, file, None, [].append, model)
     count, first, got, want = view.cost_mismatch
     assert (count, first) == (9_999, 30_001) and want == got + 1
     assert got == table.column("cost")[30_001].as_py()

@@ -28,7 +28,7 @@ from lidarshard.transforms.features.accounting import fingerprint_update, first_
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.jsonsafe import short
-from lidarshard.transforms.parts import open_parts
+from lidarshard.transforms.parts import open_parts, read_parts
 
 __all__ = [
     "NUMERIC",
@@ -148,7 +148,7 @@ class SamplesView:
 
     def select(self, names: list[str]) -> pa.Table:
         """Other columns, read from the file when asked (e.g. ``label_path`` to re-derive repeat factors)."""
-        return storage.read_parquet(self._ids.path, columns=names)
+        return read_parts(self._ids.files, columns=names)
 
     def drop_keys(self) -> None:
         """Free the id and row keys (20 bytes a sample) once no plan file is left to look up;

@@ -269,8 +269,6 @@ def _merge_part(task: tuple, parts_dir: str) -> tuple[int, int, dict]:
     k, lo, hi, paths = task
     with storage.open_write(storage.join(parts_dir, schemas.part_name(k))) as sink:
         rows, out = shards.write_range(paths, lo, hi, storage.open_read, sink)
-    Metrics.counter(NAMESPACE, "files_written").inc()
-    Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
     return k, rows, {"path": schemas.samples_part(k), "bytes": out.bytes, "sha256": out.sha256}
 
 
