@@ -37,15 +37,15 @@ from lidarshard.pipelines.tools.validate_plan import (
 from lidarshard.pipelines.tools.validate_repeat import check_weights
 from lidarshard.pipelines.tools.validate_samples import (
     SamplesView,
+    check_samples,
     check_scored,
     cost_model_of,
-    read_samples,
     release_memory,
 )
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.jsonsafe import loads, short
-from lidarshard.transforms.parts import listed_parts, open_parts
+from lidarshard.transforms.parts import listed_parts
 from lidarshard.transforms.plan.caps import Caps
 
 __all__ = ["run", "validate"]
@@ -195,35 +195,19 @@ class _Checker:
         """The samples ``parts`` (relative paths in order; None: unusable) streamed as one
         (``validate_samples``); stored paths checked against a manifest's ``path_root`` ``root``
         (``False``: not checked, a scan directory)."""
-        rel = schemas.SAMPLES_DIR
         if parts is None:
             return None
-        files = [storage.join(self.store.root, p) for p in parts]
-        try:
-            for one in parts:  # each part's own schema, named
+        for one in parts:  # each part's own schema, named
+            try:
                 with storage.open_read(storage.join(self.store.root, one)) as f:
                     bad = _schema_problem(parquet_file(f).schema_arrow.empty_table(), want)
-                if bad:
-                    self.problem(one, bad)
-                    return None
-            with open_parts(files) as file:
-                view, digest, path_bad = read_samples(
-                    files, file, root or None, lambda what: self.problem(rel, what), model_cost
-                )
-        except (pa.ArrowException, OSError, ValueError) as e:
-            self.problem(rel, f"not readable Parquet parts ({type(e).__name__}: {str(e)[:120]})")
-            return None
-        if path_bad and root is not False:
-            self.problem(rel, path_bad)
-        if view.key_clash():
-            self.problem(
-                rel, "two sample ids share a 64-bit key: validate cannot check this manifest's plan rows"
-            )
-        if view.num_rows != counts.get("accepted"):
-            self.problem(rel, f"{view.num_rows} rows, counts.accepted is {counts.get('accepted')}")
-        if digest != fingerprint:
-            self.problem(rel, "inputs_fingerprint recomputed from (sample_id, file_bytes) differs")
-        return view
+            except (pa.ArrowException, OSError, ValueError) as e:
+                bad = f"not readable Parquet ({type(e).__name__}: {str(e)[:120]})"
+            if bad:
+                self.problem(one, bad)
+                return None
+        files = [storage.join(self.store.root, p) for p in parts]
+        return check_samples(files, counts.get("accepted"), fingerprint, root, self.problem, model_cost)
 
     def rejects(self, usable: bool, counts: dict) -> None:
         rel = schemas.REJECTS_FILE

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms import paths, storage
+from lidarshard.transforms import paths
 from lidarshard.transforms.arrow import row_groups
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
@@ -33,6 +33,7 @@ from lidarshard.transforms.parts import open_parts, read_parts
 __all__ = [
     "NUMERIC",
     "SamplesView",
+    "check_samples",
     "id_keys",
     "row_keys",
     "read_samples",
@@ -48,7 +49,7 @@ NUMERIC = ["cost", "bucket_id", "num_points", "weight"]
 
 def release_memory() -> None:
     """Hand memory freed by a streaming pass back to the OS (Arrow's pool and glibc's heap keep it
-    otherwise: at 3M samples ~0.3 GB of the validator's RSS after reading samples.parquet)."""
+    otherwise: at 3M samples ~0.3 GB of the validator's RSS after reading the samples)."""
     pa.default_memory_pool().release_unused()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
@@ -251,6 +252,38 @@ def _cost_mismatch(
         return (seen[0] + int(bad.size), *seen[1:])
     i = int(bad[0])
     return int(bad.size), start + i, cost[i], want[i]
+
+
+def check_samples(
+    files: list[str],
+    accepted: object,
+    fingerprint: str,
+    root: object,
+    problem: Callable[[str, str], None],
+    model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
+) -> SamplesView | None:
+    """The samples parts at ``files`` (in order, schemas checked) streamed as one (``read_samples``) and
+    checked against ``counts.accepted`` and ``inputs_fingerprint``; stored paths against a manifest's
+    ``path_root`` ``root`` (``False``: not checked, a scan directory). ``problem(where, what)`` reports;
+    None when the parts cannot be read."""
+    rel = schemas.SAMPLES_DIR
+    try:
+        with open_parts(files) as file:
+            view, digest, path_bad = read_samples(
+                files, file, root or None, lambda what: problem(rel, what), model_cost
+            )
+    except (pa.ArrowException, OSError, ValueError) as e:
+        problem(rel, f"not readable Parquet parts ({type(e).__name__}: {str(e)[:120]})")
+        return None
+    if path_bad and root is not False:
+        problem(rel, path_bad)
+    if view.key_clash():
+        problem(rel, "two sample ids share a 64-bit key: validate cannot check this manifest's plan rows")
+    if view.num_rows != accepted:
+        problem(rel, f"{view.num_rows} rows, counts.accepted is {accepted}")
+    if digest != fingerprint:
+        problem(rel, "inputs_fingerprint recomputed from (sample_id, file_bytes) differs")
+    return view
 
 
 def cost_model_of(m: dict) -> tuple[Callable[[pa.Table], np.ndarray] | None, str | None]:
