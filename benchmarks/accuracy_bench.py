@@ -90,7 +90,7 @@ def _split(root: Path, scan: Path, val_scenes: int, work: Path) -> tuple[Path, P
         s["token"]: scenes[s["scene_token"]] for s in json.loads((tables / "sample.json").read_text())
     }
     held = set(sorted(set(scenes.values()))[-val_scenes:])
-    samples = pq.read_table(scan / "samples.parquet")
+    samples = pq.read_table(scan / "samples")
     is_val = pa.array([scene_of[s] in held for s in samples["sample_id"].to_pylist()])
     paths = work / "train_samples.parquet", work / "val_samples.parquet"
     train, val = samples.filter(pc.invert(is_val)), samples.filter(is_val)
@@ -115,7 +115,7 @@ def _prepare(args: argparse.Namespace, work: Path, seeds: list[int], strategies:
             "0",
         )
     scan_flags = ["--nuscenes-version", "v1.0-synth", "--sweeps", str(args.sweeps)]
-    if not (scan / "samples.parquet").exists():
+    if not (scan / "samples").is_dir():
         _cli("scan", str(root), str(scan), *scan_flags)
     train, val, n_train, n_val = _split(root, scan, args.val_scenes, work)
     print(f"train samples {n_train}, validation samples {n_val} ({args.val_scenes} of {args.scenes} scenes)")

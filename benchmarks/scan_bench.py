@@ -83,7 +83,7 @@ def _timed(cmd: list[str], timeout: float) -> float:
 
 
 def _features(out: Path) -> list[dict]:
-    t = pq.read_table(out / schemas.SAMPLES_FILE)
+    t = pq.read_table(out / schemas.SAMPLES_DIR)
     return t.drop_columns(["path"]).to_pylist()
 
 

@@ -31,7 +31,7 @@ IGNORE_LABEL = -1
 
 
 class PointCloudDataset(Dataset[dict[str, Any]]):
-    """The accepted samples of a manifest, in samples.parquet row order.
+    """The accepted samples of a manifest, in the samples' row order (by sample_id).
 
     ``dataset[i]`` reads sample i's keyframe and, with ``sweeps=True``, its planned sweeps moved into
     the keyframe frame (``lidarshard.transforms.nuscenes.multisweep.aggregate``), and returns
@@ -41,11 +41,11 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
 
     Args:
         out_dir: committed manifest directory (local path or URI).
-        sweeps: aggregate the sweeps listed in samples.parquet (False: keyframe only).
+        sweeps: aggregate the sweeps listed in the samples (False: keyframe only).
         point_dims: channels per point for raw ``bin`` files.
         root: where the data lives now, for a manifest of relative paths (default: its ``path_root``).
         path_map: ``{"/old/prefix": "/new/prefix"}`` for a manifest of full paths.
-        labels: also read each sample's lidarseg file (samples.parquet ``label_path``); every
+        labels: also read each sample's lidarseg file (the samples' ``label_path``); every
             sample must have one.
     """
 

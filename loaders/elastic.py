@@ -90,13 +90,13 @@ def _minus(a: NDArray[np.int64], b: NDArray[np.int64], n: int) -> NDArray[np.int
 class ElasticPlan:
     """The rest of one epoch on the current world size, with the accounting of what came before.
 
-    ``rows`` index samples.parquet rows (the default dataset order). Invariant: the multiset
+    ``rows`` index the samples' rows (the default dataset order). Invariant: the multiset
     ``consumed + rows + dropped - padded`` equals the manifest's plan of the epoch.
 
     Attributes:
-        rows: (S, W, B) int64 samples.parquet row of every slot of the steps still to run; for a
+        rows: (S, W, B) int64 samples row of every slot of the steps still to run; for a
             variable-count (``budget``) plan (S, W, M) with ``-1`` after each rank-step's rows.
-        costs: (N,) float64 cost of every samples.parquet row (cost-model units).
+        costs: (N,) float64 cost of every samples row (cost-model units).
         consumed: (C,) rows trained before the last switch, in training order (step, rank, slot).
         dropped: rows a ``drop_last`` re-plan left out of this epoch.
         padded: rows a ``pad`` re-plan added a second time.
@@ -211,7 +211,7 @@ class ElasticPlan:
 def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
     """The manifest's plan of ``epoch`` for all ranks, as an :class:`ElasticPlan` with no history.
 
-    Reads samples.parquet (sample_id, cost) and the epoch's plan files; ``epoch`` must be planned.
+    Reads the samples (sample_id, cost) and the epoch's plan files; ``epoch`` must be planned.
     """
     manifest = load_manifest(out_dir)
     w, b, epochs = int(manifest["world_size"]), int(manifest["batch_size"]), int(manifest["epochs"])
@@ -227,7 +227,7 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
         raise ValueError(f"epoch {epoch}: {plan.num_rows} plan rows, expected {s}x{w}x{b} = {s * w * b}")
     found = pc.index_in(plan["sample_id"], value_set=samples["sample_id"])
     if found.null_count:
-        raise ValueError(f"epoch {epoch}: {found.null_count} planned sample_ids are not in samples.parquet")
+        raise ValueError(f"epoch {epoch}: {found.null_count} planned sample_ids are not in the samples")
     step, rank, slot = (plan[c].to_numpy().astype(np.int64) for c in ("step", "rank", "slot"))
     m = int(slot.max(initial=-1)) + 1 if variable else b
     if variable and (step.min(initial=0) < 0 or step.max(initial=0) >= s or rank.max(initial=0) >= w):
@@ -273,7 +273,7 @@ class ElasticBatchSampler(Position):
         rank: this rank, ``0 <= rank < world_size``.
         world_size: ranks the job runs now.
         batch_size: samples per rank per step; default ``W*B / world_size`` of the manifest.
-        index_of: sample_id -> dataset index (mapping or callable); default samples.parquet row order.
+        index_of: sample_id -> dataset index (mapping or callable); default the samples' row order.
         cycle: reuse the plan of ``epoch % epochs`` for epochs past those planned.
 
     ``state_dict()`` holds ``epoch``, ``step``, ``world_size``, ``batch_size`` and ``history``; under a

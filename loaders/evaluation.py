@@ -74,12 +74,12 @@ def eval_costs(
     size: int | None = None,
     index_of: Mapping[str, int] | Callable[[str], int] | None = None,
 ) -> NDArray[np.float64]:
-    """(size,) predicted cost per dataset index, from a manifest's samples.parquet.
+    """(size,) predicted cost per dataset index, from a manifest's samples.
 
     Args:
         out_dir: committed manifest of the validation set.
-        size: dataset length; default the manifest's sample count (dataset in samples.parquet order).
-        index_of: sample_id -> dataset index (mapping or callable); default samples.parquet row order.
+        size: dataset length; default the manifest's sample count (dataset in the samples' order).
+        index_of: sample_id -> dataset index (mapping or callable); default the samples' row order.
 
     Raises:
         ValueError: a dataset index has no cost (its sample is not in the manifest), or a sample maps

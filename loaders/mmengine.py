@@ -65,7 +65,7 @@ class LidarshardSampler(PlanSampler):
         manifest: committed manifest directory (local path or URI).
         seed: passed by mmengine; recorded only (the manifest's seed fixes the order).
         id_key: key of ``dataset.get_data_info(i)`` holding the sample_id (e.g. ``"token"``), or a
-            callable ``i -> sample_id``; None: the dataset is in samples.parquet row order.
+            callable ``i -> sample_id``; None: the dataset is in the samples' row order.
         cycle: reuse the plan of ``epoch % epochs`` past the planned epochs (warns).
     """
 
@@ -121,7 +121,7 @@ class LidarshardEvalSampler(EvalSampler):
         dataset: passed by mmengine's ``Runner.build_dataloader``.
         manifest: committed manifest built on this validation set (its predicted costs weight the shards).
         seed: passed by mmengine; unused (evaluation shards are deterministic).
-        id_key: as for :class:`LidarshardSampler`; None: the dataset is in samples.parquet row order.
+        id_key: as for :class:`LidarshardSampler`; None: the dataset is in the samples' row order.
     """
 
     def __init__(

@@ -51,7 +51,7 @@ IdOf = str | Callable[[int], str] | None
 
 
 def index_from_dataset(dataset: Any, id_of: IdOf, info: str = "data_list") -> dict[str, int] | None:
-    """sample_id -> dataset index from a framework dataset; None keeps samples.parquet row order.
+    """sample_id -> dataset index from a framework dataset; None keeps the samples' row order.
 
     Args:
         dataset: the training dataset (indices ``0..len(infos)-1``).
@@ -131,7 +131,7 @@ def build_train_loader(
             ``--epochs`` = ``cfg.epoch``.
         dataset: the train dataset; default ``pointcept.datasets.build_dataset(cfg.data.train)``.
         id_of: how dataset items map to sample_ids (:func:`index_from_dataset`); None: the dataset
-            is in samples.parquet row order (``PointCloudDataset``).
+            is in the samples' row order (``PointCloudDataset``).
         collate_fn: default ``partial(pointcept.datasets.point_collate_fn, mix_prob=cfg.mix_prob)``.
 
     Raises:

@@ -402,7 +402,7 @@ def load_points(
 
     Args:
         path: keyframe path/URI.
-        fmt: reader name from samples.parquet ``format`` (None: detect from ``path``); sweeps use it too.
+        fmt: reader name from the samples' ``format`` (None: detect from ``path``); sweeps use it too.
         sweep_paths: S sweep paths/URIs, newest first.
         sweep_transforms: 16*S floats, row-major 4x4 sweep-sensor -> keyframe-sensor per sweep.
         point_dims: channels per point for raw ``bin`` files, passed to the reader.

@@ -81,7 +81,7 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
         rank: data-parallel rank; default ``torch.distributed.get_rank()``.
         world_size: ranks; default ``torch.distributed.get_world_size()``; must match the manifest.
         index_of: sample_id -> dataset index, as a mapping or a callable. Default: the row order of
-            samples.parquet, which is :class:`PointCloudDataset`'s order.
+            the samples (by sample_id), which is :class:`PointCloudDataset`'s order.
         cycle: allow epochs past those planned, reusing the plan of ``epoch % epochs`` (warns).
 
     Resume: ``state_dict()`` is ``{"epoch", "step"}``, ``step`` = the batches of the epoch the training

@@ -88,7 +88,7 @@ def _previous_rejects(path: str) -> pa.Table:
 
 
 def _previous(path: str, new_root: str | None, weight_column: str | None) -> tuple[int, pa.Table, pa.Table]:
-    """(scanned, samples, rejects) of an earlier scan/build whose samples.parquet is ``path``, with its
+    """(scanned, samples, rejects) of an earlier scan/build whose samples are at ``path`` (a 3.x directory or a 2.x file), with its
     sample paths re-rooted from the earlier run's ``path_root`` onto ``new_root``; ``weight_column``
     (``--sample-weights``) rides along as ``repeat.WEIGHT_COLUMN``, matched by sample_id. Holds the
     table: for inputs ``_settle_previous`` does not stream."""

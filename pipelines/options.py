@@ -101,7 +101,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
          const="drop_last", shown="on")  # fmt: skip
     flag(pol, "--pad", "repeat random samples to fill the last step", dest="policy", action="store_const",
          const="pad", shown="off (--drop-last)")  # fmt: skip
-    flag(g, "--from-samples", "re-plan from a previous run's samples.parquet (no rescan)", metavar="SAMPLES")
+    flag(g, "--from-samples", "re-plan from a previous run's samples, OUT/samples (or a 2.x samples.parquet); "
+         "no rescan", metavar="SAMPLES")  # fmt: skip
     flag(g, "--relative-to", "store sample paths relative to ROOT and record it, so the data can move; 'none' "
          "stores full paths", metavar="ROOT", shown="the dataroot for --nuscenes-version, INPUT for a directory, "
          "the part before the first wildcard for a glob; with --from-samples the previous run's root")  # fmt: skip
@@ -352,10 +353,10 @@ def _check_previous_schema(where: str, table: pa.Table, want: pa.Schema | None =
     schema = table.schema
     missing = [n for n in want.names if n not in schema.names]
     if missing:
-        raise ValueError(f"{where} lacks columns {missing}: pass a samples.parquet written by lidarshard")
+        raise ValueError(f"{where} lacks columns {missing}: pass a lidarshard run's samples (OUT/samples)")
     ids = schema.field("sample_id").type if "sample_id" in want.names else pa.string()
     if not (pa.types.is_string(ids) or pa.types.is_large_string(ids)):
-        raise ValueError(f"{where}: sample_id is {ids}, not strings: pass a lidarshard samples.parquet")
+        raise ValueError(f"{where}: sample_id is {ids}, not strings: pass a lidarshard run's samples")
     try:
         table.select(want.names).cast(want)
     except (pa.ArrowException, ValueError) as e:
@@ -417,7 +418,7 @@ def check_from_samples(path: str) -> tuple[int, float | None]:
     """``--from-samples`` must be samples of ours, a samples directory or a 2.x samples.parquet
     (``previous_rows``). Returns
     (rows, the reject fraction its run recorded, or None)."""
-    if not _exists(path):
+    if not (_exists(path) or storage.is_dir(path)):  # a samples directory is a prefix on object stores
         raise UsageError(f"--from-samples {path} does not exist")
     try:
         rows = previous_rows(path)

@@ -250,7 +250,8 @@ MANIFEST_KEYS: dict[str, str] = {
     "scan_config": "the feature options (voxel size, range, formats, limits); 'max_reject_fraction' too",
     "sample_schema": "the samples' fields as JSON (name, type, doc); 'plan_schema' likewise",
     "path_root": "ROOT that relative sample paths resolve against (build --relative-to), or null: absolute paths",
-    "files": "{relative path: {'bytes': int, 'sha256': hex}} for every data file, recorded at commit",
+    "files": "{relative path: {'bytes': int, 'sha256': hex}} for every data file (the samples parts numbered from 0), "
+    "recorded at commit",
 }
 
 

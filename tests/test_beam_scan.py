@@ -30,7 +30,9 @@ def _scan(
     n_parts = max(1, -(-len(want_ids) // part_rows))  # part_rows < 64: every id is sampled, the cut is exact
     sizes = [min(part_rows, len(want_ids) - k * part_rows) for k in range(n_parts)]
     with test_pipeline.TestPipeline(options=PipelineOptions(BEAM_TEST_FLAGS)) as p:
-        result = p | "Scan" >> ScanSamples(input_path, ScanConfig(), None, 0, str(work), str(parts), part_rows)
+        result = p | "Scan" >> ScanSamples(
+            input_path, ScanConfig(), None, 0, str(work), str(parts), part_rows
+        )
         written = result.parts | "KRows" >> beam.Map(lambda part: part[:2])
         assert_that(written, equal_to(list(enumerate(sizes))), label="Parts")
         assert_that(result.rejects | "Why" >> beam.Map(_reasons), equal_to([want_rejects]), label="Rejects")
@@ -38,7 +40,9 @@ def _scan(
     want_shards = {shard_of(i) for i in want_ids}
     assert len(list(work.glob("scan/shard=*.parquet"))) == len(want_shards)  # the scratch the caller removes
     assert sorted(p.name for p in parts.iterdir()) == [schemas.part_name(k) for k in range(n_parts)]
-    ids = [pq.read_table(parts / schemas.part_name(k)).column("sample_id").to_pylist() for k in range(n_parts)]
+    ids = [
+        pq.read_table(parts / schemas.part_name(k)).column("sample_id").to_pylist() for k in range(n_parts)
+    ]
     assert [len(i) for i in ids] == sizes and sum(ids, []) == want_ids
 
 

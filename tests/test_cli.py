@@ -184,7 +184,7 @@ def test_from_samples_is_checked_and_keeps_the_recorded_reject_fraction(
            "is not a readable Parquet file")  # fmt: skip
     pq.write_table(pa.table({"sample_id": ["a"], "x": [1]}), tmp_path / "other.parquet")
     _fails(capsys, ["build", str(out), "--from-samples", str(tmp_path / "other.parquet"), *PLAN], 2,
-           "lacks columns", "pass a samples.parquet written by lidarshard")  # fmt: skip
+           "lacks columns", "pass a lidarshard run's samples (OUT/samples)")  # fmt: skip
     samples = str(previous / schemas.SAMPLES_DIR)
     _fails(capsys, ["build", str(out), "--from-samples", samples, "--world-size", "8", "--batch-size", "4"], 2,
            "--world-size 8 x --batch-size 4 = 32 samples per step", "holds 20")  # fmt: skip

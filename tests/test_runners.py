@@ -207,7 +207,9 @@ def reference(work: Path, dataroot: Path) -> Path:
     r = _build(work, str(dataroot), str(out), ["--runner=FnApiRunner"], work / "ref.log")
     assert r.returncode == 0, r.stdout
     assert "scanned 12: accepted 12, rejected 0" in r.stdout
-    assert sorted(p.name for p in (out / schemas.SAMPLES_DIR).iterdir()) == [schemas.part_name(k) for k in range(3)]
+    assert sorted(p.name for p in (out / schemas.SAMPLES_DIR).iterdir()) == [
+        schemas.part_name(k) for k in range(3)
+    ]
     return out
 
 

@@ -185,7 +185,7 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     "edited row": (_edit_row, " at commit (truncated or rewritten)"),
     "flipped byte": (_flip_byte, f"{PLAN}: sha256 differs from the one recorded at commit"),
     "duplicated sample, sha fixed": (_duplicate_sample, "planned 2 times under drop_last"),
-    "unknown sample id, sha fixed": (_unknown_sample, "sample_id forged.bin is not in samples.parquet"),
+    "unknown sample id, sha fixed": (_unknown_sample, "sample_id forged.bin is not in the samples"),
     "rows out of order, sha fixed": (_swap_steps, "rows must be sorted by (step, slot)"),
     "short step, sha fixed": (_short_step, "5 rows, but steps_per_epoch[1] = 3 steps x batch_size 2 = 6"),
     "uneven steps, sha fixed": (_uneven_steps, "epoch 1 rank 2 step 0: 1 rows, expected batch_size 2"),

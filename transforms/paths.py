@@ -26,7 +26,7 @@ __all__ = [
     "relative_to",
 ]
 
-#: Columns of samples.parquet and of the plan that hold paths (string or list<string>).
+#: Columns of the samples and of the plan that hold paths (string or list<string>).
 PATH_COLUMNS = ("path", "sweep_paths", "label_path")
 
 

@@ -56,7 +56,7 @@ class ReportData:
     """What the plots need, all in predicted-cost units of the manifest's cost model."""
 
     manifest: dict
-    samples: pa.Table  # samples.parquet (scored)
+    samples: pa.Table  # the samples (scored), all parts
     plan: pa.Table  # all epochs' plan rows: epoch, step, rank, slot, sample_id, cost, bucket_id
     chosen: list[NDArray[np.float64]]  # per epoch (S_e, W) cost per rank per step
     baseline: list[NDArray[np.float64]]  # the same under ``random`` on the same pool

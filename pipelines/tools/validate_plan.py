@@ -194,7 +194,7 @@ def lookup(
     idx = samples.find(ids)
     if (idx < 0).any():
         i = int(np.flatnonzero(idx < 0)[0])
-        _add(problems, where(i), f"sample_id {ids[i]} is not in samples.parquet")
+        _add(problems, where(i), f"sample_id {ids[i]} is not in the samples")
         return None
     for name in ("cost", "bucket_id", "path"):
         if name == "path":
@@ -205,7 +205,7 @@ def lookup(
             continue
         i = int(np.flatnonzero(got != want)[0])
         what = "path or sweep_paths" if name == "path" else name
-        _add(problems, where(i), f"{what} of {ids[i]} differs from samples.parquet")
+        _add(problems, where(i), f"{what} of {ids[i]} differs from the samples")
         return None
     return idx
 

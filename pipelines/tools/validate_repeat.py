@@ -1,6 +1,6 @@
 """``lidarshard validate``'s checks of per-sample weights (repeat factors, ``--sample-weights``). No Beam.
 
-samples.parquet's ``weight`` must be finite and >= 0, and 1 everywhere unless the manifest records a
+The samples' ``weight`` must be finite and >= 0, and 1 everywhere unless the manifest records a
 ``repeat`` object. Under ``lidarseg:t=T`` the weights are re-derived from the label files (resolved
 against ``path_root``); ``repeat.expected`` is recomputed from the weights and bucket weights, and
 ``repeat.realized[e]`` from epoch ``e``'s plan rows. How many copies a weight allows is checked with
@@ -62,12 +62,12 @@ def check_weights(problems: list[str], m: dict, samples: pa.Table) -> tuple[NDAr
     w = samples.column("weight").to_numpy()
     rep = m.get("repeat")
     if not (np.isfinite(w).all() and (w >= 0).all()):
-        problems.append("samples.parquet: weight holds values that are not finite and >= 0")
+        problems.append("samples: weight holds values that are not finite and >= 0")
         return None
     if rep is None:
         if (w != 1).any():
             i = int(np.flatnonzero(w != 1)[0])
-            problems.append(f"samples.parquet: {samples.column('sample_id')[i]} has weight {w[i]:g} but the "
+            problems.append(f"samples: {samples.column('sample_id')[i]} has weight {w[i]:g} but the "
                             "manifest records no repeat factors or sample weights")  # fmt: skip
         return None
     mode = rep.get("mode") if isinstance(rep, dict) else None
@@ -90,7 +90,7 @@ def check_weights(problems: list[str], m: dict, samples: pa.Table) -> tuple[NDAr
         bad = np.flatnonzero(np.abs(again - w) > 1e-9 * np.maximum(1.0, again))
         if bad.size:
             i = int(bad[0])
-            problems.append(f"samples.parquet: {samples.column('sample_id')[i]} has weight {w[i]:.6g}, its "
+            problems.append(f"samples: {samples.column('sample_id')[i]} has weight {w[i]:.6g}, its "
                             f"labels give repeat factor {again[i]:.6g} ({bad.size} samples differ)")  # fmt: skip
     ids = samples.column("bucket_id").to_numpy()
     try:

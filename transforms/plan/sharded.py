@@ -2,7 +2,7 @@
 
 ``plan_tables`` takes rows from the whole scored table in one process: at 1M samples with 9 sweeps
 that is ~1 GB of paths per epoch. Here the plan is decided on the numeric columns only
-(``NUMERIC_INPUT``, ~28 bytes a sample), and the rows travel in shards of samples.parquet::
+(``NUMERIC_INPUT``, ~28 bytes a sample), and the rows travel in shards (row ranges) of the samples::
 
     part, stats = assignment(numeric, epoch, cfg)          # sample index -> (rank, step, slot), sorted
     for k, (start, stop) in enumerate(shard_bounds(n)):    # in parallel: one task per (epoch, shard)
@@ -37,7 +37,7 @@ __all__ = [
 NUMERIC_INPUT = ["cost", "bucket_id", "num_points", "weight"]
 #: The scored columns every plan row copies from its sample.
 COPIED = ["sample_id", "path", "sweep_paths", "cost", "bucket_id"]
-#: Samples one (epoch, shard) task holds (4 row groups of samples.parquet, ``arrow.ROW_GROUP_ROWS``).
+#: Samples one (epoch, shard) task holds (4 row groups of the samples, ``arrow.ROW_GROUP_ROWS``).
 ROWS_PER_SHARD = 1 << 16
 
 _FIXED = ("step", "slot", "rank_count", "global_count")
