@@ -190,7 +190,7 @@ def write_part(task: previous.PartTask, staging: str) -> tuple[int, int, dict]:
 
 def samples_written(gathered: dict[str, list]) -> dict:
     """``{"scored": [CheckAndScore's metadata], "written": [write_part's results]}`` -> the metadata
-    with every part in its ``files``, after checking that each part was written once and that they
+    with every part in its ``files`` (and their rows, ``part_rows``), after checking that each part was written once and that they
     hold the accepted samples."""
     (meta,) = gathered["scored"]
     written = sorted(gathered.get("written", []), key=lambda w: w[0])
@@ -203,4 +203,6 @@ def samples_written(gathered: dict[str, list]) -> dict:
             f"the samples parts hold {rows} samples, not the {meta['counts']['accepted']} accepted"
         )
     meta["files"] = [*(entry for _, _, entry in written), *meta["files"]]
+    if want:  # else the in-memory path wrote the parts and their rows
+        meta["part_rows"] = [n for _, n, _ in written]  # where each part's rows start, for the plan tasks
     return meta

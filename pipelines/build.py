@@ -35,7 +35,7 @@ from lidarshard.transforms.beam.scan import NAMESPACE, ScanSamples
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel
-from lidarshard.transforms.parts import open_parts, read_parts, samples_files
+from lidarshard.transforms.parts import open_parts, parts_holding, read_parts, samples_files
 from lidarshard.transforms.plan import manifest, sharded
 from lidarshard.transforms.plan.epochs import PlanConfig
 
@@ -67,7 +67,8 @@ def _samples(checked: dict, staging: str) -> list[str]:
 
 def _plan_epoch(task: tuple[int, dict], cfg: PlanConfig, staging: str):
     """Plan epoch ``task[0]`` from the numeric columns of the samples: ``("stats", stats)``, one
-    ``("shard", (epoch, start, stop, entries, parts))`` per shard holding planned samples and one
+    ``("shard", (epoch, start, stop, entries, (parts holding it, their first row)))`` per shard holding
+    planned samples and one
     ``("rank", ((epoch, rank), -1))`` per rank (so every rank's file is written). ``task[1]``
     (the metadata once every samples part is written) names the parts."""
     epoch, checked = task
@@ -79,7 +80,10 @@ def _plan_epoch(task: tuple[int, dict], cfg: PlanConfig, staging: str):
     for start, stop in sharded.shard_bounds(numeric.num_rows):
         entries = sharded.slice_rows(part, start, stop)
         if entries["row"].size:
-            yield "shard", (epoch, start, stop, entries, parts)
+            yield (
+                "shard",
+                (epoch, start, stop, entries, parts_holding(parts, checked["part_rows"], start, stop)),
+            )
     for rank in range(cfg.world_size):
         yield "rank", ((epoch, rank), -1)
 
@@ -88,12 +92,12 @@ def _piece_path(staging: str, epoch: int, rank: int, start: int) -> str:
     return storage.join(staging, launch.WORK_DIR, f"epoch={epoch}", f"rank={rank}", f"{start:012d}.parquet")
 
 
-def _write_pieces(shard: tuple[int, int, int, dict, list[str]], staging: str):
+def _write_pieces(shard: tuple[int, int, int, dict, tuple[list[str], int]], staging: str):
     """Rows [start, stop) of the samples -> each rank's plan rows from them, in a scratch file:
     ``((epoch, rank), start)`` per file written."""
-    epoch, start, stop, entries, parts = shard
+    epoch, start, stop, entries, (parts, first) = shard
     with open_parts(parts) as file:
-        rows = read_rows(file, start, stop, sharded.COPIED)
+        rows = read_rows(file, start - first, stop - first, sharded.COPIED)
     for rank, piece in sharded.rank_pieces(rows, start, entries).items():
         storage.write_bytes(_piece_path(staging, epoch, rank, start), parquet_bytes(piece))
         yield (epoch, rank), start

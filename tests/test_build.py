@@ -363,3 +363,26 @@ def test_weight_flags_fail_before_beam_with_one_line(labelled: Path, built, tmp_
         err = capsys.readouterr().err.strip().splitlines()
         assert message in err[-1], (argv, err)
         assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("part_rows", ["7", "16"])
+def test_parts_and_plan_shards_that_cross_them_give_the_same_plan(
+    built, tmp_path: Path, monkeypatch, part_rows
+) -> None:
+    """61 samples in parts of ``part_rows`` rows, planned in shards of 10 rows (so a shard's rows span
+    two parts): the same samples and plan files as one part and one shard."""
+    inp, out, _ = built
+    bounds = build_cli.sharded.shard_bounds
+    monkeypatch.setattr(build_cli.sharded, "shard_bounds", lambda n: bounds(n, 10))
+    flags = ["--world-size", "4", "--batch-size", "2", "--epochs", "3", "--cost-model", "points"]
+    parted = tmp_path / "parted"
+    m = _build(inp, parted, *flags, "--part-rows", part_rows)
+    k = -(-61 // int(part_rows))
+    assert [f for f in sorted(m["files"]) if f.startswith("samples/")] == [
+        schemas.samples_part(i) for i in range(k)
+    ]
+    assert pq.read_table(parted / schemas.SAMPLES_DIR).equals(pq.read_table(out / schemas.SAMPLES_DIR))
+    for epoch in range(3):
+        for rank in range(4):
+            rel = schemas.plan_file(epoch, rank)
+            assert (parted / rel).read_bytes() == (out / rel).read_bytes(), rel

@@ -9,9 +9,10 @@ numbers), so every reader that streams row groups or reads row ranges works on e
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -27,6 +28,7 @@ __all__ = [
     "listed_parts",
     "samples_files",
     "read_parts",
+    "parts_holding",
 ]
 
 #: Rows a samples part aims at (``--part-rows``): 16 row groups of ``arrow.ROW_GROUP_ROWS``, ~24 MB
@@ -122,10 +124,9 @@ def part_files(samples_dir: str) -> list[str]:
         found[k] = storage.join(samples_dir, rel)
     if not found:
         raise ValueError(f"{samples_dir} holds no samples part")
-    missing = sorted(set(range(len(found))) - set(found))
-    if missing:
-        raise ValueError(f"{samples_dir} lacks part-{missing[0]:05d}.parquet (parts must be numbered from 0)")
-    return [found[k] for k in range(len(found))]
+    return _consecutive(
+        found, lambda k: f"{samples_dir} lacks {schemas.part_name(k)} (parts must be numbered from 0)"
+    )
 
 
 def listed_parts(rels: Iterable[str]) -> list[str]:
@@ -141,10 +142,21 @@ def listed_parts(rels: Iterable[str]) -> list[str]:
             if k is None or schemas.samples_part(k) != rel:
                 raise ValueError(f"{rel} is not a samples part (samples/part-NNNNN.parquet)")
             found[k] = rel
-    missing = next(k for k in range(len(found) + 1) if k not in found)
-    if missing < len(found) or not found:
-        raise ValueError(f"{schemas.samples_part(missing)} is missing: samples parts are numbered from 0")
-    return [found[k] for k in range(len(found))]
+    return _consecutive(
+        found, lambda k: f"{schemas.samples_part(k)} is missing: samples parts are numbered from 0"
+    )
+
+
+def _consecutive(found: dict[int, str], missing: Callable[[int], str]) -> list[str]:
+    """The values of ``found`` in key order when its keys are 0..n-1 (n >= 1).
+
+    Raises:
+        ValueError: ``missing(k)`` for the first absent key ``k``.
+    """
+    k = next(k for k in range(len(found) + 1) if k not in found)
+    if k < len(found) or not found:
+        raise ValueError(missing(k))
+    return [found[i] for i in range(len(found))]
 
 
 def samples_files(path: str) -> list[str]:
@@ -166,3 +178,13 @@ def read_parts(paths: Sequence[str], columns: Sequence[str] | None = None) -> pa
     """The rows of the files at ``paths``, concatenated in order (``columns``: a subset)."""
     tables = [storage.read_parquet(p, columns) for p in paths]
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def parts_holding(paths: Sequence[str], rows: Sequence[int], start: int, stop: int) -> tuple[list[str], int]:
+    """The parts among ``paths`` (``rows`` rows each) that hold rows [start, stop) of their
+    concatenation, and the row of the concatenation their first row is: a task reading a row range
+    opens only those (not every part: that would be O(parts) per task on an object store)."""
+    bounds = np.cumsum([0, *rows])
+    lo = int(np.searchsorted(bounds, start, side="right")) - 1
+    hi = max(lo + 1, int(np.searchsorted(bounds, stop, side="left")))
+    return list(paths[lo:hi]), int(bounds[lo])

@@ -114,7 +114,7 @@ def score_samples(
     and rejects.parquet.
 
     Returns only small metadata (``files``, ``counts``, ``model``, ``buckets``, ``fingerprint``,
-    ``pair_repeat_rate``, ``repeat``): the scored table is read back from the written file where
+    ``pair_repeat_rate``, ``repeat``, the rows of each part ``part_rows``): the scored table is read back from the written file where
     needed. ``costs`` (N,) replaces the model's costs (``model.name == "given"``); ``weights`` are the
     samples' own weights (``repeat.sample_weights``), None: all 1.
     """
@@ -125,9 +125,14 @@ def score_samples(
         write_file(write, schemas.samples_part(k), parquet_bytes(scored.slice(start, part_rows)))
         for k, start in enumerate(range(0, scored.num_rows, part_rows))
     ]
-    return checked_meta(
+    meta = checked_meta(
         parts, rejects, counts, model, cfg, write, scored, edges, fingerprint(samples), weights
     )
+    return meta | {
+        "part_rows": [
+            min(part_rows, scored.num_rows - start) for start in range(0, scored.num_rows, part_rows)
+        ]
+    }
 
 
 def checked_meta(
