@@ -283,7 +283,7 @@ class _WriteShard(beam.DoFn):
         shard, rows = grouped
         table, dups = shards.settle_shard(list(rows))
         storage.write_bytes(shard_path(self._work, shard), shards.shard_bytes(table))
-        yield "shards", (shard, table.num_rows, shards.sampled_keys(table, self._stride))
+        yield "shards", (shard, table.num_rows, shards.sampled_keys(table, self._stride, shard))
         for row in dups:
             yield from _rejected(row["path"], row["reason"], row["detail"])
 

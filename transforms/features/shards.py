@@ -73,9 +73,14 @@ def key_stride(part_rows: int) -> int:
     return max(1, part_rows // 64)
 
 
-def sampled_keys(table: pa.Table, stride: int) -> list[str]:
-    """Every ``stride``-th sample_id of a settled shard (``table``, sorted): each stands for ``stride`` rows."""
-    return table.column("sample_id").slice(stride - 1)[::stride].to_pylist() if table.num_rows else []
+def sampled_keys(table: pa.Table, stride: int, shard: int) -> list[str]:
+    """Every ``stride``-th sample_id of settled shard ``shard`` (``table``, sorted): each stands for
+    ``stride`` rows. Shards start at staggered offsets (``shard * stride / SCAN_SHARDS``): each hash
+    shard is an even sample of the whole id range, so a common offset would put the k-th key of every
+    shard near the same place, and the parts ``split_keys`` cuts would swing from a few rows to
+    several times ``part_rows``."""
+    start = shard % SCAN_SHARDS * stride // SCAN_SHARDS
+    return table.column("sample_id").slice(start)[::stride].to_pylist() if table.num_rows > start else []
 
 
 def split_keys(keys: Sequence[str], part_rows: int, stride: int) -> list[str]:
