@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,10 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
+from lidarshard.transforms import parts
 from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.features import previous
+from lidarshard.transforms.features.accounting import fingerprint
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
 
 
@@ -73,3 +76,103 @@ def test_streamed_and_in_memory_inputs_give_the_same_manifest(built: Path, tmp_p
     over = rejects.filter(pa.compute.equal(rejects.column("reason"), "over_cap"))
     assert over.num_rows == 2 and all(p.startswith("in/") for p in over.column("path").to_pylist())
     assert not (tmp_path / "a" / "_work").exists()
+
+
+#: Rows of the input files of the part tests (one empty), rows per row group, rows per part.
+INPUT_ROWS, GROUP, PART = (35, 0, 55), 7, 14
+
+
+def _inputs(built: Path, where: Path) -> tuple[pa.Table, list[str]]:
+    """The built samples (sample columns) as input files of ``INPUT_ROWS`` rows: (table, paths)."""
+    samples = pq.read_table(built / schemas.SAMPLES_DIR).select(schemas.sample_schema().names)
+    assert samples.num_rows == sum(INPUT_ROWS)
+    where.mkdir()
+    paths, first = [], 0
+    for k, n in enumerate(INPUT_ROWS):
+        paths.append(str(where / schemas.part_name(k)))
+        pq.write_table(samples.slice(first, n), paths[-1], row_group_size=GROUP)
+        first += n
+    return samples, paths
+
+
+def _group_rows(file: pq.ParquetFile) -> list[int]:
+    return [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)]
+
+
+def _scores(samples: pa.Table) -> tuple[np.ndarray, ...]:
+    """keep (rows 49..62, a whole part of the second file, dropped) and one cost, bucket and weight
+    per kept row."""
+    rng = np.random.default_rng(7)
+    keep = rng.random(samples.num_rows) < 0.7
+    keep[35 + PART : 35 + 2 * PART] = False
+    n = int(keep.sum())
+    return keep, rng.lognormal(0.0, 1.0, n), rng.integers(0, 3, n).astype(np.int32), rng.random(n)
+
+
+def test_part_tasks_cut_at_every_input_file_and_every_part_rows(built: Path, tmp_path: Path) -> None:
+    """Whole row groups of one input file a part, cut once ``part_rows`` input rows are reached;
+    parts with no kept row dropped; the rest numbered 0..n-1 holding every kept row once, in order."""
+    samples, paths = _inputs(built, tmp_path / "in")
+    keep, cost, bucket, weight = _scores(samples)
+    roots = (None, None)
+    with parts.open_parts(paths) as file:
+        tasks = previous.part_tasks(file, paths, keep, cost, bucket, weight, roots, PART)
+    groups = {p: _group_rows(pq.ParquetFile(p)) for p in paths}
+    assert [t.part for t in tasks] == list(range(len(tasks)))
+    starts = dict(zip(paths, np.cumsum([0, *INPUT_ROWS]).tolist(), strict=False))
+    covered, kept_rows = {p: 0 for p in paths}, []
+    for t in tasks:
+        sizes = groups[t.path]
+        lo, hi = t.groups
+        first = sum(sizes[:lo])
+        rows = sum(sizes[lo:hi])
+        assert lo < hi and t.keep.size == rows and t.keep.any()
+        assert rows >= PART or hi == len(sizes)  # cut at part_rows or at the file's end
+        assert rows - sizes[hi - 1] < PART  # not a group later than that
+        skipped = keep[starts[t.path] + covered[t.path] : starts[t.path] + first]
+        assert not skipped.any()  # only parts without a kept row are left out
+        assert np.array_equal(t.keep, keep[starts[t.path] + first : starts[t.path] + first + rows])
+        covered[t.path] = first + rows
+        kept_rows += (starts[t.path] + first + np.flatnonzero(t.keep)).tolist()
+        assert t.roots == roots
+    assert kept_rows == np.flatnonzero(keep).tolist()
+    cuts = [(t.path, t.groups) for t in tasks]
+    assert (paths[0], (0, 2)) in cuts and (paths[0], (4, 5)) in cuts  # a short part at a file's end
+    assert not any(t.path == paths[2] and t.groups == (2, 4) for t in tasks)  # its rows all dropped
+    assert not any(t.path == paths[1] for t in tasks)  # an empty input file gives no part
+    offsets = np.cumsum([0, *(int(t.keep.sum()) for t in tasks)])
+    for t, a, b in zip(tasks, offsets[:-1], offsets[1:], strict=True):
+        assert np.array_equal(t.cost, cost[a:b]) and np.array_equal(t.bucket_id, bucket[a:b])
+        assert np.array_equal(t.weight, weight[a:b])
+    with parts.open_parts(paths) as file:
+        whole = previous.part_tasks(file, paths, keep, cost, bucket, weight, roots, 10**9)
+    assert [(t.path, t.groups) for t in whole] == [(paths[0], (0, 5)), (paths[2], (0, 8))]
+
+
+def test_parts_written_by_their_tasks_are_the_kept_table_scored(built: Path, tmp_path: Path) -> None:
+    """Every task's part written and concatenated: the kept rows, re-rooted, with their scores, as
+    ``scored_schema()``; the kept rows' fingerprint read across the files is that of the kept table."""
+    samples, paths = _inputs(built, tmp_path / "in")
+    keep, cost, bucket, weight = _scores(samples)
+    root = str(built.parent)
+    roots = (f"{root}/in", root)
+    with parts.open_parts(paths) as file:
+        tasks = previous.part_tasks(file, paths, keep, cost, bucket, weight, roots, PART)
+        assert previous.fingerprint_kept(file, keep) == fingerprint(samples.filter(pa.array(keep)))
+        assert previous.fingerprint_kept(file) == fingerprint(samples)
+    written = []
+    for t in tasks:
+        sink = pa.BufferOutputStream()
+        out = previous.write_part(pq.ParquetFile(t.path), t, sink)
+        data = sink.getvalue().to_pybytes()
+        assert (out.bytes, out.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+        written.append(pq.read_table(pa.BufferReader(data)))
+    kept = samples.filter(pa.array(keep))
+    want = previous.reroot(kept, roots)
+    assert want.column("path")[0].as_py() == "in/" + kept.column("path")[0].as_py()
+    scored = schemas.scored_schema()
+    for name, values in (("cost", cost), ("bucket_id", bucket), ("weight", weight)):
+        want = want.append_column(scored.field(name), pa.array(values, scored.field(name).type))
+    got = pa.concat_tables(written)
+    assert got.schema.equals(scored) and got.equals(want.cast(scored))
+    assert [w.num_rows for w in written] == [int(t.keep.sum()) for t in tasks]
