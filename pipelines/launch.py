@@ -239,7 +239,8 @@ class CommandParser(argparse.ArgumentParser):
         """(our args, Beam argv). Exits 2 with usage + one line on an unknown flag or a bad value."""
         if self._beam and "--runner" not in self._option_string_actions:
             self._add_beam_options()
-        args, extra = self.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+        self._argv = sys.argv[1:] if argv is None else list(argv)
+        args, extra = self.parse_known_args(self._argv)
         beam_argv = list(getattr(args, "_beam", None) or [])
         if hasattr(args, "_beam"):
             delattr(args, "_beam")
@@ -265,7 +266,16 @@ class CommandParser(argparse.ArgumentParser):
         self.error(message)
 
     def error(self, message: str):
-        """argparse's usage + one line + exit 2; raises UsageError instead for the Python API."""
+        """argparse's usage + one line + exit 2; raises UsageError instead for the Python API. A
+        required flag reported missing while an unknown flag was given names the unknown one (a typo
+        of the required flag: ``--batch-sise``)."""
+        unknown = [
+            a
+            for a in getattr(self, "_argv", [])
+            if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions
+        ]
+        if message.startswith("the following arguments are required") and unknown:
+            message = self._unknown(unknown)
         if self.raise_errors:
             raise UsageError(message)
         super().error(message)
