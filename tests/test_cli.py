@@ -92,6 +92,14 @@ def test_bad_flags_and_values_stop_before_beam(
     _nothing_published(out)
 
 
+def test_a_typo_of_a_required_flag_names_the_typo(corpus: Path, capsys) -> None:
+    out = corpus.parent / "out_required"
+    argv = ["build", str(corpus), str(out), "--world-size", "2", "--batch-sise", "2"]
+    _fails(capsys, argv, 2, "unknown flag --batch-sise", "did you mean --batch-size?")
+    _fails(capsys, argv[:-2], 2, "the following arguments are required: --batch-size")
+    _nothing_published(out)
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
