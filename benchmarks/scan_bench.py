@@ -82,8 +82,9 @@ def _timed(cmd: list[str], timeout: float) -> float:
     return time.perf_counter() - t0
 
 
-def _features(out: Path) -> list[dict]:
-    t = pq.read_table(out / schemas.SAMPLES_DIR)
+def _features(samples: Path) -> list[dict]:
+    """The feature rows of a samples directory or file, without paths (the two runs' paths differ)."""
+    t = pq.read_table(samples)
     return t.drop_columns(["path"]).to_pylist()
 
 
@@ -115,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):  # interleaved, best of each: other load on the host hits both
             t_plain = min(t_plain, _timed(plain_cmd, args.timeout))
             t_scan = min(t_scan, _timed(scan_cmd, args.timeout))
-        same = _features(work / "scan") == _features(work / "plain")
+        same = _features(work / "scan" / schemas.SAMPLES_DIR) == _features(
+            work / "plain" / schemas.SAMPLES_FILE
+        )
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
