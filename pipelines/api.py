@@ -30,7 +30,7 @@ from lidarshard.pipelines import build as build_cmd
 from lidarshard.transforms import storage
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel
-from lidarshard.transforms.parts import listed_parts, read_parts
+from lidarshard.transforms.parts import PART_ROWS, listed_parts, read_parts
 from lidarshard.transforms.plan import manifest
 
 __all__ = ["build", "write_manifest", "summary"]
@@ -228,7 +228,9 @@ def write_manifest(
     try:
         write = _score.writer(staging)  # (its Beam counters are no-ops outside a pipeline)
         settled, weights = repeat.sample_weights(settled, cfg.repeat, storage.read_bytes)
-        checked = manifest.score_samples(settled, rejects, counts, model, cfg, write, costs, weights)
+        checked = manifest.score_samples(
+            settled, rejects, counts, model, cfg, write, costs, weights, PART_ROWS
+        )
         parts = listed_parts(f["path"] for f in checked["files"])
         scored = read_parts([storage.join(staging, p) for p in parts], columns=manifest.PLAN_INPUT)
         files, stats = list(checked["files"]), []
@@ -242,6 +244,7 @@ def write_manifest(
             "input": None,
             "from_samples": None,
             "max_reject_fraction": fraction,
+            "part_rows": PART_ROWS,
             "path_root": None,  # the paths are stored as the table gave them
         }
         storage.write_json(

@@ -156,6 +156,7 @@ def scan_meta(args: argparse.Namespace, cfg: ScanConfig, version: str) -> dict:
         "sweeps": args.sweeps,
         "max_reject_fraction": args.max_reject_fraction,
         "scan_config": {k: v for k, v in vars(cfg).items() if k != "extra"},
+        "part_rows": args.part_rows,
         "sample_schema": schemas.schema_to_json(schemas.sample_schema()),
     }
 

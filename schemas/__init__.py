@@ -248,6 +248,7 @@ MANIFEST_KEYS: dict[str, str] = {
     "input": "INPUT as given (absolute for local paths); 'from_samples' when re-planned from earlier samples",
     "nuscenes_version": "tables version in tables mode, else null; 'sweeps': previous sweeps aggregated",
     "scan_config": "the feature options (voxel size, range, formats, limits); 'max_reject_fraction' too",
+    "part_rows": "int: rows of each samples part (--part-rows), which fixes where the parts are cut",
     "sample_schema": "the samples' fields as JSON (name, type, doc); 'plan_schema' likewise",
     "path_root": "ROOT that relative sample paths resolve against (build --relative-to), or null: absolute paths",
     "files": "{relative path: {'bytes': int, 'sha256': hex}} for every data file (the samples parts numbered from 0), "
