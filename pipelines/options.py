@@ -76,7 +76,8 @@ def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
          "fail, publishing nothing, when more than this fraction of inputs is rejected; the rejects "
          "then go to OUT.rejects.parquet", type=float_in(0.0, 1.0),
          shown=f"{DEFAULT_REJECT_FRACTION}; with --from-samples the fraction that run recorded", metavar="F")  # fmt: skip
-    flag(g, "--part-rows", "rows of each samples part (OUT/samples/part-NNNNN.parquet, one write task each)",
+    flag(g, "--part-rows", "rows of each samples part (OUT/samples/part-NNNNN.parquet, one write task each); --from-samples "
+         "cuts at whole 16,384-row groups and at each input file",
          type=int_in(1, 1 << 30), default=PART_ROWS, shown=f"{PART_ROWS:,}", metavar="N")  # fmt: skip
 
 
