@@ -18,7 +18,7 @@ import pyarrow as pa
 from lidarshard import schemas
 from lidarshard.pipelines import _output
 from lidarshard.pipelines.launch import UsageError, flag, float_in, float_list, int_in
-from lidarshard.transforms import storage
+from lidarshard.transforms import paths, storage
 from lidarshard.transforms.features.cost import COST_MODEL_HELP, CostModel, parse_cost_model
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
 from lidarshard.transforms.features.sample import FEATURE_MODES, ScanConfig
@@ -387,6 +387,16 @@ def read_previous_samples(path: str) -> pa.Table:
     return samples.sort_by([("sample_id", "ascending"), ("path", "ascending")])
 
 
+def _a_relative_path(path: str) -> str | None:
+    """A stored relative ``path`` of the samples at ``path`` (first row group only), or None."""
+    with open_parts(samples_files(path)) as file:
+        if not file.metadata.num_row_groups:
+            return None
+        stored = file.read_row_group(0, columns=["path"]).column("path").drop_null()
+    first = stored[0].as_py() if len(stored) else None
+    return first if first is not None and paths.is_relative(first) else None
+
+
 def previous_rows(path: str) -> int:
     """Rows of a ``--from-samples`` table after checking its schema and that no sample_id is null,
     reading its footer and the sample_id column a row group at a time (never the whole table).
@@ -424,8 +434,14 @@ def check_from_samples(path: str) -> tuple[int, float | None]:
         raise UsageError(f"--from-samples {path} does not exist")
     try:
         rows = previous_rows(path)
+        relative = None if previous_root(path) else _a_relative_path(path)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
+    if relative is not None:
+        raise UsageError(
+            f"--from-samples {path} stores relative paths ({relative!r}) but no _manifest.json or _scan.json "
+            "beside it records their root: pass the samples where their run wrote them (OUT/samples)"
+        )
     recorded = None
     root = path.rsplit("/", 1)[0] if "/" in path else "."
     for name in (schemas.MANIFEST_FILE, schemas.SCAN_FILE):

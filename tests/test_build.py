@@ -386,3 +386,22 @@ def test_parts_and_plan_shards_that_cross_them_give_the_same_plan(
         for rank in range(4):
             rel = schemas.plan_file(epoch, rank)
             assert (parted / rel).read_bytes() == (out / rel).read_bytes(), rel
+
+
+def test_samples_moved_away_from_their_manifest_are_refused_before_beam(
+    built, tmp_path: Path, capsys
+) -> None:
+    """Relative paths resolve against the root their run recorded beside them: without it, one line."""
+    _, out, m = built
+    assert m["path_root"] is not None
+    lone = shutil.copytree(out / schemas.SAMPLES_DIR, tmp_path / "lone" / schemas.SAMPLES_DIR)
+    with pytest.raises(SystemExit) as exc:
+        build_cli.run(
+            [str(tmp_path / "o"), "--from-samples", str(lone), "--world-size", "2", "--batch-size", "2"]
+        )
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        "stores relative paths ('0000.bin') but no _manifest.json or _scan.json beside it records" in err
+    ), err
+    assert not (tmp_path / "o").exists()
