@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import re
 import sys
 from collections.abc import Callable
 
@@ -30,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from lidarshard import schemas
+from lidarshard.pipelines.tools.validate_files import check_listed, samples_parts
 from lidarshard.pipelines.tools.validate_plan import (
     check_epoch_files,
     check_repeat_rate,
@@ -45,7 +45,6 @@ from lidarshard.pipelines.tools.validate_samples import (
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.jsonsafe import loads, short
-from lidarshard.transforms.parts import listed_parts
 from lidarshard.transforms.plan.caps import Caps
 
 __all__ = ["run", "validate"]
@@ -249,54 +248,6 @@ def _load_json(c: _Checker, rel: str) -> dict:
     return obj
 
 
-def _plan_key(rel: str) -> tuple[int, int] | None:
-    """(epoch, rank) when ``rel`` is exactly ``schemas.plan_file(epoch, rank)``, else None."""
-    nums = re.findall(r"[0-9]{1,18}", rel)[:2]
-    if len(nums) != 2:
-        return None
-    e, r = int(nums[0]), int(nums[1])
-    return (e, r) if schemas.plan_file(e, r) == rel else None
-
-
-def _samples_parts(c: _Checker, rels: list[str]) -> list[str] | None:
-    """The samples parts among ``rels`` in order (``parts.listed_parts``), or None and a problem."""
-    try:
-        return listed_parts(rels)
-    except ValueError as e:
-        c.problem(schemas.SAMPLES_DIR, str(e))
-        return None
-
-
-def _check_listed(c: _Checker, files: dict, w: int, epochs: int) -> tuple[bool, list[str] | None]:
-    """The files ``_manifest.json`` lists are exactly the samples parts, rejects and one plan file
-    per (epoch, rank).
-
-    Works from the listed names, never from ``range(world_size)``: a forged ``world_size: 10**7``
-    costs one problem line, not ten million. Returns (whether the list is complete, the samples
-    parts in order or None: ``_samples_parts``).
-    """
-    plans: set[tuple[int, int]] = set()
-    for rel in sorted(files):
-        key = _plan_key(rel)
-        if key is not None and key[0] < epochs and key[1] < w:
-            plans.add(key)
-        elif rel != schemas.REJECTS_FILE and not rel.startswith(schemas.SAMPLES_DIR + "/"):
-            c.problem(rel, f"recorded in 'files' but not part of a world_size {w}, {epochs}-epoch plan")
-    missing = [rel for rel in (schemas.REJECTS_FILE,) if rel not in files]
-    parts = _samples_parts(c, list(files))
-    gap = w * epochs - len(plans)
-    if 0 < gap <= MAX_PROBLEMS:  # then w * epochs <= len(files) + MAX_PROBLEMS: cheap to enumerate
-        missing += [schemas.plan_file(e, r) for e in range(epochs) for r in range(w) if (e, r) not in plans]
-    elif gap:
-        c.problem(
-            "_manifest.json",
-            f"world_size {w} x epochs {epochs} need {w * epochs} plan files, 'files' lists {len(plans)}",
-        )
-    for rel in missing:
-        c.problem(rel, f"not recorded in _manifest.json 'files' (world_size {w}, epochs {epochs} need it)")
-    return not missing and gap == 0 and parts is not None, parts
-
-
 def _check_manifest(c: _Checker) -> str:
     m = _load_json(c, schemas.MANIFEST_FILE)
     missing = [k for k in REQUIRED_KEYS if k not in m]
@@ -326,7 +277,7 @@ def _check_manifest(c: _Checker) -> str:
             raise Invalid(f"_manifest.json: counts.{key} must hold {epochs} values")
     if not isinstance(m["files"], dict):
         raise Invalid("_manifest.json: 'files' is not a JSON object")
-    complete, parts = _check_listed(c, m["files"], w, epochs)
+    complete, parts = check_listed(c.problem, m["files"], w, epochs, MAX_PROBLEMS)
     good = c.files(m["files"])
     model_cost, bad_model = cost_model_of(m)
     samples = c.samples(
@@ -369,7 +320,7 @@ def _check_scan(c: _Checker) -> str:
         c.problem(rel, "unexpected file in a scan directory")
     if schemas.REJECTS_FILE not in present:
         c.problem(schemas.REJECTS_FILE, "missing")
-    parts = _samples_parts(c, in_samples)
+    parts = samples_parts(c.problem, in_samples)
     c.samples(parts, schemas.sample_schema(), counts, m.get("inputs_fingerprint", ""))
     c.rejects(schemas.REJECTS_FILE in present, counts)
     return f"scan: {counts.get('scanned')} scanned, {counts.get('accepted')} accepted, {counts.get('rejected')} rejected"
