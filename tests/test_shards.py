@@ -179,18 +179,21 @@ def test_row_groups_outside_the_range_are_not_read() -> None:
         assert files[2].read == list(range(8))
 
 
-def test_a_duplicate_id_keeps_the_same_row_whatever_the_arrival_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk", [4096, 7, 1])
+def test_a_duplicate_id_keeps_the_same_row_whatever_the_arrival_order(monkeypatch, chunk: int) -> None:
+    """Also whatever the chunks the streamed rows become Arrow in (``CHUNK_ROWS``)."""
+    monkeypatch.setattr(shards, "CHUNK_ROWS", chunk)
     rows = _rows(50, seed=1)
     twins = [dict(rows[7], path=p, file_bytes=b) for p, b in (("/data/z.bin", 5), ("/data/a.bin", 9))]
     kept, ids = [], sorted({r["sample_id"] for r in rows})
     for order in (rows + twins, twins[::-1] + rows[::-1]):
-        table, dups = shards.settle_shard(order)
+        table, dups = shards.settle_shard(iter(order))
         assert table.column("sample_id").to_pylist() == ids
         assert table.column("path").to_pylist()[ids.index(rows[7]["sample_id"])] == "/data/a.bin"
         assert sorted(d["path"] for d in dups) == sorted([rows[7]["path"], "/data/z.bin"])
         assert {d["reason"] for d in dups} == {"duplicate_id"}
         kept.append(parquet_bytes(table))
-    assert kept[0] == kept[1]
+    assert kept[0] == kept[1] == parquet_bytes(shards.settle_shard(rows + twins)[0])
 
 
 def test_shard_of_is_the_same_in_every_process() -> None:

@@ -281,7 +281,7 @@ class _WriteShard(beam.DoFn):
 
     def process(self, grouped: tuple[int, Iterable[dict]]) -> Iterator:
         shard, rows = grouped
-        table, dups = shards.settle_shard(list(rows))
+        table, dups = shards.settle_shard(rows)  # streamed, CHUNK_ROWS dicts at a time
         storage.write_bytes(shard_path(self._work, shard), shards.shard_bytes(table))
         yield "shards", (shard, table.num_rows, shards.sampled_keys(table, self._stride, shard))
         for row in dups:

@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
-from lidarshard.transforms.arrow import ParquetStream, merge_sorted, parquet_file, rows_to_table
+from lidarshard.transforms.arrow import (
+    ParquetStream,
+    concat_sorted,
+    merge_sorted,
+    parquet_file,
+    rows_to_table,
+)
 from lidarshard.transforms.features.accounting import dedupe
 
 __all__ = [
@@ -43,6 +50,9 @@ SCAN_SHARDS = 256
 #: one per shard a round (256 x 128 rows x ~2.2 KB a 9-sweep row: ~72 MB of Arrow data); measured
 #: peak RSS ~1 GiB at 1M rows, flat in N (``benchmarks/merge_bench.py``).
 SHARD_GROUP_ROWS = 128
+#: Feature rows (dicts) turned into Arrow at a time when a shard is settled (~2 KB each as Arrow with
+#: 9 sweeps, several times that as Python objects).
+CHUNK_ROWS = 4096
 #: Sort keys of a shard: the id, then columns that tell apart two inputs claiming one id, so the row
 #: ``dedupe`` keeps does not depend on arrival order.
 ORDER = ("sample_id", "path", "format", "file_bytes", "num_points", "num_in_range", "label_path")
@@ -54,11 +64,14 @@ def shard_of(sample_id: str) -> int:
     return int.from_bytes(digest, "little") % SCAN_SHARDS
 
 
-def settle_shard(rows: Sequence[dict]) -> tuple[pa.Table, list[dict]]:
+def settle_shard(rows: Iterable[dict]) -> tuple[pa.Table, list[dict]]:
     """Feature rows of one shard -> (the table sorted by ``ORDER``, first row per sample_id kept;
-    reject rows (``duplicate_id``) for the others)."""
-    table = rows_to_table(rows, schemas.sample_schema())
-    return dedupe(table.sort_by([(k, "ascending") for k in ORDER]).combine_chunks())
+    reject rows (``duplicate_id``) for the others). Rows become Arrow ``CHUNK_ROWS`` at a time, so a
+    streamed ``rows`` (a runner's grouped values) never has more than that many dicts alive."""
+    schema, it, chunks = schemas.sample_schema(), iter(rows), []
+    while chunk := list(itertools.islice(it, CHUNK_ROWS)):
+        chunks.append(rows_to_table(chunk, schema))
+    return dedupe(concat_sorted(chunks, schema, ORDER))
 
 
 def shard_bytes(table: pa.Table) -> bytes:
