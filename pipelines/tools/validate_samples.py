@@ -18,17 +18,16 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms import paths
-from lidarshard.transforms.arrow import row_groups
+from lidarshard.transforms import paths, storage
+from lidarshard.transforms.arrow import parquet_file, read_rows, row_groups
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.jsonsafe import short
-from lidarshard.transforms.parts import open_parts, read_parts
+from lidarshard.transforms.parts import ParquetParts, open_parts, read_parts
 
 __all__ = [
     "NUMERIC",
@@ -103,19 +102,18 @@ def row_keys(ids: pa.Array, path: pa.Array, sweep_paths: pa.Array) -> NDArray[np
 
 
 class _LazyIds:
-    """``ids[i]``: the sample_id of row ``i`` of the samples parts at ``files``, read from its row
-    group when asked (for messages)."""
+    """``ids[i]``: the sample_id of row ``i`` of the samples parts at ``files`` (``file``, their
+    ``ParquetParts``), read from its row group of its part when asked (for messages)."""
 
-    def __init__(self, files: list[str], file: pq.ParquetFile) -> None:
+    def __init__(self, files: list[str], file: ParquetParts) -> None:
         self.files = files
-        sizes = [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)]
-        self._starts = np.cumsum([0, *sizes])
+        self._starts = np.cumsum([0, *file.part_rows])
 
     def __getitem__(self, i: int) -> str:
-        g = int(np.searchsorted(self._starts, int(i), side="right")) - 1
-        with open_parts(self.files) as f:
-            col = f.read_row_group(g, columns=["sample_id"]).column(0)
-        return col[int(i) - int(self._starts[g])].as_py()
+        part = int(np.searchsorted(self._starts, int(i), side="right")) - 1
+        row = int(i) - int(self._starts[part])
+        with storage.open_read(self.files[part]) as f:
+            return read_rows(parquet_file(f), row, row + 1, ["sample_id"]).column(0)[0].as_py()
 
 
 class SamplesView:
@@ -172,7 +170,7 @@ class SamplesView:
 
 def read_samples(
     files: list[str],
-    file: pq.ParquetFile,
+    file: ParquetParts,
     root: object,
     problem: Callable[[str], None],
     model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
