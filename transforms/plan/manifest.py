@@ -121,18 +121,12 @@ def score_samples(
     if samples.num_rows == 0:
         raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
     scored, edges = score(samples, model, cfg, costs, None if weights is None else weights.values)
-    parts = [
-        write_file(write, schemas.samples_part(k), parquet_bytes(scored.slice(start, part_rows)))
-        for k, start in enumerate(range(0, scored.num_rows, part_rows))
-    ]
+    slices = [scored.slice(start, part_rows) for start in range(0, scored.num_rows, part_rows)]
+    parts = [write_file(write, schemas.samples_part(k), parquet_bytes(t)) for k, t in enumerate(slices)]
     meta = checked_meta(
         parts, rejects, counts, model, cfg, write, scored, edges, fingerprint(samples), weights
     )
-    return meta | {
-        "part_rows": [
-            min(part_rows, scored.num_rows - start) for start in range(0, scored.num_rows, part_rows)
-        ]
-    }
+    return meta | {"part_rows": [t.num_rows for t in slices]}
 
 
 def checked_meta(
