@@ -269,13 +269,14 @@ class CommandParser(argparse.ArgumentParser):
         """argparse's usage + one line + exit 2; raises UsageError instead for the Python API. A
         required flag reported missing while an unknown flag was given names the unknown one (a typo
         of the required flag: ``--batch-sise``)."""
-        unknown = [
-            a
-            for a in getattr(self, "_argv", [])
-            if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions
-        ]
-        if message.startswith("the following arguments are required") and unknown:
-            message = self._unknown(unknown)
+        if message.startswith("the following arguments are required"):
+            argv = getattr(self, "_argv", [])
+            unknown = [
+                a
+                for a in argv
+                if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions
+            ]
+            message = self._unknown(unknown) if unknown else message
         if self.raise_errors:
             raise UsageError(message)
         super().error(message)
