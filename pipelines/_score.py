@@ -23,7 +23,7 @@ from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.beam.scan import NAMESPACE, scan_results
 from lidarshard.transforms.features import previous, repeat
 from lidarshard.transforms.features.cost import CostModel, sample_costs
-from lidarshard.transforms.parts import open_parts, read_parts, samples_files
+from lidarshard.transforms.parts import listed_parts, open_parts, read_parts, samples_files
 from lidarshard.transforms.plan import manifest
 from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs
 
@@ -33,6 +33,7 @@ __all__ = [
     "settle_previous",
     "settle_scan",
     "write_part",
+    "written_parts",
     "samples_written",
     "SCANNED_DIR",
 ]
@@ -80,9 +81,10 @@ def _read_label(path: str, root: str | None) -> bytes:
 
 
 def _previous_rejects(path: str) -> pa.Table:
-    root = path.rsplit("/", 1)[0] if "/" in path else "."
     try:
-        return storage.read_parquet(storage.join(root, schemas.REJECTS_FILE)).cast(schemas.reject_schema())
+        return storage.read_parquet(storage.join(options.previous_dir(path), schemas.REJECTS_FILE)).cast(
+            schemas.reject_schema()
+        )
     except OSError:
         return schemas.reject_schema().empty_table()
 
@@ -134,8 +136,7 @@ def settle_scan(
     with open_parts(files) as file:
         numeric = None if cfg.repeat.threshold is not None else previous.numeric_columns(file)
         if numeric is None:  # no sample, or repeat factors: the in-memory path says what is wrong
-            samples = pa.concat_tables([file.read_row_group(g) for g in range(file.metadata.num_row_groups)])
-            yield from check_and_score(scanned, samples, rejects, model, cfg, args)
+            yield from check_and_score(scanned, read_parts(files), rejects, model, cfg, args)
             return
         # a scan's rejects keep full paths, as in the in-memory path
         roots = (None, args["root"])
@@ -176,6 +177,12 @@ def _score_stream(
     yield "scored", meta | {"parts": len(tasks)}
     for task in tasks:
         yield "part", task
+
+
+def written_parts(checked: dict, staging: str) -> list[str]:
+    """The samples parts the metadata's ``files`` lists (``parts.listed_parts``), in order, as paths
+    in the staging directory."""
+    return [storage.join(staging, rel) for rel in listed_parts(f["path"] for f in checked["files"])]
 
 
 def write_part(task: previous.PartTask, staging: str) -> tuple[int, int, dict]:

@@ -30,7 +30,7 @@ from lidarshard.pipelines import build as build_cmd
 from lidarshard.transforms import storage
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel
-from lidarshard.transforms.parts import PART_ROWS, listed_parts, read_parts
+from lidarshard.transforms.parts import PART_ROWS, read_parts
 from lidarshard.transforms.plan import manifest
 
 __all__ = ["build", "write_manifest", "summary"]
@@ -231,8 +231,7 @@ def write_manifest(
         checked = manifest.score_samples(
             settled, rejects, counts, model, cfg, write, costs, weights, PART_ROWS
         )
-        parts = listed_parts(f["path"] for f in checked["files"])
-        scored = read_parts([storage.join(staging, p) for p in parts], columns=manifest.PLAN_INPUT)
+        scored = read_parts(_score.written_parts(checked, staging), columns=manifest.PLAN_INPUT)
         files, stats = list(checked["files"]), []
         for epoch in range(cfg.epochs):
             epoch_files, epoch_stats = manifest.write_epoch(scored, epoch, cfg, write)

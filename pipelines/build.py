@@ -56,15 +56,6 @@ def parser() -> launch.CommandParser:
     return p
 
 
-def _samples(checked: dict, staging: str) -> list[str]:
-    """The samples parts written (from CheckAndScore's ``files``), in order."""
-    return [
-        storage.join(staging, f["path"])
-        for f in checked["files"]
-        if f["path"].startswith(schemas.SAMPLES_DIR + "/")
-    ]
-
-
 def _plan_epoch(task: tuple[int, dict], cfg: PlanConfig, staging: str):
     """Plan epoch ``task[0]`` from the numeric columns of the samples: ``("stats", stats)``, one
     ``("shard", (epoch, start, stop, entries, (parts holding it, their first row)))`` per shard holding
@@ -72,7 +63,7 @@ def _plan_epoch(task: tuple[int, dict], cfg: PlanConfig, staging: str):
     ``("rank", ((epoch, rank), -1))`` per rank (so every rank's file is written). ``task[1]``
     (the metadata once every samples part is written) names the parts."""
     epoch, checked = task
-    parts = _samples(checked, staging)
+    parts = _score.written_parts(checked, staging)
     numeric = read_parts(parts, columns=sharded.NUMERIC_INPUT)
     part, stats = sharded.assignment(numeric, epoch, cfg)
     Metrics.counter(NAMESPACE, "planned").inc(stats["planned"])

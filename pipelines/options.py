@@ -37,6 +37,7 @@ __all__ = [
     "plan_config",
     "path_root",
     "previous_root",
+    "previous_dir",
     "cost_model",
     "check_input",
     "check_output",
@@ -162,15 +163,28 @@ def scan_meta(args: argparse.Namespace, cfg: ScanConfig, version: str) -> dict:
     }
 
 
-def previous_root(samples_path: str) -> str | None:
-    """The ``path_root`` recorded next to an earlier run's samples (None: full paths)."""
-    base = samples_path.rsplit("/", 1)[0] if "/" in samples_path else "."
+def previous_dir(samples_path: str) -> str:
+    """The directory an earlier run's samples (``OUT/samples`` or a 2.x ``OUT/samples.parquet``) sit
+    in: where its ``_manifest.json`` or ``_scan.json`` and ``rejects.parquet`` are."""
+    return samples_path.rsplit("/", 1)[0] if "/" in samples_path else "."
+
+
+def _recorded(samples_path: str) -> list[dict]:
+    """The ``_manifest.json`` and ``_scan.json`` beside an earlier run's samples that can be read, in
+    that order (lidarshard writes one of them)."""
+    found = []
     for name in (schemas.MANIFEST_FILE, schemas.SCAN_FILE):
         try:
-            return storage.read_json(storage.join(base, name)).get("path_root")
+            found.append(storage.read_json(storage.join(previous_dir(samples_path), name)))
         except Exception:  # noqa: BLE001 - absent or unreadable (stores raise their own types)
             continue
-    return None
+    return found
+
+
+def previous_root(samples_path: str) -> str | None:
+    """The ``path_root`` recorded next to an earlier run's samples (None: full paths)."""
+    recorded = _recorded(samples_path)
+    return recorded[0].get("path_root") if recorded else None
 
 
 def path_root(args: argparse.Namespace) -> str | None:
@@ -387,19 +401,10 @@ def read_previous_samples(path: str) -> pa.Table:
     return samples.sort_by([("sample_id", "ascending"), ("path", "ascending")])
 
 
-def _a_relative_path(path: str) -> str | None:
-    """A stored relative ``path`` of the samples at ``path`` (first row group only), or None."""
-    with open_parts(samples_files(path)) as file:
-        if not file.metadata.num_row_groups:
-            return None
-        stored = file.read_row_group(0, columns=["path"]).column("path").drop_null()
-    first = stored[0].as_py() if len(stored) else None
-    return first if first is not None and paths.is_relative(first) else None
-
-
-def previous_rows(path: str) -> int:
+def previous_rows(path: str) -> tuple[int, str | None]:
     """Rows of a ``--from-samples`` table after checking its schema and that no sample_id is null,
-    reading its footer and the sample_id column a row group at a time (never the whole table).
+    reading its footer and the sample_id column a row group at a time (never the whole table), and
+    the first stored ``path`` of its first row group (None: none).
 
     Raises:
         ValueError: as ``read_previous_samples``.
@@ -419,11 +424,12 @@ def previous_rows(path: str) -> int:
                 if other:
                     _check_previous_schema(where, t.select([f.name for f in other]), pa.schema(other))
             rows = file.metadata.num_rows
+            stored = file.read_row_group(0, columns=["path"]).column("path").drop_null() if rows else []
     except pa.ArrowException as e:
         raise ValueError(f"{where} is not a readable Parquet file ({str(e)[:120]})") from None
     if nulls:
         raise ValueError(f"{where}: {nulls} rows have a null sample_id")
-    return rows
+    return rows, (stored[0].as_py() if len(stored) else None)
 
 
 def check_from_samples(path: str) -> tuple[int, float | None]:
@@ -433,22 +439,14 @@ def check_from_samples(path: str) -> tuple[int, float | None]:
     if not (_exists(path) or storage.is_dir(path)):  # a samples directory is a prefix on object stores
         raise UsageError(f"--from-samples {path} does not exist")
     try:
-        rows = previous_rows(path)
-        relative = None if previous_root(path) else _a_relative_path(path)
+        rows, first = previous_rows(path)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
-    if relative is not None:
+    if first is not None and paths.is_relative(first) and not previous_root(path):
         raise UsageError(
-            f"--from-samples {path} stores relative paths ({relative!r}) but no _manifest.json or _scan.json "
+            f"--from-samples {path} stores relative paths ({first!r}) but no _manifest.json or _scan.json "
             "beside it records their root: pass the samples where their run wrote them (OUT/samples)"
         )
-    recorded = None
-    root = path.rsplit("/", 1)[0] if "/" in path else "."
-    for name in (schemas.MANIFEST_FILE, schemas.SCAN_FILE):
-        try:
-            recorded = storage.read_json(storage.join(root, name)).get("max_reject_fraction")
-        except Exception:  # noqa: BLE001 - absent or unreadable (stores raise their own types): none recorded
-            continue
-        if recorded is not None:
-            break
+    fractions = [m.get("max_reject_fraction") for m in _recorded(path)]
+    recorded = next((f for f in fractions if f is not None), None)
     return rows, (float(recorded) if isinstance(recorded, (int, float)) else None)
