@@ -52,6 +52,7 @@ __all__ = [
     "SUCCESS_FILE",
     "plan_file",
     "PLAN_DIR",
+    "WORK_DIR",
     "PARTITION_FIELDS",
     "partition_schema",
     "check_version",
@@ -67,6 +68,8 @@ MANIFEST_FILE = "_manifest.json"
 SCAN_FILE = "_scan.json"
 SUCCESS_FILE = "_SUCCESS"
 PLAN_DIR = "plan"
+#: Scratch directory inside a run's staging directory (scan shards, plan pieces); removed before publishing.
+WORK_DIR = "_work"
 
 
 def part_name(k: int) -> str:

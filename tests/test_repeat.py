@@ -22,9 +22,9 @@ from lidarshard.transforms.features.repeat import (
     parse_repeat_factors,
     sample_weights,
 )
+from lidarshard.transforms.features.score import repeat_info
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT
-from lidarshard.transforms.plan.epochs import PlanConfig, epoch_pool, plan_samples, replan
-from lidarshard.transforms.plan.manifest import repeat_info
+from lidarshard.transforms.plan.epochs import PlanConfig, epoch_pool, plan_samples
 
 
 def test_lvis_factors_by_hand() -> None:
@@ -139,10 +139,13 @@ def test_every_strategy_plans_each_sample_as_often_as_its_rounded_weight(strateg
     scored = _scored(n, w)
     cfg = PlanConfig(world_size=3, batch_size=2, epochs=2, seed=5, strategy=strategy, policy="pad")
     for epoch in range(2):
-        plan, stats = plan_samples(scored, epoch, cfg)
-        again, _ = plan_samples(scored, epoch, cfg)
+        planned = plan_samples(scored, epoch, cfg)
+        plan, stats = planned.plan, planned.stats
+        again = plan_samples(scored, epoch, cfg).plan
         np.testing.assert_array_equal(plan, again)  # deterministic per (seed, epoch)
-        np.testing.assert_array_equal(replan(scored, epoch, cfg), plan)  # validate's plan, no stats
+        np.testing.assert_array_equal(
+            plan_samples(scored, epoch, cfg, baseline=False).plan, plan
+        )  # validate's
         pool = epoch_pool(scored.column("bucket_id").to_numpy(), w, epoch, cfg)[0]
         seen = np.bincount(plan[plan >= 0], minlength=n)
         np.testing.assert_array_equal(seen, np.bincount(pool, minlength=n))  # the plan holds the pool
@@ -166,7 +169,7 @@ def test_repeat_info_counts_expected_and_realized_copies_per_class() -> None:
         "7": float(w[0] * bucket[0] + w[2] * bucket[2]),
     }
     for e, realized in enumerate(info["realized"]):
-        plan = plan_samples(scored, e, cfg)[0]
+        plan = plan_samples(scored, e, cfg).plan
         seen = np.bincount(plan[plan >= 0], minlength=4)
         assert realized == {"0": float(seen.sum()), "7": float(seen[0] + seen[2])}
     assert repeat_info(scored, None, cfg) is None

@@ -1,4 +1,4 @@
-"""The sharded plan writer (``transforms.plan.sharded``) gives exactly ``plan_tables``' rank files."""
+"""The sharded plan writer (``transforms.plan.sharded``) gives exactly the one-process oracle's rank files."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from hypothesis import strategies as st
 from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.plan import sharded
 from lidarshard.transforms.plan.caps import Caps
-from lidarshard.transforms.plan.epochs import PlanConfig, plan_tables
+from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
 from tests.helpers import scored_pool
+from tests.plan_oracle import plan_tables
 
 
 def _sharded_tables(
     scored: pa.Table, epoch: int, cfg: PlanConfig, rows: int, reverse: bool
 ) -> list[pa.Table]:
-    part, _ = sharded.assignment(scored.select(sharded.NUMERIC_INPUT), epoch, cfg)
+    part = sharded.assignment(plan_samples(scored.select(sharded.NUMERIC_INPUT), epoch, cfg).plan)
     pieces: dict[int, list[pa.Table]] = {}
     for start, stop in sharded.shard_bounds(scored.num_rows, rows):
         got = sharded.rank_pieces(
@@ -55,7 +56,7 @@ def test_pieces_round_trip_through_parquet_keep_the_schema() -> None:
     scored = scored_pool(300, 0)
     cfg = PlanConfig(world_size=3, batch_size=2, caps=Caps(max_points=5000), strategy="budget")
     want, _ = plan_tables(scored, 0, cfg)
-    part, _ = sharded.assignment(scored.select(sharded.NUMERIC_INPUT), 0, cfg)
+    part = sharded.assignment(plan_samples(scored.select(sharded.NUMERIC_INPUT), 0, cfg).plan)
     pieces = sharded.rank_pieces(scored, 0, sharded.slice_rows(part, 0, 300))
     back = {r: pa.BufferReader(parquet_bytes(p)) for r, p in pieces.items()}
     import pyarrow.parquet as pq
@@ -72,4 +73,4 @@ def test_slice_rows_and_bounds() -> None:
     assert sharded.slice_rows(part, 1, 4)["rank"].tolist() == [1, 2, 3]
     three = scored_pool(3, 0).select(sharded.NUMERIC_INPUT).set_column(3, "weight", pa.array([1.0, 1.0, 1.0]))
     with pytest.raises(ValueError, match="do not fill one step"):
-        sharded.assignment(three, 0, PlanConfig(world_size=4, batch_size=1))
+        plan_samples(three, 0, PlanConfig(world_size=4, batch_size=1))

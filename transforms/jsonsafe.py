@@ -15,8 +15,8 @@ from typing import Any
 
 __all__ = ["MAX_INT_DIGITS", "loads", "short"]
 
-#: Longer integer literals become floats: int64 holds 18 full digits.
-MAX_INT_DIGITS = 18
+#: Longer integer literals become floats: int64 holds 19 digits (up to 9223372036854775807).
+MAX_INT_DIGITS = 19
 
 _repr = reprlib.Repr()
 _repr.maxlevel, _repr.maxstring, _repr.maxother, _repr.maxlist, _repr.maxdict = 3, 60, 60, 6, 6

@@ -1,22 +1,27 @@
-"""From a samples table to per-(epoch, rank) plan tables and the manifest's numbers. Pure.
+"""What decides a plan (``PlanConfig``) and one epoch's plan in sample space (``plan_samples``). Pure.
 
-The Beam pipeline calls ``score`` once (the whole, sorted samples table), then ``plan_tables``
-once per epoch (epochs plan in parallel), then ``repeat_rates`` for the metadata.
+The build plans each epoch once, from the numeric columns of the scored samples (``cost``,
+``bucket_id``, ``num_points``, ``weight``): ``plan_samples`` gives the strategy's plan, the ``random``
+baseline on the same pool (the reference of ``random_linearity``) and the epoch's stats; the pair
+repeat rates of epochs 0 and 1 come from those same plans (``repeat_rates``). ``lidarshard validate``
+re-derives them independently with the same functions.
 """
 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
-from lidarshard.transforms.features.repeat import WeightSpec
+from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
@@ -24,12 +29,11 @@ from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool
 __all__ = [
     "MAX_PLAN_FACTOR",
     "PlanConfig",
+    "EpochPlan",
     "score",
     "bucket_costs",
     "plan_rows",
-    "plan_tables",
     "plan_samples",
-    "replan",
     "epoch_pool",
     "repeat_rates",
     "bucket_info",
@@ -65,6 +69,71 @@ class PlanConfig:
             raise ValueError(f"unknown --strategy {self.strategy!r}; choose from {sorted(STRATEGIES)}")
         if self.policy not in buckets.POLICIES:
             raise ValueError(f"policy must be one of {buckets.POLICIES}")
+
+    @property
+    def step_size(self) -> int:
+        """W*B: the samples one step of all ranks holds (the mean under ``budget``)."""
+        return self.world_size * self.batch_size
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest's plan settings (``Manifest.to_json`` keys)."""
+        return {
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "epochs": self.epochs,
+            "seed": self.seed,
+            "strategy": self.strategy,
+            "policy": self.policy,
+            "max_plan_factor": self.max_plan_factor,
+            "caps": self.caps.to_json(),
+        }
+
+    @classmethod
+    def from_manifest(cls, m: Manifest, **changes: Any) -> PlanConfig:
+        """The settings a manifest was planned with, as its planner saw them: bucket weights cut to
+        the buckets that hold samples; ``changes`` override fields (``strategy="random"``).
+
+        Raises:
+            ValueError: a setting the manifest records is not a valid one (strategy, caps, repeat mode).
+        """
+        used = [k for k, n in enumerate(m.buckets.counts) if n > 0]
+        k = used[-1] + 1 if used else 1
+        mode = (m.repeat or {}).get("mode")
+        repeat = WeightSpec()
+        if isinstance(mode, str) and mode.startswith("lidarseg:"):
+            repeat = WeightSpec(threshold=parse_repeat_factors(mode))
+        elif isinstance(mode, str) and mode.startswith("column:"):
+            repeat = WeightSpec(column=mode[len("column:") :])
+        fields: dict[str, Any] = {
+            "world_size": m.world_size,
+            "batch_size": m.batch_size,
+            "epochs": m.epochs,
+            "seed": m.seed,
+            "strategy": m.strategy,
+            "policy": m.policy,
+            "num_buckets": m.buckets.k,
+            "weights": tuple(m.buckets.weights[:k]),
+            "caps": Caps.from_json(dict(m.caps) if m.caps is not None else None),
+            "max_plan_factor": MAX_PLAN_FACTOR if m.max_plan_factor is None else m.max_plan_factor,
+            "repeat": repeat,
+        }
+        return cls(**(fields | changes))
+
+
+@dataclass(frozen=True, eq=False)
+class EpochPlan:
+    """One epoch planned once: the strategy's plan, the ``random`` reference on the same pool, stats.
+
+    Attributes:
+        plan: (S, W, M) int64 sample row indices, ``-1`` = empty slot (variable counts).
+        baseline: (S', W, B) int64 sample row indices of the ``random`` strategy on the pool's first
+            ``P - P % (W*B)`` entries (the plan behind ``random_linearity``).
+        stats: the manifest's ``balance`` entry of the epoch plus ``planned``, ``dropped``, ``padded``.
+    """
+
+    plan: NDArray[np.int64]
+    baseline: NDArray[np.int64] = field(repr=False)
+    stats: dict
 
 
 def score(
@@ -124,31 +193,23 @@ def bucket_info(scored: pa.Table, edges: NDArray[np.float64], cfg: PlanConfig) -
     }
 
 
-def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[NDArray[np.int64], dict]:
-    """Plan one epoch in sample space.
+def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig, *, baseline: bool = True) -> EpochPlan:
+    """Plan one epoch in sample space, once.
 
     Equal-count strategies plan a pool fitted to whole steps (``cfg.policy``); variable-count ones
     (``budget``) plan the whole pool, nothing dropped or padded. With caps the table needs
-    ``num_points``.
-
-    Returns:
-        (plan (S, W, M) int64 row indices into ``scored``, ``-1`` = empty slot, stats) where stats
-        holds the epoch's balance summary and counts {planned, dropped, padded}.
+    ``num_points``. ``baseline=False`` skips the ``random`` reference and the stats (an empty
+    baseline and ``{}``): what a check that only compares plans needs.
     """
     plan, pool, costs, dropped, padded = _plan_pool(scored, epoch, cfg)
+    if not baseline:
+        return EpochPlan(_to_samples(plan, pool), np.empty((0, cfg.world_size, cfg.batch_size), np.int64), {})
     w, b = cfg.world_size, cfg.batch_size
-    baseline = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=cfg.seed, epoch=epoch)
-    stats = balance_summary(plan, costs, w, b, baseline=baseline, epoch=epoch)
+    reference = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=cfg.seed, epoch=epoch)
+    stats = balance_summary(plan, costs, w, b, baseline=reference, epoch=epoch)
     stats |= {"planned": int(pool.size), "dropped": int(dropped), "padded": int(padded)}
-    del baseline, costs
-    return _to_samples(plan, pool), stats
-
-
-def replan(scored: pa.Table, epoch: int, cfg: PlanConfig) -> NDArray[np.int64]:
-    """``plan_samples``' plan without its stats (no reference plans held beside it): what
-    ``lidarshard validate`` compares the plan files with."""
-    plan, pool = _plan_pool(scored, epoch, cfg)[:2]
-    return _to_samples(plan, pool)
+    del costs
+    return EpochPlan(_to_samples(plan, pool), _to_samples(reference, pool), stats)
 
 
 def _to_samples(plan: NDArray[np.int64], pool: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -241,34 +302,9 @@ def plan_rows(plan: NDArray[np.int64]) -> dict[str, NDArray]:
     }
 
 
-def plan_tables(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[list[pa.Table], dict]:
-    """One epoch's plan as W tables (rank order) of ``lidarshard.schemas.plan_schema()``, sorted by (step, slot).
-
-    One gather of all planned rows in rank-major order, then zero-copy slices per rank.
-    """
-    plan, stats = plan_samples(scored, epoch, cfg)
-    rows = plan_rows(plan)
-    cols = scored.select(["sample_id", "path", "sweep_paths", "cost", "bucket_id"])
-    taken = cols.take(pa.array(rows.pop("row"))).combine_chunks()
-    # epoch and rank are the files' hive directories (schemas.plan_file), not columns
-    fixed = {name: pa.array(values) for name, values in rows.items()}
-    arrays = [fixed[f.name] if f.name in fixed else taken.column(f.name) for f in schemas.plan_schema()]
-    table = pa.Table.from_arrays(arrays, schema=schemas.plan_schema())
-    ends = np.cumsum(np.bincount(rows["rank"], minlength=plan.shape[1]))
-    starts = ends - np.bincount(rows["rank"], minlength=plan.shape[1])
-    return [table.slice(int(a), int(e - a)) for a, e in zip(starts, ends, strict=True)], stats
-
-
-def repeat_rates(scored: pa.Table, cfg: PlanConfig) -> dict[str, float] | None:
-    """How often two samples sharing a step in epoch 0 share one again in epoch 1: this strategy
-    vs ``random`` (None with one epoch)."""
-    if cfg.epochs < 2:
-        return None
-    out = {}
-    for name in dict.fromkeys([cfg.strategy, "random"]):
-        caps = cfg.caps if name == cfg.strategy else Caps()  # the reference ignores the caps
-        c = PlanConfig(**{**cfg.__dict__, "strategy": name, "caps": caps})
-        a, _ = plan_samples(scored, 0, c)
-        b, _ = plan_samples(scored, 1, c)
-        out[name] = round(pair_repeat_rate(a, b), 6)
-    return out
+def repeat_rates(first: EpochPlan, second: EpochPlan, strategy: str) -> dict[str, float]:
+    """How often two samples sharing a step in epoch 0 share one again in epoch 1: the strategy's
+    plans vs their ``random`` baselines (``EpochPlan.baseline``), from the epochs' own plans."""
+    rates = {strategy: round(pair_repeat_rate(first.plan, second.plan), 6)}
+    rates["random"] = round(pair_repeat_rate(first.baseline, second.baseline), 6)
+    return rates

@@ -1,16 +1,16 @@
 """An epoch's plan files written without any process holding the samples' strings. Pure.
 
-``plan_tables`` takes rows from the whole scored table in one process: at 1M samples with 9 sweeps
-that is ~1 GB of paths per epoch. Here the plan is decided on the numeric columns only
+Taking every planned row from the whole scored table in one process would hold ~1 GB of paths per
+epoch at 1M samples with 9 sweeps. Here the plan is decided on the numeric columns only
 (``NUMERIC_INPUT``, ~28 bytes a sample), and the rows travel in shards (row ranges) of the samples::
 
-    part, stats = assignment(numeric, epoch, cfg)          # sample index -> (rank, step, slot), sorted
+    part = assignment(plan_samples(numeric, epoch, cfg).plan)  # sample index -> (rank, step, slot), sorted
     for k, (start, stop) in enumerate(shard_bounds(n)):    # in parallel: one task per (epoch, shard)
         pieces = rank_pieces(read_rows(start, stop), start, slice_rows(part, start, stop))
     table = finish_rank(pieces_of_rank)                    # in parallel: one task per (epoch, rank)
 
-``finish_rank`` gives exactly ``plan_tables``' table of that rank (same rows, order and types), so
-the Parquet bytes match the one-process path.
+``finish_rank`` gives exactly the table a one-process writer would (same rows, order and types;
+``tests/plan_oracle.py`` keeps that writer as the tests' oracle).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms.plan.epochs import PlanConfig, plan_rows, plan_samples
+from lidarshard.transforms.plan.epochs import plan_rows
 
 __all__ = [
     "NUMERIC_INPUT",
@@ -48,18 +48,12 @@ def shard_bounds(n: int, rows: int = ROWS_PER_SHARD) -> list[tuple[int, int]]:
     return [(a, min(a + rows, n)) for a in range(0, n, rows)]
 
 
-def assignment(numeric: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[dict[str, NDArray], dict]:
-    """Plan epoch ``epoch`` from ``NUMERIC_INPUT`` columns (rows in sample order).
-
-    Returns:
-        (``plan_rows`` arrays sorted by sample index ``row`` (ties: rank-major plan order), the
-        epoch's stats as ``plan_samples`` gives them).
-    """
-    plan, stats = plan_samples(numeric, epoch, cfg)
+def assignment(plan: NDArray[np.int64]) -> dict[str, NDArray]:
+    """An epoch's plan (S, W, M) sample indices (``EpochPlan.plan``) as ``plan_rows`` arrays sorted by
+    sample index ``row`` (ties: rank-major plan order), for the shard tasks."""
     rows = plan_rows(plan)
-    del plan
     order = np.argsort(rows["row"], kind="stable")
-    return {k: rows.pop(k)[order] for k in list(rows)}, stats  # each column freed once reordered
+    return {k: rows.pop(k)[order] for k in list(rows)}  # each column freed once reordered
 
 
 def slice_rows(part: dict[str, NDArray], start: int, stop: int) -> dict[str, NDArray]:

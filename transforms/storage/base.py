@@ -7,7 +7,7 @@ import os
 import posixpath
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import BinaryIO, NamedTuple, Protocol
+from typing import BinaryIO, NamedTuple, Protocol, overload
 
 from lidarshard.transforms.storage.safeio import NotRegularFile, is_local, local_path
 
@@ -63,6 +63,10 @@ def has_scheme(path: str) -> bool:
     return "://" in path
 
 
+@overload
+def absolute(path: str) -> str: ...
+@overload
+def absolute(path: None) -> None: ...
 def absolute(path: str | None) -> str | None:
     """A local path made absolute (workers may run elsewhere); URIs and None pass unchanged."""
     return path if path is None or has_scheme(path) else os.path.abspath(path)
