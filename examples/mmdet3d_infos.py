@@ -106,7 +106,7 @@ def train(manifest: Path, infos: Path, data_root: Path, work_dir: Path, epochs: 
         return {"points": [b["points"] for b in batch], "token": [b["token"] for b in batch]}
 
     model = Mean()
-    batch = lidarshard.load_manifest(str(manifest))["batch_size"]
+    batch = lidarshard.load_manifest(str(manifest)).batch_size
     runner = Runner(
         model=model,
         work_dir=str(work_dir),

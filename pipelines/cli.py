@@ -11,11 +11,9 @@ import sys
 import traceback
 
 from lidarshard import __version__
+from lidarshard.pipelines import DEBUG_ENV
 
 __all__ = ["main", "one_line", "DEBUG_ENV", "SUBCOMMANDS", "BEAM_COMMANDS"]
-
-#: Set to 1 to get the full Python/Beam traceback of a failed run (same as ``--debug``).
-DEBUG_ENV = "LIDARSHARD_DEBUG"
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Rejects|Failed)): (.+)$", re.MULTILINE)
 

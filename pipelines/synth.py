@@ -53,8 +53,9 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import StandardOptions
 
-from lidarshard.pipelines import launch, options
-from lidarshard.pipelines.launch import flag, int_in
+from lidarshard.pipelines import launch
+from lidarshard.pipelines.checks import check_output_parent
+from lidarshard.pipelines.flags import CommandParser, UsageError, flag, int_in
 from lidarshard.transforms import storage
 from lidarshard.transforms.synth import dataroot as synth
 from lidarshard.transforms.synth import tables as tb
@@ -64,12 +65,12 @@ __all__ = ["GenerateDataroot", "parser", "synth_config", "run"]
 _LOG = logging.getLogger(__name__)
 
 #: Without --runner: FnApiRunner in memory (DirectRunner >= 2.62 first tries to download Prism).
-DEFAULT_RUNNER = ("--runner=FnApiRunner", "--direct_running_mode=in_memory")
+DEFAULT_RUNNER = launch.LOCAL_RUNNER
 
 
-def parser() -> launch.CommandParser:
+def parser() -> CommandParser:
     """The ``synth`` command line; one name per concept with ``build`` (``--nuscenes-version``)."""
-    p = launch.CommandParser("lidarshard synth", __doc__)
+    p = CommandParser("lidarshard synth", __doc__)
     p.add_argument("out", metavar="OUT", help="dataroot to write (local path or gs:// URI)")
     g = p.add_argument_group("dataset")
     flag(g, "--scenes", "number of scenes", type=int_in(1, 100_000), default=4, metavar="N")
@@ -97,7 +98,7 @@ def synth_config(args: argparse.Namespace) -> synth.SynthConfig:
             sweeps_per_keyframe=args.sweeps_per_keyframe, labels=args.labels, version=args.nuscenes_version,
         )  # fmt: skip
     except ValueError as e:
-        raise launch.UsageError(f"--nuscenes-version {args.nuscenes_version}: {e}") from None
+        raise UsageError(f"--nuscenes-version {args.nuscenes_version}: {e}") from None
 
 
 def _write(out: str, rel: str, data: bytes) -> None:
@@ -179,8 +180,8 @@ def run(argv: list[str] | None = None) -> int:
     try:
         cfg = synth_config(args)
         out = storage.absolute(args.out)
-        options.check_output_parent(out)
-    except launch.UsageError as e:
+        check_output_parent(out)
+    except UsageError as e:
         p.fail(str(e))
     opts = launch.beam_options(beam_argv, DEFAULT_RUNNER)
     if FileSystems.exists(FileSystems.join(out, cfg.version, "scene.json")):

@@ -14,6 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes, FileMetadata, FileSystem
+from numpy.typing import NDArray
+
+from lidarshard import schemas
 
 REPO = Path(__file__).resolve().parents[1]
 #: The repository folders that install as the one ``lidarshard`` package.
@@ -190,3 +193,24 @@ def write_samples(samples: Path, table: pa.Table) -> Path:
     samples.mkdir(parents=True)
     pq.write_table(table, samples / "part-00000.parquet")
     return samples
+
+
+def samples_table(ids: list[str], points: list[int] | NDArray, paths: list[str] | None = None) -> pa.Table:
+    """A samples table (``schemas.sample_schema()``): the given ids and point counts, voxels a third
+    of the points, no sweeps; paths ``/d/<id>.bin`` unless given."""
+    n = len(ids)
+    points = np.asarray(points, dtype=np.int64)
+    cols = {
+        "sample_id": ids,
+        "path": paths or [f"/d/{s}.bin" for s in ids],
+        "num_points": points,
+        "num_in_range": points,
+        "occupied_voxels": points // 3,
+        "file_bytes": points * 16,
+    }
+    arrays = [
+        pa.array(cols[f.name], f.type) if f.name in cols else pa.array([[]] * n, f.type)
+        if pa.types.is_list(f.type) else pa.nulls(n, f.type)
+        for f in schemas.sample_schema()
+    ]  # fmt: skip
+    return pa.Table.from_arrays(arrays, schema=schemas.sample_schema())

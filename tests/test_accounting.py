@@ -6,10 +6,17 @@ from __future__ import annotations
 import hashlib
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
-from lidarshard.transforms.features.accounting import counts_of, dedupe, fingerprint, settle
+from lidarshard.transforms.features.accounting import (
+    TooManyRejects,
+    counts_of,
+    counts_or_stop,
+    dedupe,
+    fingerprint,
+)
 
 
 def _samples(ids: list[str], nbytes: list[int | None] | None = None) -> pa.Table:
@@ -46,11 +53,13 @@ def test_counts_of_checks_accounting_and_reject_fraction() -> None:
         counts_of(3, _samples(["a", "b"]).num_rows, rejects, max_reject_fraction=0.2)
 
 
-def test_settle_moves_duplicates_to_sorted_rejects() -> None:
-    samples, rejects, counts = settle(4, _samples(["a", "a", "b"]), _rejects([("/0", "empty", "")]), 1.0)
-    assert samples.column("sample_id").to_pylist() == ["a", "b"]
-    assert rejects.column("path").to_pylist() == ["/0", "/d/1.bin"]
-    assert counts["rejected_by_reason"] == {"empty": 1, "duplicate_id": 1}
+def test_counts_or_stop_writes_every_reject_beside_out(tmp_path) -> None:
+    rejects = _rejects([("/0", "empty", ""), ("/1", "empty", "")])
+    assert counts_or_stop(4, 2, rejects, 0.5, str(tmp_path / "x.parquet"))["rejected"] == 2
+    assert not (tmp_path / "x.parquet").exists()
+    with pytest.raises(TooManyRejects, match=r"2 of 4 inputs rejected.*every reject .* is in .*x\.parquet"):
+        counts_or_stop(4, 2, rejects, 0.25, str(tmp_path / "x.parquet"))
+    assert pq.read_table(tmp_path / "x.parquet").column("path").to_pylist() == ["/0", "/1"]
 
 
 def _plain(ids: list[str], nbytes: list[int | None]) -> str:

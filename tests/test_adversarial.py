@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
-from lidarshard.pipelines import _output
 from lidarshard.pipelines import build as build_cli
+from lidarshard.pipelines import publish as _output
 from lidarshard.pipelines import scan as scan_cli
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.tools.validate import validate

@@ -13,7 +13,7 @@ import pytest
 import lidarshard
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
-from lidarshard.pipelines.launch import UsageError
+from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.tools.validate import validate
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, write_samples
 
@@ -106,7 +106,7 @@ def test_api_refuses_what_the_cli_refuses(scanned: Path, tmp_path: Path) -> None
         lidarshard.write_manifest(pa.table({"sample_id": ["a"]}), str(tmp_path / "x"), 1, 1)
     with pytest.raises(UsageError, match="does not exist"):
         lidarshard.build(str(tmp_path / "nope"), str(tmp_path / "x"), world_size=1, batch_size=1)
-    with pytest.raises(UsageError, match="unknown flag --sweps"):
+    with pytest.raises(UsageError, match="unknown argument sweps; did you mean sweeps"):
         lidarshard.build(str(scanned), str(tmp_path / "x"), world_size=1, batch_size=1, sweps=9)
     assert not (tmp_path / "x").exists()
 
@@ -141,3 +141,21 @@ def test_write_manifest_takes_sample_weights_with_the_bytes_of_build(scanned: Pa
     with pytest.raises(UsageError, match="not allowed with"):
         lidarshard.write_manifest(samples, str(tmp_path / "x"), 2, 2, repeat_factors="lidarseg:t=0.1",
                                   sample_weights="cbgs")  # fmt: skip
+
+
+def test_keyword_arguments_give_the_namespace_of_the_command_line() -> None:
+    """One list of flags: the API's keyword arguments go through the declarations the CLI parses."""
+    from lidarshard.pipelines import build as build_cmd
+
+    argv = ["in", "out", "--world-size", "4", "--batch-size", "2", "--epochs", "3", "--pad",
+            "--bucket-weights", "1,2.5", "--max-points-per-rank-step", "9000", "--strategy", "budget"]  # fmt: skip
+    parsed, _ = build_cmd.parser().parse(argv)
+    kw = {"world_size": 4, "batch_size": 2, "epochs": 3, "pad": True, "bucket_weights": (1, 2.5),
+          "max_points_per_rank_step": 9000, "strategy": "budget"}  # fmt: skip
+    assert build_cmd.parser().namespace({"paths": ["in", "out"]}, kw) == parsed
+    with pytest.raises(UsageError, match="--world-size: True is not a valid value"):
+        build_cmd.parser().namespace({"paths": ["o"]}, {"world_size": True, "batch_size": 1})
+    with pytest.raises(UsageError, match="'2.5' is not an integer"):
+        build_cmd.parser().namespace({"paths": ["o"]}, {"world_size": 2.5, "batch_size": 1})
+    with pytest.raises(UsageError, match="invalid choice: 'balancd'"):
+        build_cmd.parser().namespace({"paths": ["o"]}, {"strategy": "balancd"})

@@ -372,8 +372,10 @@ def test_parts_and_plan_shards_that_cross_them_give_the_same_plan(
     """61 samples in parts of ``part_rows`` rows, planned in shards of 10 rows (so a shard's rows span
     two parts): the same samples and plan files as one part and one shard."""
     inp, out, _ = built
-    bounds = build_cli.sharded.shard_bounds
-    monkeypatch.setattr(build_cli.sharded, "shard_bounds", lambda n: bounds(n, 10))
+    from lidarshard.transforms.plan import sharded
+
+    bounds = sharded.shard_bounds
+    monkeypatch.setattr(sharded, "shard_bounds", lambda n: bounds(n, 10))
     flags = ["--world-size", "4", "--batch-size", "2", "--epochs", "3", "--cost-model", "points"]
     parted = tmp_path / "parted"
     m = _build(inp, parted, *flags, "--part-rows", part_rows)

@@ -15,7 +15,7 @@ import pytest
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.cli import _BeamRootRecords, main
-from lidarshard.pipelines.launch import CommandParser
+from lidarshard.pipelines.flags import CommandParser
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 PLAN = ["--world-size", "2", "--batch-size", "2"]

@@ -1,4 +1,4 @@
-"""pipelines/_output.py: staging, atomic commit, crash recovery (local and object-store-like), and the
+"""pipelines/publish.py: staging, atomic commit, crash recovery (local and object-store-like), and the
 SIGKILL test: a build killed at any moment leaves the previous manifests intact and valid."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from lidarshard import schemas
-from lidarshard.pipelines import _output
 from lidarshard.pipelines import build as build_cli
+from lidarshard.pipelines import publish as _output
 from lidarshard.pipelines.tools.validate import validate
 from lidarshard.transforms import storage
 from tests.helpers import BEAM_TEST_FLAGS, REPO, MemoryObjectStore, make_bins

@@ -24,6 +24,7 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.stager import Stager
 
 from lidarshard.pipelines import build, launch, scan
+from lidarshard.pipelines.settings import build_settings, scan_settings
 from tests.helpers import PACKAGES, make_bins
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,14 +125,14 @@ def _dry_run(wheel: Path, construct, argv: list[str]) -> set[str]:
 
 def _build(pipeline: beam.Pipeline, argv: list[str]) -> None:
     args, _ = build.parser().parse(argv)
-    cfg, model = build.prepare(args, dry_run=True)
-    build.build_pipeline(pipeline, args, cfg, model, f"{args.output}.staging-dryrun")
+    settings = build_settings(args, dry_run=True)
+    build.build_pipeline(pipeline, settings, f"{settings.output}.staging-dryrun")
 
 
 def _scan(pipeline: beam.Pipeline, argv: list[str]) -> None:
     args, _ = scan.parser().parse(argv)
-    scan.prepare(args, dry_run=True)
-    scan.build_scan(pipeline, args, f"{args.output}.staging-dryrun")
+    settings = scan_settings(args, args.input, args.output, dry_run=True)
+    scan.build_scan(pipeline, settings, f"{settings.output}.staging-dryrun")
 
 
 @pytest.mark.timeout(TIMEOUT)
@@ -139,7 +140,7 @@ def test_dataflow_dry_run_builds_the_job_graph(wheel: Path) -> None:
     _dataflow_or_skip()
     argv = [f"{GS}/nuscenes", f"{GS}/manifest", "--nuscenes-version", "v1.0-trainval", "--sweeps", "9"]
     names = _dry_run(wheel, _build, [*argv, "--world-size", "64", "--batch-size", "2", "--epochs", "4"])
-    for step in ("Scan/LoadTables", "Scan/Featurize", "CheckAndScore", "PlanEpoch", "WriteManifest"):
+    for step in ("Scan/LoadTables", "Scan/Featurize", "Build/SettleAndScore", "Build/PlanEpoch", "Build/WriteManifest"):
         assert any(n == step or n.startswith(step + "/") for n in names), (step, sorted(names)[:40])
     names = _dry_run(wheel, _scan, [f"{GS}/kitti/*.bin", f"{GS}/scan"])
     assert any(n.startswith("Scan/Featurize") for n in names) and "Finalize" in names

@@ -37,6 +37,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from lidarshard import schemas
 from lidarshard.pipelines import build, runners
+from lidarshard.pipelines.settings import build_settings
 
 pytestmark = pytest.mark.slow
 
@@ -349,9 +350,8 @@ def test_multi_threading_never_loses_samples_silently(work: Path, dataroot: Path
 def test_counters_report_every_outcome(dataroot: Path, tmp_path: Path) -> None:
     """Beam counters (namespace ``lidarshard``): what remote runners show while a job runs."""
     args, _ = build.parser().parse([str(dataroot), str(tmp_path / "out"), *PLAN])
-    cfg, model = build.prepare(args)
     pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
-    build.build_pipeline(pipeline, args, cfg, model, str(tmp_path / "staging"))
+    build.build_pipeline(pipeline, build_settings(args), str(tmp_path / "staging"))
     result = pipeline.run()
     result.wait_until_finish()
     counters = result.metrics().query(MetricsFilter().with_namespace("lidarshard"))["counters"]

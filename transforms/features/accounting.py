@@ -1,6 +1,7 @@
-"""Accounting of a scan: duplicate ids to rejects, scanned = accepted + rejected, the reject-fraction
-limit, and the inputs fingerprint. Pure pyarrow; shared by ``scan``/``build`` (which enforce it) and
-``validate`` (which recomputes it)."""
+"""Accounting of a scan or build: duplicate ids of a scan shard to rejects, scanned = accepted +
+rejected, the reject-fraction limit, and the inputs fingerprint. Pure pyarrow; shared by ``scan``/``build``
+(which enforce it) and ``validate`` (which recomputes it). A build settles its samples in
+``transforms.features.score``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ __all__ = [
     "TooManyRejects",
     "dedupe",
     "counts_of",
-    "settle",
+    "counts_or_stop",
     "fingerprint",
     "fingerprint_update",
     "first_not_increasing",
@@ -81,15 +82,25 @@ def counts_of(scanned: int, accepted: int, rejects: pa.Table, max_reject_fractio
     }
 
 
-def settle(
-    scanned: int, samples: pa.Table, rejects: pa.Table, max_reject_fraction: float
-) -> tuple[pa.Table, pa.Table, dict]:
-    """Duplicate ids to rejects, then the accounting and reject-fraction checks (``counts_of``)."""
-    samples, dup = dedupe(samples)
-    if dup:
-        rejects = pa.concat_tables([rejects, pa.Table.from_pylist(dup, schema=rejects.schema)])
-        rejects = rejects.sort_by([(c, "ascending") for c in ("path", "reason", "detail")])
-    return samples, rejects, counts_of(scanned, samples.num_rows, rejects, max_reject_fraction)
+def counts_or_stop(
+    scanned: int, accepted: int, rejects: pa.Table, max_reject_fraction: float, rejects_out: str
+) -> dict:
+    """``counts_of``; when too many inputs were rejected, every reject is first written to
+    ``rejects_out`` (beside OUT, never published) and the error names it.
+
+    Raises:
+        TooManyRejects: with the message of ``counts_of`` plus where the rejects are.
+    """
+    from lidarshard.transforms import storage
+    from lidarshard.transforms.arrow import parquet_bytes
+
+    try:
+        return counts_of(scanned, accepted, rejects, max_reject_fraction)
+    except TooManyRejects as e:
+        storage.write_bytes(rejects_out, parquet_bytes(e.rejects))
+        raise TooManyRejects(
+            f"{e}. Nothing was published; every reject with its reason is in {rejects_out}", e.rejects
+        ) from None
 
 
 def first_not_increasing(ids: pa.Array, last: str | None = None) -> int | None:

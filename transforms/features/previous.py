@@ -10,10 +10,12 @@ holds them all.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
@@ -37,44 +39,66 @@ __all__ = [
 NUMERIC = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]
 
 
-def numeric_columns(file: pq.ParquetFile, extra: str | None = None) -> pa.Table | None:
-    """``NUMERIC`` (schema types) and the column ``extra`` (as stored) of every row, or None when the
-    sample ids are not strictly increasing (then the caller sorts and dedupes the whole table).
-    Reads one row group at a time.
+def numeric_columns(
+    file: pq.ParquetFile, extras: Sequence[str] = (), *, ordered: bool = False
+) -> tuple[pa.Table, NDArray[np.bool_]] | None:
+    """``NUMERIC`` (schema types) and the columns ``extras`` (as stored) of every row, with the (N,)
+    mask of rows whose sample_id repeats the row before it. Reads one row group at a time.
+
+    Sample ids must be strictly increasing, or, when ``ordered`` (rows sorted by sample_id then path),
+    non-decreasing; otherwise None (the caller sorts the table first, ``score.prepare``).
 
     Raises:
         ValueError: a null sample_id (one line).
     """
     want = schemas.sample_schema()
-    parts, last = [], None
-    names = list(dict.fromkeys(["sample_id", *NUMERIC, *([extra] if extra else [])]))
+    parts, repeats, last = [], [], None
+    names = list(dict.fromkeys(["sample_id", *NUMERIC, *extras]))
     for t in row_groups(file, names):
         ids = t.column("sample_id")
         if ids.null_count:
             raise ValueError(f"{ids.null_count} rows have a null sample_id")
+        same = np.zeros(t.num_rows, dtype=bool)
         if t.num_rows:
             ids = ids.combine_chunks()
-            if first_not_increasing(ids, last) is not None:
-                return None
+            bad = first_not_increasing(ids, last)
+            if bad is not None:
+                if not ordered:
+                    return None
+                same = _repeats(ids, last)
+                if first_not_increasing(ids.filter(pa.array(~same)), last) is not None:
+                    return None
             last = ids[-1].as_py()
         numeric = t.select(NUMERIC).cast(pa.schema([want.field(n) for n in NUMERIC]))
-        if extra and extra not in NUMERIC:
-            numeric = numeric.append_column(extra, t.column(extra))
+        for name in extras:
+            if name not in NUMERIC:
+                numeric = numeric.append_column(name, t.column(name))
         parts.append(numeric)
-    if not parts:  # no rows: the caller's in-memory path says so
+        repeats.append(same)
+    if not parts:
         return None
-    return pa.concat_tables(parts).combine_chunks()
+    return pa.concat_tables(parts).combine_chunks(), np.concatenate(repeats)
 
 
-def paths_at(file: pq.ParquetFile, rows: NDArray[np.int64]) -> list[str]:
-    """The ``path`` of the rows ``rows`` (sorted), reading only the row groups that hold them."""
+def _repeats(ids: pa.Array, last: str | None) -> NDArray[np.bool_]:
+    """(n,) which of ``ids`` equal the id before them (``last`` before the first)."""
+    same = np.zeros(len(ids), dtype=bool)
+    if last is not None:
+        same[0] = ids[0].as_py() == last
+    same[1:] = pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
+    return same
+
+
+def paths_at(file: pq.ParquetFile, rows: NDArray[np.int64], column: str = "path") -> list:
+    """``column`` (default the ``path``) of the rows ``rows`` (sorted), reading only the row groups
+    that hold them."""
     out: list[str] = []
     first = 0
     for g in range(file.metadata.num_row_groups):
         n = file.metadata.row_group(g).num_rows
         inside = rows[(rows >= first) & (rows < first + n)] - first
         if inside.size:
-            col = file.read_row_group(g, columns=["path"], use_threads=False).column("path")
+            col = file.read_row_group(g, columns=[column], use_threads=False).column(column)
             out += col.take(pa.array(inside)).to_pylist()
         first += n
     return out

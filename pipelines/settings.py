@@ -1,0 +1,292 @@
+"""The checked settings of a run, built once before Beam starts and passed down frozen.
+
+``scan_settings`` and ``build_settings`` turn the parsed flags (from the command line, or from the
+Python API's keyword arguments through the same declarations) into a ``ScanSettings`` /
+``BuildSettings``, checking every value and path on the way; a problem raises
+:class:`~lidarshard.pipelines.flags.UsageError` with one line. Nothing downstream reads the flags again.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from lidarshard import __version__, schemas
+from lidarshard.pipelines import checks
+from lidarshard.pipelines.arguments import DEFAULT_REJECT_FRACTION
+from lidarshard.pipelines.flags import UsageError
+from lidarshard.transforms import storage
+from lidarshard.transforms.beam.build import BuildJob
+from lidarshard.transforms.features import recorded, repeat
+from lidarshard.transforms.features.cost import CostModel, parse_cost_model
+from lidarshard.transforms.features.repeat import WeightSpec
+from lidarshard.transforms.features.sample import ScanConfig
+from lidarshard.transforms.features.score import ScoreSettings
+from lidarshard.transforms.parts import open_parts, read_parts, samples_files
+from lidarshard.transforms.plan.caps import Caps
+from lidarshard.transforms.plan.epochs import PlanConfig
+
+__all__ = [
+    "ScanSettings",
+    "BuildSettings",
+    "scan_settings",
+    "build_settings",
+    "plan_config",
+    "cost_model",
+    "table_settings",
+    "rejects_path",
+]
+
+
+def rejects_path(out: str) -> str:
+    """Where a run stopped by ``--max-reject-fraction`` leaves its rejects (beside OUT, not in it)."""
+    return out.rstrip("/") + ".rejects.parquet"
+
+
+@dataclass(frozen=True)
+class ScanSettings:
+    """What a scan reads and how (``input`` is None for a table handed to ``write_manifest``)."""
+
+    input: str | None
+    output: str
+    config: ScanConfig = field(default_factory=ScanConfig)
+    nuscenes_version: str | None = None
+    sweeps: int = 0
+    part_rows: int = 1
+    max_reject_fraction: float = DEFAULT_REJECT_FRACTION
+    created_by: str = f"lidarshard {__version__}"
+
+    @property
+    def rejects_out(self) -> str:
+        return rejects_path(self.output)
+
+    def meta(self) -> dict:
+        """Provenance recorded in ``_scan.json`` / ``_manifest.json``."""
+        return {
+            "schema_version": schemas.SCHEMA_VERSION,
+            "created_by": self.created_by,
+            "input": self.input,
+            "nuscenes_version": self.nuscenes_version,
+            "sweeps": self.sweeps,
+            "max_reject_fraction": self.max_reject_fraction,
+            "scan_config": {k: v for k, v in vars(self.config).items() if k != "extra"},
+            "part_rows": self.part_rows,
+            "sample_schema": schemas.schema_to_json(schemas.sample_schema()),
+        }
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """A checked build: what is scanned (or re-planned: ``from_samples``), the plan and the cost model."""
+
+    scan: ScanSettings
+    cfg: PlanConfig
+    model: CostModel
+    from_samples: str | None = None
+    path_root: str | None = None
+
+    @property
+    def output(self) -> str:
+        return self.scan.output
+
+    def meta(self) -> dict:
+        return self.scan.meta() | {"from_samples": self.from_samples, "path_root": self.path_root}
+
+    def job(self, staging: str) -> BuildJob:
+        """What the build core (``transforms.beam.build.BuildManifest``) runs with."""
+        settle = ScoreSettings(self.scan.max_reject_fraction, self.scan.rejects_out, self.scan.part_rows)
+        return BuildJob(staging, self.meta(), self.cfg, self.model, settle)
+
+
+# ------------------------------------------------------------------------------------------ flags
+
+
+def scan_config(args: argparse.Namespace) -> ScanConfig:
+    """The scan flags as a ``ScanConfig`` (values were range-checked by the parser)."""
+    box = args.point_cloud_range
+    if box is not None and not all(box[i] < box[i + 3] for i in range(3)):
+        raise UsageError(
+            f"--point-cloud-range {','.join(f'{v:g}' for v in box)}: needs x0 < x1, y0 < y1, z0 < z1"
+        )
+    return ScanConfig(
+        voxel_size=args.voxel_size,
+        point_cloud_range=box,
+        point_dims=args.point_dims,
+        format=args.format,
+        features=args.features,
+        max_file_bytes=args.max_file_bytes,
+        max_points=args.max_points,
+        backend=args.backend,
+    )
+
+
+def plan_config(args: argparse.Namespace) -> PlanConfig:
+    """The plan flags as a ``PlanConfig``; cross-flag rules raise UsageError naming the flags."""
+    weights, k = args.bucket_weights, args.buckets
+    if weights is not None:
+        if max(weights) <= 0:
+            raise UsageError(f"--bucket-weights {_csv(weights)}: at least one weight must be > 0")
+        if len(weights) > 1 and k is not None and k != len(weights):
+            raise UsageError(
+                f"--bucket-weights has {len(weights)} values but --buckets is {k}: give 1 or {k} weights"
+            )
+        if len(weights) > 1:
+            k = len(weights)
+        mean = sum(weights) / len(weights)  # plan entries per sample with equal-count buckets
+        if mean > args.max_plan_factor:
+            raise UsageError(
+                f"--bucket-weights {_csv(weights)}: the plan would hold ~{mean:.3g}x the input samples per "
+                f"epoch, more than --max-plan-factor {args.max_plan_factor:g}; lower the weights or raise it"
+            )
+    return PlanConfig(
+        world_size=args.world_size,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        seed=args.seed,
+        strategy=args.strategy,
+        policy=args.policy,
+        num_buckets=k,
+        weights=weights,
+        max_plan_factor=args.max_plan_factor,
+        caps=Caps(args.max_points_per_rank_step, args.max_cost_per_rank_step, args.max_samples_per_rank_step),
+        repeat=WeightSpec(args.repeat_factors, args.sample_weights),
+    )
+
+
+def _csv(values: tuple[float, ...]) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def cost_model(spec: str) -> CostModel:
+    """Parse ``--cost-model`` once, in the launcher (``@file.json`` is read here, not by workers)."""
+    try:
+        return parse_cost_model(spec)
+    except FileNotFoundError:
+        raise UsageError(f"--cost-model {spec}: no such file") from None
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--cost-model {spec}: {getattr(e, 'strerror', None) or e}") from None
+
+
+# ---------------------------------------------------------------------------------------- settings
+
+
+def scan_settings(args: argparse.Namespace, input: str, output: str, dry_run: bool = False) -> ScanSettings:
+    """INPUT and OUT checked, the scan flags as settings (``dry_run``: only the job graph will be
+    built; remote paths are not looked at, and OUT is not checked for replacing)."""
+    input, output = storage.absolute(input), storage.absolute(output)
+    if not dry_run or storage.is_local(input):
+        checks.check_input(input)
+        checks.check_nuscenes(input, args.nuscenes_version)
+    checks.check_output(output, [input], publish=not dry_run)
+    return _scan(args, input, output, args.max_reject_fraction)
+
+
+def _scan(args: argparse.Namespace, input: str, output: str, fraction: float | None) -> ScanSettings:
+    """The scan flags of checked paths as settings (``fraction`` None: the default)."""
+    return ScanSettings(
+        input=input,
+        output=output,
+        config=scan_config(args),
+        nuscenes_version=args.nuscenes_version,
+        sweeps=args.sweeps,
+        part_rows=args.part_rows,
+        max_reject_fraction=DEFAULT_REJECT_FRACTION if fraction is None else fraction,
+    )
+
+
+def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSettings:
+    """The checked settings of ``lidarshard build`` (``args.paths``: INPUT OUT, or OUT with
+    ``--from-samples``); see ``scan_settings`` for ``dry_run``."""
+    from_samples: str | None = args.from_samples
+    if len(args.paths) != (1 if from_samples else 2):
+        raise UsageError("expected OUT with --from-samples" if from_samples else "expected INPUT OUT")
+    if from_samples:  # a samples directory may be given with a trailing slash
+        from_samples = storage.absolute(from_samples).rstrip("/") or "/"
+        input, output = from_samples, storage.absolute(args.paths[0])
+    else:
+        input, output = (storage.absolute(p) for p in args.paths)
+    cfg, model = plan_config(args), cost_model(args.cost_model)
+    look = not dry_run or storage.is_local(input)
+    fraction = args.max_reject_fraction
+    if from_samples and look:
+        rows, recorded_fraction = checks.check_from_samples(from_samples)
+        fraction = recorded_fraction if fraction is None else fraction
+        if rows < cfg.step_size and cfg.policy == "drop_last" and not cfg.weights:
+            raise UsageError(
+                f"--world-size {cfg.world_size} x --batch-size {cfg.batch_size} = {cfg.step_size} samples per "
+                f"step, but {from_samples} holds {rows}; use --pad or a smaller --world-size/--batch-size"
+            )
+    elif look:
+        checks.check_input(input)
+        checks.check_nuscenes(input, args.nuscenes_version)
+    _check_weights(args, cfg, input, from_samples, look)
+    checks.check_output(output, [input], publish=not dry_run)
+    scan = _scan(args, input, output, fraction)
+    return BuildSettings(scan, cfg, model, from_samples, _path_root(args, input, from_samples))
+
+
+def table_settings(args: argparse.Namespace, output: str, model: CostModel) -> BuildSettings:
+    """The settings of ``lidarshard.write_manifest``: a user's table, its paths stored as given."""
+    output = storage.absolute(output)
+    checks.check_output(output, [])
+    fraction = DEFAULT_REJECT_FRACTION if args.max_reject_fraction is None else args.max_reject_fraction
+    created = f"lidarshard {__version__} write_manifest"
+    scan = ScanSettings(None, output, ScanConfig(), None, 0, args.part_rows, fraction, created)
+    return BuildSettings(scan, plan_config(args), model)
+
+
+def _path_root(args: argparse.Namespace, input: str, from_samples: str | None) -> str | None:
+    """ROOT the manifest's paths are stored relative to (``--relative-to``; None: full paths)."""
+    from lidarshard.transforms.beam.scan import input_root
+
+    if args.relative_to is not None:
+        return None if args.relative_to.lower() == "none" else storage.absolute(args.relative_to.rstrip("/"))
+    if from_samples:
+        return recorded.previous_root(from_samples)
+    if args.nuscenes_version:
+        return input.rstrip("/")
+    return input_root(input)
+
+
+def _check_weights(
+    args: argparse.Namespace, cfg: PlanConfig, input: str, from_samples: str | None, look: bool
+) -> None:
+    """``--sample-weights`` names a good column of the ``--from-samples`` table; ``--repeat-factors``
+    has lidarseg labels to read (a dataroot with ``lidarseg.json``, or labelled samples). Files are
+    only looked at with ``look`` (not in an offline dry run)."""
+    if args.sample_weights is not None and not from_samples:
+        raise UsageError(
+            f"--sample-weights {args.sample_weights} reads a column of a --from-samples table: "
+            "add --from-samples PREV/samples"
+        )
+    if not look:
+        return
+    files = samples_files(from_samples) if from_samples else []
+    if args.sample_weights is not None:
+        with open_parts(files) as file:
+            schema = file.schema_arrow
+        table = (  # only the column: a missing one gets named with the ones there are
+            read_parts(files, columns=[args.sample_weights])
+            if args.sample_weights in schema.names
+            else schema.empty_table()
+        )
+        try:
+            repeat.check_weights(table, args.sample_weights, cfg.max_plan_factor)
+        except ValueError as e:
+            raise UsageError(f"--sample-weights {e}") from None
+    if cfg.repeat.threshold is None:
+        return
+    if from_samples:
+        labelled = read_parts(files, columns=["label_path"]).column("label_path")
+        if labelled.null_count == len(labelled):
+            raise UsageError(
+                f"--repeat-factors: no sample of {from_samples} has lidarseg labels (label_path)"
+            )
+    elif not args.nuscenes_version or not storage.exists(
+        storage.join(input, args.nuscenes_version, "lidarseg.json")
+    ):
+        where = f"{input}/{args.nuscenes_version}" if args.nuscenes_version else input
+        raise UsageError(
+            f"--repeat-factors reads lidarseg labels: {where} has no lidarseg.json "
+            "(a nuScenes dataroot with lidarseg, read with --nuscenes-version)"
+        )

@@ -1,0 +1,131 @@
+"""``transforms.features.score``: the one settle-and-score path, and the build core around it
+(``transforms.beam.build.BuildManifest``) as a Beam graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from lidarshard import schemas
+from lidarshard.pipelines.tools.validate import validate
+from lidarshard.transforms.beam.build import BuildJob, BuildManifest
+from lidarshard.transforms.features.accounting import TooManyRejects
+from lidarshard.transforms.features.cost import CostModel
+from lidarshard.transforms.features.score import GIVEN, ScoreSettings, Source, prepare, settle_and_score
+from lidarshard.transforms.plan.caps import Caps
+from lidarshard.transforms.plan.epochs import PlanConfig
+from tests.helpers import samples_table
+
+VOXELS = CostModel("voxels", b=1.0)
+
+
+def _samples(ids: list[str], points: list[int], paths: list[str] | None = None) -> pa.Table:
+    return samples_table(ids, points, paths)
+
+
+def _write(path: Path, table: pa.Table) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return str(path)
+
+
+def _settings(tmp: Path, fraction: float = 1.0) -> ScoreSettings:
+    return ScoreSettings(fraction, str(tmp / "OUT.rejects.parquet"), 1 << 20)
+
+
+def _written(tmp: Path):
+    files: dict[str, bytes] = {}
+
+    def write(rel: str, data: bytes) -> None:
+        files[rel] = data
+
+    return files, write
+
+
+def test_unsorted_sources_are_sorted_once_and_repeats_become_rejects(tmp_path: Path) -> None:
+    table = _samples(["c", "a", "b", "a"], [30, 10, 20, 40], ["/d/c", "/d/a2", "/d/b", "/d/a1"])
+    source = Source((_write(tmp_path / "in.parquet", table),))
+    cfg = PlanConfig(world_size=1, batch_size=1)
+    ready = prepare(source, str(tmp_path / "work"), VOXELS, cfg)
+    assert ready.ordered and ready.files != source.files
+    assert pq.read_table(ready.files[0]).column("path").to_pylist() == ["/d/a1", "/d/a2", "/d/b", "/d/c"]
+    files, write = _written(tmp_path)
+    meta, tasks = settle_and_score(ready, VOXELS, cfg, _settings(tmp_path), write)
+    assert meta["counts"] == {
+        "scanned": 4,
+        "accepted": 3,
+        "rejected": 1,
+        "rejected_by_reason": {"duplicate_id": 1},
+    }
+    rejects = pq.read_table(pa.BufferReader(files[schemas.REJECTS_FILE]))
+    assert rejects.column("path").to_pylist() == ["/d/a2"]  # the first by path stays
+    assert [int(t.keep.sum()) for t in tasks] == [3]
+    sorted_source = Source((_write(tmp_path / "sorted.parquet", table.sort_by("sample_id").slice(1)),))
+    assert prepare(sorted_source, str(tmp_path / "work2"), VOXELS, cfg) == sorted_source  # nothing to do
+
+
+def test_caps_given_costs_and_the_reject_fraction(tmp_path: Path) -> None:
+    table = _samples(["a", "b", "c", "d"], [10, 20, 5000, 30]).append_column(
+        "cost", pa.array([1.0, 2.0, 9.0, 3.0])
+    )
+    source = Source((_write(tmp_path / "in.parquet", table),))
+    cfg = PlanConfig(world_size=1, batch_size=1, caps=Caps(max_points=1000))
+    files, write = _written(tmp_path)
+    meta, tasks = settle_and_score(source, GIVEN, cfg, _settings(tmp_path), write)
+    assert meta["counts"]["rejected_by_reason"] == {"over_cap": 1} and meta["model"]["name"] == "given"
+    assert tasks[0].cost.tolist() == [1.0, 2.0, 3.0] and tasks[0].keep.tolist() == [True, True, False, True]
+    with pytest.raises(TooManyRejects, match="OUT.rejects.parquet"):
+        settle_and_score(source, GIVEN, cfg, _settings(tmp_path, 0.1), write)
+    assert pq.read_table(tmp_path / "OUT.rejects.parquet").column("reason").to_pylist() == ["over_cap"]
+    bad = table.set_column(table.schema.get_field_index("cost"), "cost", pa.array([1.0, -1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match="finite value >= 0"):
+        settle_and_score(
+            Source((_write(tmp_path / "bad.parquet", bad),)), GIVEN, cfg, _settings(tmp_path), write
+        )
+    with pytest.raises(ValueError, match="not sorted by sample_id"):
+        unsorted = Source((_write(tmp_path / "u.parquet", table.take([1, 0, 2, 3])),))
+        settle_and_score(unsorted, GIVEN, cfg, _settings(tmp_path), write)
+
+
+def test_build_graph_writes_a_valid_manifest(tmp_path: Path) -> None:
+    """The build core as a Beam graph (TestPipeline, assert_that): a source with a repeated id and a
+    sample over the cap -> one manifest whose counts hold the rejects, which validate accepts."""
+    n = 40
+    ids = [f"s{i:03d}" for i in range(n)]
+    points = [100 + (i * 37) % 300 for i in range(n)]
+    points[5] = 100_000  # over the cap
+    table = _samples(ids + ["s007"], points + [1], [f"/d/{s}.bin" for s in ids] + ["/e/dup.bin"])
+    table = table.sort_by([("sample_id", "ascending"), ("path", "ascending")])
+    source = Source((_write(tmp_path / "in.parquet", table),), ordered=True)
+    staging = tmp_path / "staging"
+    cfg = PlanConfig(world_size=2, batch_size=3, epochs=2, seed=1, caps=Caps(max_points=50_000))
+    job = BuildJob(
+        str(staging),
+        {"schema_version": schemas.SCHEMA_VERSION, "created_by": "test", "path_root": None},
+        cfg,
+        VOXELS,
+        _settings(tmp_path),
+    )
+    with BeamPipeline(runner="FnApiRunner") as p:
+        written = p | beam.Create([source]) | BuildManifest(job)
+        counts = written | beam.Map(lambda m: (m["counts"]["accepted"], m["counts"]["rejected_by_reason"]))
+        assert_that(counts, equal_to([(n - 1, {"duplicate_id": 1, "over_cap": 1})]))
+        epochs = written | "Epochs" >> beam.Map(
+            lambda m: (m["epochs"], len(m["balance"]), m["pair_repeat_rate"] is not None)
+        )
+        assert_that(epochs, equal_to([(2, 2, True)]), label="TwoEpochs")
+    assert not (staging / schemas.WORK_DIR).exists()
+    (staging / schemas.SUCCESS_FILE).write_bytes(b"")
+    assert validate(str(staging))[0] == []
+    plan = pq.read_table(staging / "plan")
+    assert (
+        plan.num_rows == 2 * ((n - 1) // 6 * 6)
+        and np.isin("s005", plan.column("sample_id").to_numpy(False)).sum() == 0
+    )

@@ -1,0 +1,236 @@
+"""The build core as one Beam transform: a ``Source`` of samples -> a complete manifest directory.
+
+``BuildManifest`` is the only way lidarshard builds a manifest: ``lidarshard build`` from INPUT (the
+scan's parts), ``build --from-samples`` (an earlier run's samples), ``lidarshard.build()`` and
+``lidarshard.write_manifest()`` (a user's table written as one part) all apply it to their source; the
+launcher then validates and publishes the staging directory (``lidarshard.pipelines.publish``).
+
+Steps (each a thin wrapper of a pure function)::
+
+    Prepare        score.prepare              sort a source that is not sorted by sample_id
+    SettleAndScore score.settle_and_score     rejects, counts, cost, buckets, weights; one task a part
+    WriteSamples   previous.write_part        the new samples parts, in parallel
+    SamplesWritten                            every part written once, together the accepted samples
+    PlanEpoch      epochs.plan_samples        each epoch planned once, from the numeric columns
+    WritePieces    sharded.rank_pieces        each rank's rows of a range of samples (scratch files)
+    WriteRanks     sharded.finish_rank        each (epoch, rank) plan file
+    WriteManifest  manifest.build_manifest    ``_manifest.json``; the scratch directory goes
+
+No step holds the samples' paths. What a step needs from several others arrives as its main input
+(``GatherTagged``), never as a side input, so every runner computes each step once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from lidarshard import schemas
+from lidarshard.transforms import storage
+from lidarshard.transforms.arrow import parquet_bytes, parquet_file, read_rows
+from lidarshard.transforms.beam.scan import NAMESPACE
+from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
+from lidarshard.transforms.features import previous
+from lidarshard.transforms.features.cost import CostModel
+from lidarshard.transforms.features.score import ScoreSettings, Source, prepare, settle_and_score
+from lidarshard.transforms.parts import listed_parts, open_parts, parts_holding, read_parts
+from lidarshard.transforms.plan import manifest, sharded
+from lidarshard.transforms.plan.epochs import EpochPlan, PlanConfig, plan_samples, repeat_rates
+
+__all__ = ["BuildJob", "BuildManifest", "writer", "PLANNED_PAIRS"]
+
+#: The epochs whose plans give the pair repeat rates (``epochs.repeat_rates``).
+PLANNED_PAIRS = (0, 1)
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """What the build core needs, checked before Beam starts: where it writes (``staging``, whose
+    ``_work`` scratch directory it removes), the provenance it records (``meta``), the plan, the cost
+    model and how it settles."""
+
+    staging: str
+    meta: dict
+    cfg: PlanConfig
+    model: CostModel
+    settle: ScoreSettings
+
+    @property
+    def work(self) -> str:
+        return storage.join(self.staging, schemas.WORK_DIR)
+
+
+def writer(staging: str) -> manifest.Write:
+    """``write(rel, data)``: a file into the staging directory, counted in the run's metrics."""
+
+    def write(rel: str, data: bytes) -> None:
+        storage.write_bytes(storage.join(staging, rel), data)
+        Metrics.counter(NAMESPACE, "files_written").inc()
+        Metrics.counter(NAMESPACE, "bytes_written").inc(len(data))
+
+    return write
+
+
+def _settle_and_score(source: Source, job: BuildJob) -> Iterator[tuple[str, object]]:
+    """``("scored", metadata)`` (with the number of parts) and one ``("part", PartTask)`` per part."""
+    meta, tasks = settle_and_score(source, job.model, job.cfg, job.settle, writer(job.staging))
+    yield "scored", meta | {"parts": len(tasks)}
+    for task in tasks:
+        yield "part", task
+
+
+def _write_part(task: previous.PartTask, staging: str) -> tuple[int, int, dict]:
+    """Write samples part ``task.part`` into the staging directory: ``(k, rows, files entry)``."""
+    rel = schemas.samples_part(task.part)
+    with storage.open_read(task.path) as f, storage.open_write(storage.join(staging, rel)) as sink:
+        out = previous.write_part(parquet_file(f), task, sink)
+    Metrics.counter(NAMESPACE, "files_written").inc()
+    Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
+    return task.part, int(task.keep.sum()), {"path": rel, "bytes": out.bytes, "sha256": out.sha256}
+
+
+def _samples_written(gathered: dict[str, list]) -> dict:
+    """``{"scored": [metadata], "written": [_write_part's results]}`` -> the metadata with every part in
+    its ``files`` and their rows (``part_rows``), after checking that each part was written once and
+    that together they hold the accepted samples."""
+    (meta,) = gathered["scored"]
+    written = sorted(gathered.get("written", []), key=lambda w: w[0])
+    want = meta.pop("parts")
+    if [k for k, _, _ in written] != list(range(want)):
+        raise RuntimeError(f"{len(written)} samples parts were written, not the {want} planned")
+    rows = sum(n for _, n, _ in written)
+    if rows != meta["counts"]["accepted"]:
+        raise RuntimeError(
+            f"the samples parts hold {rows} samples, not the {meta['counts']['accepted']} accepted"
+        )
+    meta["files"] = [*(entry for _, _, entry in written), *meta["files"]]
+    meta["part_rows"] = [n for _, n, _ in written]  # where each part's rows start, for the plan tasks
+    return meta
+
+
+def _parts(scored: dict, staging: str) -> list[str]:
+    """The samples parts the metadata's ``files`` lists, in order, as paths in the staging directory."""
+    return [storage.join(staging, rel) for rel in listed_parts(f["path"] for f in scored["files"])]
+
+
+def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, object]]:
+    """Plan epoch ``task[0]`` once from the numeric columns of the written samples (``task[1]``: their
+    metadata): ``("stats", stats)``, ``("pair", (epoch, plan, baseline))`` for ``PLANNED_PAIRS``, one
+    ``("shard", (epoch, start, stop, entries, (parts holding it, their first row)))`` per range of
+    samples holding planned entries and one ``("rank", ((epoch, rank), -1))`` per rank (so every rank's
+    file is written)."""
+    epoch, scored = task
+    parts = _parts(scored, job.staging)
+    numeric = read_parts(parts, columns=sharded.NUMERIC_INPUT)
+    planned = plan_samples(numeric, epoch, job.cfg)
+    Metrics.counter(NAMESPACE, "planned").inc(planned.stats["planned"])
+    yield "stats", planned.stats
+    if job.cfg.epochs > 1 and epoch in PLANNED_PAIRS:
+        yield "pair", (epoch, planned.plan, planned.baseline)
+    part = sharded.assignment(planned.plan)
+    del planned
+    for start, stop in sharded.shard_bounds(numeric.num_rows):
+        entries = sharded.slice_rows(part, start, stop)
+        if entries["row"].size:
+            holding = parts_holding(parts, scored["part_rows"], start, stop)
+            yield "shard", (epoch, start, stop, entries, holding)
+    for rank in range(job.cfg.world_size):
+        yield "rank", ((epoch, rank), -1)
+
+
+def _piece_path(work: str, epoch: int, rank: int, start: int) -> str:
+    return storage.join(work, f"epoch={epoch}", f"rank={rank}", f"{start:012d}.parquet")
+
+
+def _write_pieces(shard: tuple, work: str) -> Iterator[tuple[tuple[int, int], int]]:
+    """Rows [start, stop) of the samples -> each rank's plan rows from them, in a scratch file:
+    ``((epoch, rank), start)`` per file written."""
+    epoch, start, stop, entries, (parts, first) = shard
+    with open_parts(parts) as file:
+        rows = read_rows(file, start - first, stop - first, sharded.COPIED)
+    for rank, piece in sharded.rank_pieces(rows, start, entries).items():
+        storage.write_bytes(_piece_path(work, epoch, rank, start), parquet_bytes(piece))
+        yield (epoch, rank), start
+
+
+def _write_rank(grouped: tuple[tuple[int, int], list[int]], job: BuildJob) -> dict:
+    """Rank ``rank``'s plan file of epoch ``epoch`` from its pieces (``grouped``: ((epoch, rank), piece
+    starts)); its ``files`` entry."""
+    (epoch, rank), starts = grouped
+    pieces = [storage.read_parquet(_piece_path(job.work, epoch, rank, s)) for s in sorted(set(starts) - {-1})]
+    data = parquet_bytes(sharded.finish_rank(pieces))
+    return manifest.write_file(writer(job.staging), schemas.plan_file(epoch, rank), data)
+
+
+def _write_manifest(gathered: dict[str, list], job: BuildJob) -> dict:
+    """``{"samples": [metadata], "files": [...], "stats": [...], "pair": [...]}`` -> ``_manifest.json``
+    (returned as written); then the scratch directory goes."""
+    (scored,) = gathered["samples"]
+    pairs = sorted(gathered.get("pair", []), key=lambda p: p[0])
+    rates = None
+    if len(pairs) == len(PLANNED_PAIRS):
+        first, second = (EpochPlan(plan, baseline, {}) for _, plan, baseline in pairs)
+        rates = repeat_rates(first, second, job.cfg.strategy)
+    meta = job.meta | {"part_rows": job.settle.part_rows}
+    files = [*scored["files"], *gathered.get("files", [])]
+    built = manifest.build_manifest(meta, job.cfg, scored, files, gathered.get("stats", []), rates)
+    written = built.to_json()
+    storage.write_json(storage.join(job.staging, schemas.MANIFEST_FILE), written)
+    storage.remove_tree(job.work)
+    return written
+
+
+class BuildManifest(beam.PTransform):
+    """PCollection of one ``Source`` -> the manifest written into ``job.staging`` (all but ``_SUCCESS``,
+    which the publisher writes after validating it); the output holds the ``_manifest.json`` object."""
+
+    def __init__(self, job: BuildJob) -> None:
+        super().__init__()
+        self._job = job
+
+    def expand(self, sources: beam.PCollection) -> beam.PCollection:
+        job = self._job
+        scored = (
+            sources
+            | "Prepare" >> beam.Map(prepare, job.work, job.model, job.cfg)
+            | "SettleAndScore" >> beam.FlatMap(_settle_and_score, job)
+            | "SplitScored" >> SplitTags("scored", "part")
+        )
+        written = (
+            scored["part"]
+            | "SpreadParts" >> beam.Reshuffle()
+            | "WriteSamples" >> beam.Map(_write_part, job.staging)
+        )
+        samples = (
+            (tag(scored["scored"], "scored"), tag(written, "written"))
+            | "GatherSamples" >> GatherTagged()
+            | "SamplesWritten" >> beam.Map(_samples_written)
+        )
+        planned = (
+            samples
+            | "Epochs" >> beam.FlatMap(lambda s, n: [(e, s) for e in range(n)], job.cfg.epochs)
+            | "SpreadEpochs" >> beam.Reshuffle()
+            | "PlanEpoch" >> beam.FlatMap(_plan_epoch, job)
+            | "SplitPlan" >> SplitTags("stats", "pair", "shard", "rank")
+        )
+        pieces = (
+            planned["shard"]
+            | "SpreadShards" >> beam.Reshuffle()
+            | "WritePieces" >> beam.FlatMap(_write_pieces, job.work)
+        )
+        files = (
+            (planned["rank"], pieces)
+            | "AllPieces" >> beam.Flatten()
+            | "ByRank" >> beam.GroupByKey()
+            | "WriteRanks" >> beam.Map(_write_rank, job)
+        )
+        gathered = (
+            tag(samples, "samples"),
+            tag(files, "files"),
+            tag(planned["stats"], "stats"),
+            tag(planned["pair"], "pair"),
+        )
+        return gathered | "GatherAll" >> GatherTagged() | "WriteManifest" >> beam.Map(_write_manifest, job)

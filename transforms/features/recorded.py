@@ -1,0 +1,117 @@
+"""What an earlier run left beside its samples (``build --from-samples``): the root its paths are stored
+under, the reject fraction it ran with, its rejects, and a check that the samples are ours. Pure.
+
+An earlier run's samples are ``OUT/samples`` (3.x parts) or a 2.x ``OUT/samples.parquet``; its
+``_manifest.json`` or ``_scan.json`` and ``rejects.parquet`` sit in the same directory.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from lidarshard import schemas
+from lidarshard.transforms import storage
+from lidarshard.transforms.arrow import row_groups
+from lidarshard.transforms.parts import open_parts, samples_files
+
+__all__ = [
+    "previous_dir",
+    "previous_root",
+    "recorded_fraction",
+    "previous_rejects",
+    "check_schema",
+    "previous_rows",
+]
+
+
+def previous_dir(samples_path: str) -> str:
+    """The directory an earlier run's samples (``OUT/samples`` or ``OUT/samples.parquet``) sit in."""
+    return samples_path.rsplit("/", 1)[0] if "/" in samples_path else "."
+
+
+def _recorded(samples_path: str) -> list[dict]:
+    """The ``_manifest.json`` and ``_scan.json`` beside an earlier run's samples that can be read, in
+    that order (lidarshard writes one of them)."""
+    found = []
+    for name in (schemas.MANIFEST_FILE, schemas.SCAN_FILE):
+        try:
+            obj = storage.read_json(storage.join(previous_dir(samples_path), name))
+        except Exception:  # noqa: BLE001 - absent or unreadable (stores raise their own types)
+            continue
+        if isinstance(obj, dict):
+            found.append(obj)
+    return found
+
+
+def previous_root(samples_path: str) -> str | None:
+    """The ``path_root`` recorded next to an earlier run's samples (None: full paths)."""
+    recorded = _recorded(samples_path)
+    root = recorded[0].get("path_root") if recorded else None
+    return root if isinstance(root, str) else None
+
+
+def recorded_fraction(samples_path: str) -> float | None:
+    """The ``--max-reject-fraction`` the earlier run recorded (None: none recorded)."""
+    for m in _recorded(samples_path):
+        value = m.get("max_reject_fraction")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def previous_rejects(samples_path: str) -> pa.Table:
+    """The earlier run's ``rejects.parquet`` (an empty table when there is none)."""
+    try:
+        table = storage.read_parquet(storage.join(previous_dir(samples_path), schemas.REJECTS_FILE))
+    except OSError:
+        return schemas.reject_schema().empty_table()
+    return table.cast(schemas.reject_schema())
+
+
+def check_schema(where: str, table: pa.Table, want: pa.Schema | None = None) -> None:
+    """The columns and types of a samples table or row group cast to ``want`` (the samples contract).
+
+    Raises:
+        ValueError: one line naming ``where`` and the fix.
+    """
+    want = schemas.sample_schema() if want is None else want
+    schema = table.schema
+    missing = [n for n in want.names if n not in schema.names]
+    if missing:
+        raise ValueError(f"{where} lacks columns {missing}: pass a lidarshard run's samples (OUT/samples)")
+    ids = schema.field("sample_id").type if "sample_id" in want.names else pa.string()
+    if not (pa.types.is_string(ids) or pa.types.is_large_string(ids)):
+        raise ValueError(f"{where}: sample_id is {ids}, not strings: pass a lidarshard run's samples")
+    try:
+        table.select(want.names).cast(want)
+    except (pa.ArrowException, ValueError) as e:
+        raise ValueError(f"{where}: columns do not match the samples contract ({str(e)[:160]})") from None
+
+
+def previous_rows(path: str) -> tuple[int, str | None]:
+    """Rows of an earlier run's samples after checking their schema and that no sample_id is null,
+    reading the footer and the sample_id column a row group at a time (never the whole table), and
+    the first stored ``path`` of the first row group (None: none).
+
+    Raises:
+        ValueError: not samples of ours: columns missing or of another type, null or non-string ids.
+    """
+    where = f"--from-samples {path}"
+    try:
+        with open_parts(samples_files(path)) as file:
+            check_schema(where, file.schema_arrow.empty_table())
+            want = schemas.sample_schema()
+            other = [f for f in want if not file.schema_arrow.field(f.name).type.equals(f.type)]
+            nulls = 0
+            names = list(dict.fromkeys(["sample_id", *(f.name for f in other)]))
+            for t in row_groups(file, names):  # values of other types must cast
+                nulls += t.column("sample_id").null_count
+                if other:
+                    check_schema(where, t.select([f.name for f in other]), pa.schema(other))
+            rows = file.metadata.num_rows
+            stored = file.read_row_group(0, columns=["path"]).column("path").drop_null() if rows else []
+    except pa.ArrowException as e:
+        raise ValueError(f"{where} is not a readable Parquet file ({str(e)[:120]})") from None
+    if nulls:
+        raise ValueError(f"{where}: {nulls} rows have a null sample_id")
+    return rows, (stored[0].as_py() if len(stored) else None)
