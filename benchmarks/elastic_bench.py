@@ -26,10 +26,7 @@ def main() -> None:
     t = time.perf_counter()
     rows = plan_epoch("balanced", costs, 16, 4, seed=0, epoch=0)
     base_s = time.perf_counter() - t
-    empty = np.empty(0, np.int64)
-    base = ElasticPlan(
-        rows, costs, empty, empty, empty, epoch=0, seed=0, strategy="balanced", policy="drop_last"
-    )
+    base = ElasticPlan.of(rows, costs, strategy="balanced")
     print(f"plan {args.samples:,} samples on 16x4: {base_s:.2f} s")
     consumed = base.steps // 3
     for w, b in [(12, 4), (8, None)]:

@@ -250,7 +250,7 @@ def _evaluate(model: SegNet, val: PointCloudDataset, classes: int, rank: int, wo
 
 def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | None:
     manifest = load_manifest(args.manifest)
-    epochs = args.epochs if args.epochs is not None else int(manifest["epochs"])
+    epochs = args.epochs if args.epochs is not None else manifest.epochs
     labels = args.targets == "lidarseg"
     classes = LIDARSEG_CLASSES if labels else args.classes
     dataset = PointCloudDataset(args.manifest, sweeps=not args.no_sweeps, labels=labels)
@@ -260,7 +260,7 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
         else None
     )
     predicted = torch.tensor(read_samples(args.manifest, ["cost"])["cost"].to_numpy())  # cost model units
-    loader, sampler = _loader(args, dataset, rank, world, int(manifest["batch_size"]))
+    loader, sampler = _loader(args, dataset, rank, world, manifest.batch_size)
     torch.manual_seed(args.seed)
     probe = dataset[0]["points"]
     model = SegNet(probe.shape[1], args.width, classes, args.voxel_size)
@@ -329,14 +329,14 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
         "sampler": args.sampler,
         "manifest": str(args.manifest),
         "world_size": world,
-        "batch_size": int(manifest["batch_size"]),
+        "batch_size": manifest.batch_size,
         "epochs": per_epoch,
         "linearity": linearity(allg[0]),
         "cpu_linearity": linearity(allg[1]),
         "points_linearity": linearity(allg[2]),
         "cost_linearity": linearity(allg[3]),
         "wall_s_per_epoch": sum(e["wall_s"] for e in per_epoch) / max(len(per_epoch), 1),
-        "planned_linearity": [b.get("linearity") for b in manifest.get("balance", [])],
+        "planned_linearity": [b.get("linearity") for b in manifest.balance],
         "val_initial": initial,
     }
 
@@ -384,7 +384,7 @@ def _wait_for_all(prefix: str, rank: int, world: int, timeout_s: float = 120.0) 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Spawn ``world_size`` (from the manifest) gloo ranks, train, print and return rank 0's summary."""
     args = _parse(argv)
-    world = int(load_manifest(args.manifest)["world_size"])
+    world = load_manifest(args.manifest).world_size
     with tempfile.TemporaryDirectory() as tmp:
         result, store = os.path.join(tmp, "result.json"), os.path.join(tmp, "store")
         mp.spawn(_worker, args=(world, store, args, result), nprocs=world, join=True)

@@ -33,6 +33,8 @@ _API: dict[str, str] = {
     "PlanLoader": "lidarshard.loaders.torch",
     "EvalSampler": "lidarshard.loaders.evaluation",
     "PlanSampler": "lidarshard.loaders.torch",
+    "ElasticBatchSampler": "lidarshard.loaders.elastic",
+    "Manifest": "lidarshard.schemas.manifest",
     "PointCloudDataset": "lidarshard.loaders.torch",
     "collate": "lidarshard.loaders.torch",
     "build": "lidarshard.pipelines.api",

@@ -1,4 +1,5 @@
-"""The trainer side: read a rank's manifest. Imports no Beam; this package and ``reader`` import no torch.
+"""The trainer side: read a rank's manifest. Imports no Beam; this package, ``reader``, ``elastic`` and
+``replan`` (restarts on another world size) import no torch.
 
 ``lidarshard.loaders.torch`` (``BalancedBatchSampler``, ``PlanLoader``; ``PointCloudDataset`` and ``collate``
 from ``loaders.dataset``) and the framework adapters need PyTorch: ``pip install "lidarshard[torch]"``.

@@ -60,7 +60,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         labels: bool = False,
     ) -> None:
         cols = ["sample_id", "path", "sweep_paths", "sweep_transforms", "format", "label_path"]
-        self.resolve_path = PathResolver(load_manifest(out_dir).get("path_root"), root, path_map)
+        self.resolve_path = PathResolver(load_manifest(out_dir).path_root, root, path_map)
         table = read_samples(out_dir, cols).combine_chunks()
         self._labels = table["label_path"].chunk(0) if labels and table.num_rows else None
         if self._labels is not None and self._labels.null_count:

@@ -29,7 +29,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise needs_torch(__name__) from e
 
-from lidarshard.loaders.torch import _rank_world
+from lidarshard.loaders.balanced import rank_world
 
 __all__ = ["EvalSampler", "eval_costs", "eval_shards"]
 
@@ -127,7 +127,7 @@ class EvalSampler(Sampler[int]):
         world_size: int | None = None,
     ) -> None:
         super().__init__()
-        self.rank, self.world_size = _rank_world(rank, world_size)
+        self.rank, self.world_size = rank_world(rank, world_size)
         self.shards = eval_shards(costs, self.world_size)
         self.indices = self.shards[self.rank]
 

@@ -3,15 +3,71 @@
 A ``DataLoader`` with workers draws up to ``num_workers * prefetch_factor`` batches from its batch
 sampler ahead of the loop, so "yielded" is not "trained". ``lidarshard.loaders.torch.PlanLoader``
 tells the sampler, batch by batch, which (epoch, step) the loop just received; the sampler's state
-then counts those. Pure Python: shared by the torch and elastic samplers.
+then counts those. Pure Python: shared by the torch and elastic samplers, with the resume state's
+ties to its plan (:func:`plan_keys`, :func:`saved_shape`).
 """
 
 from __future__ import annotations
 
 import sys
 from collections import deque
+from collections.abc import Mapping
 
-__all__ = ["Position", "caller_self"]
+from lidarshard.loaders.reader import check_int
+from lidarshard.loaders.replan import Switch
+from lidarshard.schemas.manifest import Manifest
+
+__all__ = ["Position", "caller_self", "plan_keys", "saved_shape"]
+
+
+def plan_keys(manifest: Manifest, epoch: int) -> dict[str, int | str]:
+    """The keys that tie a resume state to epoch ``epoch``'s plan: ``seed``, ``strategy``, ``plan_fingerprint``
+    (``Manifest.plan_fingerprint`` of the planned epoch ``epoch % epochs``)."""
+    return {
+        "seed": manifest.seed,
+        "strategy": manifest.strategy,
+        "plan_fingerprint": manifest.plan_fingerprint(epoch % manifest.epochs),
+    }
+
+
+def saved_shape(state: Mapping, manifest: Manifest, where: object) -> tuple[int, int, list[Switch]]:
+    """``(world_size, batch_size, history)`` a resume state was saved at, once it is known to be this plan's.
+
+    A state without ``world_size`` / ``batch_size`` (written by an older lidarshard) was saved at the
+    manifest's W, B; one without ``plan_fingerprint`` cannot be tied to its plan and is taken as this one's.
+
+    Raises:
+        ValueError: the state belongs to another plan (other seed, world size, batch size, strategy or a
+            rebuilt manifest): one line naming both.
+        TypeError: a value is not an int.
+    """
+    epoch = check_int("epoch", state["epoch"], 0)
+    mine = manifest.plan_fingerprint(epoch % manifest.epochs)
+    theirs = state.get("plan_fingerprint")
+    w = check_int("world_size", state.get("world_size", manifest.world_size), 1)
+    b = check_int("batch_size", state.get("batch_size", manifest.batch_size), 1)
+    if theirs is not None and theirs != mine:
+        raise ValueError(
+            f"the resume state belongs to another plan: saved on plan {theirs} (seed {state.get('seed', '?')}, "
+            f"strategy {state.get('strategy', '?')}, running world_size {w}, batch_size {b}) but {where} epoch "
+            f"{epoch % manifest.epochs} is plan {mine} (seed {manifest.seed}, strategy {manifest.strategy}, "
+            f"world_size {manifest.world_size}, batch_size {manifest.batch_size}): resume on the manifest the "
+            "checkpoint trained on, or start this plan's epoch from step 0"
+        )
+    raw = state.get("history") or []
+    if not isinstance(raw, (list, tuple)) or any(
+        not isinstance(h, (list, tuple)) or len(h) != 3 for h in raw
+    ):
+        raise ValueError(f"history must list [consumed_steps, world_size, batch_size] switches, got {raw!r}")
+    history: list[Switch] = [
+        (
+            check_int("history step", c, 0),
+            check_int("history world_size", hw, 1),
+            check_int("history batch_size", hb, 1),
+        )
+        for c, hw, hb in raw
+    ]
+    return w, b, history
 
 
 def caller_self(depth: int) -> object:

@@ -10,7 +10,7 @@ import hashlib
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -28,15 +28,14 @@ from lidarshard.schemas import (
     plan_file,
     plan_schema,
 )
+from lidarshard.schemas.manifest import FileEntry, Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_table
 from lidarshard.transforms.formats.readers import detect_format, read_points
-from lidarshard.transforms.jsonsafe import short
 from lidarshard.transforms.nuscenes.geometry import sweep_matrices
 from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.parts import listed_parts, read_parts
 from lidarshard.transforms.paths import PathResolver, path_problem
-from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.storage.base import FileTooLargeError
 
 __all__ = [
@@ -98,30 +97,13 @@ def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     return int(value)
 
 
-def _check_plan_keys(manifest: dict[str, Any], where: str) -> None:
-    """The manifest keys a reader relies on are ints of the right shape (a forged file is refused)."""
-    for key in ("world_size", "batch_size", "epochs"):
-        value = manifest.get(key)
-        if type(value) is not int or value < 1:
-            raise ValueError(f"{where}/{MANIFEST_FILE}: {key} must be an int >= 1, got {short(value)}")
-    steps = manifest.get("steps_per_epoch")
-    if (
-        not isinstance(steps, list)
-        or len(steps) != manifest["epochs"]
-        or not all(type(v) is int and v >= 0 for v in steps)
-    ):
-        raise ValueError(
-            f"{where}/{MANIFEST_FILE}: steps_per_epoch must list {manifest['epochs']} ints >= 0, got {short(steps)}"
-        )
-
-
-def load_manifest(out_dir: PathLike) -> dict[str, Any]:
-    """The ``_manifest.json`` of a committed manifest directory.
+def load_manifest(out_dir: PathLike) -> Manifest:
+    """The checked ``_manifest.json`` of a committed manifest directory (``lidarshard.schemas.manifest``).
 
     Raises:
         FileNotFoundError: ``_SUCCESS`` is missing (the build did not finish, or not a manifest dir).
         ValueError: the writer's schema major version differs from this reader's (the message names
-            both and the rebuild command), or world_size/batch_size/epochs/steps_per_epoch are malformed.
+            both and the rebuild command), or a key is missing or malformed (named).
     """
     base = os.fspath(out_dir)
     if not storage.exists(storage.join(base, SUCCESS_FILE)):
@@ -130,21 +112,19 @@ def load_manifest(out_dir: PathLike) -> dict[str, Any]:
             "(the build did not finish, or this is not a manifest directory)"
         )
     where = os.fspath(out_dir).rstrip("/")
-    manifest = storage.read_json(storage.join(base, MANIFEST_FILE), what=f"{where}/{MANIFEST_FILE}")
-    if not isinstance(manifest, dict):
+    raw = storage.read_json(storage.join(base, MANIFEST_FILE), what=f"{where}/{MANIFEST_FILE}")
+    if not isinstance(raw, dict):
         raise ValueError(f"{where}/{MANIFEST_FILE} is not a JSON object")
-    check_version(manifest.get("schema_version", ""), where, manifest)
-    _check_plan_keys(manifest, where)
-    return manifest
+    check_version(raw.get("schema_version", ""), where, raw)
+    return Manifest.from_json(raw, f"{where}/{MANIFEST_FILE}")
 
 
 def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None) -> pa.Table:
     """The samples of a committed manifest (the parts its ``files`` lists, in order): the default
     dataset index order."""
-    files = load_manifest(out_dir).get("files")
     base = os.fspath(out_dir)
     return read_parts(
-        [storage.join(base, rel) for rel in listed_parts(files if isinstance(files, dict) else {})], columns
+        [storage.join(base, rel) for rel in listed_parts(load_manifest(out_dir).files)], columns
     )
 
 
@@ -210,21 +190,21 @@ def _is_plan_path(rel: str) -> bool:
     )
 
 
-def _verified_bytes(path: str, recorded: object) -> bytes:
+def _verified_bytes(path: str, recorded: FileEntry | None) -> bytes:
     """The bytes of ``path`` when they match the size and sha256 ``_manifest.json`` recorded for it.
 
     Raises:
         ValueError: the file is not listed, or its size or sha256 differs (rewritten after the commit).
     """
-    if not isinstance(recorded, dict) or type(recorded.get("bytes")) is not int:
+    if recorded is None:
         raise ValueError(
             f"{path}: not a readable plan file (not listed in {MANIFEST_FILE}); rebuild the manifest"
         )
     try:
-        data = storage.read_bytes(path, recorded["bytes"])  # never more than the recorded size
+        data = storage.read_bytes(path, recorded.bytes)  # never more than the recorded size
     except FileTooLargeError:
         data = b""
-    if len(data) != recorded["bytes"] or hashlib.sha256(data).hexdigest() != recorded.get("sha256"):
+    if len(data) != recorded.bytes or hashlib.sha256(data).hexdigest() != recorded.sha256:
         raise ValueError(
             f"{path}: not a readable plan file (size or sha256 differs from {MANIFEST_FILE}: modified "
             "after the build); rebuild the manifest, or pass verify=False to read it anyway"
@@ -233,7 +213,7 @@ def _verified_bytes(path: str, recorded: object) -> bytes:
 
 
 def read_plan_file(
-    path: str, columns: Sequence[str], recorded: object = None, verify: bool = False
+    path: str, columns: Sequence[str], recorded: FileEntry | None = None, verify: bool = False
 ) -> pa.Table:
     """``columns`` of one plan file; an empty, truncated or foreign file raises ValueError naming it.
 
@@ -292,8 +272,8 @@ class ManifestReader:
         self.out_dir = out_dir
         self.verify = bool(verify)
         self.manifest = load_manifest(out_dir)
-        self.resolve_path = PathResolver(self.manifest.get("path_root"), root, path_map)
-        planned_ws = self.manifest["world_size"]
+        self.resolve_path = PathResolver(self.manifest.path_root, root, path_map)
+        planned_ws = self.manifest.world_size
         if check_int("world_size", world_size, 1) != planned_ws:
             raise ValueError(
                 f"world size mismatch: the trainer runs world_size={world_size} but the manifest at "
@@ -302,7 +282,7 @@ class ManifestReader:
             )
         self.rank = check_int("rank", rank, 0, planned_ws - 1)
         self.epoch = check_int("epoch", epoch, 0)
-        epochs = self.manifest["epochs"]
+        epochs = self.manifest.epochs
         if self.epoch >= epochs:
             if not cycle:
                 raise ValueError(
@@ -316,8 +296,8 @@ class ManifestReader:
             )
         self.world_size = planned_ws
         self.plan_epoch = self.epoch % epochs
-        self.batch_size = self.manifest["batch_size"]
-        self.steps = self.manifest["steps_per_epoch"][self.plan_epoch]
+        self.batch_size = self.manifest.batch_size
+        self.steps = self.manifest.steps(self.plan_epoch)
         self.start_step = check_int("start_step", start_step, 0, self.steps)
         self._load_plan()
 
@@ -335,7 +315,7 @@ class ManifestReader:
                 )
         if not files:
             raise ValueError(f"{rank_dir}: the rank directory holds no plan file; rebuild the manifest")
-        listed = self.manifest.get("files") if isinstance(self.manifest.get("files"), dict) else {}
+        listed = self.manifest.files
         table = pa.concat_tables(
             read_plan_file(path, _PLAN_COLUMNS, listed.get(f"{rel_dir}/{rel}"), self.verify)
             for path, rel in files
@@ -344,7 +324,7 @@ class ManifestReader:
         steps, slots = table["step"].to_numpy(), table["slot"].to_numpy()
         counts = np.bincount(steps, minlength=self.steps) if steps.size and steps.min() >= 0 else None
         self._starts = np.concatenate([[0], np.cumsum(counts)]) if counts is not None else None
-        fixed = self.manifest.get("strategy") not in VARIABLE_COUNT
+        fixed = not self.manifest.variable_count
         if (
             counts is None
             or counts.size != self.steps
@@ -359,7 +339,7 @@ class ManifestReader:
             )
         self._global = table["global_count"].to_numpy()[self._starts[:-1]].astype(np.int64)
         self._ids: list[str] = table["sample_id"].to_pylist()
-        problem = path_problem(table, self.manifest.get("path_root"))
+        problem = path_problem(table, self.manifest.path_root)
         if problem:  # a forged plan must not point the trainer outside the dataset
             raise ValueError(f"{rank_dir}: {problem}; refusing to read it (rebuild the manifest)")
         fix = self.resolve_path

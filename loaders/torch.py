@@ -1,4 +1,6 @@
-"""PyTorch adapters: a batch sampler that replays a rank's manifest, and a point-cloud dataset.
+"""PyTorch adapters: the batch sampler that replays a rank's manifest (``BalancedBatchSampler``, from
+``loaders.balanced``), ``PlanLoader`` that counts trained batches, the per-sample ``PlanSampler`` of the
+framework adapters, and the point-cloud dataset (``loaders.dataset``).
 
 Typical use with ``torch.distributed`` initialized::
 
@@ -16,37 +18,27 @@ Typical use with ``torch.distributed`` initialized::
 ``loss_scale(step)`` is ``W / N`` (N: samples of all ranks at that step), so under DDP's gradient
 averaging ``loss = scale * sum(per-sample losses)`` gives the mean over the global batch even when
 ranks hold different counts (``--strategy budget``); see :class:`lidarshard.loaders.reader.Batch`.
+The checkpointed state names its plan (world size, batch size, seed, strategy, fingerprint): another
+plan's state is refused, and ``lidarshard.loaders.elastic.ElasticBatchSampler`` resumes it on any world size.
 
 Needs PyTorch: ``pip install "lidarshard[torch]"``.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
-
-from lidarshard.loaders.reader import (
-    ManifestReader,
-    PathLike,
-    check_int,
-    load_manifest,
-    needs_torch,
-    read_samples,
-)
+from lidarshard.loaders.reader import PathLike, check_int, needs_torch
 
 try:
-    import torch.distributed as dist
     from torch.utils.data import BatchSampler, DataLoader, Sampler
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise needs_torch(__name__) from e
 
+from lidarshard.loaders.balanced import BalancedBatchSampler
 from lidarshard.loaders.dataset import IGNORE_LABEL, PointCloudDataset, collate
 from lidarshard.loaders.position import Position, caller_self
-from lidarshard.transforms.plan import VARIABLE_COUNT
 
 __all__ = [
     "BalancedBatchSampler",
@@ -57,163 +49,6 @@ __all__ = [
     "collate",
     "IGNORE_LABEL",
 ]
-
-
-def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit values win; otherwise take them from an initialized ``torch.distributed``."""
-    if rank is None or world_size is None:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError("pass rank and world_size, or initialize torch.distributed first")
-        rank = dist.get_rank() if rank is None else rank
-        world_size = dist.get_world_size() if world_size is None else world_size
-    world_size = check_int("world_size", world_size, 1)
-    return check_int("rank", rank, 0, world_size - 1), world_size
-
-
-class BalancedBatchSampler(Position, Sampler[list[int]]):
-    """Yields, step by step, the dataset indices of this rank's planned batch.
-
-    Use as ``DataLoader(dataset, batch_sampler=sampler)``. Call :meth:`set_epoch` before each epoch
-    as with ``DistributedSampler``. ``len(sampler)`` is the number of steps of the current epoch.
-
-    Args:
-        out_dir: committed manifest directory (local path or URI).
-        rank: data-parallel rank; default ``torch.distributed.get_rank()``.
-        world_size: ranks; default ``torch.distributed.get_world_size()``; must match the manifest.
-        index_of: sample_id -> dataset index, as a mapping or a callable. Default: the row order of
-            the samples (by sample_id), which is :class:`PointCloudDataset`'s order.
-        cycle: allow epochs past those planned, reusing the plan of ``epoch % epochs`` (warns).
-
-    Resume: ``state_dict()`` is ``{"epoch", "step"}``, ``step`` = the batches of the epoch the training
-    loop has received. Under a :class:`PlanLoader` that is exact with any ``num_workers``,
-    ``prefetch_factor`` and ``persistent_workers`` (the loader records each delivered batch's step; the
-    workers' prefetch does not count). Without one it counts the batches this sampler yielded, which
-    equals the trained batches only when nothing prefetches (direct iteration, ``num_workers=0``); a
-    plain ``DataLoader`` with workers makes ``state_dict()`` raise rather than save a position ahead of
-    training. After ``load_state_dict`` the next iteration yields exactly the remaining batches and
-    ``len()`` is their number (``set_epoch`` with the same epoch keeps the position).
-
-    Misuse is refused where it happens: passed as ``sampler=`` (TypeError naming ``batch_sampler=``);
-    iterating an epoch a second time without ``set_epoch`` while later epochs are planned warns once.
-    """
-
-    def __init__(
-        self,
-        out_dir: PathLike,
-        rank: int | None = None,
-        world_size: int | None = None,
-        *,
-        index_of: Mapping[str, int] | Callable[[str], int] | None = None,
-        cycle: bool = False,
-    ) -> None:
-        super().__init__()
-        self.rank, self.world_size = _rank_world(rank, world_size)
-        self.out_dir = out_dir
-        self.cycle = cycle
-        ManifestReader(out_dir, self.rank, self.world_size, 0)  # fail early on a bad dir or world size
-        self.manifest = load_manifest(out_dir)
-        if index_of is None:
-            ids = read_samples(out_dir, ["sample_id"])["sample_id"].to_pylist()
-            index_of = {sid: i for i, sid in enumerate(ids)}
-        self.index_of = index_of
-        self.epoch = 0
-        self._reset_position()  # _resume: where the next iteration starts (len() counts from there)
-        self._finished = False  # the current epoch was iterated to its end
-        self._warned = False
-        self._scales: tuple[int, np.ndarray] | None = None  # (epoch, (S,) loss scales)
-
-    @property
-    def variable(self) -> bool:
-        """True when batches hold a variable number of samples (``--strategy budget``)."""
-        return self.manifest.get("strategy") in VARIABLE_COUNT
-
-    def scales(self) -> np.ndarray:
-        """(S,) float64 loss scale ``W / N_s`` of every step of the current epoch (cached)."""
-        if self._scales is None or self._scales[0] != self.epoch:
-            reader = self._reader()
-            self._scales = (self.epoch, np.array([reader.batch(s).scale for s in range(reader.steps)]))
-        return self._scales[1]
-
-    def loss_scale(self, step: int) -> float:
-        """Multiply the *sum* of the per-sample losses of ``step`` by this: ``W / N`` with N the
-        samples of all ranks at that step (``1 / B`` with equal counts, the plain mean)."""
-        return float(self.scales()[step])
-
-    def _lookup(self, sample_id: str) -> int:
-        if not isinstance(self.index_of, Mapping):
-            return int(self.index_of(sample_id))
-        try:
-            return int(self.index_of[sample_id])
-        except KeyError:
-            raise KeyError(f"sample_id {sample_id!r} of the plan is not in index_of") from None
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration replays; a new epoch starts at step 0."""
-        epoch = check_int("epoch", epoch, 0)
-        if epoch != self.epoch:
-            self.epoch, self._finished = epoch, False
-            self._reset_position()
-
-    def _reader(self, start_step: int = 0) -> ManifestReader:
-        return ManifestReader(
-            self.out_dir, self.rank, self.world_size, self.epoch, start_step=start_step, cycle=self.cycle
-        )
-
-    def _steps(self) -> int:
-        epochs = int(self.manifest["epochs"])
-        if self.epoch >= epochs and not self.cycle:
-            return len(self._reader())  # raises the reader's "not planned" error
-        return int(self.manifest["steps_per_epoch"][self.epoch % epochs])
-
-    def __len__(self) -> int:
-        """Batches the next (or current) iteration yields: the epoch's steps less a resumed position."""
-        return self._steps() - self._resume
-
-    def _check_caller(self) -> None:
-        """Refuse ``DataLoader(sampler=<this batch sampler>)``; note a prefetching plain DataLoader."""
-        caller = caller_self(2)
-        as_sampler = isinstance(caller, BatchSampler) and caller.sampler is self
-        as_sampler |= isinstance(caller, _BaseDataLoaderIter) and not caller._auto_collation
-        if as_sampler:
-            raise TypeError(
-                f"{type(self).__name__} yields whole batches: pass it as DataLoader(dataset, "
-                "batch_sampler=sampler), not sampler= (or use PlanSampler with sampler= and batch_size=)"
-            )
-        self._note_caller(caller)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self._check_caller()
-        epochs = int(self.manifest["epochs"])
-        if self._finished and self.epoch + 1 < epochs and not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"epoch {self.epoch} is being iterated again although the manifest plans {epochs} epochs: "
-                "call sampler.set_epoch(epoch) before each epoch, or every epoch replays the same plan",
-                stacklevel=2,
-            )
-        reader = self._reader(self._resume)
-        self._finished = False
-        self._step = reader.start_step
-        for batch in reader:
-            indices = [self._lookup(sid) for sid in batch.sample_ids]
-            self._yielded(batch.step)
-            yield indices
-        self._resume, self._finished = 0, True
-
-    def state_dict(self) -> dict[str, int]:
-        """``{"epoch": e, "step": batches of epoch e the training loop received}``.
-
-        Raises:
-            RuntimeError: a plain multi-worker ``DataLoader`` drives this sampler, so the batches it
-                yielded run ahead of training; build the loader with :class:`PlanLoader`.
-        """
-        return {"epoch": self.epoch, "step": self._saved_step()}
-
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Resume: the next iteration yields the batches of ``state["epoch"]`` from ``state["step"]``."""
-        self.epoch = check_int("epoch", state["epoch"], 0)
-        self._reset_position(check_int("step", state["step"], 0, self._steps()))
-        self._finished = False
 
 
 class PlanLoader(DataLoader):
@@ -252,11 +87,11 @@ class PlanLoader(DataLoader):
             sampler._delivered()
             yield batch
 
-    def state_dict(self) -> dict[str, int]:
-        """The sampler's ``state_dict()``: ``{"epoch", "step"}`` with step = trained batches."""
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's ``state_dict()``: ``{"epoch", "step", ...}`` with step = trained batches."""
         return self.batch_sampler.state_dict()  # type: ignore[union-attr]
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """The sampler's ``load_state_dict``: the next iteration starts after the last trained batch."""
         self.batch_sampler.load_state_dict(state)  # type: ignore[union-attr]
 
@@ -291,7 +126,7 @@ class PlanSampler(Sampler[int]):
         super().__init__()
         check_int("passes", passes, 1)
         self.batches = BalancedBatchSampler(out_dir, rank, world_size, index_of=index_of, cycle=cycle)
-        self.batch_size = int(self.batches.manifest["batch_size"])
+        self.batch_size = self.batches.manifest.batch_size
         self.passes = int(passes)
         self.epoch = 0
 
@@ -346,10 +181,12 @@ class PlanSampler(Sampler[int]):
         for batch in self.iter_batches():
             yield from batch
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, int | str]:
+        """:meth:`BalancedBatchSampler.state_dict` (``epoch`` is the planned epoch being replayed)."""
         return self.batches.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """:meth:`BalancedBatchSampler.load_state_dict`; refuses a state of another plan."""
         self.batches.load_state_dict(state)
         self.epoch = int(state["epoch"]) // self.passes
 

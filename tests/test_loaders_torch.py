@@ -45,6 +45,11 @@ def out(tmp_path: Path) -> Path:
     return make_fixture(tmp_path, SIZES, world_size=2, batch_size=3, epochs=2, sweeps=2, sweep_size=7)
 
 
+def _pos(state: dict) -> dict:
+    """The position of a resume state (it also carries the plan's world size, batch size and fingerprint)."""
+    return {"epoch": state["epoch"], "step": state["step"]}
+
+
 def _planned(out: Path, rank: int, epoch: int) -> list[list[int]]:
     row = {s: i for i, s in enumerate(read_samples(out, ["sample_id"])["sample_id"].to_pylist())}
     return [[row[s] for s in b.sample_ids] for b in ManifestReader(out, rank, 2, epoch)]
@@ -72,13 +77,14 @@ def test_sampler_state_dict_resumes_exactly_the_remaining(out: Path) -> None:
     sampler.set_epoch(1)
     first = list(islice(iter(sampler), 3))
     state = sampler.state_dict()
-    assert state == {"epoch": 1, "step": 3}
+    assert _pos(state) == {"epoch": 1, "step": 3}
+    assert (state["world_size"], state["batch_size"], state["seed"]) == (2, 3, 0)
     fresh = BalancedBatchSampler(out, rank=0, world_size=2)
     fresh.load_state_dict(state)
     fresh.set_epoch(1)  # the usual loop calls set_epoch again: the position is kept
     rest = list(fresh)
     assert first + rest == _planned(out, 0, 1) and len(rest) == 1
-    assert fresh.state_dict() == {"epoch": 1, "step": 4}
+    assert _pos(fresh.state_dict()) == {"epoch": 1, "step": 4}
     assert list(fresh) == _planned(out, 0, 1)  # the next pass is a whole epoch again
     fresh.load_state_dict({"epoch": 0, "step": 4})
     assert list(fresh) == []  # resumed at the end of the epoch
@@ -285,7 +291,10 @@ def test_resume_after_a_crash_trains_exactly_the_uninterrupted_batches(out: Path
         assert len(full) == 2 * steps
         for k in crashes:
             before, state, _ = _train(out, rank, loader_kw, crash_after=k)
-            assert len(before) == k and state == {"epoch": (k - 1) // steps, "step": (k - 1) % steps + 1}
+            assert len(before) == k and _pos(state) == {
+                "epoch": (k - 1) // steps,
+                "step": (k - 1) % steps + 1,
+            }
             after, _, lengths = _train(out, rank, loader_kw, state=state)
             assert before + after == full, (rank, k)
             assert lengths[0] == steps - state["step"]  # len() = the batches that will come

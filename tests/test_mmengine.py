@@ -221,3 +221,36 @@ def test_batch_sampler_yields_variable_steps_of_a_budget_manifest(tmp_path: Path
     lengths = [len(b) for b in loader.batch_sampler]
     assert sum(lengths) == len(sizes) and len(lengths) == len(loader.batch_sampler)
     assert lengths == [len(b.sample_ids) for b in ManifestReader(out, 0, 1, 0)]
+
+
+@pytest.mark.parametrize("new_world", [2, 3])
+def test_a_lidarshard_sampler_checkpoint_resumes_exactly_on_another_world_size(
+    manifest: Path, new_world: int
+) -> None:
+    """The position of the mmengine sampler (built by ``Runner.build_dataloader`` on 1 rank), taken after 2
+    trained steps, restarts on 2 or 3 ranks with ``ElasticBatchSampler``: the epoch is trained exactly once;
+    a state of another plan is refused."""
+    from collections import Counter
+
+    from lidarshard.loaders.elastic import ElasticBatchSampler, load_epoch_plan
+
+    loader = Runner.build_dataloader(
+        dict(
+            dataset=PointCloudDataset(manifest, point_dims=4),
+            batch_size=BATCH,
+            sampler=dict(type="LidarshardSampler", manifest=str(manifest)),
+            batch_sampler=dict(type="LidarshardBatchSampler"),
+        )
+    )
+    it = iter(loader.batch_sampler)
+    trained = Counter(i for _, b in zip(range(2), it, strict=False) for i in b)
+    state = loader.batch_sampler.sampler.state_dict()
+    assert (state["step"], state["world_size"], state["batch_size"]) == (2, 1, BATCH)
+    for r in range(new_world):
+        sampler = ElasticBatchSampler(manifest, r, new_world, batch_size=2)
+        sampler.load_state_dict(state)
+        trained.update(i for b in sampler for i in b)
+    full = load_epoch_plan(manifest, 0).rows
+    assert trained == Counter(full[full >= 0].tolist())
+    with pytest.raises(ValueError, match="belongs to another plan"):
+        loader.batch_sampler.sampler.load_state_dict({**state, "plan_fingerprint": "0" * 16})

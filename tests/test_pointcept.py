@@ -188,7 +188,8 @@ def test_plan_sampler_is_the_flattened_batch_sampler(out: Path) -> None:
     s.set_epoch(2)
     assert (len(s), s.batch_size, s.epoch) == (12, 3, 2)
     assert list(s) == [rows[x] for b in _planned_ids(out, 2) for x in b]
-    assert s.state_dict() == {"epoch": 2, "step": 4}
+    state = s.state_dict()
+    assert (state["epoch"], state["step"], state["world_size"], state["batch_size"]) == (2, 4, 1, 3)
 
 
 def test_without_pointcept_dataset_and_collate_are_required(
@@ -211,3 +212,27 @@ def test_budget_manifest_trains_variable_batches_through_offset_collate(tmp_path
     for b in batches:
         n = [dataset[i]["points"].shape[0] for i in b["index"].tolist()]
         assert b["offset"].tolist() == np.cumsum(n).tolist()
+
+
+def test_a_plan_sampler_checkpoint_resumes_on_two_ranks_with_the_elastic_sampler(tmp_path: Path) -> None:
+    """Pointcept's sampler, mid-epoch after 2 batches of a worker-less loader: the rest of the epoch on 2
+    ranks (a re-plan: 3 samples per step do not split over 2) trains every planned sample once."""
+    from collections import Counter
+
+    from elastic_fixture import plan_manifest
+
+    from lidarshard.loaders.elastic import ElasticBatchSampler, load_epoch_plan
+
+    costs = np.array(SIZES, dtype=np.float64)
+    out = plan_manifest(tmp_path / "out", costs, world_size=1, batch_size=3, epochs=2, strategy="balanced")
+    loader = build_train_loader(_cfg(out), out, list(range(len(SIZES))), collate_fn=list)
+    loader.sampler.set_epoch(1)
+    trained = Counter(i for _, b in zip(range(2), loader, strict=False) for i in b)
+    state = loader.sampler.state_dict()
+    assert (state["epoch"], state["step"], state["batch_size"]) == (1, 2, 3)
+    for r in range(2):
+        sampler = ElasticBatchSampler(out, r, 2, batch_size=1)
+        sampler.load_state_dict(state)
+        trained.update(i for b in sampler for i in b)
+    full = load_epoch_plan(out, 1).rows
+    assert trained == Counter(full.ravel().tolist())
