@@ -46,8 +46,8 @@ def test_report_writes_html_and_pngs_outside_the_contract(built: Path, capsys) -
 def test_recomputed_random_baseline_matches_the_manifest(built: Path) -> None:
     data = report.load(str(built))
     m = data.manifest
-    for e, bal in enumerate(m["balance"]):
-        assert data.chosen[e].shape == data.baseline[e].shape == (bal["steps"], m["world_size"])
+    for e, bal in enumerate(m.balance):
+        assert data.chosen[e].shape == data.baseline[e].shape == (bal["steps"], m.world_size)
         for loads, key in ((data.chosen[e], "linearity"), (data.baseline[e], "random_linearity")):
             lin = loads.mean(axis=1).sum() / loads.max(axis=1).sum()
             assert lin == pytest.approx(bal[key], abs=1e-6)

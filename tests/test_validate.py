@@ -237,6 +237,18 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
         _manifest_edit(lambda m: m["counts"]["dropped"].__setitem__(0, 0)),
         "planned 24 != accepted 30",
     ),
+    "unknown strategy": (
+        _manifest_edit(lambda m: m.update(strategy="fancy")),
+        "_manifest.json: the plan settings (strategy 'fancy', caps {}) cannot be used (unknown --strategy",
+    ),
+    "caps not a number": (
+        _manifest_edit(lambda m: m["caps"].update(max_samples_per_rank_step="x")),
+        "caps {'max_samples_per_rank_step': 'x'}) cannot be used",
+    ),
+    "pair repeat rate": (
+        _manifest_edit(lambda m: m["pair_repeat_rate"].update(random=0.5)),
+        "_manifest.json: pair_repeat_rate recorded {",
+    ),
 }
 
 
@@ -259,10 +271,15 @@ def test_missing_directory_and_leftover_hint(tmp_path: Path) -> None:
 
 
 def test_a_forged_value_of_the_wrong_type_is_a_problem_not_a_crash(copy: Path) -> None:
+    balance = _manifest(copy)["balance"]
     _manifest_edit(lambda m: m.update(batch_size="two"))(copy)
     problems, _ = validate_cli.validate(str(copy))
     assert problems == ["_manifest.json: batch_size must be an int >= 1, got 'two'"]
     _manifest_edit(lambda m: m.update(batch_size=2, balance="high"))(copy)
+    problems, _ = validate_cli.validate(str(copy))
+    assert problems == ["_manifest.json: balance must be a list of 2 objects, got 'high'"]
+    balance[1]["linearity"] = "high"  # inside an entry: untyped, still one line, not a crash
+    _manifest_edit(lambda m: m.update(balance=balance))(copy)
     problems, _ = validate_cli.validate(str(copy))
     assert problems and problems[-1].startswith("_manifest.json: malformed (")
 
@@ -284,10 +301,17 @@ def test_pad_policy_coverage(built: Path, tmp_path: Path) -> None:
     assert build_cli.run([str(out), *flags, *BEAM_TEST_FLAGS]) == 0
     assert validate_cli.validate(str(out))[0] == []
     m = _manifest(out)
-    assert m["counts"]["padded"] == [2]
+    assert m["counts"]["padded"] == [2] and m["pair_repeat_rate"] is None  # one epoch: no pair to compare
     m["counts"]["padded"] = [1]
+    m["pair_repeat_rate"] = {"mixed": 0.0, "random": 0.0}
     _save_manifest(out, m)
-    assert "epoch 0: planned 32 != accepted 30 + padded 1 (dropped 0)" in validate_cli.validate(str(out))[0]
+    problems = validate_cli.validate(str(out))[0]
+    assert "epoch 0: planned 32 != accepted 30 + padded 1 (dropped 0)" in problems
+    assert "epoch 0: counts.padded recorded 1, re-derived 2" in problems
+    assert (
+        "_manifest.json: pair_repeat_rate recorded {'mixed': 0.0, 'random': 0.0}, expected null (1 epoch)"
+        in problems
+    )
 
 
 @pytest.fixture(scope="module")
@@ -332,6 +356,10 @@ WEIGHT_TAMPERING = {
     "a negative weight": (
         _weights_edit(lambda w: [-1.0, *w[1:]]),
         ["weight holds values that are not finite"],
+    ),
+    "a forged dropped count": (
+        _manifest_edit(lambda m: m["counts"]["dropped"].__setitem__(1, m["counts"]["dropped"][1] + 2)),
+        ["epoch 1: counts.dropped recorded "],
     ),
     "a forged realized count": (
         _manifest_edit(lambda m: m["repeat"]["realized"][1].update(all=1.0)),

@@ -51,7 +51,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "timed": "sample" if plan is None else "rank-step",
         "rows": timings.num_rows,
         "matched": obs.num_rows,
-        "manifest_cost_model": manifest["cost_model"],
+        "manifest_cost_model": dict(manifest.cost_model),
     }
     return fit, source, np.stack([fit.predict(x), ms], axis=1)
 

@@ -5,8 +5,10 @@ put them elsewhere, e.g. when OUT is read-only). ``report/`` is not part of the 
 it is not listed in ``_manifest.json['files']`` and a rebuild of OUT removes it.
 
 The random baseline is recomputed, not read: ``lidarshard.transforms.plan.epochs.plan_samples`` with
-``strategy='random'`` on the same samples, seed, epoch, weights and policy gives the same pool as
-the build and the plan behind the manifest's ``random_linearity``. Plain Python, no Beam pipeline.
+the manifest's settings (``PlanConfig.from_manifest``) plans each epoch again and gives its
+``baseline``, the ``random`` plan of the same pool behind the manifest's ``random_linearity``. The
+chosen plan is the plan files' rows as one dense array (``transforms.plan.dense.dense_plan``). Plain
+Python, no Beam pipeline.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.reader import plan_dataset
+from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import storage
+from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
-from lidarshard.transforms.plan.metrics import load_linearity
+from lidarshard.transforms.plan.metrics import load_linearity, rank_costs
 from lidarshard.transforms.report import calibrate as cal
 from lidarshard.transforms.report import plots
 
@@ -55,7 +59,7 @@ def read_plan(out: str) -> pa.Table:
 class ReportData:
     """What the plots need, all in predicted-cost units of the manifest's cost model."""
 
-    manifest: dict
+    manifest: Manifest
     samples: pa.Table  # the samples (scored), all parts
     plan: pa.Table  # all epochs' plan rows: epoch, step, rank, slot, sample_id, cost, bucket_id
     chosen: list[NDArray[np.float64]]  # per epoch (S_e, W) cost per rank per step
@@ -64,48 +68,45 @@ class ReportData:
 
 
 def load(out: str) -> ReportData:
-    """Read a committed manifest directory and recompute the random baseline."""
+    """Read a committed manifest directory and recompute each epoch's random baseline.
+
+    Raises:
+        ValueError: the manifest or a plan row is not usable (``lidarshard validate`` names it).
+    """
     m = load_manifest(out)
     samples = read_samples(out)
-    w, b = int(m["world_size"]), int(m["batch_size"])
     plan = read_plan(out)
-    cfg = PlanConfig(
-        world_size=w,
-        batch_size=b,
-        epochs=int(m["epochs"]),
-        seed=int(m["seed"]),
-        strategy="random",
-        policy=m["policy"],
-        num_buckets=len(m["buckets"]["counts"]),
-        weights=tuple(m["buckets"]["weights"]),
-    )
+    cfg = PlanConfig.from_manifest(m)
     costs = samples.column("cost").to_numpy()
-    all_costs = plan.column("cost").to_numpy()
+    found = pc.index_in(plan.column("sample_id"), samples.column("sample_id"))
+    if found.null_count:
+        raise ValueError(
+            f"{out}: a plan row names a sample that is not in the samples; run lidarshard validate"
+        )
+    rows = found.to_numpy()
     epochs = plan.column("epoch").to_numpy()
     chosen, baseline = [], []
-    for e in range(int(m["epochs"])):
-        mine = epochs == e  # summed per (step, rank): counts per rank-step vary under budget
-        key = plan.column("step").to_numpy()[mine].astype(np.int64) * w + plan.column("rank").to_numpy()[mine]
-        steps = int(m["steps_per_epoch"][e])
-        chosen.append(np.bincount(key, weights=all_costs[mine], minlength=steps * w).reshape(steps, w))
-        idx, _ = plan_samples(samples, e, cfg)
-        baseline.append(costs[idx].sum(axis=2))
+    for e in range(m.epochs):
+        mine = epochs == e  # rank-steps hold a variable number of samples under budget
+        step, rank, slot = (plan.column(k).to_numpy()[mine] for k in ("step", "rank", "slot"))
+        chosen.append(rank_costs(dense_plan(step, rank, slot, rows[mine], m.steps(e), m.world_size), costs))
+        baseline.append(rank_costs(plan_samples(samples, e, cfg).baseline, costs))
     try:
         reasons_col = storage.read_parquet(storage.join(out, schemas.REJECTS_FILE)).column("reason")
         reasons = {str(r["values"]): int(r["counts"]) for r in pc.value_counts(reasons_col).to_pylist()}
     except FileNotFoundError:
-        reasons = dict(m["counts"].get("rejected_by_reason", {}))
+        reasons = dict(m.counts.rejected_by_reason)
     return ReportData(m, samples, plan, chosen, baseline, reasons)
 
 
-def cost_unit(model: dict) -> str:
+def cost_unit(m: Manifest) -> str:
     """Axis label for the manifest's cost units."""
-    return {"points": "points", "voxels": "occupied voxels"}.get(model["name"], "linear-model units")
+    return {"points": "points", "voxels": "occupied voxels"}.get(m.cost_model["name"], "linear-model units")
 
 
 def _step_buckets(data: ReportData, epoch: int) -> NDArray[np.int64]:
     """(S, K) samples of each bucket per step of ``epoch``."""
-    k = len(data.manifest["buckets"]["counts"])
+    k = data.manifest.buckets.k
     part = data.plan.filter(pc.equal(data.plan.column("epoch"), epoch))
     steps = part.column("step").to_numpy().astype(np.int64)
     counts = np.zeros((int(steps.max()) + 1 if steps.size else 0, k), dtype=np.int64)
@@ -127,13 +128,13 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
         raise ValueError(f"no row of {path} matches a sample (or step/rank) of this manifest")
     pred, ms = obs.column("cost").to_numpy(), obs.column("ms").to_numpy()
     what = "sample" if "sample_id" in timings.column_names else "rank-step"
-    unit = cost_unit(data.manifest["cost_model"])
+    unit = cost_unit(data.manifest)
     r2 = float(np.corrcoef(pred, ms)[0, 1] ** 2) if obs.num_rows > 1 and np.ptp(pred) > 0 else float("nan")
     lines = [
         f"timings: {obs.num_rows} of {timings.num_rows} rows matched ({what}); "
         f"predicted vs measured r^2 {r2:.3f}"
     ]
-    rows = cal.plan_linearity(timings, data.plan, int(data.manifest["batch_size"]), epoch)
+    rows = cal.plan_linearity(timings, data.plan, data.manifest.batch_size, epoch)
     if not rows and {"step", "rank"} <= set(timings.column_names):
         lines.append("  (no step of this plan is fully timed: the timings come from another plan or sampler)")
     for row in rows:
@@ -150,13 +151,13 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
 
 def summarize(data: ReportData) -> list[str]:
     """Terminal summary lines (also shown in the HTML)."""
-    m, c = data.manifest, data.manifest["counts"]
+    m, c = data.manifest, data.manifest.counts
     rej = ", ".join(f"{r} {n}" for r, n in sorted(data.reasons.items()))
     lines = [
-        f"{c['accepted']} samples accepted, {c['rejected']} rejected{f' ({rej})' if rej else ''}; "
-        f"{len(m['buckets']['counts'])} buckets over cost model {m['cost_model']['name']}",
-        f"plan {m['strategy']}: world size {m['world_size']}, batch {m['batch_size']}, "
-        f"{m['epochs']} epoch(s) of {m['steps_per_epoch']} steps",
+        f"{c.accepted} samples accepted, {c.rejected} rejected{f' ({rej})' if rej else ''}; "
+        f"{m.buckets.k} buckets over cost model {m.cost_model['name']}",
+        f"plan {m.strategy}: world size {m.world_size}, batch {m.batch_size}, "
+        f"{m.epochs} epoch(s) of {list(m.steps_per_epoch)} steps",
     ]
     for e, (ch, rnd) in enumerate(zip(data.chosen, data.baseline, strict=True)):
         worst = (ch.max(axis=1) / np.maximum(ch.mean(axis=1), 1e-300)).max(initial=1.0)
@@ -166,16 +167,16 @@ def summarize(data: ReportData) -> list[str]:
             f"{worst:.2f} (random {worst_r:.2f}); rank totals within {_spread(ch):.1f}% "
             f"(random {_spread(rnd):.1f}%)"
         )
-    rep = m.get("repeat")
+    rep = m.repeat
     if rep:
         ids = data.samples.column("bucket_id").to_numpy()
-        expected = data.samples.column("weight").to_numpy() * np.asarray(m["buckets"]["weights"])[ids]
+        expected = data.samples.column("weight").to_numpy() * np.asarray(m.buckets.weights)[ids]
         ratio = [
             np.mean([r.get(k, 0.0) for r in rep["realized"]]) / v for k, v in rep["expected"].items() if v > 0
         ]
         lines.append(
             f"weights {rep['mode']}: {expected.sum():.1f} sample copies expected per epoch, planned "
-            f"{', '.join(str(p) for p in c['planned'])}; realized/expected per class "
+            f"{', '.join(str(p) for p in c.planned)}; realized/expected per class "
             f"{min(ratio, default=1.0):.3f}..{max(ratio, default=1.0):.3f} (repeat.png)"
         )
     return lines
@@ -228,28 +229,28 @@ def write_report(data: ReportData, out: str, directory: str, epoch: int, timings
     if not 0 <= epoch < len(data.chosen):
         raise ValueError(f"--epoch {epoch} not in 0..{len(data.chosen) - 1}")
     m = data.manifest
-    unit = cost_unit(m["cost_model"])
+    unit = cost_unit(m)
     lines = summarize(data)
     files = {
         "sizes.png": plots.size_histogram(
             data.samples.column("cost").to_numpy(),
             data.samples.column("bucket_id").to_numpy(),
-            np.asarray(m["buckets"]["edges"], dtype=np.float64),
+            np.asarray(m.buckets.edges, dtype=np.float64),
             unit,
         ),
         "step_balance.png": plots.step_balance(
-            data.chosen[epoch], data.baseline[epoch], m["strategy"], epoch, unit
+            data.chosen[epoch], data.baseline[epoch], m.strategy, epoch, unit
         ),
         "rank_totals.png": plots.rank_totals(
             np.stack([c.sum(axis=0) for c in data.chosen]),
             np.stack([c.sum(axis=0) for c in data.baseline]),
-            m["strategy"],
+            m.strategy,
         ),
         "buckets.png": plots.bucket_composition(_step_buckets(data, epoch), epoch),
         "rejects.png": plots.rejects_by_reason(data.reasons),
     }
-    if m.get("repeat"):
-        rep = m["repeat"]
+    if m.repeat:
+        rep = m.repeat
         files["repeat.png"] = plots.repeat_counts(rep["expected"], rep["realized"], rep["mode"])
     if timings:
         figs, more = _timings(data, timings, epoch)

@@ -1,20 +1,24 @@
 """``lidarshard validate OUT``: re-derive everything checkable in a manifest (or scan) directory.
 
-Checks, in order: ``_SUCCESS``; ``_manifest.json`` (keys, schema version); every data file against the
-size and sha256 recorded at commit, no missing or unlisted file; each file's Arrow schema against
-``schemas``; samples (sorted unique ids, cost model, bucket ids, bucket counts, inputs fingerprint);
-rejects (reasons, counts); every ``plan/epoch=E/rank=R`` file (no partition columns, exactly ``batch_size`` rows
-per step in (step, slot) order, or at least one under ``budget``, ``rank_count`` / ``global_count``,
-``steps_per_epoch``, every sample id known with matching path, sweeps, cost and bucket; the caps);
-coverage per epoch (drop_last: each sample at most once, planned = accepted - dropped;
-pad: each at least once, planned = accepted + padded; with weights at most ceil(bucket weight x sample
-weight) copies); the sample weights and the manifest's ``repeat`` counts (``validate_repeat``); the
-recorded balance numbers recomputed from the plan files (within 1e-6). A scan directory (``_scan.json``) gets the samples/rejects/counts checks.
+Checks, in order: ``_SUCCESS``; ``_manifest.json`` (schema version, then read once into the typed
+``lidarshard.schemas.manifest.Manifest``: a missing or malformed key is one line naming it); every data
+file against the size and sha256 recorded at commit, no missing or unlisted file; each file's Arrow
+schema against ``schemas``; samples (sorted unique ids, cost model, bucket ids, bucket counts, inputs
+fingerprint); rejects (reasons, counts); every ``plan/epoch=E/rank=R`` file (no partition columns,
+exactly ``batch_size`` rows per step in (step, slot) order, or at least one under ``budget``,
+``rank_count`` / ``global_count``, ``steps_per_epoch``, every sample id known with matching path,
+sweeps, cost and bucket; the caps); coverage per epoch (drop_last: each sample at most once, planned =
+accepted - dropped; pad: each at least once, planned = accepted + padded; with weights at most
+ceil(bucket weight x sample weight) copies); the sample weights and the manifest's ``repeat`` counts
+(``validate_repeat``); the recorded balance numbers recomputed from the plan files (within 1e-6).
+Each epoch is re-derived once from the samples and the recorded settings (``PlanConfig.from_manifest``,
+``plan_samples``) and must equal the plan files; epochs 0 and 1's re-derived plans give
+``pair_repeat_rate``. A scan directory (``_scan.json``) gets the samples/rejects/counts checks.
 
 Exit status 0 with a one-line summary when valid, 1 with one precise line per problem otherwise
-(file, epoch, rank, step), 2 for bad arguments; also ``python -m lidarshard.pipelines.tools.validate OUT``. Vectorized
-with pyarrow/numpy (1M plan rows in a few seconds). Reads local paths and URIs (gs://, s3://, ...)
-through ``lidarshard.transforms.storage``.
+(file, epoch, rank, step), 2 for bad arguments; also ``python -m lidarshard.pipelines.tools.validate
+OUT``. Vectorized with pyarrow/numpy (1M plan rows in a few seconds). Reads local paths and URIs
+(gs://, s3://, ...) through ``lidarshard.transforms.storage``.
 """
 
 from __future__ import annotations
@@ -23,17 +27,15 @@ import argparse
 import hashlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from lidarshard import schemas
 from lidarshard.pipelines.tools.validate_files import check_listed, samples_parts
-from lidarshard.pipelines.tools.validate_plan import (
-    check_epoch_files,
-    check_repeat_rate,
-)
+from lidarshard.pipelines.tools.validate_plan import check_epoch_files, check_repeat_rate
 from lidarshard.pipelines.tools.validate_repeat import check_weights
 from lidarshard.pipelines.tools.validate_samples import (
     SamplesView,
@@ -42,18 +44,14 @@ from lidarshard.pipelines.tools.validate_samples import (
     cost_model_of,
     release_memory,
 )
+from lidarshard.schemas.manifest import Counts, FileEntry, Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.jsonsafe import loads, short
-from lidarshard.transforms.plan.caps import Caps
+from lidarshard.transforms.plan.epochs import EpochPlan, PlanConfig
 
 __all__ = ["run", "validate"]
 
-#: Keys the validator needs in ``_manifest.json``.
-REQUIRED_KEYS = (
-    "schema_version", "world_size", "batch_size", "epochs", "seed", "strategy", "policy", "cost_model",
-    "buckets", "steps_per_epoch", "counts", "balance", "inputs_fingerprint", "files",
-)  # fmt: skip
 _META = {schemas.SUCCESS_FILE, schemas.MANIFEST_FILE, schemas.SCAN_FILE}
 #: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
 _DERIVED_PREFIXES = ("report/",)
@@ -61,6 +59,16 @@ _MAX_SHOWN = 5  # list items shown in one message
 _BLOCK = 8 << 20  # bytes hashed at a time
 #: Problems kept (and printed); the rest are counted. Bounds memory whatever a forged manifest claims.
 MAX_PROBLEMS = 200
+
+
+class _ScanCounts(NamedTuple):
+    """``_scan.json``'s counts as recorded (a scan directory has no typed manifest: a forged value is
+    reported by the comparisons, never trusted)."""
+
+    scanned: object
+    accepted: object
+    rejected: object
+    rejected_by_reason: object
 
 
 class Invalid(Exception):
@@ -154,7 +162,7 @@ class _Checker:
             return None
         return table
 
-    def files(self, recorded: dict) -> set[str]:
+    def files(self, recorded: Mapping[str, FileEntry]) -> set[str]:
         """Check sizes and sha256 of recorded files (streamed, never held); returns those that match."""
         present = self.store.sizes()
         good: set[str] = set()
@@ -163,12 +171,11 @@ class _Checker:
             self.problem(rel, "file is not listed in _manifest.json 'files' (left over or added)")
         for rel, info in sorted(recorded.items()):
             if rel not in present:
-                self.problem(rel, f"missing (recorded {info.get('bytes')} bytes at commit)")
+                self.problem(rel, f"missing (recorded {info.bytes} bytes at commit)")
                 continue
-            if present[rel] != info.get("bytes"):
+            if present[rel] != info.bytes:
                 self.problem(
-                    rel,
-                    f"{present[rel]} bytes, recorded {info.get('bytes')} at commit (truncated or rewritten)",
+                    rel, f"{present[rel]} bytes, recorded {info.bytes} at commit (truncated or rewritten)"
                 )
                 continue
             try:
@@ -176,7 +183,7 @@ class _Checker:
             except OSError as e:
                 self.problem(rel, f"cannot be read ({e})")
                 continue
-            if digest != info.get("sha256"):
+            if digest != info.sha256:
                 self.problem(rel, "sha256 differs from the one recorded at commit (file was modified)")
                 continue
             good.add(rel)
@@ -186,14 +193,15 @@ class _Checker:
         self,
         parts: list[str] | None,
         want: pa.Schema,
-        counts: dict,
+        accepted: object,
         fingerprint: str,
         root: object = False,
         model_cost: Callable[[pa.Table], np.ndarray] | None = None,
     ) -> SamplesView | None:
         """The samples ``parts`` (relative paths in order; None: unusable) streamed as one
-        (``validate_samples``); stored paths checked against a manifest's ``path_root`` ``root``
-        (``False``: not checked, a scan directory)."""
+        (``validate_samples``), against the recorded ``accepted`` count and ``fingerprint``; stored
+        paths checked against a manifest's ``path_root`` ``root`` (``False``: not checked, a scan
+        directory)."""
         if parts is None:
             return None
         for one in parts:  # each part's own schema, named
@@ -206,30 +214,30 @@ class _Checker:
                 self.problem(one, bad)
                 return None
         files = [storage.join(self.store.root, p) for p in parts]
-        return check_samples(files, counts.get("accepted"), fingerprint, root, self.problem, model_cost)
+        return check_samples(files, accepted, fingerprint, root, self.problem, model_cost)
 
-    def rejects(self, usable: bool, counts: dict) -> None:
+    def rejects(self, usable: bool, counts: Counts | _ScanCounts) -> None:
+        """rejects.parquet (read when ``usable``) against the recorded ``counts``, and
+        scanned = accepted + rejected."""
         rel = schemas.REJECTS_FILE
         rejects = self.table(rel, schemas.reject_schema()) if usable else None
-        if rejects is None:
-            return
-        reasons = rejects.column("reason").to_pylist()
-        unknown = sorted({r for r in reasons if r not in schemas.REJECT_REASONS}, key=str)
-        if unknown:
-            self.problem(rel, f"unknown reject reasons {unknown[:_MAX_SHOWN]}")
-        if rejects.num_rows != counts.get("rejected"):
-            self.problem(rel, f"{rejects.num_rows} rows, counts.rejected is {counts.get('rejected')}")
-        by_reason = {r: reasons.count(r) for r in set(reasons)}
-        if by_reason != counts.get("rejected_by_reason"):
-            self.problem(
-                rel, f"reasons {by_reason} != counts.rejected_by_reason {counts.get('rejected_by_reason')}"
-            )
-        if counts.get("scanned") != (counts.get("accepted") or 0) + (counts.get("rejected") or 0):
-            self.problem(
-                "counts",
-                f"scanned {counts.get('scanned')} != accepted {counts.get('accepted')} + rejected "
-                f"{counts.get('rejected')}",
-            )
+        if rejects is not None:
+            reasons = rejects.column("reason").to_pylist()
+            unknown = sorted({r for r in reasons if r not in schemas.REJECT_REASONS}, key=str)
+            if unknown:
+                self.problem(rel, f"unknown reject reasons {unknown[:_MAX_SHOWN]}")
+            if rejects.num_rows != counts.rejected:
+                self.problem(rel, f"{rejects.num_rows} rows, counts.rejected is {counts.rejected}")
+            by_reason = {r: reasons.count(r) for r in set(reasons)}
+            if by_reason != counts.rejected_by_reason:
+                self.problem(
+                    rel, f"reasons {by_reason} != counts.rejected_by_reason {counts.rejected_by_reason}"
+                )
+        accepted, rejected = counts.accepted, counts.rejected
+        if counts.scanned != (accepted if type(accepted) is int else 0) + (
+            rejected if type(rejected) is int else 0
+        ):
+            self.problem("counts", f"scanned {counts.scanned} != accepted {accepted} + rejected {rejected}")
 
 
 def _load_json(c: _Checker, rel: str) -> dict:
@@ -248,72 +256,72 @@ def _load_json(c: _Checker, rel: str) -> dict:
     return obj
 
 
-def _check_manifest(c: _Checker) -> str:
-    m = _load_json(c, schemas.MANIFEST_FILE)
-    missing = [k for k in REQUIRED_KEYS if k not in m]
-    if missing:
-        raise Invalid(f"_manifest.json: missing keys {missing}")
-    for key in ("world_size", "batch_size", "epochs", "seed"):
-        if type(m[key]) is not int or m[key] < (key != "seed"):
-            raise Invalid(
-                f"_manifest.json: {key} must be an int >= {int(key != 'seed')}, got {short(m[key])}"
-            )
-    steps_ok = isinstance(m["steps_per_epoch"], list) and all(
-        type(v) is int and v >= 0 for v in m["steps_per_epoch"]
-    )
-    if not steps_ok or m["policy"] not in ("drop_last", "pad"):
-        raise Invalid(
-            f"_manifest.json: bad steps_per_epoch {short(m['steps_per_epoch'])} or policy {short(m['policy'])}"
-        )
-    w, b, epochs = m["world_size"], m["batch_size"], m["epochs"]
-    steps = m["steps_per_epoch"]
-    if len(steps) != epochs or len(m["balance"]) != epochs:
+def _read_manifest(c: _Checker) -> Manifest:
+    """``_manifest.json`` read once into the typed ``Manifest`` (after the JSON and version checks)."""
+    try:
+        return Manifest.from_json(_load_json(c, schemas.MANIFEST_FILE), schemas.MANIFEST_FILE)
+    except ValueError as e:  # one line naming the key: "_manifest.json: <key> must be ..."
+        raise Invalid(str(e)) from None
+
+
+def _plan_config(c: _Checker, m: Manifest) -> PlanConfig | None:
+    """The settings ``m`` was planned with, or None and a problem when they are not valid ones."""
+    try:
+        return PlanConfig.from_manifest(m)
+    except (ValueError, TypeError) as err:
+        caps = {k: v for k, v in (m.caps or {}).items() if v is not None}  # the caps set
         c.problem(
-            "_manifest.json",
-            f"epochs {epochs} but {len(steps)} steps_per_epoch, {len(m['balance'])} balance entries",
+            schemas.MANIFEST_FILE,
+            f"the plan settings (strategy {short(m.strategy)}, caps {short(caps)}) cannot be used ({err}); "
+            "the plan is not re-derived",
         )
-    for key in ("planned", "dropped", "padded"):
-        if len(m["counts"].get(key, [])) != epochs:
-            raise Invalid(f"_manifest.json: counts.{key} must hold {epochs} values")
-    if not isinstance(m["files"], dict):
-        raise Invalid("_manifest.json: 'files' is not a JSON object")
-    complete, parts = check_listed(c.problem, m["files"], w, epochs, MAX_PROBLEMS)
-    good = c.files(m["files"])
+        return None
+
+
+def _check_manifest(c: _Checker) -> str:
+    m = _read_manifest(c)
+    complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS)
+    good = c.files(m.files)
     model_cost, bad_model = cost_model_of(m)
     samples = c.samples(
-        parts if parts is not None and set(parts) <= good else None, schemas.scored_schema(), m["counts"],
-        m["inputs_fingerprint"], m.get("path_root"), model_cost if bad_model is None else None,
+        parts if parts is not None and set(parts) <= good else None, schemas.scored_schema(),
+        m.counts.accepted, m.inputs_fingerprint, m.path_root, model_cost if bad_model is None else None,
     )  # fmt: skip
-    c.rejects(schemas.REJECTS_FILE in good, m["counts"])
+    c.rejects(schemas.REJECTS_FILE in good, m.counts)
     if samples is None:
         return "samples unusable"
     check_scored(c.problem, m, samples, bad_model)
     held = check_weights(c.problems, m, samples)
-    rows = 0
-    try:
-        caps = Caps.from_json(m.get("caps"))
-    except (ValueError, TypeError) as err:
-        raise Invalid(f"_manifest.json: bad caps {short(m.get('caps'))}: {err}") from None
+    cfg = _plan_config(c, m)
     if not complete:  # a plan file is missing from the list: per-epoch checks would mislead
         return ""
 
     def read(rel: str) -> pa.Table | None:
         return c.table(rel, schemas.plan_schema()) if rel in good else None
 
-    last = min(epochs, len(steps)) - 1
-    for e in range(last + 1):
-        rows += check_epoch_files(c.problems, read, m, e, samples, caps, held, e == last)
-    check_repeat_rate(c.problems, m, samples, caps)
-    c_ = m["counts"]
+    rows = 0
+    kept: list[EpochPlan | None] = []  # epochs 0 and 1 as re-derived (None: not), for pair_repeat_rate
+    for e in range(m.epochs):
+        n, derived = check_epoch_files(c.problems, read, m, cfg, e, samples, held, e == m.epochs - 1)
+        rows += n
+        if e < 2:
+            kept.append(derived)
+        del derived  # past epoch 1, a re-derived plan is dropped before the next epoch's checks
+        if len(kept) == min(m.epochs, 2):
+            check_repeat_rate(c.problems, m, kept)
+            kept.clear()
+    k = m.counts
     return (
-        f"{c_['scanned']} scanned, {c_['accepted']} accepted, {c_['rejected']} rejected; world size {w}, "
-        f"batch {b}, {epochs} epochs, {rows} plan rows in {len(m['files'])} files"
+        f"{k.scanned} scanned, {k.accepted} accepted, {k.rejected} rejected; world size {m.world_size}, "
+        f"batch {m.batch_size}, {m.epochs} epochs, {rows} plan rows in {len(m.files)} files"
     )
 
 
 def _check_scan(c: _Checker) -> str:
-    m = _load_json(c, schemas.SCAN_FILE)
-    counts = m.get("counts", {})
+    meta = _load_json(c, schemas.SCAN_FILE)  # a scan's own metadata, not a manifest: read as JSON
+    raw = meta.get("counts")
+    raw = raw if isinstance(raw, dict) else {}
+    counts = _ScanCounts(*(raw.get(k) for k in _ScanCounts._fields))
     present = c.store.sizes()
     in_samples = [rel for rel in present if rel.startswith(schemas.SAMPLES_DIR + "/")]
     for rel in sorted(set(present) - _META - {schemas.REJECTS_FILE} - set(in_samples)):
@@ -321,9 +329,9 @@ def _check_scan(c: _Checker) -> str:
     if schemas.REJECTS_FILE not in present:
         c.problem(schemas.REJECTS_FILE, "missing")
     parts = samples_parts(c.problem, in_samples)
-    c.samples(parts, schemas.sample_schema(), counts, m.get("inputs_fingerprint", ""))
+    c.samples(parts, schemas.sample_schema(), counts.accepted, meta.get("inputs_fingerprint", ""))
     c.rejects(schemas.REJECTS_FILE in present, counts)
-    return f"scan: {counts.get('scanned')} scanned, {counts.get('accepted')} accepted, {counts.get('rejected')} rejected"
+    return f"scan: {counts.scanned} scanned, {counts.accepted} accepted, {counts.rejected} rejected"
 
 
 def _leftover_hint(out: str) -> str:

@@ -1,16 +1,20 @@
-"""The list of data files in ``_manifest.json`` for ``lidarshard validate``: exactly the samples
-parts (numbered from 0), rejects.parquet and one plan file per (epoch, rank). Works from the listed
-names only, so a forged ``world_size`` costs one problem line, not a loop over it."""
+"""The data files of a manifest for ``lidarshard validate``, each on its own: the list in
+``_manifest.json`` is exactly the samples parts (numbered from 0), rejects.parquet and one plan file
+per (epoch, rank) (from the listed names only, so a forged ``world_size`` costs one problem line, not
+a loop over it); one plan file's rows are in (step, slot) order with the steps and counts recorded."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
 
+import numpy as np
+import pyarrow as pa
+
 from lidarshard import schemas
 from lidarshard.transforms.parts import listed_parts
 
-__all__ = ["plan_key", "samples_parts", "check_listed"]
+__all__ = ["plan_key", "samples_parts", "check_listed", "check_plan"]
 
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
@@ -61,3 +65,90 @@ def check_listed(
     for rel in missing:
         problem(rel, f"not recorded in _manifest.json 'files' (world_size {w}, epochs {epochs} need it)")
     return not missing and gap == 0 and parts is not None, parts
+
+
+def _add(problems: list[str], where: str, what: str) -> None:
+    problems.append(f"{where}: {what}")
+
+
+def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int, b: int | None) -> bool:
+    """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, exactly ``steps`` x
+    ``b`` rows in (step, slot) order (``b=None``, variable counts: every step holds slots ``0..n-1``
+    with ``n >= 1`` equal to ``rank_count``). Epoch and rank are the file's directories (the schema
+    check refuses them as columns). Returns True when the file is usable."""
+    if b is None:
+        return _check_variable(problems, rel, t, e, r, steps)
+    for name in ("step", "slot", "sample_id", "cost", "bucket_id", "path"):
+        if t.column(name).null_count:
+            _add(problems, rel, f"column {name} holds {t.column(name).null_count} nulls")
+            return False
+    step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
+    if t.num_rows != steps * b:
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r}: {t.num_rows} rows, but steps_per_epoch[{e}] = {steps} steps x batch_size "
+            f"{b} = {steps * b}",
+        )
+        return False
+    outside = (step < 0) | (step >= steps)
+    if outside.any():
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r}: step {step[outside][0]} outside steps_per_epoch[{e}] = {steps}",
+        )
+        return False
+    per_step = np.bincount(step, minlength=steps)
+    if (per_step != b).any():
+        s = int(np.flatnonzero(per_step != b)[0])
+        _add(problems, rel, f"epoch {e} rank {r} step {s}: {per_step[s]} rows, expected batch_size {b}")
+        return False
+    order = (step != np.repeat(np.arange(steps), b)) | (slot != np.tile(np.arange(b), steps))
+    if order.any():
+        i = int(np.flatnonzero(order)[0])
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r}: row {i} is (step {step[i]}, slot {slot[i]}); rows must be sorted by "
+            f"(step, slot) with slots 0..{b - 1}",
+        )
+        return False
+    return True
+
+
+def _check_variable(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int) -> bool:
+    for name in ("step", "slot", "sample_id", "cost", "bucket_id", "path", "rank_count", "global_count"):
+        if t.column(name).null_count:
+            _add(problems, rel, f"column {name} holds {t.column(name).null_count} nulls")
+            return False
+    step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
+    if step.size and (step.min() < 0 or step.max() >= steps):
+        _add(problems, rel, f"epoch {e} rank {r}: a step outside steps_per_epoch[{e}] = {steps}")
+        return False
+    counts = np.bincount(step, minlength=steps)
+    if (counts < 1).any():
+        s = int(np.argmin(counts))
+        _add(problems, rel, f"epoch {e} rank {r} step {s}: no sample (every rank needs one per step)")
+        return False
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    if (np.diff(step) < 0).any() or not np.array_equal(slot, np.arange(step.size) - starts):
+        i = int(np.flatnonzero((slot != np.arange(step.size) - starts) | np.r_[False, np.diff(step) < 0])[0])
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r}: row {i} is (step {step[i]}, slot {slot[i]}); rows must be "
+            "sorted by (step, slot) with slots 0..n-1",
+        )
+        return False
+    rank_count = t.column("rank_count").to_numpy().astype(np.int64)
+    if not np.array_equal(rank_count, counts[step]):
+        i = int(np.flatnonzero(rank_count != counts[step])[0])
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r} step {step[i]}: rank_count {rank_count[i]}, the step holds "
+            f"{counts[step[i]]} rows",
+        )
+        return False
+    return True

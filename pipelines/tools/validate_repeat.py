@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import paths, storage
 from lidarshard.transforms.features.buckets import resolve_weights
 from lidarshard.transforms.features.repeat import (
@@ -56,11 +57,13 @@ def _label_presence(
         return None
 
 
-def check_weights(problems: list[str], m: dict, samples: pa.Table) -> tuple[NDArray[np.bool_], bool] | None:
-    """The ``weight`` column against ``m['repeat']``; returns (held (N, C) booleans the counts are
+def check_weights(
+    problems: list[str], m: Manifest, samples: pa.Table
+) -> tuple[NDArray[np.bool_], bool] | None:
+    """The ``weight`` column against ``m.repeat``; returns (held (N, C) booleans the counts are
     per, per-class?) for :func:`check_realized`, or None when there is nothing (more) to check."""
     w = samples.column("weight").to_numpy()
-    rep = m.get("repeat")
+    rep = m.repeat
     if not (np.isfinite(w).all() and (w >= 0).all()):
         problems.append("samples: weight holds values that are not finite and >= 0")
         return None
@@ -70,7 +73,7 @@ def check_weights(problems: list[str], m: dict, samples: pa.Table) -> tuple[NDAr
             problems.append(f"samples: {samples.column('sample_id')[i]} has weight {w[i]:g} but the "
                             "manifest records no repeat factors or sample weights")  # fmt: skip
         return None
-    mode = rep.get("mode") if isinstance(rep, dict) else None
+    mode = rep.get("mode")
     if not isinstance(mode, str) or not mode.startswith(("lidarseg:", "column:")):
         problems.append(f"{_WHERE}: repeat.mode {short(mode)} is not lidarseg:t=T or column:NAME")
         return None
@@ -82,7 +85,7 @@ def check_weights(problems: list[str], m: dict, samples: pa.Table) -> tuple[NDAr
         except ValueError as e:
             problems.append(f"{_WHERE}: repeat.mode {short(mode)}: {e}")
             return None
-        found = _label_presence(problems, samples, m.get("path_root"))
+        found = _label_presence(problems, samples, m.path_root)
         if found is None:
             return None
         held = found[0]
@@ -94,8 +97,8 @@ def check_weights(problems: list[str], m: dict, samples: pa.Table) -> tuple[NDAr
                             f"labels give repeat factor {again[i]:.6g} ({bad.size} samples differ)")  # fmt: skip
     ids = samples.column("bucket_id").to_numpy()
     try:
-        bucket = resolve_weights(m["buckets"]["weights"], len(m["buckets"]["weights"]))[ids]
-    except (ValueError, TypeError, IndexError):  # reported by the bucket checks
+        bucket = resolve_weights(m.buckets.weights, m.buckets.k)[ids]
+    except (ValueError, IndexError):  # reported by the bucket checks
         return None
     want = _named(held, w * bucket, per_class)
     if not _same(rep.get("expected"), want):
@@ -105,12 +108,12 @@ def check_weights(problems: list[str], m: dict, samples: pa.Table) -> tuple[NDAr
     return held, per_class
 
 
-def check_realized(problems: list[str], m: dict, e: int, plan: NDArray[np.int64], held: tuple) -> None:
+def check_realized(problems: list[str], m: Manifest, e: int, plan: NDArray[np.int64], held: tuple) -> None:
     """``repeat.realized[e]`` equals the copies per class that epoch ``e``'s plan (S, W, M) holds."""
     presence, per_class = held
     seen = np.bincount(plan[plan >= 0], minlength=presence.shape[0])
     want = _named(presence, seen, per_class)
-    realized = m["repeat"].get("realized")
+    realized = (m.repeat or {}).get("realized")
     got = realized[e] if isinstance(realized, list) and e < len(realized) else None
     if not _same(got, want):
         problems.append(f"epoch {e}: repeat.realized recorded {short(got)}, the plan holds {short(want)}")

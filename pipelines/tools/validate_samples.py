@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import paths, storage
 from lidarshard.transforms.arrow import parquet_file, read_rows, row_groups
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
@@ -284,22 +285,23 @@ def check_samples(
     return view
 
 
-def cost_model_of(m: dict) -> tuple[Callable[[pa.Table], np.ndarray] | None, str | None]:
+def cost_model_of(m: Manifest) -> tuple[Callable[[pa.Table], np.ndarray] | None, str | None]:
     """(row group -> costs under the recorded cost model, or None for "given" costs; the reason the
     model cannot be applied, or None)."""
     try:
-        model = CostModel(**m["cost_model"])
+        model = CostModel(**m.cost_model)
     except (TypeError, ValueError, KeyError) as e:
-        return None, f"cost_model {short(m.get('cost_model'))} cannot be applied ({e})"
+        return None, f"cost_model {short(dict(m.cost_model))} cannot be applied ({e})"
     # "given": costs came with the samples (lidarshard.write_manifest), nothing to re-derive
     return (None if model.name == "given" else lambda t: sample_costs(t, model)), None
 
 
 def check_scored(
-    problem: Callable[[str, str], None], m: dict, samples: SamplesView, bad_model: str | None
+    problem: Callable[[str, str], None], m: Manifest, samples: SamplesView, bad_model: str | None
 ) -> None:
     """Costs from the recorded cost model (``samples.cost_mismatch``), bucket ids from the edges, bucket
-    counts; ``problem(where, what)`` reports, ``bad_model`` is ``cost_model_of``'s reason."""
+    counts; ``problem(where, what)`` reports, ``bad_model`` is ``cost_model_of``'s reason. (K-1 edges,
+    K weights and K counts: checked by ``Manifest.from_json``.)"""
     rel = schemas.SAMPLES_DIR
     cost = samples.column("cost").to_numpy()
     if bad_model:
@@ -308,7 +310,7 @@ def check_scored(
         count, first, got, want = samples.cost_mismatch
         sid = samples.column("sample_id")[first]
         problem(rel, f"{count} costs differ from cost_model, first {sid}: {got} != {want}")
-    edges = np.asarray(m["buckets"].get("edges", []), dtype=np.float64)
+    edges = np.asarray(m.buckets.edges, dtype=np.float64)
     ids = samples.column("bucket_id").to_numpy()
     try:
         bad = np.flatnonzero(assign_buckets(cost, edges) != ids)
@@ -320,10 +322,5 @@ def check_scored(
             rel,
             f"{bad.size} bucket_ids disagree with buckets.edges, first {samples.column('sample_id')[int(bad[0])]}",
         )
-    k = len(edges) + 1
-    if np.bincount(ids, minlength=k).tolist() != m["buckets"].get("counts"):
+    if tuple(np.bincount(ids, minlength=m.buckets.k).tolist()) != m.buckets.counts:
         problem("_manifest.json", "buckets.counts differ from the bucket_ids in the samples")
-    if len(m["buckets"].get("weights", [])) != k:
-        problem(
-            "_manifest.json", f"buckets.weights holds {len(m['buckets'].get('weights', []))} values, need {k}"
-        )
