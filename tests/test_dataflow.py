@@ -140,7 +140,13 @@ def test_dataflow_dry_run_builds_the_job_graph(wheel: Path) -> None:
     _dataflow_or_skip()
     argv = [f"{GS}/nuscenes", f"{GS}/manifest", "--nuscenes-version", "v1.0-trainval", "--sweeps", "9"]
     names = _dry_run(wheel, _build, [*argv, "--world-size", "64", "--batch-size", "2", "--epochs", "4"])
-    for step in ("Scan/LoadTables", "Scan/Featurize", "Build/SettleAndScore", "Build/PlanEpoch", "Build/WriteManifest"):
+    for step in (
+        "Scan/LoadTables",
+        "Scan/Featurize",
+        "Build/SettleAndScore",
+        "Build/PlanEpoch",
+        "Build/WriteManifest",
+    ):
         assert any(n == step or n.startswith(step + "/") for n in names), (step, sorted(names)[:40])
     names = _dry_run(wheel, _scan, [f"{GS}/kitti/*.bin", f"{GS}/scan"])
     assert any(n.startswith("Scan/Featurize") for n in names) and "Finalize" in names

@@ -34,17 +34,21 @@ def _file(table: pa.Table, **kw) -> pq.ParquetFile:
 
 def test_numeric_columns_need_strictly_increasing_ids(built: Path) -> None:
     samples = pq.read_table(built / schemas.SAMPLES_DIR).select(schemas.sample_schema().names)
-    got, repeated = previous.numeric_columns(_file(samples, row_group_size=7))
-    assert got.column_names == previous.NUMERIC and got.num_rows == samples.num_rows and not repeated.any()
+    got = previous.numeric_columns(_file(samples, row_group_size=7))
+    assert got.column_names == previous.NUMERIC and got.num_rows == samples.num_rows
     assert got.column("num_points").to_pylist() == samples.column("num_points").to_pylist()
+    assert not previous.repeated_ids(_file(samples, row_group_size=7)).any()
     swapped = pa.concat_tables([samples.slice(1, 1), samples.slice(0, 1), samples.slice(2)])
-    assert previous.numeric_columns(_file(swapped, row_group_size=7)) is None
+    assert previous.repeated_ids(_file(swapped, row_group_size=7)) is None
     across = pa.concat_tables([samples.slice(0, 7), samples.slice(6)])  # a duplicate across row groups
-    assert previous.numeric_columns(_file(across, row_group_size=7)) is None
+    assert previous.repeated_ids(_file(across, row_group_size=7)) is None
     # sorted by (sample_id, path) with repeats (what score.prepare writes): the repeat is marked
-    got, repeated = previous.numeric_columns(_file(across, row_group_size=7), ordered=True)
-    assert got.num_rows == samples.num_rows + 1 and np.flatnonzero(repeated).tolist() == [7]
-    assert previous.numeric_columns(_file(swapped, row_group_size=7), ordered=True) is None
+    assert np.flatnonzero(previous.repeated_ids(_file(across, row_group_size=7), ordered=True)).tolist() == [
+        7
+    ]
+    assert previous.repeated_ids(_file(swapped, row_group_size=7), ordered=True) is None
+    empty = previous.numeric_columns(_file(samples.slice(0, 0)), ["sample_id"])
+    assert empty.num_rows == 0 and empty.column_names == [*previous.NUMERIC, "sample_id"]
     assert previous.paths_at(_file(samples, row_group_size=7), np.array([0, 8, 20])) == [
         samples.column("path")[i].as_py() for i in (0, 8, 20)
     ]

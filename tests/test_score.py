@@ -53,7 +53,7 @@ def test_unsorted_sources_are_sorted_once_and_repeats_become_rejects(tmp_path: P
     table = _samples(["c", "a", "b", "a"], [30, 10, 20, 40], ["/d/c", "/d/a2", "/d/b", "/d/a1"])
     source = Source((_write(tmp_path / "in.parquet", table),))
     cfg = PlanConfig(world_size=1, batch_size=1)
-    ready = prepare(source, str(tmp_path / "work"), VOXELS, cfg)
+    ready = prepare(source, str(tmp_path / "work"))
     assert ready.ordered and ready.files != source.files
     assert pq.read_table(ready.files[0]).column("path").to_pylist() == ["/d/a1", "/d/a2", "/d/b", "/d/c"]
     files, write = _written(tmp_path)
@@ -68,7 +68,7 @@ def test_unsorted_sources_are_sorted_once_and_repeats_become_rejects(tmp_path: P
     assert rejects.column("path").to_pylist() == ["/d/a2"]  # the first by path stays
     assert [int(t.keep.sum()) for t in tasks] == [3]
     sorted_source = Source((_write(tmp_path / "sorted.parquet", table.sort_by("sample_id").slice(1)),))
-    assert prepare(sorted_source, str(tmp_path / "work2"), VOXELS, cfg) == sorted_source  # nothing to do
+    assert prepare(sorted_source, str(tmp_path / "work2")) == sorted_source  # nothing to do
 
 
 def test_caps_given_costs_and_the_reject_fraction(tmp_path: Path) -> None:

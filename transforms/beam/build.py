@@ -195,7 +195,7 @@ class BuildManifest(beam.PTransform):
         job = self._job
         scored = (
             sources
-            | "Prepare" >> beam.Map(prepare, job.work, job.model, job.cfg)
+            | "Prepare" >> beam.Map(prepare, job.work)
             | "SettleAndScore" >> beam.FlatMap(_settle_and_score, job)
             | "SplitScored" >> SplitTags("scored", "part")
         )

@@ -27,6 +27,7 @@ from lidarshard.transforms.features.accounting import fingerprint_update, first_
 __all__ = [
     "NUMERIC",
     "PartTask",
+    "repeated_ids",
     "numeric_columns",
     "paths_at",
     "part_tasks",
@@ -39,45 +40,48 @@ __all__ = [
 NUMERIC = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]
 
 
-def numeric_columns(
-    file: pq.ParquetFile, extras: Sequence[str] = (), *, ordered: bool = False
-) -> tuple[pa.Table, NDArray[np.bool_]] | None:
-    """``NUMERIC`` (schema types) and the columns ``extras`` (as stored) of every row, with the (N,)
-    mask of rows whose sample_id repeats the row before it. Reads one row group at a time.
-
-    Sample ids must be strictly increasing, or, when ``ordered`` (rows sorted by sample_id then path),
-    non-decreasing; otherwise None (the caller sorts the table first, ``score.prepare``).
+def repeated_ids(file: pq.ParquetFile, *, ordered: bool = False) -> NDArray[np.bool_] | None:
+    """(N,) which rows repeat the sample_id of the row before them, reading only the ids a row group
+    at a time; None when the ids are not sorted: they must be strictly increasing, or, when
+    ``ordered`` (rows sorted by sample_id then path), non-decreasing.
 
     Raises:
         ValueError: a null sample_id (one line).
     """
-    want = schemas.sample_schema()
-    parts, repeats, last = [], [], None
-    names = list(dict.fromkeys(["sample_id", *NUMERIC, *extras]))
-    for t in row_groups(file, names):
+    repeats, last = [], None
+    for t in row_groups(file, ["sample_id"]):
         ids = t.column("sample_id")
         if ids.null_count:
             raise ValueError(f"{ids.null_count} rows have a null sample_id")
         same = np.zeros(t.num_rows, dtype=bool)
         if t.num_rows:
             ids = ids.combine_chunks()
-            bad = first_not_increasing(ids, last)
-            if bad is not None:
+            if first_not_increasing(ids, last) is not None:
                 if not ordered:
                     return None
                 same = _repeats(ids, last)
                 if first_not_increasing(ids.filter(pa.array(~same)), last) is not None:
                     return None
             last = ids[-1].as_py()
-        numeric = t.select(NUMERIC).cast(pa.schema([want.field(n) for n in NUMERIC]))
-        for name in extras:
-            if name not in NUMERIC:
-                numeric = numeric.append_column(name, t.column(name))
-        parts.append(numeric)
         repeats.append(same)
+    return np.concatenate(repeats) if repeats else np.zeros(0, dtype=bool)
+
+
+def numeric_columns(file: pq.ParquetFile, extras: Sequence[str] = ()) -> pa.Table:
+    """``NUMERIC`` (schema types) and the columns ``extras`` (as stored) of every row, read one row
+    group at a time."""
+    want = pa.schema([schemas.sample_schema().field(n) for n in NUMERIC])
+    extra = [n for n in dict.fromkeys(extras) if n not in NUMERIC]
+    parts = []
+    for t in row_groups(file, [*NUMERIC, *extra]):
+        numeric = t.select(NUMERIC).cast(want)
+        for name in extra:
+            numeric = numeric.append_column(name, t.column(name))
+        parts.append(numeric)
     if not parts:
-        return None
-    return pa.concat_tables(parts).combine_chunks(), np.concatenate(repeats)
+        stored = file.schema_arrow
+        return pa.schema([*want, *(stored.field(n) for n in extra)]).empty_table()
+    return pa.concat_tables(parts).combine_chunks()
 
 
 def _repeats(ids: pa.Array, last: str | None) -> NDArray[np.bool_]:

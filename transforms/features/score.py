@@ -101,7 +101,7 @@ def _extras(model: CostModel, cfg: PlanConfig) -> list[str]:
     return [c for c in ("cost" if model == GIVEN else None, cfg.repeat.column) if c]
 
 
-def prepare(source: Source, work: str, model: CostModel, cfg: PlanConfig) -> Source:
+def prepare(source: Source, work: str) -> Source:
     """``source`` when its ids are strictly increasing; else its rows sorted by (sample_id, path) and
     written to one scratch part under ``work`` (the only step that holds a whole table: inputs
     lidarshard did not write sorted, e.g. a 2.x samples.parquet edited by hand).
@@ -112,7 +112,7 @@ def prepare(source: Source, work: str, model: CostModel, cfg: PlanConfig) -> Sou
     if source.ordered or not source.files:
         return source
     with open_parts(list(source.files)) as file:
-        if previous.numeric_columns(file, _extras(model, cfg)) is not None:
+        if previous.repeated_ids(file) is not None:
             return source
     table = read_parts(list(source.files))
     check_schema("the samples", table)
@@ -137,10 +137,10 @@ def settle_and_score(
     """
     files = list(source.files)
     with open_parts(files) as file:
-        found = previous.numeric_columns(file, _extras(model, cfg), ordered=source.ordered)
-        if found is None:
+        repeated = previous.repeated_ids(file, ordered=source.ordered)
+        if repeated is None:
             raise ValueError("the samples are not sorted by sample_id: prepare() the source first")
-        numeric, repeated = found
+        numeric = previous.numeric_columns(file, _extras(model, cfg))
         rejects = source.rejects.cast(schemas.reject_schema())
         scanned = numeric.num_rows + rejects.num_rows if source.scanned is None else source.scanned
         cost = _costs(numeric, model)
