@@ -17,9 +17,16 @@ contract), ``lidarshard.loaders`` (the trainer side).
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import Any
 
 __version__ = "0.2.0"
+
+# The editable install (`make`, strict mode) links the whole package into
+# build/__editable__.lidarshard-*/lidarshard/. Run from the repository root, the bare lidarshard/ folder
+# there (this file alone) comes first on sys.path: the stage packages are then found in the linked copy,
+# the other lidarshard/ on sys.path. Anywhere else the package is the one lidarshard/ and nothing changes.
+__path__ = pkgutil.extend_path(__path__, __name__)
 
 #: public name -> module that defines it
 _API: dict[str, str] = {

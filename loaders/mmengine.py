@@ -93,6 +93,8 @@ class LidarshardBatchSampler(BatchSampler):
     ``loss_scale(step)`` turns a summed loss into the global-batch mean under DDP.
     """
 
+    sampler: PlanSampler  # checked in __init__
+
     def __init__(self, sampler: LidarshardSampler, batch_size: int) -> None:
         if not isinstance(sampler, PlanSampler):
             raise TypeError(

@@ -194,8 +194,12 @@ class LidarshardTrainerMixin:
         return build_train_loader(self, opts["manifest"], id_of=opts.get("id_key"))
 
     def _plan_sampler(self) -> PlanSampler:
-        sampler = self.train_loader.sampler
-        return sampler if isinstance(sampler, PlanSampler) else self.train_loader.batch_sampler.sampler
+        sampler, batches = self.train_loader.sampler, self.train_loader.batch_sampler
+        if not isinstance(sampler, PlanSampler) and isinstance(batches, PlanBatchSampler):
+            sampler = batches.sampler
+        if not isinstance(sampler, PlanSampler):
+            raise TypeError(f"train_loader holds no PlanSampler (sampler {type(sampler).__name__})")
+        return sampler
 
     def before_train(self) -> None:
         super().before_train()  # type: ignore[misc]

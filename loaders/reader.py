@@ -323,21 +323,23 @@ class ManifestReader:
         table = table.sort_by([("step", "ascending"), ("slot", "ascending")])
         steps, slots = table["step"].to_numpy(), table["slot"].to_numpy()
         counts = np.bincount(steps, minlength=self.steps) if steps.size and steps.min() >= 0 else None
-        self._starts = np.concatenate([[0], np.cumsum(counts)]) if counts is not None else None
+        starts = np.concatenate([[0], np.cumsum(counts)]) if counts is not None else None
         fixed = not self.manifest.variable_count
         if (
             counts is None
+            or starts is None
             or counts.size != self.steps
             or (counts < 1).any()
             or (fixed and (counts != self.batch_size).any())
-            or not np.array_equal(slots, np.arange(steps.size) - np.repeat(self._starts[:-1], counts))
+            or not np.array_equal(slots, np.arange(steps.size) - np.repeat(starts[:-1], counts))
         ):
             raise ValueError(
                 f"{rank_dir}: plan for epoch {self.plan_epoch} rank {self.rank} is malformed: expected "
                 f"slots 0..n-1 ({'n = batch_size ' + str(self.batch_size) if fixed else 'n >= 1'}) for "
                 f"each of {self.steps} steps, got {table.num_rows} rows"
             )
-        self._global = table["global_count"].to_numpy()[self._starts[:-1]].astype(np.int64)
+        self._starts = starts
+        self._global = table["global_count"].to_numpy()[starts[:-1]].astype(np.int64)
         self._ids: list[str] = table["sample_id"].to_pylist()
         problem = path_problem(table, self.manifest.path_root)
         if problem:  # a forged plan must not point the trainer outside the dataset

@@ -27,9 +27,12 @@ Needs PyTorch: ``pip install "lidarshard[torch]"``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lidarshard.loaders.reader import PathLike, check_int, needs_torch
+
+if TYPE_CHECKING:
+    from lidarshard.loaders.elastic import ElasticBatchSampler
 
 try:
     from torch.utils.data import BatchSampler, DataLoader, Sampler
@@ -67,7 +70,9 @@ class PlanLoader(DataLoader):
             ``drop_last`` belong to the plan and ``in_order=False`` would break the count.
     """
 
-    def __init__(self, dataset: Any, batch_sampler: Position, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: Any, batch_sampler: BalancedBatchSampler | ElasticBatchSampler, **kwargs: Any
+    ) -> None:
         if not isinstance(batch_sampler, Position):
             raise TypeError(
                 f"PlanLoader needs a BalancedBatchSampler or ElasticBatchSampler, got {type(batch_sampler).__name__}"

@@ -152,7 +152,8 @@ class GenerateDataroot(beam.PTransform):
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[str]:
         tables = synth.static_tables(self._cfg)
-        static = [(table, None) for table in tables]  # every table gets written, even if empty
+        # every table gets written, even if empty
+        static: list[tuple[str, tuple[str, tb.Record] | None]] = [(table, None) for table in tables]
         static += [
             (table, (f"0/{i:09d}", rec)) for table, recs in tables.items() for i, rec in enumerate(recs)
         ]

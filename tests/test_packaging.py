@@ -1,10 +1,10 @@
 """The trainer install: the wheel holds one top-level name and works without Beam.
 
 One test (it creates a venv and installs numpy, pyarrow and the pinned torch into it): the wheel's
-top-level names are ``lidarshard`` and its dist-info only; a fresh venv with the core install of that
-wheel plus ``torch==2.13.0`` reads a manifest with ``ManifestReader`` and the torch sampler from a
-directory that holds its own ``transforms.py``, ``loaders.py`` and ``schemas.py``; apache_beam is not
-installed there, and a Beam command says in one line which extra to install.
+top-level names are ``lidarshard`` and its dist-info only, and it ships ``py.typed``; a fresh venv with
+the core install of that wheel plus ``torch==2.13.0`` reads a manifest with ``ManifestReader`` and the
+torch sampler from a directory that holds its own ``transforms.py``, ``loaders.py`` and ``schemas.py``;
+apache_beam is not installed there, and a Beam command says in one line which extra to install.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ print(json.dumps({"steps": len(planned), "beam": "apache_beam" in sys.modules}))
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_core_wheel_installs_alone_and_reads_a_manifest(wheel: Path, tmp_path: Path) -> None:
-    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
     assert tops == {"lidarshard", f"lidarshard-{lidarshard.__version__}.dist-info"}, tops
+    assert "lidarshard/py.typed" in names  # PEP 561: type checkers read the installed annotations
     log = (wheel.parent / "build.log").read_text()
     assert "Deprecat" not in log, [line for line in log.splitlines() if "Deprecat" in line][:3]
 

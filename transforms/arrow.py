@@ -72,12 +72,12 @@ class _Head:
 
     def __init__(self, it: Iterator[pa.Table], key: str) -> None:
         self._it, self._key, self._want, self.done = it, key, 1, False
-        self.table: pa.Table | None = None
         self.keys = np.empty(0, dtype=object)
-        self._refill()
+        self.table: pa.Table = self._refill(None)
 
-    def _refill(self) -> None:
-        while self.table is None or self.table.num_rows < self._want:
+    def _refill(self, table: pa.Table | None) -> pa.Table:
+        """``table`` (None: nothing buffered yet) topped up from the stream; ``keys`` follows."""
+        while table is None or table.num_rows < self._want:
             more = next(self._it, None)
             if more is None:
                 self.done = True
@@ -86,16 +86,15 @@ class _Head:
                 continue
             self._want = max(self._want, more.num_rows)
             keys = more.column(self._key).to_numpy(zero_copy_only=False)
-            self.table = more if self.table is None else pa.concat_tables([self.table, more])
+            table = more if table is None else pa.concat_tables([table, more])
             self.keys = np.concatenate([self.keys, keys])
-        if self.table is None:
-            self.table = pa.table({self._key: pa.array([], pa.string())})
+        return pa.table({self._key: pa.array([], pa.string())}) if table is None else table
 
     def take_through(self, bound: str | None) -> pa.Table:
         """The buffered rows with keys <= ``bound`` (None: all), removed from the buffer (then refilled)."""
         stop = len(self.keys) if bound is None else int(np.searchsorted(self.keys, bound, side="right"))
-        rows, self.table, self.keys = self.table.slice(0, stop), self.table.slice(stop), self.keys[stop:]
-        self._refill()
+        rows, rest, self.keys = self.table.slice(0, stop), self.table.slice(stop), self.keys[stop:]
+        self.table = self._refill(rest)
         return rows
 
 

@@ -257,8 +257,8 @@ def write_report(data: ReportData, out: str, directory: str, epoch: int, timings
         files |= figs
         lines += more
     files["report.html"] = _html(out, lines, set(files))
-    for name, data in files.items():
-        storage.write_bytes(storage.join(directory, name), data)
+    for name, content in files.items():
+        storage.write_bytes(storage.join(directory, name), content)
     return lines
 
 

@@ -6,7 +6,7 @@ a loop over it); one plan file's rows are in (step, slot) order with the steps a
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +39,7 @@ def samples_parts(problem: Problem, rels: list[str]) -> list[str] | None:
 
 
 def check_listed(
-    problem: Problem, files: dict, w: int, epochs: int, enumerate_up_to: int
+    problem: Problem, files: Mapping[str, object], w: int, epochs: int, enumerate_up_to: int
 ) -> tuple[bool, list[str] | None]:
     """The files ``_manifest.json`` lists are exactly the samples parts, rejects and one plan file
     per (epoch, rank); missing plan files are named one by one when at most ``enumerate_up_to``.

@@ -46,7 +46,7 @@ def rank_rows(t: pa.Table, idx: NDArray[np.int64], n: int) -> dict[str, NDArray]
     """The numbers an epoch's checks need of one rank's plan table ``t`` (its strings checked):
     ``_KEPT`` as int32 copies (nothing of ``t`` stays referenced) and ``row``, the sample index of each
     of the (m,) rows (``lookup``), int32 when the ``n`` samples allow it."""
-    out = {k: np.array(t.column(k).to_numpy(), dtype=np.int32) for k in _KEPT}
+    out: dict[str, NDArray] = {k: np.array(t.column(k).to_numpy(), dtype=np.int32) for k in _KEPT}
     out["row"] = idx.astype(np.int32) if n < 2**31 else idx
     return out
 
@@ -83,7 +83,7 @@ def check_counts(
 
 def check_caps(problems: list[str], e: int, caps: Caps, plan: NDArray[np.int64], samples: pa.Table) -> None:
     """Every rank-step of epoch ``e``'s plan (S, W, M) within the manifest's caps."""
-    sums = [("samples", caps.max_samples, (plan >= 0).sum(axis=-1))]
+    sums: list[tuple[str, float | None, NDArray]] = [("samples", caps.max_samples, (plan >= 0).sum(axis=-1))]
     sums.append(("cost", caps.max_cost, rank_step_sums(plan, samples.column("cost").to_numpy())))
     sums.append(("points", caps.max_points, rank_step_sums(plan, samples.column("num_points").to_numpy())))
     for name, cap, got in sums:
@@ -116,7 +116,7 @@ def lookup(
         return None
     for name in ("cost", "bucket_id", "path"):
         if name == "path":
-            got, want = _row_keys(t), samples.row_key[idx]
+            got, want = _row_keys(t), samples.path_keys(idx)
         else:
             got, want = t.column(name).to_numpy(), samples.column(name).to_numpy()[idx]
         if np.array_equal(got, want):

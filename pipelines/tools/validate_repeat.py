@@ -29,7 +29,7 @@ __all__ = ["check_weights", "check_realized"]
 _WHERE = "_manifest.json"
 
 
-def _named(held: NDArray[np.bool_], copies: NDArray[np.float64], per_class: bool) -> dict[str, float]:
+def _named(held: NDArray[np.bool_], copies: NDArray[np.number], per_class: bool) -> dict[str, float]:
     totals = class_counts(held, copies)
     return totals if per_class else {"all": totals.get("0", 0.0)}
 

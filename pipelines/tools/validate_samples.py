@@ -135,11 +135,12 @@ class SamplesView:
         cost_mismatch: tuple[int, int, np.float64, np.float64] | None = None,
     ):
         self.numeric, self._ids = numeric, ids
-        self.row_key, self.cost_mismatch = row_key, cost_mismatch
+        self._row_key: NDArray[np.uint64] | None = row_key
+        self.cost_mismatch = cost_mismatch
         order = np.argsort(id_key, kind="stable")
-        self._order = order.astype(np.int32) if id_key.size < 2**31 else order
+        self._order: NDArray[np.integer] | None = order.astype(np.int32) if id_key.size < 2**31 else order
         del order
-        self._sorted = id_key[self._order]
+        self._sorted: NDArray[np.uint64] | None = id_key[self._order]
         self.num_rows = numeric.num_rows
         self.column_names = numeric.column_names
 
@@ -153,20 +154,30 @@ class SamplesView:
     def drop_keys(self) -> None:
         """Free the id and row keys (20 bytes a sample) once no plan file is left to look up;
         ``find`` refuses afterwards."""
-        self._order, self._sorted, self.row_key = None, None, None
+        self._order, self._sorted, self._row_key = None, None, None
+
+    def _keys(self) -> tuple[NDArray[np.integer], NDArray[np.uint64], NDArray[np.uint64]]:
+        """(row order of the sorted id keys, the sorted id keys, the row keys) until ``drop_keys``."""
+        if self._order is None or self._sorted is None or self._row_key is None:
+            raise RuntimeError("the keys were dropped (drop_keys): no lookups after the last plan file")
+        return self._order, self._sorted, self._row_key
 
     def key_clash(self) -> bool:
         """True when two sample ids share a key (then ``find`` cannot be trusted)."""
-        return bool(self._sorted.size > 1 and (np.diff(self._sorted) == 0).any())
+        _, s, _ = self._keys()
+        return bool(s.size > 1 and (np.diff(s) == 0).any())
 
     def find(self, ids: pa.Array) -> NDArray[np.int64]:
         """(n,) row of each sample_id in ``ids``, -1 when no sample has its key."""
-        if self._sorted is None:
-            raise RuntimeError("the keys were dropped (drop_keys): no lookups after the last plan file")
+        order, s, _ = self._keys()
         keys = id_keys(ids)
-        at = np.minimum(np.searchsorted(self._sorted, keys), max(self._sorted.size - 1, 0))
-        hit = self._sorted[at] == keys if self._sorted.size else np.zeros(keys.size, dtype=bool)
-        return np.where(hit, self._order[at] if self._sorted.size else -1, -1).astype(np.int64)
+        at = np.minimum(np.searchsorted(s, keys), max(s.size - 1, 0))
+        hit = s[at] == keys if s.size else np.zeros(keys.size, dtype=bool)
+        return np.where(hit, order[at] if s.size else -1, -1).astype(np.int64)
+
+    def path_keys(self, rows: NDArray[np.int64]) -> NDArray[np.uint64]:
+        """(n,) row keys (``row_keys``: path and sweep_paths) of the samples at ``rows``."""
+        return self._keys()[2][rows]
 
 
 def read_samples(
@@ -206,7 +217,7 @@ def read_samples(
         fingerprint_update(h, t)
         for n in numeric_names:
             parts[n] += t.column(n).chunks
-        if mismatch is not None:
+        if mismatch is not None and model_cost is not None:  # both or neither
             mismatch = _cost_mismatch(mismatch, t, model_cost(t), first_row)
         id_parts.append(id_keys(ids))
         row_parts.append(row_keys(ids, t.column("path"), t.column("sweep_paths")))

@@ -75,7 +75,7 @@ class BeamBackend:
     def open_write(self, uri: str) -> AbstractContextManager[BinaryIO]:
         return FileSystems.create(uri, compression_type=_RAW)
 
-    def list(self, root: str) -> dict[str, FileInfo]:
+    def list_files(self, root: str) -> dict[str, FileInfo]:
         found = FileSystems.match([root + "/**"])[0].metadata_list
         return {
             m.path[len(root) + 1 :]: FileInfo(int(m.size_in_bytes), float(m.last_updated_in_seconds or 0.0))

@@ -60,7 +60,8 @@ def parse_cost_model(spec: str) -> CostModel:
         parts = spec[len("linear:") :].split(",")
         if len(parts) != 3:
             raise ValueError(f"--cost-model linear:c0,a,b needs 3 numbers, got {spec!r}")
-        return _linear(*(float(p) for p in parts))
+        c0, a, b = (float(p) for p in parts)
+        return _linear(c0, a, b)
     if spec.startswith("@"):
         path = spec[1:]
         try:

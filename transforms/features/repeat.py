@@ -127,7 +127,7 @@ def check_weights(table: pa.Table, column: str, max_plan_factor: float) -> NDArr
     return w
 
 
-def class_counts(presence: NDArray[np.bool_], copies: NDArray[np.float64]) -> dict[str, float]:
+def class_counts(presence: NDArray[np.bool_], copies: NDArray[np.number]) -> dict[str, float]:
     """{class: sum of ``copies`` over the samples containing it} for every class present anywhere."""
     totals = (presence * np.asarray(copies, dtype=np.float64)[:, None]).sum(axis=0)
     return {str(c): round(float(totals[c]), 6) for c in np.flatnonzero(presence.any(axis=0))}

@@ -104,9 +104,9 @@ def sweep_transform(
 
 
 def sweep_matrices(
-    values: Sequence[float] | NDArray[np.float64], count: int, where: str
+    values: Sequence[float] | NDArray[np.float64] | None, count: int, where: str
 ) -> NDArray[np.float64]:
-    """(count, 4, 4) float64 from the ``16 * count`` row-major floats of ``sweep_transforms``.
+    """(count, 4, 4) float64 from the ``16 * count`` row-major floats of ``sweep_transforms`` (None: none).
 
     Raises:
         ValueError: the number of values is not ``16 * count`` (names ``where``).

@@ -172,7 +172,7 @@ def _index(rows: list[Any]) -> tuple[dict[str, dict[str, Any]], set[str]]:
 class _Tables:
     """The joined tables of one dataroot; ``task`` resolves one keyframe or raises ``RejectError``."""
 
-    def __init__(self, dataroot: str, version: str, tables: dict[str, list[Any] | None]) -> None:
+    def __init__(self, dataroot: str, version: str, tables: dict[str, list[Any]]) -> None:
         self.root, self.ref = dataroot, f"{_root(dataroot)}/{version}"
         self.sd, self.sd_dups = _index(tables["sample_data"])
         self.index = {name: _index(tables[name]) for name in ("calibrated_sensor", "ego_pose")}
@@ -184,7 +184,7 @@ class _Tables:
         self.labels: dict[str, object] = {}  # sample_data token -> lidarseg filename
         self.label_dups: set[str] = set()
         self.label_rejects: list[Reject] = []
-        for i, row in enumerate(tables["lidarseg"] or []):
+        for i, row in enumerate(tables["lidarseg"]):
             sd_token = row.get("sample_data_token") if isinstance(row, dict) else None
             if not isinstance(sd_token, str):
                 detail = "lidarseg record lacks a sample_data_token"
@@ -271,13 +271,14 @@ class _Tables:
 
 def _read_table(
     dataroot: str, version: str, name: str, read_bytes: Callable[[str], bytes], optional: bool = False
-) -> list[Any] | None:
+) -> list[Any]:
+    """The records of table ``name``; an ``optional`` table that is absent has none."""
     path = f"{_root(dataroot)}/{version}/{name}.json"
     try:
         raw = read_bytes(path)
     except FileNotFoundError:
         if optional:
-            return None
+            return []
         raise ValueError(f"nuScenes table {path} not found (is --nuscenes-version right?)") from None
     except OSError as err:
         raise ValueError(f"nuScenes table {path} could not be read: {err}") from err

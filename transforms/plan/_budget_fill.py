@@ -91,14 +91,15 @@ class CapState:
     def __init__(
         self, limits: PoolLimits, costs: NDArray[np.float64], first: NDArray[np.int64], n: int
     ) -> None:
-        caps, points = limits.caps, limits.points
+        caps = limits.caps
+        points = limits.points if caps.max_points is not None else None  # only checked against its cap
         self.max_n, self.max_c = caps.max_samples, caps.max_cost
         self.max_p = caps.max_points if points is not None else None
         self.cost = costs.tolist()
-        self.pt = points.tolist() if self.max_p is not None else None
+        self.pt = points.tolist() if points is not None else None
         self.counts = [1] * first.size + [0] * (n - first.size)
         self.loads = (costs[first] if first.size else np.zeros(n)).tolist()
-        self.pts = points[first].tolist() if self.pt is not None and first.size else [0] * n
+        self.pts = points[first].tolist() if points is not None and first.size else [0] * n
 
     def fits(self, b: int, item: int) -> bool:
         """Whether bin b can take pool entry ``item`` without exceeding a cap."""
@@ -106,7 +107,7 @@ class CapState:
             return False
         if self.max_c is not None and self.loads[b] + self.cost[item] > self.max_c:
             return False
-        return self.max_p is None or self.pts[b] + self.pt[item] <= self.max_p
+        return self.max_p is None or self.pt is None or self.pts[b] + self.pt[item] <= self.max_p
 
     def add(self, b: int, item: int) -> bool:
         """Put ``item`` into bin b; True when the bin is now full (``max_samples``)."""
@@ -161,7 +162,8 @@ class Packed:
         """From (K,) pool indices and their (K,) bins in insertion order."""
         members = seq_items[np.argsort(seq_bins, kind="stable")]
         loads = np.bincount(seq_bins, weights=costs[seq_items], minlength=n)  # sequential sums
-        return cls(members, np.bincount(seq_bins, minlength=n), loads)
+        # numpy's stubs type bincount as intp even with float weights
+        return cls(members, np.bincount(seq_bins, minlength=n), loads)  # type: ignore[arg-type]
 
     def repair_empty(self, costs: NDArray[np.float64]) -> Packed | None:
         """Every empty bin takes one sample: the last item of the fullest bin. None: no donor."""
@@ -215,6 +217,8 @@ def fill(
     key0, tie = loads0 - target, tie[:n]
     positive = costs[rest] > 0.0
     live, zero = rest[positive], rest[~positive]
+    to_live: NDArray[np.int64] | None
+    to_zero: NDArray[np.int64] | None
     if not limits.caps.active:
         to_live = lpt_rounds(key0, tie, costs[live])
         counts = np.bincount(np.concatenate([np.arange(first.size), to_live]), minlength=n)

@@ -141,7 +141,8 @@ def _attempt(
     """Pack ``order`` into each step count of ``candidates`` in turn: (linearity, bins, step layout)
     of the first plan that reaches ``TARGET``, else the best; None when the caps leave no room."""
     p = costs.size
-    best, tried = None, set()
+    best: tuple[float, Packed, NDArray[np.int64]] | None = None
+    tried: set[int] = set()
     for steps in candidates:
         if steps in tried:
             continue
@@ -153,7 +154,7 @@ def _attempt(
             packed = _pack(order, costs, steps, w, limits, tie)
         if packed is None:
             continue
-        found = [packed]
+        found: list[tuple[Packed, int] | None] = [packed]
         if steps * w < p:
             found.append(_pack_sorted(order, costs, steps, w, limits, tie))
         for bins, high in (f for f in found if f is not None):
@@ -161,7 +162,7 @@ def _attempt(
             lin = load_linearity(bins.loads[layout])
             if best is None or lin > best[0]:
                 best = (lin, bins, layout)
-        if best[0] >= TARGET:
+        if best is not None and best[0] >= TARGET:  # set above: found holds a plan
             break
     return best
 

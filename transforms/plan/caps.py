@@ -99,7 +99,9 @@ def check_caps(
     if limits is None or not limits.caps.active or plan.size == 0:
         return
     caps = limits.caps
-    checks = [("samples", caps.max_samples, (plan >= 0).sum(axis=-1))]
+    checks: list[tuple[str, float | None, NDArray]] = [
+        ("samples", caps.max_samples, (plan >= 0).sum(axis=-1))
+    ]
     checks.append(("cost", caps.max_cost, rank_step_sums(plan, costs)))
     if limits.points is not None:
         checks.append(("points", caps.max_points, rank_step_sums(plan, limits.points)))

@@ -200,7 +200,7 @@ def list_files(root: str) -> dict[str, FileInfo]:
     """{path relative to ``root`` with '/': FileInfo} of every file below ``root`` ({} when absent)."""
     if is_local(root):
         return list_local(local_path(root))
-    return _backend(root).list(root.rstrip("/"))
+    return _backend(root).list_files(root.rstrip("/"))
 
 
 def glob(pattern: str) -> list[str]:

@@ -84,7 +84,7 @@ class ArrowBackend:
         fs.create_dir(posixpath.dirname(p), recursive=True)
         return fs.open_output_stream(p)
 
-    def list(self, root: str) -> dict[str, FileInfo]:
+    def list_files(self, root: str) -> dict[str, FileInfo]:
         fs, base = arrow_filesystem(root)
         infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
         return {

@@ -118,8 +118,8 @@ def build_scene(cfg: SynthConfig, index: int) -> Scene:
     info = tb.SceneInfo(
         seed=cfg.seed, index=index, kind=kind, speed=speed,
         timestamps=tuple(int(v) for v in stamps),
-        translations=tuple(tuple(float(v) for v in row) for row in trans),
-        rotations=tuple(tuple(float(v) for v in row) for row in _quat_yaw(theta + yaw)),
+        translations=tuple((float(a), float(b), float(c)) for a, b, c in trans),
+        rotations=tuple((float(w), float(i), float(j), float(k)) for w, i, j, k in _quat_yaw(theta + yaw)),
         keyframe_every=cfg.sweeps_per_keyframe + 1,
         lidar_translation=sc.LIDAR_TRANSLATION, lidar_rotation=sc.LIDAR_ROTATION,
     )  # fmt: skip
@@ -149,7 +149,7 @@ def scene_tables(cfg: SynthConfig, index: int) -> dict[str, list[tb.Record]]:
 
 def static_tables(cfg: SynthConfig) -> dict[str, list[tb.Record]]:
     """Tables shared by all scenes, plus an empty list for every table no scene fills."""
-    tables = {name: [] for name in tb.TABLES}
+    tables: dict[str, list[tb.Record]] = {name: [] for name in tb.TABLES}
     tables.update(tb.static_records(cfg.labels))
     if cfg.labels:
         tables["lidarseg"] = []
@@ -186,7 +186,7 @@ def count_voxels(xyz: NDArray[np.floating], size: float = 0.05) -> int:
     return count_occupied_voxels(xyz[np.isfinite(xyz).all(axis=1)], size)
 
 
-def sample_sizes(cfg: SynthConfig, index: int, voxel: float = 0.05) -> Iterator[dict[str, float]]:
+def sample_sizes(cfg: SynthConfig, index: int, voxel: float = 0.05) -> Iterator[dict[str, str | float]]:
     """Size features of every sample of scene ``index``, measured on the bytes ``scene_files`` yields.
 
     Yields per keyframe: ``kind``, ``speed`` (m/s), ``keyframe_voxels`` (all points), ``frames``

@@ -149,7 +149,7 @@ def _add(
     parts.append((lo, hi, np.full(n, label, np.uint8), vx, np.full(n, porous)))
 
 
-def _both_sides(parts: list, rng: np.random.Generator, s: tuple[float, float], row: tuple) -> None:
+def _both_sides(parts: list, rng: np.random.Generator, s: tuple[float, float], row: _Row) -> None:
     """Boxes of one ``_ROWS`` entry on both sides of the road over ``s`` (start, end) m."""
     near, depth, z, gap, length, label, porous = row
     for side in (-1.0, 1.0):
@@ -176,6 +176,7 @@ def _trees(
 def _traffic(parts: list, rng: np.random.Generator, spec: SceneSpec, s: tuple[float, float]) -> None:
     """Cars in the lanes (right-hand traffic), parked cars and pedestrians unless the road is open."""
     half = _ROAD_HALF[spec.kind]
+    vx: float | NDArray[np.float64]
     for i in range(_LANES[spec.kind]):
         for side in (-1.0, 1.0):
             lane = side * (i + 0.5) * _LANE
@@ -195,10 +196,20 @@ def _traffic(parts: list, rng: np.random.Generator, spec: SceneSpec, s: tuple[fl
         _add(parts, seg, (walk - 0.3, walk + 0.3), (0.15, 1.75), ADULT, vx=rng.normal(0, 1.0, len(seg)))
 
 
+#: One ``_ROWS`` entry (its fields are described there).
+_Row = tuple[
+    tuple[float, float],
+    tuple[float, float],
+    tuple[float, float] | None,
+    tuple[float, float],
+    tuple[float, float],
+    int,
+    bool,
+]
 #: Rows of boxes along both road sides per scene kind: inner face distance from the road axis
 #: (min, max), depth across, z (bottom, top; None = building heights), gap and length along the
 #: road (min, max), class, porous. All metres.
-_ROWS: dict[str, list[tuple]] = {
+_ROWS: dict[str, list[_Row]] = {
     "urban": [
         ((9.0, 9.0), (3.0, 3.0), (0.0, 0.15), (0.0, 0.0), (60.0, 60.0), SIDEWALK, False),
         ((12.0, 14.0), (10.0, 30.0), None, (0.5, 12.0), (8.0, 40.0), MANMADE, False),  # buildings
@@ -249,7 +260,7 @@ def _column_rays(spec: SceneSpec, t_frame: float, phase: float) -> tuple[NDArray
     Returns:
         (ox, oy, ux, uy, az): each (N_COLUMNS,); m, m, unit vector, sensor azimuth rad.
     """
-    k = np.arange(N_COLUMNS)
+    k = np.arange(N_COLUMNS, dtype=np.float64)
     t = t_frame - (N_COLUMNS - 1 - k) / N_COLUMNS * SWEEP_PERIOD_S
     ex, ey, yaw = ego_pose(spec, t)
     ox = ex + LIDAR_TRANSLATION[0] * np.cos(yaw)
