@@ -33,7 +33,7 @@ _API: dict[str, str] = {
     "ManifestReader": "lidarshard.loaders.reader",
     "Batch": "lidarshard.loaders.reader",
     "load_manifest": "lidarshard.loaders.reader",
-    "load_points": "lidarshard.loaders.reader",
+    "load_points": "lidarshard.loaders.points",
     "read_samples": "lidarshard.loaders.reader",
     "plan_dataset": "lidarshard.loaders.reader",
     "BalancedBatchSampler": "lidarshard.loaders.torch",

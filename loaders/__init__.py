@@ -5,11 +5,11 @@
 from ``loaders.dataset``) and the framework adapters need PyTorch: ``pip install "lidarshard[torch]"``.
 """
 
+from lidarshard.loaders.points import load_points
 from lidarshard.loaders.reader import (
     Batch,
     ManifestReader,
     load_manifest,
-    load_points,
     plan_dataset,
     read_samples,
 )

@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from lidarshard.loaders.reader import PathLike, load_manifest, load_points, needs_torch, read_samples
+from lidarshard.loaders.points import load_points
+from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
 
 try:
     import torch

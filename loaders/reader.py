@@ -1,4 +1,5 @@
-"""Read a committed lidarshard manifest directory: metadata, samples and one rank's plan, step by step.
+"""Read a committed lidarshard manifest directory: metadata, samples and one rank's plan, step by step
+(a sample's points: ``lidarshard.loaders.points``).
 
 Pure pyarrow/numpy; imports neither Beam nor torch. ``out_dir`` may be a local path or a URI
 (``gs://``, ``s3://``, ``file://`` ...): every read goes through ``lidarshard.transforms.storage``.
@@ -31,9 +32,6 @@ from lidarshard.schemas import (
 from lidarshard.schemas.manifest import FileEntry, Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_table
-from lidarshard.transforms.formats.readers import detect_format, read_points
-from lidarshard.transforms.nuscenes.geometry import sweep_matrices
-from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.parts import listed_parts, read_parts
 from lidarshard.transforms.paths import PathResolver, path_problem
 from lidarshard.transforms.storage.base import FileTooLargeError
@@ -42,7 +40,6 @@ __all__ = [
     "Batch",
     "ManifestReader",
     "load_manifest",
-    "load_points",
     "plan_dataset",
     "plan_files",
     "read_samples",
@@ -371,31 +368,3 @@ class ManifestReader:
     def __iter__(self) -> Iterator[Batch]:
         for step in range(self.start_step, self.steps):
             yield self.batch(step)
-
-
-def load_points(
-    path: str,
-    fmt: str | None,
-    sweep_paths: Sequence[str] = (),
-    sweep_transforms: Sequence[float] | NDArray[np.float64] | None = None,
-    point_dims: int | None = None,
-) -> NDArray[np.float32]:
-    """One sample's points: the keyframe plus its sweeps moved into the keyframe's sensor frame.
-
-    Args:
-        path: keyframe path/URI.
-        fmt: reader name from the samples' ``format`` (None: detect from ``path``); sweeps use it too.
-        sweep_paths: S sweep paths/URIs, newest first.
-        sweep_transforms: 16*S floats, row-major 4x4 sweep-sensor -> keyframe-sensor per sweep.
-        point_dims: channels per point for raw ``bin`` files, passed to the reader.
-
-    Returns:
-        (N + sum M', C) float32, xyz first (keyframe only when ``sweep_paths`` is empty).
-    """
-    fmt = fmt or detect_format(path)
-    keyframe = read_points(storage.read_bytes(path), fmt, point_dims=point_dims)
-    if not sweep_paths:
-        return np.ascontiguousarray(keyframe, dtype=np.float32)
-    mats = sweep_matrices(sweep_transforms, len(sweep_paths), path)
-    sweeps = [read_points(storage.read_bytes(p), fmt, point_dims=point_dims) for p in sweep_paths]
-    return aggregate(keyframe, sweeps, list(mats))

@@ -1,4 +1,4 @@
-"""lidarshard.loaders.reader: committed-dir checks, per-rank steps, resume, cycling, plan_dataset, load_points."""
+"""lidarshard.loaders.reader and .points: committed-dir checks, per-rank steps, resume, cycling, plan_dataset, load_points."""
 
 from __future__ import annotations
 

@@ -196,16 +196,9 @@ def _traffic(parts: list, rng: np.random.Generator, spec: SceneSpec, s: tuple[fl
         _add(parts, seg, (walk - 0.3, walk + 0.3), (0.15, 1.75), ADULT, vx=rng.normal(0, 1.0, len(seg)))
 
 
+_Span = tuple[float, float]
 #: One ``_ROWS`` entry (its fields are described there).
-_Row = tuple[
-    tuple[float, float],
-    tuple[float, float],
-    tuple[float, float] | None,
-    tuple[float, float],
-    tuple[float, float],
-    int,
-    bool,
-]
+_Row = tuple[_Span, _Span, _Span | None, _Span, _Span, int, bool]
 #: Rows of boxes along both road sides per scene kind: inner face distance from the road axis
 #: (min, max), depth across, z (bottom, top; None = building heights), gap and length along the
 #: road (min, max), class, porous. All metres.
