@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pyarrow.dataset is imported where it is used: it doubles th
 from lidarshard.schemas import (
     MANIFEST_FILE,
     PLAN_DIR,
+    SAMPLES_DIR,
     SUCCESS_FILE,
     check_version,
     partition_schema,
@@ -31,9 +32,9 @@ from lidarshard.schemas import (
 )
 from lidarshard.schemas.manifest import FileEntry, Manifest
 from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import parquet_table
-from lidarshard.transforms.parts import listed_parts, read_parts
-from lidarshard.transforms.paths import PathResolver, path_problem
+from lidarshard.transforms.arrow import parquet_file
+from lidarshard.transforms.parts import listed_parts
+from lidarshard.transforms.paths import PATH_COLUMNS, PathResolver, path_problem
 from lidarshard.transforms.storage.base import FileTooLargeError
 
 __all__ = [
@@ -100,7 +101,8 @@ def load_manifest(out_dir: PathLike) -> Manifest:
     Raises:
         FileNotFoundError: ``_SUCCESS`` is missing (the build did not finish, or not a manifest dir).
         ValueError: the writer's schema major version differs from this reader's (the message names
-            both and the rebuild command), or a key is missing or malformed (named).
+            both and the rebuild command), a key is missing or malformed (named), or the plan numbers
+            cannot describe a real plan (``Manifest.bounds_problem``: checked before any sizes a read).
     """
     base = os.fspath(out_dir)
     if not storage.exists(storage.join(base, SUCCESS_FILE)):
@@ -113,43 +115,109 @@ def load_manifest(out_dir: PathLike) -> Manifest:
     if not isinstance(raw, dict):
         raise ValueError(f"{where}/{MANIFEST_FILE} is not a JSON object")
     check_version(raw.get("schema_version", ""), where, raw)
-    return Manifest.from_json(raw, f"{where}/{MANIFEST_FILE}")
+    manifest = Manifest.from_json(raw, f"{where}/{MANIFEST_FILE}")
+    problem = manifest.bounds_problem()
+    if problem:
+        raise ValueError(f"{problem}; refusing to read it (rebuild the manifest)")
+    return manifest
 
 
-def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None) -> pa.Table:
+def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None, *, verify: bool = True) -> pa.Table:
     """The samples of a committed manifest (the parts its ``files`` lists, in order): the default
-    dataset index order."""
-    base = os.fspath(out_dir)
-    return read_parts(
-        [storage.join(base, rel) for rel in listed_parts(load_manifest(out_dir).files)], columns
-    )
+    dataset index order.
 
-
-def plan_files(out_dir: PathLike) -> list[str]:
-    """Paths (inside the manifest's filesystem) of every file under ``OUT/plan``, sorted.
+    The stored paths follow the plan files' rules (``path_problem``: relative to the recorded
+    ``path_root`` and inside it, or full paths when none is recorded). With ``verify`` (default) each
+    part must have the size ``_manifest.json`` records, and a read that includes a path column (what
+    a trainer opens) also checks each part's sha256; ``verify=False`` reads parts edited after the
+    build, at the user's risk.
 
     Raises:
-        ValueError: a file that is not ``plan/epoch=E/rank=R/part-NNNNN.parquet`` (a stray note, a
-            partial copy), naming it; the plan directory is the contract, nothing else may live there.
-        FileNotFoundError: there is no plan directory or it holds no file.
+        FileNotFoundError: a listed part is missing.
+        ValueError: a part's size or sha256 differs from ``_manifest.json``, or a stored path leaves
+            ``path_root`` (one line naming it).
     """
+    base = os.fspath(out_dir)
+    manifest = load_manifest(out_dir)
+    rels = listed_parts(manifest.files)
+    present = storage.list_files(storage.join(base, SAMPLES_DIR)) if verify else {}
+    whole = columns is None or any(c in PATH_COLUMNS for c in columns)
+    tables = []
+    for rel in rels:
+        path, entry = storage.join(base, rel), manifest.files[rel]
+        if verify:
+            info = present.get(rel[len(SAMPLES_DIR) + 1 :])
+            if info is None:
+                raise FileNotFoundError(
+                    f"{path}: listed in {MANIFEST_FILE} but missing; rebuild the manifest"
+                )
+            if info.size != entry.bytes:
+                raise ValueError(
+                    _modified(path, "samples part", f"{info.size} bytes, not the {entry.bytes} recorded in")
+                )
+        try:
+            if verify and whole:
+                with parquet_file(pa.BufferReader(_verified_bytes(path, entry, "samples part"))) as f:
+                    tables.append(f.read(columns=_columns(columns), use_threads=False))
+            else:
+                tables.append(storage.read_parquet(path, columns))
+        except (pa.ArrowInvalid, OSError, KeyError) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise ValueError(f"{path}: not a readable samples part ({str(e).splitlines()[0]})") from None
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    problem = path_problem(table, manifest.path_root)
+    if problem:  # a forged part must not point the trainer outside the dataset
+        raise ValueError(
+            f"{base.rstrip('/')}/{SAMPLES_DIR}: {problem}; refusing to read it (rebuild the manifest)"
+        )
+    return table
+
+
+def _columns(columns: Sequence[str] | None) -> list[str] | None:
+    return list(columns) if columns is not None else None
+
+
+def plan_files(out_dir: PathLike, manifest: Manifest | None = None) -> list[str]:
+    """Paths (inside the manifest's filesystem) of the plan files ``_manifest.json`` lists, sorted, each
+    checked against what ``OUT/plan`` holds (one listing; sizes compared, contents not read).
+
+    Raises:
+        ValueError: a file under ``OUT/plan`` that is not ``plan/epoch=E/rank=R/part-NNNNN.parquet`` or
+            that the manifest does not list (a stray note, a copy such as ``plan/epoch=00``), or whose
+            size differs from the recorded one, naming it: the plan directory is the contract.
+        FileNotFoundError: a listed plan file is missing, or the manifest lists none.
+    """
+    m = load_manifest(out_dir) if manifest is None else manifest
     _, base = storage.arrow_filesystem(os.fspath(out_dir))
-    listed = storage.list_files(storage.join(os.fspath(out_dir), PLAN_DIR))
-    found = sorted((f"{base}/{PLAN_DIR}/{rel}", info.size) for rel, info in listed.items())
-    for path, size in found:
-        if not _is_plan_path(path[len(base) :].lstrip("/")):
+    listed = {rel: e for rel, e in m.files.items() if rel.startswith(PLAN_DIR + "/")}
+    present = storage.list_files(storage.join(os.fspath(out_dir), PLAN_DIR))
+    for rel, info in sorted(present.items()):
+        path, entry = f"{base}/{PLAN_DIR}/{rel}", listed.get(f"{PLAN_DIR}/{rel}")
+        if not _is_plan_path(f"{PLAN_DIR}/{rel}"):
             raise ValueError(
                 f"{path}: not a plan file (only {PLAN_DIR}/epoch=E/rank=R/part-NNNNN.parquet may live in "
                 f"{PLAN_DIR}/); move it out of the manifest directory"
             )
-        if not size:
-            raise ValueError(f"{path}: not a readable plan file (0 bytes); rebuild the manifest")
-    files = [path for path, _ in found]
-    if not files:
+        if entry is None:
+            raise ValueError(
+                f"{path}: not a plan file of this manifest (not listed in {MANIFEST_FILE}); move it out of "
+                "the manifest directory"
+            )
+        if info.size != entry.bytes:
+            raise ValueError(
+                _modified(path, "plan file", f"{info.size} bytes, not the {entry.bytes} recorded in")
+            )
+    missing = sorted(set(listed) - {f"{PLAN_DIR}/{rel}" for rel in present})
+    if missing:
+        raise FileNotFoundError(
+            f"{base}/{missing[0]}: listed in {MANIFEST_FILE} but missing; rebuild the manifest"
+        )
+    if not listed:
         raise FileNotFoundError(
             f"{os.fspath(out_dir)} holds no plan files ({PLAN_DIR}/epoch=E/rank=R/*.parquet)"
         )
-    return files
+    return [f"{base}/{rel}" for rel in sorted(listed)]
 
 
 def plan_dataset(out_dir: PathLike) -> ds.Dataset:
@@ -157,14 +225,15 @@ def plan_dataset(out_dir: PathLike) -> ds.Dataset:
 
     ``plan_dataset(out).to_table(filter=(ds.field("epoch") == 0) & (ds.field("rank") == 1))`` reads one
     rank's plan. Any Parquet reader can do the same from ``OUT/plan`` alone; this one also checks the
-    manifest is committed and of this schema version, and that nothing foreign lives in the plan tree.
+    manifest is committed and of this schema version, and that the plan tree holds exactly the files
+    ``_manifest.json`` lists, at their recorded sizes (``plan_files``).
     """
     import pyarrow.dataset as ds
 
-    load_manifest(out_dir)
+    manifest = load_manifest(out_dir)
     fs, base = storage.arrow_filesystem(os.fspath(out_dir))
     return ds.dataset(
-        plan_files(out_dir),
+        plan_files(out_dir, manifest),
         schema=pa.unify_schemas([plan_schema(), partition_schema()]),
         filesystem=fs,
         format="parquet",
@@ -187,7 +256,14 @@ def _is_plan_path(rel: str) -> bool:
     )
 
 
-def _verified_bytes(path: str, recorded: FileEntry | None) -> bytes:
+def _modified(path: str, what: str, how: str) -> str:
+    return (
+        f"{path}: not a readable {what} ({how} {MANIFEST_FILE}: modified after the build); rebuild the "
+        "manifest, or pass verify=False to read it anyway"
+    )
+
+
+def _verified_bytes(path: str, recorded: FileEntry | None, what: str = "plan file") -> bytes:
     """The bytes of ``path`` when they match the size and sha256 ``_manifest.json`` recorded for it.
 
     Raises:
@@ -195,39 +271,45 @@ def _verified_bytes(path: str, recorded: FileEntry | None) -> bytes:
     """
     if recorded is None:
         raise ValueError(
-            f"{path}: not a readable plan file (not listed in {MANIFEST_FILE}); rebuild the manifest"
+            f"{path}: not a readable {what} (not listed in {MANIFEST_FILE}); rebuild the manifest"
         )
     try:
         data = storage.read_bytes(path, recorded.bytes)  # never more than the recorded size
     except FileTooLargeError:
         data = b""
     if len(data) != recorded.bytes or hashlib.sha256(data).hexdigest() != recorded.sha256:
-        raise ValueError(
-            f"{path}: not a readable plan file (size or sha256 differs from {MANIFEST_FILE}: modified "
-            "after the build); rebuild the manifest, or pass verify=False to read it anyway"
-        )
+        raise ValueError(_modified(path, what, "size or sha256 differs from"))
     return data
 
 
 def read_plan_file(
-    path: str, columns: Sequence[str], recorded: FileEntry | None = None, verify: bool = False
+    path: str,
+    columns: Sequence[str],
+    recorded: FileEntry | None = None,
+    verify: bool = False,
+    max_rows: int | None = None,
 ) -> pa.Table:
     """``columns`` of one plan file; an empty, truncated or foreign file raises ValueError naming it.
 
-    With ``verify``, the bytes must first match ``recorded`` (its ``_manifest.json`` 'files' entry).
+    With ``verify``, the bytes must first match ``recorded`` (its ``_manifest.json`` 'files' entry);
+    a file of more than ``max_rows`` rows is refused from its footer, before a row is decoded.
     """
     try:
-        if verify:
-            table = parquet_table(_verified_bytes(path, recorded), columns)
-        else:
-            table = storage.read_parquet(path, columns)
+        source = pa.BufferReader(_verified_bytes(path, recorded)) if verify else storage.open_read(path)
+        with source, parquet_file(source) as f:
+            rows = f.metadata.num_rows
+            if max_rows is not None and rows > max_rows:
+                raise ValueError(
+                    f"{path}: not a readable plan file ({rows} rows, more than the {max_rows} entries its "
+                    "epoch plans); rebuild the manifest"
+                )
+            return f.read(columns=list(columns), use_threads=False)
     except (pa.ArrowInvalid, OSError, KeyError) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise ValueError(
             f"{path}: not a readable plan file ({str(e).splitlines()[0]}); rebuild the manifest"
         ) from None
-    return table
 
 
 class ManifestReader:
@@ -312,31 +394,17 @@ class ManifestReader:
                 )
         if not files:
             raise ValueError(f"{rank_dir}: the rank directory holds no plan file; rebuild the manifest")
-        listed = self.manifest.files
+        listed, planned = self.manifest.files, self.manifest.counts.planned[self.plan_epoch]
         table = pa.concat_tables(
-            read_plan_file(path, _PLAN_COLUMNS, listed.get(f"{rel_dir}/{rel}"), self.verify)
+            read_plan_file(path, _PLAN_COLUMNS, listed.get(f"{rel_dir}/{rel}"), self.verify, planned)
             for path, rel in files
         )
         table = table.sort_by([("step", "ascending"), ("slot", "ascending")])
-        steps, slots = table["step"].to_numpy(), table["slot"].to_numpy()
-        counts = np.bincount(steps, minlength=self.steps) if steps.size and steps.min() >= 0 else None
-        starts = np.concatenate([[0], np.cumsum(counts)]) if counts is not None else None
-        fixed = not self.manifest.variable_count
-        if (
-            counts is None
-            or starts is None
-            or counts.size != self.steps
-            or (counts < 1).any()
-            or (fixed and (counts != self.batch_size).any())
-            or not np.array_equal(slots, np.arange(steps.size) - np.repeat(starts[:-1], counts))
-        ):
-            raise ValueError(
-                f"{rank_dir}: plan for epoch {self.plan_epoch} rank {self.rank} is malformed: expected "
-                f"slots 0..n-1 ({'n = batch_size ' + str(self.batch_size) if fixed else 'n >= 1'}) for "
-                f"each of {self.steps} steps, got {table.num_rows} rows"
-            )
+        starts = self._step_starts(table, rank_dir)
+        global_count = table["global_count"].to_numpy()[starts[:-1]].astype(np.int64)
+        self._check_counts(np.diff(starts), global_count, rank_dir)
         self._starts = starts
-        self._global = table["global_count"].to_numpy()[starts[:-1]].astype(np.int64)
+        self._global = global_count
         self._ids: list[str] = table["sample_id"].to_pylist()
         problem = path_problem(table, self.manifest.path_root)
         if problem:  # a forged plan must not point the trainer outside the dataset
@@ -345,6 +413,52 @@ class ManifestReader:
         self._paths: list[str] = [fix(p) for p in table["path"].to_pylist()]
         self._sweeps: list[list[str]] = [[fix(p) for p in s or []] for s in table["sweep_paths"].to_pylist()]
         self._costs = table["cost"].to_numpy().astype(np.float64)
+
+    def _step_starts(self, table: pa.Table, rank_dir: str) -> NDArray[np.int64]:
+        """(steps + 1,) first row of each step in ``table`` (sorted by step, slot), once the rows are
+        checked to be ``steps`` runs of slots 0..n-1 (n = batch_size, or n >= 1 under budget). The row
+        count is compared with ``steps`` before anything is sized by it: a forged ``steps_per_epoch``
+        (1e12) costs one line, not an allocation."""
+        steps, slots = table["step"].to_numpy(), table["slot"].to_numpy()
+        fixed = not self.manifest.variable_count
+        rows, n = table.num_rows, self.steps
+        ok = (rows == n * self.batch_size) if fixed else (n <= rows)
+        ok = ok and (rows == 0 or (0 <= int(steps.min()) and int(steps.max()) < n))
+        counts = np.bincount(steps, minlength=n) if ok else None
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64) if counts is not None else None
+        if (
+            counts is None
+            or starts is None
+            or (counts < 1).any()
+            or (fixed and (counts != self.batch_size).any())
+            or not np.array_equal(slots, np.arange(steps.size) - np.repeat(starts[:-1], counts))
+        ):
+            raise ValueError(
+                f"{rank_dir}: plan for epoch {self.plan_epoch} rank {self.rank} is malformed: expected "
+                f"slots 0..n-1 ({'n = batch_size ' + str(self.batch_size) if fixed else 'n >= 1'}) for "
+                f"each of {n} steps, got {rows} rows"
+            )
+        return starts
+
+    def _check_counts(
+        self, counts: NDArray[np.int64], global_count: NDArray[np.int64], rank_dir: str
+    ) -> None:
+        """Each step's ``global_count`` (samples of all ranks) against this rank's own count and the
+        manifest's world size: the other W-1 ranks hold at least one sample each, and exactly
+        ``batch_size`` each when counts are fixed. A ``world_size`` forged to 1 while the rows say 4
+        samples a step is refused here (``Batch.scale`` would be wrong)."""
+        w = self.world_size
+        if self.manifest.variable_count:
+            bad = (global_count < counts + (w - 1)) | (w == 1) & (global_count != counts)
+        else:
+            bad = global_count != w * self.batch_size
+        if bad.any():
+            step = int(np.argmax(bad))
+            raise ValueError(
+                f"{rank_dir}: step {step} records global_count {int(global_count[step])}, impossible for "
+                f"world_size {w} x batch_size {self.batch_size} with {int(counts[step])} samples on this rank "
+                f"({MANIFEST_FILE} and the plan disagree); rebuild the manifest"
+            )
 
     def __len__(self) -> int:
         return self.steps - self.start_step

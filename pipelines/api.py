@@ -28,8 +28,9 @@ import pyarrow.compute as pc
 from lidarshard import schemas
 from lidarshard.pipelines import arguments, launch
 from lidarshard.pipelines import build as build_cmd
+from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import UsageError
-from lidarshard.pipelines.settings import build_settings, table_settings
+from lidarshard.pipelines.settings import build_settings, check_plan_size, table_settings
 from lidarshard.pipelines.settings import cost_model as parse_cost_model
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import storage
@@ -90,7 +91,10 @@ def build(
     """
     beam_argv = [*([f"--runner={runner}"] if runner else []), *pipeline_args]
     args = _namespace([out] if input is None else [input, out], world_size, batch_size, flags)
-    settings = build_settings(args, launch.dry_run_requested(beam_argv))
+    dry_run = launch.dry_run_requested(beam_argv)
+    settings = build_settings(args, dry_run)
+    if not dry_run:  # a dry run works offline
+        check_locations(beam_argv)
     if not build_cmd.launch_build(settings, beam_argv):
         return {"out": settings.output, "dry_run": True}
     return summary(settings.output)
@@ -136,6 +140,7 @@ def write_manifest(
     )
     settings = table_settings(args, out, GIVEN if given else parse_cost_model(args.cost_model))
     table = _samples_table(samples, args)
+    check_plan_size(settings.cfg, table.num_rows, "the table")
     if not given and "cost" in table.column_names:
         table = table.drop_columns(["cost"])
     if given and pc.count_distinct(table.column("sample_id")).as_py() != table.num_rows:

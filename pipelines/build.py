@@ -19,6 +19,7 @@ import apache_beam as beam
 
 from lidarshard import schemas
 from lidarshard.pipelines import arguments, launch
+from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
 from lidarshard.pipelines.settings import BuildSettings, build_settings
 from lidarshard.schemas.manifest import Manifest
@@ -137,7 +138,10 @@ def run(argv: list[str] | None = None) -> int:
     p = parser()
     args, beam_argv = p.parse(argv)
     try:
-        settings = build_settings(args, launch.dry_run_requested(beam_argv))
+        dry_run = launch.dry_run_requested(beam_argv)
+        settings = build_settings(args, dry_run)
+        if not dry_run:  # a dry run works offline
+            check_locations(beam_argv)
     except UsageError as e:
         p.fail(str(e))
     if launch_build(settings, beam_argv):

@@ -8,35 +8,115 @@ from __future__ import annotations
 import os
 import posixpath
 import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from lidarshard.pipelines.flags import UsageError
-from lidarshard.pipelines.publish import check_replaceable
+from lidarshard.pipelines.publish import NAME_MAX, check_replaceable
+from lidarshard.schemas import SUCCESS_FILE
 from lidarshard.transforms import paths, storage
 from lidarshard.transforms.features import recorded
 
 __all__ = [
+    "REMOTE_TIMEOUT_S",
     "check_input",
     "check_output",
     "check_output_parent",
     "check_nuscenes",
     "check_from_samples",
+    "check_locations",
 ]
+
+#: Seconds a remote store (gs://, s3://, ...) has to answer the first look at INPUT, OUT or a Beam
+#: temp/staging location before the run is refused (its clients retry for minutes otherwise).
+REMOTE_TIMEOUT_S = 10.0
+
+_T = TypeVar("_T")
+
+
+def _reason(e: BaseException) -> str:
+    """One line for a store's error: the innermost of Beam's wrapped ones, first line, bounded."""
+    while isinstance(getattr(e, "exception_details", None), dict) and e.exception_details:  # type: ignore[attr-defined]
+        e = next(iter(e.exception_details.values()))  # type: ignore[attr-defined]
+    text = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
+def _answer(what: str, path: str, probe: Callable[[], _T]) -> _T:
+    """``probe()``, which looks at ``path``; for a remote path it gets ``REMOTE_TIMEOUT_S`` seconds.
+
+    Raises:
+        UsageError: one line naming ``what`` and ``path``: no filesystem for its scheme, no answer in
+            time, or the store's error (unreachable endpoint, unknown bucket, no credentials).
+    """
+    if storage.is_local(path):
+        return probe()
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = probe()
+        except BaseException as e:  # noqa: BLE001 - handed to the launcher's thread below
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="lidarshard-probe", daemon=True).start()
+    if not done.wait(REMOTE_TIMEOUT_S):
+        raise UsageError(
+            f"{what} {path}: its store did not answer within {REMOTE_TIMEOUT_S:g} s (check the network, "
+            "the endpoint and the credentials)"
+        )
+    error = box.get("error")
+    if isinstance(error, UsageError):
+        raise error
+    if isinstance(error, ValueError) and "Unable to get filesystem" in str(error):
+        scheme = path.split("://", 1)[0]
+        raise UsageError(
+            f"{what} {path}: no filesystem for {scheme}:// is installed (gs:// needs "
+            '"lidarshard[gcp]", s3:// "lidarshard[aws]")'
+        ) from None
+    if error is not None:
+        raise UsageError(f"{what} {path}: cannot be reached ({_reason(error)})") from None
+    return box["value"]
+
+
+def _matches(pattern: str) -> bool:
+    """True when ``pattern`` (a glob; ``**`` spans folders) matches at least one file. A remote one is
+    listed by Beam with a limit of one result where Beam knows the scheme, else by ``storage``."""
+    if storage.is_local(pattern):
+        return bool(storage.glob(pattern))
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        FileSystems.get_filesystem(pattern)
+    except ValueError:  # a scheme only pyarrow (or a registered backend) serves
+        return bool(storage.glob(pattern))
+    return bool(FileSystems.match([pattern], limits=[1])[0].metadata_list)
+
+
+def _kind(path: str) -> str | None:
+    """``"file"``, ``"dir"`` (a local directory, or a remote prefix holding a file) or None."""
+    if storage.is_local(path):
+        p = storage.local_path(path)
+        return "file" if os.path.isfile(p) else "dir" if os.path.isdir(p) else None
+    if storage.exists(path):
+        return "file"
+    return "dir" if _matches(path.rstrip("/") + "/**") else None
 
 
 def _exists(path: str) -> bool:
-    from apache_beam.io.filesystems import FileSystems
-
+    """A file or directory (remote: a prefix holding files) at ``path``; a local broken link counts."""
     if storage.is_local(path):
-        return os.path.lexists(path.removeprefix("file://"))
-    try:
-        return bool(FileSystems.match([path])[0].metadata_list) or FileSystems.exists(path)
-    except Exception:  # noqa: BLE001 - a store that cannot be listed counts as "not found"
-        return False
+        return os.path.lexists(storage.local_path(path))
+    return _kind(path) is not None
 
 
 def _is_pattern(path: str) -> bool:
-    """A glob: wildcard characters, unless a local file or directory has that very name."""
-    return any(c in path for c in "*?[") and not (storage.is_local(path) and _exists(path))
+    """A glob: wildcard characters, unless a local directory has that very name (as the scan reads it)."""
+    return any(c in path for c in "*?[") and not (storage.is_local(path) and _kind(path) == "dir")
 
 
 def _root_of(path: str) -> str:
@@ -46,15 +126,34 @@ def _root_of(path: str) -> str:
 
 
 def check_input(path: str) -> None:
-    """INPUT must exist: a file, a directory, or a glob matching something (local or remote)."""
-    from apache_beam.io.filesystems import FileSystems
-
+    """INPUT must exist: a directory (remote: a prefix holding files) or a glob matching something. A
+    single file is refused (sample ids are paths relative to INPUT: pass its directory or a glob); a
+    remote INPUT must answer within ``REMOTE_TIMEOUT_S``."""
     if _is_pattern(path):
-        if not FileSystems.match([path])[0].metadata_list:
+        if not _answer("INPUT", path, lambda: _matches(path)):
             raise UsageError(f"INPUT {path}: the pattern matches no file")
         return
-    if not _exists(path) and not (not storage.is_local(path) and _exists(path.rstrip("/") + "/**")):
+    kind = _answer("INPUT", path, lambda: _kind(path))
+    if kind == "file":
+        raise UsageError(
+            f"INPUT {path} is a file: INPUT is a directory (every point cloud below it is scanned), a glob "
+            "such as DIR/*.bin, or a nuScenes dataroot; pass the directory that holds it"
+        )
+    if kind is None:
         raise UsageError(f"INPUT {path} does not exist")
+
+
+def check_locations(beam_argv: Sequence[str]) -> None:
+    """The Beam ``--temp_location`` / ``--staging_location`` of a run, when remote, must answer within
+    ``REMOTE_TIMEOUT_S`` (they need not exist yet). Raises UsageError naming the flag and the path."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    options = PipelineOptions(list(beam_argv)).get_all_options(drop_default=True)
+    for flag in ("temp_location", "staging_location"):
+        where = options.get(flag)
+        if isinstance(where, str) and where and not storage.is_local(where):
+            pattern = where.rstrip("/") + "/**"
+            _answer(f"--{flag}", where, lambda: _matches(pattern))  # noqa: B023 - called at once
 
 
 def _resolved(path: str) -> str:
@@ -70,8 +169,9 @@ def _contains(outer: str, inner: str) -> bool:
 
 def check_output(out: str, inputs: list[str], publish: bool = True) -> None:
     """OUT must be replaceable: not a file, neither INPUT nor inside it nor holding it (after resolving
-    links: publishing replaces OUT wholesale), its parent writable (``publish=False``, a dry run: only
-    the first checks)."""
+    links: publishing replaces OUT wholesale), holding nothing lidarshard did not write
+    (``publish.check_replaceable``), reachable within ``REMOTE_TIMEOUT_S`` when remote, its parent
+    writable (``publish=False``, a dry run: only the first checks)."""
     for inp in inputs:
         root = _root_of(inp)
         outer, inner = _resolved(root), _resolved(out)
@@ -88,6 +188,7 @@ def check_output(out: str, inputs: list[str], publish: bool = True) -> None:
             )
     if not publish:
         return
+    _answer("OUT", out, lambda: storage.exists(storage.join(out, SUCCESS_FILE)))  # reachable at all?
     try:
         check_replaceable(out)
     except FileExistsError as e:
@@ -102,6 +203,11 @@ def check_output_parent(out: str) -> None:
     path = os.path.abspath(out.rstrip("/").removeprefix("file://"))
     if os.path.lexists(path) and not os.path.isdir(path):
         raise UsageError(f"OUT {out}: it exists and is not a directory")
+    name = len(os.path.basename(path).encode())
+    if name > NAME_MAX:
+        raise UsageError(
+            f"OUT {out}: its name is {name} bytes, more than the {NAME_MAX} a file name may have"
+        )
     parent = os.path.dirname(path)
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -123,8 +229,9 @@ def _versions(dataroot: str) -> list[str]:
             for n in names
             if n.startswith("v1.0-") and os.path.isfile(os.path.join(root, n, "sample_data.json"))
         ]
-    found = FileSystems.match([posixpath.join(dataroot.rstrip("/"), "v1.0-*", "sample_data.json")])[0]
-    return sorted({m.path.rstrip("/").split("/")[-2] for m in found.metadata_list})
+    pattern = posixpath.join(dataroot.rstrip("/"), "v1.0-*", "sample_data.json")
+    found = _answer("INPUT", dataroot, lambda: FileSystems.match([pattern])[0].metadata_list)
+    return sorted({m.path.rstrip("/").split("/")[-2] for m in found})
 
 
 def check_nuscenes(input: str, version: str | None) -> None:
@@ -154,7 +261,7 @@ def check_from_samples(path: str) -> tuple[int, float | None]:
     """``--from-samples`` must be samples of ours, a samples directory or a 2.x samples.parquet
     (``previous_rows``). Returns
     (rows, the reject fraction its run recorded, or None)."""
-    if not (_exists(path) or storage.is_dir(path)):  # a samples directory is a prefix on object stores
+    if not _answer("--from-samples", path, lambda: _exists(path)):  # a prefix on object stores
         raise UsageError(f"--from-samples {path} does not exist")
     try:
         rows, first = recorded.previous_rows(path)

@@ -75,7 +75,7 @@ def launch(
 
     opts = beam_options(beam_argv, default_runner)
     if _dry_run(opts):
-        staging = f"{out.rstrip('/')}.staging-dryrun"
+        staging = publish.sibling(out, ".staging-dryrun")
         pipeline = beam.Pipeline(options=opts)
         write(pipeline, staging)
         try:

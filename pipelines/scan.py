@@ -13,6 +13,7 @@ import apache_beam as beam
 
 from lidarshard import schemas
 from lidarshard.pipelines import arguments, launch
+from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
 from lidarshard.pipelines.settings import ScanSettings, scan_settings
 from lidarshard.transforms import storage
@@ -92,7 +93,10 @@ def run(argv: list[str] | None = None) -> int:
     p = parser()
     args, beam_argv = p.parse(argv)
     try:
-        settings = scan_settings(args, args.input, args.output, launch.dry_run_requested(beam_argv))
+        dry_run = launch.dry_run_requested(beam_argv)
+        settings = scan_settings(args, args.input, args.output, dry_run)
+        if not dry_run:  # a dry run works offline
+            check_locations(beam_argv)
     except UsageError as e:
         p.fail(str(e))
     if launch.launch(

@@ -9,12 +9,17 @@ Python API's keyword arguments through the same declarations) into a ``ScanSetti
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 from dataclasses import dataclass, field
 
 from lidarshard import __version__, schemas
 from lidarshard.pipelines import checks
 from lidarshard.pipelines.arguments import DEFAULT_REJECT_FRACTION
 from lidarshard.pipelines.flags import UsageError
+from lidarshard.pipelines.publish import sibling
+from lidarshard.schemas.manifest import MAX_EPOCH_ENTRIES
 from lidarshard.transforms import storage
 from lidarshard.transforms.beam.build import BuildJob
 from lidarshard.transforms.features import recorded, repeat
@@ -23,6 +28,7 @@ from lidarshard.transforms.features.repeat import WeightSpec
 from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.features.score import ScoreSettings
 from lidarshard.transforms.parts import open_parts, read_parts, samples_files
+from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
 from lidarshard.transforms.plan.epochs import PlanConfig
 
@@ -35,12 +41,29 @@ __all__ = [
     "cost_model",
     "table_settings",
     "rejects_path",
+    "check_plan_size",
+    "memory_bytes",
+    "PLAN_ENTRY_BYTES",
 ]
+
+#: Memory one plan entry (a sample's place in one epoch) takes while its epoch is planned, written and
+#: re-planned by the publish's validation, in bytes: the strategies alone measured 75-155 (2M entries),
+#: the plan rows and their table add more. ``check_plan_size`` refuses a plan that cannot fit with it.
+PLAN_ENTRY_BYTES = 256
+#: Bytes ``storage``'s atomic write adds to a file's name while it writes (``.tmp-<8 hex>``).
+_TMP_ROOM = len(".tmp-") + 8
 
 
 def rejects_path(out: str) -> str:
-    """Where a run stopped by ``--max-reject-fraction`` leaves its rejects (beside OUT, not in it)."""
-    return out.rstrip("/") + ".rejects.parquet"
+    """Where a run stopped by ``--max-reject-fraction`` leaves its rejects (beside OUT, not in it; the
+    name fitted to ``NAME_MAX``, with room for the atomic write's temporary suffix)."""
+    return sibling(out, ".rejects.parquet", len(".rejects.parquet") + _TMP_ROOM)
+
+
+def _location(path: str) -> str:
+    """A path as the run uses it: ``file://`` URIs become plain absolute paths (Beam's filesystems do
+    not know that scheme), local paths absolute, other URIs unchanged."""
+    return storage.absolute(storage.local_path(path)) if storage.is_local(path) else path
 
 
 @dataclass(frozen=True)
@@ -157,6 +180,80 @@ def _csv(values: tuple[float, ...]) -> str:
     return ",".join(f"{v:g}" for v in values)
 
 
+# --------------------------------------------------------------------------------------- plan size
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory, or its cgroup's limit when lower (bytes; None when unknown)."""
+    found = []
+    try:
+        found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            found.append(int(text))
+    return min((n for n in found if n > 0), default=None)
+
+
+def _manifest_bytes(cfg: PlanConfig) -> int:
+    """Bytes ``_manifest.json`` takes to list the plan files of ``cfg`` (one per epoch and rank), at most."""
+    from lidarshard.schemas import plan_file
+
+    entry = {plan_file(cfg.epochs - 1, cfg.world_size - 1): {"bytes": 2**40, "sha256": "0" * 64}}
+    one = len(json.dumps({"files": entry}, indent=2)) - len(json.dumps({"files": {}}, indent=2))
+    return cfg.epochs * cfg.world_size * one
+
+
+def check_plan_size(
+    cfg: PlanConfig, rows: int | None = None, where: str = "", sample_weight: float | None = None
+) -> None:
+    """Refuse, before Beam starts, a plan the flags ask for that cannot be built or read here.
+
+    * The manifest lists one plan file per epoch and rank; that list must fit the readers' cap on
+      ``_manifest.json`` (``storage.METADATA_MAX_BYTES``), or nothing could read the result.
+    * With ``rows`` known (``--from-samples``): one epoch plans about ``rows`` x the mean bucket weight
+      (x the mean ``sample_weight``) entries, at most ``--max-plan-factor`` x ``rows``; planned, written
+      and validated in one process at ~``PLAN_ENTRY_BYTES`` each, they must fit this machine's memory
+      (``memory_bytes``) and ``MAX_EPOCH_ENTRIES``. (A scan's row count is known only after Beam: the
+      planner checks its own pool then.)
+
+    Raises:
+        UsageError: one line with the numbers and what to lower.
+    """
+    listed = _manifest_bytes(cfg)
+    if listed > storage.METADATA_MAX_BYTES:
+        raise UsageError(
+            f"--epochs {cfg.epochs} x --world-size {cfg.world_size} = {cfg.epochs * cfg.world_size:,} plan "
+            f"files; _manifest.json would list them in ~{listed / 2**20:.0f} MiB, more than the "
+            f"{storage.METADATA_MAX_BYTES >> 20} MiB any reader accepts: plan fewer epochs per build"
+        )
+    if rows is None:
+        return
+    factor = sum(cfg.weights) / len(cfg.weights) if cfg.weights else 1.0
+    factor = min(factor * (1.0 if sample_weight is None else sample_weight), cfg.max_plan_factor)
+    pad = 0 if cfg.strategy in VARIABLE_COUNT else cfg.step_size
+    entries = math.ceil(rows * factor) + pad
+    what = f"{where} holds {rows:,} samples; at ~{factor:.3g} plan entries each an epoch plans ~{entries:.3g}"
+    if entries > MAX_EPOCH_ENTRIES:
+        raise UsageError(
+            f"{what} entries, more than the {MAX_EPOCH_ENTRIES:.3g} any epoch may hold: lower the weights"
+        )
+    memory = memory_bytes()
+    need = entries * PLAN_ENTRY_BYTES
+    if memory is not None and need > memory:
+        raise UsageError(
+            f"{what} entries, ~{need / 2**30:.3g} GiB to plan at ~{PLAN_ENTRY_BYTES} bytes an entry, more than "
+            f"this machine's {memory / 2**30:.3g} GiB: lower --bucket-weights/--sample-weights, or plan on a "
+            "machine with more memory"
+        )
+
+
 def cost_model(spec: str) -> CostModel:
     """Parse ``--cost-model`` once, in the launcher (``@file.json`` is read here, not by workers)."""
     try:
@@ -173,7 +270,7 @@ def cost_model(spec: str) -> CostModel:
 def scan_settings(args: argparse.Namespace, input: str, output: str, dry_run: bool = False) -> ScanSettings:
     """INPUT and OUT checked, the scan flags as settings (``dry_run``: only the job graph will be
     built; remote paths are not looked at, and OUT is not checked for replacing)."""
-    input, output = storage.absolute(input), storage.absolute(output)
+    input, output = _location(input), _location(output)
     if not dry_run or storage.is_local(input):
         checks.check_input(input)
         checks.check_nuscenes(input, args.nuscenes_version)
@@ -201,13 +298,15 @@ def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSett
     if len(args.paths) != (1 if from_samples else 2):
         raise UsageError("expected OUT with --from-samples" if from_samples else "expected INPUT OUT")
     if from_samples:  # a samples directory may be given with a trailing slash
-        from_samples = storage.absolute(from_samples).rstrip("/") or "/"
-        input, output = from_samples, storage.absolute(args.paths[0])
+        from_samples = _location(from_samples).rstrip("/") or "/"
+        input, output = from_samples, _location(args.paths[0])
     else:
-        input, output = (storage.absolute(p) for p in args.paths)
+        input, output = (_location(p) for p in args.paths)
     cfg, model = plan_config(args), cost_model(args.cost_model)
+    check_plan_size(cfg)
     look = not dry_run or storage.is_local(input)
     fraction = args.max_reject_fraction
+    rows: int | None = None
     if from_samples and look:
         rows, recorded_fraction = checks.check_from_samples(from_samples)
         fraction = recorded_fraction if fraction is None else fraction
@@ -219,7 +318,9 @@ def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSett
     elif look:
         checks.check_input(input)
         checks.check_nuscenes(input, args.nuscenes_version)
-    _check_weights(args, cfg, input, from_samples, look)
+    weight = _check_weights(args, cfg, input, from_samples, look)
+    if rows is not None:
+        check_plan_size(cfg, rows, f"--from-samples {from_samples}", weight)
     checks.check_output(output, [input], publish=not dry_run)
     scan = _scan(args, input, output, fraction)
     return BuildSettings(scan, cfg, model, from_samples, _path_root(args, input, from_samples))
@@ -227,12 +328,14 @@ def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSett
 
 def table_settings(args: argparse.Namespace, output: str, model: CostModel) -> BuildSettings:
     """The settings of ``lidarshard.write_manifest``: a user's table, its paths stored as given."""
-    output = storage.absolute(output)
+    output = _location(output)
     checks.check_output(output, [])
     fraction = DEFAULT_REJECT_FRACTION if args.max_reject_fraction is None else args.max_reject_fraction
     created = f"lidarshard {__version__} write_manifest"
     scan = ScanSettings(None, output, ScanConfig(), None, 0, args.part_rows, fraction, created)
-    return BuildSettings(scan, plan_config(args), model)
+    cfg = plan_config(args)
+    check_plan_size(cfg)
+    return BuildSettings(scan, cfg, model)
 
 
 def _path_root(args: argparse.Namespace, input: str, from_samples: str | None) -> str | None:
@@ -240,7 +343,7 @@ def _path_root(args: argparse.Namespace, input: str, from_samples: str | None) -
     from lidarshard.transforms.beam.scan import input_root
 
     if args.relative_to is not None:
-        return None if args.relative_to.lower() == "none" else storage.absolute(args.relative_to.rstrip("/"))
+        return None if args.relative_to.lower() == "none" else _location(args.relative_to.rstrip("/"))
     if from_samples:
         return recorded.previous_root(from_samples)
     if args.nuscenes_version:
@@ -250,17 +353,19 @@ def _path_root(args: argparse.Namespace, input: str, from_samples: str | None) -
 
 def _check_weights(
     args: argparse.Namespace, cfg: PlanConfig, input: str, from_samples: str | None, look: bool
-) -> None:
+) -> float | None:
     """``--sample-weights`` names a good column of the ``--from-samples`` table; ``--repeat-factors``
     has lidarseg labels to read (a dataroot with ``lidarseg.json``, or labelled samples). Files are
-    only looked at with ``look`` (not in an offline dry run)."""
+    only looked at with ``look`` (not in an offline dry run). Returns the mean sample weight (None:
+    no ``--sample-weights``, or not looked at)."""
     if args.sample_weights is not None and not from_samples:
         raise UsageError(
             f"--sample-weights {args.sample_weights} reads a column of a --from-samples table: "
             "add --from-samples PREV/samples"
         )
     if not look:
-        return
+        return None
+    mean: float | None = None
     files = samples_files(from_samples) if from_samples else []
     if args.sample_weights is not None:
         with open_parts(files) as file:
@@ -271,11 +376,12 @@ def _check_weights(
             else schema.empty_table()
         )
         try:
-            repeat.check_weights(table, args.sample_weights, cfg.max_plan_factor)
+            w = repeat.check_weights(table, args.sample_weights, cfg.max_plan_factor)
         except ValueError as e:
             raise UsageError(f"--sample-weights {e}") from None
+        mean = float(w.mean()) if w.size else 0.0
     if cfg.repeat.threshold is None:
-        return
+        return mean
     if from_samples:
         labelled = read_parts(files, columns=["label_path"]).column("label_path")
         if labelled.null_count == len(labelled):
@@ -290,3 +396,4 @@ def _check_weights(
             f"--repeat-factors reads lidarseg labels: {where} has no lidarseg.json "
             "(a nuScenes dataroot with lidarseg, read with --nuscenes-version)"
         )
+    return mean

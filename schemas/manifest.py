@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Manifest", "Counts", "Buckets", "FileEntry", "POLICIES"]
+__all__ = ["Manifest", "Counts", "Buckets", "FileEntry", "POLICIES", "relpath_problem"]
 
 #: How a pool that is not a multiple of W*B is fitted (``--drop-last`` / ``--pad``).
 POLICIES = ("drop_last", "pad")
@@ -31,6 +31,27 @@ _REQUIRED = (
     "buckets", "steps_per_epoch", "counts", "balance", "inputs_fingerprint", "files",
 )  # fmt: skip
 _SEED_MAX = 2**63 - 1
+#: No epoch plans more entries than this (planning takes ~100 bytes an entry: 2**40 would need ~100 TiB).
+MAX_EPOCH_ENTRIES = 1 << 40
+
+
+def relpath_problem(rel: object) -> str | None:
+    """Why ``rel`` is not a plain path inside the manifest directory, or None.
+
+    A listed file must stay inside OUT whatever joins it to OUT: a non-empty ``/``-separated relative
+    path with no empty, ``.`` or ``..`` segment, no leading ``/``, no scheme or drive, no backslash
+    and no NUL (lidarshard writes none of these; a forged ``files`` key must not point a reader or a
+    publish at ``../../home``).
+    """
+    if not isinstance(rel, str) or not rel:
+        return "is not a non-empty string"
+    if rel.startswith("/") or "://" in rel or (len(rel) > 1 and rel[1] == ":" and rel[0].isalpha()):
+        return "is absolute, not relative to the manifest directory"
+    if "\\" in rel or "\0" in rel:
+        return "holds a backslash or NUL"
+    if any(seg in ("", ".", "..") for seg in rel.split("/")):
+        return "has an empty, '.' or '..' segment (it must stay inside the manifest directory)"
+    return None
 
 
 def _short(value: object) -> str:
@@ -278,6 +299,32 @@ class Manifest:
             h.update(f"{path}\t{entry.sha256}\n".encode())
         return h.hexdigest()[:16]
 
+    def bounds_problem(self) -> str | None:
+        """Why the plan numbers cannot describe a real plan, or None. The readers check this before a
+        recorded number sizes anything; ``validate`` compares every number with the files themselves.
+
+        Every rank-step holds at least one sample, so ``steps_per_epoch[e] * world_size`` cannot exceed
+        ``counts.planned[e]``; an epoch plans at most ``(max_plan_factor + 1) * accepted`` entries plus
+        one step of padding (the planner refuses more than ``max_plan_factor`` per sample, and rounding
+        adds at most one each), and never more than ``MAX_EPOCH_ENTRIES``.
+        """
+        w = self.world_size
+        for e, (steps, planned) in enumerate(zip(self.steps_per_epoch, self.counts.planned, strict=True)):
+            if planned > MAX_EPOCH_ENTRIES:
+                return f"{self.where}: counts.planned[{e}] = {planned} is more than any epoch plans"
+            if steps * w > planned:
+                return (
+                    f"{self.where}: steps_per_epoch[{e}] = {steps} x world_size {w} = {steps * w} rank-steps, "
+                    f"but counts.planned[{e}] is {planned} (every rank-step holds a sample)"
+                )
+            factor = self.max_plan_factor
+            if factor is not None and planned > (factor + 1) * self.counts.accepted + w * self.batch_size:
+                return (
+                    f"{self.where}: counts.planned[{e}] = {planned} entries from {self.counts.accepted} accepted "
+                    f"samples is more than max_plan_factor {factor:g} allows"
+                )
+        return None
+
 
 def _counts(r: _Reader, epochs: int) -> Counts:
     c = r.obj_("counts")
@@ -348,5 +395,8 @@ def _files(r: _Reader) -> dict[str, FileEntry]:
             or not isinstance(entry.get("sha256"), str)
         ):
             raise r.fail(f"files[{_short(path)}]", "{'bytes': int >= 0, 'sha256': hex}", entry)
+        bad = relpath_problem(path)
+        if bad:
+            raise ValueError(f"{r.where}: files key {_short(path)} {bad}")
         out[str(path)] = FileEntry(entry["bytes"], entry["sha256"])
     return out

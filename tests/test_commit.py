@@ -60,8 +60,14 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-PREV = {"_manifest.json": b"{}", "epoch=0/rank=0/a.parquet": b"p0", "epoch=0/rank=3/a.parquet": b"p3"}
-NEW = {"_manifest.json": b"{1}", "epoch=0/rank=0/a.parquet": b"n0"}
+def _listing(files: dict[str, bytes]) -> dict[str, bytes]:
+    """``files`` with a ``_manifest.json`` listing them, as every committed output has."""
+    listed = {rel: {"bytes": len(data), "sha256": ""} for rel, data in files.items()}
+    return files | {schemas.MANIFEST_FILE: json.dumps({"files": listed}).encode()}
+
+
+PREV = _listing({"epoch=0/rank=0/a.parquet": b"p0", "epoch=0/rank=3/a.parquet": b"p3"})
+NEW = _listing({"epoch=0/rank=0/a.parquet": b"n0"})
 
 
 def _with(files: dict[str, bytes]) -> dict[str, bytes]:
