@@ -11,9 +11,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from lidarshard.loaders.points import load_points
+from lidarshard import schemas
+from lidarshard.loaders.points import Recorded, load_points, read_recorded
 from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
 
 try:
@@ -22,13 +24,15 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise needs_torch(__name__) from e
 
-from lidarshard.transforms import storage
 from lidarshard.transforms.paths import PathResolver
 
-__all__ = ["PointCloudDataset", "collate", "IGNORE_LABEL"]
+__all__ = ["PointCloudDataset", "collate", "IGNORE_LABEL", "VERIFY"]
 
 #: Label of points lidarseg does not label (aggregated sweep rows); pass as ``ignore_index``.
 IGNORE_LABEL = -1
+#: What ``PointCloudDataset(verify=...)`` checks of each file against the scan's record.
+VERIFY = ("size", "hash")
+_COLUMNS = ["sample_id", "path", "sweep_paths", "sweep_transforms", "format", "label_path"]
 
 
 class PointCloudDataset(Dataset[dict[str, Any]]):
@@ -40,6 +44,13 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
     ``labels=True`` also ``"labels": torch.int64 (N,)``: the keyframe's lidarseg class ids (its rows
     come first), ``IGNORE_LABEL`` (-1) on sweep rows, which lidarseg does not label.
 
+    Every file read is checked against what the scan recorded of it (``schemas.INTEGRITY_FIELDS``):
+    its size always (a file of another size raises ``loaders.points.FileChangedError`` naming it,
+    after reading at most one byte more than recorded), its CRC-32 too with ``verify="hash"``. Files
+    whose size was not recorded (a schema 3.0 manifest, a table given to ``write_manifest``) are read
+    unchecked. The samples parts themselves are checked by ``read_samples`` (sha256, and paths inside
+    ``path_root``, no ``..``, as the plan's).
+
     Args:
         out_dir: committed manifest directory (local path or URI).
         sweeps: aggregate the sweeps listed in the samples (False: keyframe only).
@@ -48,6 +59,12 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         path_map: ``{"/old/prefix": "/new/prefix"}`` for a manifest of full paths.
         labels: also read each sample's lidarseg file (the samples' ``label_path``); every
             sample must have one.
+        verify: ``"size"`` (default) or ``"hash"``: also the CRC-32 of every byte read (~2 GB/s);
+            every sample must have one recorded (not a ``--features stat`` scan).
+
+    Raises:
+        ValueError: a samples part edited after the build (``read_samples``), sweep records not
+            aligned with the sweeps, or as described for ``labels``/``verify``.
     """
 
     def __init__(
@@ -59,10 +76,20 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         root: str | None = None,
         path_map: Mapping[str, str] | None = None,
         labels: bool = False,
+        verify: str = "size",
     ) -> None:
-        cols = ["sample_id", "path", "sweep_paths", "sweep_transforms", "format", "label_path"]
-        self.resolve_path = PathResolver(load_manifest(out_dir).path_root, root, path_map)
-        table = read_samples(out_dir, cols).combine_chunks()
+        if verify not in VERIFY:
+            raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
+        manifest = load_manifest(out_dir)
+        self.resolve_path = PathResolver(manifest.path_root, root, path_map)
+        stored = schemas.scored_schema(manifest.schema_version).names  # 3.0 recorded no file sizes
+        table = read_samples(out_dir, [*_COLUMNS, *(c for c in schemas.INTEGRITY_FIELDS if c in stored)])
+        table = _with_integrity(table.combine_chunks(), verify == "hash")
+        problem = _misaligned(table)  # read_samples checked the parts' sha256 and path rules
+        if problem:
+            raise ValueError(
+                f"{out_dir}/{schemas.SAMPLES_DIR}: {problem}; refusing to read it (rebuild the manifest)"
+            )
         self._labels = table["label_path"].chunk(0) if labels and table.num_rows else None
         if self._labels is not None and self._labels.null_count:
             first = table["sample_id"].filter(self._labels.is_null())[0].as_py()
@@ -70,15 +97,18 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
                 f"{self._labels.null_count} samples have no lidarseg labels (first: {first}); "
                 "build from a nuScenes dataroot whose lidarseg.json lists them"
             )
+        unhashed = table["path_crc32"].null_count if verify == "hash" else 0
+        if unhashed:
+            first = table["sample_id"].filter(table["path_crc32"].is_null())[0].as_py()
+            raise ValueError(
+                f'verify="hash": {unhashed} samples have no recorded {schemas.CONTENT_HASH} (first: {first}; '
+                'a --features stat scan, a 3.0 manifest or a table given to write_manifest); use verify="size"'
+            )
         self.sample_ids: list[str] = table["sample_id"].to_pylist()
-        # Per-sample paths and matrices stay in Arrow buffers: compact, and no Python objects whose
-        # refcounts would un-share forked DataLoader workers' memory page by page.
-        self._paths = table["path"].chunk(0) if table.num_rows else pa.array([], pa.string())
-        self._formats = table["format"].chunk(0) if table.num_rows else pa.array([], pa.string())
-        self._sweeps = (
-            table["sweep_paths"].chunk(0) if table.num_rows else pa.array([], pa.list_(pa.string()))
-        )
-        tf = table["sweep_transforms"].chunk(0) if table.num_rows else pa.array([], pa.list_(pa.float64()))
+        # Per-sample paths, sizes and matrices stay in Arrow buffers: compact, and no Python objects
+        # whose refcounts would un-share forked DataLoader workers' memory page by page.
+        self._cols = {name: _column(table, name) for name in _KEPT}
+        tf = _column(table, "sweep_transforms")
         self._tf_values = tf.values.to_numpy(zero_copy_only=False).astype(np.float64)
         self._tf_offsets = tf.offsets.to_numpy().astype(np.int64)
         self.sweeps = sweeps
@@ -88,25 +118,71 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         return len(self.sample_ids)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        sweep_paths = [self.resolve_path(p) for p in self._sweeps[i].as_py() or []] if self.sweeps else []
+        c = self._cols
+        key = Recorded(c["path_bytes"][i].as_py(), c["path_crc32"][i].as_py())
+        sweep_paths: list[str] = []
+        recorded = [key]
+        if self.sweeps:
+            sweep_paths = [self.resolve_path(p) for p in c["sweep_paths"][i].as_py() or []]
+            sizes = c["sweep_bytes"][i].as_py() or [None] * len(sweep_paths)
+            hashes = c["sweep_crc32"][i].as_py() or [None] * len(sweep_paths)
+            recorded += [Recorded(n, h) for n, h in zip(sizes, hashes, strict=True)]
         lo, hi = self._tf_offsets[i], self._tf_offsets[i + 1]
         points = load_points(
-            self.resolve_path(self._paths[i].as_py()),
-            self._formats[i].as_py(),
+            self.resolve_path(c["path"][i].as_py()),
+            c["format"][i].as_py(),
             sweep_paths,
-            self._tf_values[lo:hi],
+            self._tf_values[lo:hi] if self.sweeps else None,
             self.point_dims,
+            recorded,
         )
         item = {"index": int(i), "sample_id": self.sample_ids[i], "points": torch.from_numpy(points)}
         if self._labels is not None:
             label_path = self.resolve_path(self._labels[i].as_py())
-            item["labels"] = torch.from_numpy(_keyframe_labels(label_path, len(points)))
+            label = Recorded(c["label_bytes"][i].as_py(), c["label_crc32"][i].as_py())
+            item["labels"] = torch.from_numpy(_keyframe_labels(label_path, len(points), label))
         return item
 
 
-def _keyframe_labels(label_path: str, num_points: int) -> NDArray[np.int64]:
+#: The columns ``__getitem__`` reads, kept as Arrow arrays.
+_KEPT = ("path", "format", "sweep_paths", *schemas.INTEGRITY_FIELDS)
+
+
+def _column(table: pa.Table, name: str) -> pa.Array:
+    """Column ``name`` as one Arrow array (an empty one of the column's type for an empty table)."""
+    col = table[name]
+    return col.chunk(0) if col.num_chunks else pa.array([], col.type)
+
+
+def _with_integrity(table: pa.Table, hashes: bool) -> pa.Table:
+    """``table`` with every ``schemas.INTEGRITY_FIELDS`` column (null where not recorded: a 3.0
+    manifest); the hash columns all null unless ``hashes``, so only sizes are checked."""
+    fields = schemas.sample_schema()
+    for name in schemas.INTEGRITY_FIELDS:
+        keep = name in table.column_names and (hashes or not name.endswith("_crc32"))
+        if not keep:
+            values = pa.nulls(table.num_rows, fields.field(name).type)
+            table = table.drop_columns([name]) if name in table.column_names else table
+            table = table.append_column(fields.field(name), values)
+    return table
+
+
+def _misaligned(table: pa.Table) -> str | None:
+    """The first sample whose recorded sweep sizes or hashes are not one per sweep path, as a problem."""
+    paths = pc.list_value_length(table["sweep_paths"])
+    for name in ("sweep_bytes", "sweep_crc32"):
+        values = table[name]
+        bad = pc.and_kleene(pc.is_valid(values), pc.not_equal(pc.list_value_length(values), paths))
+        bad = pc.fill_null(bad, True)  # a null list of sweep paths with recorded values
+        if pc.any(bad).as_py():
+            first = table["sample_id"].filter(bad)[0].as_py()
+            return f"sample {first!r}: {name} does not hold one value per sweep path"
+    return None
+
+
+def _keyframe_labels(label_path: str, num_points: int, recorded: Recorded) -> NDArray[np.int64]:
     """(num_points,) int64: the uint8 lidarseg ids of the keyframe rows, then ``IGNORE_LABEL``."""
-    keyframe = np.frombuffer(storage.read_bytes(label_path), dtype=np.uint8)
+    keyframe = np.frombuffer(read_recorded(label_path, recorded), dtype=np.uint8)
     if keyframe.size > num_points:
         raise ValueError(f"{label_path}: {keyframe.size} labels for a sample of {num_points} points")
     out = np.full(num_points, IGNORE_LABEL, dtype=np.int64)

@@ -1,5 +1,9 @@
 """One sample's points: the keyframe plus its sweeps moved into the keyframe's sensor frame.
 
+Every file can be checked against what the scan recorded of it (``Recorded``: its size and
+``schemas.content_hash``, the samples' ``schemas.INTEGRITY_FIELDS``): a file of another size is refused
+after reading at most one byte more than the recorded size, so a huge replacement is never read whole.
+
 Pure numpy; imports neither Beam nor torch. Paths may be local or URIs (``gs://``, ``s3://``, ...):
 every read goes through ``lidarshard.transforms.storage``.
 """
@@ -7,16 +11,81 @@ every read goes through ``lidarshard.transforms.storage``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard import schemas
 from lidarshard.transforms import storage
 from lidarshard.transforms.formats.readers import detect_format, read_points
 from lidarshard.transforms.nuscenes.geometry import sweep_matrices
 from lidarshard.transforms.nuscenes.multisweep import aggregate
+from lidarshard.transforms.storage.base import FileTooLargeError
 
-__all__ = ["load_points"]
+__all__ = ["load_points", "Recorded", "FileChangedError", "read_recorded", "difference"]
+
+
+class Recorded(NamedTuple):
+    """What the scan recorded of one file: ``size`` in bytes and ``crc32`` (``schemas.content_hash``).
+    None: not recorded (a schema 3.0 manifest, a table given to ``write_manifest``; the hash under
+    ``--features stat``), or not to be checked."""
+
+    size: int | None
+    crc32: int | None = None
+
+
+class FileChangedError(ValueError):
+    """A file a manifest names is not the one the scan recorded (another size or content hash)."""
+
+
+def difference(recorded: Recorded, size: int, crc32: int | None = None) -> str | None:
+    """What differs between ``recorded`` and a file of ``size`` bytes and hash ``crc32`` (None: not
+    computed), as a phrase; None when nothing recorded differs."""
+    if recorded.size is not None and size != recorded.size:
+        return f"{size} bytes, the scan recorded {recorded.size}"
+    if recorded.crc32 is not None and crc32 is not None and crc32 != recorded.crc32:
+        return (
+            f"{schemas.CONTENT_HASH} {crc32:08x}, the scan recorded {recorded.crc32 & 0xFFFFFFFF:08x} "
+            "(same size, other contents)"
+        )
+    return None
+
+
+def _changed(path: str, what: str) -> FileChangedError:
+    return FileChangedError(
+        f"{path} is not the file the manifest was built from ({what}); restore it, or rescan the data"
+    )
+
+
+def _size_now(path: str, fallback: int) -> int:
+    """The file's size for a message (``fallback``, a lower bound, when it cannot be stat'ed)."""
+    try:
+        return storage.size(path)
+    except OSError:
+        return fallback
+
+
+def read_recorded(path: str, recorded: Recorded | None) -> bytes:
+    """The bytes of ``path``, checked against ``recorded`` (None or ``size`` None: read unchecked).
+
+    Never reads more than ``recorded.size + 1`` bytes.
+
+    Raises:
+        FileChangedError: the size, or the CRC-32 when one is recorded, differs (naming the path).
+        FileNotFoundError, OSError: as ``storage.read_bytes``.
+    """
+    if recorded is None or recorded.size is None:
+        return storage.read_bytes(path)
+    try:
+        data = storage.read_bytes(path, recorded.size)
+    except FileTooLargeError as e:
+        raise _changed(path, f"{_size_now(path, e.size)} bytes, the scan recorded {recorded.size}") from None
+    crc = schemas.content_hash(data) if recorded.crc32 is not None and len(data) == recorded.size else None
+    what = difference(recorded, len(data), crc)
+    if what:
+        raise _changed(path, what)
+    return data
 
 
 def load_points(
@@ -25,6 +94,7 @@ def load_points(
     sweep_paths: Sequence[str] = (),
     sweep_transforms: Sequence[float] | NDArray[np.float64] | None = None,
     point_dims: int | None = None,
+    recorded: Sequence[Recorded | None] | None = None,
 ) -> NDArray[np.float32]:
     """One sample's points: the keyframe plus its sweeps moved into the keyframe's sensor frame.
 
@@ -34,14 +104,26 @@ def load_points(
         sweep_paths: S sweep paths/URIs, newest first.
         sweep_transforms: 16*S floats, row-major 4x4 sweep-sensor -> keyframe-sensor per sweep.
         point_dims: channels per point for raw ``bin`` files, passed to the reader.
+        recorded: 1 + S ``Recorded`` (keyframe, then each sweep) each file is checked against
+            (``read_recorded``); None: files are read unchecked.
 
     Returns:
         (N + sum M', C) float32, xyz first (keyframe only when ``sweep_paths`` is empty).
+
+    Raises:
+        FileChangedError: a file is not the one recorded (naming it).
     """
+    files = [path, *sweep_paths]
+    checks = list(recorded) if recorded is not None else [None] * len(files)
+    if len(checks) != len(files):
+        raise ValueError(f"{path}: {len(checks)} recorded files for a keyframe and {len(sweep_paths)} sweeps")
     fmt = fmt or detect_format(path)
-    keyframe = read_points(storage.read_bytes(path), fmt, point_dims=point_dims)
+    keyframe = read_points(read_recorded(path, checks[0]), fmt, point_dims=point_dims)
     if not sweep_paths:
         return np.ascontiguousarray(keyframe, dtype=np.float32)
     mats = sweep_matrices(sweep_transforms, len(sweep_paths), path)
-    sweeps = [read_points(storage.read_bytes(p), fmt, point_dims=point_dims) for p in sweep_paths]
+    sweeps = [
+        read_points(read_recorded(p, c), fmt, point_dims=point_dims)
+        for p, c in zip(sweep_paths, checks[1:], strict=True)
+    ]
     return aggregate(keyframe, sweeps, list(mats))

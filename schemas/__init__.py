@@ -21,15 +21,24 @@ Version history: 1.x kept ``epoch`` and ``rank`` both as columns and as director
 2.1 added samples.parquet's ``weight`` (repeat factors) and the manifest's ``repeat``;
 3.0 split samples.parquet into ``OUT/samples/part-NNNNN.parquet`` (written in parallel, one task a
 part): part k holds the k-th run of the rows sorted by sample_id, so reading the parts in name order
-(or pointing any Parquet reader at ``OUT/samples``) gives the old single table.
+(or pointing any Parquet reader at ``OUT/samples``) gives the old single table;
+3.1 added each referenced file's size and CRC-32 to the samples (``INTEGRITY_FIELDS``): the loaders
+refuse a file of another size, ``lidarshard validate OUT --data`` checks them all. A minor version only
+adds fields (``ADDED_IN``): a 3.1 reader reads 3.0 files as ``sample_schema("3.0")`` describes them.
 """
 
 from __future__ import annotations
+
+import zlib
 
 import pyarrow as pa
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ADDED_IN",
+    "CONTENT_HASH",
+    "INTEGRITY_FIELDS",
+    "content_hash",
     "MANIFEST_KEYS",
     "REJECT_REASONS",
     "SAMPLE_FIELDS",
@@ -56,9 +65,12 @@ __all__ = [
     "PARTITION_FIELDS",
     "partition_schema",
     "check_version",
+    "is_before",
+    "is_readable",
+    "as_written",
 ]
 
-SCHEMA_VERSION = "3.0"
+SCHEMA_VERSION = "3.1"
 
 #: The single samples file of schema 2.x (``build --from-samples`` still reads it).
 SAMPLES_FILE = "samples.parquet"
@@ -113,6 +125,7 @@ REJECT_REASONS: dict[str, str] = {
     "absurd_coordinates": "finite coordinates beyond --max-abs-coord metres (often a wrong --point-dims)",
     "empty_after_filter": "no point is left inside --point-cloud-range",
     "bad_table": "a nuScenes table record is malformed (missing keys, broken prev chain, bad pose)",
+    "sweep_columns": "a sweep's points have another number of columns than its keyframe's",
     "reader_error": "an unexpected error in a reader (a bug: please report with the detail)",
 }
 
@@ -152,7 +165,59 @@ SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("occupied_voxels", _I64, "distinct occupied voxels of --voxel-size over in-range points"),
     ("num_sweeps", pa.int32(), "previous sweeps aggregated (0 = keyframe only)"),
     ("has_labels", pa.bool_(), "a lidarseg label file was found and checked"),
+    # Added in 3.1 (``ADDED_IN``); a minor version appends fields, so 3.0's columns keep their places.
+    ("path_bytes", _I64, "bytes of the file at path as scanned (null: not recorded)"),
+    ("path_crc32", _I64, "CRC-32 (zlib.crc32) of the bytes of path; null: not read (--features stat)"),
+    (
+        "sweep_bytes",
+        pa.list_(_I64),
+        "bytes of each sweep file, aligned with sweep_paths (null: not recorded)",
+    ),
+    ("sweep_crc32", pa.list_(_I64), "CRC-32 of each sweep file, aligned with sweep_paths; null: not read"),
+    ("label_bytes", _I64, "bytes of the label file (null: no label_path, or not recorded)"),
+    ("label_crc32", _I64, "CRC-32 of the label file; null: no label_path, or not read"),
 ]
+
+#: The content hash of the ``*_crc32`` columns: CRC-32 as zlib/gzip compute it (``content_hash``), an
+#: unsigned 32-bit value. Not cryptographic: it detects files changed by accident, with the size.
+CONTENT_HASH = "crc32"
+
+#: Sample fields recording what the scan read of each referenced file (schema 3.1): sizes always (a
+#: stat under ``--features stat``), CRC-32s of the files it read.
+INTEGRITY_FIELDS = ("path_bytes", "path_crc32", "sweep_bytes", "sweep_crc32", "label_bytes", "label_crc32")
+
+#: {field name: the schema version that added it}; a field not named here is in every 3.x file.
+ADDED_IN: dict[str, str] = dict.fromkeys(INTEGRITY_FIELDS, "3.1")
+
+
+def content_hash(data: bytes | memoryview, running: int = 0) -> int:
+    """``CONTENT_HASH`` of ``data``, continuing ``running`` (the value of the bytes before it): feeding a
+    file block by block gives the value of the whole file. Releases the GIL on large blocks."""
+    return zlib.crc32(data, running)
+
+
+def _version(version: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in version.split(".") if v.isdigit())
+
+
+def is_before(version: str, other: str) -> bool:
+    """``version`` is older than ``other`` ("3.0" before "3.1"; numerically, not as text)."""
+    return _version(version) < _version(other)
+
+
+def is_readable(version: str) -> bool:
+    """A file of schema ``version`` is read by this lidarshard: same major version, not newer."""
+    same_major = version.split(".")[0] == SCHEMA_VERSION.split(".")[0]
+    return same_major and (version == SCHEMA_VERSION or is_before(version, SCHEMA_VERSION))
+
+
+def as_written(schema: pa.Schema, version: str) -> pa.Schema:
+    """``schema`` (a current contract) as a writer of ``version`` wrote it: without later fields."""
+    return pa.schema(
+        [f for f in schema if not is_before(version, ADDED_IN.get(f.name, version))],
+        metadata={"lidarshard.schema_version": version},
+    )
+
 
 #: Sample rows in a built manifest: features plus the planner's inputs.
 SCORED_FIELDS: list[tuple[str, pa.DataType, str]] = SAMPLE_FIELDS + [
@@ -196,21 +261,22 @@ PLAN_FIELDS: list[tuple[str, pa.DataType, str]] = [
 ]
 
 
-def _schema(fields: list[tuple[str, pa.DataType, str]]) -> pa.Schema:
-    return pa.schema(
-        [pa.field(name, typ, metadata={"doc": doc}) for name, typ, doc in fields],
-        metadata={"lidarshard.schema_version": SCHEMA_VERSION},
+def _schema(fields: list[tuple[str, pa.DataType, str]], version: str = SCHEMA_VERSION) -> pa.Schema:
+    """``fields`` as a writer of ``version`` wrote them (``as_written``)."""
+    return as_written(
+        pa.schema([pa.field(name, typ, metadata={"doc": doc}) for name, typ, doc in fields]), version
     )
 
 
-def sample_schema() -> pa.Schema:
-    """Arrow schema of ``lidarshard scan``'s samples parts."""
-    return _schema(SAMPLE_FIELDS)
+def sample_schema(version: str = SCHEMA_VERSION) -> pa.Schema:
+    """Arrow schema of ``lidarshard scan``'s samples parts (as schema ``version`` wrote them)."""
+    return _schema(SAMPLE_FIELDS, version)
 
 
-def scored_schema() -> pa.Schema:
-    """Arrow schema of ``lidarshard build``'s samples parts (features + cost + bucket + weight)."""
-    return _schema(SCORED_FIELDS)
+def scored_schema(version: str = SCHEMA_VERSION) -> pa.Schema:
+    """Arrow schema of ``lidarshard build``'s samples parts (features + cost + bucket + weight; as
+    schema ``version`` wrote them)."""
+    return _schema(SCORED_FIELDS, version)
 
 
 def reject_schema() -> pa.Schema:
@@ -250,7 +316,8 @@ MANIFEST_KEYS: dict[str, str] = {
     "pair_repeat_rate": "{strategy: rate, 'random': rate}: share of epoch-0 step-mates that share a step in epoch 1",
     "input": "INPUT as given (absolute for local paths); 'from_samples' when re-planned from earlier samples",
     "nuscenes_version": "tables version in tables mode, else null; 'sweeps': previous sweeps aggregated",
-    "scan_config": "the feature options (voxel size, range, formats, limits); 'max_reject_fraction' too",
+    "scan_config": "the feature options (voxel size, range, formats, limits); 'max_reject_fraction' too; "
+    "'content_hash': the algorithm of the samples' *_crc32 columns (CONTENT_HASH), null under --features stat",
     "part_rows": "int: rows of each samples part (--part-rows), which fixes where the parts are cut",
     "sample_schema": "the samples' fields as JSON (name, type, doc); 'plan_schema' likewise",
     "path_root": "ROOT that relative sample paths resolve against (build --relative-to), or null: absolute paths",

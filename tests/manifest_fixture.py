@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard.schemas import (
+    INTEGRITY_FIELDS,
     MANIFEST_FILE,
     REJECTS_FILE,
     SCHEMA_VERSION,
@@ -151,6 +152,8 @@ def _scored_table(
             arrays.append(pa.array(cols[field.name], type=field.type))
         elif field.name in defaults:
             arrays.append(pa.array(defaults[field.name], type=field.type))
+        elif field.name in INTEGRITY_FIELDS:  # sizes and hashes not recorded: loaders read unchecked
+            arrays.append(pa.nulls(n, field.type))
         else:  # spatial stats (float32 m): not needed by the loaders
             arrays.append(pa.array(np.zeros(n, np.float32), type=field.type))
     return pa.Table.from_arrays(arrays, schema=schema), edges

@@ -209,8 +209,8 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "schema version": (
         _manifest_edit(lambda m: m.update(schema_version="1.0")),
-        "written with manifest schema 1.0; this lidarshard reads 3.x (3.0): rebuild it without rescanning "
-        "with `lidarshard build NEW_OUT --from-samples",
+        f"written with manifest schema 1.0; this lidarshard reads 3.x ({schemas.SCHEMA_VERSION}): rebuild it "
+        "without rescanning with `lidarshard build NEW_OUT --from-samples",
     ),
     "scanned count": (
         _manifest_edit(lambda m: m["counts"].update(scanned=99)),

@@ -13,7 +13,10 @@ ceil(bucket weight x sample weight) copies); the sample weights and the manifest
 (``validate_repeat``); the recorded balance numbers recomputed from the plan files (within 1e-6).
 Each epoch is re-derived once from the samples and the recorded settings (``PlanConfig.from_manifest``,
 ``plan_samples``) and must equal the plan files; epochs 0 and 1's re-derived plans give
-``pair_repeat_rate``. A scan directory (``_scan.json``) gets the samples/rejects/counts checks.
+``pair_repeat_rate``. A scan directory (``_scan.json``) gets the samples/rejects/counts checks. Files of
+an earlier 3.x schema are checked against the contract as that version wrote it (``schemas.ADDED_IN``).
+With ``--data`` [``--root DIR``], every keyframe, sweep and label file the samples name must also be
+the one scanned: size and CRC-32 (``validate_data``).
 
 Exit status 0 with a one-line summary when valid, 1 with one precise line per problem otherwise
 (file, epoch, rank, step), 2 for bad arguments; also ``python -m lidarshard.pipelines.tools.validate
@@ -34,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from lidarshard import schemas
+from lidarshard.pipelines.tools import validate_data
 from lidarshard.pipelines.tools.validate_files import check_listed, samples_parts
 from lidarshard.pipelines.tools.validate_plan import check_epoch_files, check_repeat_rate
 from lidarshard.pipelines.tools.validate_repeat import check_weights
@@ -109,6 +113,12 @@ def _type(t: pa.DataType) -> str:
 
 
 def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
+    """What is wrong with ``table``'s columns against ``want`` (a current contract) as the version the
+    file names wrote it (``schemas.as_written``: a 3.0 file has no 3.1 columns)."""
+    version = (table.schema.metadata or {}).get(b"lidarshard.schema_version", b"").decode()
+    if not schemas.is_readable(version):
+        return f"written with schema version {version!r}, expected {schemas.SCHEMA_VERSION!r} (or an earlier minor)"
+    want = schemas.as_written(want, version)
     got = {f.name: _type(f.type) for f in table.schema}
     exp = {f.name: _type(f.type) for f in want}
     if got != exp or list(got) != list(exp):
@@ -116,9 +126,6 @@ def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
         typed = [f"{n} is {got[n]}, expected {t}" for n, t in exp.items() if n in got and got[n] != t]
         parts = [f"missing {missing}"] * bool(missing) + [f"extra {extra}"] * bool(extra) + typed[:3]
         return "schema differs from the contract: " + ("; ".join(parts) or "column order differs")
-    version = (table.schema.metadata or {}).get(b"lidarshard.schema_version", b"").decode()
-    if version != schemas.SCHEMA_VERSION:
-        return f"written with schema version {version!r}, expected {schemas.SCHEMA_VERSION!r}"
     return None
 
 
@@ -372,8 +379,13 @@ def run(argv: list[str] | None = None) -> int:
         prog="lidarshard validate", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
     parser.add_argument("out", help="manifest (or scan) directory: local path or URI")
+    validate_data.add_flags(parser)
     args = parser.parse_args(argv)
+    if args.root is not None and not args.data:
+        parser.error("--root needs --data")
     problems, summary = validate(args.out)
+    if args.data:
+        problems, summary = _with_data(args, problems, summary)
     if not problems:
         print(f"OK {args.out}: {summary}")
         return 0
@@ -383,6 +395,21 @@ def run(argv: list[str] | None = None) -> int:
     if len(problems) > 50:
         print(f"  ... and {len(problems) - 50} more", file=sys.stderr)
     return 1
+
+
+def _with_data(args: argparse.Namespace, problems: list[str], summary: str) -> tuple[list[str], str]:
+    """``--data``: the files the samples name, checked once the directory is valid (its samples are
+    then the ones committed)."""
+    if problems:
+        return [*problems, "--data: files not checked (the problems above come first)"], summary
+    kept = _Problems()
+    try:
+        where = validate_data.check_data(
+            args.out, args.root, lambda w, x: kept.append(f"{w}: {x}"), args.workers
+        )
+    except (OSError, ValueError) as e:
+        return [f"--data: the samples cannot be read ({str(e)[:200]})"], summary
+    return kept.lines(), f"{summary}; {where}"
 
 
 if __name__ == "__main__":

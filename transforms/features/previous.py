@@ -164,13 +164,16 @@ def write_part(file: pq.ParquetFile, task: PartTask, sink) -> ParquetStream:
     Returns:
         the closed ``ParquetStream`` (``bytes``, ``sha256``).
     """
-    names = schemas.sample_schema().names
-    scored = schemas.scored_schema()
+    want, scored = schemas.sample_schema(), schemas.scored_schema()
+    names = [n for n in want.names if n in file.schema_arrow.names]  # an earlier 3.x lacks later fields
     first = done = 0
     with ParquetStream(sink, scored) as out:
         for g in range(*task.groups):
             t = file.read_row_group(g, columns=names, use_threads=False)
-            t = t.select(names).cast(schemas.sample_schema())
+            for f in want:  # not recorded by the earlier run: null
+                if f.name not in names:
+                    t = t.append_column(f, pa.nulls(t.num_rows, f.type))
+            t = t.select(want.names).cast(want)
             mask = task.keep[first : first + t.num_rows]
             first += t.num_rows
             t = reroot(t if mask.all() else t.filter(pa.array(mask)), task.roots)

@@ -76,14 +76,15 @@ def check_schema(where: str, table: pa.Table, want: pa.Schema | None = None) -> 
     """
     want = schemas.sample_schema() if want is None else want
     schema = table.schema
-    missing = [n for n in want.names if n not in schema.names]
+    missing = [n for n in want.names if n not in schema.names and n not in schemas.ADDED_IN]
     if missing:
         raise ValueError(f"{where} lacks columns {missing}: pass a lidarshard run's samples (OUT/samples)")
     ids = schema.field("sample_id").type if "sample_id" in want.names else pa.string()
     if not (pa.types.is_string(ids) or pa.types.is_large_string(ids)):
         raise ValueError(f"{where}: sample_id is {ids}, not strings: pass a lidarshard run's samples")
+    present = pa.schema([f for f in want if f.name in schema.names])  # an earlier 3.x lacks later fields
     try:
-        table.select(want.names).cast(want)
+        table.select(present.names).cast(present)
     except (pa.ArrowException, ValueError) as e:
         raise ValueError(f"{where}: columns do not match the samples contract ({str(e)[:160]})") from None
 
@@ -101,7 +102,10 @@ def previous_rows(path: str) -> tuple[int, str | None]:
         with open_parts(samples_files(path)) as file:
             check_schema(where, file.schema_arrow.empty_table())
             want = schemas.sample_schema()
-            other = [f for f in want if not file.schema_arrow.field(f.name).type.equals(f.type)]
+            stored = file.schema_arrow
+            other = [
+                f for f in want if f.name in stored.names and not stored.field(f.name).type.equals(f.type)
+            ]
             nulls = 0
             names = list(dict.fromkeys(["sample_id", *(f.name for f in other)]))
             for t in row_groups(file, names):  # values of other types must cast

@@ -2,6 +2,11 @@
 
 The Beam DoFn in ``lidarshard.transforms.beam.scan`` passes ``storage.read_bytes``/``storage.size``,
 so the same code reads local paths, gs:// and s3:// URIs.
+
+The row records what was read of every file it names (``schemas.INTEGRITY_FIELDS``): the size and the
+``schemas.content_hash`` of the keyframe, of each sweep and of the label file, hashed from the bytes
+already read for the features (nothing is read twice). ``--features stat`` reads no file: sizes only
+(from the stat it already makes), the hash columns null.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lidarshard import schemas
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.size import DEFAULT_VOXEL_SIZE, MAX_ABS_COORD, compute_features
 from lidarshard.transforms.formats import readers
@@ -41,10 +47,14 @@ class ScanConfig:
     max_abs_coord: float = MAX_ABS_COORD  # m
     backend: str = "numpy"  # or "open3d" for .pcd/.ply
     extra: dict[str, str] = field(default_factory=dict)
+    #: The algorithm of the rows' ``*_crc32`` columns (``schemas.CONTENT_HASH``); None under
+    #: ``--features stat``, which reads no file and records sizes only. Derived, not a flag.
+    content_hash: str | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if self.features not in FEATURE_MODES:
             raise ValueError(f"--features must be one of {FEATURE_MODES}, got {self.features!r}")
+        object.__setattr__(self, "content_hash", None if self.features == "stat" else schemas.CONTENT_HASH)
         if self.voxel_size <= 0:
             raise ValueError(f"--voxel-size must be > 0, got {self.voxel_size}")
         if self.point_cloud_range is not None and len(self.point_cloud_range) != 6:
@@ -126,12 +136,30 @@ def _missing(task: NuScenesTask) -> str:
 
 
 def _stat_row(task: NuScenesTask, fmt: str, size_of: SizeOf, cfg: ScanConfig) -> dict:
-    total, n = 0, 0
-    for p in (task.path, *(s.path for s in task.sweeps)):
-        size = _size(p, size_of, "missing_sweep" if p != task.path else _missing(task))
-        total += size
-        n += readers.count_points_from_size(size, fmt, cfg.point_dims)
-    return {"file_bytes": total, "num_points": n, "has_labels": task.label_path is not None}
+    """Sizes only: points from each file's size, the label file's size against the keyframe's points."""
+    key = _size(task.path, size_of, _missing(task))
+    sweeps = [_size(s.path, size_of, "missing_sweep") for s in task.sweeps]
+    n = [readers.count_points_from_size(size, fmt, cfg.point_dims) for size in (key, *sweeps)]
+    label = None
+    if task.label_path is not None:
+        label = _size(task.label_path, size_of, "label_mismatch")
+        if label != n[0]:  # check_labels' rule on the size alone: one uint8 per keyframe point
+            raise RejectError(
+                "label_mismatch", f"label file holds {label} uint8 labels but the keyframe has {n[0]} points"
+            )
+    return {
+        "file_bytes": key + sum(sweeps),
+        "num_points": sum(n),
+        "has_labels": task.label_path is not None,
+        "path_bytes": key,
+        "sweep_bytes": sweeps,
+        "label_bytes": label,
+    }
+
+
+def _recorded(data: bytes) -> tuple[int, int]:
+    """(size, content hash) of one file's bytes: what the loaders and ``validate --data`` check."""
+    return len(data), schemas.content_hash(data)
 
 
 def featurize(task: NuScenesTask, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig) -> dict:
@@ -158,14 +186,18 @@ def featurize(task: NuScenesTask, read_bytes: ReadBytes, size_of: SizeOf, cfg: S
         except ValueError:
             raise RejectError("unsupported_format", f"--features stat cannot size {fmt} files") from None
     data = _read(task.path, read_bytes, size_of, cfg, _missing(task))
-    file_bytes = len(data)
+    row["path_bytes"], row["path_crc32"] = _recorded(data)
     key = _points(data, fmt, cfg)
     if task.label_path is not None:
-        check_labels(_read(task.label_path, read_bytes, size_of, cfg, "label_mismatch"), len(key))
-    sweeps, transforms = [], []
+        label = _read(task.label_path, read_bytes, size_of, cfg, "label_mismatch")
+        check_labels(label, len(key))
+        row["label_bytes"], row["label_crc32"] = _recorded(label)
+    sweeps, transforms, sizes, hashes = [], [], [], []
     for ref in task.sweeps:
         sweep_data = _read(ref.path, read_bytes, size_of, cfg, "missing_sweep")
-        file_bytes += len(sweep_data)
+        size, digest = _recorded(sweep_data)
+        sizes.append(size)
+        hashes.append(digest)
         sweeps.append(_points(sweep_data, fmt, cfg))
         transforms.append(np.asarray(ref.sensor_to_ref, dtype=np.float64).reshape(4, 4))
     points = aggregate(key, sweeps, transforms) if sweeps else key
@@ -177,4 +209,13 @@ def featurize(task: NuScenesTask, read_bytes: ReadBytes, size_of: SizeOf, cfg: S
         point_cloud_range=cfg.point_cloud_range,
         max_abs_coord=cfg.max_abs_coord,
     )
-    return row | feats | {"file_bytes": file_bytes, "has_labels": task.label_path is not None}
+    return (
+        row
+        | feats
+        | {
+            "file_bytes": row["path_bytes"] + sum(sizes),
+            "has_labels": task.label_path is not None,
+            "sweep_bytes": sizes,
+            "sweep_crc32": hashes,
+        }
+    )
