@@ -38,8 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from lidarshard.loaders.planfiles import read_plan_file
 from lidarshard.loaders.position import Position, caller_self, plan_keys, saved_shape
-from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_plan_file, read_samples
+from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_samples
 from lidarshard.loaders.replan import ElasticPlan, Switch, check_exact, merge_ranks
 from lidarshard.schemas.manifest import FileEntry
 from lidarshard.transforms import storage

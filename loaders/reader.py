@@ -1,5 +1,6 @@
 """Read a committed lidarshard manifest directory: metadata, samples and one rank's plan, step by step
-(a sample's points: ``lidarshard.loaders.points``).
+(a sample's points: ``lidarshard.loaders.points``; the plan files checked against ``_manifest.json``
+before a row is read: ``lidarshard.loaders.planfiles``).
 
 Pure pyarrow/numpy; imports neither Beam nor torch. ``out_dir`` may be a local path or a URI
 (``gs://``, ``s3://``, ``file://`` ...): every read goes through ``lidarshard.transforms.storage``.
@@ -7,7 +8,6 @@ Pure pyarrow/numpy; imports neither Beam nor torch. ``out_dir`` may be a local p
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -20,6 +20,8 @@ from numpy.typing import NDArray
 if TYPE_CHECKING:  # pyarrow.dataset is imported where it is used: it doubles the import time
     import pyarrow.dataset as ds
 
+from lidarshard.loaders.planfiles import listed_plan_files, modified_message, read_rank_plan, verified_bytes
+from lidarshard.loaders.planfiles import read_plan_file as read_plan_file  # re-exported; home: planfiles
 from lidarshard.schemas import (
     MANIFEST_FILE,
     PLAN_DIR,
@@ -27,15 +29,13 @@ from lidarshard.schemas import (
     SUCCESS_FILE,
     check_version,
     partition_schema,
-    plan_file,
     plan_schema,
 )
-from lidarshard.schemas.manifest import FileEntry, Manifest
+from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.parts import listed_parts
 from lidarshard.transforms.paths import PATH_COLUMNS, PathResolver, path_problem
-from lidarshard.transforms.storage.base import FileTooLargeError
 
 __all__ = [
     "Batch",
@@ -153,11 +153,13 @@ def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None, *, ver
                 )
             if info.size != entry.bytes:
                 raise ValueError(
-                    _modified(path, "samples part", f"{info.size} bytes, not the {entry.bytes} recorded in")
+                    modified_message(
+                        path, "samples part", f"{info.size} bytes, not the {entry.bytes} recorded in"
+                    )
                 )
         try:
             if verify and whole:
-                with parquet_file(pa.BufferReader(_verified_bytes(path, entry, "samples part"))) as f:
+                with parquet_file(pa.BufferReader(verified_bytes(path, entry, "samples part"))) as f:
                     tables.append(f.read(columns=_columns(columns), use_threads=False))
             else:
                 tables.append(storage.read_parquet(path, columns))
@@ -179,45 +181,10 @@ def _columns(columns: Sequence[str] | None) -> list[str] | None:
 
 
 def plan_files(out_dir: PathLike, manifest: Manifest | None = None) -> list[str]:
-    """Paths (inside the manifest's filesystem) of the plan files ``_manifest.json`` lists, sorted, each
-    checked against what ``OUT/plan`` holds (one listing; sizes compared, contents not read).
-
-    Raises:
-        ValueError: a file under ``OUT/plan`` that is not ``plan/epoch=E/rank=R/part-NNNNN.parquet`` or
-            that the manifest does not list (a stray note, a copy such as ``plan/epoch=00``), or whose
-            size differs from the recorded one, naming it: the plan directory is the contract.
-        FileNotFoundError: a listed plan file is missing, or the manifest lists none.
-    """
+    """The plan files of the committed manifest at ``out_dir``, each checked against what ``OUT/plan``
+    holds (``planfiles.listed_plan_files``); ``manifest``: its ``load_manifest``, when already read."""
     m = load_manifest(out_dir) if manifest is None else manifest
-    _, base = storage.arrow_filesystem(os.fspath(out_dir))
-    listed = {rel: e for rel, e in m.files.items() if rel.startswith(PLAN_DIR + "/")}
-    present = storage.list_files(storage.join(os.fspath(out_dir), PLAN_DIR))
-    for rel, info in sorted(present.items()):
-        path, entry = f"{base}/{PLAN_DIR}/{rel}", listed.get(f"{PLAN_DIR}/{rel}")
-        if not _is_plan_path(f"{PLAN_DIR}/{rel}"):
-            raise ValueError(
-                f"{path}: not a plan file (only {PLAN_DIR}/epoch=E/rank=R/part-NNNNN.parquet may live in "
-                f"{PLAN_DIR}/); move it out of the manifest directory"
-            )
-        if entry is None:
-            raise ValueError(
-                f"{path}: not a plan file of this manifest (not listed in {MANIFEST_FILE}); move it out of "
-                "the manifest directory"
-            )
-        if info.size != entry.bytes:
-            raise ValueError(
-                _modified(path, "plan file", f"{info.size} bytes, not the {entry.bytes} recorded in")
-            )
-    missing = sorted(set(listed) - {f"{PLAN_DIR}/{rel}" for rel in present})
-    if missing:
-        raise FileNotFoundError(
-            f"{base}/{missing[0]}: listed in {MANIFEST_FILE} but missing; rebuild the manifest"
-        )
-    if not listed:
-        raise FileNotFoundError(
-            f"{os.fspath(out_dir)} holds no plan files ({PLAN_DIR}/epoch=E/rank=R/*.parquet)"
-        )
-    return [f"{base}/{rel}" for rel in sorted(listed)]
+    return listed_plan_files(os.fspath(out_dir), m)
 
 
 def plan_dataset(out_dir: PathLike) -> ds.Dataset:
@@ -240,76 +207,6 @@ def plan_dataset(out_dir: PathLike) -> ds.Dataset:
         partitioning=ds.partitioning(partition_schema(), flavor="hive"),
         partition_base_dir=f"{base}/{PLAN_DIR}",
     )
-
-
-def _is_plan_path(rel: str) -> bool:
-    parts = rel.split("/")
-    return (
-        len(parts) == 4
-        and parts[0] == PLAN_DIR
-        and parts[1].startswith("epoch=")
-        and parts[1][6:].isdigit()
-        and parts[2].startswith("rank=")
-        and parts[2][5:].isdigit()
-        and parts[3].startswith("part-")
-        and parts[3].endswith(".parquet")
-    )
-
-
-def _modified(path: str, what: str, how: str) -> str:
-    return (
-        f"{path}: not a readable {what} ({how} {MANIFEST_FILE}: modified after the build); rebuild the "
-        "manifest, or pass verify=False to read it anyway"
-    )
-
-
-def _verified_bytes(path: str, recorded: FileEntry | None, what: str = "plan file") -> bytes:
-    """The bytes of ``path`` when they match the size and sha256 ``_manifest.json`` recorded for it.
-
-    Raises:
-        ValueError: the file is not listed, or its size or sha256 differs (rewritten after the commit).
-    """
-    if recorded is None:
-        raise ValueError(
-            f"{path}: not a readable {what} (not listed in {MANIFEST_FILE}); rebuild the manifest"
-        )
-    try:
-        data = storage.read_bytes(path, recorded.bytes)  # never more than the recorded size
-    except FileTooLargeError:
-        data = b""
-    if len(data) != recorded.bytes or hashlib.sha256(data).hexdigest() != recorded.sha256:
-        raise ValueError(_modified(path, what, "size or sha256 differs from"))
-    return data
-
-
-def read_plan_file(
-    path: str,
-    columns: Sequence[str],
-    recorded: FileEntry | None = None,
-    verify: bool = False,
-    max_rows: int | None = None,
-) -> pa.Table:
-    """``columns`` of one plan file; an empty, truncated or foreign file raises ValueError naming it.
-
-    With ``verify``, the bytes must first match ``recorded`` (its ``_manifest.json`` 'files' entry);
-    a file of more than ``max_rows`` rows is refused from its footer, before a row is decoded.
-    """
-    try:
-        source = pa.BufferReader(_verified_bytes(path, recorded)) if verify else storage.open_read(path)
-        with source, parquet_file(source) as f:
-            rows = f.metadata.num_rows
-            if max_rows is not None and rows > max_rows:
-                raise ValueError(
-                    f"{path}: not a readable plan file ({rows} rows, more than the {max_rows} entries its "
-                    "epoch plans); rebuild the manifest"
-                )
-            return f.read(columns=list(columns), use_threads=False)
-    except (pa.ArrowInvalid, OSError, KeyError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise ValueError(
-            f"{path}: not a readable plan file ({str(e).splitlines()[0]}); rebuild the manifest"
-        ) from None
 
 
 class ManifestReader:
@@ -381,25 +278,9 @@ class ManifestReader:
         self._load_plan()
 
     def _load_plan(self) -> None:
-        rel_dir = os.path.dirname(plan_file(self.plan_epoch, self.rank))
-        rank_dir = storage.join(os.fspath(self.out_dir), rel_dir)
-        if not storage.is_dir(rank_dir):
-            raise FileNotFoundError(f"the manifest has no plan for epoch {self.plan_epoch} rank {self.rank}")
-        files = [(storage.join(rank_dir, rel), rel) for rel in sorted(storage.list_files(rank_dir))]
-        for path, rel in files:
-            if not _is_plan_path(f"{rel_dir}/{rel}"):
-                raise ValueError(
-                    f"{path}: not a plan file (only part-NNNNN.parquet may live in a rank directory); "
-                    "move it out of the manifest directory"
-                )
-        if not files:
-            raise ValueError(f"{rank_dir}: the rank directory holds no plan file; rebuild the manifest")
-        listed, planned = self.manifest.files, self.manifest.counts.planned[self.plan_epoch]
-        table = pa.concat_tables(
-            read_plan_file(path, _PLAN_COLUMNS, listed.get(f"{rel_dir}/{rel}"), self.verify, planned)
-            for path, rel in files
+        table, rank_dir = read_rank_plan(
+            os.fspath(self.out_dir), self.manifest, self.plan_epoch, self.rank, _PLAN_COLUMNS, self.verify
         )
-        table = table.sort_by([("step", "ascending"), ("slot", "ascending")])
         starts = self._step_starts(table, rank_dir)
         global_count = table["global_count"].to_numpy()[starts[:-1]].astype(np.int64)
         self._check_counts(np.diff(starts), global_count, rank_dir)

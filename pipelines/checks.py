@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from lidarshard.pipelines.flags import UsageError
-from lidarshard.pipelines.publish import NAME_MAX, check_replaceable
+from lidarshard.pipelines.owned import check_replaceable
+from lidarshard.pipelines.publish import NAME_MAX
 from lidarshard.schemas import SUCCESS_FILE
 from lidarshard.transforms import paths, storage
 from lidarshard.transforms.features import recorded
@@ -170,7 +171,7 @@ def _contains(outer: str, inner: str) -> bool:
 def check_output(out: str, inputs: list[str], publish: bool = True) -> None:
     """OUT must be replaceable: not a file, neither INPUT nor inside it nor holding it (after resolving
     links: publishing replaces OUT wholesale), holding nothing lidarshard did not write
-    (``publish.check_replaceable``), reachable within ``REMOTE_TIMEOUT_S`` when remote, its parent
+    (``owned.check_replaceable``), reachable within ``REMOTE_TIMEOUT_S`` when remote, its parent
     writable (``publish=False``, a dry run: only the first checks)."""
     for inp in inputs:
         root = _root_of(inp)

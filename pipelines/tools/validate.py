@@ -2,9 +2,9 @@
 
 Checks, in order: ``_SUCCESS``; ``_manifest.json`` (schema version, then read once into the typed
 ``lidarshard.schemas.manifest.Manifest``: a missing or malformed key is one line naming it); every data
-file against the size and sha256 recorded at commit, no missing or unlisted file; each file's Arrow
-schema against ``schemas``; samples (sorted unique ids, cost model, bucket ids, bucket counts, inputs
-fingerprint); rejects (reasons, counts); every ``plan/epoch=E/rank=R`` file (no partition columns,
+file against the size and sha256 recorded at commit, no missing or unlisted file (``validate_files``);
+each file's Arrow schema against ``schemas``; samples (sorted unique ids, cost model, bucket ids, bucket
+counts, inputs fingerprint); rejects (reasons, counts); every ``plan/epoch=E/rank=R`` file (no partition columns,
 exactly ``batch_size`` rows per step in (step, slot) order, or at least one under ``budget``,
 ``rank_count`` / ``global_count``, ``steps_per_epoch``, every sample id known with matching path,
 sweeps, cost and bucket; the caps); coverage per epoch (drop_last: each sample at most once, planned =
@@ -27,10 +27,9 @@ OUT``. Vectorized with pyarrow/numpy (1M plan rows in a few seconds). Reads loca
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -38,7 +37,12 @@ import pyarrow as pa
 
 from lidarshard import schemas
 from lidarshard.pipelines.tools import validate_data
-from lidarshard.pipelines.tools.validate_files import check_listed, samples_parts
+from lidarshard.pipelines.tools.validate_files import (
+    check_listed,
+    check_recorded,
+    check_scan_files,
+    samples_parts,
+)
 from lidarshard.pipelines.tools.validate_plan import check_epoch_files, check_repeat_rate
 from lidarshard.pipelines.tools.validate_repeat import check_weights
 from lidarshard.pipelines.tools.validate_samples import (
@@ -48,7 +52,7 @@ from lidarshard.pipelines.tools.validate_samples import (
     cost_model_of,
     release_memory,
 )
-from lidarshard.schemas.manifest import Counts, FileEntry, Manifest
+from lidarshard.schemas.manifest import Counts, Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.jsonsafe import loads, short
@@ -56,11 +60,7 @@ from lidarshard.transforms.plan.epochs import EpochPlan, PlanConfig
 
 __all__ = ["run", "validate"]
 
-_META = {schemas.SUCCESS_FILE, schemas.MANIFEST_FILE, schemas.SCAN_FILE}
-#: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
-_DERIVED_PREFIXES = ("report/",)
 _MAX_SHOWN = 5  # list items shown in one message
-_BLOCK = 8 << 20  # bytes hashed at a time
 #: Problems kept (and printed); the rest are counted. Bounds memory whatever a forged manifest claims.
 MAX_PROBLEMS = 200
 
@@ -92,19 +92,6 @@ class _Store:
     def read(self, rel: str, max_bytes: int | None = storage.METADATA_MAX_BYTES) -> bytes:
         """The file ``rel``, never more than ``max_bytes`` (raises OSError)."""
         return storage.read_bytes(storage.join(self.root, rel), max_bytes)
-
-    def sha256(self, rel: str, size: int) -> str:
-        """Hex SHA-256 of the file ``rel``, read in blocks; OSError unless exactly ``size`` bytes."""
-        h, seen = hashlib.sha256(), 0
-        with storage.open_read(storage.join(self.root, rel)) as f:
-            while block := f.read(min(_BLOCK, size - seen + 1)):
-                h.update(block)
-                seen += len(block)
-                if seen > size:
-                    break
-        if seen != size:
-            raise OSError(f"{seen} bytes read, {size} listed")
-        return h.hexdigest()
 
 
 def _type(t: pa.DataType) -> str:
@@ -168,33 +155,6 @@ class _Checker:
             self.problem(rel, bad)
             return None
         return table
-
-    def files(self, recorded: Mapping[str, FileEntry]) -> set[str]:
-        """Check sizes and sha256 of recorded files (streamed, never held); returns those that match."""
-        present = self.store.sizes()
-        good: set[str] = set()
-        extras = {rel for rel in present if rel.startswith(_DERIVED_PREFIXES)}  # `lidarshard report` output
-        for rel in sorted(set(present) - _META - set(recorded) - extras):
-            self.problem(rel, "file is not listed in _manifest.json 'files' (left over or added)")
-        for rel, info in sorted(recorded.items()):
-            if rel not in present:
-                self.problem(rel, f"missing (recorded {info.bytes} bytes at commit)")
-                continue
-            if present[rel] != info.bytes:
-                self.problem(
-                    rel, f"{present[rel]} bytes, recorded {info.bytes} at commit (truncated or rewritten)"
-                )
-                continue
-            try:
-                digest = self.store.sha256(rel, present[rel])
-            except OSError as e:
-                self.problem(rel, f"cannot be read ({e})")
-                continue
-            if digest != info.sha256:
-                self.problem(rel, "sha256 differs from the one recorded at commit (file was modified)")
-                continue
-            good.add(rel)
-        return good
 
     def samples(
         self,
@@ -288,7 +248,7 @@ def _plan_config(c: _Checker, m: Manifest) -> PlanConfig | None:
 def _check_manifest(c: _Checker) -> str:
     m = _read_manifest(c)
     complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS)
-    good = c.files(m.files)
+    good = check_recorded(c.problem, c.store.root, c.store.sizes(), m.files)
     model_cost, bad_model = cost_model_of(m)
     samples = c.samples(
         parts if parts is not None and set(parts) <= good else None, schemas.scored_schema(),
@@ -330,12 +290,7 @@ def _check_scan(c: _Checker) -> str:
     raw = raw if isinstance(raw, dict) else {}
     counts = _ScanCounts(*(raw.get(k) for k in _ScanCounts._fields))
     present = c.store.sizes()
-    in_samples = [rel for rel in present if rel.startswith(schemas.SAMPLES_DIR + "/")]
-    for rel in sorted(set(present) - _META - {schemas.REJECTS_FILE} - set(in_samples)):
-        c.problem(rel, "unexpected file in a scan directory")
-    if schemas.REJECTS_FILE not in present:
-        c.problem(schemas.REJECTS_FILE, "missing")
-    parts = samples_parts(c.problem, in_samples)
+    parts = samples_parts(c.problem, check_scan_files(c.problem, present))
     c.samples(parts, schemas.sample_schema(), counts.accepted, meta.get("inputs_fingerprint", ""))
     c.rejects(schemas.REJECTS_FILE in present, counts)
     return f"scan: {counts.scanned} scanned, {counts.accepted} accepted, {counts.rejected} rejected"

@@ -1,10 +1,13 @@
 """The data files of a manifest for ``lidarshard validate``, each on its own: the list in
 ``_manifest.json`` is exactly the samples parts (numbered from 0), rejects.parquet and one plan file
 per (epoch, rank) (from the listed names only, so a forged ``world_size`` costs one problem line, not
-a loop over it); one plan file's rows are in (step, slot) order with the steps and counts recorded."""
+a loop over it); every listed file has its recorded size and sha256 and nothing unlisted lies beside
+them (a scan directory: only its samples and rejects); one plan file's rows are in (step, slot) order
+with the steps and counts recorded."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Mapping
 
@@ -12,12 +15,18 @@ import numpy as np
 import pyarrow as pa
 
 from lidarshard import schemas
+from lidarshard.schemas.manifest import FileEntry
+from lidarshard.transforms import storage
 from lidarshard.transforms.parts import listed_parts
 
-__all__ = ["plan_key", "samples_parts", "check_listed", "check_plan"]
+__all__ = ["plan_key", "samples_parts", "check_listed", "check_recorded", "check_scan_files", "check_plan"]
 
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
+_META = {schemas.SUCCESS_FILE, schemas.MANIFEST_FILE, schemas.SCAN_FILE}
+#: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
+_DERIVED_PREFIXES = ("report/",)
+_BLOCK = 8 << 20  # bytes hashed at a time
 
 
 def plan_key(rel: str) -> tuple[int, int] | None:
@@ -65,6 +74,59 @@ def check_listed(
     for rel in missing:
         problem(rel, f"not recorded in _manifest.json 'files' (world_size {w}, epochs {epochs} need it)")
     return not missing and gap == 0 and parts is not None, parts
+
+
+def check_recorded(
+    problem: Problem, root: str, present: Mapping[str, int], recorded: Mapping[str, FileEntry]
+) -> set[str]:
+    """Sizes and sha256 of the ``recorded`` files under ``root`` (``present``: {relative path: bytes} of
+    every file there; streamed, never held), and no file there unlisted; returns those that match."""
+    good: set[str] = set()
+    extras = {rel for rel in present if rel.startswith(_DERIVED_PREFIXES)}  # `lidarshard report` output
+    for rel in sorted(set(present) - _META - set(recorded) - extras):
+        problem(rel, "file is not listed in _manifest.json 'files' (left over or added)")
+    for rel, info in sorted(recorded.items()):
+        if rel not in present:
+            problem(rel, f"missing (recorded {info.bytes} bytes at commit)")
+            continue
+        if present[rel] != info.bytes:
+            problem(rel, f"{present[rel]} bytes, recorded {info.bytes} at commit (truncated or rewritten)")
+            continue
+        try:
+            digest = _sha256(storage.join(root, rel), present[rel])
+        except OSError as e:
+            problem(rel, f"cannot be read ({e})")
+            continue
+        if digest != info.sha256:
+            problem(rel, "sha256 differs from the one recorded at commit (file was modified)")
+            continue
+        good.add(rel)
+    return good
+
+
+def _sha256(path: str, size: int) -> str:
+    """Hex SHA-256 of the file ``path``, read in blocks; OSError unless exactly ``size`` bytes."""
+    h, seen = hashlib.sha256(), 0
+    with storage.open_read(path) as f:
+        while block := f.read(min(_BLOCK, size - seen + 1)):
+            h.update(block)
+            seen += len(block)
+            if seen > size:
+                break
+    if seen != size:
+        raise OSError(f"{seen} bytes read, {size} listed")
+    return h.hexdigest()
+
+
+def check_scan_files(problem: Problem, present: Mapping[str, int]) -> list[str]:
+    """A scan directory (``present``: {relative path: bytes}) holds its metadata, rejects.parquet and
+    files under samples/ only; returns the latter (``samples_parts`` checks their names)."""
+    in_samples = [rel for rel in present if rel.startswith(schemas.SAMPLES_DIR + "/")]
+    for rel in sorted(set(present) - _META - {schemas.REJECTS_FILE} - set(in_samples)):
+        problem(rel, "unexpected file in a scan directory")
+    if schemas.REJECTS_FILE not in present:
+        problem(schemas.REJECTS_FILE, "missing")
+    return in_samples
 
 
 def _add(problems: list[str], where: str, what: str) -> None:

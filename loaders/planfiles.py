@@ -1,0 +1,176 @@
+"""The files of a committed manifest directory, checked against what ``_manifest.json`` records before
+a row of them is read: the plan tree holds exactly the listed plan files at their sizes
+(``listed_plan_files``); one rank's plan files and nothing else (``read_rank_plan``); one plan file read
+whole, bounded by the rows its epoch plans (``read_plan_file``); any listed file's bytes at its recorded
+size and sha256 (``verified_bytes``: plan files and samples parts alike).
+
+Pure pyarrow; imports neither Beam nor torch. ``out`` is a local path or a URI: every read goes through
+``lidarshard.transforms.storage``. The manifest itself is read by ``lidarshard.loaders.reader``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, plan_file
+from lidarshard.schemas.manifest import FileEntry, Manifest
+from lidarshard.transforms import storage
+from lidarshard.transforms.arrow import parquet_file
+from lidarshard.transforms.storage.base import FileTooLargeError
+
+__all__ = [
+    "is_plan_path",
+    "listed_plan_files",
+    "modified_message",
+    "read_plan_file",
+    "read_rank_plan",
+    "verified_bytes",
+]
+
+
+def listed_plan_files(out: str, m: Manifest) -> list[str]:
+    """Paths (inside the manifest's filesystem) of the plan files ``m`` (``out``'s ``_manifest.json``)
+    lists, sorted, each checked against what ``OUT/plan`` holds (one listing; sizes compared, contents
+    not read).
+
+    Raises:
+        ValueError: a file under ``OUT/plan`` that is not ``plan/epoch=E/rank=R/part-NNNNN.parquet`` or
+            that the manifest does not list (a stray note, a copy such as ``plan/epoch=00``), or whose
+            size differs from the recorded one, naming it: the plan directory is the contract.
+        FileNotFoundError: a listed plan file is missing, or the manifest lists none.
+    """
+    _, base = storage.arrow_filesystem(out)
+    listed = {rel: e for rel, e in m.files.items() if rel.startswith(PLAN_DIR + "/")}
+    present = storage.list_files(storage.join(out, PLAN_DIR))
+    for rel, info in sorted(present.items()):
+        path, entry = f"{base}/{PLAN_DIR}/{rel}", listed.get(f"{PLAN_DIR}/{rel}")
+        if not is_plan_path(f"{PLAN_DIR}/{rel}"):
+            raise ValueError(
+                f"{path}: not a plan file (only {PLAN_DIR}/epoch=E/rank=R/part-NNNNN.parquet may live in "
+                f"{PLAN_DIR}/); move it out of the manifest directory"
+            )
+        if entry is None:
+            raise ValueError(
+                f"{path}: not a plan file of this manifest (not listed in {MANIFEST_FILE}); move it out of "
+                "the manifest directory"
+            )
+        if info.size != entry.bytes:
+            raise ValueError(
+                modified_message(path, "plan file", f"{info.size} bytes, not the {entry.bytes} recorded in")
+            )
+    missing = sorted(set(listed) - {f"{PLAN_DIR}/{rel}" for rel in present})
+    if missing:
+        raise FileNotFoundError(
+            f"{base}/{missing[0]}: listed in {MANIFEST_FILE} but missing; rebuild the manifest"
+        )
+    if not listed:
+        raise FileNotFoundError(f"{out} holds no plan files ({PLAN_DIR}/epoch=E/rank=R/*.parquet)")
+    return [f"{base}/{rel}" for rel in sorted(listed)]
+
+
+def is_plan_path(rel: str) -> bool:
+    """True when ``rel`` (relative to OUT) has the shape ``plan/epoch=E/rank=R/part-*.parquet``."""
+    parts = rel.split("/")
+    return (
+        len(parts) == 4
+        and parts[0] == PLAN_DIR
+        and parts[1].startswith("epoch=")
+        and parts[1][6:].isdigit()
+        and parts[2].startswith("rank=")
+        and parts[2][5:].isdigit()
+        and parts[3].startswith("part-")
+        and parts[3].endswith(".parquet")
+    )
+
+
+def modified_message(path: str, what: str, how: str) -> str:
+    """The one line naming a listed file that differs from ``_manifest.json`` (``how``: in what way)."""
+    return (
+        f"{path}: not a readable {what} ({how} {MANIFEST_FILE}: modified after the build); rebuild the "
+        "manifest, or pass verify=False to read it anyway"
+    )
+
+
+def verified_bytes(path: str, recorded: FileEntry | None, what: str = "plan file") -> bytes:
+    """The bytes of ``path`` when they match the size and sha256 ``_manifest.json`` recorded for it.
+
+    Raises:
+        ValueError: the file is not listed, or its size or sha256 differs (rewritten after the commit).
+    """
+    if recorded is None:
+        raise ValueError(
+            f"{path}: not a readable {what} (not listed in {MANIFEST_FILE}); rebuild the manifest"
+        )
+    try:
+        data = storage.read_bytes(path, recorded.bytes)  # never more than the recorded size
+    except FileTooLargeError:
+        data = b""
+    if len(data) != recorded.bytes or hashlib.sha256(data).hexdigest() != recorded.sha256:
+        raise ValueError(modified_message(path, what, "size or sha256 differs from"))
+    return data
+
+
+def read_plan_file(
+    path: str,
+    columns: Sequence[str],
+    recorded: FileEntry | None = None,
+    verify: bool = False,
+    max_rows: int | None = None,
+) -> pa.Table:
+    """``columns`` of one plan file; an empty, truncated or foreign file raises ValueError naming it.
+
+    With ``verify``, the bytes must first match ``recorded`` (its ``_manifest.json`` 'files' entry);
+    a file of more than ``max_rows`` rows is refused from its footer, before a row is decoded.
+    """
+    try:
+        source = pa.BufferReader(verified_bytes(path, recorded)) if verify else storage.open_read(path)
+        with source, parquet_file(source) as f:
+            rows = f.metadata.num_rows
+            if max_rows is not None and rows > max_rows:
+                raise ValueError(
+                    f"{path}: not a readable plan file ({rows} rows, more than the {max_rows} entries its "
+                    "epoch plans); rebuild the manifest"
+                )
+            return f.read(columns=list(columns), use_threads=False)
+    except (pa.ArrowInvalid, OSError, KeyError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(
+            f"{path}: not a readable plan file ({str(e).splitlines()[0]}); rebuild the manifest"
+        ) from None
+
+
+def read_rank_plan(
+    out: str, m: Manifest, epoch: int, rank: int, columns: Sequence[str], verify: bool
+) -> tuple[pa.Table, str]:
+    """(``columns`` of rank ``rank``'s plan for planned epoch ``epoch``, sorted by (step, slot); the rank
+    directory). Each file is bounded by the entries the epoch plans and, with ``verify``, must match its
+    recorded size and sha256 (``read_plan_file``).
+
+    Raises:
+        FileNotFoundError: the manifest has no plan for (``epoch``, ``rank``).
+        ValueError: the rank directory holds no plan file, or anything but ``part-NNNNN.parquet``; a
+            file is empty, truncated, foreign, too long or (with ``verify``) modified, named.
+    """
+    rel_dir = os.path.dirname(plan_file(epoch, rank))
+    rank_dir = storage.join(out, rel_dir)
+    if not storage.is_dir(rank_dir):
+        raise FileNotFoundError(f"the manifest has no plan for epoch {epoch} rank {rank}")
+    files = [(storage.join(rank_dir, rel), rel) for rel in sorted(storage.list_files(rank_dir))]
+    for path, rel in files:
+        if not is_plan_path(f"{rel_dir}/{rel}"):
+            raise ValueError(
+                f"{path}: not a plan file (only part-NNNNN.parquet may live in a rank directory); "
+                "move it out of the manifest directory"
+            )
+    if not files:
+        raise ValueError(f"{rank_dir}: the rank directory holds no plan file; rebuild the manifest")
+    listed, planned = m.files, m.counts.planned[epoch]
+    table = pa.concat_tables(
+        read_plan_file(path, columns, listed.get(f"{rel_dir}/{rel}"), verify, planned) for path, rel in files
+    )
+    return table.sort_by([("step", "ascending"), ("slot", "ascending")]), rank_dir
