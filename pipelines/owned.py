@@ -20,7 +20,16 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lidarshard.schemas import MANIFEST_FILE, REJECTS_FILE, SAMPLES_DIR, SCAN_FILE, SUCCESS_FILE, part_index
+from lidarshard.schemas import (
+    MANIFEST_FILE,
+    META_FILES,
+    REJECTS_FILE,
+    REPORT_DIR,
+    SAMPLES_DIR,
+    SCAN_FILE,
+    SUCCESS_FILE,
+    part_index,
+)
 from lidarshard.schemas.manifest import relpath_problem
 from lidarshard.transforms import storage
 from lidarshard.transforms.storage import FileTooLargeError, is_local, join, local_path
@@ -36,11 +45,8 @@ __all__ = [
     "META_MAX_BYTES",
 ]
 
-#: What ``lidarshard report`` and ``calibrate`` write into OUT (outside the manifest contract).
-REPORT_DIR = "report"
 #: Cap on the old ``_manifest.json`` / ``_scan.json`` read to learn what may be deleted (bytes).
 META_MAX_BYTES = storage.METADATA_MAX_BYTES
-_META = (SUCCESS_FILE, MANIFEST_FILE, SCAN_FILE)
 
 
 def list_remote(root: str) -> dict[str, float]:
@@ -65,7 +71,7 @@ class Owned:
     def __contains__(self, rel: object) -> bool:
         if not isinstance(rel, str):
             return False
-        if rel in self.files or rel in _META or rel.startswith(REPORT_DIR + "/"):
+        if rel in self.files or rel in META_FILES or rel.startswith(REPORT_DIR + "/"):
             return True
         head, _, name = rel.partition("/")
         return self.scan_parts and head == SAMPLES_DIR and "/" not in name and part_index(name) is not None
@@ -252,7 +258,9 @@ def remove_owned(out: str, tree: str, owned: Owned | None, kept: str) -> str | N
                 f"kept the previous {out} as {kept}: it holds {_shown(first[len(tree) + 1 :])}, which lidarshard "
                 "did not write; move what you need out of it and delete it"
             )
-        last = {rel for rel, _ in entries if rel in _META}  # metadata last: the tree stays self-describing
+        last = {
+            rel for rel, _ in entries if rel in META_FILES
+        }  # metadata last: the tree stays self-describing
         order = [e for e in reversed(entries) if e[0] not in last] + [e for e in entries if e[0] in last]
         for rel, is_dir in order:
             _unlink(os.path.join(tree, rel), is_dir, tree)

@@ -62,6 +62,8 @@ __all__ = [
     "plan_file",
     "PLAN_DIR",
     "WORK_DIR",
+    "META_FILES",
+    "REPORT_DIR",
     "PARTITION_FIELDS",
     "partition_schema",
     "check_version",
@@ -80,6 +82,10 @@ MANIFEST_FILE = "_manifest.json"
 SCAN_FILE = "_scan.json"
 SUCCESS_FILE = "_SUCCESS"
 PLAN_DIR = "plan"
+#: The metadata files of an output directory (not listed in its ``files``).
+META_FILES = frozenset({MANIFEST_FILE, SCAN_FILE, SUCCESS_FILE})
+#: Derived, non-contract output lidarshard may add to OUT (``lidarshard report``): not listed, kept readable.
+REPORT_DIR = "report"
 #: Scratch directory inside a run's staging directory (scan shards, plan pieces); removed before publishing.
 WORK_DIR = "_work"
 

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 #: Sub-directory of OUT that holds the report (not part of the manifest contract).
-REPORT_DIR = "report"
+REPORT_DIR = schemas.REPORT_DIR
 
 
 def read_plan(out: str) -> pa.Table:

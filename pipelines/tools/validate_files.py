@@ -23,9 +23,9 @@ __all__ = ["plan_key", "samples_parts", "check_listed", "check_recorded", "check
 
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
-_META = {schemas.SUCCESS_FILE, schemas.MANIFEST_FILE, schemas.SCAN_FILE}
+_META = schemas.META_FILES
 #: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
-_DERIVED_PREFIXES = ("report/",)
+_DERIVED_PREFIXES = (schemas.REPORT_DIR + "/",)
 _BLOCK = 8 << 20  # bytes hashed at a time
 
 
