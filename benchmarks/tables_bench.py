@@ -45,7 +45,7 @@ def _tables(n_key: int, per: int) -> dict[str, bytes]:
 def _time(n_key: int, per: int, sweeps: int) -> float:
     data = _tables(n_key, per)
 
-    def read_bytes(path: str) -> bytes:
+    def read_bytes(path: str, limit: int | None = None) -> bytes:
         if path not in data:
             raise FileNotFoundError(path)
         return data[path]

@@ -5,6 +5,7 @@
 from ``loaders.dataset``) and the framework adapters need PyTorch: ``pip install "lidarshard[torch]"``.
 """
 
+from lidarshard.loaders import _atexit  # noqa: F401 - lets Arrow's pools finish before finalization
 from lidarshard.loaders.points import load_points
 from lidarshard.loaders.reader import (
     Batch,

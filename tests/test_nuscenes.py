@@ -133,7 +133,7 @@ class Dataset:
         data = {f"{root}/{VERSION}/{name}.json": json.dumps(rows).encode() for name, rows in self.t.items()}
         data |= files or {}
 
-        def read_bytes(path: str) -> bytes:
+        def read_bytes(path: str, limit: int | None = None) -> bytes:
             if path not in data:
                 raise FileNotFoundError(path)
             return data[path]
@@ -141,7 +141,7 @@ class Dataset:
         return read_bytes
 
 
-def read_local(path: str) -> bytes:
+def read_local(path: str, limit: int | None = None) -> bytes:
     return Path(path).read_bytes()
 
 
@@ -489,7 +489,7 @@ def test_corrupt_lidarseg_table_is_fatal(tmp_path: Path) -> None:
 
 
 def test_unreadable_table_is_fatal(tmp_path: Path) -> None:
-    def read_bytes(path: str) -> bytes:
+    def read_bytes(path: str, limit: int | None = None) -> bytes:
         raise PermissionError(13, "denied", path)
 
     with pytest.raises(ValueError, match="could not be read"):
@@ -553,7 +553,7 @@ def test_real_lidarseg_pair_through_the_tables(realdata: Path) -> None:
     ]
     tables = ds.memory_reader(root)
 
-    def read_bytes(path: str) -> bytes:
+    def read_bytes(path: str, limit: int | None = None) -> bytes:
         return tables(path) if f"/{VERSION}/" in path else read_local(path)
 
     tasks, rejects = load_tasks(root, VERSION, 9, read_bytes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lidarshard.schemas import REJECT_REASONS
 
-__all__ = ["RejectError"]
+__all__ = ["RejectError", "RejectValueError"]
 
 
 class RejectError(Exception):
@@ -16,3 +16,9 @@ class RejectError(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+class RejectValueError(RejectError, ValueError):
+    """A ``RejectError`` that is also a ``ValueError``: raised by pure functions the loaders call too
+    (``multisweep.aggregate``), where a bad value has always been a ``ValueError``; the scan files it
+    under its reason like any ``RejectError``."""

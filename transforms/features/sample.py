@@ -94,13 +94,18 @@ def file_task(sample_id: str, path: str) -> NuScenesTask:
     return _FileTask(sample_id=sample_id, path=path, sweeps=(), label_path=None)
 
 
+def _why(e: OSError) -> str:
+    """What went wrong, without the path (the reject row holds it): ``strerror`` when the OS gave one."""
+    return e.strerror or str(e)
+
+
 def _size(path: str, size_of: SizeOf, missing: str) -> int:
     try:
         return size_of(path)
     except NotRegularFile as e:  # a FIFO, device or directory is there: never read it
         raise RejectError("unreadable", str(e)) from None
     except OSError as e:  # Beam raises BeamIOError, an IOError (= OSError)
-        raise RejectError(missing, f"{path}: {e}") from None
+        raise RejectError(missing, _why(e)) from None
 
 
 def _read(path: str, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig, missing: str) -> bytes:
@@ -114,7 +119,7 @@ def _read(path: str, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig, mi
     except IsADirectoryError:
         raise RejectError("unreadable", f"{path} is a directory") from None
     except OSError as e:
-        raise RejectError("unreadable", f"{path}: {e}") from None
+        raise RejectError("unreadable", _why(e)) from None
     if len(data) > cfg.max_file_bytes:
         raise RejectError("too_large", f"{path}: more than --max-file-bytes {cfg.max_file_bytes} bytes")
     if len(data) != size:

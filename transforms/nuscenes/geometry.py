@@ -3,6 +3,12 @@
 One place for the maths the scanner (``tables``), the synthetic generator and the loaders share:
 quaternions are (w, x, y, z) and normalized first; a pose is a translation (m) and a rotation; 4x4
 matrices are float64, row-major, mapping child-frame points to the parent frame (``inverse``: back).
+
+Bounds: a quaternion is normalized after scaling by its largest component, so no finite quaternion
+overflows (``[1e200, 1e200, 0, 0]`` is a 90 degree turn about x, not the identity); one whose norm is
+(near) zero is refused. A translation component beyond ``MAX_TRANSLATION_M`` is refused: no vehicle pose
+lies there, and below it composing four poses cannot overflow float64 (a sweep point the composed
+transform would still carry beyond float32 is ``absurd_coordinates`` in ``multisweep.aggregate``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,19 @@ from numpy.typing import NDArray
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.jsonsafe import short
 
-__all__ = ["quaternion_matrix", "pose_matrix", "pose_record", "sweep_transform", "sweep_matrices"]
+__all__ = [
+    "MAX_TRANSLATION_M",
+    "quaternion_matrix",
+    "pose_matrix",
+    "pose_record",
+    "sweep_transform",
+    "sweep_matrices",
+]
+
+#: Largest |translation component| (m) of a pose record: 1e9 m is 150 Earth radii (ECEF is ~6.4e6 m).
+MAX_TRANSLATION_M = 1.0e9
+#: A quaternion whose norm is at most this is refused as (near) zero: it names no rotation.
+_MIN_NORM = 1e-9
 
 
 def _vector(value: object, size: int, what: str) -> list[float]:
@@ -30,9 +48,12 @@ def _vector(value: object, size: int, what: str) -> list[float]:
 
 def _rotation(q: object) -> list[list[float]]:
     w, x, y, z = _vector(q, 4, "rotation quaternion")
-    norm = math.sqrt(w * w + x * x + y * y + z * z)
-    if not norm > 1e-9:
-        raise RejectError("bad_table", f"rotation quaternion {short(q)} has zero norm")
+    scale = max(abs(w), abs(x), abs(y), abs(z))  # divide first: squaring 1e200 would overflow to inf
+    if scale > 0.0:
+        w, x, y, z = w / scale, x / scale, y / scale, z / scale
+    norm = math.sqrt(w * w + x * x + y * y + z * z)  # in [1, 2] after scaling (0 for a zero quaternion)
+    if not norm * scale > _MIN_NORM:
+        raise RejectError("bad_table", f"rotation quaternion {short(q)} has (near) zero norm")
     w, x, y, z = w / norm, x / norm, y / norm, z / norm
     return [
         [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
@@ -42,10 +63,11 @@ def _rotation(q: object) -> list[list[float]]:
 
 
 def quaternion_matrix(q: object) -> NDArray[np.float64]:
-    """(3, 3) float64 rotation of a table quaternion ``q`` = (w, x, y, z), normalized first.
+    """(3, 3) float64 rotation of a table quaternion ``q`` = (w, x, y, z), normalized first (any finite
+    scale, overflow-free).
 
     Raises:
-        RejectError: ``bad_table`` if not 4 finite numbers or the norm is (near) zero.
+        RejectError: ``bad_table`` if not 4 finite numbers or the norm is (near) zero (<= 1e-9).
     """
     return np.array(_rotation(q))
 
@@ -62,13 +84,17 @@ def pose_matrix(record: object, inverse: bool = False) -> NDArray[np.float64]:
         (4, 4) float64 homogeneous transform.
 
     Raises:
-        RejectError: ``bad_table`` for a missing or malformed translation/rotation.
+        RejectError: ``bad_table`` for a missing or malformed translation/rotation, or a translation
+            component beyond ``MAX_TRANSLATION_M``.
     """
     if not isinstance(record, dict):
         raise RejectError("bad_table", f"pose record {short(record)} is not a JSON object")
     try:
         rot = _rotation(record.get("rotation"))
         t = _vector(record.get("translation"), 3, "translation")
+        if max(map(abs, t)) > MAX_TRANSLATION_M:
+            detail = f"translation {short(t)} m is beyond {MAX_TRANSLATION_M:g} m (not a vehicle pose)"
+            raise RejectError("bad_table", detail)
     except RejectError as err:
         raise RejectError("bad_table", f"pose {short(record.get('token', '?'))}: {err.detail}") from None
     if inverse:

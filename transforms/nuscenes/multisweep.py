@@ -23,12 +23,13 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.errors import RejectError, RejectValueError
 
 __all__ = ["CLOSE_RADIUS_M", "remove_close", "aggregate", "check_labels"]
 
 #: Half-width (m) of the box around the sensor that ``remove_close`` empties (devkit ``min_distance``).
 CLOSE_RADIUS_M = 1.0
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _check_points(points: NDArray[np.float32], what: str) -> None:
@@ -79,7 +80,11 @@ def aggregate(
         (N + sum M_i', C) float32: keyframe rows first, then each filtered sweep in the given order.
 
     Raises:
-        ValueError: on mismatched counts, column counts or transform shapes (a caller bug, not bad input).
+        RejectValueError: ``sweep_columns`` when a sweep's column count differs from the keyframe's (bad
+            input: mixed files or headers); ``absurd_coordinates`` when a sweep point with finite x, y, z
+            would leave float32 range (or become NaN) in the keyframe frame: it is refused rather than
+            cast to inf and dropped later without a word.
+        ValueError: on mismatched counts or transform shapes (a caller bug, not bad input).
     """
     _check_points(keyframe, "keyframe")
     if filter_keyframe:
@@ -90,7 +95,8 @@ def aggregate(
     for i, (sweep, tf) in enumerate(zip(sweeps, transforms, strict=True)):
         _check_points(sweep, f"sweep {i}")
         if sweep.shape[1] != keyframe.shape[1]:
-            raise ValueError(f"sweep {i} has {sweep.shape[1]} columns, keyframe {keyframe.shape[1]}")
+            detail = f"sweep {i} has {sweep.shape[1]} columns per point, its keyframe {keyframe.shape[1]}"
+            raise RejectValueError("sweep_columns", detail)
         tf = np.asarray(tf, dtype=np.float64)
         if tf.shape != (4, 4):
             raise ValueError(f"transform {i} must be (4, 4), got {tf.shape}")
@@ -98,12 +104,31 @@ def aggregate(
     out = np.empty((keyframe.shape[0] + sum(s.shape[0] for s, _ in kept), keyframe.shape[1]), np.float32)
     out[: keyframe.shape[0]] = keyframe
     row = keyframe.shape[0]
-    for sweep, tf in kept:
+    for i, (sweep, tf) in enumerate(kept):
         end = row + sweep.shape[0]
         out[row:end] = sweep
-        out[row:end, :3] = sweep[:, :3].astype(np.float64) @ tf[:3, :3].T + tf[:3, 3]
+        out[row:end, :3] = _moved(sweep[:, :3], tf, i)
         row = end
     return out
+
+
+def _moved(xyz: NDArray[np.float32], tf: NDArray[np.float64], i: int) -> NDArray[np.float64]:
+    """(M, 3) float64 ``xyz`` through ``tf``, every finite input row still within float32 range.
+
+    Raises:
+        RejectValueError: ``absurd_coordinates`` naming sweep ``i`` and the largest magnitude reached.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below, never a RuntimeWarning
+        moved = xyz.astype(np.float64) @ tf[:3, :3].T + tf[:3, 3]
+        lost = np.isfinite(xyz).all(axis=1) & ~(np.abs(moved) <= _F32_MAX).all(axis=1)
+    if lost.any():
+        peak = float(np.nanmax(np.abs(moved[lost]), initial=0.0))
+        raise RejectValueError(
+            "absurd_coordinates",
+            f"{int(lost.sum())} points of sweep {i} land beyond float32 range in the keyframe frame "
+            f"(|coordinate| up to {peak:.3g} m): a corrupt sweep pose or point",
+        )
+    return moved
 
 
 def check_labels(label_bytes: bytes, num_points: int) -> None:

@@ -18,8 +18,16 @@ is absolute, a URI or escapes the root is ``outside_root``: no returned path lie
 
 Errors: a missing or corrupt required table is fatal (``ValueError``). A bad record rejects the sample
 it would have produced: ``bad_table`` (missing/mistyped keys, unknown or duplicated tokens, a prev chain
-that breaks, cycles or does not go back in time, a malformed pose), ``outside_root``, ``duplicate_id``.
-A reject not tied to a keyframe path is named ``<dataroot>/<version>/<table>.json#<token or [row]>``.
+that breaks, cycles or does not go back in time, a malformed pose, an overlong string), ``outside_root``,
+``duplicate_id``. A reject not tied to a keyframe path is named
+``<dataroot>/<version>/<table>.json#<token or [row]>``.
+
+Limits (untrusted tables size nothing): a table file larger than ``MAX_TABLE_BYTES`` (4 GiB: room for
+real table sets, whose parse costs several times their size in memory) is refused before it is read, in
+one line naming the file and the limit. A token or filename longer than ``MAX_FIELD_CHARS`` (4096, the
+Linux ``PATH_MAX``) rejects its sample as ``bad_table`` with the length, never the text: it is not copied
+into paths, tasks or reject details, so a 100 MB filename costs its table's parse and nothing more, and
+the other keyframes are scanned as usual.
 """
 
 from __future__ import annotations
@@ -40,9 +48,12 @@ from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.jsonsafe import loads, short
 from lidarshard.transforms.nuscenes.geometry import pose_matrix
 from lidarshard.transforms.nuscenes.multisweep import check_labels
+from lidarshard.transforms.storage import FileTooLargeError
 
 __all__ = [
     "LIDAR_CHANNEL",
+    "MAX_TABLE_BYTES",
+    "MAX_FIELD_CHARS",
     "SweepRef",
     "NuScenesTask",
     "load_tasks",
@@ -51,13 +62,19 @@ __all__ = [
 ]
 
 LIDAR_CHANNEL = "LIDAR_TOP"
+#: Largest table file read (bytes); a larger one is refused before reading, naming file and limit.
+MAX_TABLE_BYTES = 4 << 30
+#: Longest token or filename (characters) a sample_data/lidarseg row may hold; longer rejects the sample.
+MAX_FIELD_CHARS = 4096
 _SD_KEYS = (
     "token", "sample_token", "ego_pose_token", "calibrated_sensor_token",
     "filename", "timestamp", "is_key_frame", "prev",
 )  # fmt: skip
 _STR_KEYS = ("token", "sample_token", "ego_pose_token", "calibrated_sensor_token", "prev")
+_BOUNDED_KEYS = (*_STR_KEYS, "filename")
 
 Reject = tuple[str, str, str]
+ReadBytes = Callable[[str, int | None], bytes]  # (path, limit): at most limit + 1 bytes
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
@@ -112,10 +129,13 @@ def join_under_root(dataroot: str, filename: object) -> str:
 
     Raises:
         RejectError: ``outside_root`` (absolute path, URI, or ``..`` escaping the root) or
-            ``bad_table`` (not a non-empty string, NUL byte, names the root itself).
+            ``bad_table`` (not a non-empty string, longer than ``MAX_FIELD_CHARS``, NUL byte, names
+            the root itself).
     """
     if not isinstance(filename, str) or not filename:
         raise RejectError("bad_table", f"filename {short(filename)} is not a non-empty string")
+    if len(filename) > MAX_FIELD_CHARS:
+        raise RejectError("bad_table", f"filename of {len(filename)} characters (limit {MAX_FIELD_CHARS})")
     if "\x00" in filename:
         raise RejectError("bad_table", f"filename {filename!r} holds a NUL byte")
     if filename.startswith("/") or storage.has_scheme(filename):
@@ -147,7 +167,19 @@ def _check_sd(record: object, what: str) -> dict[str, Any]:
     bad = [k for k in _STR_KEYS if not isinstance(record[k], str)]
     if bad or not isinstance(record["is_key_frame"], bool):
         raise RejectError("bad_table", f"{what} has mistyped keys {bad or ['is_key_frame']}")
+    long = [f"{k} of {len(record[k])}" for k in _BOUNDED_KEYS if _too_long(record[k])]
+    if long:
+        raise RejectError("bad_table", f"{what} holds {', '.join(long)} characters (limit {MAX_FIELD_CHARS})")
     return record
+
+
+def _too_long(value: object) -> bool:
+    return isinstance(value, str) and len(value) > MAX_FIELD_CHARS
+
+
+def _name(token: object, i: int) -> str:
+    """How a row is named in paths and details: its token, or ``[i]`` when that is no usable string."""
+    return token if isinstance(token, str) and not _too_long(token) else f"[{i}]"
 
 
 def _str(value: object) -> str:
@@ -270,19 +302,30 @@ class _Tables:
 
 
 def _read_table(
-    dataroot: str, version: str, name: str, read_bytes: Callable[[str], bytes], optional: bool = False
+    dataroot: str, version: str, name: str, read_bytes: ReadBytes, optional: bool = False
 ) -> list[Any]:
     """The records of table ``name``; an ``optional`` table that is absent has none."""
     path = f"{_root(dataroot)}/{version}/{name}.json"
+    limit = f"{MAX_TABLE_BYTES >> 30} GiB" if MAX_TABLE_BYTES % (1 << 30) == 0 else f"{MAX_TABLE_BYTES} bytes"
+    too_large = f"nuScenes table {path} is larger than {limit}, the limit for a table (MAX_TABLE_BYTES)"
     try:
-        raw = read_bytes(path)
+        raw = read_bytes(path, MAX_TABLE_BYTES)
     except FileNotFoundError:
         if optional:
             return []
         raise ValueError(f"nuScenes table {path} not found (is --nuscenes-version right?)") from None
+    except FileTooLargeError:
+        raise ValueError(too_large) from None
     except OSError as err:
         raise ValueError(f"nuScenes table {path} could not be read: {err}") from err
-    rows = loads(raw, f"nuScenes table {path}")
+    if len(raw) > MAX_TABLE_BYTES:  # a reader that ignored the limit
+        raise ValueError(too_large)
+    try:
+        rows = loads(raw, f"nuScenes table {path}")
+    except MemoryError:
+        raise ValueError(
+            f"nuScenes table {path} ({len(raw)} bytes) does not fit in memory once parsed"
+        ) from None
     if not isinstance(rows, list):
         raise ValueError(f"nuScenes table {path} is not a JSON list of records")
     if _SURROGATE_ESCAPE.search(raw):  # a lone "\udcff" escape decodes to text no UTF-8 writer can hold
@@ -294,7 +337,7 @@ def _read_table(
 
 
 def load_tasks(
-    dataroot: str, version: str, sweeps: int, read_bytes: Callable[[str], bytes]
+    dataroot: str, version: str, sweeps: int, read_bytes: ReadBytes
 ) -> tuple[list[NuScenesTask], list[Reject]]:
     """One scan task per LIDAR_TOP keyframe of a nuScenes-style dataroot.
 
@@ -304,14 +347,17 @@ def load_tasks(
         dataroot: local path or URI of the dataset root (holds ``samples/``, ``sweeps/``, ``<version>/``).
         version: table folder name, e.g. ``v1.0-mini``; one path segment.
         sweeps: N >= 0 previous sweeps per keyframe, in addition to the keyframe (devkit nsweeps = N + 1).
-        read_bytes: reads one whole file by full path/URI; must raise ``FileNotFoundError`` for a missing
-            file (``lidarseg.json`` is optional), any other ``OSError`` for other read failures.
+        read_bytes: ``(path, limit)`` reads one whole file by full path/URI, never more than ``limit``
+            bytes (``storage.read_bytes``); must raise ``FileNotFoundError`` for a missing file
+            (``lidarseg.json`` is optional), ``FileTooLargeError`` for one over the limit, any other
+            ``OSError`` for other read failures.
 
     Returns:
         (tasks sorted by sample_id, rejects as (path_or_record, reason, detail) sorted).
 
     Raises:
-        ValueError: bad arguments, or a required table that is missing, unreadable or not a JSON list.
+        ValueError: bad arguments, or a required table that is missing, unreadable, larger than
+            ``MAX_TABLE_BYTES``, too large to parse in memory, or not a JSON list (one line naming it).
     """
     if isinstance(sweeps, bool) or not isinstance(sweeps, int) or sweeps < 0:
         raise ValueError(f"sweeps must be an int >= 0, got {sweeps!r}")
@@ -325,7 +371,8 @@ def load_tasks(
     by_sample: dict[str, NuScenesTask] = {}
     for i, row in enumerate(tables["sample_data"]):
         token = row.get("token") if isinstance(row, dict) else None
-        ref = f"{db.ref}/sample_data.json#{token if isinstance(token, str) else f'[{i}]'}"
+        name = _name(token, i)
+        ref = f"{db.ref}/sample_data.json#{name}"
         if isinstance(row, dict):
             if row.get("is_key_frame") is False:
                 continue  # a sweep: reached only through a keyframe's prev chain
@@ -336,12 +383,12 @@ def load_tasks(
                     if channel is None
                     else f"channel {short(channel)} is not a string"
                 )
-                rejects.append((ref, "bad_table", f"sample_data {token}: {what}"))
+                rejects.append((ref, "bad_table", f"sample_data {name}: {what}"))
                 continue
             if channel != LIDAR_CHANNEL:
                 continue  # another sensor
         try:
-            record = _check_sd(row, f"sample_data {token if isinstance(token, str) else f'[{i}]'}")
+            record = _check_sd(row, f"sample_data {name}")
             path = join_under_root(dataroot, record["filename"])
         except RejectError as err:
             rejects.append((ref, err.reason, err.detail))

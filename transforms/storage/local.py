@@ -20,7 +20,11 @@ __all__ = ["read_local", "size_local", "write_local", "open_write_local", "list_
 
 def read_local(path: str, limit: int | None) -> bytes:
     """``safeio.read_local`` (regular files only, never more than ``limit + 1`` bytes read), with a
-    file larger than ``limit`` raised as ``FileTooLargeError``."""
+    file larger than ``limit`` raised as ``FileTooLargeError`` -- before reading when its size says so."""
+    if limit is not None:
+        size = safeio.size_local(path)
+        if size > limit:
+            raise FileTooLargeError(path, size, limit)
     data = safeio.read_local(path, limit)
     if limit is not None and len(data) > limit:
         raise FileTooLargeError(path, len(data), limit)
