@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from dataclasses import dataclass, field
 
 from lidarshard import __version__, schemas
@@ -30,7 +29,7 @@ from lidarshard.transforms.features.score import ScoreSettings
 from lidarshard.transforms.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
-from lidarshard.transforms.plan.epochs import PlanConfig
+from lidarshard.transforms.plan.epochs import PLAN_ENTRY_BYTES, PlanConfig, memory_bytes
 
 __all__ = [
     "ScanSettings",
@@ -42,14 +41,8 @@ __all__ = [
     "table_settings",
     "rejects_path",
     "check_plan_size",
-    "memory_bytes",
-    "PLAN_ENTRY_BYTES",
 ]
 
-#: Memory one plan entry (a sample's place in one epoch) takes while its epoch is planned, written and
-#: re-planned by the publish's validation, in bytes: the strategies alone measured 75-155 (2M entries),
-#: the plan rows and their table add more. ``check_plan_size`` refuses a plan that cannot fit with it.
-PLAN_ENTRY_BYTES = 256
 #: Bytes ``storage``'s atomic write adds to a file's name while it writes (``.tmp-<8 hex>``).
 _TMP_ROOM = len(".tmp-") + 8
 
@@ -181,24 +174,6 @@ def _csv(values: tuple[float, ...]) -> str:
 
 
 # --------------------------------------------------------------------------------------- plan size
-
-
-def memory_bytes() -> int | None:
-    """This machine's physical memory, or its cgroup's limit when lower (bytes; None when unknown)."""
-    found = []
-    try:
-        found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        pass
-    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(limit) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            found.append(int(text))
-    return min((n for n in found if n > 0), default=None)
 
 
 def _manifest_bytes(cfg: PlanConfig) -> int:

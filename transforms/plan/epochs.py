@@ -9,6 +9,7 @@ re-derives them independently with the same functions.
 
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,8 @@ from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool
 
 __all__ = [
     "MAX_PLAN_FACTOR",
+    "PLAN_ENTRY_BYTES",
+    "memory_bytes",
     "PlanConfig",
     "EpochPlan",
     "score",
@@ -40,6 +43,10 @@ __all__ = [
 ]
 
 _POOL_SALT = zlib.crc32(b"pool")
+#: Memory one plan entry (a sample's place in one epoch) takes while its epoch is planned, written and
+#: re-planned by the publish's validation, in bytes: the strategies alone measured 75-155 (2M entries),
+#: the plan rows and their table add more. ``check_plan_size`` refuses a plan that cannot fit with it.
+PLAN_ENTRY_BYTES = 256
 #: Default bound on plan entries per input sample per epoch (``--max-plan-factor``).
 MAX_PLAN_FACTOR = 100.0
 
@@ -245,6 +252,24 @@ def _plan_pool(
     return plan, pool, pooled, dropped, padded
 
 
+def memory_bytes() -> int | None:
+    """This machine's physical memory, or its cgroup's limit when lower (bytes; None when unknown)."""
+    found = []
+    try:
+        found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            found.append(int(text))
+    return min((n for n in found if n > 0), default=None)
+
+
 def epoch_pool(
     ids: NDArray[np.int32], sample_weights: NDArray[np.float64] | None, epoch: int, cfg: PlanConfig
 ) -> tuple[NDArray[np.int64], int, int, np.random.Generator]:
@@ -266,6 +291,13 @@ def epoch_pool(
         raise ValueError(
             f"the bucket and sample weights would plan ~{expected:.6g} entries from {len(ids)} samples per "
             f"epoch, more than --max-plan-factor {cfg.max_plan_factor:g} x the input; lower the weights or raise it"
+        )
+    memory = memory_bytes()
+    if memory is not None and expected * PLAN_ENTRY_BYTES > memory:
+        raise ValueError(
+            f"epoch {epoch} would plan ~{expected:.3g} entries from {len(ids):,} samples, ~"
+            f"{expected * PLAN_ENTRY_BYTES / 2**30:.3g} GiB at ~{PLAN_ENTRY_BYTES} bytes an entry, more than this "
+            f"machine's {memory / 2**30:.3g} GiB: lower --bucket-weights/--sample-weights"
         )
     rng = np.random.default_rng([cfg.seed, epoch, _POOL_SALT])
     pool = buckets.weighted_pool(ids, weights, rng, sample_weights)
