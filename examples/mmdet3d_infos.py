@@ -11,13 +11,21 @@ dataset index whose info has that token.
     python examples/mmdet3d_infos.py WORKDIR [--samples 24] [--world-size 1] [--batch-size 2]
 
 WORKDIR gets ``data/`` (clouds and ``nuscenes_infos_train.pkl``, made here), ``manifest/`` and
-``work_dir/`` (mmengine's). Needs ``pip install "lidarshard[mmengine]"`` for the training part.
+``work_dir/`` (mmengine's; ``work_dir/rankR.json`` lists the batches rank R trained). With
+``--world-size W`` the manifest is planned for W ranks and the example trains it on W CPU processes
+(``torch.distributed`` with gloo, initialized before the ``Runner``), each replaying its rank's plan.
+On CPU each rank trains its own copy of the toy model: mmengine's DDP wrapper and ``launcher="pytorch"``
+pin a CUDA device. On GPUs, launch your config with ``torchrun --nproc-per-node W`` and
+``launcher="pytorch"``; the sampler is the same. Needs ``pip install "lidarshard[mmengine]"`` for the
+training part.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import multiprocessing
 import os
 import pickle
 import sys
@@ -54,13 +62,13 @@ def make_infos(data_root: Path, n: int, seed: int = 0) -> Path:
 
 
 def infos_to_samples(infos: Path, data_root: Path, pts_prefix: str = PTS_PREFIX) -> pa.Table:
-    """The infos' samples as a table for ``write_manifest``: sample_id (token), path, sizes."""
+    """The infos' samples as a table for ``write_manifest``: sample_id (token), path (full), sizes."""
     with open(infos, "rb") as f:
         data_list = pickle.load(f)["data_list"]  # noqa: S301 - our own file
     ids, paths, sizes, points = [], [], [], []
     for info in data_list:
         pts = info["lidar_points"]
-        path = os.path.join(data_root, pts_prefix, pts["lidar_path"])
+        path = os.path.join(os.path.abspath(data_root), pts_prefix, pts["lidar_path"])
         size = os.path.getsize(path)
         ids.append(info["token"])
         paths.append(path)
@@ -71,7 +79,9 @@ def infos_to_samples(infos: Path, data_root: Path, pts_prefix: str = PTS_PREFIX)
 
 
 def train(manifest: Path, infos: Path, data_root: Path, work_dir: Path, epochs: int) -> list[list[str]]:
-    """Train ``epochs`` epochs with mmengine's Runner on the manifest; returns the tokens of every batch."""
+    """Train ``epochs`` epochs with mmengine's Runner on this process's rank of the manifest (the rank
+    and world size of ``torch.distributed`` when it is initialized, else 0 of 1); returns the tokens of
+    every batch."""
     import torch
     from mmengine.dataset import BaseDataset
     from mmengine.model import BaseModel
@@ -121,10 +131,45 @@ def train(manifest: Path, infos: Path, data_root: Path, work_dir: Path, epochs: 
         train_cfg=dict(by_epoch=True, max_epochs=epochs),
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
         default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=epochs)),
+        # keep the start method a spawned rank already has (mmengine would force "fork", warning)
+        env_cfg=dict(
+            mp_cfg=dict(mp_start_method=multiprocessing.get_start_method(allow_none=True) or "fork")
+        ),
         log_level=logging.WARNING,
     )
     runner.train()
     return model.seen
+
+
+def train_ranks(
+    manifest: Path, infos: Path, data_root: Path, work_dir: Path, epochs: int
+) -> list[list[list[str]]]:
+    """:func:`train` on every rank the manifest plans: in this process for one rank, else in W
+    processes joined by a gloo process group (CPU). Returns each rank's batches (tokens)."""
+    world = lidarshard.load_manifest(str(manifest)).world_size
+    if world == 1:
+        return [train(manifest, infos, data_root, work_dir, epochs)]
+    import torch.multiprocessing as mp
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    store = (work_dir / "dist_store").resolve().as_uri()
+    mp.spawn(
+        _rank, args=(world, store, manifest, infos, data_root, work_dir, epochs), nprocs=world, join=True
+    )
+    return [json.loads((work_dir / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _rank(rank: int, world: int, store: str, manifest: Path, infos: Path, data_root: Path, work_dir: Path,
+          epochs: int) -> None:  # fmt: skip
+    """One rank of :func:`train_ranks`: its batches go to ``work_dir/rankR.json``."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
+    try:
+        seen = train(manifest, infos, data_root, work_dir / f"rank{rank}", epochs)
+    finally:
+        dist.destroy_process_group()
+    (work_dir / f"rank{rank}.json").write_text(json.dumps(seen))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  epoch {b['epoch']}: predicted linearity {b['linearity']:.4f} (random {b['random_linearity']:.4f})"
         )
     if not args.no_train:
-        seen = train(out, infos, data, args.workdir / "work_dir", args.epochs)
-        print(f"mmengine trained {len(seen)} planned batches, first {seen[0]}")
+        for rank, seen in enumerate(train_ranks(out, infos, data, args.workdir / "work_dir", args.epochs)):
+            print(f"rank {rank}: mmengine trained {len(seen)} planned batches, first {seen[0]}")
     return 0
 
 

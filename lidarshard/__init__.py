@@ -53,11 +53,29 @@ _API: dict[str, str] = {
 __all__ = ["__version__", *_API]
 
 
+#: the optional extra that installs a missing top-level module the public API needs
+_EXTRAS: dict[str, tuple[str, str]] = {
+    "apache_beam": ("Apache Beam", "pipeline"),
+    "torch": ("PyTorch", "torch"),
+}
+
+
 def __getattr__(name: str) -> Any:
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'lidarshard' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as e:  # a core install (numpy + pyarrow): name the extra, in one line
+        missing = (e.name or "").split(".")[0]
+        if missing not in _EXTRAS:
+            raise
+        what, extra = _EXTRAS[missing]
+        raise ModuleNotFoundError(
+            f'lidarshard.{name} needs {what}, which is an optional extra: pip install "lidarshard[{extra}]"',
+            name=missing,
+        ) from None
+    value = getattr(loaded, name)
     globals()[name] = value
     return value
 

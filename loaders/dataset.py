@@ -15,16 +15,16 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.loaders.points import Recorded, load_points, read_recorded
+from lidarshard.loaders.points import Recorded, load_points, moved_hint, read_recorded
 from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
+from lidarshard.transforms import storage
+from lidarshard.transforms.paths import PathResolver
 
 try:
     import torch
     from torch.utils.data import Dataset
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise needs_torch(__name__) from e
-
-from lidarshard.transforms.paths import PathResolver
 
 __all__ = ["PointCloudDataset", "collate", "IGNORE_LABEL", "VERIFY"]
 
@@ -55,7 +55,8 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         out_dir: committed manifest directory (local path or URI).
         sweeps: aggregate the sweeps listed in the samples (False: keyframe only).
         point_dims: channels per point for raw ``bin`` files.
-        root: where the data lives now, for a manifest of relative paths (default: its ``path_root``).
+        root: where the data lives now, for a manifest of relative paths (default: its ``path_root``);
+            refused for a manifest of full paths, which moves with ``path_map``.
         path_map: ``{"/old/prefix": "/new/prefix"}`` for a manifest of full paths.
         labels: also read each sample's lidarseg file (the samples' ``label_path``); every
             sample must have one.
@@ -64,7 +65,12 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
 
     Raises:
         ValueError: a samples part edited after the build (``read_samples``), sweep records not
-            aligned with the sweeps, or as described for ``labels``/``verify``.
+            aligned with the sweeps, ``root`` for a manifest of full paths, or as described for
+            ``labels``/``verify``.
+        FileNotFoundError: the first sample's keyframe is not where the manifest says (checked here,
+            in the main process, so a moved dataset is not first seen in a DataLoader worker), or
+            later any file ``dataset[i]`` reads: ``"not found: PATH (the manifest's path_root is X; pass
+            root= if the dataset moved)"``.
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
             raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
         manifest = load_manifest(out_dir)
         self.resolve_path = PathResolver(manifest.path_root, root, path_map)
+        self._moved = moved_hint(manifest.path_root, root, path_map)
         stored = schemas.scored_schema(manifest.schema_version).names  # 3.0 recorded no file sizes
         table = read_samples(out_dir, [*_COLUMNS, *(c for c in schemas.INTEGRITY_FIELDS if c in stored)])
         table = _with_integrity(table.combine_chunks(), verify == "hash")
@@ -113,11 +120,21 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         self._tf_offsets = tf.offsets.to_numpy().astype(np.int64)
         self.sweeps = sweeps
         self.point_dims = point_dims
+        if len(self):  # one stat: a dataset that moved fails here, naming path_root and root=
+            first = self.resolve_path(self._cols["path"][0].as_py())
+            if not storage.exists(first):
+                raise FileNotFoundError(f"not found: {first} ({self._moved})")
 
     def __len__(self) -> int:
         return len(self.sample_ids)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
+        try:
+            return self._item(i)
+        except FileNotFoundError as e:  # read_recorded's "not found: PATH", with what to do about it
+            raise FileNotFoundError(f"{e} ({self._moved})") from None
+
+    def _item(self, i: int) -> dict[str, Any]:
         c = self._cols
         key = Recorded(c["path_bytes"][i].as_py(), c["path_crc32"][i].as_py())
         sweep_paths: list[str] = []

@@ -11,12 +11,21 @@ validation set) or any per-sample array. Deterministic: no RNG, ties broken by i
     loader = DataLoader(val_dataset, sampler=sampler, batch_size=1, collate_fn=collate)
     # gather per-sample results across ranks: every sample appears exactly once
 
+Ranks hold ``N // W`` or ``N // W + 1`` samples, and none when there are more ranks than samples, so
+an evaluation loop under DDP must not run a collective per batch (it would wait forever for a rank
+that has no batch left): evaluate the plain module (``model.module``; the DDP wrapper may sync
+buffers in its forward) under ``torch.no_grad()``, then exchange the results once after the loop
+with a collective every rank calls, samples or not (``dist.all_gather_object``, or ``all_reduce``
+of summed metrics). docs/GUIDE.md shows the loop; ``tests/test_loaders_evaluation.py`` runs it on 2
+gloo ranks with 1 sample.
+
 Needs PyTorch: ``pip install "lidarshard[torch]"``.
 """
 
 from __future__ import annotations
 
 import heapq
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -116,8 +125,9 @@ class EvalSampler(Sampler[int]):
         rank: default ``torch.distributed.get_rank()``.
         world_size: default ``torch.distributed.get_world_size()``.
 
-    ``len(sampler)`` is this rank's count (N // W or N // W + 1); ``set_epoch`` is accepted and
-    changes nothing (evaluation order is fixed).
+    ``len(sampler)`` is this rank's count (N // W or N // W + 1: 0 on some ranks when W > N, which
+    warns once, naming what the evaluation loop must do); ``set_epoch`` is accepted and changes
+    nothing (evaluation order is fixed).
     """
 
     def __init__(
@@ -130,6 +140,13 @@ class EvalSampler(Sampler[int]):
         self.rank, self.world_size = rank_world(rank, world_size)
         self.shards = eval_shards(costs, self.world_size)
         self.indices = self.shards[self.rank]
+        if not self.indices.size:
+            warnings.warn(
+                f"EvalSampler: rank {self.rank} of {self.world_size} gets no samples ({sum(map(len, self.shards))} "
+                "for all ranks): run no collective per batch in the evaluation loop, gather the results "
+                "once after it on every rank (see lidarshard.loaders.evaluation)",
+                stacklevel=2,
+            )
 
     @classmethod
     def from_manifest(

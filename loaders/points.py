@@ -2,15 +2,18 @@
 
 Every file can be checked against what the scan recorded of it (``Recorded``: its size and
 ``schemas.content_hash``, the samples' ``schemas.INTEGRITY_FIELDS``): a file of another size is refused
-after reading at most one byte more than the recorded size, so a huge replacement is never read whole.
+on its size before it is read (at most one byte more than the recorded size otherwise), so a huge
+replacement is never read whole.
 
 Pure numpy; imports neither Beam nor torch. Paths may be local or URIs (``gs://``, ``s3://``, ...):
-every read goes through ``lidarshard.transforms.storage``.
+every read goes through ``lidarshard.transforms.storage``. A file that is not there raises
+``FileNotFoundError("not found: PATH")``; :func:`moved_hint` is the hint a reader appends when the data
+moved (``transforms.paths.PathResolver`` turns stored paths into paths to open).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -23,7 +26,27 @@ from lidarshard.transforms.nuscenes.geometry import sweep_matrices
 from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.storage.base import FileTooLargeError
 
-__all__ = ["load_points", "Recorded", "FileChangedError", "read_recorded", "difference"]
+__all__ = [
+    "load_points",
+    "Recorded",
+    "FileChangedError",
+    "read_recorded",
+    "difference",
+    "moved_hint",
+]
+
+
+def moved_hint(
+    path_root: str | None, root: str | None = None, path_map: Mapping[str, str] | None = None
+) -> str:
+    """What to tell a user whose manifest names a file that is not there (the data may have moved)."""
+    if path_root is None:
+        if path_map:
+            return f"the manifest stores full paths, mapped by path_map={dict(path_map)}"
+        return "the manifest stores full paths; pass path_map={'/old/prefix': '/new/prefix'} if the dataset moved"
+    if root is not None:
+        return f"looked under root={root}; the manifest's path_root is {path_root}"
+    return f"the manifest's path_root is {path_root}; pass root= if the dataset moved"
 
 
 class Recorded(NamedTuple):
@@ -73,14 +96,18 @@ def read_recorded(path: str, recorded: Recorded | None) -> bytes:
 
     Raises:
         FileChangedError: the size, or the CRC-32 when one is recorded, differs (naming the path).
-        FileNotFoundError, OSError: as ``storage.read_bytes``.
+        FileNotFoundError: nothing at ``path`` ("not found: PATH").
+        OSError: as ``storage.read_bytes``.
     """
-    if recorded is None or recorded.size is None:
-        return storage.read_bytes(path)
+    size = None if recorded is None else recorded.size
     try:
-        data = storage.read_bytes(path, recorded.size)
+        data = storage.read_bytes(path, size)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"not found: {path}") from None
     except FileTooLargeError as e:
-        raise _changed(path, f"{_size_now(path, e.size)} bytes, the scan recorded {recorded.size}") from None
+        raise _changed(path, f"{_size_now(path, e.size)} bytes, the scan recorded {size}") from None
+    if recorded is None or size is None:
+        return data
     crc = schemas.content_hash(data) if recorded.crc32 is not None and len(data) == recorded.size else None
     what = difference(recorded, len(data), crc)
     if what:

@@ -9,16 +9,20 @@ same build core and the same publish, returning the same summary::
     summary = lidarshard.write_manifest(infos_df, "out/", 8, 2, epochs=3)   # your own sample list, no scan
 
 ``write_manifest`` is for users who already have their samples (an mmdet3d/OpenPCDet infos file, a
-dataframe): a table with ``sample_id``, ``path`` and either ``cost`` or the size columns the cost
-model needs (``num_points``/``num_in_range``, ``occupied_voxels``). The table is written as one samples
-part and built like ``lidarshard build OUT --from-samples``, in this process (Beam's in-memory runner):
-the same samples give the same plan files.
+dataframe): a pyarrow Table, pandas DataFrame or list of dicts with ``sample_id`` (strings), ``path``
+(full paths) and either ``cost`` or the size columns the cost model needs (``num_points``/
+``num_in_range``, ``occupied_voxels``). The table is written as one samples part and built like
+``lidarshard build OUT --from-samples``, in this process (Beam's in-memory runner): the same samples
+give the same plan files.
+
+Needs Apache Beam (``pip install "lidarshard[pipeline]"``); ``import lidarshard`` names that extra when
+``lidarshard.build`` or ``lidarshard.write_manifest`` is asked for without it.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +41,7 @@ from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.score import GIVEN, PREPARED, Source
+from lidarshard.transforms.paths import path_problem
 
 __all__ = ["build", "write_manifest", "summary"]
 
@@ -113,7 +118,8 @@ def write_manifest(
     """Plan and write a manifest from your own sample list (no scan), in this process; returns :func:`summary`.
 
     Args:
-        samples: pyarrow Table or pandas DataFrame, one row per sample: ``sample_id``, ``path``, and
+        samples: pyarrow Table, pandas DataFrame or list of dicts, one row per sample: ``sample_id``
+            (strings; ids are sorted as text, so zero-pad numbers), ``path`` (full paths or URIs), and
             ``cost`` or the size columns of ``lidarshard.schemas.SAMPLE_FIELDS`` the cost model reads;
             other sample columns (``sweep_paths``, ...) are kept when present.
         out: OUT directory (local or any Beam filesystem), replaced atomically.
@@ -133,8 +139,8 @@ def write_manifest(
     unknown = sorted(set(flags) - arguments.table_keys(build_cmd.parser()))
     if unknown:
         raise UsageError(f"write_manifest takes the plan flags only, not {', '.join(unknown)}")
-    columns = samples.column_names if isinstance(samples, pa.Table) else list(getattr(samples, "columns", []))
-    given = cost_model is None and "cost" in columns
+    samples = _as_table(samples)
+    given = cost_model is None and "cost" in samples.column_names
     args = _namespace(
         [out], world_size, batch_size, flags | ({"cost_model": cost_model} if cost_model else {})
     )
@@ -158,13 +164,53 @@ def write_manifest(
     return summary(settings.output)
 
 
-def _samples_table(samples: Any, args: argparse.Namespace) -> pa.Table:
-    """A pyarrow Table or pandas DataFrame -> the samples schema (plus ``cost`` and the
-    ``sample_weights`` column when given), sorted by (sample_id, path)."""
-    table = samples if isinstance(samples, pa.Table) else pa.Table.from_pandas(samples, preserve_index=False)
+def _as_table(samples: Any) -> pa.Table:
+    """``write_manifest``'s samples as a pyarrow Table: a Table, a pandas DataFrame (its index
+    dropped), a list of dicts (the union of their keys; a key a row lacks is null there), or any
+    object with the Arrow stream interface (polars)."""
+    if isinstance(samples, pa.Table):
+        return samples
+    if isinstance(samples, list):
+        bad = next((type(row).__name__ for row in samples if not isinstance(row, Mapping)), None)
+        if bad is not None:
+            raise UsageError(f"samples: a list of samples must hold dicts (one per sample), not {bad}")
+        names = list(dict.fromkeys(k for row in samples for k in row))
+        columns = {}
+        for name in names:
+            try:
+                columns[name] = pa.array([row.get(name) for row in samples])
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise UsageError(f"samples: key {name!r} holds values of mixed types: {e}") from None
+        return pa.table(columns)
+    if type(samples).__module__.split(".")[0] == "pandas":
+        return pa.Table.from_pandas(samples, preserve_index=False)
+    if hasattr(samples, "__arrow_c_stream__"):
+        return pa.table(samples)
+    raise UsageError(
+        f"samples must be a pyarrow Table, a pandas DataFrame or a list of dicts, not {type(samples).__name__}"
+    )
+
+
+def _check_ids(table: pa.Table) -> None:
+    """The samples have ``sample_id`` and ``path``, and the ids are not numbers: ids are strings sorted as
+    text, so integer ids (id 2 after id 12) are refused rather than converted."""
     missing = [c for c in ("sample_id", "path") if c not in table.column_names]
     if missing:
         raise UsageError(f"samples: missing column(s) {', '.join(missing)}")
+    kind = table.schema.field("sample_id").type
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+        raise UsageError(
+            f"samples: sample_id must be strings, not {kind} (ids are sorted as text: 2 would come after 12); "
+            'convert them zero-padded, e.g. f"{i:08d}", or df["sample_id"].map("{:08d}".format) in pandas'
+        )
+
+
+def _samples_table(table: pa.Table, args: argparse.Namespace) -> pa.Table:
+    """The samples -> the samples schema (plus ``cost`` and the ``sample_weights`` column when given),
+    sorted by (sample_id, path)."""
+    _check_ids(table)
     n = table.num_rows
     want = schemas.sample_schema()
     defaults = {
@@ -185,6 +231,9 @@ def _samples_table(samples: Any, args: argparse.Namespace) -> pa.Table:
         else:
             cols.append(defaults.get(f.name, pa.nulls(n, f.type)))
     out = pa.Table.from_arrays(cols, schema=want)
+    problem = path_problem(out, None)  # write_manifest records no path_root: the paths are stored as given
+    if problem:
+        raise UsageError(f"samples: {problem}: pass full paths or URIs (e.g. os.path.abspath)")
     if "cost" in table.column_names:
         out = out.append_column("cost", table.column("cost").cast(pa.float64()))
     if args.sample_weights is not None:

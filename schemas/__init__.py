@@ -128,7 +128,7 @@ REJECT_REASONS: dict[str, str] = {
     "over_cap": "the sample alone exceeds --max-points-per-rank-step or --max-cost-per-rank-step",
     "outside_root": "a path in the tables resolves outside the dataroot",
     "duplicate_id": "another input already produced this sample_id",
-    "absurd_coordinates": "finite coordinates beyond --max-abs-coord metres (often a wrong --point-dims)",
+    "absurd_coordinates": "finite coordinates beyond MAX_ABS_COORD metres from the sensor (often a wrong --point-dims)",
     "empty_after_filter": "no point is left inside --point-cloud-range",
     "bad_table": "a nuScenes table record is malformed (missing keys, broken prev chain, bad pose)",
     "sweep_columns": "a sweep's points have another number of columns than its keyframe's",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -159,3 +161,111 @@ def test_keyword_arguments_give_the_namespace_of_the_command_line() -> None:
         build_cmd.parser().namespace({"paths": ["o"]}, {"world_size": 2.5, "batch_size": 1})
     with pytest.raises(UsageError, match="invalid choice: 'balancd'"):
         build_cmd.parser().namespace({"paths": ["o"]}, {"strategy": "balancd"})
+
+
+# ------------------------------------------------------------------- what a new user runs into first
+
+
+def test_a_core_install_names_the_extra_in_one_line() -> None:
+    """Without Beam, ``lidarshard.build`` / ``write_manifest`` name ``lidarshard[pipeline]``; the
+    trainer side still imports."""
+    code = (
+        "import sys; sys.modules['apache_beam'] = None\n"  # as on `pip install lidarshard` (no extras)
+        "import lidarshard\n"
+        "assert lidarshard.ManifestReader\n"
+        "for name in ('build', 'write_manifest'):\n"
+        "    try:\n"
+        "        getattr(lidarshard, name)\n"
+        "    except ModuleNotFoundError as e:\n"
+        "        print(e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    extra = 'needs Apache Beam, which is an optional extra: pip install "lidarshard[pipeline]"'
+    assert r.stdout.splitlines() == [f"lidarshard.build {extra}", f"lidarshard.write_manifest {extra}"]
+
+
+def test_write_manifest_takes_a_list_of_dicts(tmp_path: Path) -> None:
+    rows = [{"sample_id": f"{i:04d}", "path": f"/d/{i}.bin", "cost": 1.0 + i % 5} for i in range(12)]
+    rows[3]["note"] = "a key only one row has"  # the union of the keys; other rows get null
+    as_list = lidarshard.write_manifest(rows, str(tmp_path / "l"), 2, 2)
+    as_table = lidarshard.write_manifest(
+        pa.Table.from_pylist(rows[:3] + rows[4:] + [rows[3]]), str(tmp_path / "t"), 2, 2
+    )
+    assert as_list["counts"]["accepted"] == 12 and as_list["balance"] == as_table["balance"]
+    assert _tree(tmp_path / "l").keys() == _tree(tmp_path / "t").keys()
+    pl = pytest.importorskip("polars")  # any frame with the Arrow stream interface (string_view columns)
+    assert (
+        lidarshard.write_manifest(pl.DataFrame(rows), str(tmp_path / "p"), 2, 2)["balance"]
+        == as_list["balance"]
+    )
+    for bad, match in [
+        ([("0001", "/d/1.bin")], "a list of samples must hold dicts"),
+        ({"sample_id": ["a"]}, "must be a pyarrow Table, a pandas DataFrame or a list of dicts, not dict"),
+        ([{"sample_id": "a", "path": "/a", "cost": 1.0}, {"sample_id": "b", "path": "/b", "cost": "x"}],
+         "key 'cost' holds values of mixed types"),
+    ]:  # fmt: skip
+        with pytest.raises(UsageError, match=match):
+            lidarshard.write_manifest(bad, str(tmp_path / "x"), 1, 1)
+    assert not (tmp_path / "x").exists()
+
+
+def test_integer_sample_ids_and_relative_paths_are_refused_saying_what_to_do(tmp_path: Path) -> None:
+    """Integer ids would be sorted as text (2 after 12); write_manifest records no path_root."""
+    ints = [{"sample_id": i, "path": f"/d/{i}.bin", "cost": 1.0} for i in range(20)]
+    with pytest.raises(
+        UsageError, match=r'sample_id must be strings, not int64 .*2 would come after 12.*"\{i:08d\}"'
+    ):
+        lidarshard.write_manifest(ints, str(tmp_path / "x"), 2, 2)
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(UsageError, match="sample_id must be strings, not int64"):
+        lidarshard.write_manifest(pd.DataFrame(ints), str(tmp_path / "x"), 2, 2)
+    df = pd.DataFrame(ints).assign(sample_id=lambda d: d["sample_id"].map("{:08d}".format))  # the advice
+    assert lidarshard.write_manifest(df, str(tmp_path / "ok"), 2, 2)["counts"]["accepted"] == 20
+    relative = [{"sample_id": f"{i:02d}", "path": f"data/{i}.bin", "cost": 1.0} for i in range(4)]
+    with pytest.raises(UsageError, match=r"path 'data/0.bin' is not a full path .*: pass full paths or URIs"):
+        lidarshard.write_manifest(relative, str(tmp_path / "x"), 2, 2)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_moved_dataset_is_named_with_its_path_root_and_root_moves_it(tmp_path: Path) -> None:
+    """A relative manifest whose data moved: "not found: PATH (the manifest's path_root is X; pass
+    root= ...)" when the dataset is made, not in a worker; ``root=`` reads it from the new place."""
+    pytest.importorskip("torch")
+    from lidarshard.loaders.torch import PointCloudDataset
+
+    inp = make_bins(tmp_path / "in", n=8)
+    out = str(tmp_path / "m")
+    lidarshard.build(str(inp), out, world_size=1, batch_size=2, runner="FnApiRunner", max_reject_fraction=0.2)
+    moved = inp.rename(tmp_path / "moved")
+    with pytest.raises(FileNotFoundError) as e:
+        PointCloudDataset(out)
+    assert str(e.value) == (
+        f"not found: {inp / '0000.bin'} (the manifest's path_root is {inp}; pass root= if the dataset moved)"
+    )
+    dataset = PointCloudDataset(out, root=str(moved), point_dims=4)
+    assert dataset[len(dataset) - 1]["points"].shape[1] == 4
+    (moved / "0003.bin").unlink()
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^not found: {moved / '0003.bin'} \(looked under root={moved}; the manifest's path_root is {inp}\)$",
+    ):
+        dataset[3]
+
+
+def test_root_on_a_manifest_of_full_paths_names_path_map(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from lidarshard.loaders.torch import PointCloudDataset
+
+    inp = make_bins(tmp_path / "in", n=4)
+    rows = [{"sample_id": p.stem, "path": str(p), "cost": 1.0} for p in sorted(inp.glob("0*.bin"))]
+    out = str(tmp_path / "m")
+    lidarshard.write_manifest(rows, out, 1, 2)
+    with pytest.raises(ValueError, match=r"this manifest stores full paths \(no path_root\): pass path_map="):
+        PointCloudDataset(out, root=str(tmp_path / "elsewhere"))
+    moved = inp.rename(tmp_path / "moved")
+    with pytest.raises(
+        FileNotFoundError, match=r"\(the manifest stores full paths; pass path_map=.* if the dataset moved\)$"
+    ):
+        PointCloudDataset(out)
+    assert len(PointCloudDataset(out, path_map={str(inp): str(moved)})) == 4

@@ -3,6 +3,9 @@ one), cost-balanced by LPT, from a manifest's costs; DistributedSampler as the c
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,3 +94,62 @@ def test_eval_costs_follow_index_of_and_refuse_a_missing_item(tmp_path: Path) ->
         eval_costs(out, size=24)
     with pytest.raises(ValueError, match="outside 0..21"):
         eval_costs(out, size=22)
+
+
+#: One rank of the evaluation loop docs/GUIDE.md and ``loaders.evaluation`` describe: the plain module
+#: under no_grad, no collective per batch, one all_gather_object after the loop on every rank.
+_EVAL_RANK = """
+import json, sys, warnings
+import torch
+import torch.distributed as dist
+from lidarshard.loaders.evaluation import EvalSampler
+
+rank, store, val, result = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    sampler = EvalSampler.from_manifest(val)  # rank and world size from torch.distributed
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))  # a trained DDP model
+loader = torch.utils.data.DataLoader(list(range(len(sampler.shards[0]) + len(sampler.shards[1]))),
+                                     sampler=sampler, batch_size=1)
+results = {}
+with torch.no_grad():
+    for batch in loader:  # rank 1 has no batch: nothing in here may wait for the other rank
+        results.update(zip(batch.tolist(), model.module(batch.float()[:, None]).squeeze(1).tolist()))
+gathered = [None] * dist.get_world_size()
+dist.all_gather_object(gathered, results)  # every rank calls it, with or without samples
+dist.destroy_process_group()
+with open(result, "w") as f:
+    json.dump({"len": len(sampler), "warned": [str(w.message) for w in caught],
+               "every": sorted(int(k) for part in gathered for k in part)}, f)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_more_ranks_than_samples_two_gloo_ranks_finish_the_documented_loop(tmp_path: Path) -> None:
+    """1 validation sample on 2 gloo ranks: rank 1 gets none and says so; the documented loop (no
+    collective per batch, one gather after it) ends on both ranks with the sample exactly once."""
+    val = make_fixture(tmp_path, [70], world_size=1, batch_size=1, epochs=1)
+    store = (tmp_path / "store").as_uri()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _EVAL_RANK, str(r), store, str(val), str(tmp_path / f"r{r}.json")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], logs
+    got = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
+    assert [g["len"] for g in got] == [1, 0]
+    assert got[0]["warned"] == []
+    (warning,) = got[1]["warned"]
+    assert "rank 1 of 2 gets no samples (1 for all ranks): run no collective per batch" in warning
+    assert got[0]["every"] == got[1]["every"] == [0]

@@ -124,11 +124,20 @@ class PathResolver:
         root: where the data lives now (local path or URI); overrides ``manifest_root``.
         path_map: ``{old prefix: new prefix}`` applied to full paths (and to joined ones), longest
             prefix first, whole path components only.
+
+    Raises:
+        ValueError: ``root`` for a manifest of full paths, which it would not change (one line naming
+            ``path_map=``).
     """
 
     def __init__(
         self, manifest_root: str | None, root: str | None = None, path_map: Mapping[str, str] | None = None
     ) -> None:
+        if root is not None and manifest_root is None:
+            raise ValueError(
+                f"root={root!r} moves a manifest of relative paths, but this manifest stores full paths (no "
+                "path_root): pass path_map={'/old/prefix': '/new/prefix'} instead"
+            )
         self.base = root if root is not None else manifest_root
         pairs = ((k.rstrip("/"), v.rstrip("/")) for k, v in (path_map or {}).items())
         self.pairs = sorted(pairs, key=lambda kv: -len(kv[0]))

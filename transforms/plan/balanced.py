@@ -1,4 +1,4 @@
-"""``balanced`` (default): group similar costs into the same step, then split each step evenly.
+"""``balanced``: group similar costs into the same step, then split each step evenly.
 
 Per-step partitioning alone is capped by the largest sample of a random step; what works is
 putting similar-cost samples into the same step. The best equal-count plan (``bound``: sort all
