@@ -50,12 +50,17 @@ demo: setup
 	$(VENV)/bin/lidarshard validate $(DEMO)/manifest
 	$(VENV)/bin/lidarshard report $(DEMO)/manifest
 
-# Optional oracles for the tests: open3d (cross-checks our PCD/PLY readers) and nuscenes-devkit
-# (loads the synthetic dataroot) in its own venv because it pins numpy 1.26. Both skip cleanly if
-# they cannot be installed.
+# Optional oracles for the tests: open3d (cross-checks our PCD/PLY readers), nuscenes-devkit
+# (loads the synthetic dataroot) in its own venv because it pins numpy 1.26, and headless Chromium
+# from the Debian packages (opens the HTML report: tests/test_report_browser.py). All skip cleanly if
+# they cannot be installed (the system packages only as root, with apt-get).
 $(VENV)/.oracles: $(VENV)/.test-installed
-	-if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ldconfig -p | grep -q libusb-1.0; then \
-		apt-get update -qq && apt-get install -y -qq libusb-1.0-0 >/dev/null; fi
+	-if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		pkgs=""; ldconfig -p | grep -q libusb-1.0 || pkgs="libusb-1.0-0"; \
+		command -v chromium >/dev/null || pkgs="$$pkgs chromium"; \
+		if [ -n "$$pkgs" ]; then apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs >/dev/null || \
+			echo "could not install$$pkgs: the tests that need them skip"; fi; fi
 	-$(PIP) install open3d-cpu || $(PIP) install open3d || echo "open3d not installable: cross-check tests skip"
 	touch $@
 

@@ -1,12 +1,12 @@
-"""Balance benchmark: predicted DDP linearity of every strategy against the equal-count bound.
+"""Balance benchmark: predicted DDP linearity of every strategy against the equal-count greedy reference.
 
     python benchmarks/balance_bench.py [--quick] [--costs costs.npy|samples.parquet] [--n 65536]
     python benchmarks/balance_bench.py --timing [--timing-n 1000000]   # only the planning times
 
-Prints one row per (cost distribution, W, B): the bound and each strategy's linearity
+Prints one row per (cost distribution, W, B): the greedy reference and each strategy's linearity
 (sum of mean rank cost / sum of max rank cost), and the pair-repeat rate (% of the pairs sharing
 a step in epoch 0 that share one in epoch 1) of balanced and random. A second table puts
-linearity and diversity side by side for every strategy: linearity minus the bound, the pair
+linearity and diversity side by side for every strategy: linearity minus the reference, the pair
 repeat rate as a multiple of ``random``'s, and ``mate_cost_correlation`` (0 = every step holds the
 whole size mix, 1 = steps of cost neighbours). Then the targets and the planning time of one
 1M-sample epoch (W=64, B=2) as a ratio against ``random`` in the same process, and ``budget``'s
@@ -29,7 +29,7 @@ from lidarshard.transforms.features.buckets import fit_pool
 from lidarshard.transforms.plan import STRATEGIES, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits, rank_step_sums
 from lidarshard.transforms.plan.metrics import (
-    bound_linearity,
+    greedy_reference_linearity,
     linearity,
     mate_cost_correlation,
     pair_repeat_rate,
@@ -60,11 +60,11 @@ def load_costs(path: Path, column: str) -> NDArray[np.float64]:
 
 
 def bench_cell(costs: NDArray[np.float64], w: int, b: int) -> dict[str, float]:
-    """For one cell: the bound and, per compared strategy, linearity (key = name), pair repeat
+    """For one cell: the greedy reference and, per compared strategy, linearity (key = name), pair repeat
     rate in % (``pairs_<name>``) and mate cost correlation (``mates_<name>``)."""
     pool, _, _ = fit_pool(np.arange(costs.size), w * b, "drop_last", np.random.default_rng(SEED))
     c = costs[pool]
-    row: dict[str, float] = {"P": c.size, "bound": bound_linearity(c, w, b)}
+    row: dict[str, float] = {"P": c.size, "reference": greedy_reference_linearity(c, w, b)}
     for name in COMPARED:
         first = plan_epoch(name, c, w, b, seed=SEED, epoch=0)
         again = plan_epoch(name, c, w, b, seed=SEED, epoch=1)
@@ -77,8 +77,10 @@ def bench_cell(costs: NDArray[np.float64], w: int, b: int) -> dict[str, float]:
 
 
 def print_table(dists: dict[str, NDArray[np.float64]], worlds: list[int], batches: list[int]) -> list:
-    head = f"{'dist':<10}{'W':>5}{'B':>3}{'P':>8}{'bound':>8}" + "".join(f"{n[:10]:>11}" for n in COMPARED)
-    print(head + f"{'bud-cnt/B':>10}{'bal-bound':>11}{'pair%bal':>10}{'pair%bud':>10}{'pair%rnd':>10}")
+    head = f"{'dist':<10}{'W':>5}{'B':>3}{'P':>8}{'reference':>10}" + "".join(
+        f"{n[:10]:>11}" for n in COMPARED
+    )
+    print(head + f"{'bud-cnt/B':>10}{'bal-ref':>11}{'pair%bal':>10}{'pair%bud':>10}{'pair%rnd':>10}")
     rows = []
     for dname, costs in dists.items():
         for w in worlds:
@@ -89,21 +91,23 @@ def print_table(dists: dict[str, NDArray[np.float64]], worlds: list[int], batche
                 rows.append((dname, w, b, r))
                 cells = "".join(f"{r[n]:>11.4f}" for n in COMPARED)
                 print(
-                    f"{dname:<10}{w:>5}{b:>3}{r['P']:>8}{r['bound']:>8.4f}{cells}{r['count']:>10.3f}"
-                    f"{r['balanced'] - r['bound']:>+11.4f}"
+                    f"{dname:<10}{w:>5}{b:>3}{r['P']:>8}{r['reference']:>10.4f}{cells}{r['count']:>10.3f}"
+                    f"{r['balanced'] - r['reference']:>+11.4f}"
                     f"{r['pairs_balanced']:>10.3f}{r['pairs_budget']:>10.3f}{r['pairs_random']:>10.3f}"
                 )
     return rows
 
 
 def print_diversity(rows: list) -> None:
-    """Second table: per strategy, linearity - bound / pair repeat x random / mate correlation."""
-    print("\nlinearity - bound / pair repeat rate as a multiple of random's / mate cost correlation")
+    """Second table: per strategy, linearity - reference / pair repeat x random / mate correlation."""
+    print(
+        "\nlinearity - greedy reference / pair repeat rate as a multiple of random's / mate cost correlation"
+    )
     print(f"{'dist':<10}{'W':>5}{'B':>3}{'pair%rnd':>10}" + "".join(f"{n[:10]:>24}" for n in COMPARED))
     for dname, w, b, r in rows:
         rnd = r["pairs_random"]
         cells = "".join(
-            f"{r[n] - r['bound']:>+9.4f} {r[f'pairs_{n}'] / rnd if rnd else float('nan'):>6.2f}x"
+            f"{r[n] - r['reference']:>+9.4f} {r[f'pairs_{n}'] / rnd if rnd else float('nan'):>6.2f}x"
             f"{r[f'mates_{n}']:>+7.2f}"
             for n in COMPARED
         )
@@ -115,17 +119,19 @@ def check_targets(rows: list) -> None:
     if synth:
         lin = synth[0]["balanced"]
         print(f"target balanced >= 0.99 at synth W=16 B=2: {lin:.4f} {'OK' if lin >= 0.99 else 'MISS'}")
-    misses = [(d, w, b) for d, w, b, r in rows if w <= 64 and r["balanced"] < r["bound"] - 0.01]
-    print(f"target balanced within 0.01 of bound (W <= 64): {'OK' if not misses else f'MISS {misses}'}")
+    misses = [(d, w, b) for d, w, b, r in rows if w <= 64 and r["balanced"] < r["reference"] - 0.01]
+    print(
+        f"target balanced within 0.01 of the reference (W <= 64): {'OK' if not misses else f'MISS {misses}'}"
+    )
     for name in ("balanced", "mixed"):
-        far = [(d, w, b) for d, w, b, r in rows if r[name] < r["bound"] - 0.005 - 1e-9]
-        print(f"target {name} within 0.005 of bound: {'OK' if not far else f'MISS {far}'}")
+        far = [(d, w, b) for d, w, b, r in rows if r[name] < r["reference"] - 0.005 - 1e-9]
+        print(f"target {name} within 0.005 of the reference: {'OK' if not far else f'MISS {far}'}")
         many = [(d, w, b) for d, w, b, r in rows if b >= 2 and r[f"pairs_{name}"] > 1.5 * r["pairs_random"]]
         print(f"target {name} pair repeat <= 1.5x random (B >= 2): {'OK' if not many else f'MISS {many}'}")
     low = [(d, w, b, round(r["budget"], 4)) for d, w, b, r in rows if r["budget"] < 0.99]
-    hard = sum(r["bound"] < 0.95 for *_, r in rows)
+    hard = sum(r["reference"] < 0.95 for *_, r in rows)
     print(
-        f"target budget >= 0.99 in all {len(rows)} cells ({hard} with bound < 0.95): "
+        f"target budget >= 0.99 in all {len(rows)} cells ({hard} with reference < 0.95): "
         f"{'OK' if not low else f'MISS in {len(low)}: {low}'}"
     )
     off = [(d, w, b, round(r["count"], 3)) for d, w, b, r in rows if abs(r["count"] - 1) > 0.05]

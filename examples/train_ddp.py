@@ -26,8 +26,12 @@ rank. The wait shows up in the wall time per epoch. Rank 0 gathers the per-step 
 point counts and over the manifest's predicted costs. ``--emit-timings t.csv`` times each sample's forward + backward separately (gradient
 accumulation over the batch) and writes ``sample_id, step, rank, ms, num_points`` for calibration.
 
+Progress: on a terminal rank 0 keeps one line on stderr up to date (epoch, steps done of the epoch's,
+rate, ETA; ``lidarshard.transforms.progress``, the line ``lidarshard build`` draws); ``--progress`` also
+writes it when stderr is not a terminal (a line every 10 s and at the end of each epoch).
+
     python examples/train_ddp.py --manifest OUT [--sampler distributed] [--epochs 1] [--json-out r.json]
-        [--targets lidarseg --val-manifest VAL]
+        [--targets lidarseg --val-manifest VAL] [--progress]
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from lidarshard.loaders.torch import (
     PointCloudDataset,
     collate,
 )
+from lidarshard.transforms import progress
 from lidarshard.transforms.plan.metrics import load_linearity
 
 __all__ = ["SegNet", "height_labels", "linearity", "miou", "main"]
@@ -152,6 +157,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-sweeps", action="store_true", help="keyframes only")
     p.add_argument("--emit-timings", type=Path, default=None, help="CSV of per-sample measured ms")
     p.add_argument("--json-out", type=Path, default=None, help="write the summary as JSON")
+    p.add_argument(
+        "--progress", action="store_true", help="the progress line also when stderr is no terminal"
+    )
     return p.parse_args(argv)
 
 
@@ -274,8 +282,11 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
     model(probe, torch.zeros(len(probe), dtype=torch.int64)).sum().backward()  # warm-up, untimed
     per_epoch, timings = [], []
     initial = _evaluate(model, val, classes, rank, world) if val is not None else None
+    shown = progress.Ticker("steps", shown=rank == 0 and (args.progress or sys.stderr.isatty()))
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
+        steps = min(len(loader), args.max_steps if args.max_steps is not None else len(loader))
+        shown.start(f"train_ddp epoch {epoch + 1} of {epochs}", steps)
         wall_c, cpu_c, pts_c, cost_c, loss_c = [], [], [], [], []
         dist.barrier()
         t0 = time.perf_counter()
@@ -293,6 +304,8 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
             pts_c.append(float(batch["num_points"].sum()))
             cost_c.append(float(predicted[batch["index"]].sum()))
             timings += [(sid, step, rank, f"{ms:.4f}", n) for sid, ms, n in rows]
+            shown.update(step + 1)
+        shown.end(len(wall_c))
         dist.barrier()
         epoch_wall = time.perf_counter() - t0
         local = torch.tensor([wall_c, cpu_c, pts_c, cost_c, loss_c], dtype=torch.float64)  # (5, steps)

@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
-from lidarshard.transforms.plan.metrics import bound_linearity, linearity
+from lidarshard.transforms.plan.metrics import greedy_reference_linearity, linearity
 
 __all__ = ["ElasticPlan", "Switch", "merge_ranks", "replan_pool", "stable_seed", "check_exact"]
 
@@ -251,8 +251,8 @@ class ElasticPlan:
         return self.world_size / np.maximum(self.counts(), 1).astype(np.float64)
 
     def balance(self) -> dict[str, float]:
-        """``{"linearity", "bound"}`` of the remaining steps (``lidarshard.transforms.plan.metrics``);
-        the equal-count bound over the first ``P - P % (W*B)`` entries."""
+        """``{"linearity", "greedy_reference"}`` of the remaining steps (``lidarshard.transforms.plan.metrics``);
+        the equal-count reference over the first ``P - P % (W*B)`` entries."""
         valid = self.rows >= 0
         pool = np.full(self.rows.shape, -1, dtype=np.int64)
         pool[valid] = np.arange(int(valid.sum()))
@@ -260,7 +260,9 @@ class ElasticPlan:
         fitted = c[: c.size - c.size % (self.world_size * self.batch_size)]
         return {
             "linearity": linearity(pool, c) if c.size else 1.0,
-            "bound": bound_linearity(fitted, self.world_size, self.batch_size) if fitted.size else 1.0,
+            "greedy_reference": greedy_reference_linearity(fitted, self.world_size, self.batch_size)
+            if fitted.size
+            else 1.0,
         }
 
     def switch(self, consumed_steps: int, world_size: int, batch_size: int | None = None) -> ElasticPlan:

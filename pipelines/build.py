@@ -13,6 +13,7 @@ whose result can depend on bundling and would break byte-identical output across
 from __future__ import annotations
 
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 
 import apache_beam as beam
@@ -27,6 +28,7 @@ from lidarshard.transforms import storage
 from lidarshard.transforms.beam.build import BuildManifest
 from lidarshard.transforms.beam.scan import ScanSamples, scan_results
 from lidarshard.transforms.features.score import Source, previous_source
+from lidarshard.transforms.plan.metrics import COLUMNS, REFERENCE_KEY, balance_value, plan_buys
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
 
@@ -38,9 +40,19 @@ USAGE = (
 SCANNED_DIR = "scanned"
 
 
+def _summary_help() -> str:
+    """What the summary a build prints means (``--help``): ``metrics.COLUMNS``, wrapped."""
+    lines = ["After a build, a table per epoch and one line saying what the plan buys:"]
+    for name, meaning in COLUMNS.items():
+        lines.append(textwrap.fill(meaning, 100, initial_indent=f"  {name}: ", subsequent_indent="    "))
+    return "\n".join(lines)
+
+
 def parser() -> CommandParser:
-    """The ``build`` command line: paths, scan flags, plan flags, Beam options."""
-    p = CommandParser("lidarshard build", __doc__.split("\n\n")[0].replace("``", ""), usage=USAGE)
+    """The ``build`` command line: paths, scan flags, plan flags, Beam options; ``--help`` also says
+    what the summary's numbers mean."""
+    about = __doc__.split("\n\n")[0].replace("``", "")
+    p = CommandParser("lidarshard build", f"{about}\n\n{_summary_help()}", usage=USAGE)
     p.add_argument("paths", nargs="+", metavar="PATH", help="INPUT OUT, or only OUT with --from-samples")
     arguments.add_scan_arguments(p)
     arguments.add_plan_arguments(p)
@@ -100,6 +112,8 @@ def launch_build(
 
 
 def print_summary(out: str) -> None:
+    """The build's summary: counts, the plan, a row of balance numbers per epoch (``lidarshard build
+    --help`` says what each means), what the plan buys in plain words, and where the manifest is."""
     m = Manifest.from_json(storage.read_json(storage.join(out, schemas.MANIFEST_FILE)))
     c = m.counts
     print(
@@ -108,14 +122,15 @@ def print_summary(out: str) -> None:
     )
     print(
         f"plan: {m.strategy}, world size {m.world_size}, batch {m.batch_size}, "
-        f"{m.buckets.k} buckets, cost model {m.cost_model['name']}"
+        f"{m.buckets.k} buckets, cost model {m.cost_model['name']} (columns: lidarshard build --help)"
     )
-    print("epoch  steps  linearity  bound   random  spearman  count/rank-step mean max")
+    print("epoch  steps  linearity  random  greedy_reference  spearman  samples/rank-step mean max")
     for b in m.balance:
+        reference = balance_value(b, REFERENCE_KEY)
         print(
-            f"{b['epoch']:>5}  {b['steps']:>5}  {b['linearity']:>9.4f}  {b['bound']:.4f}  "
-            f"{b['random_linearity']:.4f}  {b['spearman_step_cost']:+.3f}  "
-            f"{b.get('mean_count', m.batch_size):>20.3f} {b.get('max_count', m.batch_size):>3}"
+            f"{b['epoch']:>5}  {b['steps']:>5}  {b['linearity']:>9.4f}  {b['random_linearity']:>6.4f}  "
+            f"{'-' if reference is None else f'{reference:.4f}':>16}  {b['spearman_step_cost']:>+8.3f}  "
+            f"{b.get('mean_count', m.batch_size):>22.3f} {b.get('max_count', m.batch_size):>3}"
         )
     if m.repeat:
         rep = m.repeat
@@ -130,6 +145,8 @@ def print_summary(out: str) -> None:
         print(
             "pair repeat rate epoch 0->1: " + ", ".join(f"{k} {v:.4f}" for k, v in m.pair_repeat_rate.items())
         )
+    for line in filter(None, map(plan_buys, m.balance)):
+        print(line)
     print(f"wrote {out}")
 
 

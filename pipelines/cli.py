@@ -1,4 +1,21 @@
-"""The ``lidarshard`` command: ``lidarshard <subcommand> ...``; each subcommand is a module's ``run``."""
+"""The ``lidarshard`` command: ``lidarshard <subcommand> ...``; each subcommand is a module's ``run``.
+
+What the command shows is decided here, once per process (:func:`configure`): its own lines, a
+progress line (:func:`running`), and no Beam, Dask or worker output unless asked for
+(``-v``/``--verbose``, ``--debug``). Measured on Beam 2.77, default DirectRunner with 2 worker
+processes, installed as ``make demo`` installs it (no ``[gcp]`` extra): the SDK workers inherit the
+launcher's stderr and log at INFO, and an import-time ``logging.warning("apitools not found")``
+installs a stderr handler in each of them, so the demo's build printed 42 worker lines and a failed
+build (4 samples, ``--world-size 8 --batch-size 4``) 205 before its one line. With
+``--default_sdk_harness_log_level=CRITICAL`` 4 and 77 were left: the import-time lines come before the
+option is read, and the harness ``print``s a failed bundle's traceback to stderr whatever the level
+(``sdk_worker._execute``). So a quiet run points file descriptor 2 at ``/dev/null`` while the
+pipeline runs: every worker process started meanwhile inherits it (DirectRunner ``multi_processing``,
+a local Dask cluster) and in-process runners write there too. Dask's loggers (a local cluster's
+scheduler runs in this process: 53 lines a build) follow ``DASK_LOGGING__DISTRIBUTED``, which its
+worker processes inherit. Our own lines (the summary, the one-line error, Ctrl-C's line) are written
+once stderr is back.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +24,34 @@ import importlib
 import logging
 import os
 import re
+import shutil
+import signal
 import sys
+import tempfile
+import threading
+import time
 import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
 
 from lidarshard import __version__
 from lidarshard.pipelines import DEBUG_ENV
+from lidarshard.transforms import progress
 
-__all__ = ["main", "one_line", "DEBUG_ENV", "SUBCOMMANDS", "BEAM_COMMANDS"]
+__all__ = [
+    "main",
+    "one_line",
+    "DEBUG_ENV",
+    "SUBCOMMANDS",
+    "BEAM_COMMANDS",
+    "Console",
+    "configure",
+    "running",
+    "BeamRootRecords",
+    "PROGRESS_EVERY_S",
+]
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Rejects|Failed)): (.+)$", re.MULTILINE)
 
@@ -44,8 +82,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-#: The subcommands that run a Beam pipeline (their parsers take --debug and Beam options).
+#: The subcommands that run a Beam pipeline (their parsers take --debug, -v, --progress and Beam options).
 BEAM_COMMANDS = ("synth", "scan", "build")
+#: Seconds between two redraws of the progress line.
+PROGRESS_EVERY_S = 1.0
 
 
 def _usage() -> str:
@@ -55,11 +95,29 @@ def _usage() -> str:
         "",
         "lidarshard <command> --help lists its flags with their defaults. Exit status: 0 done, 1 the run",
         f"failed (one line on stderr; --debug or {DEBUG_ENV}=1 for the traceback), 2 a usage error.",
+        "synth, scan and build show no Beam, Dask or worker output (-v/--verbose shows it) and, on a",
+        "terminal, a progress line (--progress: also when stderr is not a terminal).",
     ]
     return "\n".join(lines)
 
 
-class _BeamRootRecords(logging.Filter):
+# ------------------------------------------------------------------------------- what a run shows
+
+
+@dataclass(frozen=True)
+class Console:
+    """What a run shows: ``label`` names it in the progress line; ``quiet`` hides Beam's, Dask's and
+    the workers' output while the pipeline runs; ``progress`` draws the progress line on stderr."""
+
+    label: str = "lidarshard"
+    quiet: bool = False
+    progress: bool = False
+
+
+_state = Console()  # the Python API's: nothing hidden, no progress line
+
+
+class BeamRootRecords(logging.Filter):
     """Hold records that Beam's modules log through the *root* logger to the level set for Beam.
 
     ``apache_beam.io.gcp...bigquery`` calls ``logging.warning("apitools not found ...")`` when it is
@@ -73,6 +131,147 @@ class _BeamRootRecords(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.name != "root" or self.beam_dir not in record.pathname or record.levelno >= self.level
+
+
+def configure(label: str, *, verbose: bool, progress: bool) -> None:
+    """Set this process's output once, before the command imports Beam: log levels (with ``verbose``
+    ours, Beam's and Dask's at INFO; else warnings of ours only), Dask's logging in the worker
+    processes it starts, and what :func:`running` does."""
+    global _state
+    _state = Console(label, quiet=not verbose, progress=progress)
+    root = logging.getLogger()
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    beam = logging.INFO if verbose else logging.CRITICAL
+    logging.getLogger("apache_beam").setLevel(beam)
+    for handler in root.handlers:  # Beam also logs through the root logger at import
+        for old in [f for f in handler.filters if isinstance(f, BeamRootRecords)]:
+            handler.removeFilter(old)
+        handler.addFilter(BeamRootRecords(beam))
+    if not verbose:  # read when dask is imported, here and in the worker processes it starts
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "critical")
+
+
+@contextmanager
+def running() -> Iterator[None]:
+    """Around one pipeline run: the progress line (when on) and, when quiet, stderr (fd 2) on
+    ``/dev/null`` for everything the run starts or writes; SIGINT/SIGTERM put the terminal back
+    first, then run the handler in force (the launcher's one line)."""
+    state = _state
+    steps: list[Callable[[], None]] = []  # undone last to first, each at most once
+    try:
+        if state.progress:
+            steps.append(_show_progress(state.label))
+        if state.quiet:
+            steps.append(_stderr_to_null())
+        if steps:
+            steps.append(_undo_on_signal(list(steps)))
+        yield
+    finally:
+        _undo(steps)
+
+
+def _undo(steps: list[Callable[[], None]]) -> None:
+    while steps:
+        steps.pop()()
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    done = threading.Event()
+
+    def call() -> None:
+        if not done.is_set():
+            done.set()
+            fn()
+
+    return call
+
+
+def _show_progress(label: str) -> Callable[[], None]:
+    """Start the progress line: a directory for the workers' tallies (``$LIDARSHARD_PROGRESS_DIR``) and
+    a thread redrawing the line every ``PROGRESS_EVERY_S`` s on a copy of stderr. Returns its stop."""
+    directory = tempfile.mkdtemp(prefix="lidarshard-progress-")
+    before = os.environ.get(progress.ENV)
+    os.environ[progress.ENV] = directory
+    fd = os.dup(2)
+    line = progress.Line(fd)
+    started = time.monotonic()
+    stopped = threading.Event()
+
+    def text() -> str:
+        return progress.describe(label, progress.read(directory), time.monotonic() - started)
+
+    def loop() -> None:
+        while not stopped.wait(PROGRESS_EVERY_S):
+            line.show(text())
+
+    thread = threading.Thread(target=loop, name="lidarshard-progress", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        stopped.set()
+        thread.join()
+        line.close(text())
+        os.close(fd)
+        if before is None:
+            os.environ.pop(progress.ENV, None)
+        else:
+            os.environ[progress.ENV] = before
+        shutil.rmtree(directory, ignore_errors=True)
+
+    return _once(stop)
+
+
+def _stderr_to_null() -> Callable[[], None]:
+    """Point fd 2 at /dev/null (worker processes started from now on inherit it). Returns the undo."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+
+    def restore() -> None:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+    return _once(restore)
+
+
+def _undo_on_signal(steps: list[Callable[[], None]]) -> Callable[[], None]:
+    """SIGINT/SIGTERM handlers that undo ``steps`` (the terminal back) and then call the handlers in
+    force. Main thread only (elsewhere signals cannot be handled). Returns the handlers' removal."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in sigs}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        _undo(steps)
+        previous = before[signal.Signals(signum)]
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for s in sigs:
+        signal.signal(s, handler)
+
+    def remove() -> None:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+    return remove
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def _switch(argv: list[str], *names: str) -> bool:
+    """Whether one of the switches ``names`` is given (before a ``--``)."""
+    given = argv[: argv.index("--")] if "--" in argv else argv
+    return any(a in names for a in given)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,16 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"; did you mean {close[0]}?" if close else ""
         print(f"{_usage()}\nlidarshard: error: unknown command {name!r}{hint}", file=sys.stderr)
         return 2
-    debug = "--debug" in rest or os.environ.get(DEBUG_ENV, "") not in ("", "0")
-    if name not in BEAM_COMMANDS:
+    debug = _switch(rest, "--debug") or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    beam = name in BEAM_COMMANDS
+    if not beam:
         rest = [a for a in rest if a != "--debug"]
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # Beam relays every worker's start-up warnings and, on a failure, whole tracebacks at ERROR.
-    level = os.environ.get("LIDARSHARD_BEAM_LOG_LEVEL", "WARNING" if debug else "CRITICAL")
-    logging.getLogger("apache_beam").setLevel(level)
-    for handler in logging.getLogger().handlers:  # Beam also logs through the root logger at import
-        handler.addFilter(_BeamRootRecords(logging.getLogger("apache_beam").level))
-    logging.getLogger("distributed").setLevel(logging.WARNING)  # --runner=dask: a line per connection
+    # The parsers declare -v/--verbose and --progress (flags.CommandParser); they act here, before
+    # Beam is imported: its import-time records and Dask's logging follow them.
+    verbose = debug or (beam and _switch(rest, "-v", "--verbose"))
+    shown = beam and (_switch(rest, "--progress") or (sys.stderr.isatty() and not verbose))
+    configure(f"lidarshard {name}", verbose=verbose, progress=shown)
     try:
         module = importlib.import_module(SUBCOMMANDS[name][0])
     except ModuleNotFoundError as e:
@@ -121,5 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m lidarshard.pipelines.cli: run the module launch and synth import
+    from lidarshard.pipelines import cli  # (their running() reads its state, not this __main__ copy's)
+
+    sys.exit(cli.main())

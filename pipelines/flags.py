@@ -121,16 +121,19 @@ def flag(
     *,
     default: Any = None,
     shown: str = "",
+    short: str | None = None,
     **kw: Any,
 ) -> argparse.Action:
-    """Declare one flag: its help always ends with its default (``shown`` overrides how it reads)."""
+    """Declare one flag (``short``: its one-letter alias, ``-v``): its help always ends with its default
+    (``shown`` overrides how it reads)."""
     text = shown or ("none" if default is None else str(default))
     full = help
     if kw.get("required"):
         full, text = f"{help} (required)", "required"
     elif kw.get("action") not in ("store_true", "store_const"):
         full = f"{help} (default: {text})"
-    action = group.add_argument(name, default=default, help=full, **kw)
+    names = (short, name) if short else (name,)
+    action = group.add_argument(*names, default=default, help=full, **kw)
     setattr(action, "table_row", (help, text))  # noqa: B010 - what flag_table prints
     return action
 
@@ -201,8 +204,14 @@ class CommandParser(argparse.ArgumentParser):
         self.raise_errors = False  # the Python API sets it: UsageError instead of exit 2
         # "-50,-50,-5,50,50,3" and "-1e-3" are values, not flags (argparse only knows "-5" and "-.5")
         self._negative_number_matcher = re.compile(r"^-\.?\d[\d.,eE+-]*$")
-        flag(self, "--debug", f"show the full traceback of a failure (or set {DEBUG_ENV}=1)", action="store_true",
-             default=False, shown="off")  # fmt: skip
+        flag(self, "--debug", f"show the full traceback of a failure (or set {DEBUG_ENV}=1); implies --verbose",
+             action="store_true", default=False, shown="off")  # fmt: skip
+        if beam:  # what the run shows (read before Beam is imported: lidarshard.pipelines.cli.main)
+            flag(self, "--verbose", "show Beam's, Dask's and the workers' log lines, hidden by default",
+                 short="-v", action="store_true", default=False, shown="off")  # fmt: skip
+            flag(self, "--progress", "draw the progress line (work done of total, rate, ETA) also when "
+                 "stderr is not a terminal: a line every 10 s and the last one", action="store_true",
+                 default=False, shown="on a terminal")  # fmt: skip
 
     def _add_beam_options(self) -> None:
         mine = set(self._option_string_actions)
@@ -218,7 +227,8 @@ class CommandParser(argparse.ArgumentParser):
         for a in self._actions:
             if hasattr(a, "table_row"):
                 meaning, default = (t.replace("\n", "<br>").replace("|", "\\|") for t in a.table_row)
-                rows.append(f"| `{a.option_strings[0]}` | {default} | {meaning} |")
+                names = ", ".join(f"`{s}`" for s in a.option_strings)
+                rows.append(f"| {names} | {default} | {meaning} |")
         return "\n".join(rows)
 
     def known_flags(self) -> list[str]:
@@ -244,8 +254,11 @@ class CommandParser(argparse.ArgumentParser):
         name = flags[0].split("=", 1)[0]
         beam = self._beam_strings()
         ours = [f for f in self.known_flags() if f not in beam]  # a near miss of ours first
-        close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6) or difflib.get_close_matches(
-            name, sorted(beam), n=1, cutoff=0.6
+        ending = [f for f in ours if f.endswith("-" + name.lstrip("-"))]  # --version: --nuscenes-version
+        close = (
+            ending[:1]
+            or difflib.get_close_matches(name, ours, n=1, cutoff=0.6)
+            or difflib.get_close_matches(name, sorted(beam), n=1, cutoff=0.6)
         )
         hint = f"; did you mean {close[0]}?" if close else ""
         return f"unknown flag {name}{hint} (see {self.prog} --help)"

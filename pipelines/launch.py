@@ -13,6 +13,7 @@ from typing import Any
 
 from lidarshard import __version__
 from lidarshard.pipelines import publish
+from lidarshard.pipelines.cli import running
 from lidarshard.pipelines.settings import rejects_path
 from lidarshard.transforms import storage
 
@@ -79,7 +80,8 @@ def launch(
         pipeline = beam.Pipeline(options=opts)
         write(pipeline, staging)
         try:
-            pipeline.run().wait_until_finish()  # only DataflowRunner honours --dry_run; others run
+            with running():
+                pipeline.run().wait_until_finish()  # only DataflowRunner honours --dry_run; others run
         finally:
             if storage.is_local(staging):
                 publish.discard(staging)
@@ -93,8 +95,9 @@ def launch(
             before(staging)
         pipeline = beam.Pipeline(options=opts)
         write(pipeline, staging)
-        result = pipeline.run()
-        result.wait_until_finish()
+        with running():  # the command's progress line; Beam's and the workers' output hidden unless -v
+            result = pipeline.run()
+            result.wait_until_finish()
         if result.state != PipelineState.DONE:
             raise RuntimeError(f"the pipeline ended in state {result.state}; nothing was published")
 

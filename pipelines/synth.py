@@ -52,11 +52,13 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.runners.runner import PipelineState
 
 from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_output_parent
+from lidarshard.pipelines.cli import running
 from lidarshard.pipelines.flags import CommandParser, UsageError, flag, int_in
-from lidarshard.transforms import storage
+from lidarshard.transforms import progress, storage
 from lidarshard.transforms.synth import dataroot as synth
 from lidarshard.transforms.synth import tables as tb
 
@@ -115,6 +117,9 @@ class _GenerateSceneFn(beam.DoFn):
         self._files = Metrics.counter("synth", "files")
         self._bytes = Metrics.counter("synth", "bytes")
 
+    def setup(self) -> None:
+        self._tally = progress.Tally("scenes written")
+
     def process(self, index: int) -> Iterator[tuple[str, tuple[str, dict]]]:
         for rel, data in synth.scene_files(self._cfg, index):
             _write(self._out, rel, data)
@@ -124,6 +129,10 @@ class _GenerateSceneFn(beam.DoFn):
             for i, rec in enumerate(records):
                 yield table, (f"1/{index:09d}/{i:09d}", rec)
         self._scenes.inc()
+        self._tally.add(total=self._cfg.scenes)
+
+    def finish_bundle(self) -> None:
+        self._tally.flush()
 
 
 class _WriteTableFn(beam.DoFn):
@@ -189,8 +198,18 @@ def run(argv: list[str] | None = None) -> int:
         _LOG.warning("%s already holds %s tables: overwriting (files of the old run stay)", out, cfg.version)
     runner = opts.view_as(StandardOptions).runner
     _LOG.info("synth: %d scenes x %d frames -> %s (%s)", cfg.scenes, cfg.frames_per_scene, out, runner)
-    with beam.Pipeline(options=opts) as pipeline:
-        _ = pipeline | "Synth" >> GenerateDataroot(out, cfg)
+    pipeline = beam.Pipeline(options=opts)
+    _ = pipeline | "Synth" >> GenerateDataroot(out, cfg)
+    with running():  # the progress line; Beam's output hidden unless -v
+        result = pipeline.run()
+        result.wait_until_finish()
+    if result.state != PipelineState.DONE:
+        raise RuntimeError(f"the pipeline ended in state {result.state}")
+    keyframes = cfg.scenes * cfg.keyframes_per_scene
+    print(
+        f"wrote {out}: {cfg.scenes} scenes, {keyframes} keyframes, {cfg.scenes * cfg.frames_per_scene} "
+        f"lidar files ({cfg.version} tables{', lidarseg labels' if cfg.labels else ''})"
+    )
     return 0
 
 

@@ -317,7 +317,7 @@ MANIFEST_KEYS: dict[str, str] = {
     "policy": "'drop_last' or 'pad': how a pool that is not a multiple of W*B is fitted",
     "steps_per_epoch": "[E ints]: steps in each epoch (weights < 1 thin randomly, so epochs may differ)",
     "counts": "{'scanned', 'accepted', 'rejected': int, 'planned', 'dropped', 'padded': [E ints]}",
-    "balance": "[E objects]: {'epoch', 'linearity', 'bound', 'random_linearity', 'spearman_step_cost', ...}",
+    "balance": "[E objects]: {'epoch', 'linearity', 'greedy_reference' (3.0 manifests: 'bound'), 'random_linearity', 'spearman_step_cost', ...}",
     "inputs_fingerprint": "sha256 hex over the sorted (sample_id, file_bytes) of accepted inputs",
     "pair_repeat_rate": "{strategy: rate, 'random': rate}: share of epoch-0 step-mates that share a step in epoch 1",
     "input": "INPUT as given (absolute for local paths); 'from_samples' when re-planned from earlier samples",

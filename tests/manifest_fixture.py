@@ -203,7 +203,7 @@ def write_manifest(
             {
                 "epoch": e,
                 "linearity": _linearity(rank_costs(plan, cost)),
-                "bound": 1.0,
+                "greedy_reference": 1.0,
                 "random_linearity": _linearity(cost[random_plan].sum(2)),
                 "spearman_step_cost": 0.0,
             }

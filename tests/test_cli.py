@@ -14,7 +14,7 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
-from lidarshard.pipelines.cli import _BeamRootRecords, main
+from lidarshard.pipelines.cli import BeamRootRecords, main
 from lidarshard.pipelines.flags import CommandParser
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
@@ -292,7 +292,7 @@ def test_beam_root_logger_records_follow_the_beam_level() -> None:
         return logging.LogRecord(name, level, path, 1, "msg", None, None)
 
     beam_file = os.path.join(os.sep, "site-packages", "apache_beam", "io", "gcp", "x.py")
-    quiet, debug = _BeamRootRecords(logging.CRITICAL), _BeamRootRecords(logging.WARNING)
+    quiet, debug = BeamRootRecords(logging.CRITICAL), BeamRootRecords(logging.WARNING)
     assert not quiet.filter(record("root", beam_file, logging.WARNING))
     assert debug.filter(record("root", beam_file, logging.WARNING))
     assert quiet.filter(record("root", "/work/train.py", logging.WARNING))  # a user's own root records stay

@@ -9,12 +9,16 @@ import pytest
 
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import (
+    COLUMNS,
+    REFERENCE_KEY,
     balance_summary,
-    bound_linearity,
+    balance_value,
+    greedy_reference_linearity,
     linearity,
     load_linearity,
     mate_cost_correlation,
     pair_repeat_rate,
+    plan_buys,
     rank_costs,
     spearman_step_cost,
     step_linearity,
@@ -40,14 +44,52 @@ def test_load_linearity_by_hand() -> None:
     assert step_linearity(np.array([[1.0, 2.0, 3.0, 4.0]]), 2, 2) == 1.0
 
 
-def test_bound_linearity() -> None:
+def test_greedy_reference_linearity() -> None:
     costs = np.random.default_rng(0).lognormal(0.0, 1.0, 4096)
-    bound = bound_linearity(costs, 16, 2)
+    reference = greedy_reference_linearity(costs, 16, 2)
     rand = linearity(plan_epoch("random", costs, 16, 2, seed=0, epoch=0), costs)
-    assert rand < bound <= 1.0
-    assert bound_linearity(np.ones(64), 8, 2) == 1.0
+    assert rand < reference <= 1.0
+    assert greedy_reference_linearity(np.ones(64), 8, 2) == 1.0
     with pytest.raises(ValueError):
-        bound_linearity(np.ones(10), 4, 2)
+        greedy_reference_linearity(np.ones(10), 4, 2)
+
+
+def test_balance_values_read_the_former_name_of_the_reference() -> None:
+    assert balance_value({"greedy_reference": 0.97}, REFERENCE_KEY) == 0.97
+    assert balance_value({"bound": 0.96}, REFERENCE_KEY) == 0.96  # a 3.x manifest written before the rename
+    assert balance_value({"linearity": 1}, "linearity") == 1.0
+    assert balance_value({}, REFERENCE_KEY) is None
+    with pytest.raises(ValueError):
+        balance_value({"linearity": "high"}, "linearity")  # a malformed manifest, as validate reports it
+
+
+@pytest.mark.parametrize(
+    ("linearity_", "random_", "words"),
+    [
+        (
+            0.9580,
+            0.8230,
+            "epoch 0: predicted time 0.86x a random plan's (14% less time): ranks wait 4.2% of it "
+            "instead of 17.7%",
+        ),  # fmt: skip
+        (
+            0.9,
+            0.9,
+            "predicted time 1.00x a random plan's (the same): ranks wait 10.0% of it instead of 10.0%",
+        ),
+        (0.8, 0.9, "predicted time 1.12x a random plan's (12% more time)"),
+    ],
+)
+def test_plan_buys_in_plain_words(linearity_: float, random_: float, words: str) -> None:
+    line = plan_buys({"epoch": 0, "linearity": linearity_, "random_linearity": random_})
+    assert line is not None and words in line
+    assert plan_buys({"epoch": 0, "linearity": 0.9}) is None  # nothing to compare with
+    assert plan_buys({"epoch": 0, "linearity": "high", "random_linearity": 0.8}) is None
+
+
+def test_every_printed_column_is_explained() -> None:
+    assert {"linearity", "random", "greedy_reference", "spearman", "pair repeat rate"} <= set(COLUMNS)
+    assert all(len(text) > 40 for text in COLUMNS.values())
 
 
 def test_spearman_step_cost() -> None:
@@ -94,7 +136,8 @@ def test_balance_summary_is_json_and_rounded() -> None:
     rand = plan_epoch("random", costs, 16, 2, seed=3, epoch=4)
     summary = balance_summary(plan, costs, 16, 2, baseline=rand, epoch=4)
     assert json.loads(json.dumps(summary)) == summary
-    assert {"epoch", "linearity", "bound", "random_linearity", "spearman_step_cost"} <= set(summary)
+    assert {"epoch", "linearity", REFERENCE_KEY, "random_linearity", "spearman_step_cost"} <= set(summary)
+    assert "bound" not in summary
     assert summary["epoch"] == 4 and summary["steps"] == 64
     for key, value in summary.items():
         if isinstance(value, float):

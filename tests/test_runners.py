@@ -38,6 +38,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from lidarshard import schemas
 from lidarshard.pipelines import build, runners
 from lidarshard.pipelines.settings import build_settings
+from lidarshard.transforms import progress
 
 pytestmark = pytest.mark.slow
 
@@ -248,9 +249,11 @@ def dask_cluster(work: Path) -> Iterator[str]:
     worker += ["--host", "127.0.0.1", "--local-directory", str(cwd)]
     with contextlib.ExitStack() as stack:
         stack.enter_context(server(scheduler, cwd, work / "dask_scheduler.log", port))
+        tallies = work / "dask_tallies"  # the workers' progress tallies (transforms.progress)
+        tallies.mkdir()
         for i in range(2):
             log = work / f"dask_worker{i}.log"
-            stack.enter_context(background(worker, cwd, log, LIDARSHARD_PROGRESS_S="0"))
+            stack.enter_context(background(worker, cwd, log, **{progress.ENV: str(tallies)}))
         wait = (
             f"from distributed import Client; Client({address!r}, timeout=30).wait_for_workers(2, timeout=60)"
         )
@@ -264,12 +267,14 @@ def dask_cluster(work: Path) -> Iterator[str]:
 def test_direct_multi_processing_matches_fnapi(work: Path, dataroot: Path, reference: Path) -> None:
     out = work / "direct_mp"
     flags = ["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
-    r = _build(work, str(dataroot), str(out), flags, work / "direct_mp.log", LIDARSHARD_PROGRESS_S="0")
+    r = _build(work, str(dataroot), str(out), [*flags, "--progress"], work / "direct_mp.log")
     assert r.returncode == 0, r.stdout
     assert_same_tree(out, reference)
-    # each worker process prints progress to the shared stderr: inputs, rejects, rate, ETA
-    lines = re.findall(r"lidarshard scan \[pid \d+\]: \d+ inputs read .* 12 inputs in all, ETA", r.stdout)
-    assert len(lines) == 12, r.stdout
+    # the worker processes' tallies, summed by the launcher: its last progress line (stderr is a file)
+    assert re.search(r"^lidarshard build: all 12 inputs read in \d+ s; finishing, \d+ s$", r.stdout, re.M), (
+        r.stdout
+    )
+    assert "INFO" not in r.stdout and "Traceback" not in r.stdout  # the workers' logs are hidden
 
 
 def test_portable_loopback_matches_fnapi(
@@ -307,14 +312,19 @@ def test_dask_cluster_matches_fnapi(work: Path, dataroot: Path, reference: Path,
     r = run_cli(args, work, work / "dask_synth.log")
     assert r.returncode == 0, r.stdout
     assert_same_tree(synth_root, dataroot)
+    tallies = work / "dask_tallies"
+    written = progress.read(str(tallies))
+    assert written is not None and (written.what, written.done, written.total) == ("scenes written", 3, 3)
+    for f in tallies.iterdir():
+        f.unlink()
     out = work / "dask"
-    r = _build(work, str(dataroot), str(out), flags, work / "dask_build.log", LIDARSHARD_PROGRESS_S="0")
+    r = _build(work, str(dataroot), str(out), flags, work / "dask_build.log")
     assert r.returncode == 0, r.stdout + _tail(work / "dask_worker0.log") + _tail(work / "dask_worker1.log")
     assert "scanned 12: accepted 12, rejected 0" in r.stdout
     assert_same_tree(out, reference)
     # every input was read on the cluster's workers, exactly once (no recomputed side inputs)
-    logs = "".join(_tail(work / f"dask_worker{i}.log", 10**7) for i in range(2))
-    assert len(re.findall(r"lidarshard scan \[pid \d+\]: \d+ inputs read", logs)) == 12, logs[-3000:]
+    read = progress.read(str(tallies))
+    assert read is not None and (read.what, read.done, read.total) == ("inputs read", 12, 12), read
     assert not any(p.is_file() for p in (work / "dask_cwd").iterdir()), "a worker wrote into its cwd"
 
 

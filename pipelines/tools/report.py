@@ -30,7 +30,7 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
-from lidarshard.transforms.plan.metrics import load_linearity, rank_costs
+from lidarshard.transforms.plan.metrics import COLUMNS, load_linearity, plan_buys, rank_costs
 from lidarshard.transforms.report import calibrate as cal
 from lidarshard.transforms.report import plots
 
@@ -40,6 +40,8 @@ __all__ = [
     "load",
     "read_plan",
     "write_report",
+    "summarize",
+    "plan_in_words",
     "REPORT_DIR",
 ]
 
@@ -149,11 +151,16 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
     return {"predicted_vs_measured.png": plots.predicted_vs_measured(pred, ms, unit, what, note)}, lines
 
 
+def plan_in_words(m: Manifest) -> list[str]:
+    """What the plan buys, one line per epoch, worded as the build's summary words it (``plan_buys``)."""
+    return [line for line in map(plan_buys, m.balance) if line]
+
+
 def summarize(data: ReportData) -> list[str]:
-    """Terminal summary lines (also shown in the HTML)."""
+    """Terminal summary lines (also shown in the HTML): first what the plan buys, in plain words."""
     m, c = data.manifest, data.manifest.counts
     rej = ", ".join(f"{r} {n}" for r, n in sorted(data.reasons.items()))
-    lines = [
+    lines = plan_in_words(m) + [
         f"{c.accepted} samples accepted, {c.rejected} rejected{f' ({rej})' if rej else ''}; "
         f"{m.buckets.k} buckets over cost model {m.cost_model['name']}",
         f"plan {m.strategy}: world size {m.world_size}, batch {m.batch_size}, "
@@ -206,20 +213,32 @@ _FIGURES = [
 ]
 
 
-def _html(out: str, lines: list[str], names: set[str]) -> bytes:
+#: The report's own numbers (beside the build's, ``metrics.COLUMNS``): name as printed -> meaning.
+REPORT_COLUMNS = {
+    "worst step max/mean": "the slowest rank's cost / the mean rank's at the most uneven step of the epoch",
+    "rank totals within": "the largest difference of one rank's total cost over the epoch from the mean rank's",
+}
+
+
+def _html(out: str, lines: list[str], names: set[str], lead: int) -> bytes:
+    """The page: the first ``lead`` lines (what the plan buys) as its opening paragraph, the rest of the
+    summary, the figures, and what each number means."""
     m = html.escape
     figs = "".join(
         f'<figure><img src="{name}" alt="{m(name)}"><figcaption>{m(cap)}</figcaption></figure>\n'
         for name, cap in _FIGURES
         if name in names
     )
+    words = "".join(f"<dt>{m(k)}</dt><dd>{m(v)}</dd>" for k, v in (COLUMNS | REPORT_COLUMNS).items())
     body = (
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>lidarshard report</title>\n"
         "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}"
         "pre{background:#f4f4f4;padding:1em;white-space:pre-wrap}img{max-width:100%}"
-        "figure{margin:2em 0}figcaption{color:#555;font-size:90%}</style></head><body>\n"
-        f"<h1>lidarshard report</h1><p>{m(out)}</p>\n<pre>{m(chr(10).join(lines))}</pre>\n{figs}"
-        "</body></html>\n"
+        "figure{margin:2em 0}figcaption{color:#555;font-size:90%}dt{font-weight:bold}"
+        "dd{margin:0 0 .6em 1.5em}#buys{font-size:110%}</style></head><body>\n"
+        f"<h1>lidarshard report</h1>\n<p id='buys'>{'<br>'.join(map(m, lines[:lead]))}</p>\n"
+        f"<p>{m(out)}</p>\n<pre>{m(chr(10).join(lines[lead:]))}</pre>\n{figs}"
+        f"<h2>What the numbers mean</h2>\n<dl>{words}</dl>\n</body></html>\n"
     )
     return body.encode()
 
@@ -256,7 +275,7 @@ def write_report(data: ReportData, out: str, directory: str, epoch: int, timings
         figs, more = _timings(data, timings, epoch)
         files |= figs
         lines += more
-    files["report.html"] = _html(out, lines, set(files))
+    files["report.html"] = _html(out, lines, set(files), len(plan_in_words(m)))
     for name, content in files.items():
         storage.write_bytes(storage.join(directory, name), content)
     return lines

@@ -14,21 +14,17 @@ local paths, gs:// and s3:// work alike.
 
 from __future__ import annotations
 
-import logging
 import os
 import posixpath
-import sys
-import time
 from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io import fileio
 from apache_beam.metrics import Metrics
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from lidarshard import schemas
-from lidarshard.transforms import storage
+from lidarshard.transforms import progress, storage
 from lidarshard.transforms.arrow import concat_sorted, rows_to_table
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.errors import RejectError
@@ -54,90 +50,45 @@ def _reject_row(path: str, reason: str, detail: str) -> dict:
     return {"path": path, "reason": reason, "detail": detail}
 
 
-#: Seconds between a worker's progress lines; ``LIDARSHARD_PROGRESS_S`` overrides (0: every input).
-PROGRESS_EVERY_S = 30.0
-_LOCAL_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner")
-
-
-def _progress_logger() -> logging.Logger:
-    """``lidarshard.progress``, writing to this process's stderr: Beam's local multi-process
-    workers do not relay log records to the launcher, but they share its stderr."""
-    log = logging.getLogger("lidarshard.progress")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
-    return log
-
-
-def _local_workers(options: PipelineOptions) -> int | None:
-    """Worker processes of a local runner (for an ETA); None on other runners."""
-    runner = options.view_as(StandardOptions).runner
-    name = runner if isinstance(runner, str) else type(runner).__name__ if runner else "DirectRunner"
-    if name.rsplit(".", 1)[-1] not in _LOCAL_RUNNERS:
-        return None
-    return options.view_as(DirectOptions).direct_num_workers or os.cpu_count() or 1
-
-
 class _Featurize(beam.DoFn):
-    """Task -> ``("samples", feature row)`` or ``("rejects", reject row)``. Counts every outcome."""
+    """Task -> ``("samples", feature row)`` or ``("rejects", reject row)``. Counts every outcome: Beam
+    counters, and the progress tally (``lidarshard.transforms.progress``)."""
 
     def __init__(self, cfg: ScanConfig) -> None:
         self._cfg = cfg
         self._accepted = Metrics.counter(NAMESPACE, "accepted")
 
     def setup(self) -> None:
-        self._seen = self._bad = 0
+        self._tally = progress.Tally("inputs read")
 
     def process(self, task: nuscenes.NuScenesTask) -> Iterator:
-        self._seen += 1
         try:
             row = featurize(task, storage.read_bytes, storage.size, self._cfg)
         except RejectError as e:
-            self._bad += 1
+            self._tally.add(rejected=1)
             yield from _rejected(task.path, e.reason, e.detail)
         except (ValueError, TypeError, IndexError, MemoryError) as e:  # a reader bug: keep the run going
-            self._bad += 1
+            self._tally.add(rejected=1)
             yield from _rejected(task.path, "reader_error", f"{type(e).__name__}: {e}")
         else:
+            self._tally.add()
             self._accepted.inc()
             yield "samples", row
 
+    def finish_bundle(self) -> None:
+        self._tally.flush()
 
-class _FeaturizeWithProgress(_Featurize):
-    """``_Featurize`` that logs a progress line every ``PROGRESS_EVERY_S`` seconds: inputs read,
-    accepted, rejected, rate, and an ETA when the worker count is known. ``total`` (a side
-    input) is the number of inputs."""
+    def teardown(self) -> None:
+        self._tally.flush()
 
-    def __init__(self, cfg: ScanConfig, workers: int | None) -> None:
-        super().__init__(cfg)
-        self._workers = workers
 
-    def setup(self) -> None:
-        super().setup()
-        self._started = self._progress_at = time.monotonic()
-        self._every = float(os.environ.get("LIDARSHARD_PROGRESS_S", PROGRESS_EVERY_S))
-        self._log = _progress_logger()
+class _FeaturizeOfTotal(_Featurize):
+    """``_Featurize`` told how many inputs there are to read in all (``total``, a side input), which
+    the progress line shows with a rate and an ETA."""
 
     def process(self, task: nuscenes.NuScenesTask, total: int | None = None) -> Iterator:
+        self._tally.total = total
         yield from super().process(task)
-        now = time.monotonic()
-        if now - self._progress_at >= self._every:
-            self._progress_at = now
-            self._log.info(self._progress_line(now - self._started, total))
-
-    def _progress_line(self, elapsed: float, total: int | None) -> str:
-        rate = self._seen / max(elapsed, 1e-9)
-        line = (
-            f"lidarshard scan [pid {os.getpid()}]: {self._seen} inputs read "
-            f"({self._seen - self._bad} accepted, {self._bad} rejected) in {elapsed:.0f} s, {rate:.1f}/s"
-        )
-        if total is not None and self._workers:  # assumes the workers share the inputs evenly
-            left = max(total - self._seen * self._workers, 0)
-            line += f"; {total} inputs in all, ETA {left / (rate * self._workers):.0f} s"
-        return line
 
 
 def _rejected(path: str, reason: str, detail: str) -> Iterator:
@@ -354,13 +305,15 @@ class ScanSamples(beam.PTransform):
             | "AllInputs" >> beam.Flatten()
             | "CountScanned" >> beam.CombineGlobally(beam.combiners.CountCombineFn()).without_defaults()
         )
+        to_read = (
+            tasks | "CountTasks" >> beam.CombineGlobally(beam.combiners.CountCombineFn()).without_defaults()
+        )
         read = (
             tasks
             | "Spread" >> beam.Reshuffle()
             | "Featurize"
             >> beam.ParDo(
-                _FeaturizeWithProgress(self._cfg, _local_workers(pbegin.pipeline.options)),
-                total=beam.pvalue.AsSingleton(scanned, default_value=None),
+                _FeaturizeOfTotal(self._cfg), total=beam.pvalue.AsSingleton(to_read, default_value=None)
             )
             | "SplitRead" >> SplitTags("samples", "rejects")
         )

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.plan._partition import partition_steps, permute_ranks
 from lidarshard.transforms.plan.caps import PoolLimits
-from lidarshard.transforms.plan.metrics import bound_linearity, step_linearity
+from lidarshard.transforms.plan.metrics import greedy_reference_linearity, step_linearity
 
 __all__ = ["plan", "choose_eps", "log_cost", "jittered_order", "EPS_LADDER", "TOLERANCE"]
 
@@ -86,7 +86,7 @@ def choose_eps(
     """
     w, b = world_size, batch_size
     logc = log_cost(costs)
-    bound = bound_linearity(costs, w, b)
+    bound = greedy_reference_linearity(costs, w, b)
     lo, hi = 0, len(EPS_LADDER) - 1  # invariant: rung hi passes
     best = None  # the order of rung hi once computed (only the newest passing one is held)
     while lo < hi:

@@ -3,11 +3,15 @@
 Linearity is the predicted scaling efficiency of synchronous data parallelism when step time is
 proportional to the slowest rank's cost: ``sum_s mean_r cost[s, r] / sum_s max_r cost[s, r]``
 (1.0 = no rank ever waits). ``load_linearity`` is the one place that formula is written; plans,
-bounds, reports, calibration and elastic re-plans all reduce to it. Nothing here plans: the random
-baseline of ``balance_summary`` is planned by the caller.
+the greedy reference, reports, calibration and elastic re-plans all reduce to it. Nothing here plans:
+the random baseline of ``balance_summary`` is planned by the caller. ``plan_buys`` is the one place
+the numbers are put in plain words (the build's summary and the report), ``COLUMNS`` the one glossary.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -20,7 +24,11 @@ __all__ = [
     "linearity",
     "step_linearity",
     "equal_count_pool",
-    "bound_linearity",
+    "greedy_reference_linearity",
+    "REFERENCE_KEY",
+    "balance_value",
+    "plan_buys",
+    "COLUMNS",
     "spearman_step_cost",
     "pair_repeat_rate",
     "mate_cost_correlation",
@@ -61,17 +69,19 @@ def step_linearity(step_costs: NDArray[np.float64], world_size: int, batch_size:
 
 
 def equal_count_pool(costs: NDArray[np.float64], world_size: int, batch_size: int) -> NDArray[np.float64]:
-    """The pool's first ``P - P % (W*B)`` costs: what the equal-count references (``bound``, the random
-    baseline) plan when a variable-count strategy used a pool of any size."""
+    """The pool's first ``P - P % (W*B)`` costs: what the equal-count references (the greedy reference,
+    the random baseline) plan when a variable-count strategy used a pool of any size."""
     costs = np.asarray(costs, dtype=np.float64)
     return costs[: costs.size - costs.size % (world_size * batch_size)]
 
 
-def bound_linearity(costs: NDArray[np.float64], world_size: int, batch_size: int) -> float:
-    """Reference best linearity with equal counts per rank.
+def greedy_reference_linearity(costs: NDArray[np.float64], world_size: int, batch_size: int) -> float:
+    """Linearity of the greedy equal-count reference plan (the manifest's ``greedy_reference``).
 
-    Sort all costs, cut into consecutive steps of ``W*B``, split each step with equal-count LPT.
-    A strong heuristic reference rather than a proven optimum (a planner may beat it slightly).
+    Sort all costs, cut into consecutive steps of ``W*B``, split each step with equal-count LPT
+    (largest first, to the least loaded rank with room). A strong heuristic, not a bound: a planner
+    may beat it (``mixed`` and ``balanced`` do, slightly, on some pools; ``budget``, with unequal
+    counts, often does).
 
     Args:
         costs: (P,) pool costs with ``P % (W*B) == 0``.
@@ -81,6 +91,11 @@ def bound_linearity(costs: NDArray[np.float64], world_size: int, batch_size: int
     if costs.size % step:
         raise ValueError(f"pool size {costs.size} is not a multiple of W*B = {step}")
     return step_linearity(np.sort(costs).reshape(-1, step), world_size, batch_size)
+
+
+#: The ``balance`` key of ``greedy_reference_linearity``; older 3.x manifests call it ``bound``.
+REFERENCE_KEY = "greedy_reference"
+_FORMER_KEYS = {REFERENCE_KEY: "bound"}
 
 
 def _average_ranks(x: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -174,12 +189,12 @@ def balance_summary(
     ``baseline`` is the (S', W, B) plan to compare against, planned by the caller (the manifest
     uses the ``random`` strategy on the same pool, seed and epoch).
 
-    Keys: ``epoch``, ``steps``, ``linearity``, ``bound`` (``bound_linearity``),
+    Keys: ``epoch``, ``steps``, ``linearity``, ``greedy_reference`` (``greedy_reference_linearity``),
     ``random_linearity`` (linearity of ``baseline``),
     ``spearman_step_cost``, ``worst_step_linearity`` (min over steps of mean/max rank cost),
     ``rank_total_cv`` (coefficient of variation of per-rank epoch totals), ``mean_count`` and
     ``max_count`` (samples per rank-step). With variable counts (``-1`` pads, any pool size) the
-    equal-count ``bound`` and ``random_linearity`` use the pool's first ``P - P % (W*B)`` entries.
+    equal-count ``greedy_reference`` and ``random_linearity`` use the pool's first ``P - P % (W*B)`` entries.
     """
     rc = rank_costs(plan, costs)
     fitted = equal_count_pool(costs, world_size, batch_size)
@@ -190,7 +205,7 @@ def balance_summary(
     cv = float(totals.std() / totals.mean()) if totals.mean() > 0 else 0.0
     values = {
         "linearity": linearity(plan, costs),
-        "bound": bound_linearity(fitted, world_size, batch_size),
+        REFERENCE_KEY: greedy_reference_linearity(fitted, world_size, batch_size),
         "random_linearity": linearity(baseline, fitted),
         "spearman_step_cost": spearman_step_cost(plan, costs),
         "worst_step_linearity": worst,
@@ -202,3 +217,65 @@ def balance_summary(
     values["mean_count"] = float(counts.mean()) if counts.size else 0.0
     out.update({k: round(float(v), 6) for k, v in values.items()})
     return out
+
+
+def balance_value(entry: Mapping[str, Any], key: str) -> float | None:
+    """``entry[key]`` of a manifest's per-epoch ``balance`` entry as a float, read under its former name
+    in manifests written before the rename (``bound`` for ``greedy_reference``); None when absent.
+
+    Raises:
+        ValueError, TypeError: the value is not a number (a malformed manifest).
+    """
+    value = entry.get(key, entry.get(_FORMER_KEYS.get(key, key)))
+    return None if value is None else float(value)
+
+
+def plan_buys(entry: Mapping[str, Any]) -> str | None:
+    """One manifest ``balance`` entry in plain words: the epoch's predicted training time against a
+    random plan of the same samples, and the share of it the ranks wait (``1 - linearity``); None when
+    the entry lacks a number or holds something else.
+
+    Time for the same work is proportional to ``1 / linearity``, so the ratio is
+    ``random_linearity / linearity``: ``"epoch 0: predicted time 0.86x a random plan's (14% less time):
+    ranks wait 4.2% of it instead of 17.7%"``.
+    """
+    try:
+        lin, rnd = balance_value(entry, "linearity"), balance_value(entry, "random_linearity")
+    except (TypeError, ValueError):
+        return None
+    if lin is None or rnd is None or lin <= 0:
+        return None
+    ratio = rnd / lin
+    change = round(100 * (1 - ratio))
+    if change == 0:
+        how = f"{ratio:.2f}x a random plan's (the same)"
+    else:
+        how = f"{ratio:.2f}x a random plan's ({abs(change)}% {'less' if change > 0 else 'more'} time)"
+    wait, random_wait = 100 * (1 - lin), 100 * (1 - rnd)
+    epoch = entry.get("epoch", "?")
+    return f"epoch {epoch}: predicted time {how}: ranks wait {wait:.1f}% of it instead of {random_wait:.1f}%"
+
+
+#: What each number of the build's summary (and the report) means: name as printed -> meaning.
+COLUMNS: dict[str, str] = {
+    "linearity": "the share of each step the ranks spend computing rather than waiting for the slowest "
+    "one, predicted from the cost model: sum over steps of the mean rank's cost / sum of the slowest "
+    "rank's cost. 1.0 = no rank ever waits; it is also the predicted scaling efficiency of synchronous "
+    "data-parallel training (DDP)",
+    "random": "the same linearity for a random plan of the same samples and seed (PyTorch "
+    "DistributedSampler semantics): what the plan is compared with",
+    "greedy_reference": "the linearity of a simple equal-count reference plan: sort all costs, cut them "
+    "into consecutive steps of W*B, give each step's samples, largest first, to the least loaded rank "
+    "with room (B each). A reference, not a bound: balanced and mixed (the default) plan within 0.005 "
+    "of it and may beat it; budget (unequal counts) often does. Older manifests call it bound",
+    "spearman": "rank correlation, in [-1, 1], of a step's position in the epoch with its mean cost: "
+    "near 0 = big and small scenes spread over the whole epoch; near +1 (-1) = the epoch runs from small "
+    "to big scenes (big to small), a size curriculum you may not want",
+    "samples/rank-step": "samples one rank gets at one step, mean and max over all rank-steps: B for "
+    "the equal-count strategies, varying under budget",
+    "pair repeat rate": "of the sample pairs that share a step in epoch 0, the share that share a step "
+    "again in epoch 1; random's rate is the floor (about (W*B-1)/(N-1)), higher = batches repeat "
+    "between epochs",
+    "predicted time": "random linearity / linearity: the plan's predicted training time for the same "
+    "work as a multiple of a random plan's; ranks wait 1 - linearity of it",
+}

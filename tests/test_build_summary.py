@@ -1,0 +1,83 @@
+"""What ``lidarshard build`` prints after a build: the balance table (``greedy_reference``, once ``bound``),
+what the plan buys in plain words, where the manifest is; ``--help`` explains every column; manifests
+written with ``bound`` still validate and print."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lidarshard import schemas
+from lidarshard.pipelines import build as build_cli
+from lidarshard.pipelines.cli import main
+from lidarshard.transforms.plan.metrics import COLUMNS, REFERENCE_KEY, plan_buys
+from tests.helpers import build_bins_manifest
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    return build_bins_manifest(tmp_path_factory.mktemp("summary"), 40, world_size=3, batch_size=2)
+
+
+def test_the_summary_ends_with_what_the_plan_buys_and_where_it_is(built: Path, capsys) -> None:
+    build_cli.print_summary(str(built))
+    lines = capsys.readouterr().out.splitlines()
+    balance = json.loads((built / schemas.MANIFEST_FILE).read_text())["balance"]
+    header = lines.index(
+        "epoch  steps  linearity  random  greedy_reference  spearman  samples/rank-step mean max"
+    )
+    assert "bound" not in "\n".join(lines) and "(columns: lidarshard build --help)" in lines[header - 1]
+    for b, row in zip(balance, lines[header + 1 : header + 3], strict=True):
+        assert row.split()[:5] == [str(b["epoch"]), str(b["steps"]), f"{b['linearity']:.4f}",
+                                   f"{b['random_linearity']:.4f}", f"{b[REFERENCE_KEY]:.4f}"]  # fmt: skip
+    assert lines[-3:] == [plan_buys(balance[0]), plan_buys(balance[1]), f"wrote {built}"]
+    assert lines[-3].startswith("epoch 0: predicted time 0.") and "less time): ranks wait" in lines[-3]
+
+
+def test_help_explains_every_printed_column(capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_cli.parser().parse(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in (
+        "linearity",
+        "random",
+        "greedy_reference",
+        "spearman",
+        "samples/rank-step",
+        "pair repeat rate",
+    ):
+        assert f" {name}: " in text and name in COLUMNS
+    assert "not a bound" in text and "1.0 = no rank ever waits" in text
+
+
+def test_a_manifest_written_with_bound_still_validates_and_prints(
+    built: Path, tmp_path: Path, capsys
+) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(built, old)
+    path = old / schemas.MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    for b in manifest["balance"]:  # what a 3.x build wrote before the rename
+        b["bound"] = b.pop(REFERENCE_KEY)
+    path.write_text(json.dumps(manifest, indent=1))
+    assert main(["validate", str(old)]) == 0
+    capsys.readouterr()
+    build_cli.print_summary(str(old))
+    rows = capsys.readouterr().out.splitlines()
+    first = next(i for i, r in enumerate(rows) if r.startswith("epoch  ")) + 1
+    assert rows[first].split()[4] == f"{manifest['balance'][0]['bound']:.4f}"
+    manifest["balance"][1]["bound"] += 0.01  # and a wrong one is still caught, under the new name
+    path.write_text(json.dumps(manifest, indent=1))
+    assert main(["validate", str(old)]) == 1
+    assert "epoch 1: balance.greedy_reference recorded" in capsys.readouterr().err
+
+
+def test_readme_explains_the_summary_columns() -> None:
+    """README's glossary of the build's summary is ``metrics.COLUMNS`` (one source, like the flag tables)."""
+    rows = ["| column | meaning |", "|---|---|", *(f"| `{k}` | {v} |" for k, v in COLUMNS.items())]
+    table = "\n".join(rows)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert table in readme, f"README's table of the build summary's columns differs; paste:\n{table}"
