@@ -15,22 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
-from manifest_fixture import _scored_table, _sha
+from manifest_fixture import _scored_table, _sha, write_plan_files
 
 from lidarshard.schemas import (
     MANIFEST_FILE,
     REJECTS_FILE,
     SCHEMA_VERSION,
     SUCCESS_FILE,
-    plan_file,
-    plan_schema,
     reject_schema,
     samples_part,
 )
 from lidarshard.transforms.plan.caps import Caps
-from lidarshard.transforms.plan.epochs import PlanConfig, plan_rows, plan_samples
+from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
 
 __all__ = ["plan_manifest"]
 
@@ -79,25 +76,7 @@ def plan_manifest(
         planned.append(ep.stats["planned"])
         dropped.append(ep.stats["dropped"])
         padded.append(ep.stats["padded"])
-        rows = plan_rows(ep.plan)
-        for r in range(world_size):
-            mine = rows["rank"] == r
-            idx = rows["row"][mine]
-            table = {
-                "step": rows["step"][mine],
-                "slot": rows["slot"][mine],
-                "sample_id": [ids[i] for i in idx],
-                "path": [paths[i] for i in idx],
-                "sweep_paths": [sweeps[i] for i in idx],
-                "cost": cost[idx],
-                "bucket_id": buckets[idx].astype(np.int32),
-                "rank_count": rows["rank_count"][mine],
-                "global_count": rows["global_count"][mine],
-            }
-            rel = plan_file(e, r)
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.table(table, schema=plan_schema()), out / rel)
-            files.append(rel)
+        files += write_plan_files(out, e, ep.plan, (ids, paths, sweeps, cost, buckets))
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "created_by": "tests/elastic_fixture.py",

@@ -214,3 +214,17 @@ def samples_table(ids: list[str], points: list[int] | NDArray, paths: list[str] 
         for f in schemas.sample_schema()
     ]  # fmt: skip
     return pa.Table.from_arrays(arrays, schema=schemas.sample_schema())
+
+
+def mem_io(files: dict[str, bytes]):
+    """``(read, size)`` over in-memory files ``{path: bytes}``, as the featurize step's readers take them."""
+
+    def read(p: str, limit: int | None = None) -> bytes:
+        return files[p]
+
+    def size(p: str) -> int:
+        if p not in files:
+            raise FileNotFoundError(p)
+        return len(files[p])
+
+    return read, size

@@ -38,7 +38,14 @@ from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.epochs import plan_rows
 from lidarshard.transforms.plan.metrics import rank_costs
 
-__all__ = ["random_cloud", "write_clouds", "write_manifest", "make_fixture", "sweep_offset"]
+__all__ = [
+    "random_cloud",
+    "write_clouds",
+    "write_manifest",
+    "write_plan_files",
+    "make_fixture",
+    "sweep_offset",
+]
 
 
 def random_cloud(n: int, rng: np.random.Generator) -> NDArray[np.float32]:
@@ -164,6 +171,33 @@ def _sha(path: Path) -> dict[str, Any]:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+def write_plan_files(out: Path, epoch: int, plan: NDArray[np.int64], columns: tuple) -> list[str]:
+    """Rank files of epoch ``epoch``'s ``plan`` (S, W, M) of samples rows, from the samples' ``columns``
+    (ids, paths, sweep paths, costs, bucket ids); returns their relative paths, rank order."""
+    ids, paths, sweeps, cost, buckets = columns
+    all_rows = plan_rows(plan)
+    files = []
+    for r in range(plan.shape[1]):
+        mine = all_rows["rank"] == r
+        idx = all_rows["row"][mine]
+        rows = {
+            "step": all_rows["step"][mine],
+            "slot": all_rows["slot"][mine],
+            "sample_id": [ids[i] for i in idx],
+            "path": [paths[i] for i in idx],
+            "sweep_paths": [sweeps[i] for i in idx],
+            "cost": cost[idx],
+            "bucket_id": buckets[idx].astype(np.int32),
+            "rank_count": all_rows["rank_count"][mine],
+            "global_count": all_rows["global_count"][mine],
+        }
+        rel = plan_file(epoch, r)
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table(rows, schema=plan_schema()), out / rel)
+        files.append(rel)
+    return files
+
+
 def write_manifest(
     out: Path,
     cols: dict[str, list[Any]],
@@ -208,25 +242,7 @@ def write_manifest(
                 "spearman_step_cost": 0.0,
             }
         )
-        all_rows = plan_rows(plan)
-        for r in range(world_size):
-            mine = all_rows["rank"] == r
-            idx = all_rows["row"][mine]
-            rows = {
-                "step": all_rows["step"][mine],
-                "slot": all_rows["slot"][mine],
-                "sample_id": [ids[i] for i in idx],
-                "path": [paths[i] for i in idx],
-                "sweep_paths": [sweeps[i] for i in idx],
-                "cost": cost[idx],
-                "bucket_id": buckets[idx].astype(np.int32),
-                "rank_count": all_rows["rank_count"][mine],
-                "global_count": all_rows["global_count"][mine],
-            }
-            rel = plan_file(e, r)
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(pa.table(rows, schema=plan_schema()), out / rel)
-            files.append(rel)
+        files += write_plan_files(out, e, plan, (ids, paths, sweeps, cost, buckets))
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "created_by": "tests/manifest_fixture.py",

@@ -25,7 +25,7 @@ from lidarshard.pipelines.tools import validate as validate_cli
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize
 from lidarshard.transforms.nuscenes.tables import NuScenesTask, SweepRef
-from tests.helpers import BEAM_TEST_FLAGS
+from tests.helpers import BEAM_TEST_FLAGS, mem_io
 
 VERSION = "v1.0-synth"
 PLAN = ["--world-size", "2", "--batch-size", "2"]
@@ -143,34 +143,22 @@ def test_a_stat_scan_records_sizes_only_and_says_the_hash_is_absent(
     assert rc == 0 and "of them by size only (no crc32 recorded: --features stat)" in text, text
 
 
-def _mem_io(files: dict[str, bytes]):
-    def read(p: str, limit: int | None = None) -> bytes:
-        return files[p]
-
-    def size(p: str) -> int:
-        if p not in files:
-            raise FileNotFoundError(p)
-        return len(files[p])
-
-    return read, size
-
-
 def test_featurize_hashes_the_bytes_it_read_and_stat_checks_the_label_size() -> None:
     key, sweep = np.ones((50, 5), np.float32), np.full((30, 5), 2.0, np.float32)
     files = {"k.bin": key.tobytes(), "s.bin": sweep.tobytes(), "l.bin": bytes(50)}
     task = NuScenesTask("tok", "k.bin", (SweepRef("s.bin", IDENTITY, 0.05),), "l.bin")
-    row = featurize(task, *_mem_io(files), ScanConfig(format="nuscenes_bin"))
+    row = featurize(task, *mem_io(files), ScanConfig(format="nuscenes_bin"))
     assert (row["path_bytes"], row["path_crc32"]) == (1000, zlib.crc32(files["k.bin"]))
     assert (row["sweep_bytes"], row["sweep_crc32"]) == ([600], [zlib.crc32(files["s.bin"])])
     assert (row["label_bytes"], row["label_crc32"]) == (50, zlib.crc32(bytes(50)))
     stat = ScanConfig(format="nuscenes_bin", features="stat")
-    row = featurize(task, *_mem_io(files), stat)
+    row = featurize(task, *mem_io(files), stat)
     assert (row["path_bytes"], row["sweep_bytes"], row["label_bytes"]) == (1000, [600], 50)
     assert "path_crc32" not in row and stat.content_hash is None and ScanConfig().content_hash == "crc32"
     with pytest.raises(RejectError, match="label_mismatch"):
-        featurize(task, *_mem_io(files | {"l.bin": bytes(49)}), stat)
+        featurize(task, *mem_io(files | {"l.bin": bytes(49)}), stat)
     with pytest.raises(RejectError, match="label_mismatch"):
-        featurize(task, *_mem_io({k: v for k, v in files.items() if k != "l.bin"}), stat)
+        featurize(task, *mem_io({k: v for k, v in files.items() if k != "l.bin"}), stat)
 
 
 # ------------------------------------------------------------------------------- validate --data

@@ -15,7 +15,7 @@ from lidarshard.transforms.beam import scan as scan_beam
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.nuscenes.tables import NuScenesTask, SweepRef
-from tests.helpers import BEAM_TEST_FLAGS
+from tests.helpers import BEAM_TEST_FLAGS, mem_io
 
 IDENTITY = tuple(float(v) for v in np.eye(4).ravel())
 
@@ -103,33 +103,21 @@ def test_stat_features_read_no_contents(tmp_path: Path, realdata: Path) -> None:
     assert all(s["occupied_voxels"] is None for s in samples)
 
 
-def _mem_io(files: dict[str, bytes]):
-    def read(p: str, limit: int | None = None) -> bytes:
-        return files[p]
-
-    def size(p: str) -> int:
-        if p not in files:
-            raise FileNotFoundError(p)
-        return len(files[p])
-
-    return read, size
-
-
 def test_featurize_aggregates_sweeps_and_checks_labels() -> None:
     key = np.zeros((50, 5), np.float32)
     key[:, 0] = np.arange(50)
     sweep = key.copy()
     files = {"k.pcd.bin": key.tobytes(), "s.pcd.bin": sweep.tobytes(), "l.bin": bytes(50)}
     task = NuScenesTask("tok", "k.pcd.bin", (SweepRef("s.pcd.bin", IDENTITY, 0.05),), "l.bin")
-    row = featurize(task, *_mem_io(files), ScanConfig())
+    row = featurize(task, *mem_io(files), ScanConfig())
     assert row["num_points"] == 50 + 49  # the sweep loses its one point inside the |x|<1, |y|<1 box
     assert row["has_labels"] and row["num_sweeps"] == 1 and row["file_bytes"] == 2000
     files["l.bin"] = bytes(49)
     with pytest.raises(RejectError, match="label_mismatch"):
-        featurize(task, *_mem_io(files), ScanConfig())
+        featurize(task, *mem_io(files), ScanConfig())
     del files["s.pcd.bin"]
     with pytest.raises(RejectError, match="missing_sweep"):
-        featurize(task, *_mem_io(files | {"l.bin": bytes(50)}), ScanConfig())
+        featurize(task, *mem_io(files | {"l.bin": bytes(50)}), ScanConfig())
 
 
 def test_too_large_files_are_never_read() -> None:
