@@ -20,7 +20,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # The editable install (`make`, strict mode) links the whole package into
 # build/__editable__.lidarshard-*/lidarshard/. Run from the repository root, the bare lidarshard/ folder

@@ -30,7 +30,6 @@ lists of ints, which ``torch.utils.data.DataLoader(batch_sampler=...)`` accepts 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
@@ -48,9 +47,6 @@ from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.dense import dense_plan
 
 __all__ = ["ElasticPlan", "ElasticBatchSampler", "load_epoch_plan", "merge_ranks", "replan_remaining"]
-
-
-_PLAN_PART = re.compile(r"plan/epoch=\d+/rank=(\d+)/part-\d+\.parquet")
 
 
 def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
@@ -73,7 +69,9 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
     samples = read_samples(out_dir, ["sample_id", "cost", "bucket_id", *extra])
     base = os.fspath(out_dir)
     parts = [
-        _rank_rows(storage.join(base, rel), rel, entry) for rel, entry in manifest.epoch_files(epoch).items()
+        _rank_rows(storage.join(base, rel), key, entry)
+        for rel, entry in manifest.epoch_files(epoch).items()
+        if (key := manifest.plan_key(rel)) is not None
     ]
     plan = pa.concat_tables(parts) if parts else None
     planned = manifest.counts.planned[epoch]
@@ -105,16 +103,10 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
     )
 
 
-def _rank_rows(path: str, rel: str, entry: FileEntry) -> pa.Table:
-    """``step, slot, sample_id, rank`` of one verified plan file ``plan/epoch=E/rank=R/part-N.parquet``."""
-    match = _PLAN_PART.fullmatch(rel)
-    if match is None:
-        raise ValueError(
-            f"{path}: not a plan file (plan/epoch=E/rank=R/part-NNNNN.parquet); rebuild the manifest"
-        )
-    table = read_plan_file(path, ["step", "slot", "sample_id"], entry, verify=True)
-    rank = int(match.group(1))
-    return table.append_column("rank", pa.array(np.full(table.num_rows, rank, np.int64)))
+def _rank_rows(path: str, key: tuple[int, int], entry: FileEntry) -> pa.Table:
+    """``step, slot, sample_id, rank`` of one verified plan file of (epoch, rank) ``key``."""
+    table = read_plan_file(path, ["step", "slot", "sample_id"], entry, verify=True, key=key)
+    return table.append_column("rank", pa.array(np.full(table.num_rows, key[1], np.int64)))
 
 
 def replan_remaining(

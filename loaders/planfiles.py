@@ -15,8 +15,9 @@ import os
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, plan_file
+from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, plan_dir_names
 from lidarshard.schemas.manifest import FileEntry, Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
@@ -38,8 +39,9 @@ def listed_plan_files(out: str, m: Manifest) -> list[str]:
     not read).
 
     Raises:
-        ValueError: a file under ``OUT/plan`` that is not ``plan/epoch=E/rank=R/part-NNNNN.parquet`` or
-            that the manifest does not list (a stray note, a copy such as ``plan/epoch=00``), or whose
+        ValueError: a file under ``OUT/plan`` that is not ``plan/epoch-E/rank-R/part-NNNNN.parquet`` (3.x:
+            ``epoch=E/rank=R``) or that the manifest does not list (a stray note, a copy such as
+            ``plan/epoch-00``), or whose
             size differs from the recorded one, naming it: the plan directory is the contract.
         FileNotFoundError: a listed plan file is missing, or the manifest lists none.
     """
@@ -48,10 +50,10 @@ def listed_plan_files(out: str, m: Manifest) -> list[str]:
     present = storage.list_files(storage.join(out, PLAN_DIR))
     for rel, info in sorted(present.items()):
         path, entry = f"{base}/{PLAN_DIR}/{rel}", listed.get(f"{PLAN_DIR}/{rel}")
-        if not is_plan_path(f"{PLAN_DIR}/{rel}"):
+        if not is_plan_path(f"{PLAN_DIR}/{rel}", m.schema_version):
             raise ValueError(
-                f"{path}: not a plan file (only {PLAN_DIR}/epoch=E/rank=R/part-NNNNN.parquet may live in "
-                f"{PLAN_DIR}/); move it out of the manifest directory"
+                f"{path}: not a plan file (only {_shape(m.schema_version)} may live in {PLAN_DIR}/); move it "
+                "out of the manifest directory"
             )
         if entry is None:
             raise ValueError(
@@ -68,20 +70,27 @@ def listed_plan_files(out: str, m: Manifest) -> list[str]:
             f"{base}/{missing[0]}: listed in {MANIFEST_FILE} but missing; rebuild the manifest"
         )
     if not listed:
-        raise FileNotFoundError(f"{out} holds no plan files ({PLAN_DIR}/epoch=E/rank=R/*.parquet)")
+        raise FileNotFoundError(f"{out} holds no plan files ({_shape(m.schema_version)})")
     return [f"{base}/{rel}" for rel in sorted(listed)]
 
 
-def is_plan_path(rel: str) -> bool:
-    """True when ``rel`` (relative to OUT) has the shape ``plan/epoch=E/rank=R/part-*.parquet``."""
+def _shape(version: str) -> str:
+    e, r = plan_dir_names(version)
+    return f"{PLAN_DIR}/{e}E/{r}R/part-NNNNN.parquet"
+
+
+def is_plan_path(rel: str, version: str) -> bool:
+    """True when ``rel`` (relative to OUT) has the shape ``plan/epoch-E/rank-R/part-*.parquet`` as
+    schema ``version`` names plan files (3.x: ``plan/epoch=E/rank=R/...``)."""
+    e, r = plan_dir_names(version)
     parts = rel.split("/")
     return (
         len(parts) == 4
         and parts[0] == PLAN_DIR
-        and parts[1].startswith("epoch=")
-        and parts[1][6:].isdigit()
-        and parts[2].startswith("rank=")
-        and parts[2][5:].isdigit()
+        and parts[1].startswith(e)
+        and parts[1][len(e) :].isdigit()
+        and parts[2].startswith(r)
+        and parts[2][len(r) :].isdigit()
         and parts[3].startswith("part-")
         and parts[3].endswith(".parquet")
     )
@@ -120,11 +129,14 @@ def read_plan_file(
     recorded: FileEntry | None = None,
     verify: bool = False,
     max_rows: int | None = None,
+    key: tuple[int, int] | None = None,
 ) -> pa.Table:
     """``columns`` of one plan file; an empty, truncated or foreign file raises ValueError naming it.
 
     With ``verify``, the bytes must first match ``recorded`` (its ``_manifest.json`` 'files' entry);
-    a file of more than ``max_rows`` rows is refused from its footer, before a row is decoded.
+    a file of more than ``max_rows`` rows is refused from its footer, before a row is decoded. With
+    ``key`` (epoch, rank), a file that carries ``epoch``/``rank`` columns (schema 4) must hold only
+    that key: a plan file copied to another rank's place is refused.
     """
     try:
         source = pa.BufferReader(verified_bytes(path, recorded)) if verify else storage.open_read(path)
@@ -135,13 +147,29 @@ def read_plan_file(
                     f"{path}: not a readable plan file ({rows} rows, more than the {max_rows} entries its "
                     "epoch plans); rebuild the manifest"
                 )
-            return f.read(columns=list(columns), use_threads=False)
+            keyed = key is not None and {"epoch", "rank"} <= set(f.schema_arrow.names)
+            extra = [c for c in ("epoch", "rank") if keyed and c not in columns]
+            table = f.read(columns=[*columns, *extra], use_threads=False)
+            if keyed:
+                _check_key(path, table, key)
+            return table.drop_columns(extra)
     except (pa.ArrowInvalid, OSError, KeyError) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise ValueError(
             f"{path}: not a readable plan file ({str(e).splitlines()[0]}); rebuild the manifest"
         ) from None
+
+
+def _check_key(path: str, table: pa.Table, key: tuple[int, int] | None) -> None:
+    """Every row of ``table`` has (``epoch``, ``rank``) == ``key``, else ValueError naming ``path``."""
+    for name, want in zip(("epoch", "rank"), key or (), strict=True):
+        col = table[name]
+        if col.null_count or table.num_rows and not pc.all(pc.equal(col, want)).as_py():
+            raise ValueError(
+                f"{path}: not a readable plan file (its {name} column is not {want}, the {name} its place "
+                "names); rebuild the manifest"
+            )
 
 
 def read_rank_plan(
@@ -156,13 +184,13 @@ def read_rank_plan(
         ValueError: the rank directory holds no plan file, or anything but ``part-NNNNN.parquet``; a
             file is empty, truncated, foreign, too long or (with ``verify``) modified, named.
     """
-    rel_dir = os.path.dirname(plan_file(epoch, rank))
+    rel_dir = os.path.dirname(m.plan_file(epoch, rank))
     rank_dir = storage.join(out, rel_dir)
     if not storage.is_dir(rank_dir):
         raise FileNotFoundError(f"the manifest has no plan for epoch {epoch} rank {rank}")
     files = [(storage.join(rank_dir, rel), rel) for rel in sorted(storage.list_files(rank_dir))]
     for path, rel in files:
-        if not is_plan_path(f"{rel_dir}/{rel}"):
+        if not is_plan_path(f"{rel_dir}/{rel}", m.schema_version):
             raise ValueError(
                 f"{path}: not a plan file (only part-NNNNN.parquet may live in a rank directory); "
                 "move it out of the manifest directory"
@@ -171,6 +199,7 @@ def read_rank_plan(
         raise ValueError(f"{rank_dir}: the rank directory holds no plan file; rebuild the manifest")
     listed, planned = m.files, m.counts.planned[epoch]
     table = pa.concat_tables(
-        read_plan_file(path, columns, listed.get(f"{rel_dir}/{rel}"), verify, planned) for path, rel in files
+        read_plan_file(path, columns, listed.get(f"{rel_dir}/{rel}"), verify, planned, (epoch, rank))
+        for path, rel in files
     )
     return table.sort_by([("step", "ascending"), ("slot", "ascending")]), rank_dir

@@ -28,6 +28,7 @@ from lidarshard.schemas import (
     SAMPLES_DIR,
     SUCCESS_FILE,
     check_version,
+    is_before,
     partition_schema,
     plan_schema,
 )
@@ -188,24 +189,26 @@ def plan_files(out_dir: PathLike, manifest: Manifest | None = None) -> list[str]
 
 
 def plan_dataset(out_dir: PathLike) -> ds.Dataset:
-    """The whole plan ``OUT/plan`` as one hive-partitioned pyarrow dataset with int32 ``epoch``, ``rank``.
+    """The whole plan ``OUT/plan`` as one pyarrow dataset with int32 ``epoch``, ``rank`` first.
 
     ``plan_dataset(out).to_table(filter=(ds.field("epoch") == 0) & (ds.field("rank") == 1))`` reads one
     rank's plan. Any Parquet reader can do the same from ``OUT/plan`` alone; this one also checks the
-    manifest is committed and of this schema version, and that the plan tree holds exactly the files
-    ``_manifest.json`` lists, at their recorded sizes (``plan_files``).
+    manifest is committed and of a schema version this lidarshard reads, and that the plan tree holds
+    exactly the files ``_manifest.json`` lists, at their recorded sizes (``plan_files``). A 3.x plan
+    (keys in hive directory names, not in the files) reads as the same columns.
     """
     import pyarrow.dataset as ds
 
     manifest = load_manifest(out_dir)
     fs, base = storage.arrow_filesystem(os.fspath(out_dir))
+    hive = is_before(manifest.schema_version, "4.0")
     return ds.dataset(
         plan_files(out_dir, manifest),
-        schema=pa.unify_schemas([plan_schema(), partition_schema()]),
+        schema=plan_schema(),
         filesystem=fs,
         format="parquet",
-        partitioning=ds.partitioning(partition_schema(), flavor="hive"),
-        partition_base_dir=f"{base}/{PLAN_DIR}",
+        partitioning=ds.partitioning(partition_schema(), flavor="hive") if hive else None,
+        partition_base_dir=f"{base}/{PLAN_DIR}" if hive else None,
     )
 
 

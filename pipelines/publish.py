@@ -7,7 +7,7 @@ Every run writes into a sibling staging directory ``OUT.staging-<tag>`` (``<tag>
 pid, random suffix; the name of OUT is shortened with a hash of it when the result would exceed
 ``NAME_MAX``), with ``_SUCCESS`` written last; ``commit`` refuses a staging directory without it
 and then publishes it as ``OUT``, replacing a previous ``OUT`` wholesale (never merging: an old
-``epoch=E/rank=R`` file cannot survive into a new run with another world size or schema version).
+``epoch-E/rank-R`` file cannot survive into a new run with another world size or schema version).
 
 **Publish touches only what lidarshard wrote** (``lidarshard.pipelines.owned``): a previous ``OUT``
 holding anything its ``_manifest.json`` (or ``_scan.json``) does not list -- a user's ``raw/``, a stray

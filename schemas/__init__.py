@@ -9,12 +9,14 @@ Layout of an output directory ``OUT``::
     OUT/samples/part-00000.parquet   accepted samples (``SAMPLE_FIELDS`` + cost, bucket_id, weight),
                                      sorted by sample_id across consecutive parts (``samples_part``)
     OUT/rejects.parquet           one row per rejected input (``REJECT_FIELDS``)
-    OUT/plan/epoch=E/rank=R/part-00000.parquet   rank R's plan for epoch E (``PLAN_FIELDS``)
+    OUT/plan/epoch-E/rank-R/part-00000.parquet   rank R's plan for epoch E (``PLAN_FIELDS``)
     OUT/_SUCCESS                  written last; readers refuse a directory without it
 
-``OUT/plan`` holds nothing but the plan, and its files do not repeat the partition columns, so any
-Parquet reader pointed at that one directory (pandas, pyarrow, DuckDB, polars, Spark) returns the whole
-plan with integer ``epoch`` and ``rank`` taken from the hive directory names.
+``OUT/plan`` holds nothing but the plan. Each file carries its ``epoch`` and ``rank`` as int32 columns
+(constant within the file, equal to its directory names), and the directory names are not hive
+``key=value`` pairs, so any Parquet reader pointed at that one directory (pandas, ``pq.read_table``,
+pyarrow.dataset, DuckDB, polars, Spark) returns the whole plan with plain integer ``epoch`` and ``rank``
+and no option (hive names made pandas and ``pq.read_table`` infer dictionary-encoded categoricals).
 
 Version history: 1.x kept ``epoch`` and ``rank`` both as columns and as directories directly under OUT
 (readers pointed at a directory failed to merge the two); 2.0 moved the plan under ``OUT/plan``;
@@ -24,11 +26,15 @@ part): part k holds the k-th run of the rows sorted by sample_id, so reading the
 (or pointing any Parquet reader at ``OUT/samples``) gives the old single table;
 3.1 added each referenced file's size and CRC-32 to the samples (``INTEGRITY_FIELDS``): the loaders
 refuse a file of another size, ``lidarshard validate OUT --data`` checks them all. A minor version only
-adds fields (``ADDED_IN``): a 3.1 reader reads 3.0 files as ``sample_schema("3.0")`` describes them.
+adds fields (``ADDED_IN``): a 3.1 reader reads 3.0 files as ``sample_schema("3.0")`` describes them;
+4.0 moved the plan from hive directories ``plan/epoch=E/rank=R/`` (keys in the names only) to
+``plan/epoch-E/rank-R/`` with ``epoch`` and ``rank`` as columns of each file (``plan_file``). This
+lidarshard reads 3.x (``READABLE_MAJORS``) and 4.x; it writes 4.0.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import pyarrow as pa
@@ -60,11 +66,15 @@ __all__ = [
     "SCAN_FILE",
     "SUCCESS_FILE",
     "plan_file",
+    "plan_key",
+    "plan_dir_names",
+    "PLAN_KEY_FIELDS",
+    "READABLE",
+    "READABLE_MAJORS",
     "PLAN_DIR",
     "WORK_DIR",
     "META_FILES",
     "REPORT_DIR",
-    "PARTITION_FIELDS",
     "partition_schema",
     "check_version",
     "is_before",
@@ -72,7 +82,11 @@ __all__ = [
     "as_written",
 ]
 
-SCHEMA_VERSION = "3.1"
+SCHEMA_VERSION = "4.0"
+#: {major schema version this lidarshard reads: the newest minor of it}; the previous major too (see
+#: the version history): 3.1 was the last 3.x.
+READABLE: dict[str, str] = {"3": "3.1", "4": SCHEMA_VERSION}
+READABLE_MAJORS = tuple(READABLE)
 
 #: The single samples file of schema 2.x (``build --from-samples`` still reads it).
 SAMPLES_FILE = "samples.parquet"
@@ -108,9 +122,27 @@ def part_index(name: str) -> int | None:
     return int(stem)
 
 
-def plan_file(epoch: int, rank: int) -> str:
-    """Relative path of rank ``rank``'s plan for ``epoch`` (hive partitioned under ``PLAN_DIR``)."""
-    return f"{PLAN_DIR}/epoch={epoch}/rank={rank}/part-00000.parquet"
+def plan_dir_names(version: str = SCHEMA_VERSION) -> tuple[str, str]:
+    """The prefixes of a plan's epoch and rank directory names as schema ``version`` wrote them:
+    ``("epoch-", "rank-")`` from 4.0, the hive ``("epoch=", "rank=")`` before."""
+    return ("epoch=", "rank=") if is_before(version, "4.0") else ("epoch-", "rank-")
+
+
+def plan_file(epoch: int, rank: int, version: str = SCHEMA_VERSION) -> str:
+    """Relative path of rank ``rank``'s plan for ``epoch`` under ``PLAN_DIR``, as schema ``version``
+    names it (``plan/epoch-E/rank-R/part-00000.parquet``; 3.x: ``plan/epoch=E/rank=R/...``)."""
+    e, r = plan_dir_names(version)
+    return f"{PLAN_DIR}/{e}{epoch}/{r}{rank}/part-00000.parquet"
+
+
+def plan_key(rel: str, version: str = SCHEMA_VERSION) -> tuple[int, int] | None:
+    """(epoch, rank) when ``rel`` is exactly ``plan_file(epoch, rank, version)``, else None (a copy
+    such as ``epoch-00``, a second part or another layout's name)."""
+    nums = re.findall(r"[0-9]{1,18}", rel)[:2]
+    if len(nums) != 2:
+        return None
+    e, r = int(nums[0]), int(nums[1])
+    return (e, r) if plan_file(e, r, version) == rel else None
 
 
 #: Fixed vocabulary of reject reasons; ``detail`` carries the specifics.
@@ -193,7 +225,7 @@ CONTENT_HASH = "crc32"
 INTEGRITY_FIELDS = ("path_bytes", "path_crc32", "sweep_bytes", "sweep_crc32", "label_bytes", "label_crc32")
 
 #: {field name: the schema version that added it}; a field not named here is in every 3.x file.
-ADDED_IN: dict[str, str] = dict.fromkeys(INTEGRITY_FIELDS, "3.1")
+ADDED_IN: dict[str, str] = {**dict.fromkeys(INTEGRITY_FIELDS, "3.1"), "epoch": "4.0", "rank": "4.0"}
 
 
 def content_hash(data: bytes | memoryview, running: int = 0) -> int:
@@ -212,9 +244,10 @@ def is_before(version: str, other: str) -> bool:
 
 
 def is_readable(version: str) -> bool:
-    """A file of schema ``version`` is read by this lidarshard: same major version, not newer."""
-    same_major = version.split(".")[0] == SCHEMA_VERSION.split(".")[0]
-    return same_major and (version == SCHEMA_VERSION or is_before(version, SCHEMA_VERSION))
+    """A file of schema ``version`` is read by this lidarshard: a ``READABLE`` major, not newer than the
+    newest minor of it."""
+    newest = READABLE.get(version.split(".")[0])
+    return newest is not None and (version == newest or is_before(version, newest))
 
 
 def as_written(schema: pa.Schema, version: str) -> pa.Schema:
@@ -243,14 +276,15 @@ REJECT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("detail", _STR, "human-readable specifics"),
 ]
 
-#: The hive partition keys of ``PLAN_DIR``: directory names only, never columns in the files.
-PARTITION_FIELDS: list[tuple[str, pa.DataType, str]] = [
-    ("epoch", pa.int32(), "epoch index, 0-based"),
-    ("rank", pa.int32(), "data-parallel rank"),
+#: Which plan a plan file holds: columns of every 4.x file (one value each, that of its directory
+#: names ``epoch-E/rank-R``); in 3.x the hive directory names ``epoch=E/rank=R`` only.
+PLAN_KEY_FIELDS: list[tuple[str, pa.DataType, str]] = [
+    ("epoch", pa.int32(), "epoch index, 0-based (the file's epoch-E directory)"),
+    ("rank", pa.int32(), "data-parallel rank (the file's rank-R directory)"),
 ]
 
 #: One row per (step, slot) of one (epoch, rank) plan file.
-PLAN_FIELDS: list[tuple[str, pa.DataType, str]] = [
+PLAN_FIELDS: list[tuple[str, pa.DataType, str]] = PLAN_KEY_FIELDS + [
     ("step", pa.int32(), "step index within the epoch"),
     ("slot", pa.int32(), "position within the rank's batch, 0..rank_count-1"),
     ("sample_id", _STR, "key into the samples"),
@@ -290,14 +324,15 @@ def reject_schema() -> pa.Schema:
     return _schema(REJECT_FIELDS)
 
 
-def plan_schema() -> pa.Schema:
-    """Arrow schema of every ``plan/epoch=E/rank=R/part-*.parquet`` file (no partition columns)."""
-    return _schema(PLAN_FIELDS)
+def plan_schema(version: str = SCHEMA_VERSION) -> pa.Schema:
+    """Arrow schema of every ``plan_file`` (as schema ``version`` wrote them: 3.x without ``epoch``,
+    ``rank``)."""
+    return _schema(PLAN_FIELDS, version)
 
 
 def partition_schema() -> pa.Schema:
-    """Arrow schema of the plan's hive partition keys (``epoch``, ``rank``: int32)."""
-    return _schema(PARTITION_FIELDS)
+    """Arrow schema of a 3.x plan's hive directory keys (``epoch``, ``rank``: int32)."""
+    return _schema(PLAN_KEY_FIELDS)
 
 
 #: Keys of ``_manifest.json`` (JSON object) and what they hold.
@@ -352,7 +387,7 @@ def check_version(version: object, where: str, manifest: dict | None = None) -> 
         ValueError: naming both versions and the command that rebuilds the directory.
     """
     found = version[:40] if isinstance(version, str) else ""  # a forged value may be any JSON
-    if found.split(".")[0] == SCHEMA_VERSION.split(".")[0]:
+    if found.split(".")[0] in READABLE_MAJORS:
         return
     m = manifest or {}
     plan = " ".join(
@@ -364,6 +399,6 @@ def check_version(version: object, where: str, manifest: dict | None = None) -> 
     samples = SAMPLES_FILE if major.isdigit() and int(major) < 3 else SAMPLES_DIR
     raise ValueError(
         f"{where} was written with manifest schema {found or 'unknown'}; this lidarshard reads "
-        f"{SCHEMA_VERSION.split('.')[0]}.x ({SCHEMA_VERSION}): rebuild it without rescanning with "
+        f"{' and '.join(m + '.x' for m in READABLE_MAJORS)} (writes {SCHEMA_VERSION}): rebuild it without rescanning with "
         f"`lidarshard build NEW_OUT --from-samples {where.rstrip('/')}/{samples} {plan or '...'}`"
     )

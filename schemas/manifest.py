@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lidarshard.schemas import plan_file, plan_key
+
 __all__ = ["Manifest", "Counts", "Buckets", "FileEntry", "POLICIES", "relpath_problem"]
 
 #: How a pool that is not a multiple of W*B is fitted (``--drop-last`` / ``--pad``).
@@ -283,10 +285,18 @@ class Manifest:
         """Steps of planned epoch ``epoch`` (``0 <= epoch < epochs``)."""
         return self.steps_per_epoch[epoch]
 
+    def plan_file(self, epoch: int, rank: int) -> str:
+        """Relative path of rank ``rank``'s plan for ``epoch``, as this manifest's schema names it."""
+        return plan_file(epoch, rank, self.schema_version)
+
+    def plan_key(self, rel: str) -> tuple[int, int] | None:
+        """(epoch, rank) of ``rel`` when it is exactly one of this manifest's plan file names, else None."""
+        return plan_key(rel, self.schema_version)
+
     def epoch_files(self, epoch: int) -> dict[str, FileEntry]:
         """{relative path: entry} of epoch ``epoch``'s plan files, in rank order."""
-        prefix = f"plan/epoch={epoch}/"
-        return {p: f for p, f in sorted(self.files.items()) if p.startswith(prefix)}
+        ranks = {key[1]: p for p in self.files if (key := self.plan_key(p)) is not None and key[0] == epoch}
+        return {ranks[r]: self.files[ranks[r]] for r in sorted(ranks)}
 
     def plan_fingerprint(self, epoch: int) -> str:
         """A short hex digest naming epoch ``epoch``'s plan: its files' hashes with W, B, the seed and
@@ -295,7 +305,7 @@ class Manifest:
 
         h = hashlib.sha256()
         h.update(f"{self.world_size}/{self.batch_size}/{self.seed}/{self.strategy}/{epoch}\n".encode())
-        for path, entry in self.epoch_files(epoch).items():
+        for path, entry in sorted(self.epoch_files(epoch).items()):  # by name, as states of 3.1 hashed
             h.update(f"{path}\t{entry.sha256}\n".encode())
         return h.hexdigest()[:16]
 

@@ -1,7 +1,7 @@
 """Test helper: write a valid lidarshard manifest directory straight from numpy arrays.
 
 Follows the contract in ``schemas``: ``samples/part-00000.parquet``, ``rejects.parquet``,
-``epoch=E/rank=R/part-00000.parquet``, ``_manifest.json``, and ``_SUCCESS`` written last. The plan
+``epoch-E/rank-R/part-00000.parquet``, ``_manifest.json``, and ``_SUCCESS`` written last. The plan
 is made here by a tiny stand-in planner (not the pipeline's): ``balanced=True`` sorts the epoch's
 pool by cost, cuts it into steps of ``world_size * batch_size`` similar samples and deals each step
 to ranks longest-first; ``balanced=False`` deals a random permutation in order.
@@ -181,6 +181,8 @@ def write_plan_files(out: Path, epoch: int, plan: NDArray[np.int64], columns: tu
         mine = all_rows["rank"] == r
         idx = all_rows["row"][mine]
         rows = {
+            "epoch": np.full(idx.size, epoch, np.int32),
+            "rank": np.full(idx.size, r, np.int32),
             "step": all_rows["step"][mine],
             "slot": all_rows["slot"][mine],
             "sample_id": [ids[i] for i in idx],

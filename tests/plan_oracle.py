@@ -18,6 +18,8 @@ def plan_tables(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[list[pa.
     cols = scored.select(["sample_id", "path", "sweep_paths", "cost", "bucket_id"])
     taken = cols.take(pa.array(rows.pop("row"))).combine_chunks()
     fixed = {name: pa.array(values) for name, values in rows.items()}
+    fixed["epoch"] = pa.array(np.full(len(rows["rank"]), epoch, np.int32))
+    fixed["rank"] = pa.array(rows["rank"].astype(np.int32))
     arrays = [fixed[f.name] if f.name in fixed else taken.column(f.name) for f in schemas.plan_schema()]
     table = pa.Table.from_arrays(arrays, schema=schemas.plan_schema())
     w = planned.plan.shape[1]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
@@ -57,7 +58,7 @@ def test_manifest_contract(built) -> None:
         for rank in range(4):
             rows = _plan_rows(out, epoch, rank)
             assert [(r["step"], r["slot"]) for r in rows] == [(s, b) for s in range(7) for b in range(2)]
-            assert "epoch" not in rows[0] and "rank" not in rows[0]  # the directories say it
+            assert {(r["epoch"], r["rank"]) for r in rows} == {(epoch, rank)}  # as its directories say
             seen += [r["sample_id"] for r in rows]
         assert len(seen) == len(set(seen)) == 56
     for rel, info in m["files"].items():
@@ -77,8 +78,8 @@ def test_balance_is_recorded_and_beats_random(built) -> None:
 def _plan_keys(out: Path) -> list[tuple[int, int, int, int, str]]:
     """(epoch, rank, step, slot, sample_id) of every plan row, from the files one by one."""
     rows = []
-    for f in sorted((out / schemas.PLAN_DIR).glob("epoch=*/rank=*/*.parquet")):
-        e, r = int(f.parent.parent.name.split("=")[1]), int(f.parent.name.split("=")[1])
+    for f in sorted((out / schemas.PLAN_DIR).glob("epoch-*/rank-*/*.parquet")):
+        e, r = int(f.parent.parent.name.split("-")[1]), int(f.parent.name.split("-")[1])
         rows += [(e, r, x["step"], x["slot"], x["sample_id"]) for x in pq.read_table(f).to_pylist()]
     return sorted(rows)
 
@@ -90,31 +91,30 @@ def _keys(epoch, rank, step, slot, sample_id) -> list[tuple[int, int, int, int, 
 
 
 def test_plan_directory_is_read_whole_by_five_readers(built) -> None:
-    """pandas, pyarrow.parquet, pyarrow.dataset, DuckDB and polars read OUT/plan with no glob, with
-    integer epoch/rank, and return exactly the rows of the plan files."""
+    """pandas, pyarrow.parquet, pyarrow.dataset, DuckDB and polars read OUT/plan with no glob and no
+    option, with plain int32 epoch/rank (arithmetic and reductions work), and return exactly the rows
+    of the plan files."""
     _, out, _ = built
     plan = str(out / schemas.PLAN_DIR)
     want = _plan_keys(out)
     assert len(want) == 3 * 56
     cols = ["epoch", "rank", "step", "slot", "sample_id"]
-    t = pq.read_table(plan)  # epoch and rank as dictionary<int32>: to_pylist gives the ints
-    assert pa.types.is_int32(t.schema.field("epoch").type.value_type)
-    assert _keys(*(t[c].to_pylist() for c in cols)) == want
-    t = ds.dataset(plan, partitioning="hive").to_table()
-    assert t.schema.field("epoch").type == t.schema.field("rank").type == pa.int32()
-    assert _keys(*(t[c].to_pylist() for c in cols)) == want
+    for t in (pq.read_table(plan), ds.dataset(plan).to_table()):
+        assert t.schema.field("epoch").type == t.schema.field("rank").type == pa.int32()
+        assert pc.sum(t["epoch"]).as_py() == 56 * (0 + 1 + 2) and pc.max(t["rank"]).as_py() == 3
+        assert _keys(*(t[c].to_pylist() for c in cols)) == want
     duckdb = pytest.importorskip("duckdb")
-    rel = duckdb.connect().execute(
-        f"select {', '.join(cols)} from read_parquet('{plan}', hive_partitioning=true)"
-    )
+    rel = duckdb.connect().execute(f"select {', '.join(cols)} from read_parquet('{plan}')")
     assert _keys(*zip(*rel.fetchall(), strict=True)) == want
+    assert duckdb.connect().execute(f"select max(epoch) + 1 from read_parquet('{plan}')").fetchone() == (3,)
     pl = pytest.importorskip("polars")
     frame = pl.read_parquet(plan)
     assert frame.schema["epoch"].is_integer() and frame.schema["rank"].is_integer()
     assert _keys(*(frame[c].to_list() for c in cols)) == want
     pd = pytest.importorskip("pandas")
-    df = pd.read_parquet(plan)  # epoch and rank as categoricals of int32
-    assert all(pd.api.types.is_integer_dtype(df[c].cat.categories) for c in ("epoch", "rank"))
+    df = pd.read_parquet(plan)
+    assert all(pd.api.types.is_integer_dtype(df[c]) for c in ("epoch", "rank"))
+    assert df.epoch.max() == 2 and (df["rank"] + 1).max() == 4  # what categoricals refused
     assert _keys(*(df[c].tolist() for c in cols)) == want
 
 

@@ -66,8 +66,8 @@ def _listing(files: dict[str, bytes]) -> dict[str, bytes]:
     return files | {schemas.MANIFEST_FILE: json.dumps({"files": listed}).encode()}
 
 
-PREV = _listing({"epoch=0/rank=0/a.parquet": b"p0", "epoch=0/rank=3/a.parquet": b"p3"})
-NEW = _listing({"epoch=0/rank=0/a.parquet": b"n0"})
+PREV = _listing({"epoch-0/rank-0/a.parquet": b"p0", "epoch-0/rank-3/a.parquet": b"p3"})
+NEW = _listing({"epoch-0/rank-0/a.parquet": b"n0"})
 
 
 def _with(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -79,7 +79,7 @@ def test_publish_replaces_wholesale(tmp_path: Path) -> None:
     _output.commit(_stage(out, PREV), out)
     assert _tree(tmp_path / "out") == _with(PREV)
     _output.commit(_stage(out, NEW), out)
-    assert _tree(tmp_path / "out") == _with(NEW)  # rank=3 of the previous run is gone, not mixed in
+    assert _tree(tmp_path / "out") == _with(NEW)  # rank-3 of the previous run is gone, not mixed in
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
@@ -189,10 +189,10 @@ def test_new_world_size_replaces_the_old_output_wholesale(tmp_path: Path) -> Non
     inp = make_bins(tmp_path / "in", n=24)
     out = tmp_path / "out"
     _build(inp, out)
-    assert (out / "plan/epoch=1/rank=3").is_dir()
+    assert (out / "plan/epoch-1/rank-3").is_dir()
     assert build_cli.run([str(inp), str(out), *_FLAGS[2:], "--world-size", "2", *BEAM_TEST_FLAGS]) == 0
-    ranks = sorted(str(p.relative_to(out / "plan")) for p in out.glob("plan/epoch=*/rank=*"))
-    assert ranks == ["epoch=0/rank=0", "epoch=0/rank=1", "epoch=1/rank=0", "epoch=1/rank=1"]
+    ranks = sorted(str(p.relative_to(out / "plan")) for p in out.glob("plan/epoch-*/rank-*"))
+    assert ranks == ["epoch-0/rank-0", "epoch-0/rank-1", "epoch-1/rank-0", "epoch-1/rank-1"]
     assert json.loads((out / schemas.MANIFEST_FILE).read_text())["world_size"] == 2
     assert validate(str(out))[0] == []
     assert sorted(os.listdir(tmp_path)) == ["in", "out"]

@@ -133,12 +133,8 @@ def test_the_readme_lists_every_reject_reason() -> None:
 
 
 def plan_columns_table() -> str:
-    """The README's table of the plan's columns, from the schema (partition keys first)."""
+    """The README's table of the plan's columns, from the schema (its key, epoch and rank, first)."""
     rows = ["| column | type | meaning |", "|---|---|---|"]
-    rows += [
-        f"| `{name}` | `{kind}` | {doc} (the `{name}=N` directory) |"
-        for name, kind, doc in schemas.PARTITION_FIELDS
-    ]
     rows += [f"| `{name}` | `{kind}` | {doc} |" for name, kind, doc in schemas.PLAN_FIELDS]
     return "\n".join(rows)
 

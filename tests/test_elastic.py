@@ -16,6 +16,7 @@ from elastic_fixture import plan_manifest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lidarshard import schemas
 from lidarshard.loaders import ManifestReader, load_manifest, read_samples
 from lidarshard.loaders.elastic import (
     ElasticBatchSampler,
@@ -511,9 +512,9 @@ def test_a_plan_that_is_not_the_manifests_epoch_is_refused(tmp_path: Path) -> No
         ValueError, match=r"holds 40 entries over 10 steps but the manifest records 36.*wrong epoch"
     ):
         list(torch_loaders.BalancedBatchSampler(out, 0, 2))
-    plan_part = out / "plan" / "epoch=0" / "rank=1" / "part-00000.parquet"
+    plan_part = out / schemas.plan_file(0, 1)
     plan_part.write_bytes(plan_part.read_bytes()[:-1] + b"\0")  # a plan file edited after the build
-    with pytest.raises(ValueError, match=r"rank=1/part-00000.parquet: .*sha256 differs"):
+    with pytest.raises(ValueError, match=r"rank-1/part-00000.parquet: .*sha256 differs"):
         load_epoch_plan(out, 0)
     with pytest.raises(ValueError, match="not the epoch's plan"):
         check_exact(np.arange(6).reshape(1, 2, 3), np.array([0, 1]), np.array([[[2], [3]]]), 6, 0)

@@ -85,10 +85,10 @@ def test_build_reads_and_writes_object_store_uris(bucket: str, tmp_path: Path) -
 def test_rebuild_replaces_the_whole_output(bucket: str) -> None:
     out = f"{bucket}/out"
     assert build_cli.run([f"{bucket}/in", out, *PLAN, "--epochs", "3", *BEAM_TEST_FLAGS]) == 0
-    assert any(k.startswith("plan/epoch=2/") for k in _keys(out + "/"))
+    assert any(k.startswith("plan/epoch-2/") for k in _keys(out + "/"))
     assert build_cli.run([f"{bucket}/in", out, *PLAN, "--epochs", "1", *BEAM_TEST_FLAGS]) == 0
     keys = _keys(out + "/")
-    assert not any(k.startswith(("plan/epoch=1/", "plan/epoch=2/")) for k in keys), keys
+    assert not any(k.startswith(("plan/epoch-1/", "plan/epoch-2/")) for k in keys), keys
     assert json.loads(_get(f"{out}/{schemas.MANIFEST_FILE}"))["epochs"] == 1
 
 

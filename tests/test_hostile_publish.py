@@ -139,11 +139,11 @@ UNLISTED: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
 }  # fmt: skip
 BUILD_ONLY: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
     "file_in_plan_root": ("plan/README.md", lambda o, i: (o / "plan/README.md").write_text("x")),
-    "file_in_rank_dir": ("plan/epoch=0/rank=0/notes.txt", lambda o, i: (o / "plan/epoch=0/rank=0/notes.txt").write_text("x")),
-    "plan_epoch_copy": ("plan/epoch=00", lambda o, i: shutil.copytree(o / "plan/epoch=0", o / "plan/epoch=00")),
-    "unplanned_epoch_copy": ("plan/epoch=2", lambda o, i: shutil.copytree(o / "plan/epoch=1", o / "plan/epoch=2")),
+    "file_in_rank_dir": ("plan/epoch-0/rank-0/notes.txt", lambda o, i: (o / "plan/epoch-0/rank-0/notes.txt").write_text("x")),
+    "plan_epoch_copy": ("plan/epoch-00", lambda o, i: shutil.copytree(o / "plan/epoch-0", o / "plan/epoch-00")),
+    "unplanned_epoch_copy": ("plan/epoch-2", lambda o, i: shutil.copytree(o / "plan/epoch-1", o / "plan/epoch-2")),
     "unlisted_part": ("samples/part-00009.parquet", lambda o, i: shutil.copy(o / schemas.samples_part(0), o / "samples/part-00009.parquet")),
-    "stale_plan_dir": ("plan/epoch=0/rank=7", lambda o, i: (o / "plan/epoch=0/rank=7").mkdir()),
+    "stale_plan_dir": ("plan/epoch-0/rank-7", lambda o, i: (o / "plan/epoch-0/rank-7").mkdir()),
 }  # fmt: skip
 
 
@@ -335,8 +335,8 @@ def _stage(out: str, files: dict[str, bytes]) -> str:
     return staging
 
 
-OLD = {"plan/epoch=0/rank=0/part-00000.parquet": b"old0", "plan/epoch=0/rank=1/part-00000.parquet": b"old1"}
-NEW = {"plan/epoch=0/rank=0/part-00000.parquet": b"new0"}
+OLD = {"plan/epoch-0/rank-0/part-00000.parquet": b"old0", "plan/epoch-0/rank-1/part-00000.parquet": b"old1"}
+NEW = {"plan/epoch-0/rank-0/part-00000.parquet": b"new0"}
 
 
 @pytest.mark.parametrize("exchange", [True, False])
@@ -387,7 +387,7 @@ def test_an_entry_added_after_the_last_check_is_kept_whole(
     assert publish.recover(out) == [] and (tmp_path / kept).exists()
 
 
-NEW_REL = "plan/epoch=0/rank=0/part-00000.parquet"
+NEW_REL = "plan/epoch-0/rank-0/part-00000.parquet"
 
 
 def _mem_tree(root: str) -> dict[str, bytes]:
@@ -397,7 +397,7 @@ def _mem_tree(root: str) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize(
-    "user_key", ["raw/x.bin", "notes.txt", "plan/epoch=0/mine.txt", "samples/part-00003.parquet"]
+    "user_key", ["raw/x.bin", "notes.txt", "plan/epoch-0/mine.txt", "samples/part-00003.parquet"]
 )
 def test_object_store_outs_refuse_and_never_delete_unlisted_objects(monkeypatch, user_key: str) -> None:
     CASES["races"] += 1
@@ -412,7 +412,7 @@ def test_object_store_outs_refuse_and_never_delete_unlisted_objects(monkeypatch,
     publish._commit_remote(staging, out, owned)
     tree = _mem_tree(out)
     assert tree[user_key] == b"user" and tree[NEW_REL] == b"new0"
-    assert "plan/epoch=0/rank=1/part-00000.parquet" not in tree  # the old listed file went
+    assert "plan/epoch-0/rank-1/part-00000.parquet" not in tree  # the old listed file went
 
 
 def _stage_remote_unchecked(out: str, files: dict[str, bytes]) -> str:
@@ -480,7 +480,7 @@ def test_an_undeletable_previous_tree_is_named_at_every_later_run(
     out = str(tmp_path / "out")
     publish.commit(_stage(out, OLD), out)
     real_unlink = os.unlink
-    stuck = "rank=1"
+    stuck = "rank-1"
 
     def unlink(path, *a, **k):
         if stuck in os.fspath(path):
@@ -506,7 +506,7 @@ def test_an_immutable_previous_tree_is_named(tmp_path: Path, capsys) -> None:
     CASES["read-only"] += 1
     out = str(tmp_path / "out")
     publish.commit(_stage(out, OLD), out)
-    locked = tmp_path / "out" / "plan" / "epoch=0"
+    locked = tmp_path / "out" / "plan" / "epoch-0"
     if (
         shutil.which("chattr") is None
         or subprocess.run(["chattr", "+i", str(locked)], capture_output=True).returncode
@@ -518,7 +518,7 @@ def test_an_immutable_previous_tree_is_named(tmp_path: Path, capsys) -> None:
         (left,) = _leftovers(tmp_path)
         assert left in line and "could not delete" in line
     finally:
-        for p in tmp_path.rglob("epoch=0"):
+        for p in tmp_path.rglob("epoch-0"):
             subprocess.run(["chattr", "-i", str(p)], capture_output=True)
 
 
@@ -729,13 +729,13 @@ def test_a_forged_world_size_of_a_budget_plan_is_refused(
 
 
 PLAN_COPIES: dict[str, tuple[Callable[[Path], None], str, type]] = {
-    "epoch_00_copy": (lambda o: shutil.copytree(o / "plan/epoch=0", o / "plan/epoch=00"), "plan/epoch=00/rank=0", ValueError),
-    "rank_00_copy": (lambda o: shutil.copytree(o / "plan/epoch=0/rank=0", o / "plan/epoch=0/rank=00"), "rank=00", ValueError),
-    "second_part": (lambda o: shutil.copy(o / schemas.plan_file(0, 0), o / "plan/epoch=0/rank=0/part-00001.parquet"), "part-00001", ValueError),
-    "unplanned_epoch": (lambda o: shutil.copytree(o / "plan/epoch=1", o / "plan/epoch=7"), "plan/epoch=7", ValueError),
-    "truncated": (lambda o: (o / schemas.plan_file(1, 1)).write_bytes((o / schemas.plan_file(1, 1)).read_bytes()[:-9]), "rank=1", ValueError),
-    "grown": (lambda o: (o / schemas.plan_file(0, 1)).write_bytes((o / schemas.plan_file(0, 1)).read_bytes() + b"\0"), "rank=1", ValueError),
-    "deleted": (lambda o: (o / schemas.plan_file(1, 0)).unlink(), "epoch=1/rank=0", FileNotFoundError),
+    "epoch_00_copy": (lambda o: shutil.copytree(o / "plan/epoch-0", o / "plan/epoch-00"), "plan/epoch-00/rank-0", ValueError),
+    "rank_00_copy": (lambda o: shutil.copytree(o / "plan/epoch-0/rank-0", o / "plan/epoch-0/rank-00"), "rank-00", ValueError),
+    "second_part": (lambda o: shutil.copy(o / schemas.plan_file(0, 0), o / "plan/epoch-0/rank-0/part-00001.parquet"), "part-00001", ValueError),
+    "unplanned_epoch": (lambda o: shutil.copytree(o / "plan/epoch-1", o / "plan/epoch-7"), "plan/epoch-7", ValueError),
+    "truncated": (lambda o: (o / schemas.plan_file(1, 1)).write_bytes((o / schemas.plan_file(1, 1)).read_bytes()[:-9]), "rank-1", ValueError),
+    "grown": (lambda o: (o / schemas.plan_file(0, 1)).write_bytes((o / schemas.plan_file(0, 1)).read_bytes() + b"\0"), "rank-1", ValueError),
+    "deleted": (lambda o: (o / schemas.plan_file(1, 0)).unlink(), "epoch-1/rank-0", FileNotFoundError),
 }  # fmt: skip
 
 

@@ -26,6 +26,7 @@ from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize
 from lidarshard.transforms.nuscenes.tables import NuScenesTask, SweepRef
 from tests.helpers import BEAM_TEST_FLAGS, mem_io
+from tests.legacy import as_written_by
 
 VERSION = "v1.0-synth"
 PLAN = ["--world-size", "2", "--batch-size", "2"]
@@ -119,7 +120,7 @@ def test_the_scan_records_every_files_size_and_crc32(built: Path, dataroot: Path
             assert (size, crc) == (len(data), zlib.crc32(data)), rel
         assert r["file_bytes"] == r["path_bytes"] + sum(r["sweep_bytes"])
     m = json.loads((built / schemas.MANIFEST_FILE).read_text())
-    assert m["schema_version"] == schemas.SCHEMA_VERSION == "3.1"
+    assert m["schema_version"] == schemas.SCHEMA_VERSION == "4.0"
     assert m["scan_config"]["content_hash"] == schemas.CONTENT_HASH == "crc32"
     assert set(schemas.INTEGRITY_FIELDS) <= {f["name"] for f in m["sample_schema"]}
     assert pq.read_schema(built / schemas.samples_part(0)).names == schemas.scored_schema().names
@@ -459,20 +460,8 @@ def test_real_nuscenes_files_recorded_validated_and_a_truncated_copy_refused(
 
 
 def _as_schema_3_0(out: Path) -> Path:
-    """Rewrite a 3.1 output as lidarshard 3.0 wrote it: no integrity columns, every file's schema
-    version 3.0, the manifest's sizes and sha256s recomputed."""
-    meta = json.loads((out / schemas.MANIFEST_FILE).read_text())
-    meta["schema_version"] = "3.0"
-    meta["sample_schema"] = schemas.schema_to_json(schemas.sample_schema("3.0"))
-    for rel in meta["files"]:
-        t = pq.read_table(out / rel)
-        if rel.startswith(schemas.SAMPLES_DIR + "/"):
-            t = t.select(schemas.scored_schema("3.0").names)
-        pq.write_table(t.replace_schema_metadata({"lidarshard.schema_version": "3.0"}), out / rel)
-        data = (out / rel).read_bytes()
-        meta["files"][rel] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (out / schemas.MANIFEST_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    return out
+    """A 4.0 output rewritten as lidarshard 3.0 wrote it: no integrity columns, hive plan directories."""
+    return as_written_by(out, "3.0")
 
 
 def test_schema_3_0_outputs_validate_and_load(built: Path, moved: Path, tmp_path: Path, capsys) -> None:
@@ -502,7 +491,8 @@ def test_validate_checks_each_file_against_its_own_versions_contract(
     t = pq.read_table(out / schemas.samples_part(0))
     for version, needle in (
         ("3.0", "schema differs from the contract: extra ['path_bytes'"),  # 3.1 columns under a 3.0 label
-        ("3.2", "written with schema version '3.2', expected '3.1' (or an earlier minor)"),
+        ("3.2", "written with schema version '3.2', expected '4.0' (or an earlier minor)"),  # no 3.2 exists
+        ("4.1", "written with schema version '4.1', expected '4.0' (or an earlier minor)"),
         ("2.1", "written with schema version '2.1'"),
     ):
         _rewrite(
@@ -527,7 +517,8 @@ def test_schema_versions_and_the_content_hash() -> None:
     assert schemas.sample_schema("3.0").metadata == {b"lidarshard.schema_version": b"3.0"}
     assert not set(schemas.INTEGRITY_FIELDS) & set(schemas.scored_schema("3.0").names)
     assert schemas.sample_schema().names[-len(schemas.INTEGRITY_FIELDS) :] == list(schemas.INTEGRITY_FIELDS)
-    assert [schemas.is_readable(v) for v in ("3.0", "3.1", "3.2", "2.1", "", "4.0")] == [1, 1, 0, 0, 0, 0]
+    readable = [schemas.is_readable(v) for v in ("3.0", "3.1", "3.2", "2.1", "", "4.0", "4.1", "5.0")]
+    assert readable == [1, 1, 0, 0, 0, 1, 0, 0]
     assert schemas.is_before("3.9", "3.10") and not schemas.is_before("3.1", "3.1")
     data = os.urandom(5000)
     assert schemas.content_hash(data[1234:], schemas.content_hash(data[:1234])) == zlib.crc32(data)

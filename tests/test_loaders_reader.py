@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from manifest_fixture import make_fixture, sweep_offset
 
+from lidarshard import schemas
 from lidarshard.loaders import ManifestReader, load_manifest, load_points, plan_dataset, read_samples
 from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, PLAN_FIELDS, SCHEMA_VERSION, SUCCESS_FILE, plan_file
 
@@ -73,7 +74,7 @@ def test_refuses_a_v1_manifest_naming_both_versions_and_the_rebuild(out: Path) -
     meta["schema_version"] = "1.0"
     (out / MANIFEST_FILE).write_text(json.dumps(meta))
     want = (
-        rf"{out} was written with manifest schema 1\.0; this lidarshard reads {SCHEMA_VERSION.split('.')[0]}\.x \({re.escape(SCHEMA_VERSION)}\): rebuild it "
+        rf"{out} was written with manifest schema 1\.0; this lidarshard reads 3\.x and 4\.x \(writes {re.escape(SCHEMA_VERSION)}\): rebuild it "
         rf"without rescanning with `lidarshard build NEW_OUT --from-samples {out}/samples\.parquet "
         r"--world-size 2 --batch-size 2 --epochs 2 --seed 0 --strategy fixture_sorted_lpt`"
     )
@@ -136,7 +137,7 @@ def test_malformed_plan_is_refused(out: Path) -> None:
 
 def test_an_empty_rank_directory_names_itself(out: Path) -> None:
     (out / plan_file(0, 1)).unlink()
-    with pytest.raises(ValueError, match=r"plan/epoch=0/rank=1: the rank directory holds no plan file"):
+    with pytest.raises(ValueError, match=r"plan/epoch-0/rank-1: the rank directory holds no plan file"):
         ManifestReader(out, 1, 2, 0)
 
 
@@ -160,7 +161,8 @@ def test_a_stray_file_at_the_plan_root_is_named(out: Path) -> None:
 
 def test_plan_dataset_holds_only_plan_partitions(out: Path) -> None:
     dataset = plan_dataset(out)
-    assert dataset.schema.names == [name for name, _, _ in PLAN_FIELDS] + ["epoch", "rank"]
+    assert dataset.schema.names == [name for name, _, _ in PLAN_FIELDS]
+    assert PLAN_FIELDS[:2] == schemas.PLAN_KEY_FIELDS
     assert dataset.schema.field("epoch").type == dataset.schema.field("rank").type == pa.int32()
     table = dataset.to_table()
     assert table.num_rows == 2 * 5 * 2 * 2  # epochs * steps * ranks * batch

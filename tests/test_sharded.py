@@ -27,7 +27,10 @@ def _sharded_tables(
         )
         for rank, piece in got.items():
             pieces.setdefault(rank, []).append(piece)
-    return [sharded.finish_rank(pieces.get(r, [])[:: -1 if reverse else 1]) for r in range(cfg.world_size)]
+    return [
+        sharded.finish_rank(pieces.get(r, [])[:: -1 if reverse else 1], epoch, r)
+        for r in range(cfg.world_size)
+    ]
 
 
 @settings(max_examples=25, deadline=None)
@@ -62,7 +65,7 @@ def test_pieces_round_trip_through_parquet_keep_the_schema() -> None:
     import pyarrow.parquet as pq
 
     for r in range(3):
-        table = sharded.finish_rank([pq.read_table(back[r])])
+        table = sharded.finish_rank([pq.read_table(back[r])], 0, r)
         assert parquet_bytes(table) == parquet_bytes(want[r])
 
 

@@ -135,8 +135,13 @@ def _uneven_steps(out: Path) -> None:
 
 def _rank_column(out: Path) -> None:
     _rewrite(
-        out, PLAN, lambda t: t.append_column("rank", pa.array([3] * t.num_rows, pa.int32())), record=True
+        out, PLAN, lambda t: t.append_column("rank", pa.array([2] * t.num_rows, pa.int32())), record=True
     )
+
+
+def _other_place(out: Path) -> None:
+    """Rank 0's file of epoch 1 copied to rank 2's place (listed with its new size and sha256)."""
+    _rewrite(out, PLAN, lambda t: pq.read_table(out / schemas.plan_file(1, 0)), record=True)
 
 
 def _other_schema(out: Path) -> None:
@@ -162,8 +167,8 @@ def _samples_cost(out: Path) -> None:
 
 
 def _extra_file(out: Path) -> None:
-    (out / "plan/epoch=0/rank=9").mkdir()
-    (out / "plan/epoch=0/rank=9/part-00000.parquet").write_bytes((out / PLAN).read_bytes())
+    (out / schemas.plan_file(0, 9)).parent.mkdir()
+    (out / schemas.plan_file(0, 9)).write_bytes((out / PLAN).read_bytes())
 
 
 def _no_success(out: Path) -> None:
@@ -189,9 +194,13 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     "rows out of order, sha fixed": (_swap_steps, "rows must be sorted by (step, slot)"),
     "short step, sha fixed": (_short_step, "5 rows, but steps_per_epoch[1] = 3 steps x batch_size 2 = 6"),
     "uneven steps, sha fixed": (_uneven_steps, "epoch 1 rank 2 step 0: 1 rows, expected batch_size 2"),
-    "partition column in the file, sha fixed": (
+    "rank column twice, sha fixed": (
         _rank_column,
-        "schema differs from the contract: extra ['rank']",
+        "schema differs from the contract: column 'rank' appears more than once",
+    ),
+    "another rank's file in its place, sha fixed": (
+        _other_place,
+        f"{PLAN}: column rank is not 2 on every row (a plan file of another place)",
     ),
     "schema change, sha fixed": (_other_schema, "schema differs from the contract: missing ['bucket_id']"),
     "plan cost, sha fixed": (_wrong_cost, "cost of "),
@@ -201,7 +210,7 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
         f"{PLAN}: epoch 1 rank 2 step 0: rank_count 5, the plan holds 2",
     ),
     "global count, sha fixed": (_counts("global_count", 7), "step 0: global_count 7, the plan holds 8"),
-    "unlisted rank file": (_extra_file, "plan/epoch=0/rank=9/part-00000.parquet: file is not listed"),
+    "unlisted rank file": (_extra_file, f"{schemas.plan_file(0, 9)}: file is not listed"),
     "no _SUCCESS": (_no_success, "no _SUCCESS, so it is not a committed lidarshard output"),
     "world size edited": (
         _manifest_edit(lambda m: m.update(world_size=2)),
@@ -209,7 +218,8 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "schema version": (
         _manifest_edit(lambda m: m.update(schema_version="1.0")),
-        f"written with manifest schema 1.0; this lidarshard reads 3.x ({schemas.SCHEMA_VERSION}): rebuild it "
+        f"written with manifest schema 1.0; this lidarshard reads 3.x and 4.x (writes {schemas.SCHEMA_VERSION}): "
+        "rebuild it "
         "without rescanning with `lidarshard build NEW_OUT --from-samples",
     ),
     "scanned count": (

@@ -4,7 +4,7 @@ Checks, in order: ``_SUCCESS``; ``_manifest.json`` (schema version, then read on
 ``lidarshard.schemas.manifest.Manifest``: a missing or malformed key is one line naming it); every data
 file against the size and sha256 recorded at commit, no missing or unlisted file (``validate_files``);
 each file's Arrow schema against ``schemas``; samples (sorted unique ids, cost model, bucket ids, bucket
-counts, inputs fingerprint); rejects (reasons, counts); every ``plan/epoch=E/rank=R`` file (no partition columns,
+counts, inputs fingerprint); rejects (reasons, counts); every ``plan/epoch-E/rank-R`` file (its epoch and rank columns,
 exactly ``batch_size`` rows per step in (step, slot) order, or at least one under ``budget``,
 ``rank_count`` / ``global_count``, ``steps_per_epoch``, every sample id known with matching path,
 sweeps, cost and bucket; the caps); coverage per epoch (drop_last: each sample at most once, planned =
@@ -108,6 +108,9 @@ def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
     want = schemas.as_written(want, version)
     got = {f.name: _type(f.type) for f in table.schema}
     exp = {f.name: _type(f.type) for f in want}
+    twice = sorted({n for n in table.schema.names if table.schema.names.count(n) > 1})
+    if twice:
+        return f"schema differs from the contract: column {twice[0]!r} appears more than once"
     if got != exp or list(got) != list(exp):
         missing, extra = [n for n in exp if n not in got], [n for n in got if n not in exp]
         typed = [f"{n} is {got[n]}, expected {t}" for n, t in exp.items() if n in got and got[n] != t]
@@ -247,7 +250,7 @@ def _plan_config(c: _Checker, m: Manifest) -> PlanConfig | None:
 
 def _check_manifest(c: _Checker) -> str:
     m = _read_manifest(c)
-    complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS)
+    complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS, m.schema_version)
     good = check_recorded(c.problem, c.store.root, c.store.sizes(), m.files)
     model_cost, bad_model = cost_model_of(m)
     samples = c.samples(

@@ -8,7 +8,6 @@ with the steps and counts recorded."""
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -19,7 +18,7 @@ from lidarshard.schemas.manifest import FileEntry
 from lidarshard.transforms import storage
 from lidarshard.transforms.parts import listed_parts
 
-__all__ = ["plan_key", "samples_parts", "check_listed", "check_recorded", "check_scan_files", "check_plan"]
+__all__ = ["samples_parts", "check_listed", "check_recorded", "check_scan_files", "check_plan"]
 
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
@@ -27,15 +26,6 @@ _META = schemas.META_FILES
 #: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
 _DERIVED_PREFIXES = (schemas.REPORT_DIR + "/",)
 _BLOCK = 8 << 20  # bytes hashed at a time
-
-
-def plan_key(rel: str) -> tuple[int, int] | None:
-    """(epoch, rank) when ``rel`` is exactly ``schemas.plan_file(epoch, rank)``, else None."""
-    nums = re.findall(r"[0-9]{1,18}", rel)[:2]
-    if len(nums) != 2:
-        return None
-    e, r = int(nums[0]), int(nums[1])
-    return (e, r) if schemas.plan_file(e, r) == rel else None
 
 
 def samples_parts(problem: Problem, rels: list[str]) -> list[str] | None:
@@ -48,15 +38,21 @@ def samples_parts(problem: Problem, rels: list[str]) -> list[str] | None:
 
 
 def check_listed(
-    problem: Problem, files: Mapping[str, object], w: int, epochs: int, enumerate_up_to: int
+    problem: Problem,
+    files: Mapping[str, object],
+    w: int,
+    epochs: int,
+    enumerate_up_to: int,
+    version: str = schemas.SCHEMA_VERSION,
 ) -> tuple[bool, list[str] | None]:
     """The files ``_manifest.json`` lists are exactly the samples parts, rejects and one plan file
-    per (epoch, rank); missing plan files are named one by one when at most ``enumerate_up_to``.
+    per (epoch, rank) named as schema ``version`` names them (``schemas.plan_key``); missing plan files
+    are named one by one when at most ``enumerate_up_to``.
     Returns (whether the list is complete, the samples parts in order or None: ``samples_parts``).
     """
     plans: set[tuple[int, int]] = set()
     for rel in sorted(files):
-        key = plan_key(rel)
+        key = schemas.plan_key(rel, version)
         if key is not None and key[0] < epochs and key[1] < w:
             plans.add(key)
         elif rel != schemas.REJECTS_FILE and not rel.startswith(schemas.SAMPLES_DIR + "/"):
@@ -65,7 +61,9 @@ def check_listed(
     parts = samples_parts(problem, list(files))
     gap = w * epochs - len(plans)
     if 0 < gap <= enumerate_up_to:  # then w * epochs <= len(files) + enumerate_up_to: cheap to enumerate
-        missing += [schemas.plan_file(e, r) for e in range(epochs) for r in range(w) if (e, r) not in plans]
+        missing += [
+            schemas.plan_file(e, r, version) for e in range(epochs) for r in range(w) if (e, r) not in plans
+        ]
     elif gap:
         problem(
             "_manifest.json",
@@ -136,8 +134,15 @@ def _add(problems: list[str], where: str, what: str) -> None:
 def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int, b: int | None) -> bool:
     """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, exactly ``steps`` x
     ``b`` rows in (step, slot) order (``b=None``, variable counts: every step holds slots ``0..n-1``
-    with ``n >= 1`` equal to ``rank_count``). Epoch and rank are the file's directories (the schema
-    check refuses them as columns). Returns True when the file is usable."""
+    with ``n >= 1`` equal to ``rank_count``). A 4.x file's ``epoch`` and ``rank`` columns hold ``e`` and
+    ``r`` on every row (a 3.x file has none: the schema check refuses them). Returns True when the file
+    is usable."""
+    for name, want in (("epoch", e), ("rank", r)):
+        if name in t.column_names and (
+            t.column(name).null_count or (t.column(name).to_numpy() != want).any()
+        ):
+            _add(problems, rel, f"column {name} is not {want} on every row (a plan file of another place)")
+            return False
     if b is None:
         return _check_variable(problems, rel, t, e, r, steps)
     for name in ("step", "slot", "sample_id", "cost", "bucket_id", "path"):

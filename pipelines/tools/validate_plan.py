@@ -62,10 +62,16 @@ def epoch_rows(ranks: list[dict[str, NDArray]]) -> dict[str, NDArray]:
 
 
 def check_counts(
-    problems: list[str], e: int, rows: dict[str, NDArray], plan: NDArray[np.int64], b: int | None
+    problems: list[str],
+    e: int,
+    rows: dict[str, NDArray],
+    plan: NDArray[np.int64],
+    b: int | None,
+    file_of: Callable[[int, int], str] = schemas.plan_file,
 ) -> None:
     """``rank_count`` and ``global_count`` of every row (``epoch_rows``) against the plan (S, W, M) of
-    epoch ``e``; with ``b`` (equal counts) every rank-step holds ``b`` samples."""
+    epoch ``e``; with ``b`` (equal counts) every rank-step holds ``b`` samples. ``file_of(e, r)``: the
+    rank's plan file, for the message (``Manifest.plan_file``)."""
     counts = (plan >= 0).sum(axis=-1)
     step, rank = rows["step"], rows["rank"]
     for name, want in (("rank_count", counts[step, rank]), ("global_count", counts.sum(axis=1)[step])):
@@ -74,15 +80,23 @@ def check_counts(
             i = int(bad[0])
             _add(
                 problems,
-                f"{schemas.plan_file(e, int(rank[i]))}: epoch {e} rank {rank[i]} step {step[i]}",
+                f"{file_of(e, int(rank[i]))}: epoch {e} rank {rank[i]} step {step[i]}",
                 f"{name} {rows[name][i]}, the plan holds {want[i]}",
             )
     if b is not None and (counts != b).any():
         _add(problems, f"epoch {e}", f"a rank-step holds {counts[counts != b][0]} samples, batch_size is {b}")
 
 
-def check_caps(problems: list[str], e: int, caps: Caps, plan: NDArray[np.int64], samples: pa.Table) -> None:
-    """Every rank-step of epoch ``e``'s plan (S, W, M) within the manifest's caps."""
+def check_caps(
+    problems: list[str],
+    e: int,
+    caps: Caps,
+    plan: NDArray[np.int64],
+    samples: pa.Table,
+    file_of: Callable[[int, int], str] = schemas.plan_file,
+) -> None:
+    """Every rank-step of epoch ``e``'s plan (S, W, M) within the manifest's caps (``file_of``: as in
+    ``check_counts``)."""
     sums: list[tuple[str, float | None, NDArray]] = [("samples", caps.max_samples, (plan >= 0).sum(axis=-1))]
     sums.append(("cost", caps.max_cost, rank_step_sums(plan, samples.column("cost").to_numpy())))
     sums.append(("points", caps.max_points, rank_step_sums(plan, samples.column("num_points").to_numpy())))
@@ -92,21 +106,22 @@ def check_caps(problems: list[str], e: int, caps: Caps, plan: NDArray[np.int64],
             s, r = (int(v) for v in bad[0])
             _add(
                 problems,
-                f"{schemas.plan_file(e, r)}: epoch {e} step {s} rank {r}",
+                f"{file_of(e, r)}: epoch {e} step {s} rank {r}",
                 f"{got[s, r]:.6g} {name} > --max-{name}-per-rank-step {cap:g} ({len(bad)} rank-steps over)",
             )
 
 
 def lookup(
-    problems: list[str], e: int, r: int, t: pa.Table, samples: SamplesView
+    problems: list[str], rel: str, e: int, r: int, t: pa.Table, samples: SamplesView
 ) -> NDArray[np.int64] | None:
-    """(n,) row indices into ``samples`` of the n rows of rank ``r``'s plan table ``t`` (epoch ``e``),
+    """(n,) row indices into ``samples`` of the n rows of rank ``r``'s plan table ``t`` (epoch ``e``,
+    file ``rel``),
     after checking that every sample_id exists and cost, bucket_id, path and sweep_paths equal the
     sample's (the strings through their row keys)."""
 
     def where(i: int) -> str:
         step, slot = (t.column(k)[i].as_py() for k in ("step", "slot"))
-        return f"{schemas.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}"
+        return f"{rel}: epoch {e} rank {r} step {step} slot {slot}"
 
     ids = t.column("sample_id")
     idx = samples.find(ids)
@@ -136,7 +151,7 @@ def _row_keys(t: pa.Table) -> NDArray[np.uint64]:
 
 
 def _epoch_plan(
-    problems: list[str], e: int, ranks: list[dict[str, NDArray]], steps: int, b: int | None
+    problems: list[str], m: Manifest, e: int, ranks: list[dict[str, NDArray]], steps: int, b: int | None
 ) -> NDArray[np.int64] | None:
     """Epoch ``e``'s (S, W, M) plan of sample indices (``dense_plan``) from the ``rank_rows`` of every
     rank (emptied), its counts checked; None and a problem when the rows do not fit S x W."""
@@ -146,7 +161,7 @@ def _epoch_plan(
     except ValueError as err:
         _add(problems, f"epoch {e}", str(err))
         return None
-    check_counts(problems, e, rows, plan, b)
+    check_counts(problems, e, rows, plan, b, m.plan_file)
     return plan
 
 
@@ -175,25 +190,25 @@ def check_epoch_files(
     per_step = None if m.variable_count else m.batch_size
     ranks, rows = [], 0
     for r in range(w):
-        rel = schemas.plan_file(e, r)
+        rel = m.plan_file(e, r)
         t = read(rel)
         rows += t.num_rows if t is not None else 0
         if t is not None and check_plan(problems, rel, t, e, r, steps, per_step):
-            idx = lookup(problems, e, r, t, samples)
+            idx = lookup(problems, rel, e, r, t, samples)
             if idx is not None:
                 ranks.append(rank_rows(t, idx, samples.num_rows))
         del t
         release_memory()
     if last:
         samples.drop_keys()
-    plan = _epoch_plan(problems, e, ranks, steps, per_step) if len(ranks) == w else None
+    plan = _epoch_plan(problems, m, e, ranks, steps, per_step) if len(ranks) == w else None
     del ranks
     release_memory()
     derived = derive(problems, m, cfg, e, samples)
     if plan is None:
         return rows, derived
     if cfg is not None:
-        check_caps(problems, e, cfg.caps, plan, samples)
+        check_caps(problems, e, cfg.caps, plan, samples, m.plan_file)
     check_epoch(problems, m, e, plan, samples, derived)
     release_memory()
     if derived is not None:
@@ -324,7 +339,7 @@ def check_replan(
         sid = samples.column("sample_id")
         _add(
             problems,
-            f"{schemas.plan_file(e, r)}: epoch {e} rank {r} step {s} slot {k}",
+            f"{m.plan_file(e, r)}: epoch {e} rank {r} step {s} slot {k}",
             f"{sid[int(plan[s, r, k])]} differs from {how} ({sid[int(want[s, r, k])]}); {len(diff)} slots differ",
         )
 

@@ -142,7 +142,8 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
 
 
 def _piece_path(work: str, epoch: int, rank: int, start: int) -> str:
-    return storage.join(work, f"epoch={epoch}", f"rank={rank}", f"{start:012d}.parquet")
+    e, r = schemas.plan_dir_names()
+    return storage.join(work, f"{e}{epoch}", f"{r}{rank}", f"{start:012d}.parquet")
 
 
 def _write_pieces(shard: tuple, work: str) -> Iterator[tuple[tuple[int, int], int]]:
@@ -161,7 +162,7 @@ def _write_rank(grouped: tuple[tuple[int, int], list[int]], job: BuildJob) -> di
     starts)); its ``files`` entry."""
     (epoch, rank), starts = grouped
     pieces = [storage.read_parquet(_piece_path(job.work, epoch, rank, s)) for s in sorted(set(starts) - {-1})]
-    data = parquet_bytes(sharded.finish_rank(pieces))
+    data = parquet_bytes(sharded.finish_rank(pieces, epoch, rank))
     return manifest.write_file(writer(job.staging), schemas.plan_file(epoch, rank), data)
 
 

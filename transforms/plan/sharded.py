@@ -7,7 +7,7 @@ epoch at 1M samples with 9 sweeps. Here the plan is decided on the numeric colum
     part = assignment(plan_samples(numeric, epoch, cfg).plan)  # sample index -> (rank, step, slot), sorted
     for k, (start, stop) in enumerate(shard_bounds(n)):    # in parallel: one task per (epoch, shard)
         pieces = rank_pieces(read_rows(start, stop), start, slice_rows(part, start, stop))
-    table = finish_rank(pieces_of_rank)                    # in parallel: one task per (epoch, rank)
+    table = finish_rank(pieces_of_rank, epoch, rank)       # in parallel: one task per (epoch, rank)
 
 ``finish_rank`` gives exactly the table a one-process writer would (same rows, order and types;
 ``tests/plan_oracle.py`` keeps that writer as the tests' oracle).
@@ -41,6 +41,8 @@ COPIED = ["sample_id", "path", "sweep_paths", "cost", "bucket_id"]
 ROWS_PER_SHARD = 1 << 16
 
 _FIXED = ("step", "slot", "rank_count", "global_count")
+#: The plan file's columns a piece holds: all but the (epoch, rank) key, which ``finish_rank`` adds.
+_KEY = tuple(name for name, _, _ in schemas.PLAN_KEY_FIELDS)
 
 
 def shard_bounds(n: int, rows: int = ROWS_PER_SHARD) -> list[tuple[int, int]]:
@@ -71,14 +73,16 @@ def rank_pieces(rows: pa.Table, start: int, part: dict[str, NDArray]) -> dict[in
         part: ``slice_rows`` of the epoch's assignment for this shard.
 
     Returns:
-        {rank: table of ``plan_schema()``, rows in this shard's order} for the ranks with entries.
+        {rank: table of ``plan_schema()`` without ``epoch``, ``rank``, rows in this shard's order} for
+        the ranks with entries.
     """
     by_rank = np.argsort(part["rank"], kind="stable")
     ranks = part["rank"][by_rank]
     taken = rows.select(COPIED).take(pa.array(part["row"][by_rank] - start))
     fixed = {name: pa.array(part[name][by_rank]) for name in _FIXED}
-    arrays = [fixed[f.name] if f.name in fixed else taken.column(f.name) for f in schemas.plan_schema()]
-    table = pa.Table.from_arrays(arrays, schema=schemas.plan_schema())
+    schema = _piece_schema()
+    arrays = [fixed[f.name] if f.name in fixed else taken.column(f.name) for f in schema]
+    table = pa.Table.from_arrays(arrays, schema=schema)
     cuts = np.flatnonzero(np.diff(ranks)) + 1
     starts, stops = np.r_[0, cuts], np.r_[cuts, len(ranks)]
     return {
@@ -86,9 +90,19 @@ def rank_pieces(rows: pa.Table, start: int, part: dict[str, NDArray]) -> dict[in
     }
 
 
-def finish_rank(pieces: list[pa.Table]) -> pa.Table:
-    """One rank's plan file table from its pieces (any order): sorted by (step, slot)."""
+def _piece_schema() -> pa.Schema:
+    plan = schemas.plan_schema()
+    return pa.schema([f for f in plan if f.name not in _KEY], metadata=plan.metadata)
+
+
+def finish_rank(pieces: list[pa.Table], epoch: int, rank: int) -> pa.Table:
+    """Rank ``rank``'s plan file table for ``epoch`` from its pieces (any order): sorted by (step, slot),
+    with the file's ``epoch`` and ``rank`` columns."""
     parts = [p for p in pieces if p.num_rows]
-    table = pa.concat_tables(parts) if parts else schemas.plan_schema().empty_table()
+    table = pa.concat_tables(parts) if parts else _piece_schema().empty_table()
     table = table.sort_by([("step", "ascending"), ("slot", "ascending")]).combine_chunks()
+    n = table.num_rows
+    table = table.add_column(0, "rank", pa.array(np.full(n, rank, np.int32))).add_column(
+        0, "epoch", pa.array(np.full(n, epoch, np.int32))
+    )
     return table.cast(schemas.plan_schema())  # read-back pieces name list items "element"
