@@ -13,7 +13,7 @@ moved (``transforms.paths.PathResolver`` turns stored paths into paths to open).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -122,6 +122,7 @@ def load_points(
     sweep_transforms: Sequence[float] | NDArray[np.float64] | None = None,
     point_dims: int | None = None,
     recorded: Sequence[Recorded | None] | None = None,
+    read: Callable[[str, Recorded | None], bytes] | None = None,
 ) -> NDArray[np.float32]:
     """One sample's points: the keyframe plus its sweeps moved into the keyframe's sensor frame.
 
@@ -133,6 +134,8 @@ def load_points(
         point_dims: channels per point for raw ``bin`` files, passed to the reader.
         recorded: 1 + S ``Recorded`` (keyframe, then each sweep) each file is checked against
             (``read_recorded``); None: files are read unchecked.
+        read: how a file's checked bytes are got (default ``read_recorded``); the dataset passes its
+            ``loaders.fetch.Fetcher.read``, which serves prefetched and cached reads, checked alike.
 
     Returns:
         (N + sum M', C) float32, xyz first (keyframe only when ``sweep_paths`` is empty).
@@ -144,13 +147,17 @@ def load_points(
     checks = list(recorded) if recorded is not None else [None] * len(files)
     if len(checks) != len(files):
         raise ValueError(f"{path}: {len(checks)} recorded files for a keyframe and {len(sweep_paths)} sweeps")
+    read = read or read_recorded
     fmt = fmt or detect_format(path)
-    keyframe = read_points(read_recorded(path, checks[0]), fmt, point_dims=point_dims)
+    # With sweeps, aggregate copies each kept row once, into the one array it returns: the files'
+    # points are only read there, so fixed-record files are decoded as views of their bytes.
+    copy = not sweep_paths
+    keyframe = read_points(read(path, checks[0]), fmt, point_dims=point_dims, copy=copy)
     if not sweep_paths:
         return np.ascontiguousarray(keyframe, dtype=np.float32)
     mats = sweep_matrices(sweep_transforms, len(sweep_paths), path)
     sweeps = [
-        read_points(read_recorded(p, c), fmt, point_dims=point_dims)
+        read_points(read(p, c), fmt, point_dims=point_dims, copy=copy)
         for p, c in zip(sweep_paths, checks[1:], strict=True)
     ]
     return aggregate(keyframe, sweeps, list(mats))

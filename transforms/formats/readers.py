@@ -104,7 +104,12 @@ def count_points_from_size(num_bytes: int, fmt: str, point_dims: int | None = No
 
 
 def read_points(
-    data: bytes, fmt: str, *, point_dims: int | None = None, max_points: int = 50_000_000
+    data: bytes,
+    fmt: str,
+    *,
+    point_dims: int | None = None,
+    max_points: int = 50_000_000,
+    copy: bool = True,
 ) -> NDArray[np.float32]:
     """Decode one point-cloud file.
 
@@ -113,6 +118,9 @@ def read_points(
         fmt: one of ``FORMATS`` (see ``detect_format``).
         point_dims: float32 values per point for the headerless formats (see ``record_floats``).
         max_points: reject files holding or claiming more points than this.
+        copy: True (default): always a new, writable array. False: a read-only view of ``data`` where
+            the file's layout allows one (fixed-record formats; an ``npy`` of C-order little-endian
+            float32), for a caller that only reads the points.
 
     Returns:
         ``(N, C)`` float32, C-contiguous, ``N >= 1``, ``C >= 3``; columns 0..2 are x, y, z (may be NaN),
@@ -127,9 +135,10 @@ def read_points(
         raise RejectError("unsupported_format", f"unknown format {fmt!r}")
     try:
         if fmt in _FIXED:
-            return _read_bin(data, _fixed_dims(fmt, point_dims), max_points)
-        if fmt == "npy":
-            return _read_npy(data, max_points)
+            return _read_bin(data, _fixed_dims(fmt, point_dims), max_points, copy)
+        if fmt == "npy":  # a C-order float32 body comes back as a read-only view of ``data``
+            points = _read_npy(data, max_points)
+            return points.copy() if copy and not points.flags.owndata else points
         if fmt == "pcd":
             return read_pcd(data, max_points=max_points)
         return _read_ply(data, max_points)
@@ -139,11 +148,14 @@ def read_points(
         raise RejectError("reader_error", f"{fmt}: {type(e).__name__}: {e}") from e
 
 
-def _read_bin(data: bytes, dims: int, max_points: int) -> NDArray[np.float32]:
+def _read_bin(data: bytes, dims: int, max_points: int, copy: bool = True) -> NDArray[np.float32]:
     n = count_points_from_size(len(data), "bin", dims)
     if n > max_points:
         raise RejectError("too_large", f"{n} points > max_points {max_points}")
-    return np.frombuffer(data, dtype="<f4").reshape(n, dims).astype(np.float32, order="C")
+    points = np.frombuffer(data, dtype="<f4").reshape(n, dims)
+    if copy or points.dtype != np.float32:  # a big-endian machine converts
+        return points.astype(np.float32, order="C")
+    return points
 
 
 def _finish(cols: list[NDArray], n: int) -> NDArray[np.float32]:
