@@ -178,7 +178,7 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
             )
         self._note_caller(caller)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[int]]:  # PlannedBatch es
         self._check_caller()
         epochs = self.manifest.epochs
         if self._finished and self.epoch + 1 < epochs and not self._warned:
@@ -192,10 +192,8 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
         self._step_counts(reader)  # the epoch the manifest records, before a batch is handed out
         self._finished = False
         self._step = reader.start_step
-        for batch in reader:
-            indices = [self._lookup(sid) for sid in batch.sample_ids]
-            self._yielded(batch.step)
-            yield indices
+        planned = ((b.step, [self._lookup(sid) for sid in b.sample_ids]) for b in reader)
+        yield from self._serve(planned)
         self._resume, self._finished = 0, True
 
     def state_dict(self) -> dict[str, int | str]:

@@ -15,7 +15,8 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.loaders.points import Recorded, load_points, moved_hint, read_recorded
+from lidarshard.loaders.fetch import Fetcher, File, FileCache
+from lidarshard.loaders.points import Recorded, load_points, moved_hint
 from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
 from lidarshard.transforms import storage
 from lidarshard.transforms.paths import PathResolver
@@ -32,6 +33,8 @@ __all__ = ["PointCloudDataset", "collate", "IGNORE_LABEL", "VERIFY"]
 IGNORE_LABEL = -1
 #: What ``PointCloudDataset(verify=...)`` checks of each file against the scan's record.
 VERIFY = ("size", "hash")
+#: Batches a worker reads ahead by default when the data is remote (local files: 0, no prefetch).
+REMOTE_PREFETCH = 4
 _COLUMNS = ["sample_id", "path", "sweep_paths", "sweep_transforms", "format", "label_path"]
 
 
@@ -62,6 +65,14 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
             sample must have one.
         verify: ``"size"`` (default) or ``"hash"``: also the CRC-32 of every byte read (~2 GB/s);
             every sample must have one recorded (not a ``--features stat`` scan).
+        prefetch: batches each DataLoader worker reads ahead, from the plan (``PlanLoader`` hands every
+            batch the next ones its worker gets); the files of a batch are also read concurrently.
+            Default: 4 when the data is remote (gs://, s3://, any pyarrow filesystem), 0 for local
+            files, where the page cache does the job. Reads ahead are bounded by
+            ``loaders.fetch.DEFAULT_MAX_BYTES`` per worker and checked like any other read.
+        cache: a ``loaders.fetch.FileCache`` (a size-bounded local directory shared by the workers and
+            ranks of a host) that remote files are kept in; an entry is used only when it matches the
+            scan's record.
 
     Raises:
         ValueError: a samples part edited after the build (``read_samples``), sweep records not
@@ -83,9 +94,15 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         path_map: Mapping[str, str] | None = None,
         labels: bool = False,
         verify: str = "size",
+        prefetch: int | None = None,
+        cache: FileCache | None = None,
     ) -> None:
         if verify not in VERIFY:
             raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
+        if prefetch is not None and (type(prefetch) is not int or prefetch < 0):
+            raise ValueError(f"prefetch must be an int >= 0 (batches ahead), got {prefetch!r}")
+        if cache is not None and not isinstance(cache, FileCache):
+            raise TypeError(f"cache must be a lidarshard.loaders.fetch.FileCache, got {type(cache).__name__}")
         manifest = load_manifest(out_dir)
         self.resolve_path = PathResolver(manifest.path_root, root, path_map)
         self._moved = moved_hint(manifest.path_root, root, path_map)
@@ -111,7 +128,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
                 f'verify="hash": {unhashed} samples have no recorded {schemas.CONTENT_HASH} (first: {first}; '
                 'a --features stat scan, a 3.0 manifest or a table given to write_manifest); use verify="size"'
             )
-        self.sample_ids: list[str] = table["sample_id"].to_pylist()
+        self._ids = _column(table, "sample_id")
         # Per-sample paths, sizes and matrices stay in Arrow buffers: compact, and no Python objects
         # whose refcounts would un-share forked DataLoader workers' memory page by page.
         self._cols = {name: _column(table, name) for name in _KEPT}
@@ -120,13 +137,23 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         self._tf_offsets = tf.offsets.to_numpy().astype(np.int64)
         self.sweeps = sweeps
         self.point_dims = point_dims
+        self._fetcher = Fetcher(cache=cache)
+        remote = False
         if len(self):  # one stat: a dataset that moved fails here, naming path_root and root=
             first = self.resolve_path(self._cols["path"][0].as_py())
             if not storage.exists(first):
                 raise FileNotFoundError(f"not found: {first} ({self._moved})")
+            remote = not storage.is_local(first)
+        self.prefetch = (REMOTE_PREFETCH if remote else 0) if prefetch is None else prefetch
 
     def __len__(self) -> int:
-        return len(self.sample_ids)
+        return len(self._ids)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        """The samples' ids, in dataset order (a new list: the dataset keeps them in one Arrow buffer,
+        so forked DataLoader workers never touch a Python object per sample)."""
+        return self._ids.to_pylist()
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         try:
@@ -134,30 +161,54 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         except FileNotFoundError as e:  # read_recorded's "not found: PATH", with what to do about it
             raise FileNotFoundError(f"{e} ({self._moved})") from None
 
-    def _item(self, i: int) -> dict[str, Any]:
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        """A whole batch (what a DataLoader with a batch sampler asks for): with ``prefetch``, its files
+        are read concurrently and those of the batches ahead (``PlannedBatch.ahead``) start reading."""
+        if self.prefetch:
+            ahead = getattr(indices, "ahead", ())[: self.prefetch]
+            self._fetcher.prepare(
+                [f for i in indices for f in self.files(i)],
+                [f for b in ahead for i in b for f in self.files(i)],
+            )
+        return [self[i] for i in indices]
+
+    def files(self, i: int) -> list[File]:
+        """The files ``dataset[i]`` reads, in order (keyframe, sweeps, label), each with what the scan
+        recorded of it: ``[(path or URI, Recorded)]``."""
         c = self._cols
-        key = Recorded(c["path_bytes"][i].as_py(), c["path_crc32"][i].as_py())
-        sweep_paths: list[str] = []
-        recorded = [key]
+        files: list[File] = [
+            (
+                self.resolve_path(c["path"][i].as_py()),
+                Recorded(c["path_bytes"][i].as_py(), c["path_crc32"][i].as_py()),
+            )
+        ]
         if self.sweeps:
             sweep_paths = [self.resolve_path(p) for p in c["sweep_paths"][i].as_py() or []]
             sizes = c["sweep_bytes"][i].as_py() or [None] * len(sweep_paths)
             hashes = c["sweep_crc32"][i].as_py() or [None] * len(sweep_paths)
-            recorded += [Recorded(n, h) for n, h in zip(sizes, hashes, strict=True)]
+            files += [(p, Recorded(n, h)) for p, n, h in zip(sweep_paths, sizes, hashes, strict=True)]
+        if self._labels is not None:
+            label = Recorded(c["label_bytes"][i].as_py(), c["label_crc32"][i].as_py())
+            files.append((self.resolve_path(self._labels[i].as_py()), label))
+        return files
+
+    def _item(self, i: int) -> dict[str, Any]:
+        files = self.files(i)
+        points_files = files[:-1] if self._labels is not None else files
         lo, hi = self._tf_offsets[i], self._tf_offsets[i + 1]
         points = load_points(
-            self.resolve_path(c["path"][i].as_py()),
-            c["format"][i].as_py(),
-            sweep_paths,
+            points_files[0][0],
+            self._cols["format"][i].as_py(),
+            [p for p, _ in points_files[1:]],
             self._tf_values[lo:hi] if self.sweeps else None,
             self.point_dims,
-            recorded,
+            [r for _, r in points_files],
+            read=self._fetcher.read,
         )
-        item = {"index": int(i), "sample_id": self.sample_ids[i], "points": torch.from_numpy(points)}
+        item = {"index": int(i), "sample_id": self._ids[i].as_py(), "points": torch.from_numpy(points)}
         if self._labels is not None:
-            label_path = self.resolve_path(self._labels[i].as_py())
-            label = Recorded(c["label_bytes"][i].as_py(), c["label_crc32"][i].as_py())
-            item["labels"] = torch.from_numpy(_keyframe_labels(label_path, len(points), label))
+            data = self._fetcher.read(*files[-1])
+            item["labels"] = torch.from_numpy(_keyframe_labels(files[-1][0], data, len(points)))
         return item
 
 
@@ -197,9 +248,10 @@ def _misaligned(table: pa.Table) -> str | None:
     return None
 
 
-def _keyframe_labels(label_path: str, num_points: int, recorded: Recorded) -> NDArray[np.int64]:
-    """(num_points,) int64: the uint8 lidarseg ids of the keyframe rows, then ``IGNORE_LABEL``."""
-    keyframe = np.frombuffer(read_recorded(label_path, recorded), dtype=np.uint8)
+def _keyframe_labels(label_path: str, data: bytes, num_points: int) -> NDArray[np.int64]:
+    """(num_points,) int64: the uint8 lidarseg ids (``data``, the label file's bytes) of the keyframe
+    rows, then ``IGNORE_LABEL``."""
+    keyframe = np.frombuffer(data, dtype=np.uint8)
     if keyframe.size > num_points:
         raise ValueError(f"{label_path}: {keyframe.size} labels for a sample of {num_points} points")
     out = np.full(num_points, IGNORE_LABEL, dtype=np.int64)

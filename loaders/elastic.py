@@ -237,15 +237,17 @@ class ElasticBatchSampler(Position):
         self._note_caller(caller_self(1))
         rows = self.plan().rows[:, self.rank]
         start = self._step = self._resume
-        for s in range(start, rows.shape[0]):
-            step_rows = rows[s][rows[s] >= 0]  # -1 pads a rank-step holding fewer
-            idx = step_rows if self._index is None else self._index[step_rows]
-            if (idx < 0).any():
-                sid = read_samples(self.out_dir, ["sample_id"])["sample_id"][int(step_rows[idx < 0][0])]
-                raise KeyError(f"sample_id {sid.as_py()!r} of the plan is not in index_of")
-            self._yielded(s)
-            yield idx.tolist()
+        yield from self._serve((s, self._indices(rows[s])) for s in range(start, rows.shape[0]))
         self._resume = 0
+
+    def _indices(self, step_rows: np.ndarray) -> list[int]:
+        """Dataset indices of one rank-step's sample rows (-1 pads a rank-step holding fewer)."""
+        step_rows = step_rows[step_rows >= 0]
+        idx = step_rows if self._index is None else self._index[step_rows]
+        if (idx < 0).any():
+            sid = read_samples(self.out_dir, ["sample_id"])["sample_id"][int(step_rows[idx < 0][0])]
+            raise KeyError(f"sample_id {sid.as_py()!r} of the plan is not in index_of")
+        return idx.tolist()
 
     def state_dict(self) -> dict:
         """JSON-able position: ``{"epoch", "step", "world_size", "batch_size", "history", "seed", "strategy",

@@ -11,13 +11,32 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from itertools import islice
 
 from lidarshard.loaders.reader import check_int
 from lidarshard.loaders.replan import Switch
 from lidarshard.schemas.manifest import Manifest
 
-__all__ = ["Position", "caller_self", "plan_keys", "saved_shape"]
+__all__ = ["Position", "PlannedBatch", "caller_self", "plan_keys", "saved_shape"]
+
+
+class PlannedBatch(list):
+    """One planned batch of dataset indices (a ``list[int]``), with where it stands in the plan.
+
+    Attributes:
+        step: the step of the epoch this batch is.
+        ahead: the index lists of the next batches the same consumer (DataLoader worker) will be
+            given, nearest first, from the plan (``Position.lookahead``); empty when nothing asked.
+            A dataset may start reading their files now (``PointCloudDataset``'s prefetch).
+    """
+
+    def __init__(self, indices: list[int], step: int, ahead: tuple[tuple[int, ...], ...] = ()) -> None:
+        super().__init__(indices)
+        self.step, self.ahead = step, ahead
+
+    def __reduce__(self):  # pickled to DataLoader workers whole
+        return (PlannedBatch, (list(self), self.step, self.ahead))
 
 
 def plan_keys(manifest: Manifest, epoch: int) -> dict[str, int | str]:
@@ -83,6 +102,27 @@ class Position:
     """
 
     epoch: int
+
+    def lookahead(self, batches: int, consumers: int = 1) -> None:
+        """Hand out with every batch the index lists of the next ``batches`` batches the same consumer
+        gets (``PlannedBatch.ahead``), for ``consumers`` taking batches in turn (a DataLoader's workers:
+        batch n goes to worker n mod num_workers). ``PlanLoader`` sets this from the dataset's
+        ``prefetch`` and ``num_workers``; 0 turns it off."""
+        self._ahead = (max(0, int(batches)), max(1, int(consumers)))
+
+    def _serve(self, planned: Iterator[tuple[int, list[int]]]) -> Iterator[PlannedBatch]:
+        """``planned`` (step, indices) pairs as :class:`PlannedBatch` es, each counted as yielded when
+        it is handed out (peeking ahead counts nothing)."""
+        k, stride = getattr(self, "_ahead", (0, 1))
+        window = deque(islice(planned, k * stride + 1))
+        while window:
+            step, indices = window.popleft()
+            ahead = tuple(
+                tuple(window[j * stride - 1][1]) for j in range(1, k + 1) if j * stride <= len(window)
+            )
+            self._yielded(step)
+            yield PlannedBatch(indices, step, ahead)
+            window.extend(islice(planned, 1))
 
     def _reset_position(self, step: int = 0) -> None:
         """Position ``step`` of ``self.epoch``: nothing handed out beyond it."""

@@ -61,6 +61,10 @@ class PlanLoader(DataLoader):
     batch the loop receives is the n-th (epoch, step) the sampler handed out, however many the workers
     hold. Each delivery advances ``sampler.state_dict()["step"]``; prefetched batches do not.
 
+    With a dataset that prefetches (``PointCloudDataset(..., prefetch=k)``), every batch also carries
+    the index lists of the next ``k`` batches its worker will be given (batch n goes to worker
+    n mod ``num_workers``), from the plan, so the worker reads their files while this step trains.
+
     Args:
         dataset: a map-style dataset indexed like the sampler's ``index_of``.
         batch_sampler: the rank's :class:`BalancedBatchSampler` (or
@@ -84,6 +88,8 @@ class PlanLoader(DataLoader):
             raise ValueError("PlanLoader needs in_order=True: resume counts batches in delivery order")
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         batch_sampler._tracked = True
+        # Plan-aware prefetch: each batch carries the next ones its worker gets (PlannedBatch.ahead).
+        batch_sampler.lookahead(getattr(dataset, "prefetch", 0), max(1, self.num_workers))
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         sampler: Position = self.batch_sampler  # type: ignore[assignment]

@@ -113,13 +113,14 @@ def read_bytes(path: str, max_bytes: int | None = None) -> bytes:
     if is_local(path):
         return read_local(local_path(path), max_bytes)
     backend = _backend(path)
-    if max_bytes is None:
-        return backend.read(path, None)
-    info = backend.stat(path)
-    if info.size > max_bytes:
-        raise FileTooLargeError(path, info.size, max_bytes)
-    data = backend.read(path, max_bytes + 1)
-    if len(data) > max_bytes:
+    try:  # bounded without a stat first: one round trip less a file
+        data = backend.read(path, None if max_bytes is None else max_bytes + 1)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        backend.stat(path)  # FileNotFoundError / IsADirectoryError when that is what failed
+        raise
+    if max_bytes is not None and len(data) > max_bytes:
         raise FileTooLargeError(path, len(data), max_bytes)
     return data
 

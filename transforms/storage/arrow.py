@@ -20,27 +20,52 @@ from lidarshard.transforms.storage.base import FileInfo, is_local, local_path
 __all__ = ["ArrowBackend", "arrow_filesystem"]
 
 
+#: Last segment of the URI probed for a filesystem's path prefix (no file of that name is touched).
+_PROBE = "_"
+
+
 @functools.lru_cache(maxsize=64)
-def _arrow_fs(scheme: str, authority: str, probe: str) -> tuple[pafs.FileSystem, int]:
-    """(filesystem, chars to drop from ``authority/path`` to get its path) for one scheme+bucket/host."""
-    fs, path = pafs.FileSystem.from_uri(probe)
-    return fs, len(probe.split("://", 1)[1]) - len(path)
+def _arrow_fs(scheme: str, authority: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, its path of ``scheme://authority/``) for one scheme+bucket/host.
+
+    The prefix is what the filesystem puts before a URI's path: ``"bucket/"`` for s3 and gs (the
+    bucket is the first segment), ``"c/"`` for abfs (the container), ``""`` for mock. It is read off a
+    probe URI because ``from_uri`` keeps or drops the authority and the trailing slash by scheme.
+    """
+    fs, path = pafs.FileSystem.from_uri(f"{scheme}://{authority}/{_PROBE}")
+    if not path.endswith(_PROBE):
+        raise ValueError(f"pyarrow maps {scheme}://{authority}/{_PROBE} to {path!r}")
+    return fs, path[: -len(_PROBE)]
 
 
 def arrow_filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     """(pyarrow filesystem, path inside it) for a local path or URI; cached per process.
 
-    Local paths become absolute. Raises ValueError for a scheme pyarrow does not know.
+    Local paths become absolute; ``s3://bucket/a/b`` is ``bucket/a/b`` in its S3FileSystem. Endpoints
+    and credentials come from the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...), read
+    when a bucket is first used; a URI's query string is not an option. Raises ValueError for a scheme
+    pyarrow does not know.
     """
     if is_local(path):
         return _local_fs(), os.path.abspath(local_path(path))
     scheme, rest = path.split("://", 1)
-    authority = rest.split("/", 1)[0]
+    authority, _, inside = rest.partition("/")
     try:
-        fs, drop = _arrow_fs(scheme, authority, f"{scheme}://{authority}/")
+        fs, prefix = _arrow_fs(scheme, authority)
     except (pa.ArrowException, ValueError) as e:
         raise ValueError(f"no filesystem for {path!r}: {e}") from None
-    return fs, rest[drop:].rstrip("/") or "/"
+    return fs, (prefix + inside).rstrip("/") or "/"
+
+
+#: ``type_name`` s of pyarrow filesystems without directories: a file needs no parents there, and
+#: ``create_dir`` would write an empty ``dir/`` marker object at every level, which other clients
+#: (Beam's ``FileSystems.match``) list as files.
+_FLAT = frozenset({"s3", "gcs"})
+
+
+def _make_parents(fs: pafs.FileSystem, path: str) -> None:
+    if fs.type_name not in _FLAT:
+        fs.create_dir(posixpath.dirname(path), recursive=True)
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,12 +91,12 @@ class ArrowBackend:
 
     def read(self, uri: str, nbytes: int | None) -> bytes:
         fs, p = arrow_filesystem(uri)
-        with fs.open_input_stream(p) as f:
+        with fs.open_input_stream(p, compression=None) as f:  # the bytes as stored, never inflated
             return f.read() if nbytes is None else f.read(nbytes)
 
     def write(self, uri: str, data: bytes) -> None:
         fs, p = arrow_filesystem(uri)
-        fs.create_dir(posixpath.dirname(p), recursive=True)
+        _make_parents(fs, p)
         with fs.open_output_stream(p) as f:
             f.write(data)
 
@@ -81,7 +106,7 @@ class ArrowBackend:
 
     def open_write(self, uri: str) -> AbstractContextManager[BinaryIO]:
         fs, p = arrow_filesystem(uri)
-        fs.create_dir(posixpath.dirname(p), recursive=True)
+        _make_parents(fs, p)
         return fs.open_output_stream(p)
 
     def list_files(self, root: str) -> dict[str, FileInfo]:
