@@ -97,7 +97,7 @@ class ArrowBackend:
     def write(self, uri: str, data: bytes) -> None:
         fs, p = arrow_filesystem(uri)
         _make_parents(fs, p)
-        with fs.open_output_stream(p) as f:
+        with fs.open_output_stream(p, compression=None) as f:  # as given, never deflated by extension
             f.write(data)
 
     def open_read(self, uri: str) -> BinaryIO:
@@ -107,7 +107,7 @@ class ArrowBackend:
     def open_write(self, uri: str) -> AbstractContextManager[BinaryIO]:
         fs, p = arrow_filesystem(uri)
         _make_parents(fs, p)
-        return fs.open_output_stream(p)
+        return fs.open_output_stream(p, compression=None)
 
     def list_files(self, root: str) -> dict[str, FileInfo]:
         fs, base = arrow_filesystem(root)
