@@ -41,7 +41,7 @@ File = tuple[str, Recorded | None]
 #: Bytes one process may hold in prefetched or in-flight reads.
 DEFAULT_MAX_BYTES = 256 << 20
 #: Concurrent reads per process (object stores reward parallel requests; local disks do not need them).
-DEFAULT_THREADS = 16
+DEFAULT_THREADS = 64
 _ENTRY_SUFFIX = ".lsc"  # only files named <64 hex><suffix> are cache entries: nothing else is deleted
 _CACHE_DIR = "lidarshard-cache-v1"
 _STALE_TMP_S = 3600.0  # an entry's temporary file this old belongs to a writer that died

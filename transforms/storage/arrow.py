@@ -25,8 +25,10 @@ _PROBE = "_"
 
 
 @functools.lru_cache(maxsize=64)
-def _arrow_fs(scheme: str, authority: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, its path of ``scheme://authority/``) for one scheme+bucket/host.
+def _arrow_fs(scheme: str, authority: str, pid: int) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, its path of ``scheme://authority/``) for one scheme+bucket/host, made in process
+    ``pid``: a forked DataLoader worker makes its own (an S3/GCS client's connections and threads do
+    not survive ``fork``).
 
     The prefix is what the filesystem puts before a URI's path: ``"bucket/"`` for s3 and gs (the
     bucket is the first segment), ``"c/"`` for abfs (the container), ``""`` for mock. It is read off a
@@ -51,7 +53,7 @@ def arrow_filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     scheme, rest = path.split("://", 1)
     authority, _, inside = rest.partition("/")
     try:
-        fs, prefix = _arrow_fs(scheme, authority)
+        fs, prefix = _arrow_fs(scheme, authority, os.getpid())
     except (pa.ArrowException, ValueError) as e:
         raise ValueError(f"no filesystem for {path!r}: {e}") from None
     return fs, (prefix + inside).rstrip("/") or "/"
