@@ -156,21 +156,18 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         return self._ids.to_pylist()
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        try:
-            return self._item(i)
-        except FileNotFoundError as e:  # read_recorded's "not found: PATH", with what to do about it
-            raise FileNotFoundError(f"{e} ({self._moved})") from None
+        return self._item(i, self.files(i))
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
         """A whole batch (what a DataLoader with a batch sampler asks for): with ``prefetch``, its files
         are read concurrently and those of the batches ahead (``PlannedBatch.ahead``) start reading."""
+        files = [self.files(i) for i in indices]
         if self.prefetch:
             ahead = getattr(indices, "ahead", ())[: self.prefetch]
             self._fetcher.prepare(
-                [f for i in indices for f in self.files(i)],
-                [f for b in ahead for i in b for f in self.files(i)],
+                [f for fs in files for f in fs], [f for b in ahead for i in b for f in self.files(i)]
             )
-        return [self[i] for i in indices]
+        return [self._item(i, fs) for i, fs in zip(indices, files, strict=True)]
 
     def files(self, i: int) -> list[File]:
         """The files ``dataset[i]`` reads, in order (keyframe, sweeps, label), each with what the scan
@@ -192,8 +189,14 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
             files.append((self.resolve_path(self._labels[i].as_py()), label))
         return files
 
-    def _item(self, i: int) -> dict[str, Any]:
-        files = self.files(i)
+    def _item(self, i: int, files: list[File]) -> dict[str, Any]:
+        """Sample ``i`` from its ``files`` (``files(i)``)."""
+        try:
+            return self._read_item(i, files)
+        except FileNotFoundError as e:  # read_recorded's "not found: PATH", with what to do about it
+            raise FileNotFoundError(f"{e} ({self._moved})") from None
+
+    def _read_item(self, i: int, files: list[File]) -> dict[str, Any]:
         points_files = files[:-1] if self._labels is not None else files
         lo, hi = self._tf_offsets[i], self._tf_offsets[i + 1]
         points = load_points(

@@ -199,21 +199,20 @@ class Fetcher:
         self._executor()  # first use in this process: no pending reads inherited
         keep = {p for p, _ in now} | {p for p, _ in ahead}
         for path in [p for p in self._pending if p not in keep]:
-            future, size = self._pending.pop(path)
-            future.cancel()
-            self._held -= size
+            self._take(path).cancel()
         for path, recorded in now:
             if path not in self._pending:
                 self._submit(path, recorded)
+        unknown = sum(1 for _, n in self._pending.values() if n == 0)
         for path, recorded in ahead:
             if path in self._pending:
                 continue
             size = _size(recorded)
-            unknown = sum(1 for _, n in self._pending.values() if n == 0)
             if self._held + size > self.max_bytes or (size == 0 and unknown >= self.threads):
                 self.stats["skipped"] += 1
                 return  # later files are further ahead: the next batch schedules them
             self._submit(path, recorded)
+            unknown += size == 0
 
     def _submit(self, path: str, recorded: Recorded | None) -> None:
         size = _size(recorded)
@@ -221,11 +220,16 @@ class Fetcher:
         self._held += size
         self.stats["scheduled"] += 1
 
+    def _take(self, path: str) -> Future[bytes]:
+        """The pending read of ``path``, no longer pending (its bytes no longer held)."""
+        future, size = self._pending.pop(path)
+        self._held -= size
+        return future
+
     def read(self, path: str, recorded: Recorded | None) -> bytes:
         """``path``'s checked bytes: a prepared read's result (waiting for it) or a read now."""
         if self._pid == os.getpid() and path in self._pending:
-            future, size = self._pending.pop(path)
-            self._held -= size
+            future = self._take(path)
             self.stats["hits" if future.done() else "waited"] += 1
             return future.result()  # re-raises the read's error (not found, changed file) here
         self.stats["direct"] += 1

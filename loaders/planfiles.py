@@ -15,9 +15,8 @@ import os
 from collections.abc import Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, plan_dir_names
+from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, misplaced_key, plan_dir_names
 from lidarshard.schemas.manifest import FileEntry, Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
@@ -147,11 +146,11 @@ def read_plan_file(
                     f"{path}: not a readable plan file ({rows} rows, more than the {max_rows} entries its "
                     "epoch plans); rebuild the manifest"
                 )
-            keyed = key is not None and {"epoch", "rank"} <= set(f.schema_arrow.names)
-            extra = [c for c in ("epoch", "rank") if keyed and c not in columns]
+            keyed = key if {"epoch", "rank"} <= set(f.schema_arrow.names) else None  # 3.x: none
+            extra = [c for c in ("epoch", "rank") if keyed is not None and c not in columns]
             table = f.read(columns=[*columns, *extra], use_threads=False)
-            if keyed:
-                _check_key(path, table, key)
+            if keyed is not None:
+                _check_key(path, table, keyed)
             return table.drop_columns(extra)
     except (pa.ArrowInvalid, OSError, KeyError) as e:
         if isinstance(e, FileNotFoundError):
@@ -161,15 +160,15 @@ def read_plan_file(
         ) from None
 
 
-def _check_key(path: str, table: pa.Table, key: tuple[int, int] | None) -> None:
+def _check_key(path: str, table: pa.Table, key: tuple[int, int]) -> None:
     """Every row of ``table`` has (``epoch``, ``rank``) == ``key``, else ValueError naming ``path``."""
-    for name, want in zip(("epoch", "rank"), key or (), strict=True):
-        col = table[name]
-        if col.null_count or table.num_rows and not pc.all(pc.equal(col, want)).as_py():
-            raise ValueError(
-                f"{path}: not a readable plan file (its {name} column is not {want}, the {name} its place "
-                "names); rebuild the manifest"
-            )
+    wrong = misplaced_key(table, *key)
+    if wrong is not None:
+        name, want = wrong
+        raise ValueError(
+            f"{path}: not a readable plan file (its {name} column is not {want}, the {name} its place "
+            "names); rebuild the manifest"
+        )
 
 
 def read_rank_plan(

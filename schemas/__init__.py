@@ -38,6 +38,7 @@ import re
 import zlib
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -67,6 +68,7 @@ __all__ = [
     "SUCCESS_FILE",
     "plan_file",
     "plan_key",
+    "misplaced_key",
     "plan_dir_names",
     "PLAN_KEY_FIELDS",
     "READABLE",
@@ -133,6 +135,18 @@ def plan_file(epoch: int, rank: int, version: str = SCHEMA_VERSION) -> str:
     names it (``plan/epoch-E/rank-R/part-00000.parquet``; 3.x: ``plan/epoch=E/rank=R/...``)."""
     e, r = plan_dir_names(version)
     return f"{PLAN_DIR}/{e}{epoch}/{r}{rank}/part-00000.parquet"
+
+
+def misplaced_key(table: pa.Table, epoch: int, rank: int) -> tuple[str, int] | None:
+    """``(column, expected value)`` when a plan file's ``epoch`` or ``rank`` column (schema 4) is not
+    ``epoch`` / ``rank`` on every row (a null counts as wrong), else None; a table without the column
+    (a 3.x file) passes."""
+    for name, want in (("epoch", epoch), ("rank", rank)):
+        if name in table.column_names:
+            col = table.column(name)
+            if col.null_count or (table.num_rows and not pc.all(pc.equal(col, want)).as_py()):
+                return name, want
+    return None
 
 
 def plan_key(rel: str, version: str = SCHEMA_VERSION) -> tuple[int, int] | None:

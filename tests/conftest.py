@@ -45,3 +45,14 @@ def wheel(source: Path) -> Path:
     (dist / "build.log").write_text(r.stdout + r.stderr)  # the packaging test reads it for banners
     (whl,) = dist.glob("lidarshard-*.whl")
     return whl
+
+
+@pytest.fixture
+def dead_owner(monkeypatch) -> None:
+    """Staging/old names created from now on belong to a launcher that has exited."""
+    from lidarshard.pipelines import publish
+
+    proc = subprocess.Popen(["true"])
+    proc.wait(timeout=10)
+    pid = proc.pid
+    monkeypatch.setattr(publish, "_new_tag", lambda: f"{publish._HOST}-{pid}-{os.urandom(4).hex()}")

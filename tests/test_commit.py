@@ -27,19 +27,6 @@ class _Crash(BaseException):
     """Stands for the process dying at a crash point (nothing after it runs)."""
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait(timeout=10)
-    return proc.pid
-
-
-@pytest.fixture
-def dead_owner(monkeypatch) -> None:
-    """Staging/old names created from now on belong to a launcher that has exited."""
-    pid = _dead_pid()
-    monkeypatch.setattr(_output, "_new_tag", lambda: f"{_output._HOST}-{pid}-{os.urandom(4).hex()}")
-
-
 def _crash_at(monkeypatch, point: str) -> None:
     def crash(name: str) -> None:
         if name == point:

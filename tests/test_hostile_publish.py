@@ -312,19 +312,6 @@ def test_readers_refuse_files_keys_outside_the_manifest_directory(
 # ----------------------------------------------------------------------------------------- races
 
 
-def _pid_dead() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait(timeout=10)
-    return proc.pid
-
-
-@pytest.fixture
-def dead_owner(monkeypatch) -> None:
-    """Staging/old names created from now on belong to a launcher that has exited."""
-    pid = _pid_dead()
-    monkeypatch.setattr(publish, "_new_tag", lambda: f"{publish._HOST}-{pid}-{os.urandom(4).hex()}")
-
-
 def _stage(out: str, files: dict[str, bytes]) -> str:
     staging = publish.new_staging(out)
     listed = {rel: {"bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for rel, d in files.items()}

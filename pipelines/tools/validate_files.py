@@ -137,12 +137,12 @@ def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps
     with ``n >= 1`` equal to ``rank_count``). A 4.x file's ``epoch`` and ``rank`` columns hold ``e`` and
     ``r`` on every row (a 3.x file has none: the schema check refuses them). Returns True when the file
     is usable."""
-    for name, want in (("epoch", e), ("rank", r)):
-        if name in t.column_names and (
-            t.column(name).null_count or (t.column(name).to_numpy() != want).any()
-        ):
-            _add(problems, rel, f"column {name} is not {want} on every row (a plan file of another place)")
-            return False
+    wrong = schemas.misplaced_key(t, e, r)
+    if wrong is not None:
+        _add(
+            problems, rel, f"column {wrong[0]} is not {wrong[1]} on every row (a plan file of another place)"
+        )
+        return False
     if b is None:
         return _check_variable(problems, rel, t, e, r, steps)
     for name in ("step", "slot", "sample_id", "cost", "bucket_id", "path"):
