@@ -24,6 +24,16 @@ def realdata() -> Path:
 
 
 @pytest.fixture(scope="session")
+def semantickitti_full(realdata: Path) -> Path:
+    """The full real SemanticKITTI scan with its labels and label config (skips when absent)."""
+    root = realdata / "semantickitti_full"
+    for rel in ("sequences/00/velodyne/000000.bin", "sequences/00/labels/000000.label"):
+        if not (root / rel).is_file():
+            pytest.skip(f"no full SemanticKITTI scan under {root}")
+    return root
+
+
+@pytest.fixture(scope="session")
 def source(tmp_path_factory) -> Path:
     """A copy of the project (building writes ``build/`` and ``*.egg-info`` beside pyproject.toml)."""
     src = tmp_path_factory.mktemp("source")

@@ -11,9 +11,10 @@ import pytest
 
 from lidarshard.schemas import REJECT_REASONS
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.layouts.task import ScanTask, SweepRef
 from lidarshard.transforms.nuscenes.geometry import sweep_transform
 from lidarshard.transforms.nuscenes.multisweep import aggregate, check_labels, remove_close
-from lidarshard.transforms.nuscenes.tables import NuScenesTask, SweepRef, join_under_root, load_tasks
+from lidarshard.transforms.nuscenes.tables import join_under_root, load_tasks
 from tests.helpers import IDENTITY_Q, yaw_q, yaw_tf
 
 VERSION = "v1.0-test"
@@ -145,13 +146,11 @@ def read_local(path: str, limit: int | None = None) -> bytes:
     return Path(path).read_bytes()
 
 
-def load(
-    ds: Dataset, tmp_path: Path, sweeps: int = 2
-) -> tuple[list[NuScenesTask], list[tuple[str, str, str]]]:
+def load(ds: Dataset, tmp_path: Path, sweeps: int = 2) -> tuple[list[ScanTask], list[tuple[str, str, str]]]:
     return load_tasks(str(ds.write(tmp_path)), VERSION, sweeps, read_local)
 
 
-def by_id(tasks: list[NuScenesTask]) -> dict[str, NuScenesTask]:
+def by_id(tasks: list[ScanTask]) -> dict[str, ScanTask]:
     return {t.sample_id: t for t in tasks}
 
 

@@ -14,7 +14,7 @@ from lidarshard.pipelines import scan as scan_cli
 from lidarshard.transforms.beam import scan as scan_beam
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
-from lidarshard.transforms.nuscenes.tables import NuScenesTask, SweepRef
+from lidarshard.transforms.layouts.task import ScanTask, SweepRef
 from tests.helpers import BEAM_TEST_FLAGS, mem_io
 
 IDENTITY = tuple(float(v) for v in np.eye(4).ravel())
@@ -108,7 +108,7 @@ def test_featurize_aggregates_sweeps_and_checks_labels() -> None:
     key[:, 0] = np.arange(50)
     sweep = key.copy()
     files = {"k.pcd.bin": key.tobytes(), "s.pcd.bin": sweep.tobytes(), "l.bin": bytes(50)}
-    task = NuScenesTask("tok", "k.pcd.bin", (SweepRef("s.pcd.bin", IDENTITY, 0.05),), "l.bin")
+    task = ScanTask("tok", "k.pcd.bin", (SweepRef("s.pcd.bin", IDENTITY, 0.05),), "l.bin")
     row = featurize(task, *mem_io(files), ScanConfig())
     assert row["num_points"] == 50 + 49  # the sweep loses its one point inside the |x|<1, |y|<1 box
     assert row["has_labels"] and row["num_sweeps"] == 1 and row["file_bytes"] == 2000

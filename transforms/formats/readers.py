@@ -12,6 +12,8 @@ Formats:
     ``npy``          NumPy ``.npy`` holding a 2-D ``(N, >=3)`` numeric array (never unpickled).
     ``pcd``          PCL PCD, see ``lidarshard.transforms.formats.pcd``.
     ``ply``          PLY ascii / binary_little_endian / binary_big_endian, ``vertex`` element.
+    ``av2_feather``  Argoverse 2 lidar sweep, ``*.feather`` (Arrow IPC, float16 x, y, z + uint8 intensity),
+                     see ``lidarshard.transforms.formats.feather``; not fixed-record (no size-only count).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.ascii_values import read_columns
+from lidarshard.transforms.formats.feather import read_av2_feather
 from lidarshard.transforms.formats.pcd import VALUES_PER_POINT, read_pcd
 
 __all__ = ["FORMATS", "detect_format", "record_floats", "read_points", "count_points_from_size"]
 
-FORMATS: tuple[str, ...] = ("nuscenes_bin", "kitti_bin", "bin", "npy", "pcd", "ply")
+FORMATS: tuple[str, ...] = ("nuscenes_bin", "kitti_bin", "bin", "npy", "pcd", "ply", "av2_feather")
 _FIXED = {"nuscenes_bin": 5, "kitti_bin": 4, "bin": None}
 _MAX_HEADER = 64 * 1024
 _PLY_TYPES = {
@@ -50,7 +53,7 @@ def detect_format(path: str) -> str:
     """
     name = path.lower()
     for suffix, fmt in ((".pcd.bin", "nuscenes_bin"), (".bin", "kitti_bin"), (".npy", "npy"),
-                        (".pcd", "pcd"), (".ply", "ply")):  # fmt: skip
+                        (".pcd", "pcd"), (".ply", "ply"), (".feather", "av2_feather")):  # fmt: skip
         if name.endswith(suffix):
             return fmt
     raise RejectError("unsupported_format", f"no reader for extension of {path.rsplit('/', 1)[-1][:100]!r}")
@@ -60,7 +63,7 @@ def record_floats(fmt: str, point_dims: int | None = None) -> int | None:
     """float32 values per point of a fixed-record format, or None for a self-describing one.
 
     ``point_dims`` overrides the default of ``nuscenes_bin`` (5) and ``kitti_bin`` (4) and is required
-    for ``bin``; it is ignored for ``npy``, ``pcd`` and ``ply``.
+    for ``bin``; it is ignored for ``npy``, ``pcd``, ``ply`` and ``av2_feather``.
 
     Raises:
         ValueError: unknown ``fmt``, or ``bin`` without ``point_dims``.
@@ -91,7 +94,7 @@ def count_points_from_size(num_bytes: int, fmt: str, point_dims: int | None = No
 
     Raises:
         RejectError: ``empty`` (0 bytes), ``truncated`` (not whole records), ``bad_header`` (dims < 3).
-        ValueError: ``fmt`` needs its header to know N (npy, pcd, ply) or is unknown.
+        ValueError: ``fmt`` needs its header to know N (npy, pcd, ply, av2_feather) or is unknown.
     """
     if record_floats(fmt, point_dims) is None:
         raise ValueError(f"format {fmt!r} needs its header to count points")
@@ -120,12 +123,12 @@ def read_points(
         max_points: reject files holding or claiming more points than this.
         copy: True (default): always a new, writable array. False: a read-only view of ``data`` where
             the file's layout allows one (fixed-record formats; an ``npy`` of C-order little-endian
-            float32), for a caller that only reads the points.
+            float32), for a caller that only reads the points. ``av2_feather`` always decodes.
 
     Returns:
         ``(N, C)`` float32, C-contiguous, ``N >= 1``, ``C >= 3``; columns 0..2 are x, y, z (may be NaN),
         then the file's other scalar numeric fields in order (bin: all columns; pcd: COUNT-1 fields;
-        ply: other scalar vertex properties).
+        ply: other scalar vertex properties; av2_feather: intensity only, ``C == 4``).
 
     Raises:
         RejectError: reason ``empty``, ``truncated``, ``bad_header``, ``unsupported_format`` or
@@ -141,6 +144,8 @@ def read_points(
             return points.copy() if copy and not points.flags.owndata else points
         if fmt == "pcd":
             return read_pcd(data, max_points=max_points)
+        if fmt == "av2_feather":
+            return read_av2_feather(data, max_points)
         return _read_ply(data, max_points)
     except MemoryError:
         raise RejectError("too_large", f"{fmt}: out of memory decoding {len(data)} bytes") from None

@@ -37,7 +37,6 @@ import math
 import posixpath
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,6 +45,7 @@ from numpy.typing import NDArray
 from lidarshard.transforms import storage
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.jsonsafe import loads, short
+from lidarshard.transforms.layouts.task import Reject, ScanTask, SweepRef
 from lidarshard.transforms.nuscenes.geometry import pose_matrix
 from lidarshard.transforms.nuscenes.multisweep import check_labels
 from lidarshard.transforms.storage import FileTooLargeError
@@ -54,8 +54,6 @@ __all__ = [
     "LIDAR_CHANNEL",
     "MAX_TABLE_BYTES",
     "MAX_FIELD_CHARS",
-    "SweepRef",
-    "NuScenesTask",
     "load_tasks",
     "join_under_root",
     "check_labels",
@@ -73,41 +71,8 @@ _SD_KEYS = (
 _STR_KEYS = ("token", "sample_token", "ego_pose_token", "calibrated_sensor_token", "prev")
 _BOUNDED_KEYS = (*_STR_KEYS, "filename")
 
-Reject = tuple[str, str, str]
 ReadBytes = Callable[[str, int | None], bytes]  # (path, limit): at most limit + 1 bytes
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
-@dataclass(frozen=True)
-class SweepRef:
-    """One previous sweep to aggregate into a keyframe.
-
-    Attributes:
-        path: full path/URI of the sweep .pcd.bin.
-        sensor_to_ref: 16 floats, row-major 4x4: sweep sensor frame -> keyframe sensor frame (m).
-        time_lag_s: t_keyframe - t_sweep, seconds (> 0).
-    """
-
-    path: str
-    sensor_to_ref: tuple[float, ...]
-    time_lag_s: float
-
-
-@dataclass(frozen=True)
-class NuScenesTask:
-    """One LIDAR_TOP keyframe to scan.
-
-    Attributes:
-        sample_id: the keyframe's sample token.
-        path: full path/URI of the keyframe .pcd.bin.
-        sweeps: up to N previous sweeps, newest first (following ``prev``).
-        label_path: the lidarseg .bin when ``lidarseg.json`` lists this sample_data token, else None.
-    """
-
-    sample_id: str
-    path: str
-    sweeps: tuple[SweepRef, ...]
-    label_path: str | None
 
 
 def _root(dataroot: str) -> str:
@@ -247,7 +212,7 @@ class _Tables:
     def _pose(self, record: dict[str, Any], owner: str, inverse: bool) -> NDArray[np.float64]:
         return pose_matrix(self._lookup("ego_pose", record["ego_pose_token"], owner), inverse)
 
-    def task(self, record: dict[str, Any], path: str, sweeps: int) -> NuScenesTask:
+    def task(self, record: dict[str, Any], path: str, sweeps: int) -> ScanTask:
         """Resolve keyframe ``record`` (already validated, ``path`` joined) into a task."""
         token = record["token"]
         owner = f"keyframe sample_data {token}"
@@ -274,7 +239,7 @@ class _Tables:
                 raise RejectError(err.reason, f"sweep chain of {token}: {err.detail}") from None
             refs.append(SweepRef(sweep_path, tuple(tf.ravel().tolist()), (t_ref - t_prev) * 1e-6))
             cur, t_cur = rec, t_prev
-        return NuScenesTask(record["sample_token"], path, tuple(refs), self._label_path(token))
+        return ScanTask(record["sample_token"], path, tuple(refs), self._label_path(token))
 
     def _sweep_record(self, prev: str, child: str, t_child: float) -> tuple[dict[str, Any], float]:
         if prev in self.sd_dups:
@@ -338,7 +303,7 @@ def _read_table(
 
 def load_tasks(
     dataroot: str, version: str, sweeps: int, read_bytes: ReadBytes
-) -> tuple[list[NuScenesTask], list[Reject]]:
+) -> tuple[list[ScanTask], list[Reject]]:
     """One scan task per LIDAR_TOP keyframe of a nuScenes-style dataroot.
 
     O(records): every lookup is a dict; the prev walk is bounded by ``sweeps``.
@@ -368,7 +333,7 @@ def load_tasks(
     tables["lidarseg"] = _read_table(dataroot, version, "lidarseg", read_bytes, optional=True)
     db = _Tables(dataroot, version, tables)
     rejects: list[Reject] = list(db.label_rejects)
-    by_sample: dict[str, NuScenesTask] = {}
+    by_sample: dict[str, ScanTask] = {}
     for i, row in enumerate(tables["sample_data"]):
         token = row.get("token") if isinstance(row, dict) else None
         name = _name(token, i)

@@ -1,0 +1,118 @@
+"""Dataset layouts: how a dataset's tree becomes scan tasks, one module per layout. Pure (no Beam).
+
+Each module exports ``NAME``, ``describe(root, io) -> str | None`` (detection: a phrase naming what
+was found, from a few globs) and ``load_tasks(root, opts, io) -> Found``; ``LAYOUTS`` is the registry.
+``FILES`` is no module: INPUT is a directory or glob of point-cloud files, listed by the scan itself.
+
+``Dataset`` is one INPUT of a run (its name, root, layout and sampling weight); a run of several
+INPUTs prefixes each sample_id with its dataset's name and records the datasets in the manifest.
+"""
+
+from __future__ import annotations
+
+import importlib
+import posixpath
+from dataclasses import dataclass
+from types import ModuleType
+
+from lidarshard.transforms.layouts.task import Found, LayoutIO, LayoutOptions
+
+__all__ = [
+    "LAYOUTS",
+    "module",
+    "FILES",
+    "LAYOUT_NAMES",
+    "Dataset",
+    "detect",
+    "describe",
+    "load",
+    "dataset_name",
+]
+
+#: The layout modules by name (``lidarshard.transforms.layouts.<name>``; imported when first used).
+LAYOUTS: tuple[str, ...] = ("nuscenes", "av2", "semantickitti", "waymo_v2")
+#: INPUT as plain point-cloud files (a directory or a glob): no layout module.
+FILES = "files"
+LAYOUT_NAMES: tuple[str, ...] = (*LAYOUTS, FILES)
+
+
+def module(layout: str) -> ModuleType:
+    """The module of ``layout`` (one of ``LAYOUTS``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+    return importlib.import_module(f"{__name__}.{layout}")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One INPUT of a run.
+
+    Attributes:
+        name: unique among the run's inputs; the prefix of its sample_ids when there are several.
+        root: the INPUT (directory, glob or URI; local paths absolute).
+        layout: one of ``LAYOUT_NAMES``.
+        weight: expected copies per epoch of each of its samples (x any repeat factor), > 0.
+    """
+
+    name: str
+    root: str
+    layout: str
+    weight: float = 1.0
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "root": self.root, "layout": self.layout, "weight": self.weight}
+
+
+def label_maps_of(recorded: list[dict]) -> dict[str, dict[int, int]]:
+    """{dataset name: label map} from a manifest's ``datasets`` (keys back to ints); malformed -> ValueError."""
+    out = {}
+    for d in recorded:
+        found = d.get("label_map")
+        if found is None:
+            continue
+        if not isinstance(found, dict) or not isinstance(d.get("name"), str):
+            raise ValueError(
+                f"datasets: label_map of {d.get('name')!r} must be an object, got {found!r}"[:200]
+            )
+        try:
+            out[d["name"]] = {int(k): int(v) for k, v in found.items()}
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"datasets: label_map of {d['name']!r} must map integer ids to integers"
+            ) from None
+    return out
+
+
+def dataset_name(root: str) -> str:
+    """The default name of an INPUT: its last path component (a glob's part before the wildcard)."""
+    cut = min((root.find(c) for c in "*?[" if c in root), default=len(root))
+    base = posixpath.basename(root[:cut].rstrip("/").replace("\\", "/"))
+    return base or "input"
+
+
+def describe(root: str, io: LayoutIO) -> dict[str, str]:
+    """{layout name: what was found} for every layout ``root`` looks like (usually one, or none)."""
+    found = {}
+    for name in LAYOUTS:
+        what = module(name).describe(root.rstrip("/"), io)
+        if what:
+            found[name] = what
+    return found
+
+
+def detect(root: str, io: LayoutIO) -> str:
+    """The layout of ``root``: the one layout it looks like, else ``FILES``.
+
+    Raises:
+        ValueError: it looks like several (one line naming them: pass ``--dataset``).
+    """
+    found = describe(root, io)
+    if len(found) > 1:
+        what = "; ".join(f"{k}: {v}" for k, v in found.items())
+        raise ValueError(f"{root} looks like several layouts ({what}): pass --dataset NAME")
+    return next(iter(found), FILES)
+
+
+def load(layout: str, root: str, opts: LayoutOptions, io: LayoutIO) -> Found:
+    """``layout``'s tasks of ``root`` (not ``FILES``, which the scan lists itself)."""
+    return module(layout).load_tasks(root.rstrip("/"), opts, io)
