@@ -19,6 +19,9 @@ from lidarshard.loaders.fetch import Fetcher, File, FileCache
 from lidarshard.loaders.points import Recorded, load_points, moved_hint
 from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
 from lidarshard.transforms import storage
+from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.formats.labels import decode_labels, label_format
+from lidarshard.transforms.layouts import label_maps_of
 from lidarshard.transforms.paths import PathResolver
 
 try:
@@ -36,6 +39,8 @@ VERIFY = ("size", "hash")
 #: Batches a worker reads ahead by default when the data is remote (local files: 0, no prefetch).
 REMOTE_PREFETCH = 4
 _COLUMNS = ["sample_id", "path", "sweep_paths", "sweep_transforms", "format", "label_path"]
+#: Columns schema 4.1 added: the sample's dataset (its label map) and row keys of multi-frame files.
+_LAYOUT_COLUMNS = ("dataset", "frame", "sweep_frames")
 
 
 class PointCloudDataset(Dataset[dict[str, Any]]):
@@ -107,7 +112,16 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         self.resolve_path = PathResolver(manifest.path_root, root, path_map)
         self._moved = moved_hint(manifest.path_root, root, path_map)
         stored = schemas.scored_schema(manifest.schema_version).names  # 3.0 recorded no file sizes
-        table = read_samples(out_dir, [*_COLUMNS, *(c for c in schemas.INTEGRITY_FIELDS if c in stored)])
+        layout_cols = [c for c in _LAYOUT_COLUMNS if c in stored]  # 4.1: datasets, multi-frame files
+        table = read_samples(
+            out_dir, [*_COLUMNS, *layout_cols, *(c for c in schemas.INTEGRITY_FIELDS if c in stored)]
+        )
+        for name in _LAYOUT_COLUMNS:
+            if name not in table.column_names:
+                table = table.append_column(
+                    name, pa.nulls(table.num_rows, schemas.sample_schema().field(name).type)
+                )
+        self._label_maps = label_maps_of(manifest.provenance.get("datasets") or [])
         table = _with_integrity(table.combine_chunks(), verify == "hash")
         problem = _misaligned(table)  # read_samples checked the parts' sha256 and path rules
         if problem:
@@ -118,8 +132,8 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         if self._labels is not None and self._labels.null_count:
             first = table["sample_id"].filter(self._labels.is_null())[0].as_py()
             raise ValueError(
-                f"{self._labels.null_count} samples have no lidarseg labels (first: {first}); "
-                "build from a nuScenes dataroot whose lidarseg.json lists them"
+                f"{self._labels.null_count} samples have no per-point labels (first: {first}); build from a "
+                "nuScenes dataroot whose lidarseg.json lists them, or SemanticKITTI sequences with labels/"
             )
         unhashed = table["path_crc32"].null_count if verify == "hash" else 0
         if unhashed:
@@ -131,7 +145,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         self._ids = _column(table, "sample_id")
         # Per-sample paths, sizes and matrices stay in Arrow buffers: compact, and no Python objects
         # whose refcounts would un-share forked DataLoader workers' memory page by page.
-        self._cols = {name: _column(table, name) for name in _KEPT}
+        self._cols = {name: _column(table, name) for name in (*_KEPT, *_LAYOUT_COLUMNS)}
         tf = _column(table, "sweep_transforms")
         self._tf_values = tf.values.to_numpy(zero_copy_only=False).astype(np.float64)
         self._tf_offsets = tf.offsets.to_numpy().astype(np.int64)
@@ -162,10 +176,11 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         """A whole batch (what a DataLoader with a batch sampler asks for): with ``prefetch``, its files
         are read concurrently and those of the batches ahead (``PlannedBatch.ahead``) start reading."""
         files = [self.files(i) for i in indices]
-        if self.prefetch:
+        if self.prefetch:  # whole files: not those holding many frames, which are read by row group
             ahead = getattr(indices, "ahead", ())[: self.prefetch]
             self._fetcher.prepare(
-                [f for fs in files for f in fs], [f for b in ahead for i in b for f in self.files(i)]
+                [f for i, fs in zip(indices, files, strict=True) for f in self._whole(i, fs)],
+                [f for b in ahead for i in b for f in self._whole(i, self.files(i))],
             )
         return [self._item(i, fs) for i, fs in zip(indices, files, strict=True)]
 
@@ -189,6 +204,13 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
             files.append((self.resolve_path(self._labels[i].as_py()), label))
         return files
 
+    def _whole(self, i: int, files: list[File]) -> list[File]:
+        """The files of sample ``i`` read whole (a multi-frame sample's points files are read by row
+        group, only its label file whole)."""
+        if self._cols["frame"][i].is_valid:
+            return files[-1:] if self._labels is not None else []
+        return files
+
     def _item(self, i: int, files: list[File]) -> dict[str, Any]:
         """Sample ``i`` from its ``files`` (``files(i)``)."""
         try:
@@ -199,19 +221,25 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
     def _read_item(self, i: int, files: list[File]) -> dict[str, Any]:
         points_files = files[:-1] if self._labels is not None else files
         lo, hi = self._tf_offsets[i], self._tf_offsets[i + 1]
+        c = self._cols
+        frames = None
+        if c["frame"][i].is_valid:
+            frames = [c["frame"][i].as_py(), *((c["sweep_frames"][i].as_py() or []) if self.sweeps else [])]
         points = load_points(
             points_files[0][0],
-            self._cols["format"][i].as_py(),
+            c["format"][i].as_py(),
             [p for p, _ in points_files[1:]],
             self._tf_values[lo:hi] if self.sweeps else None,
             self.point_dims,
             [r for _, r in points_files],
             read=self._fetcher.read,
+            frames=frames,
         )
         item = {"index": int(i), "sample_id": self._ids[i].as_py(), "points": torch.from_numpy(points)}
         if self._labels is not None:
             data = self._fetcher.read(*files[-1])
-            item["labels"] = torch.from_numpy(_keyframe_labels(files[-1][0], data, len(points)))
+            label_map = self._label_maps.get(c["dataset"][i].as_py() or "")
+            item["labels"] = torch.from_numpy(_keyframe_labels(files[-1][0], data, len(points), label_map))
         return item
 
 
@@ -251,10 +279,16 @@ def _misaligned(table: pa.Table) -> str | None:
     return None
 
 
-def _keyframe_labels(label_path: str, data: bytes, num_points: int) -> NDArray[np.int64]:
-    """(num_points,) int64: the uint8 lidarseg ids (``data``, the label file's bytes) of the keyframe
-    rows, then ``IGNORE_LABEL``."""
-    keyframe = np.frombuffer(data, dtype=np.uint8)
+def _keyframe_labels(
+    label_path: str, data: bytes, num_points: int, label_map: Mapping[int, int] | None = None
+) -> NDArray[np.int64]:
+    """(num_points,) int64: the keyframe rows' class ids (``data``, the label file's bytes, decoded by
+    ``formats.labels.decode_labels``: lidarseg uint8 ids, SemanticKITTI ids through ``label_map``),
+    then ``IGNORE_LABEL`` on the sweep rows."""
+    try:
+        keyframe = decode_labels(data, label_format(label_path), label_map)
+    except RejectError as e:
+        raise ValueError(f"{label_path}: {e.detail}") from None
     if keyframe.size > num_points:
         raise ValueError(f"{label_path}: {keyframe.size} labels for a sample of {num_points} points")
     out = np.full(num_points, IGNORE_LABEL, dtype=np.int64)

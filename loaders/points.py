@@ -21,7 +21,9 @@ from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.transforms import storage
+from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.readers import detect_format, read_points
+from lidarshard.transforms.layouts.task import FRAMES_FORMAT
 from lidarshard.transforms.nuscenes.geometry import sweep_matrices
 from lidarshard.transforms.nuscenes.multisweep import aggregate
 from lidarshard.transforms.storage.base import FileTooLargeError
@@ -123,6 +125,7 @@ def load_points(
     point_dims: int | None = None,
     recorded: Sequence[Recorded | None] | None = None,
     read: Callable[[str, Recorded | None], bytes] | None = None,
+    frames: Sequence[int] | None = None,
 ) -> NDArray[np.float32]:
     """One sample's points: the keyframe plus its sweeps moved into the keyframe's sensor frame.
 
@@ -136,6 +139,9 @@ def load_points(
             (``read_recorded``); None: files are read unchecked.
         read: how a file's checked bytes are got (default ``read_recorded``); the dataset passes its
             ``loaders.fetch.Fetcher.read``, which serves prefetched and cached reads, checked alike.
+        frames: 1 + S row keys (keyframe, then each sweep) when the files hold many frames (the
+            samples' ``frame`` / ``sweep_frames``; format ``waymo_v2``): each frame is read by row
+            group (``transforms.layouts.waymo_v2.read_frame``), each file checked on its size.
 
     Returns:
         (N + sum M', C) float32, xyz first (keyframe only when ``sweep_paths`` is empty).
@@ -144,9 +150,11 @@ def load_points(
         FileChangedError: a file is not the one recorded (naming it).
     """
     files = [path, *sweep_paths]
-    checks = list(recorded) if recorded is not None else [None] * len(files)
+    checks: list[Recorded | None] = list(recorded) if recorded is not None else [None] * len(files)
     if len(checks) != len(files):
         raise ValueError(f"{path}: {len(checks)} recorded files for a keyframe and {len(sweep_paths)} sweeps")
+    if fmt == FRAMES_FORMAT:
+        return _load_frames(files, frames, checks, sweep_transforms)
     read = read or read_recorded
     fmt = fmt or detect_format(path)
     # With sweeps, aggregate copies each kept row once, into the one array it returns: the files'
@@ -161,3 +169,38 @@ def load_points(
         for p, c in zip(sweep_paths, checks[1:], strict=True)
     ]
     return aggregate(keyframe, sweeps, list(mats))
+
+
+def _load_frames(
+    files: list[str],
+    frames: Sequence[int] | None,
+    checks: list[Recorded | None],
+    sweep_transforms: Sequence[float] | NDArray[np.float64] | None,
+) -> NDArray[np.float32]:
+    """Points of a sample whose files hold many frames (Waymo v2): each file checked on its recorded
+    size, each frame read by row group, sweeps moved into the keyframe's frame."""
+    from lidarshard.transforms.layouts.waymo_v2 import read_frame
+
+    if frames is None or len(frames) != len(files):
+        raise ValueError(f"{files[0]}: a {FRAMES_FORMAT} sample needs one frame per file, got {frames!r}")
+    clouds = []
+    for path, frame, check in zip(files, frames, checks, strict=True):
+        try:
+            size = storage.size(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"not found: {path}") from None
+        what = difference(check, size) if check is not None else None
+        if what:
+            raise _changed(path, what)
+        try:
+            clouds.append(read_frame(storage.open_read, path, int(frame), _MAX_POINTS))
+        except RejectError as e:
+            raise ValueError(f"{path} frame {frame}: {e.reason}: {e.detail}") from None
+    if len(clouds) == 1:
+        return clouds[0]
+    mats = sweep_matrices(sweep_transforms, len(clouds) - 1, files[0])
+    return aggregate(clouds[0], clouds[1:], list(mats))
+
+
+#: Most points one frame of a multi-frame file may hold when read for training (the scan's default cap).
+_MAX_POINTS = 50_000_000

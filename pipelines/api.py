@@ -71,7 +71,7 @@ def summary(out: str) -> dict:
 
 
 def build(
-    input: str | None,
+    input: str | Sequence[str] | None,
     out: str,
     *,
     world_size: int,
@@ -83,7 +83,8 @@ def build(
     """Run ``lidarshard build`` in this process; returns :func:`summary` of the published OUT.
 
     Args:
-        input: INPUT (directory, glob, nuScenes dataroot); None with ``from_samples=...``.
+        input: INPUT (``[NAME=]PATH``: a directory, glob or dataset root; see the README's dataset
+            layouts), or several of them for one plan; None with ``from_samples=...``.
         out: OUT, replaced atomically on success.
         world_size, batch_size: W ranks, B samples per rank per step.
         runner: Beam runner name (``FnApiRunner``, ``DataflowRunner``, ...); default as the CLI.
@@ -95,7 +96,8 @@ def build(
         Exception: the run failed (the CLI's exit 1); nothing was published.
     """
     beam_argv = [*([f"--runner={runner}"] if runner else []), *pipeline_args]
-    args = _namespace([out] if input is None else [input, out], world_size, batch_size, flags)
+    inputs = [] if input is None else [input] if isinstance(input, str) else list(input)
+    args = _namespace([*inputs, out], world_size, batch_size, flags)
     dry_run = launch.dry_run_requested(beam_argv)
     settings = build_settings(args, dry_run)
     if not dry_run:  # a dry run works offline

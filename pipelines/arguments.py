@@ -15,6 +15,7 @@ from lidarshard.transforms.features.cost import COST_MODEL_HELP
 from lidarshard.transforms.features.repeat import parse_repeat_factors
 from lidarshard.transforms.features.sample import FEATURE_MODES
 from lidarshard.transforms.formats.readers import FORMATS
+from lidarshard.transforms.layouts import LAYOUT_NAMES
 from lidarshard.transforms.parts import PART_ROWS
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP
 from lidarshard.transforms.plan.epochs import MAX_PLAN_FACTOR
@@ -42,8 +43,13 @@ def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
     flag(
         g, "--nuscenes-version", "INPUT is a nuScenes dataroot: read its v1.0-xxx tables", metavar="V1.0-XXX"
     )
-    flag(g, "--sweeps", "previous sweeps aggregated per keyframe (nuScenes tables)", type=int_in(0, 1000),
-         default=0, metavar="N")  # fmt: skip
+    flag(g, "--dataset", "INPUT's layout, recognised from what is there unless given: one of "
+         f"{', '.join(LAYOUT_NAMES)} for every INPUT, or NAME=LAYOUT,...", shown="detected",
+         metavar="LAYOUT")  # fmt: skip
+    flag(g, "--dataset-weights", "NAME=W,...: expected copies per epoch of each sample of INPUT NAME "
+         "(x its repeat factor)", shown="1 each", metavar="NAME=W")  # fmt: skip
+    flag(g, "--sweeps", "previous sweeps (frames) aggregated into each sample, through the layout's poses",
+         type=int_in(0, 1000), default=0, metavar="N")  # fmt: skip
     flag(g, "--format", "override extension-based format detection", choices=FORMATS, shown="by extension")
     flag(g, "--point-dims", "float32 values per point of headerless .bin files", type=int_in(3, 64),
          shown="by format", metavar="N")  # fmt: skip
@@ -97,8 +103,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     flag(g, "--from-samples", "re-plan from a previous run's samples, OUT/samples (or a 2.x samples.parquet); "
          "no rescan", metavar="SAMPLES")  # fmt: skip
     flag(g, "--relative-to", "store sample paths relative to ROOT and record it, so the data can move; 'none' "
-         "stores full paths", metavar="ROOT", shown="the dataroot for --nuscenes-version, INPUT for a directory, "
-         "the part before the first wildcard for a glob; with --from-samples the previous run's root")  # fmt: skip
+         "stores full paths", metavar="ROOT", shown="a dataset layout's root, INPUT for a directory, "
+         "the part before the first wildcard for a glob, the INPUTs' common parent for several; with --from-samples "
+         "the previous run's root")  # fmt: skip
     caps = (
         "; a sample above it is rejected as over_cap, budget plans within it, other strategies fail over it"
     )

@@ -22,18 +22,19 @@ from lidarshard import schemas
 from lidarshard.pipelines import arguments, launch
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
+from lidarshard.pipelines.scan import scan_samples
 from lidarshard.pipelines.settings import BuildSettings, build_settings
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.beam.build import BuildManifest
-from lidarshard.transforms.beam.scan import ScanSamples, scan_results
+from lidarshard.transforms.beam.scan import scan_results
 from lidarshard.transforms.features.score import Source, previous_source
 from lidarshard.transforms.plan.metrics import COLUMNS, REFERENCE_KEY, balance_value, plan_buys
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
 
 USAGE = (
-    "lidarshard build INPUT OUT --world-size W --batch-size B [options] [beam options]\n"
+    "lidarshard build INPUT [INPUT ...] OUT --world-size W --batch-size B [options] [beam options]\n"
     "       lidarshard build OUT --from-samples PREV/samples --world-size W --batch-size B [options]"
 )
 #: The scan's samples parts of a build, under the staging directory's scratch directory.
@@ -53,7 +54,12 @@ def parser() -> CommandParser:
     what the summary's numbers mean."""
     about = __doc__.split("\n\n")[0].replace("``", "")
     p = CommandParser("lidarshard build", f"{about}\n\n{_summary_help()}", usage=USAGE)
-    p.add_argument("paths", nargs="+", metavar="PATH", help="INPUT OUT, or only OUT with --from-samples")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="INPUT... OUT, or only OUT with --from-samples; INPUT is [NAME=]PATH",
+    )
     arguments.add_scan_arguments(p)
     arguments.add_plan_arguments(p)
     return p
@@ -83,10 +89,7 @@ def build_pipeline(
         )
     else:
         scratch = storage.join(job.work, SCANNED_DIR)
-        assert scan.input is not None  # a build without a source scans INPUT
-        scanned = pipeline | "Scan" >> ScanSamples(
-            scan.input, scan.config, scan.nuscenes_version, scan.sweeps, job.work, scratch, scan.part_rows
-        )
+        scanned = pipeline | "Scan" >> scan_samples(scan, job.work, scratch)
         sources = scanned.gathered() | "ScanSource" >> beam.Map(_scan_source, scratch, settings.path_root)
     _ = sources | "Build" >> BuildManifest(job)
 
@@ -134,8 +137,10 @@ def print_summary(out: str) -> None:
         )
     if m.repeat:
         rep = m.repeat
+        scale = ",".join(f"{k}={v:g}" for k, v in sorted((rep.get("datasets") or {}).items()))
+        mode = " x ".join(w for w in (rep["mode"], scale and f"datasets {scale}") if w)
         print(
-            f"weights {rep['mode']}: copies per epoch expected/realized (mean of epochs), per class: "
+            f"weights {mode}: copies per epoch expected/realized (mean of epochs), per class: "
             + ", ".join(
                 f"{k} {v:.1f}/{sum(r.get(k, 0.0) for r in rep['realized']) / len(rep['realized']):.1f}"
                 for k, v in sorted(rep["expected"].items(), key=lambda kv: (len(kv[0]), kv[0]))

@@ -27,6 +27,7 @@ __all__ = [
     "check_nuscenes",
     "check_from_samples",
     "check_locations",
+    "is_pattern",
 ]
 
 #: Seconds a remote store (gs://, s3://, ...) has to answer the first look at INPUT, OUT or a Beam
@@ -115,14 +116,14 @@ def _exists(path: str) -> bool:
     return _kind(path) is not None
 
 
-def _is_pattern(path: str) -> bool:
+def is_pattern(path: str) -> bool:
     """A glob: wildcard characters, unless a local directory has that very name (as the scan reads it)."""
     return any(c in path for c in "*?[") and not (storage.is_local(path) and _kind(path) == "dir")
 
 
 def _root_of(path: str) -> str:
     """The directory INPUT names (the fixed part of a glob)."""
-    cut = min((path.find(c) for c in "*?[" if c in path), default=-1) if _is_pattern(path) else -1
+    cut = min((path.find(c) for c in "*?[" if c in path), default=-1) if is_pattern(path) else -1
     return path[:cut].rsplit("/", 1)[0] if cut >= 0 else path.rstrip("/")
 
 
@@ -130,7 +131,7 @@ def check_input(path: str) -> None:
     """INPUT must exist: a directory (remote: a prefix holding files) or a glob matching something. A
     single file is refused (sample ids are paths relative to INPUT: pass its directory or a glob); a
     remote INPUT must answer within ``REMOTE_TIMEOUT_S``."""
-    if _is_pattern(path):
+    if is_pattern(path):
         if not _answer("INPUT", path, lambda: _matches(path)):
             raise UsageError(f"INPUT {path}: the pattern matches no file")
         return
@@ -237,7 +238,7 @@ def _versions(dataroot: str) -> list[str]:
 
 def check_nuscenes(input: str, version: str | None) -> None:
     """A dataroot needs ``--nuscenes-version``; a version must be one of the folders present."""
-    if _is_pattern(input):
+    if is_pattern(input):
         if version:
             raise UsageError(
                 f"--nuscenes-version {version}: INPUT must be the dataroot directory, not a pattern"

@@ -21,16 +21,19 @@ from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.beam.scan import ScanSamples, scan_results
 from lidarshard.transforms.features.accounting import counts_or_stop
 from lidarshard.transforms.features.previous import fingerprint_kept
+from lidarshard.transforms.layouts import FILES
 from lidarshard.transforms.parts import open_parts
 
-__all__ = ["run", "parser", "build_scan"]
+__all__ = ["run", "parser", "build_scan", "scan_samples"]
 
 
 def parser() -> CommandParser:
     p = CommandParser("lidarshard scan", __doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument(
-        "input", metavar="INPUT", help="directory, glob or nuScenes dataroot (local, gs://, s3://)"
-    )
+        "input", metavar="INPUT", nargs="+",
+        help="[NAME=]PATH: a directory or glob of point clouds, or a dataset root (nuScenes, Argoverse 2, "
+        "SemanticKITTI, Waymo Open v2; local, gs://, s3://); several make one dataset of all",
+    )  # fmt: skip
     p.add_argument("output", metavar="OUT", help="output directory (replaced atomically on success)")
     arguments.add_scan_arguments(p)
     return p
@@ -40,11 +43,11 @@ def _finalize(gathered: dict[str, list], staging: str, settings: ScanSettings, e
     """Accounting of the parts written, the inputs fingerprint (streamed), rejects, ``_scan.json``."""
     scanned, parts, rejects = scan_results(gathered)
     if scanned == 0 and not empty_ok:  # tables or a pattern that yield nothing: a mistake, not a dataset
-        raise RuntimeError(
-            f"nothing was scanned: {settings.input} "
-            + ("lists no LIDAR_TOP keyframe" if settings.nuscenes_version else "matched no file")
-            + "; nothing was written"
-        )
+        layouts_ = {d.layout for d in settings.datasets}
+        what = "matched no file" if layouts_ == {FILES} else "lists no sample"
+        if layouts_ == {"nuscenes"}:
+            what = "lists no LIDAR_TOP keyframe"
+        raise RuntimeError(f"nothing was scanned: {settings.input} {what}; nothing was written")
     accepted = sum(rows for _, rows, _ in parts)
     counts = counts_or_stop(scanned, accepted, rejects, settings.max_reject_fraction, settings.rejects_out)
     with open_parts([storage.join(staging, entry["path"]) for _, _, entry in parts]) as file:
@@ -55,28 +58,34 @@ def _finalize(gathered: dict[str, list], staging: str, settings: ScanSettings, e
     storage.remove_tree(storage.join(staging, schemas.WORK_DIR))
 
 
+def scan_samples(settings: ScanSettings, work: str, parts: str) -> ScanSamples:
+    """The scan of ``settings``' INPUTs, writing its samples parts under ``parts`` (``build`` uses it too)."""
+    assert settings.datasets  # a scan always has INPUT
+    return ScanSamples(
+        settings.datasets,
+        settings.layout_options,
+        settings.config,
+        work,
+        parts,
+        settings.part_rows,
+        settings.label_maps,
+    )
+
+
 def build_scan(pipeline: beam.Pipeline, settings: ScanSettings, staging: str) -> None:
     """Wire the scan of ``settings.input`` into ``staging``."""
     work = storage.join(staging, schemas.WORK_DIR)
     parts = storage.join(staging, schemas.SAMPLES_DIR)
-    assert settings.input is not None  # a scan always has INPUT
-    scan = pipeline | "Scan" >> ScanSamples(
-        settings.input,
-        settings.config,
-        settings.nuscenes_version,
-        settings.sweeps,
-        work,
-        parts,
-        settings.part_rows,
-    )
+    scan = pipeline | "Scan" >> scan_samples(settings, work, parts)
     _ = scan.gathered() | "Finalize" >> beam.Map(_finalize, staging, settings, _empty_ok(settings))
 
 
 def _empty_ok(settings: ScanSettings) -> bool:
-    """Only an empty local directory may scan to empty tables; tables or a pattern that yield
-    nothing are an error."""
-    path = settings.input or ""
-    return not settings.nuscenes_version and storage.is_local(path) and os.path.isdir(path)
+    """Only empty local directories of files may scan to empty tables; a dataset layout or a pattern
+    that yields nothing is an error."""
+    return all(
+        d.layout == FILES and storage.is_local(d.root) and os.path.isdir(d.root) for d in settings.datasets
+    )
 
 
 def print_summary(out: str) -> None:

@@ -9,23 +9,27 @@ Python API's keyword arguments through the same declarations) into a ``ScanSetti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lidarshard import __version__, schemas
-from lidarshard.pipelines import checks
+from lidarshard.pipelines import checks, inputs
 from lidarshard.pipelines.arguments import DEFAULT_REJECT_FRACTION
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.publish import sibling
 from lidarshard.schemas.manifest import MAX_EPOCH_ENTRIES
-from lidarshard.transforms import storage
+from lidarshard.transforms import layouts, storage
 from lidarshard.transforms.beam.build import BuildJob
 from lidarshard.transforms.features import recorded, repeat
 from lidarshard.transforms.features.cost import CostModel, parse_cost_model
 from lidarshard.transforms.features.repeat import WeightSpec
 from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.features.score import ScoreSettings
+from lidarshard.transforms.layouts import FILES, Dataset
+from lidarshard.transforms.layouts.task import LayoutOptions
 from lidarshard.transforms.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
@@ -71,10 +75,18 @@ class ScanSettings:
     part_rows: int = 1
     max_reject_fraction: float = DEFAULT_REJECT_FRACTION
     created_by: str = f"lidarshard {__version__}"
+    #: The INPUTs scanned, each with its layout (``input`` is the first; empty: nothing is scanned).
+    datasets: tuple[Dataset, ...] = ()
+    #: {dataset name: {raw label id: class id}} of the layouts that map their labels.
+    label_maps: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
 
     @property
     def rejects_out(self) -> str:
         return rejects_path(self.output)
+
+    @property
+    def layout_options(self) -> LayoutOptions:
+        return LayoutOptions(self.sweeps, self.nuscenes_version)
 
     def meta(self) -> dict:
         """Provenance recorded in ``_scan.json`` / ``_manifest.json``."""
@@ -82,6 +94,7 @@ class ScanSettings:
             "schema_version": schemas.SCHEMA_VERSION,
             "created_by": self.created_by,
             "input": self.input,
+            "datasets": inputs.dataset_json(self.datasets, self.label_maps),
             "nuscenes_version": self.nuscenes_version,
             "sweeps": self.sweeps,
             "max_reject_fraction": self.max_reject_fraction,
@@ -110,7 +123,9 @@ class BuildSettings:
 
     def job(self, staging: str) -> BuildJob:
         """What the build core (``transforms.beam.build.BuildManifest``) runs with."""
-        settle = ScoreSettings(self.scan.max_reject_fraction, self.scan.rejects_out, self.scan.part_rows)
+        settle = ScoreSettings(
+            self.scan.max_reject_fraction, self.scan.rejects_out, self.scan.part_rows, self.scan.label_maps
+        )
         return BuildJob(staging, self.meta(), self.cfg, self.model, settle)
 
 
@@ -165,8 +180,24 @@ def plan_config(args: argparse.Namespace) -> PlanConfig:
         weights=weights,
         max_plan_factor=args.max_plan_factor,
         caps=Caps(args.max_points_per_rank_step, args.max_cost_per_rank_step, args.max_samples_per_rank_step),
-        repeat=WeightSpec(args.repeat_factors, args.sample_weights),
+        repeat=WeightSpec(args.repeat_factors, args.sample_weights, _dataset_weights(args.dataset_weights)),
     )
+
+
+def _dataset_weights(text: str | None) -> tuple[tuple[str, float], ...]:
+    """``--dataset-weights NAME=W,...`` as sorted pairs (the names are checked against the INPUTs later)."""
+    out = []
+    for name, value in inputs.parse_pairs(text, "--dataset-weights").items():
+        try:
+            w = float(value)
+        except ValueError:
+            w = math.nan
+        if not (math.isfinite(w) and w > 0):
+            raise UsageError(
+                f"--dataset-weights {text}: {name}'s weight must be a finite number > 0, got {value!r}"
+            )
+        out.append((name, w))
+    return tuple(sorted(out))
 
 
 def _csv(values: tuple[float, ...]) -> str:
@@ -242,63 +273,98 @@ def cost_model(spec: str) -> CostModel:
 # ---------------------------------------------------------------------------------------- settings
 
 
-def scan_settings(args: argparse.Namespace, input: str, output: str, dry_run: bool = False) -> ScanSettings:
-    """INPUT and OUT checked, the scan flags as settings (``dry_run``: only the job graph will be
-    built; remote paths are not looked at, and OUT is not checked for replacing)."""
-    input, output = _location(input), _location(output)
-    if not dry_run or storage.is_local(input):
-        checks.check_input(input)
-        checks.check_nuscenes(input, args.nuscenes_version)
-    checks.check_output(output, [input], publish=not dry_run)
-    return _scan(args, input, output, args.max_reject_fraction)
+def scan_settings(
+    args: argparse.Namespace, specs: Sequence[str], output: str, dry_run: bool = False
+) -> ScanSettings:
+    """INPUTs (``[NAME=]PATH`` each) and OUT checked, the scan flags as settings (``dry_run``: only the
+    job graph will be built; remote paths are not looked at, and OUT is not checked for replacing)."""
+    output = _location(output)
+    datasets = _datasets(args, specs, dry_run)
+    checks.check_output(output, [d.root for d in datasets], publish=not dry_run)
+    return _scan(args, datasets, output, args.max_reject_fraction, dry_run)
 
 
-def _scan(args: argparse.Namespace, input: str, output: str, fraction: float | None) -> ScanSettings:
-    """The scan flags of checked paths as settings (``fraction`` None: the default)."""
+def _datasets(args: argparse.Namespace, specs: Sequence[str], dry_run: bool) -> tuple[Dataset, ...]:
+    """The INPUTs, located, checked and given their layouts (``pipelines.inputs``)."""
+    located = []
+    for spec in specs:
+        name, path = inputs.split_input(spec)
+        located.append(f"{name}={_location(path)}" if name else _location(path))
+    look = not dry_run or all(storage.is_local(inputs.split_input(s)[1]) for s in located)
+    return inputs.resolve_datasets(located, args.dataset, args.dataset_weights, args.nuscenes_version, look)
+
+
+def _scan(
+    args: argparse.Namespace,
+    datasets: tuple[Dataset, ...],
+    output: str,
+    fraction: float | None,
+    dry_run: bool,
+) -> ScanSettings:
+    """The scan flags of checked INPUTs as settings (``fraction`` None: the default)."""
+    look = not dry_run or all(storage.is_local(d.root) for d in datasets)
     return ScanSettings(
-        input=input,
+        input=datasets[0].root if datasets else None,
         output=output,
         config=scan_config(args),
         nuscenes_version=args.nuscenes_version,
         sweeps=args.sweeps,
         part_rows=args.part_rows,
         max_reject_fraction=DEFAULT_REJECT_FRACTION if fraction is None else fraction,
+        datasets=datasets,
+        label_maps=inputs.label_maps(datasets, look),
     )
 
 
 def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSettings:
-    """The checked settings of ``lidarshard build`` (``args.paths``: INPUT OUT, or OUT with
+    """The checked settings of ``lidarshard build`` (``args.paths``: INPUT... OUT, or OUT with
     ``--from-samples``); see ``scan_settings`` for ``dry_run``."""
     from_samples: str | None = args.from_samples
-    if len(args.paths) != (1 if from_samples else 2):
+    if (len(args.paths) != 1) if from_samples else (len(args.paths) < 2):
         raise UsageError("expected OUT with --from-samples" if from_samples else "expected INPUT OUT")
+    cfg, model = plan_config(args), cost_model(args.cost_model)
+    check_plan_size(cfg)
+    fraction = args.max_reject_fraction
+    rows: int | None = None
+    datasets: tuple[Dataset, ...] = ()
     if from_samples:  # a samples directory may be given with a trailing slash
         from_samples = _location(from_samples).rstrip("/") or "/"
         input, output = from_samples, _location(args.paths[0])
+        look = not dry_run or storage.is_local(input)
+        if look:
+            rows, recorded_fraction = checks.check_from_samples(from_samples)
+            fraction = recorded_fraction if fraction is None else fraction
+            if rows < cfg.step_size and cfg.policy == "drop_last" and not cfg.weights:
+                raise UsageError(
+                    f"--world-size {cfg.world_size} x --batch-size {cfg.batch_size} = {cfg.step_size} samples "
+                    f"per step, but {from_samples} holds {rows}; use --pad or a smaller --world-size/--batch-size"
+                )
+        roots = [input]
     else:
-        input, output = (_location(p) for p in args.paths)
-    cfg, model = plan_config(args), cost_model(args.cost_model)
-    check_plan_size(cfg)
-    look = not dry_run or storage.is_local(input)
-    fraction = args.max_reject_fraction
-    rows: int | None = None
-    if from_samples and look:
-        rows, recorded_fraction = checks.check_from_samples(from_samples)
-        fraction = recorded_fraction if fraction is None else fraction
-        if rows < cfg.step_size and cfg.policy == "drop_last" and not cfg.weights:
-            raise UsageError(
-                f"--world-size {cfg.world_size} x --batch-size {cfg.batch_size} = {cfg.step_size} samples per "
-                f"step, but {from_samples} holds {rows}; use --pad or a smaller --world-size/--batch-size"
-            )
-    elif look:
-        checks.check_input(input)
-        checks.check_nuscenes(input, args.nuscenes_version)
-    weight = _check_weights(args, cfg, input, from_samples, look)
+        output = _location(args.paths[-1])
+        datasets = _datasets(args, args.paths[:-1], dry_run)
+        look = not dry_run or all(storage.is_local(d.root) for d in datasets)
+        roots = [d.root for d in datasets]
+    weight = _check_weights(args, cfg, datasets, from_samples, look)
     if rows is not None:
         check_plan_size(cfg, rows, f"--from-samples {from_samples}", weight)
-    checks.check_output(output, [input], publish=not dry_run)
-    scan = _scan(args, input, output, fraction)
-    return BuildSettings(scan, cfg, model, from_samples, _path_root(args, input, from_samples))
+    checks.check_output(output, roots, publish=not dry_run)
+    if from_samples:
+        scan = _scan(args, (), output, fraction, dry_run)
+        before = recorded.previous_datasets(from_samples) if look else []
+        kept = tuple(
+            Dataset(d["name"], d["root"], d["layout"], float(d.get("weight", 1.0)))
+            for d in before
+            if {"name", "root", "layout"} <= d.keys()
+        )
+        try:
+            maps = layouts.label_maps_of(before)
+        except ValueError as e:
+            raise UsageError(f"--from-samples {from_samples}: {e}") from None
+        scan = dataclasses.replace(scan, input=from_samples, datasets=kept, label_maps=maps)
+    else:
+        scan = _scan(args, datasets, output, fraction, dry_run)
+    return BuildSettings(scan, cfg, model, from_samples, _path_root(args, datasets, from_samples))
 
 
 def table_settings(args: argparse.Namespace, output: str, model: CostModel) -> BuildSettings:
@@ -313,21 +379,25 @@ def table_settings(args: argparse.Namespace, output: str, model: CostModel) -> B
     return BuildSettings(scan, cfg, model)
 
 
-def _path_root(args: argparse.Namespace, input: str, from_samples: str | None) -> str | None:
-    """ROOT the manifest's paths are stored relative to (``--relative-to``; None: full paths)."""
+def _path_root(args: argparse.Namespace, datasets: Sequence[Dataset], from_samples: str | None) -> str | None:
+    """ROOT the manifest's paths are stored relative to (``--relative-to``; None: full paths): by
+    default a dataset's root (a glob's fixed part), the INPUTs' common parent when there are several."""
     from lidarshard.transforms.beam.scan import input_root
 
     if args.relative_to is not None:
         return None if args.relative_to.lower() == "none" else _location(args.relative_to.rstrip("/"))
     if from_samples:
         return recorded.previous_root(from_samples)
-    if args.nuscenes_version:
-        return input.rstrip("/")
-    return input_root(input)
+    roots = [input_root(d.root) if d.layout == FILES else d.root.rstrip("/") for d in datasets]
+    return roots[0] if len(roots) == 1 else inputs.common_root(roots)
 
 
 def _check_weights(
-    args: argparse.Namespace, cfg: PlanConfig, input: str, from_samples: str | None, look: bool
+    args: argparse.Namespace,
+    cfg: PlanConfig,
+    datasets: Sequence[Dataset],
+    from_samples: str | None,
+    look: bool,
 ) -> float | None:
     """``--sample-weights`` names a good column of the ``--from-samples`` table; ``--repeat-factors``
     has lidarseg labels to read (a dataroot with ``lidarseg.json``, or labelled samples). Files are
@@ -363,12 +433,20 @@ def _check_weights(
             raise UsageError(
                 f"--repeat-factors: no sample of {from_samples} has lidarseg labels (label_path)"
             )
-    elif not args.nuscenes_version or not storage.exists(
-        storage.join(input, args.nuscenes_version, "lidarseg.json")
-    ):
-        where = f"{input}/{args.nuscenes_version}" if args.nuscenes_version else input
+    elif not any(_has_labels(d, args.nuscenes_version) for d in datasets):
+        d = datasets[0]
+        where = f"{d.root}/{args.nuscenes_version}" if d.layout == "nuscenes" else d.root
         raise UsageError(
-            f"--repeat-factors reads lidarseg labels: {where} has no lidarseg.json "
-            "(a nuScenes dataroot with lidarseg, read with --nuscenes-version)"
+            f"--repeat-factors reads per-point labels: {where} has no lidarseg.json (a nuScenes dataroot "
+            "with lidarseg) and no SemanticKITTI labels/*.label"
         )
     return mean
+
+
+def _has_labels(d: Dataset, version: str | None) -> bool:
+    """``d`` has per-point label files the scan reads (lidarseg tables, SemanticKITTI labels)."""
+    if d.layout == "nuscenes":
+        return bool(version) and storage.exists(storage.join(d.root, version or "", "lidarseg.json"))
+    if d.layout == "semantickitti":
+        return bool(inputs.LAYOUT_IO.glob(storage.join(d.root, "**", "labels", "*.label")))
+    return False

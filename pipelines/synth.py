@@ -62,6 +62,9 @@ from lidarshard.transforms import progress, storage
 from lidarshard.transforms.synth import dataroot as synth
 from lidarshard.transforms.synth import tables as tb
 
+#: What ``synth --layout`` writes: the nuScenes dataroot, or one of ``LAYOUT_WRITERS``.
+SYNTH_LAYOUTS = ("nuscenes", "av2", "semantickitti", "waymo_v2")
+
 __all__ = ["GenerateDataroot", "parser", "synth_config", "run"]
 
 _LOG = logging.getLogger(__name__)
@@ -89,6 +92,8 @@ def parser() -> CommandParser:
     flag(g, "--seed", "dataset seed", type=int_in(0, 2**63 - 1), default=0, metavar="S")
     flag(g, "--nuscenes-version", "table folder name, v1.0-<name>", default="v1.0-synth", metavar="V1.0-XXX")
     flag(g, "--labels", "also write lidarseg labels", action="store_true", default=False, shown="off")
+    flag(g, "--layout", "dataset layout to write; other than nuscenes: --scenes logs/sequences/segments of "
+         "--keyframes-per-scene frames each", choices=SYNTH_LAYOUTS, default="nuscenes")  # fmt: skip
     return p
 
 
@@ -152,6 +157,53 @@ class _WriteTableFn(beam.DoFn):
         yield table
 
 
+def _writer(layout: str):
+    """The synthetic writer of ``layout`` (``transforms.synth.layouts.LAYOUT_WRITERS``)."""
+    from lidarshard.transforms.synth.layouts import LAYOUT_WRITERS
+
+    return LAYOUT_WRITERS[layout]
+
+
+class _GenerateUnitFn(beam.DoFn):
+    """Unit index (a log, sequence or segment) -> its files of ``layout`` written under ``out``."""
+
+    def __init__(self, out: str, layout: str, seed: int, frames: int, units: int) -> None:
+        self._out, self._layout, self._seed, self._frames, self._units = out, layout, seed, frames, units
+        self._files = Metrics.counter("synth", "files")
+
+    def setup(self) -> None:
+        self._tally = progress.Tally("units written")
+
+    def process(self, index: int) -> Iterator[int]:
+        for rel, data in _writer(self._layout).unit_files(self._seed, index, self._frames):
+            _write(self._out, rel, data)
+            self._files.inc()
+        self._tally.add(total=self._units)
+        yield index
+
+    def finish_bundle(self) -> None:
+        self._tally.flush()
+
+
+class GenerateLayout(beam.PTransform):
+    """Writes ``units`` logs/sequences/segments of ``frames`` frames of a synthetic ``layout`` dataset (av2,
+    semantickitti, waymo_v2) in parallel (its shared files are written first, by ``run``); outputs the
+    unit indices."""
+
+    def __init__(self, out: str, layout: str, seed: int, units: int, frames: int) -> None:
+        super().__init__()
+        self._out, self._layout, self._seed, self._units, self._frames = out, layout, seed, units, frames
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[int]:
+        return (
+            pbegin
+            | "UnitIndices" >> beam.Create(range(self._units))
+            | "Spread" >> beam.Reshuffle()
+            | "GenerateUnits"
+            >> beam.ParDo(_GenerateUnitFn(self._out, self._layout, self._seed, self._frames, self._units))
+        )
+
+
 class GenerateDataroot(beam.PTransform):
     """Writes a whole synthetic dataroot; outputs the names of the tables written."""
 
@@ -194,6 +246,8 @@ def run(argv: list[str] | None = None) -> int:
     except UsageError as e:
         p.fail(str(e))
     opts = launch.beam_options(beam_argv, DEFAULT_RUNNER)
+    if args.layout != "nuscenes":
+        return _run_layout(args, out, opts)
     if FileSystems.exists(FileSystems.join(out, cfg.version, "scene.json")):
         _LOG.warning("%s already holds %s tables: overwriting (files of the old run stay)", out, cfg.version)
     runner = opts.view_as(StandardOptions).runner
@@ -210,6 +264,24 @@ def run(argv: list[str] | None = None) -> int:
         f"wrote {out}: {cfg.scenes} scenes, {keyframes} keyframes, {cfg.scenes * cfg.frames_per_scene} "
         f"lidar files ({cfg.version} tables{', lidarseg labels' if cfg.labels else ''})"
     )
+    return 0
+
+
+def _run_layout(
+    args: argparse.Namespace, out: str, opts: beam.options.pipeline_options.PipelineOptions
+) -> int:
+    """``synth --layout av2|semantickitti|waymo_v2``: ``--scenes`` units of ``--keyframes-per-scene`` frames."""
+    units, frames = args.scenes, args.keyframes_per_scene
+    for rel, data in _writer(args.layout).static_files(args.seed):  # shared files first (a label map)
+        _write(out, rel, data)
+    pipeline = beam.Pipeline(options=opts)
+    _ = pipeline | "Synth" >> GenerateLayout(out, args.layout, args.seed, units, frames)
+    with running():
+        result = pipeline.run()
+        result.wait_until_finish()
+    if result.state != PipelineState.DONE:
+        raise RuntimeError(f"the pipeline ended in state {result.state}")
+    print(f"wrote {out}: {args.layout}, {units} x {frames} frames")
     return 0
 
 

@@ -28,8 +28,10 @@ part): part k holds the k-th run of the rows sorted by sample_id, so reading the
 refuse a file of another size, ``lidarshard validate OUT --data`` checks them all. A minor version only
 adds fields (``ADDED_IN``): a 3.1 reader reads 3.0 files as ``sample_schema("3.0")`` describes them;
 4.0 moved the plan from hive directories ``plan/epoch=E/rank=R/`` (keys in the names only) to
-``plan/epoch-E/rank-R/`` with ``epoch`` and ``rank`` as columns of each file (``plan_file``). This
-lidarshard reads 3.x (``READABLE_MAJORS``) and 4.x; it writes 4.0.
+``plan/epoch-E/rank-R/`` with ``epoch`` and ``rank`` as columns of each file (``plan_file``);
+4.1 added the samples' ``dataset`` (several INPUTs in one plan) and ``frame`` / ``sweep_frames`` (samples
+that are rows of a multi-frame file, Waymo v2). This lidarshard reads 3.x (``READABLE_MAJORS``) and 4.x;
+it writes 4.1.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ __all__ = [
     "as_written",
 ]
 
-SCHEMA_VERSION = "4.0"
+SCHEMA_VERSION = "4.1"
 #: {major schema version this lidarshard reads: the newest minor of it}; the previous major too (see
 #: the version history): 3.1 was the last 3.x.
 READABLE: dict[str, str] = {"3": "3.1", "4": SCHEMA_VERSION}
@@ -167,16 +169,18 @@ REJECT_REASONS: dict[str, str] = {
     "bad_header": "a header (PCD/PLY/NPY) is malformed or inconsistent with itself",
     "non_finite": "no point has finite x, y, z",
     "unsupported_format": "the extension or content is not a supported point-cloud format",
-    "missing_sweep": "a sweep file named by the nuScenes tables does not exist",
-    "missing_file": "a keyframe file named by the nuScenes tables does not exist",
-    "label_mismatch": "the lidarseg label file does not hold exactly one uint8 per keyframe point",
+    "missing_sweep": "a sweep (previous frame) the dataset's tables or poses name does not exist",
+    "missing_file": "a keyframe file (or frame) the dataset's tables name does not exist",
+    "label_mismatch": "the label file does not hold exactly one valid label per keyframe point (lidarseg uint8, "
+    "SemanticKITTI uint32 through its learning_map)",
     "too_large": "the file or its claimed point count exceeds --max-file-bytes / --max-points",
     "over_cap": "the sample alone exceeds --max-points-per-rank-step or --max-cost-per-rank-step",
     "outside_root": "a path in the tables resolves outside the dataroot",
     "duplicate_id": "another input already produced this sample_id",
     "absurd_coordinates": "finite coordinates beyond MAX_ABS_COORD metres from the sensor (often a wrong --point-dims)",
     "empty_after_filter": "no point is left inside --point-cloud-range",
-    "bad_table": "a nuScenes table record is malformed (missing keys, broken prev chain, bad pose)",
+    "bad_table": "a table record is malformed (nuScenes tables, AV2/Waymo poses, SemanticKITTI poses/calib: "
+    "missing keys, broken prev chain, bad pose)",
     "sweep_columns": "a sweep's points have another number of columns than its keyframe's",
     "reader_error": "an unexpected error in a reader (a bug: please report with the detail)",
 }
@@ -228,6 +232,15 @@ SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("sweep_crc32", pa.list_(_I64), "CRC-32 of each sweep file, aligned with sweep_paths; null: not read"),
     ("label_bytes", _I64, "bytes of the label file (null: no label_path, or not recorded)"),
     ("label_crc32", _I64, "CRC-32 of the label file; null: no label_path, or not read"),
+    # Added in 4.1: datasets and layouts beyond one file per sample.
+    ("dataset", _STR, "name of the INPUT the sample came from (several INPUTs: the sample_id's prefix)"),
+    (
+        "frame",
+        _I64,
+        "the keyframe's row key inside a multi-frame file (Waymo v2: frame_timestamp_micros); null: the "
+        "file holds one frame",
+    ),
+    ("sweep_frames", pa.list_(_I64), "the sweeps' row keys, aligned with sweep_paths; null like frame"),
 ]
 
 #: The content hash of the ``*_crc32`` columns: CRC-32 as zlib/gzip compute it (``content_hash``), an
@@ -239,7 +252,12 @@ CONTENT_HASH = "crc32"
 INTEGRITY_FIELDS = ("path_bytes", "path_crc32", "sweep_bytes", "sweep_crc32", "label_bytes", "label_crc32")
 
 #: {field name: the schema version that added it}; a field not named here is in every 3.x file.
-ADDED_IN: dict[str, str] = {**dict.fromkeys(INTEGRITY_FIELDS, "3.1"), "epoch": "4.0", "rank": "4.0"}
+ADDED_IN: dict[str, str] = {
+    **dict.fromkeys(INTEGRITY_FIELDS, "3.1"),
+    "epoch": "4.0",
+    "rank": "4.0",
+    **dict.fromkeys(("dataset", "frame", "sweep_frames"), "4.1"),
+}
 
 
 def content_hash(data: bytes | memoryview, running: int = 0) -> int:
@@ -371,6 +389,8 @@ MANIFEST_KEYS: dict[str, str] = {
     "pair_repeat_rate": "{strategy: rate, 'random': rate}: share of epoch-0 step-mates that share a step in epoch 1",
     "input": "INPUT as given (absolute for local paths); 'from_samples' when re-planned from earlier samples",
     "nuscenes_version": "tables version in tables mode, else null; 'sweeps': previous sweeps aggregated",
+    "datasets": "[{'name', 'root', 'layout', 'weight', 'label_map'}]: the INPUTs scanned (4.1); label_map "
+    "{raw label id: class id} (SemanticKITTI's learning_map) or null",
     "scan_config": "the feature options (voxel size, range, formats, limits); 'max_reject_fraction' too; "
     "'content_hash': the algorithm of the samples' *_crc32 columns (CONTENT_HASH), null under --features stat",
     "part_rows": "int: rows of each samples part (--part-rows), which fixes where the parts are cut",

@@ -23,6 +23,7 @@ from tests.helpers import BEAM_TEST_FLAGS, make_bins, write_samples
 PROVENANCE = {
     "created_by",
     "input",
+    "datasets",
     "from_samples",
     "nuscenes_version",
     "sweeps",

@@ -15,6 +15,8 @@ from lidarshard import schemas
 from lidarshard.transforms.beam.scan import ConcatRows, ScanSamples
 from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.features.shards import shard_of
+from lidarshard.transforms.layouts import FILES, Dataset
+from lidarshard.transforms.layouts.task import LayoutOptions
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 
@@ -30,8 +32,9 @@ def _scan(
     n_parts = max(1, -(-len(want_ids) // part_rows))  # part_rows < 64: every id is sampled, the cut is exact
     sizes = [min(part_rows, len(want_ids) - k * part_rows) for k in range(n_parts)]
     with test_pipeline.TestPipeline(options=PipelineOptions(BEAM_TEST_FLAGS)) as p:
+        dataset = Dataset("in", input_path, FILES)
         result = p | "Scan" >> ScanSamples(
-            input_path, ScanConfig(), None, 0, str(work), str(parts), part_rows
+            [dataset], LayoutOptions(), ScanConfig(), str(work), str(parts), part_rows
         )
         written = result.parts | "KRows" >> beam.Map(lambda part: part[:2])
         assert_that(written, equal_to(list(enumerate(sizes))), label="Parts")

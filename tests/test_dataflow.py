@@ -141,7 +141,7 @@ def test_dataflow_dry_run_builds_the_job_graph(wheel: Path) -> None:
     argv = [f"{GS}/nuscenes", f"{GS}/manifest", "--nuscenes-version", "v1.0-trainval", "--sweeps", "9"]
     names = _dry_run(wheel, _build, [*argv, "--world-size", "64", "--batch-size", "2", "--epochs", "4"])
     for step in (
-        "Scan/LoadTables",
+        "Scan/Load",
         "Scan/Featurize",
         "Build/SettleAndScore",
         "Build/PlanEpoch",

@@ -24,7 +24,7 @@ from lidarshard.pipelines import scan as scan_cli
 from lidarshard.pipelines.tools import validate as validate_cli
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize
-from lidarshard.transforms.nuscenes.tables import NuScenesTask, SweepRef
+from lidarshard.transforms.layouts.task import ScanTask, SweepRef
 from tests.helpers import BEAM_TEST_FLAGS, mem_io
 from tests.legacy import as_written_by
 
@@ -120,7 +120,7 @@ def test_the_scan_records_every_files_size_and_crc32(built: Path, dataroot: Path
             assert (size, crc) == (len(data), zlib.crc32(data)), rel
         assert r["file_bytes"] == r["path_bytes"] + sum(r["sweep_bytes"])
     m = json.loads((built / schemas.MANIFEST_FILE).read_text())
-    assert m["schema_version"] == schemas.SCHEMA_VERSION == "4.0"
+    assert m["schema_version"] == schemas.SCHEMA_VERSION == "4.1"
     assert m["scan_config"]["content_hash"] == schemas.CONTENT_HASH == "crc32"
     assert set(schemas.INTEGRITY_FIELDS) <= {f["name"] for f in m["sample_schema"]}
     assert pq.read_schema(built / schemas.samples_part(0)).names == schemas.scored_schema().names
@@ -147,7 +147,7 @@ def test_a_stat_scan_records_sizes_only_and_says_the_hash_is_absent(
 def test_featurize_hashes_the_bytes_it_read_and_stat_checks_the_label_size() -> None:
     key, sweep = np.ones((50, 5), np.float32), np.full((30, 5), 2.0, np.float32)
     files = {"k.bin": key.tobytes(), "s.bin": sweep.tobytes(), "l.bin": bytes(50)}
-    task = NuScenesTask("tok", "k.bin", (SweepRef("s.bin", IDENTITY, 0.05),), "l.bin")
+    task = ScanTask("tok", "k.bin", (SweepRef("s.bin", IDENTITY, 0.05),), "l.bin")
     row = featurize(task, *mem_io(files), ScanConfig(format="nuscenes_bin"))
     assert (row["path_bytes"], row["path_crc32"]) == (1000, zlib.crc32(files["k.bin"]))
     assert (row["sweep_bytes"], row["sweep_crc32"]) == ([600], [zlib.crc32(files["s.bin"])])
@@ -491,8 +491,8 @@ def test_validate_checks_each_file_against_its_own_versions_contract(
     t = pq.read_table(out / schemas.samples_part(0))
     for version, needle in (
         ("3.0", "schema differs from the contract: extra ['path_bytes'"),  # 3.1 columns under a 3.0 label
-        ("3.2", "written with schema version '3.2', expected '4.0' (or an earlier minor)"),  # no 3.2 exists
-        ("4.1", "written with schema version '4.1', expected '4.0' (or an earlier minor)"),
+        ("3.2", "written with schema version '3.2', expected '4.1' (or an earlier minor)"),  # no 3.2 exists
+        ("4.2", "written with schema version '4.2', expected '4.1' (or an earlier minor)"),
         ("2.1", "written with schema version '2.1'"),
     ):
         _rewrite(
@@ -516,8 +516,12 @@ def test_from_samples_rebuilds_a_schema_3_0_output(built: Path, tmp_path: Path, 
 def test_schema_versions_and_the_content_hash() -> None:
     assert schemas.sample_schema("3.0").metadata == {b"lidarshard.schema_version": b"3.0"}
     assert not set(schemas.INTEGRITY_FIELDS) & set(schemas.scored_schema("3.0").names)
-    assert schemas.sample_schema().names[-len(schemas.INTEGRITY_FIELDS) :] == list(schemas.INTEGRITY_FIELDS)
-    readable = [schemas.is_readable(v) for v in ("3.0", "3.1", "3.2", "2.1", "", "4.0", "4.1", "5.0")]
+    integrity = [n for n in schemas.sample_schema().names if schemas.ADDED_IN.get(n) == "3.1"]
+    assert integrity == list(schemas.INTEGRITY_FIELDS)
+    assert schemas.sample_schema("3.1").names[-len(schemas.INTEGRITY_FIELDS) :] == list(
+        schemas.INTEGRITY_FIELDS
+    )
+    readable = [schemas.is_readable(v) for v in ("3.0", "3.1", "3.2", "2.1", "", "4.0", "4.2", "5.0")]
     assert readable == [1, 1, 0, 0, 0, 1, 0, 0]
     assert schemas.is_before("3.9", "3.10") and not schemas.is_before("3.1", "3.1")
     data = os.urandom(5000)

@@ -183,7 +183,7 @@ def test_dataset_labels_keyframe_rows_and_ignores_sweeps(tmp_path: Path) -> None
     assert "labels" not in PointCloudDataset(out)[0] and "labels" not in collate([PointCloudDataset(out)[0]])
     unlabelled = write_manifest(tmp_path / "bare", write_clouds(tmp_path / "d2", [5]), world_size=1,
                                 batch_size=1, epochs=1)  # fmt: skip
-    with pytest.raises(ValueError, match="1 samples have no lidarseg labels"):
+    with pytest.raises(ValueError, match="1 samples have no per-point labels"):
         PointCloudDataset(unlabelled, labels=True)
 
 

@@ -13,16 +13,21 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from lidarshard.schemas import ADDED_IN, is_before
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import paths, storage
+from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.buckets import resolve_weights
 from lidarshard.transforms.features.repeat import (
     class_counts,
+    dataset_scale,
+    decoded_labels,
     label_presence,
     lvis_factors,
     parse_repeat_factors,
 )
 from lidarshard.transforms.jsonsafe import short
+from lidarshard.transforms.layouts import label_maps_of
 
 __all__ = ["check_weights", "check_realized"]
 
@@ -45,12 +50,26 @@ def _same(got: object, want: dict[str, float]) -> bool:
     )
 
 
+def _datasets(samples: pa.Table, m: Manifest) -> list:
+    """Each sample's ``dataset`` (None each before schema 4.1)."""
+    if is_before(m.schema_version, ADDED_IN["dataset"]):
+        return [None] * samples.num_rows
+    return samples.select(["dataset"]).column("dataset").to_pylist()
+
+
 def _label_presence(
-    problems: list[str], samples: pa.Table, root: str | None
+    problems: list[str], samples: pa.Table, m: Manifest
 ) -> tuple[NDArray[np.bool_], NDArray[np.bool_]] | None:
-    found = paths.absolute(samples.select(["label_path"]), root).column("label_path").to_pylist()
+    found = paths.absolute(samples.select(["label_path"]), m.path_root).column("label_path").to_pylist()
     try:
-        return label_presence(None if p is None else storage.read_bytes(p) for p in found)
+        maps = label_maps_of(m.provenance.get("datasets") or [])
+        return label_presence(decoded_labels(found, _datasets(samples, m), maps, storage.read_bytes))
+    except ValueError as e:
+        problems.append(f"{_WHERE}: datasets: {e}; the weights were not re-derived")
+        return None
+    except RejectError as e:
+        problems.append(f"labels: {e.detail}; the weights were not re-derived")
+        return None
     except OSError as e:
         problems.append(f"{e.filename or 'label_path'}: lidarseg labels unreadable ({e.strerror or e}); "
                         "the weights were not re-derived")  # fmt: skip
@@ -74,6 +93,19 @@ def check_weights(
                             "manifest records no repeat factors or sample weights")  # fmt: skip
         return None
     mode = rep.get("mode")
+    scale = rep.get("datasets")
+    if not isinstance(scale, dict) or not all(isinstance(v, (int, float)) for v in scale.values()):
+        if scale is not None:
+            problems.append(f"{_WHERE}: repeat.datasets {short(scale)} is not an object of weights")
+            return None
+        scale = {}
+    by_dataset = dataset_scale(_datasets(samples, m), scale)
+    if mode is None and scale:  # only --dataset-weights
+        if not np.allclose(w, by_dataset, rtol=1e-12, atol=0):
+            i = int(np.flatnonzero(~np.isclose(w, by_dataset, rtol=1e-12, atol=0))[0])
+            problems.append(f"samples: {samples.column('sample_id')[i]} has weight {w[i]:g} but its dataset's "
+                            f"--dataset-weights give {by_dataset[i]:g}")  # fmt: skip
+        mode = "column:"  # the counts below are per 'all', as for a column's weights
     if not isinstance(mode, str) or not mode.startswith(("lidarseg:", "column:")):
         problems.append(f"{_WHERE}: repeat.mode {short(mode)} is not lidarseg:t=T or column:NAME")
         return None
@@ -85,11 +117,11 @@ def check_weights(
         except ValueError as e:
             problems.append(f"{_WHERE}: repeat.mode {short(mode)}: {e}")
             return None
-        found = _label_presence(problems, samples, m.path_root)
+        found = _label_presence(problems, samples, m)
         if found is None:
             return None
         held = found[0]
-        again = lvis_factors(found[0], found[1], t)
+        again = lvis_factors(found[0], found[1], t) * by_dataset
         bad = np.flatnonzero(np.abs(again - w) > 1e-9 * np.maximum(1.0, again))
         if bad.size:
             i = int(bad[0])

@@ -14,9 +14,10 @@ local paths, gs:// and s3:// work alike.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
@@ -24,14 +25,15 @@ from apache_beam.io import fileio
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
-from lidarshard.transforms import progress, storage
+from lidarshard.transforms import layouts, progress, storage
 from lidarshard.transforms.arrow import concat_sorted, rows_to_table
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features import shards
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.formats.discover import walk_local
-from lidarshard.transforms.nuscenes import tables as nuscenes
+from lidarshard.transforms.layouts import Dataset
+from lidarshard.transforms.layouts.task import LayoutIO, LayoutOptions, ScanTask
 
 __all__ = [
     "ScanSamples",
@@ -54,16 +56,17 @@ class _Featurize(beam.DoFn):
     """Task -> ``("samples", feature row)`` or ``("rejects", reject row)``. Counts every outcome: Beam
     counters, and the progress tally (``lidarshard.transforms.progress``)."""
 
-    def __init__(self, cfg: ScanConfig) -> None:
-        self._cfg = cfg
+    def __init__(self, cfg: ScanConfig, label_maps: Mapping[str, Mapping[int, int]] | None = None) -> None:
+        self._cfg, self._maps = cfg, dict(label_maps or {})
         self._accepted = Metrics.counter(NAMESPACE, "accepted")
 
     def setup(self) -> None:
         self._tally = progress.Tally("inputs read")
 
-    def process(self, task: nuscenes.NuScenesTask) -> Iterator:
+    def process(self, task: ScanTask) -> Iterator:
         try:
-            row = featurize(task, storage.read_bytes, storage.size, self._cfg)
+            label_map = self._maps.get(task.dataset) if task.dataset is not None else None
+            row = featurize(task, storage.read_bytes, storage.size, self._cfg, storage.open_read, label_map)
         except RejectError as e:
             self._tally.add(rejected=1)
             yield from _rejected(task.path, e.reason, e.detail)
@@ -86,7 +89,7 @@ class _FeaturizeOfTotal(_Featurize):
     """``_Featurize`` told how many inputs there are to read in all (``total``, a side input), which
     the progress line shows with a rate and an ETA."""
 
-    def process(self, task: nuscenes.NuScenesTask, total: int | None = None) -> Iterator:
+    def process(self, task: ScanTask, total: int | None = None) -> Iterator:
         self._tally.total = total
         yield from super().process(task)
 
@@ -137,16 +140,28 @@ class _WalkLocal(beam.DoFn):
                 yield from _rejected(file_task(path, path).path, "unreadable", why)
 
 
-class _LoadTables(beam.DoFn):
-    def __init__(self, version: str, sweeps: int) -> None:
-        self._version, self._sweeps = version, sweeps
+class _LoadLayout(beam.DoFn):
+    """A dataset root -> ``("tasks", task)`` per sample of its layout, ``("rejects", row)`` per bad record."""
 
-    def process(self, dataroot: str) -> Iterator:
-        tasks, rejects = nuscenes.load_tasks(dataroot, self._version, self._sweeps, storage.read_bytes)
-        for task in tasks:
+    def __init__(self, layout: str, opts: LayoutOptions) -> None:
+        self._layout, self._opts = layout, opts
+
+    def process(self, root: str) -> Iterator:
+        found = layouts.load(self._layout, root, self._opts, LAYOUT_IO)
+        for task in found.tasks:
             yield "tasks", task
-        for path, reason, detail in rejects:
+        for path, reason, detail in found.rejects:
             yield from _rejected(path, reason, detail)
+
+
+#: The file access layouts get in a pipeline.
+LAYOUT_IO = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
+
+
+def _owned(task: ScanTask, dataset: str, prefix: str) -> ScanTask:
+    """``task`` of INPUT ``dataset``; its sample_id prefixed (``prefix``: ``"NAME/"`` when a run has
+    several INPUTs, else empty)."""
+    return dataclasses.replace(task, dataset=dataset, sample_id=prefix + task.sample_id)
 
 
 #: Rows an accumulator holds as Python dicts before it converts them to an Arrow table.
@@ -260,46 +275,59 @@ def _to_table(schema: pa.Schema, keys: tuple[str, ...], label: str, pcoll: beam.
 
 
 class ScanSamples(beam.PTransform):
-    """INPUT (files/glob, or a nuScenes dataroot) -> ``ScanResult``: the accepted rows sorted by
-    sample_id as samples parts ``parts_dir/part-NNNNN.parquet`` of about ``part_rows`` rows, written
-    in parallel from hash-shard scratch files under ``work_dir`` (``shard_path``; the caller removes
-    them); the rejects table."""
+    """INPUTs (``Dataset``: files/glob, or a dataset root of a layout) -> ``ScanResult``: the accepted
+    rows sorted by sample_id as samples parts ``parts_dir/part-NNNNN.parquet`` of about ``part_rows``
+    rows, written in parallel from hash-shard scratch files under ``work_dir`` (``shard_path``; the
+    caller removes them); the rejects table. With several INPUTs each sample_id is prefixed with its
+    dataset's name."""
 
     def __init__(
-        self, input_path: str, cfg: ScanConfig, nuscenes_version: str | None, sweeps: int, work_dir: str,
-        parts_dir: str, part_rows: int,
+        self, datasets: Sequence[Dataset], opts: LayoutOptions, cfg: ScanConfig, work_dir: str, parts_dir: str,
+        part_rows: int, label_maps: Mapping[str, Mapping[int, int]] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
-        self._input, self._cfg = input_path, cfg  # local paths: made absolute by the launcher
-        self._version, self._sweeps, self._work = nuscenes_version, sweeps, work_dir
-        self._parts_dir, self._part_rows = parts_dir, part_rows
+        self._datasets, self._opts, self._cfg = tuple(datasets), opts, cfg  # local roots: absolute
+        self._work, self._parts_dir, self._part_rows = work_dir, parts_dir, part_rows
+        self._maps = dict(label_maps or {})
+
+    def _found(self, pbegin: beam.pvalue.PBegin, d: Dataset, step: str) -> tuple:
+        """(tasks, rejects) of one INPUT."""
+        if d.layout != layouts.FILES:
+            found = (
+                pbegin
+                | f"{step}Root" >> beam.Create([d.root.rstrip("/")])
+                | f"{step}Load" >> beam.ParDo(_LoadLayout(d.layout, self._opts))
+                | f"{step}SplitFound" >> SplitTags("tasks", "rejects")
+            )
+            return found["tasks"], found["rejects"]
+        if _is_local_dir(d.root):
+            root = d.root.rstrip("/") or "/"
+            found = (
+                pbegin
+                | f"{step}Root" >> beam.Create([root])
+                | f"{step}Walk" >> beam.ParDo(_WalkLocal())
+                | f"{step}SplitFound" >> SplitTags("tasks", "rejects")
+            )
+            return found["tasks"], found["rejects"]
+        pattern, root = _file_pattern(d.root)
+        tasks = (
+            pbegin
+            | f"{step}Match" >> fileio.MatchFiles(pattern)
+            | f"{step}ToTask" >> beam.Map(lambda m, r: file_task(_relative(m.path, r), m.path), root)
+        )
+        return tasks, pbegin | f"{step}NoTableRejects" >> beam.Create([])
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> ScanResult:
-        if self._version:
-            found = (
-                pbegin
-                | "Dataroot" >> beam.Create([self._input.rstrip("/")])
-                | "LoadTables" >> beam.ParDo(_LoadTables(self._version, self._sweeps))
-                | "SplitFound" >> SplitTags("tasks", "rejects")
-            )
-            tasks, table_rejects = found["tasks"], found["rejects"]
-        elif _is_local_dir(self._input):
-            root = self._input.rstrip("/") or "/"
-            found = (
-                pbegin
-                | "Root" >> beam.Create([root])
-                | "Walk" >> beam.ParDo(_WalkLocal())
-                | "SplitFound" >> SplitTags("tasks", "rejects")
-            )
-            tasks, table_rejects = found["tasks"], found["rejects"]
-        else:
-            pattern, root = _file_pattern(self._input)
-            tasks = (
-                pbegin
-                | "Match" >> fileio.MatchFiles(pattern)
-                | "ToTask" >> beam.Map(lambda m, r: file_task(_relative(m.path, r), m.path), root)
-            )
-            table_rejects = pbegin | "NoTableRejects" >> beam.Create([])
+        several = len(self._datasets) > 1
+        all_tasks, all_rejects = [], []
+        for i, d in enumerate(self._datasets):
+            step = f"Input{i}" if several else ""
+            tasks, rejects = self._found(pbegin, d, step)
+            prefix = f"{d.name}/" if several else ""
+            all_tasks.append(tasks | f"{step}Own" >> beam.Map(_owned, d.name, prefix))
+            all_rejects.append(rejects)
+        tasks = tuple(all_tasks) | "AllTasks" >> beam.Flatten()
+        table_rejects = tuple(all_rejects) | "AllTableRejects" >> beam.Flatten()
         scanned = (
             (tasks, table_rejects)
             | "AllInputs" >> beam.Flatten()
@@ -313,7 +341,8 @@ class ScanSamples(beam.PTransform):
             | "Spread" >> beam.Reshuffle()
             | "Featurize"
             >> beam.ParDo(
-                _FeaturizeOfTotal(self._cfg), total=beam.pvalue.AsSingleton(to_read, default_value=None)
+                _FeaturizeOfTotal(self._cfg, self._maps),
+                total=beam.pvalue.AsSingleton(to_read, default_value=None),
             )
             | "SplitRead" >> SplitTags("samples", "rejects")
         )

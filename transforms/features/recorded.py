@@ -15,6 +15,7 @@ from lidarshard.transforms.arrow import row_groups
 from lidarshard.transforms.parts import open_parts, samples_files
 
 __all__ = [
+    "previous_datasets",
     "previous_dir",
     "previous_root",
     "recorded_fraction",
@@ -48,6 +49,15 @@ def previous_root(samples_path: str) -> str | None:
     recorded = _recorded(samples_path)
     root = recorded[0].get("path_root") if recorded else None
     return root if isinstance(root, str) else None
+
+
+def previous_datasets(samples_path: str) -> list[dict]:
+    """The ``datasets`` (INPUTs with their layouts and label maps) the earlier run recorded ([]: none)."""
+    for m in _recorded(samples_path):
+        found = m.get("datasets")
+        if isinstance(found, list) and all(isinstance(d, dict) for d in found):
+            return found
+    return []
 
 
 def recorded_fraction(samples_path: str) -> float | None:

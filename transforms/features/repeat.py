@@ -15,7 +15,7 @@ Pure numpy/pyarrow.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +28,8 @@ __all__ = [
     "Weights",
     "parse_repeat_factors",
     "label_presence",
+    "decoded_labels",
+    "dataset_scale",
     "lvis_factors",
     "column_weights",
     "check_weights",
@@ -48,6 +50,8 @@ class WeightSpec:
 
     threshold: float | None = None
     column: str | None = None
+    #: ``--dataset-weights``: (dataset name, weight) pairs multiplying its samples' weights.
+    datasets: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.threshold is not None and self.column is not None:
@@ -73,16 +77,42 @@ def parse_repeat_factors(spec: str) -> float:
     return t
 
 
-def label_presence(labels: Iterable[bytes | None]) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
-    """(N, 256) classes present per sample from raw lidarseg label bytes (one uint8 per point),
-    and (N,) which samples have labels (None: no label file). Consumes ``labels`` one at a time."""
+def label_presence(
+    labels: Iterable[bytes | NDArray[np.uint8] | None],
+) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """(N, 256) classes present per sample from its class ids (uint8 per point: raw lidarseg label
+    bytes, or ids decoded by ``formats.labels.decode_labels``), and (N,) which samples have labels
+    (None: no label file). Consumes ``labels`` one at a time."""
     rows, has = [], []
     for data in labels:
         has.append(data is not None)
-        values = np.frombuffer(data or b"", np.uint8)
+        values = np.frombuffer(data or b"", np.uint8) if not isinstance(data, np.ndarray) else data
         rows.append(np.bincount(values, minlength=NUM_LABEL_VALUES) > 0)
     presence = np.array(rows, dtype=bool).reshape(len(rows), NUM_LABEL_VALUES)
     return presence, np.array(has, dtype=bool)
+
+
+def decoded_labels(
+    label_paths: Iterable[str | None],
+    datasets: Iterable[str | None],
+    label_maps: Mapping[str, Mapping[int, int]],
+    read: Callable[[str], bytes],
+) -> Iterator[NDArray[np.uint8] | None]:
+    """Each sample's class ids (``formats.labels.decode_labels`` of its label file, through its
+    dataset's label map), one file at a time; None for a sample without labels. The one way scoring
+    and ``validate`` read labels for repeat factors."""
+    from lidarshard.transforms.formats.labels import decode_labels, label_format
+
+    for path, dataset in zip(label_paths, datasets, strict=True):
+        if path is None:
+            yield None
+        else:
+            yield decode_labels(read(path), label_format(path), label_maps.get(dataset) if dataset else None)
+
+
+def dataset_scale(datasets: Iterable[str | None], scale: Mapping[str, float]) -> NDArray[np.float64]:
+    """(N,) the ``--dataset-weights`` of each sample's dataset (1 for a dataset not named, or none)."""
+    return np.array([scale.get(d, 1.0) if d is not None else 1.0 for d in datasets], dtype=np.float64)
 
 
 def lvis_factors(presence: NDArray[np.bool_], has_labels: NDArray[np.bool_], t: float) -> NDArray[np.float64]:

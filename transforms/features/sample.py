@@ -11,17 +11,20 @@ already read for the features (nothing is read twice). ``--features stat`` reads
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 import numpy as np
+from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.size import DEFAULT_VOXEL_SIZE, MAX_ABS_COORD, compute_features
 from lidarshard.transforms.formats import readers
+from lidarshard.transforms.formats.labels import label_format, read_labels
+from lidarshard.transforms.layouts.task import FRAMES_FORMAT, ScanTask
 from lidarshard.transforms.nuscenes.multisweep import aggregate
-from lidarshard.transforms.nuscenes.tables import NuScenesTask, check_labels
 from lidarshard.transforms.storage import FileTooLargeError
 from lidarshard.transforms.storage import NotRegularFileError as NotRegularFile
 
@@ -31,6 +34,7 @@ FEATURE_MODES = ("full", "stat")
 
 ReadBytes = Callable[[str, int | None], bytes]  # (path, limit): at most limit + 1 bytes
 SizeOf = Callable[[str], int]
+OpenRead = Callable[[str], BinaryIO]
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class ScanConfig:
 
 
 @dataclass(frozen=True)
-class _FileTask(NuScenesTask):
+class _FileTask(ScanTask):
     """A plain file found by listing INPUT (not named by tables): when it is gone, it is ``unreadable``
     rather than ``missing_file``."""
 
@@ -82,7 +86,7 @@ def _escaped(name: str) -> str:
         return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def file_task(sample_id: str, path: str) -> NuScenesTask:
+def file_task(sample_id: str, path: str) -> ScanTask:
     """A task for a plain file (no sweeps, no labels); ``featurize`` rejects a non-UTF-8 name."""
     try:
         path.encode("utf-8")
@@ -132,15 +136,17 @@ def _points(data: bytes, fmt: str, cfg: ScanConfig) -> np.ndarray:
         from lidarshard.transforms.formats.open3d_backend import read_points_open3d
 
         return read_points_open3d(data, fmt)
-    return readers.read_points(data, fmt, point_dims=cfg.point_dims, max_points=cfg.max_points)
+    # A read-only view of the file's bytes where the format allows: features only read the points, and
+    # ``aggregate`` copies what it keeps.
+    return readers.read_points(data, fmt, point_dims=cfg.point_dims, max_points=cfg.max_points, copy=False)
 
 
-def _missing(task: NuScenesTask) -> str:
+def _missing(task: ScanTask) -> str:
     """Reject reason for a keyframe file that is not there."""
     return "unreadable" if isinstance(task, _FileTask) else "missing_file"
 
 
-def _stat_row(task: NuScenesTask, fmt: str, size_of: SizeOf, cfg: ScanConfig) -> dict:
+def _stat_row(task: ScanTask, fmt: str, size_of: SizeOf, cfg: ScanConfig) -> dict:
     """Sizes only: points from each file's size, the label file's size against the keyframe's points."""
     key = _size(task.path, size_of, _missing(task))
     sweeps = [_size(s.path, size_of, "missing_sweep") for s in task.sweeps]
@@ -148,9 +154,11 @@ def _stat_row(task: NuScenesTask, fmt: str, size_of: SizeOf, cfg: ScanConfig) ->
     label = None
     if task.label_path is not None:
         label = _size(task.label_path, size_of, "label_mismatch")
-        if label != n[0]:  # check_labels' rule on the size alone: one uint8 per keyframe point
+        per_point = 4 if label_format(task.label_path) == "semantickitti" else 1
+        if label != n[0] * per_point:  # read_labels' rule on the size alone: one record per keyframe point
             raise RejectError(
-                "label_mismatch", f"label file holds {label} uint8 labels but the keyframe has {n[0]} points"
+                "label_mismatch",
+                f"label file holds {label} bytes, {per_point} a label, but the keyframe has {n[0]} points",
             )
     return {
         "file_bytes": key + sum(sweeps),
@@ -167,44 +175,104 @@ def _recorded(data: bytes) -> tuple[int, int]:
     return len(data), schemas.content_hash(data)
 
 
-def featurize(task: NuScenesTask, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig) -> dict:
+def _frame_points(
+    task: ScanTask, open_read: OpenRead | None, size_of: SizeOf, cfg: ScanConfig
+) -> tuple[NDArray[np.float32], list[NDArray[np.float32]], dict]:
+    """Keyframe and sweep points of a sample whose files hold many frames (Waymo v2), and what is
+    recorded of the files: their sizes (the frames are read by row group, so no whole-file hash)."""
+    from lidarshard.transforms.layouts.waymo_v2 import read_frame
+
+    if open_read is None:
+        raise ValueError("featurize needs open_read for a multi-frame sample")
+    assert task.frame is not None
+    size = _size(task.path, size_of, _missing(task))
+    key = read_frame(open_read, task.path, task.frame, cfg.max_points)
+    sweeps, sizes = [], []
+    for ref in task.sweeps:
+        sizes.append(_size(ref.path, size_of, "missing_sweep"))
+        if ref.frame is None:
+            raise RejectError("bad_table", f"sweep of {task.sample_id} in {ref.path} names no frame")
+        sweeps.append(read_frame(open_read, ref.path, ref.frame, cfg.max_points))
+    recorded = {"path_bytes": size, "sweep_bytes": sizes, "file_bytes": size + sum(sizes)}
+    return key, sweeps, recorded
+
+
+def _check_labels(
+    task: ScanTask,
+    key: NDArray[np.float32],
+    read_bytes: ReadBytes,
+    size_of: SizeOf,
+    cfg: ScanConfig,
+    label_map: Mapping[int, int] | None,
+    row: dict,
+) -> None:
+    """The keyframe's label file holds one valid label per point (``formats.labels.read_labels``);
+    records its size and hash in ``row``."""
+    if task.label_path is None:
+        return
+    label = _read(task.label_path, read_bytes, size_of, cfg, "label_mismatch")
+    read_labels(label, label_format(task.label_path), len(key), label_map)
+    row["label_bytes"], row["label_crc32"] = _recorded(label)
+
+
+def featurize(
+    task: ScanTask,
+    read_bytes: ReadBytes,
+    size_of: SizeOf,
+    cfg: ScanConfig,
+    open_read: OpenRead | None = None,
+    label_map: Mapping[int, int] | None = None,
+) -> dict:
     """One row of ``lidarshard.schemas.SAMPLE_FIELDS`` for ``task``.
+
+    ``open_read`` reads the row groups of a multi-frame file (a task with ``frame``); ``label_map``
+    maps the layout's raw label ids to class ids (``formats.labels.read_labels``).
 
     Raises:
         RejectError: any bad input, with a reason from ``lidarshard.schemas.REJECT_REASONS``.
     """
     if isinstance(task, _BadName):
         raise RejectError("unreadable", task.detail)
-    fmt = cfg.format or readers.detect_format(task.path)
+    frames = task.frame is not None
+    fmt = FRAMES_FORMAT if frames else cfg.format or readers.detect_format(task.path)
     row: dict = {
         "sample_id": task.sample_id,
+        "dataset": task.dataset,
         "path": task.path,
         "sweep_paths": [s.path for s in task.sweeps],
         "sweep_transforms": [float(v) for s in task.sweeps for v in s.sensor_to_ref],
+        "frame": task.frame,
+        "sweep_frames": [s.frame for s in task.sweeps] if frames else None,
         "label_path": task.label_path,
         "format": fmt,
         "num_sweeps": len(task.sweeps),
     }
     if cfg.features == "stat":
         try:
+            if frames:
+                raise ValueError(fmt)
             return row | _stat_row(task, fmt, size_of, cfg)
         except ValueError:
             raise RejectError("unsupported_format", f"--features stat cannot size {fmt} files") from None
-    data = _read(task.path, read_bytes, size_of, cfg, _missing(task))
-    row["path_bytes"], row["path_crc32"] = _recorded(data)
-    key = _points(data, fmt, cfg)
-    if task.label_path is not None:
-        label = _read(task.label_path, read_bytes, size_of, cfg, "label_mismatch")
-        check_labels(label, len(key))
-        row["label_bytes"], row["label_crc32"] = _recorded(label)
-    sweeps, transforms, sizes, hashes = [], [], [], []
-    for ref in task.sweeps:
-        sweep_data = _read(ref.path, read_bytes, size_of, cfg, "missing_sweep")
-        size, digest = _recorded(sweep_data)
-        sizes.append(size)
-        hashes.append(digest)
-        sweeps.append(_points(sweep_data, fmt, cfg))
-        transforms.append(np.asarray(ref.sensor_to_ref, dtype=np.float64).reshape(4, 4))
+    if frames:
+        key, sweeps, recorded = _frame_points(task, open_read, size_of, cfg)
+        row |= recorded
+        _check_labels(task, key, read_bytes, size_of, cfg, label_map, row)
+        transforms = [np.asarray(ref.sensor_to_ref, dtype=np.float64).reshape(4, 4) for ref in task.sweeps]
+    else:
+        data = _read(task.path, read_bytes, size_of, cfg, _missing(task))
+        row["path_bytes"], row["path_crc32"] = _recorded(data)
+        key = _points(data, fmt, cfg)
+        _check_labels(task, key, read_bytes, size_of, cfg, label_map, row)
+        sweeps, transforms, sizes, hashes = [], [], [], []
+        for ref in task.sweeps:
+            sweep_data = _read(ref.path, read_bytes, size_of, cfg, "missing_sweep")
+            size, digest = _recorded(sweep_data)
+            sizes.append(size)
+            hashes.append(digest)
+            sweeps.append(_points(sweep_data, fmt, cfg))
+            transforms.append(np.asarray(ref.sensor_to_ref, dtype=np.float64).reshape(4, 4))
+        row |= {"file_bytes": row["path_bytes"] + sum(sizes), "sweep_bytes": sizes, "sweep_crc32": hashes}
     points = aggregate(key, sweeps, transforms) if sweeps else key
     if points.shape[0] > cfg.max_points:
         raise RejectError("too_large", f"{points.shape[0]} points > --max-points {cfg.max_points}")
@@ -214,13 +282,4 @@ def featurize(task: NuScenesTask, read_bytes: ReadBytes, size_of: SizeOf, cfg: S
         point_cloud_range=cfg.point_cloud_range,
         max_abs_coord=cfg.max_abs_coord,
     )
-    return (
-        row
-        | feats
-        | {
-            "file_bytes": row["path_bytes"] + sum(sizes),
-            "has_labels": task.label_path is not None,
-            "sweep_bytes": sizes,
-            "sweep_crc32": hashes,
-        }
-    )
+    return row | feats | {"has_labels": task.label_path is not None}

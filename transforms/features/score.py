@@ -17,6 +17,7 @@ the caller writes in parallel (``previous.write_part``). No step holds the paths
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,6 +87,8 @@ class ScoreSettings:
     max_reject_fraction: float
     rejects_out: str
     part_rows: int
+    #: {dataset name: {raw label id: class id}}: how each dataset's label files map to classes.
+    label_maps: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
 
 
 def previous_source(path: str, new_root: str | None) -> Source:
@@ -152,7 +155,7 @@ def settle_and_score(
         if not keep.any():
             raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
         cost = cost[keep]
-        weights = _weights(file, numeric, keep, cfg, source.roots[0])
+        weights = _weights(file, numeric, keep, cfg, source.roots[0], settings.label_maps)
         weight = np.ones(cost.size) if weights is None else weights.values
         ids, edges = bucket_costs(cost, cfg)
         tasks = previous.part_tasks(file, files, keep, cost, ids, weight, source.roots, settings.part_rows)
@@ -241,27 +244,46 @@ def _settle(
 
 
 def _weights(
-    file, numeric: pa.Table, keep: NDArray[np.bool_], cfg: PlanConfig, root: str | None
+    file,
+    numeric: pa.Table,
+    keep: NDArray[np.bool_],
+    cfg: PlanConfig,
+    root: str | None,
+    label_maps: Mapping[str, Mapping[int, int]],
 ) -> Weights | None:
-    """The kept samples' weights: a column's, lidarseg repeat factors (label files read one at a time,
-    their paths resolved under ``root``), or None (all 1)."""
+    """The kept samples' weights: a column's, or repeat factors from the label files (read one at a
+    time, their paths resolved under ``root``), times the ``--dataset-weights`` of each sample's
+    dataset; None when all are 1."""
+    weights = None
     if cfg.repeat.column is not None:
-        return Weights(repeat.column_weights(numeric, cfg.repeat.column)[keep])
-    if cfg.repeat.threshold is None:
-        return None
-    presence, has = repeat.label_presence(_labels(file, keep, root))
-    return Weights(repeat.lvis_factors(presence, has, cfg.repeat.threshold), presence)
+        weights = Weights(repeat.column_weights(numeric, cfg.repeat.column)[keep])
+    elif cfg.repeat.threshold is not None:
+        presence, has = repeat.label_presence(_labels(file, keep, root, label_maps))
+        weights = Weights(repeat.lvis_factors(presence, has, cfg.repeat.threshold), presence)
+    if not cfg.repeat.datasets:
+        return weights
+    scale = _dataset_scale(file, keep, dict(cfg.repeat.datasets))
+    return Weights(scale) if weights is None else Weights(weights.values * scale, weights.presence)
 
 
-def _labels(file, keep: NDArray[np.bool_], root: str | None):
-    """The lidarseg label bytes of the kept rows, in order (None: no label file), a row group at a time."""
-    first = 0
-    for t in row_groups(file, ["label_path"]):
-        mask = keep[first : first + t.num_rows]
-        first += t.num_rows
-        t = paths.absolute(t.filter(pa.array(mask)), root) if root else t.filter(pa.array(mask))
-        for p in t.column("label_path").to_pylist():
-            yield None if p is None else storage.read_bytes(p)
+def _kept(file, keep: NDArray[np.bool_], column: str) -> list:
+    """Column ``column`` of the kept rows (None each when the samples have no such column: 4.0)."""
+    if column not in file.schema_arrow.names:
+        return [None] * int(keep.sum())
+    values = [v for t in row_groups(file, [column]) for v in t.column(column).to_pylist()]
+    return [v for v, k in zip(values, keep, strict=True) if k]
+
+
+def _dataset_scale(file, keep: NDArray[np.bool_], scale: Mapping[str, float]) -> NDArray[np.float64]:
+    """(kept,) the ``--dataset-weights`` of each kept row's ``dataset``."""
+    return repeat.dataset_scale(_kept(file, keep, "dataset"), scale)
+
+
+def _labels(file, keep: NDArray[np.bool_], root: str | None, label_maps: Mapping[str, Mapping[int, int]]):
+    """The class ids of the kept rows' label files, in order (None: no label file)."""
+    found = _kept(file, keep, "label_path")
+    full = [None if p is None else paths.PathResolver(root)(p) for p in found] if root else found
+    return repeat.decoded_labels(full, _kept(file, keep, "dataset"), label_maps, storage.read_bytes)
 
 
 def repeat_info(scored: pa.Table, weights: Weights | None, cfg: PlanConfig) -> dict | None:
@@ -287,4 +309,5 @@ def repeat_info(scored: pa.Table, weights: Weights | None, cfg: PlanConfig) -> d
         )
         for e in range(cfg.epochs)
     ]
-    return {"mode": cfg.repeat.mode, "expected": expected, "realized": realized}
+    info = {"mode": cfg.repeat.mode, "expected": expected, "realized": realized}
+    return info | ({"datasets": dict(cfg.repeat.datasets)} if cfg.repeat.datasets else {})

@@ -111,6 +111,10 @@ class PlanConfig:
             repeat = WeightSpec(threshold=parse_repeat_factors(mode))
         elif isinstance(mode, str) and mode.startswith("column:"):
             repeat = WeightSpec(column=mode[len("column:") :])
+        scale = (m.repeat or {}).get("datasets")
+        if isinstance(scale, dict) and scale:
+            pairs = tuple(sorted((str(k), float(v)) for k, v in scale.items()))
+            repeat = WeightSpec(repeat.threshold, repeat.column, pairs)
         fields: dict[str, Any] = {
             "world_size": m.world_size,
             "batch_size": m.batch_size,

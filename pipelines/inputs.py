@@ -1,0 +1,204 @@
+"""The INPUTs of a run, resolved once before Beam starts: each one's name, layout and weight.
+
+``INPUT`` is ``[NAME=]PATH``: a directory or glob of point-cloud files, or the root of a dataset
+layout (nuScenes/Lyft tables, Argoverse 2 sensor logs, SemanticKITTI sequences, Waymo Open v2
+components), recognised from what is there (``transforms.layouts.detect``) unless ``--dataset``
+names it. Several INPUTs make one plan: each sample_id is prefixed with its dataset's NAME (default:
+the INPUT's last path component), ``--dataset-weights NAME=W,...`` scales a dataset's expected copies
+per epoch, and paths are stored relative to the INPUTs' common parent. Problems raise
+:class:`~lidarshard.pipelines.flags.UsageError` with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+
+from lidarshard.pipelines import checks
+from lidarshard.pipelines.flags import UsageError
+from lidarshard.transforms import layouts, storage
+from lidarshard.transforms.layouts import FILES, LAYOUT_NAMES, Dataset
+from lidarshard.transforms.layouts.task import LayoutIO
+
+__all__ = [
+    "resolve_datasets",
+    "split_input",
+    "common_root",
+    "parse_pairs",
+    "label_maps",
+    "dataset_json",
+    "LAYOUT_IO",
+]
+
+#: Layout access before Beam: ``storage`` (local paths and the object stores it knows).
+LAYOUT_IO = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+_TITLES = {
+    "nuscenes": "a nuScenes dataroot",
+    "av2": "Argoverse 2 sensor logs",
+    "semantickitti": "SemanticKITTI sequences",
+    "waymo_v2": "Waymo Open v2 components",
+    FILES: "point-cloud files",
+}
+
+
+def split_input(spec: str) -> tuple[str | None, str]:
+    """``NAME=PATH`` -> (NAME, PATH); a PATH alone (or one whose ``NAME=`` part is not a plain name,
+    or an existing local path) -> (None, PATH)."""
+    name, eq, path = spec.partition("=")
+    if eq and _NAME.fullmatch(name) and path and not os.path.exists(spec):
+        return name, path
+    return None, spec
+
+
+def parse_pairs(text: str | None, flag: str) -> dict[str, str]:
+    """``NAME=VALUE,NAME=VALUE`` -> {NAME: VALUE} (``flag`` names it in errors); None -> {}."""
+    if not text:
+        return {}
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        name, eq, value = item.partition("=")
+        if not eq or not name or not value:
+            raise UsageError(f"{flag} {text}: expected NAME=VALUE pairs separated by commas, got {item!r}")
+        if name in out:
+            raise UsageError(f"{flag} {text}: {name} is given twice")
+        out[name] = value
+    return out
+
+
+def _layouts_flag(text: str | None, names: Sequence[str]) -> dict[str, str]:
+    """``--dataset``: one LAYOUT for every INPUT, or NAME=LAYOUT pairs -> {dataset name: layout}."""
+    if not text:
+        return {}
+    pairs = parse_pairs(text, "--dataset") if "=" in text else dict.fromkeys(names, text)
+    for name, layout in pairs.items():
+        if layout not in LAYOUT_NAMES:
+            raise UsageError(f"--dataset {text}: {layout!r} is not one of {', '.join(LAYOUT_NAMES)}")
+        if name not in names:
+            raise UsageError(f"--dataset {text}: no INPUT is named {name!r} (INPUTs: {', '.join(names)})")
+    return pairs
+
+
+def _weights_flag(text: str | None, names: Sequence[str]) -> dict[str, float]:
+    """``--dataset-weights NAME=W,...`` -> {name: weight}; each NAME must be an INPUT's (the values were
+    checked with the plan flags)."""
+    out = {}
+    for name, value in parse_pairs(text, "--dataset-weights").items():
+        if name not in names:
+            raise UsageError(
+                f"--dataset-weights {text}: no INPUT is named {name!r} (INPUTs: {', '.join(names)})"
+            )
+        out[name] = float(value)
+    return out
+
+
+def _layout(path: str, forced: str | None, version: str | None, look: bool) -> str:
+    """The layout of INPUT ``path``: ``forced`` (checked against what is there), else detected; with
+    ``version`` (``--nuscenes-version`` of a one-INPUT run) nuScenes. Without ``look`` (an offline dry
+    run) nothing is read."""
+    if forced is None and version:
+        forced = "nuscenes"
+    if not look:
+        return forced or FILES
+    if checks.is_pattern(path):
+        if forced not in (None, FILES):
+            raise UsageError(
+                f"--dataset {forced}: INPUT {path} must be the dataset's root directory, not a pattern"
+            )
+        return FILES
+    try:
+        found = layouts.describe(path, LAYOUT_IO)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"INPUT {path}: {getattr(e, 'strerror', None) or e}") from None
+    if forced == FILES or (forced == "nuscenes" and version and "nuscenes" not in found):
+        return forced  # a one-INPUT --nuscenes-version: check_nuscenes names the folders there are
+    if forced is not None:
+        if forced not in found:
+            seen = "; ".join(found.values()) or "no dataset layout"
+            raise UsageError(f"INPUT {path} is not {_TITLES[forced]} (--dataset {forced}): found {seen}")
+        return forced
+    if len(found) > 1:
+        what = "; ".join(f"{k}: {v}" for k, v in found.items())
+        raise UsageError(f"INPUT {path} looks like several layouts ({what}): pass --dataset NAME")
+    return next(iter(found), FILES)
+
+
+def resolve_datasets(
+    specs: Sequence[str], dataset: str | None, weights: str | None, version: str | None, look: bool
+) -> tuple[Dataset, ...]:
+    """The checked INPUTs of a run (``specs``: ``[NAME=]PATH`` each, paths already absolute or URIs).
+
+    Raises:
+        UsageError: a missing INPUT, two with one name, a layout flag that does not fit, bad weights.
+    """
+    split = [split_input(s) for s in specs]
+    names = [name or layouts.dataset_name(path) for name, path in split]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise UsageError(
+            f"two INPUTs are named {dup[0]!r}: name them, e.g. nusc=/data/nuscenes kitti=/data/kitti"
+        )
+    forced, scale = _layouts_flag(dataset, names), _weights_flag(weights, names)
+    out = []
+    for name, (_, path) in zip(names, split, strict=True):
+        if look:
+            checks.check_input(path)
+        # one INPUT: --nuscenes-version says it is a dataroot; several: it serves the nuScenes ones
+        layout = _layout(path, forced.get(name), version if len(specs) == 1 else None, look)
+        if layout == "nuscenes" and look:
+            checks.check_nuscenes(path, version)
+        out.append(Dataset(name, path, layout, scale.get(name, 1.0)))
+    return tuple(out)
+
+
+def label_maps(datasets: Sequence[Dataset], look: bool) -> dict[str, dict[int, int]]:
+    """{dataset name: {raw label id: class id}} for the datasets whose layout maps labels (read before
+    Beam, so a bad map is one line now, not a failed run)."""
+    out = {}
+    for d in datasets:
+        if not look or d.layout == FILES:
+            continue
+        find = getattr(layouts.module(d.layout), "find_label_map", None)
+        if find is None:
+            continue
+        try:
+            found = find(d.root.rstrip("/"), LAYOUT_IO)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"INPUT {d.root}: {getattr(e, 'strerror', None) or e}") from None
+        if found is not None:
+            out[d.name] = dict(found)
+    return out
+
+
+def common_root(roots: Sequence[str]) -> str | None:
+    """The deepest directory holding every one of ``roots`` (local paths, or URIs of one scheme and
+    bucket), or None when they share none (then full paths are stored)."""
+    if not roots:
+        return None
+    if all(storage.is_local(r) for r in roots):
+        try:
+            found = os.path.commonpath([r.rstrip("/") or "/" for r in roots])
+        except ValueError:
+            return None
+        return found if found != "/" else "/"
+    schemes = {r.split("://", 1)[0] for r in roots if "://" in r}
+    if len(schemes) != 1 or not all("://" in r for r in roots):
+        return None
+    parts = [r.rstrip("/").split("/") for r in roots]
+    common = []
+    for level in zip(*parts, strict=False):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    # scheme://bucket is parts [scheme:, "", bucket]: a common root needs at least the bucket
+    return "/".join(common) if len(common) >= 3 and common[2] else None
+
+
+def dataset_json(datasets: Sequence[Dataset], maps: Mapping[str, Mapping[int, int]]) -> list[dict]:
+    """The manifest's ``datasets``: each INPUT with its label map (JSON keys are strings)."""
+    return [
+        d.to_json()
+        | {"label_map": {str(k): v for k, v in sorted(maps[d.name].items())} if d.name in maps else None}
+        for d in datasets
+    ]
