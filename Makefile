@@ -84,6 +84,7 @@ bench: $(VENV)/.test-installed
 	$(PY) benchmarks/plan_bench.py
 	$(PY) benchmarks/merge_bench.py
 	$(PY) benchmarks/loader_bench.py
+	$(PY) benchmarks/layout_bench.py
 
 # The wheel to install into your own training environment: pip install dist/lidarshard-*.whl
 wheel: setup
