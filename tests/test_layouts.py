@@ -196,6 +196,8 @@ def test_the_api_takes_several_inputs_like_the_cli(realdata: Path, tmp_path: Pat
     import lidarshard
 
     inputs = [f"a={realdata / 'av2/sensor'}", f"k={realdata / 'semantickitti_full'}"]
-    summary = lidarshard.build(inputs, str(tmp_path / "out"), world_size=1, batch_size=1, runner="FnApiRunner")
+    summary = lidarshard.build(
+        inputs, str(tmp_path / "out"), world_size=1, batch_size=1, runner="FnApiRunner"
+    )
     assert summary["counts"]["accepted"] == 3
     assert sorted(r["dataset"] for r in _samples(tmp_path / "out")) == ["a", "a", "k"]
