@@ -6,7 +6,6 @@ the path and what is wrong.
 from __future__ import annotations
 
 import os
-import posixpath
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -220,20 +219,13 @@ def check_output_parent(out: str) -> None:
 
 
 def _versions(dataroot: str) -> list[str]:
-    """The ``v1.0-*`` table folders under ``dataroot`` that hold ``sample_data.json``."""
-    from apache_beam.io.filesystems import FileSystems
+    """The table folders (``v1.*``) under ``dataroot`` that hold ``sample_data.json`` (the nuScenes
+    layout's own listing, given ``REMOTE_TIMEOUT_S`` for a remote root)."""
+    from lidarshard.transforms.layouts import nuscenes
+    from lidarshard.transforms.layouts.task import LayoutIO
 
-    if storage.is_local(dataroot):
-        root = dataroot.removeprefix("file://")
-        names = sorted(os.listdir(root)) if os.path.isdir(root) else []
-        return [
-            n
-            for n in names
-            if n.startswith("v1.0-") and os.path.isfile(os.path.join(root, n, "sample_data.json"))
-        ]
-    pattern = posixpath.join(dataroot.rstrip("/"), "v1.0-*", "sample_data.json")
-    found = _answer("INPUT", dataroot, lambda: FileSystems.match([pattern])[0].metadata_list)
-    return sorted({m.path.rstrip("/").split("/")[-2] for m in found})
+    io = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
+    return _answer("INPUT", dataroot, lambda: nuscenes.versions(dataroot, io))
 
 
 def check_nuscenes(input: str, version: str | None) -> None:

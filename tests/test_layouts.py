@@ -17,6 +17,7 @@ from lidarshard.pipelines.cli import main
 from lidarshard.pipelines.inputs import LAYOUT_IO, common_root, split_input
 from lidarshard.pipelines.tools.validate import validate
 from lidarshard.transforms import layouts
+from lidarshard.transforms.layouts.task import LayoutOptions
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 torch = pytest.importorskip("torch")
@@ -42,6 +43,10 @@ def test_detection_names_each_layout_and_files(realdata: Path, tmp_path: Path) -
     assert layouts.detect(str(realdata / "semantickitti_full/sequences/00"), LAYOUT_IO) == "semantickitti"
     assert layouts.detect(str(make_bins(tmp_path / "bins", n=3)), LAYOUT_IO) == layouts.FILES
     assert layouts.detect(str(realdata / "kitti/training/velodyne"), LAYOUT_IO) == layouts.FILES
+    lyft = str(realdata / "lyft/v1.01-train")  # Lyft Level 5 shares the nuScenes tables, v1.01-*
+    assert layouts.describe(lyft, LAYOUT_IO) == {"nuscenes": "nuScenes tables v1.01-train"}
+    (task,) = layouts.load("nuscenes", lyft, LayoutOptions(), LAYOUT_IO).tasks
+    assert task.path.endswith("/lidar/host-a101_lidar1_1240710385903083166.bin")
 
 
 def test_a_dataset_flag_that_does_not_fit_is_one_line_naming_what_is_there(

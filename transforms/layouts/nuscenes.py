@@ -14,8 +14,9 @@ NAME = "nuscenes"
 
 
 def versions(root: str, io: LayoutIO) -> list[str]:
-    """The table folders (``v1.0-*``) under ``root`` that hold ``sample_data.json``, sorted."""
-    found = io.glob(posixpath.join(root.rstrip("/"), "v1.0-*", "sample_data.json"))
+    """The table folders (``v1.*``: nuScenes ``v1.0-mini``, Lyft ``v1.01-train``) under ``root`` that hold
+    ``sample_data.json``, sorted."""
+    found = io.glob(posixpath.join(root.rstrip("/"), "v1.*", "sample_data.json"))
     return sorted({posixpath.basename(posixpath.dirname(p.replace("\\", "/"))) for p in found})
 
 
