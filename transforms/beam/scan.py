@@ -313,6 +313,7 @@ class ScanSamples(beam.PTransform):
         tasks = (
             pbegin
             | f"{step}Match" >> fileio.MatchFiles(pattern)
+            | f"{step}NoMarkers" >> beam.Filter(lambda m: not m.path.endswith("/"))  # "folder/" objects
             | f"{step}ToTask" >> beam.Map(lambda m, r: file_task(_relative(m.path, r), m.path), root)
         )
         return tasks, pbegin | f"{step}NoTableRejects" >> beam.Create([])

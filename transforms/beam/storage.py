@@ -88,7 +88,10 @@ class BeamBackend:
         }
 
     def glob(self, pattern: str) -> list[str]:
-        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+        # An object store's "folder/" marker (written by consoles and some uploaders) is no file.
+        return sorted(
+            m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/")
+        )
 
     def delete(self, uris: Sequence[str]) -> None:
         FileSystems.delete(list(uris))
