@@ -433,6 +433,12 @@ def _check_weights(
             raise UsageError(
                 f"--repeat-factors: no sample of {from_samples} has lidarseg labels (label_path)"
             )
+    elif sum(_has_labels(d, args.nuscenes_version) for d in datasets) > 1:
+        named = ", ".join(d.name for d in datasets if _has_labels(d, args.nuscenes_version))
+        raise UsageError(
+            f"--repeat-factors: INPUTs {named} all have labels, whose class ids mean different classes; "
+            "repeat factors over them would mix the classes: give one labelled INPUT, or --dataset-weights"
+        )
     elif not any(_has_labels(d, args.nuscenes_version) for d in datasets):
         d = datasets[0]
         where = f"{d.root}/{args.nuscenes_version}" if d.layout == "nuscenes" else d.root

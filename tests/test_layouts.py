@@ -206,3 +206,14 @@ def test_the_api_takes_several_inputs_like_the_cli(realdata: Path, tmp_path: Pat
     )
     assert summary["counts"]["accepted"] == 3
     assert sorted(r["dataset"] for r in _samples(tmp_path / "out")) == ["a", "a", "k"]
+
+
+def test_repeat_factors_over_two_labelled_datasets_are_refused(
+    synth_root: Path, tmp_path: Path, capsys
+) -> None:
+    """Two datasets' class ids mean different classes: mixing them in one f_c would be silently wrong."""
+    kitti = synth_root / "semantickitti"
+    argv = ["build", f"a={kitti}", f"b={kitti}", str(tmp_path / "out"), "--world-size", "1", "--batch-size", "1",
+            "--repeat-factors", "lidarseg:t=0.5", *BEAM_TEST_FLAGS]  # fmt: skip
+    assert main(argv) == 2
+    assert "INPUTs a, b all have labels, whose class ids mean different classes" in capsys.readouterr().err
