@@ -278,6 +278,10 @@ def scan_settings(
 ) -> ScanSettings:
     """INPUTs (``[NAME=]PATH`` each) and OUT checked, the scan flags as settings (``dry_run``: only the
     job graph will be built; remote paths are not looked at, and OUT is not checked for replacing)."""
+    if args.dataset_weights is not None:
+        raise UsageError(
+            f"--dataset-weights {args.dataset_weights} weights a plan: give it to build (a scan plans nothing)"
+        )
     output = _location(output)
     datasets = _datasets(args, specs, dry_run)
     checks.check_output(output, [d.root for d in datasets], publish=not dry_run)
@@ -352,11 +356,19 @@ def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSett
     if from_samples:
         scan = _scan(args, (), output, fraction, dry_run)
         before = recorded.previous_datasets(from_samples) if look else []
+        scale = dict(cfg.repeat.datasets)
         kept = tuple(
-            Dataset(d["name"], d["root"], d["layout"], float(d.get("weight", 1.0)))
+            Dataset(d["name"], d["root"], d["layout"], scale.get(d["name"], 1.0))
             for d in before
             if {"name", "root", "layout"} <= d.keys()
         )
+        unknown = sorted(set(scale) - {d.name for d in kept})
+        if unknown and look:
+            have = ", ".join(d.name for d in kept) or "none recorded"
+            raise UsageError(
+                f"--dataset-weights {args.dataset_weights}: {from_samples} holds no dataset named "
+                f"{unknown[0]!r} (datasets: {have})"
+            )
         try:
             maps = layouts.label_maps_of(before)
         except ValueError as e:

@@ -217,3 +217,22 @@ def test_repeat_factors_over_two_labelled_datasets_are_refused(
             "--repeat-factors", "lidarseg:t=0.5", *BEAM_TEST_FLAGS]  # fmt: skip
     assert main(argv) == 2
     assert "INPUTs a, b all have labels, whose class ids mean different classes" in capsys.readouterr().err
+
+
+def test_dataset_weights_name_a_dataset_of_the_run(realdata: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    inputs = [f"a={realdata / 'av2/sensor'}", f"k={realdata / 'semantickitti_full'}"]
+    assert _build([*inputs], out, "--dataset-weights", "kk=2") == 2
+    assert "no INPUT is named 'kk' (INPUTs: a, k)" in capsys.readouterr().err
+    assert _build([*inputs], out, "--dataset-weights", "k=2") == 0
+    rebuild = ["build", str(tmp_path / "again"), "--from-samples", str(out / schemas.SAMPLES_DIR),
+               "--world-size", "1", "--batch-size", "1", *BEAM_TEST_FLAGS]  # fmt: skip
+    assert main([*rebuild, "--dataset-weights", "kitti=2"]) == 2
+    assert "holds no dataset named 'kitti' (datasets: a, k)" in capsys.readouterr().err
+    assert main([*rebuild, "--dataset-weights", "k=3"]) == 0
+    weights = {r["sample_id"]: r["weight"] for r in _samples(tmp_path / "again")}
+    assert weights["k/00/000000"] == 3.0 and {w for i, w in weights.items() if i.startswith("a/")} == {1.0}
+    manifest = json.loads((tmp_path / "again" / schemas.MANIFEST_FILE).read_text())
+    assert [(d["name"], d["weight"]) for d in manifest["datasets"]] == [("a", 1.0), ("k", 3.0)]
+    assert main(["scan", *inputs, str(tmp_path / "scan"), "--dataset-weights", "k=2", *BEAM_TEST_FLAGS]) == 2
+    assert "weights a plan: give it to build" in capsys.readouterr().err
