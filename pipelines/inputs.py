@@ -140,6 +140,7 @@ def resolve_datasets(
             f"two INPUTs are named {dup[0]!r}: name them, e.g. nusc=/data/nuscenes kitti=/data/kitti"
         )
     forced, scale = _layouts_flag(dataset, names), _weights_flag(weights, names)
+    _check_apart([path for _, path in split])
     out = []
     for name, (_, path) in zip(names, split, strict=True):
         if look:
@@ -150,6 +151,22 @@ def resolve_datasets(
             checks.check_nuscenes(path, version)
         out.append(Dataset(name, path, layout, scale.get(name, 1.0)))
     return tuple(out)
+
+
+def _check_apart(paths: Sequence[str]) -> None:
+    """No INPUT holds another (its files would be scanned twice, under two names)."""
+    roots = [
+        (os.path.realpath(p) if storage.is_local(p) else p.rstrip("/"), p)
+        for p in paths
+        if not checks.is_pattern(p)
+    ]
+    for i, (a, shown_a) in enumerate(roots):
+        for b, shown_b in roots[i + 1 :]:
+            if a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/"):
+                inner, outer = (shown_a, shown_b) if len(a) >= len(b) else (shown_b, shown_a)
+                raise UsageError(
+                    f"INPUT {outer} holds INPUT {inner}: its files would be scanned twice; give them apart"
+                )
 
 
 def label_maps(datasets: Sequence[Dataset], look: bool) -> dict[str, dict[int, int]]:

@@ -69,6 +69,16 @@ def test_input_names_and_common_roots() -> None:
     assert common_root(["gs://b/a", "s3://b/a"]) is None and common_root(["gs://b1/a", "gs://b2/a"]) is None
 
 
+def test_inputs_that_hold_one_another_are_refused(realdata: Path, tmp_path: Path, capsys) -> None:
+    sensor = realdata / "av2/sensor"
+    assert _build([f"a={sensor}", f"b={sensor / 'val'}"], tmp_path / "out") == 2
+    assert (
+        f"INPUT {sensor} holds INPUT {sensor / 'val'}: its files would be scanned twice"
+        in capsys.readouterr().err
+    )
+    assert _build([f"a={sensor}", f"b={sensor}"], tmp_path / "out") == 2
+
+
 def test_av2_builds_validates_and_reads_back_with_its_sweep(realdata: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert _build([str(realdata / "av2/sensor")], out, "--sweeps", "1") == 0
@@ -212,8 +222,9 @@ def test_repeat_factors_over_two_labelled_datasets_are_refused(
     synth_root: Path, tmp_path: Path, capsys
 ) -> None:
     """Two datasets' class ids mean different classes: mixing them in one f_c would be silently wrong."""
-    kitti = synth_root / "semantickitti"
-    argv = ["build", f"a={kitti}", f"b={kitti}", str(tmp_path / "out"), "--world-size", "1", "--batch-size", "1",
+    kitti, copy = synth_root / "semantickitti", tmp_path / "copy"
+    shutil.copytree(kitti, copy)
+    argv = ["build", f"a={kitti}", f"b={copy}", str(tmp_path / "out"), "--world-size", "1", "--batch-size", "1",
             "--repeat-factors", "lidarseg:t=0.5", *BEAM_TEST_FLAGS]  # fmt: skip
     assert main(argv) == 2
     assert "INPUTs a, b all have labels, whose class ids mean different classes" in capsys.readouterr().err
