@@ -19,6 +19,7 @@ from lidarshard.transforms.layouts import LAYOUT_NAMES
 from lidarshard.transforms.parts import PART_ROWS
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP
 from lidarshard.transforms.plan.epochs import MAX_PLAN_FACTOR
+from lidarshard.transforms.plan.order import HEAVIEST_FIRST
 
 __all__ = [
     "DEFAULT_REJECT_FRACTION",
@@ -115,6 +116,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
          type=float_in(0.0, above=True), metavar="C")  # fmt: skip
     flag(g, "--max-samples-per-rank-step", "hard cap on samples one rank gets at one step", type=int_in(1),
          metavar="N")  # fmt: skip
+    flag(g, "--heaviest-first", "off | points | cost: fail fast on memory: each epoch's step 0 is the step "
+         "holding its heaviest rank-step by points (num_points) or predicted cost, the sums the caps bound; "
+         "only the order of the steps changes", choices=HEAVIEST_FIRST, default="off")  # fmt: skip
     rep = g.add_mutually_exclusive_group()
     flag(rep, "--repeat-factors", "LVIS-style repeat factors from the lidarseg labels: a sample's weight is "
          "the max over its classes c of max(1, sqrt(T / f_c)), f_c the share of labelled samples holding c",

@@ -181,6 +181,7 @@ def plan_config(args: argparse.Namespace) -> PlanConfig:
         max_plan_factor=args.max_plan_factor,
         caps=Caps(args.max_points_per_rank_step, args.max_cost_per_rank_step, args.max_samples_per_rank_step),
         repeat=WeightSpec(args.repeat_factors, args.sample_weights, _dataset_weights(args.dataset_weights)),
+        heaviest_first=args.heaviest_first,
     )
 
 

@@ -375,7 +375,8 @@ MANIFEST_KEYS: dict[str, str] = {
     "batch_size": "int B: samples per rank per step (the mean per rank-step under --strategy budget)",
     "repeat": "{'mode': 'lidarseg:t=T' | 'column:NAME', 'expected': {class: copies}, 'realized': [E "
     "{class: copies}]} or null without weights (lidarseg class indices; else totals under key 'all')",
-    "caps": "{'max_points_per_rank_step', 'max_cost_per_rank_step', 'max_samples_per_rank_step'}: int/float or null",
+    "caps": "{'max_points_per_rank_step', 'max_cost_per_rank_step', 'max_samples_per_rank_step'}: int/float or "
+    "null; 'heaviest_first': 'points'|'cost' when each epoch's step 0 holds its heaviest rank-step (absent: off)",
     "epochs": "int E: epochs planned",
     "seed": "int: the plan's seed",
     "strategy": "name of the planning strategy",

@@ -1,5 +1,5 @@
 """Epoch checks of ``lidarshard validate``: each plan row's sample, the epoch's dense plan, counts, caps,
-coverage and balance, and the epoch re-derived from the samples (``plan_samples``, once per epoch).
+the step order (``--heaviest-first``), coverage and balance, and the epoch re-derived from the samples (``plan_samples``, once per epoch).
 One plan file's own structure: ``validate_files.check_plan``.
 
 Pure pyarrow/numpy. Each check appends ``"<where>: <what>"`` lines to ``problems``; where names the
@@ -24,10 +24,11 @@ from lidarshard.transforms.plan.caps import Caps, rank_step_sums
 from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.epochs import EpochPlan, PlanConfig, plan_samples, repeat_rates
 from lidarshard.transforms.plan.metrics import balance_summary, balance_value
+from lidarshard.transforms.plan.order import step_peaks
 
 __all__ = [
     "lookup", "rank_rows", "epoch_rows", "check_counts", "check_epoch_files", "check_caps",
-    "derive", "check_epoch", "check_replan", "check_repeat_rate",
+    "check_heaviest_first", "derive", "check_epoch", "check_replan", "check_repeat_rate",
 ]  # fmt: skip
 
 
@@ -109,6 +110,33 @@ def check_caps(
                 f"{file_of(e, r)}: epoch {e} step {s} rank {r}",
                 f"{got[s, r]:.6g} {name} > --max-{name}-per-rank-step {cap:g} ({len(bad)} rank-steps over)",
             )
+
+
+def check_heaviest_first(
+    problems: list[str],
+    e: int,
+    mode: str,
+    plan: NDArray[np.int64],
+    samples: pa.Table,
+    file_of: Callable[[int, int], str] = schemas.plan_file,
+) -> None:
+    """With ``mode`` ``points`` or ``cost`` (the manifest's ``heaviest_first``), step 0 of epoch ``e``'s plan
+    (S, W, M) holds its heaviest rank-step by that sum (``order.step_peaks``; cost sums within a relative
+    1e-9, as summation order may round them); ``off``: nothing to check (``file_of``: as in ``check_counts``)."""
+    if mode not in ("points", "cost") or plan.shape[0] < 2:
+        return
+    values = samples.column("num_points" if mode == "points" else "cost").to_numpy()
+    peaks = step_peaks(plan, values)
+    k = int(np.argmax(peaks))
+    top, first = float(peaks[k]), float(peaks[0])
+    if top - first > (0 if mode == "points" else 1e-9 * max(abs(top), 1.0)):
+        r = int(np.argmax(rank_step_sums(plan[k : k + 1], values)[0]))
+        _add(
+            problems,
+            f"{file_of(e, r)}: epoch {e} step {k} rank {r}",
+            f"{top:.6g} {mode} is more than step 0's heaviest rank-step ({first:.6g}), but the manifest "
+            f"records heaviest_first {mode}: step 0 must hold the epoch's heaviest rank-step",
+        )
 
 
 def lookup(
@@ -209,6 +237,7 @@ def check_epoch_files(
         return rows, derived
     if cfg is not None:
         check_caps(problems, e, cfg.caps, plan, samples, m.plan_file)
+        check_heaviest_first(problems, e, cfg.heaviest_first, plan, samples, m.plan_file)
     check_epoch(problems, m, e, plan, samples, derived)
     release_memory()
     if derived is not None:

@@ -1,7 +1,8 @@
 """What decides a plan (``PlanConfig``) and one epoch's plan in sample space (``plan_samples``). Pure.
 
 The build plans each epoch once, from the numeric columns of the scored samples (``cost``,
-``bucket_id``, ``num_points``, ``weight``): ``plan_samples`` gives the strategy's plan, the ``random``
+``bucket_id``, ``num_points``, ``weight``): ``plan_samples`` gives the strategy's plan (its heaviest
+rank-step moved to step 0 under ``heaviest_first``, ``lidarshard.transforms.plan.order``), the ``random``
 baseline on the same pool (the reference of ``random_linearity``) and the epoch's stats; the pair
 repeat rates of epochs 0 and 1 come from those same plans (``repeat_rates``). ``lidarshard validate``
 re-derives them independently with the same functions.
@@ -23,7 +24,7 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
-from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, plan_epoch
+from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, order, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
 
@@ -66,6 +67,7 @@ class PlanConfig:
     caps: Caps = Caps()
     max_plan_factor: float = MAX_PLAN_FACTOR  # plan entries per sample per epoch, at most
     repeat: WeightSpec = WeightSpec()  # where per-sample weights come from (the manifest's repeat.mode)
+    heaviest_first: str = "off"  # order.HEAVIEST_FIRST: by which rank-step sums put the heaviest step at 0
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.batch_size < 1 or self.epochs < 1:
@@ -76,6 +78,10 @@ class PlanConfig:
             raise ValueError(f"unknown --strategy {self.strategy!r}; choose from {sorted(STRATEGIES)}")
         if self.policy not in buckets.POLICIES:
             raise ValueError(f"policy must be one of {buckets.POLICIES}")
+        if self.heaviest_first not in order.HEAVIEST_FIRST:
+            raise ValueError(
+                f"unknown --heaviest-first {self.heaviest_first!r}; choose from {list(order.HEAVIEST_FIRST)}"
+            )
 
     @property
     def step_size(self) -> int:
@@ -83,7 +89,9 @@ class PlanConfig:
         return self.world_size * self.batch_size
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest's plan settings (``Manifest.to_json`` keys)."""
+        """The manifest's plan settings (``Manifest.to_json`` keys); ``heaviest_first`` is recorded beside
+        the caps, in the ``caps`` object, only when it is on (so plans without it keep their bytes)."""
+        first = {} if self.heaviest_first == "off" else {"heaviest_first": self.heaviest_first}
         return {
             "world_size": self.world_size,
             "batch_size": self.batch_size,
@@ -92,7 +100,7 @@ class PlanConfig:
             "strategy": self.strategy,
             "policy": self.policy,
             "max_plan_factor": self.max_plan_factor,
-            "caps": self.caps.to_json(),
+            "caps": self.caps.to_json() | first,
         }
 
     @classmethod
@@ -115,6 +123,7 @@ class PlanConfig:
         if isinstance(scale, dict) and scale:
             pairs = tuple(sorted((str(k), float(v)) for k, v in scale.items()))
             repeat = WeightSpec(repeat.threshold, repeat.column, pairs)
+        first = (m.caps or {}).get("heaviest_first", "off")
         fields: dict[str, Any] = {
             "world_size": m.world_size,
             "batch_size": m.batch_size,
@@ -127,6 +136,7 @@ class PlanConfig:
             "caps": Caps.from_json(dict(m.caps) if m.caps is not None else None),
             "max_plan_factor": MAX_PLAN_FACTOR if m.max_plan_factor is None else m.max_plan_factor,
             "repeat": repeat,
+            "heaviest_first": first,
         }
         return cls(**(fields | changes))
 
@@ -245,14 +255,20 @@ def _plan_pool(
             f"epoch {epoch}: {len(costs)} samples do not fill one step of W*B = "
             f"{w * b}; use --pad or a smaller --world-size/--batch-size"
         )
-    limits = None
-    if cfg.caps.active:
-        points = scored.column("num_points").to_numpy() if "num_points" in scored.column_names else None
-        limits = PoolLimits(cfg.caps, None if points is None else points[pool])
+    points = None
+    if cfg.caps.active or cfg.heaviest_first == "points":
+        points = scored.column("num_points").to_numpy()[pool] if "num_points" in scored.column_names else None
+    limits = PoolLimits(cfg.caps, points) if cfg.caps.active else None
     pooled = costs[pool]
     plan = plan_epoch(
         cfg.strategy, pooled, w, b, seed=cfg.seed, epoch=epoch, bucket_ids=ids[pool], limits=limits
     )
+    if cfg.heaviest_first == "points":
+        if points is None:
+            raise ValueError("--heaviest-first points needs the samples' num_points")
+        plan = order.heaviest_first(plan, points)
+    elif cfg.heaviest_first == "cost":
+        plan = order.heaviest_first(plan, pooled)
     return plan, pool, pooled, dropped, padded
 
 
