@@ -65,7 +65,8 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
         raise ValueError(f"epoch {epoch} was not planned: the manifest holds epochs 0..{epochs - 1}")
     s, variable = manifest.steps(epoch), manifest.variable_count
     caps = Caps.from_json(dict(manifest.caps) if manifest.caps else None)
-    extra = ["num_points"] if caps.max_points is not None else []
+    heaviest = (manifest.caps or {}).get("heaviest_first", "off")
+    extra = ["num_points"] if caps.max_points is not None or heaviest == "points" else []
     samples = read_samples(out_dir, ["sample_id", "cost", "bucket_id", *extra])
     base = os.fspath(out_dir)
     parts = [
@@ -90,9 +91,10 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
     points = (
         samples["num_points"].to_numpy().astype(np.int64) if "num_points" in samples.column_names else None
     )
+    costs = samples["cost"].to_numpy().astype(np.float64)
     return ElasticPlan(
         rows=rows,
-        costs=samples["cost"].to_numpy().astype(np.float64),
+        costs=costs,
         consumed=np.empty(0, np.int64),
         epoch=int(epoch),
         seed=manifest.seed,
@@ -100,6 +102,7 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
         batch=b,
         bucket_ids=samples["bucket_id"].to_numpy().astype(np.int32),
         limits=PoolLimits(caps, points) if caps.active else None,
+        heavy={"points": points, "cost": costs}.get(heaviest),
     )
 
 

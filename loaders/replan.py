@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
 from lidarshard.transforms.plan.metrics import greedy_reference_linearity, linearity
+from lidarshard.transforms.plan.order import heaviest_first
 
 __all__ = ["ElasticPlan", "Switch", "merge_ranks", "replan_pool", "stable_seed", "check_exact"]
 
@@ -201,6 +202,8 @@ class ElasticPlan:
         history: the switches applied so far, ``((consumed_steps, W', B'), ...)``.
         bucket_ids: (N,) int32 bucket of every row (``stratified`` re-plans by it), or None.
         limits: the manifest's caps with (N,) points per row, or None.
+        heavy: (N,) the values ``--heaviest-first`` orders by (points or cost of every row), or None:
+            every switch that changes the rows puts the heaviest remaining rank-step first.
     """
 
     rows: NDArray[np.int64]
@@ -213,6 +216,7 @@ class ElasticPlan:
     history: tuple[Switch, ...] = ()
     bucket_ids: NDArray[np.int32] | None = None
     limits: PoolLimits | None = None
+    heavy: NDArray | None = None
 
     @classmethod
     def of(
@@ -304,7 +308,9 @@ class ElasticPlan:
             return replace(out, rows=np.ascontiguousarray(rest))
         mergeable = w % world_size == 0 and batch_size in (b, (w // world_size) * b)
         if mergeable and self.strategy not in VARIABLE_COUNT:
-            return replace(out, rows=merge_ranks(rest, world_size, keep_batch_size=batch_size == b))
+            return replace(
+                out, rows=self._ordered(merge_ranks(rest, world_size, keep_batch_size=batch_size == b))
+            )
         if self.strategy not in STRATEGIES:
             raise ValueError(
                 f"the manifest's strategy {self.strategy!r} is not one of {sorted(STRATEGIES)}: cannot re-plan"
@@ -321,4 +327,8 @@ class ElasticPlan:
             bucket_ids=self.bucket_ids,
             limits=self.limits,
         )
-        return replace(out, rows=rows)
+        return replace(out, rows=self._ordered(rows))
+
+    def _ordered(self, rows: NDArray[np.int64]) -> NDArray[np.int64]:
+        """``rows`` with the heaviest rank-step first when the manifest asks for it (``heavy``)."""
+        return rows if self.heavy is None else heaviest_first(rows, self.heavy)

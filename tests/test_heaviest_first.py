@@ -256,8 +256,11 @@ def test_elastic_loaders_read_the_ordered_plan(built: Path) -> None:
     points = pq.read_table(built / schemas.SAMPLES_DIR, columns=["num_points"])["num_points"].to_numpy()
     peaks = step_peaks(plan.rows, points)
     assert peaks[0] == peaks.max()
-    rest = plan.switch(1, 2)  # the rest of the epoch on 2 ranks: every entry still planned once
-    assert sorted(np.concatenate([rest.consumed, rest.rows[rest.rows >= 0]])) == sorted(plan.rows.ravel())
+    for world in (2, 3):  # merged ranks, then a re-plan: the rest of the epoch, its heaviest step first
+        rest = plan.switch(1, world, 2)
+        assert sorted(np.concatenate([rest.consumed, rest.rows[rest.rows >= 0]])) == sorted(plan.rows.ravel())
+        peaks = step_peaks(rest.rows, points)
+        assert rest.world_size == world and peaks[0] == peaks.max()
 
 
 def test_the_python_api_takes_it_as_a_keyword(tmp_path: Path) -> None:
