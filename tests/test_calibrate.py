@@ -211,3 +211,114 @@ def test_calibrate_reports_unusable_timings(built: Path, tmp_path: Path, capsys)
     (tmp_path / "t.csv").write_text("sample_id,ms\nnot-a-sample,3\n")
     assert cli_main(["calibrate", str(built), "--timings", str(tmp_path / "t.csv")]) == 1
     assert "no row" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ the recorder's files
+
+
+def test_step_observations_sum_each_recorded_rank_step() -> None:
+    samples, _ = _toy()
+    steps = pa.table(
+        {
+            "epoch": pa.array([0, 0, 0, 1], pa.int32()),
+            "step": pa.array([1, 0, 0, 0], pa.int32()),
+            "rank": pa.array([0, 1, 0, 0], pa.int32()),
+            "world_size": pa.array([2, 2, 2, 2], pa.int32()),
+            "sample_ids": [["a", "d"], ["b"], ["c", "zz"], []],  # "zz" unknown, [] nothing to fit
+            "compute_s": [0.5, 0.25, 9.0, 1.0],
+        }
+    )
+    obs = cal.step_observations(steps, samples)
+    assert obs.to_pydict() == {
+        "epoch": [0, 0],
+        "step": [0, 1],
+        "rank": [1, 0],
+        "world_size": [2, 2],
+        "count": [1.0, 2.0],
+        "points": [20.0, 50.0],
+        "voxels": [2.0, 6.0],
+        "cost": [2.0, 6.0],
+        "ms": [250.0, 500.0],
+    }
+
+
+def test_step_linearity_compares_complete_steps() -> None:
+    obs = pa.table(
+        {
+            "epoch": [0, 0, 0, 0, 0],
+            "step": [0, 0, 1, 1, 2],  # step 2 lacks rank 1
+            "rank": [0, 1, 0, 1, 0],
+            "world_size": [2] * 5,
+            "ms": [1.0, 3.0, 2.0, 2.0, 50.0],
+        }
+    )
+    rows = cal.step_linearity(obs, {"predicted": np.array([1.0, 1.0, 1.0, 3.0, 1.0])})
+    assert rows == [
+        {
+            "epoch": 0,
+            "steps": 2,
+            "world_size": 2,
+            "measured": {"linearity": pytest.approx(4 / 5), "max_mean": pytest.approx((1.5 + 1.0) / 2)},
+            "predicted": {"linearity": pytest.approx(3 / 4), "max_mean": pytest.approx((1.0 + 1.5) / 2)},
+        }
+    ]
+
+
+def test_held_out_split_is_by_key_and_scores_the_other_fifth() -> None:
+    x = _design(400, seed=5)
+    y = (
+        x
+        @ np.array([TRUE["c0"], TRUE["a"], TRUE["b"]])
+        * (1 + 0.01 * np.random.default_rng(6).normal(size=400))
+    )
+    keys = [f"0:{i // 2}" for i in range(400)]  # two ranks per step: held out together
+    h = cal.held_out_fit(x, y, keys)
+    assert h["train"] + h["test"] == 400 and 40 <= h["test"] <= 120 and h["test"] % 2 == 0
+    assert h["r2"] > 0.99 and h == cal.held_out_fit(x, y, keys)  # deterministic
+    assert cal.held_out_fit(x[:3], y[:3], keys[:3])["r2"] is None
+
+
+def _record_known_workload(out: Path, directory: Path, per_point_s: float, noise: float) -> None:
+    """compute_s = per_point_s * points of each rank-step (+ ``noise`` relative), through StepTimer.record."""
+    from lidarshard.loaders.timing import StepTimer
+
+    s = pq.read_table(out / schemas.SAMPLES_DIR).to_pydict()
+    points = dict(zip(s["sample_id"], s["num_in_range"], strict=True))
+    rng = np.random.default_rng(0)
+    for rank in range(2):
+        timer = StepTimer(str(directory), rank=rank, world_size=2, flush_every=7, device="cpu")
+        for epoch in range(2):
+            t = pq.read_table(out / schemas.plan_file(epoch, rank)).to_pydict()
+            for step in sorted(set(t["step"])):
+                ids = [i for i, st in zip(t["sample_id"], t["step"], strict=True) if st == step]
+                own = per_point_s * sum(points[i] for i in ids) * (1 + noise * rng.normal())
+                timer.record(epoch, step, ids, own, own + 0.01)
+        timer.close()
+
+
+def test_calibrate_from_recorder_files_recovers_the_known_cost(built: Path, tmp_path: Path, capsys) -> None:
+    _record_known_workload(built, tmp_path / "timings", per_point_s=1e-6, noise=0.05)
+    fit_path = tmp_path / "fit.json"
+    assert (
+        cli_main(["calibrate", str(built), "--timings", str(tmp_path / "timings"), "-o", str(fit_path)]) == 0
+    )
+    printed = capsys.readouterr().out
+    body = json.loads(fit_path.read_text())
+    m, h = body["cost_model"], body["held_out"]
+    assert body["source"]["timed"] == "recorded rank-step" and body["source"]["matched"] == body["n"] > 30
+    assert m["a"] + m["b"] == pytest.approx(1e-3, rel=0.1)  # ms per point (make_bins: voxels == points)
+    assert m["c0"] < 0.3  # no per-sample overhead in the truth (a sample has ~1 ms)
+    assert h["test"] >= 4 and h["r2"] > 0.8 and "held out" in printed
+    assert [row["epoch"] for row in body["linearity"]] == [0, 1]
+    for row in body["linearity"]:
+        assert row["world_size"] == 2 and row["steps"] > 5
+        assert row["fitted"]["linearity"] == pytest.approx(row["measured"]["linearity"], abs=0.05)
+        assert row["measured"]["max_mean"] >= 1.0
+    assert "linearity measured" in printed
+    # one file of the directory works too, and the CSV path still fits without a linearity table
+    one = sorted((tmp_path / "timings").iterdir())[0]
+    assert cli_main(["calibrate", str(built), "--timings", str(one), "-o", str(tmp_path / "one.json")]) == 0
+    _write_timings(built, tmp_path / "t.csv", per_step=True)
+    assert cli_main(["calibrate", str(built), "--timings", str(tmp_path / "t.csv"), "-o", str(fit_path)]) == 0
+    body = json.loads(fit_path.read_text())
+    assert body["linearity"] == [] and body["held_out"]["train"] > 0

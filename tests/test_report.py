@@ -97,3 +97,26 @@ def test_plots_handle_edge_cases() -> None:
     assert report_plots.rejects_by_reason({})[:8] == PNG
     one = np.full(5, 7.0)  # every sample the same cost: one bucket, no edges
     assert report_plots.size_histogram(one, np.zeros(5, np.int32), np.empty(0), "points")[:8] == PNG
+
+
+def test_report_with_recorder_files_shows_measured_idle_and_max_mean(
+    built: Path, tmp_path: Path, capsys
+) -> None:
+    from lidarshard.loaders.timing import StepTimer
+
+    for rank in range(3):
+        t = pq.read_table(built / schemas.plan_file(1, rank)).to_pydict()
+        with StepTimer(str(tmp_path / "timings"), rank=rank, world_size=3, device="cpu") as timer:
+            for step in sorted(set(t["step"])):
+                ids = [i for i, s in zip(t["sample_id"], t["step"], strict=True) if s == step]
+                cost = sum(c for c, s in zip(t["cost"], t["step"], strict=True) if s == step)
+                timer.record(1, step, ids, (0.5 + 2e-3 * cost) / 1000)
+    dest = tmp_path / "rep"
+    args = ["report", str(built), "--timings", str(tmp_path / "timings"), "--output-dir", str(dest)]
+    assert cli_main(args) == 0
+    printed = capsys.readouterr().out
+    assert "rows matched (recorded rank-step); predicted vs measured r^2 1.000" in printed
+    lin = json.loads((built / schemas.MANIFEST_FILE).read_text())["balance"][1]["linearity"]
+    assert "epoch 1: measured linearity 0.9" in printed and f"(predicted {lin:.3f})" in printed
+    assert "% idle; step max/mean measured 1.0" in printed
+    assert (dest / "predicted_vs_measured.png").read_bytes()[:8] == PNG

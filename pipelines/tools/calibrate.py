@@ -1,6 +1,8 @@
-"""``lidarshard calibrate OUT --timings t.csv``: fit ``linear:c0,a,b`` to measured step timings.
+"""``lidarshard calibrate OUT --timings T``: fit ``linear:c0,a,b`` to measured step timings.
 
-The timings CSV holds measured milliseconds per sample (``sample_id, ms``, as written by
+``T`` is the training recorder's Parquet files (``lidarshard.loaders.timing.StepTimer``: a directory
+of ``timings-rank-*.parquet``, or one of them), whose rows hold each rank-step's own compute time and
+sample ids, or a CSV of measured milliseconds per sample (``sample_id, ms``, as written by
 ``examples/train_ddp.py --emit-timings``) or per rank per step (``step, rank, ms``, optional
 ``epoch``; mapped to the rank's batch through OUT's plan). The fit ``ms = c0 + a * points + b *
 voxels`` (non-negative least squares, see ``lidarshard.transforms.report.calibrate``) is written as JSON that
@@ -8,7 +10,12 @@ voxels`` (non-negative least squares, see ``lidarshard.transforms.report.calibra
 
     {"cost_model": {"name": "linear", "c0": ..., "a": ..., "b": ...}, "r2": ..., "rmse": ...,
      "n": ..., "units": "ms", "dropped_terms": [...], "residual_plot": "cost_model_residuals.png",
-     "source": {...}}
+     "held_out": {"train", "test", "r2", "rmse", ...}, "linearity": [...], "source": {...}}
+
+``held_out``: the fit refitted on ~80% of the steps (or samples) and scored on the rest
+(``transforms.report.calibrate.held_out_fit``). ``linearity`` (recorder files only): per epoch, over
+the steps every rank recorded, the measured ``linearity`` and mean per-step ``max_mean`` next to those
+the manifest's cost model (``predicted``) and the fit (``fitted``) give the same steps.
 
 Default output: ``OUT/report/cost_model.json`` (``report/`` is outside the manifest contract).
 """
@@ -22,7 +29,7 @@ import sys
 import numpy as np
 
 from lidarshard.loaders import load_manifest, read_samples
-from lidarshard.pipelines.tools.report import REPORT_DIR, read_plan
+from lidarshard.pipelines.tools.report import REPORT_DIR, read_observations, read_plan
 from lidarshard.transforms import storage
 from lidarshard.transforms.report import calibrate as cal
 
@@ -33,25 +40,27 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     """Fit the linear cost model to ``timings_path`` against manifest ``out``.
 
     Returns:
-        (fit, source info for the JSON, (n, 2) array of [fitted, measured] ms).
+        (fit, source info for the JSON plus its ``held_out`` and ``linearity`` checks, (n, 2) array of
+        [fitted, measured] ms).
     """
     manifest = load_manifest(out)
-    timings = cal.read_timings(storage.read_bytes(timings_path))
     samples = read_samples(out)
-    plan = None if "sample_id" in timings.column_names else read_plan(out)
-    obs = cal.observations(timings, samples, plan, epoch)
+    obs, timed, raw, keys = read_observations(timings_path, samples, lambda: read_plan(out), epoch)
     if obs.num_rows == 0:
         raise ValueError(f"no row of {timings_path} matches a sample (or step/rank) of {out}")
     x = np.stack([obs.column(c).to_numpy() for c in ("count", "points", "voxels")], axis=1)
     ms = obs.column("ms").to_numpy()
     fit = cal.fit_linear(x, ms)
+    checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
     source = {
         "manifest": out,
         "timings": timings_path,
-        "timed": "sample" if plan is None else "rank-step",
-        "rows": timings.num_rows,
+        "timed": timed,
+        "rows": raw.num_rows,
         "matched": obs.num_rows,
         "manifest_cost_model": dict(manifest.cost_model),
+        "held_out": cal.held_out_fit(x, ms, keys),
+        "linearity": cal.step_linearity(obs, checks) if "world_size" in obs.column_names else [],
     }
     return fit, source, np.stack([fit.predict(x), ms], axis=1)
 
@@ -71,12 +80,34 @@ def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | 
         return None
 
 
+def _check_lines(checks: dict) -> list[str]:
+    """The held-out score and per-epoch balance, as printed."""
+    h = checks["held_out"]
+    lines = [
+        f"held out {h['test']} of {h['train'] + h['test']}: "
+        + (f"R^2 {h['r2']:.4f}, rmse {h['rmse']:.4g} ms" if h["r2"] is not None else h["note"])
+    ]
+    for row in checks["linearity"]:
+        m, p, f = row["measured"], row["predicted"], row["fitted"]
+        lines.append(
+            f"epoch {row['epoch']} ({row['steps']} steps x {row['world_size']} ranks): linearity measured "
+            f"{m['linearity']:.3f}, predicted {p['linearity']:.3f}, fitted {f['linearity']:.3f}; "
+            f"step max/mean measured {m['max_mean']:.3f}, predicted {p['max_mean']:.3f}, fitted {f['max_mean']:.3f}"
+        )
+    return lines
+
+
 def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="lidarshard calibrate", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
     parser.add_argument("out", metavar="OUT", help="the manifest directory the timings were measured on")
-    parser.add_argument("--timings", required=True, help="CSV: ms + sample_id, or ms + step, rank [, epoch]")
+    parser.add_argument(
+        "--timings",
+        required=True,
+        help="the recorder's timings-rank-*.parquet (a directory or one file), or a CSV: "
+        "ms + sample_id, or ms + step, rank [, epoch]",
+    )
     parser.add_argument(
         "--epoch", type=int, default=0, help="epoch of step/rank timings without an epoch column"
     )
@@ -91,7 +122,8 @@ def run(argv: list[str] | None = None) -> int:
         return 1
     png = _residual_png(fit, pairs, "sample" if source["timed"] == "sample" else "rank-step")
     plot_name = name.removesuffix(".json") + "_residuals.png"
-    body = fit.to_json("ms") | {"residual_plot": plot_name if png else None, "source": source}
+    checks = {k: source.pop(k) for k in ("held_out", "linearity")}
+    body = fit.to_json("ms") | checks | {"residual_plot": plot_name if png else None, "source": source}
     files = {name: (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()}
     if png:
         files[plot_name] = png
@@ -103,6 +135,7 @@ def run(argv: list[str] | None = None) -> int:
         f"R^2 {fit.r2:.4f}, rmse {fit.rmse:.4g} ms"
         + (f"; dropped (negative when fitted): {', '.join(fit.dropped)}" if fit.dropped else "")
     )
+    print("\n".join(_check_lines(checks)))
     if fit.r2 < 0.5:
         print(
             f"warning: R^2 {fit.r2:.3f} is low; the timings may be too noisy to rank samples", file=sys.stderr

@@ -1,4 +1,4 @@
-"""``lidarshard report OUT [--timings t.csv]``: plots and a summary of a built manifest directory.
+"""``lidarshard report OUT [--timings DIR | t.csv]``: plots and a summary of a built manifest directory.
 
 Writes ``OUT/report/report.html`` and its PNGs next to it in ``OUT/report/`` (``--output-dir`` to
 put them elsewhere, e.g. when OUT is read-only). ``report/`` is not part of the manifest contract:
@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import html
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +28,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.reader import plan_dataset
+from lidarshard.loaders.timing import read_timing_files
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.plan.dense import dense_plan
@@ -43,6 +46,9 @@ __all__ = [
     "summarize",
     "plan_in_words",
     "REPORT_DIR",
+    "is_recorded",
+    "read_observations",
+    "Timed",
 ]
 
 #: Sub-directory of OUT that holds the report (not part of the manifest contract).
@@ -122,27 +128,82 @@ def _spread(loads: NDArray[np.float64]) -> float:
     return float(100 * np.abs(tot / tot.mean() - 1).max()) if tot.mean() > 0 else 0.0
 
 
+def is_recorded(timings_path: str) -> bool:
+    """Whether ``timings_path`` is the recorder's Parquet (a directory, or a ``.parquet`` file), not a CSV."""
+    return timings_path.endswith(".parquet") or storage.is_dir(timings_path)
+
+
+class Timed(NamedTuple):
+    """Timings joined to a manifest's samples (``read_observations``)."""
+
+    obs: pa.Table  # cal.observations columns; + epoch, step, rank, world_size for recorder files
+    timed: str  # what one row timed: "sample", "rank-step" or "recorded rank-step"
+    raw: pa.Table  # the rows read: the CSV's (cal.read_timings) or the recorder's (TIMING_FIELDS)
+    keys: list[str]  # one per observation, for cal.held_out_fit (recorder: "epoch:step")
+
+
+def read_observations(
+    timings_path: str, samples: pa.Table, plan: Callable[[], pa.Table], epoch: int = 0
+) -> Timed:
+    """The timings at ``timings_path`` joined to ``samples``: the one reading calibrate and report share.
+
+    Args:
+        plan: gives the manifest's plan rows; called only for a CSV of step/rank rows without sample ids.
+        epoch: the epoch of CSV step/rank rows without an epoch column.
+    """
+    if is_recorded(timings_path):
+        steps = read_timing_files(timings_path)
+        obs = cal.step_observations(steps, samples)
+        keys = [
+            f"{e}:{s}"
+            for e, s in zip(obs.column("epoch").to_pylist(), obs.column("step").to_pylist(), strict=True)
+        ]
+        return Timed(obs, "recorded rank-step", steps, keys)
+    timings = cal.read_timings(storage.read_bytes(timings_path))
+    per_sample = "sample_id" in timings.column_names
+    obs = cal.observations(timings, samples, None if per_sample else plan(), epoch)
+    return Timed(obs, "sample" if per_sample else "rank-step", timings, [str(i) for i in range(obs.num_rows)])
+
+
 def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes], list[str]]:
-    """Predicted-vs-measured figure and summary lines for a timings CSV."""
-    timings = cal.read_timings(storage.read_bytes(path))
-    obs = cal.observations(timings, data.samples, data.plan, epoch)
+    """Predicted-vs-measured figure and summary lines for timings (recorder files or a CSV)."""
+    timed = read_observations(path, data.samples, lambda: data.plan, epoch)
+    obs, timings = timed.obs, timed.raw
     if obs.num_rows == 0:
         raise ValueError(f"no row of {path} matches a sample (or step/rank) of this manifest")
     pred, ms = obs.column("cost").to_numpy(), obs.column("ms").to_numpy()
-    what = "sample" if "sample_id" in timings.column_names else "rank-step"
+    what = timed.timed
     unit = cost_unit(data.manifest)
     r2 = float(np.corrcoef(pred, ms)[0, 1] ** 2) if obs.num_rows > 1 and np.ptp(pred) > 0 else float("nan")
     lines = [
         f"timings: {obs.num_rows} of {timings.num_rows} rows matched ({what}); "
         f"predicted vs measured r^2 {r2:.3f}"
     ]
-    rows = cal.plan_linearity(timings, data.plan, data.manifest.batch_size, epoch)
+    if "world_size" in obs.column_names:  # recorder: the steps every rank recorded, any plan
+        rows = [
+            {
+                "epoch": r["epoch"],
+                "steps": r["steps"],
+                "measured": r["measured"]["linearity"],
+                "predicted": r["predicted"]["linearity"],
+                "max_mean": (r["measured"]["max_mean"], r["predicted"]["max_mean"]),
+            }
+            for r in cal.step_linearity(obs, {"predicted": pred})
+        ]
+    else:
+        rows = cal.plan_linearity(timings, data.plan, data.manifest.batch_size, epoch)
     if not rows and {"step", "rank"} <= set(timings.column_names):
         lines.append("  (no step of this plan is fully timed: the timings come from another plan or sampler)")
     for row in rows:
         lines.append(
             f"  epoch {row['epoch']}: measured linearity {row['measured']:.3f} "
             f"(predicted {row['predicted']:.3f}) over {row['steps']} fully timed steps"
+            + (
+                f"; {100 * (1 - row['measured']):.1f}% idle; step max/mean measured {row['max_mean'][0]:.3f} "
+                f"(predicted {row['max_mean'][1]:.3f})"
+                if "max_mean" in row
+                else ""
+            )
         )
     note = "\n".join(
         f"epoch {r['epoch']} linearity: predicted {r['predicted']:.3f}, measured {r['measured']:.3f}"
@@ -288,8 +349,8 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("out", metavar="OUT", help="a manifest directory written by lidarshard build")
     parser.add_argument(
         "--timings",
-        help="CSV of measured ms (sample_id and/or step, rank): adds "
-        "predicted vs measured and the measured linearity",
+        help="the training recorder's timings-rank-*.parquet (a directory or one file), or a CSV of "
+        "measured ms (sample_id and/or step, rank): adds predicted vs measured and the measured linearity",
     )
     parser.add_argument("--epoch", type=int, default=0, help="epoch for the per-step plots (0)")
     parser.add_argument("--output-dir", help=f"where to write (default OUT/{REPORT_DIR})")

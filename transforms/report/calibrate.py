@@ -1,8 +1,9 @@
 """Fit the linear cost model ``ms = c0 + a * points + b * voxels`` to measured timings. Pure.
 
 A timing is one measured duration (ms) over a *group* of samples: one sample (a timings CSV with
-``sample_id``) or one rank's batch at one step (``step, rank``, mapped to samples through the
-plan). A group contributes the row ``[count, sum points, sum voxels]`` of the design matrix, so
+``sample_id``), one rank's batch at one step (``step, rank``, mapped to samples through the
+plan) or one row of the training recorder's files (``lidarshard.loaders.timing``: a rank-step's
+``compute_s`` and its ``sample_ids``, no plan needed). A group contributes the row ``[count, sum points, sum voxels]`` of the design matrix, so
 ``c0`` is always per sample and the fitted model plugs straight into ``lidarshard.transforms.features.cost``.
 
 ``points`` and ``voxels`` are the features ``lidarshard.transforms.features.cost.sample_costs`` uses: ``num_in_range``
@@ -19,6 +20,8 @@ rest refitted (``dropped`` names it).
 from __future__ import annotations
 
 import io
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -38,6 +41,9 @@ __all__ = [
     "read_timings",
     "sample_features",
     "observations",
+    "step_observations",
+    "held_out_fit",
+    "step_linearity",
     "plan_linearity",
 ]
 
@@ -287,4 +293,108 @@ def plan_linearity(timings: pa.Table, plan: pa.Table, batch_size: int, epoch: in
                 "predicted": load_linearity(cost),
             }
         )
+    return out
+
+
+def step_observations(steps: pa.Table, samples: pa.Table) -> pa.Table:
+    """Sum each recorded rank-step's sample features: one row per step whose samples are all known.
+
+    Args:
+        steps: the recorder's rows (``lidarshard.loaders.timing.TIMING_FIELDS``: ``epoch, step, rank,
+            world_size, sample_ids, compute_s``).
+        samples: scored samples table (``sample_id``, features, ``cost``).
+
+    Returns:
+        table ``epoch, step, rank, world_size`` (int64) and ``count, points, voxels, cost, ms``
+        (float64 sums over the step's samples; ``ms = 1000 * compute_s``; voxels NaN when unavailable),
+        sorted by (epoch, step, rank). A step with no ids or an id outside the manifest is left out.
+    """
+    keys = ["epoch", "step", "rank", "world_size"]
+    steps = steps.select([*keys, "sample_ids", "compute_s"])
+    ids = steps.column("sample_ids").combine_chunks()
+    per = pa.table(
+        {
+            "row": pc.list_parent_indices(ids),
+            "sample_id": pc.cast(pc.list_flatten(ids), pa.string()),
+        }
+    ).join(sample_features(samples), "sample_id", join_type="inner")
+    per = per.append_column("count", pa.array(np.ones(per.num_rows)))
+    sums = per.group_by("row").aggregate([(c, "sum") for c in ("count", "points", "voxels", "cost")])
+    sums = sums.rename_columns([n.removesuffix("_sum") for n in sums.column_names])
+    row = sums.column("row").to_numpy()
+    whole = sums.column("count").to_numpy() == pc.list_value_length(ids).to_numpy()[row]
+    sums = sums.filter(pa.array(whole))
+    picked = steps.take(sums.column("row"))
+    out = {k: pc.cast(picked.column(k), pa.int64()) for k in keys}
+    for c in ("count", "points", "voxels", "cost"):
+        out[c] = pc.fill_null(pc.cast(sums.column(c), pa.float64()), np.nan)
+    out["ms"] = pc.multiply(pc.cast(picked.column("compute_s"), pa.float64()), 1000.0)
+    return pa.table(out).sort_by([(k, "ascending") for k in keys[:3]])
+
+
+#: One held-out observation in this many (by a stable hash of its key).
+HOLD_OUT_EVERY = 5
+
+
+def held_out_fit(x: NDArray[np.float64], ms: NDArray[np.float64], keys: Sequence[str]) -> dict:
+    """Fit on ~80% of the observations and score the fit on the other ~20%.
+
+    The split is deterministic and does not depend on which other rows exist: an observation is held
+    out when ``crc32(key) % 5 == 0`` (key: e.g. ``"epoch:step"``, so all ranks of a step go together).
+
+    Returns:
+        ``{"split", "train", "test", "r2", "rmse", "c0", "a", "b"}`` (test R^2 / RMSE of the training
+        fit; ``r2``/``rmse`` None with a ``"note"`` when a side is too small or the fit fails).
+    """
+    test = np.array([zlib.crc32(k.encode()) % HOLD_OUT_EVERY == 0 for k in keys], dtype=bool)
+    out: dict = {"split": f"crc32(key) % {HOLD_OUT_EVERY} == 0 held out", "train": int((~test).sum())}
+    out["test"] = int(test.sum())
+    try:
+        if out["test"] < 2:
+            raise ValueError(f"only {out['test']} held-out observations")
+        fit = fit_linear(x[~test], ms[~test])
+    except ValueError as e:
+        return out | {"r2": None, "rmse": None, "note": str(e)}
+    yhat = fit.predict(x[test])
+    rmse = float(np.sqrt(((ms[test] - yhat) ** 2).mean()))
+    return out | {"r2": r_squared(ms[test], yhat), "rmse": rmse, "c0": fit.c0, "a": fit.a, "b": fit.b}
+
+
+def _max_mean(loads: NDArray[np.float64]) -> float:
+    """Mean over steps of max/mean across ranks of an (S, W) array (1.0 = perfectly even)."""
+    mean = loads.mean(axis=1)
+    ok = mean > 0
+    return float((loads.max(axis=1)[ok] / mean[ok]).mean()) if ok.any() else 1.0
+
+
+def step_linearity(obs: pa.Table, columns: dict[str, NDArray[np.float64]]) -> list[dict]:
+    """Per epoch, measured vs predicted balance over the steps every rank recorded.
+
+    Args:
+        obs: ``step_observations`` rows (``epoch, step, rank, world_size, ms``).
+        columns: ``{name: (n,) values aligned with obs}`` to compare with ``ms``, e.g. the manifest's
+            predicted ``cost`` and a fitted model's prediction.
+
+    Returns:
+        one ``{"epoch", "steps", "world_size", "measured": {"linearity", "max_mean"},
+        name: {...} for each column}`` per epoch with complete steps. ``linearity`` is
+        ``sum_s mean_r / sum_s max_r`` (1 - idle fraction); ``max_mean`` the mean over steps of
+        max/mean across ranks.
+    """
+    epoch, step = obs.column("epoch").to_numpy(), obs.column("step").to_numpy()
+    world = obs.column("world_size").to_numpy()
+    values = {"measured": obs.column("ms").to_numpy(), **columns}
+    out = []
+    for e in np.unique(epoch):
+        mine = np.flatnonzero(epoch == e)
+        w = int(world[mine].max())
+        uniq, counts = np.unique(step[mine], return_counts=True)
+        keep = mine[np.isin(step[mine], uniq[counts == w])]  # rows sorted by (epoch, step, rank)
+        if keep.size == 0:
+            continue
+        row: dict = {"epoch": int(e), "steps": int(keep.size // w), "world_size": w}
+        for name, v in values.items():
+            loads = np.asarray(v, dtype=np.float64)[keep].reshape(-1, w)
+            row[name] = {"linearity": load_linearity(loads), "max_mean": _max_mean(loads)}
+        out.append(row)
     return out

@@ -1,0 +1,411 @@
+"""Per-rank step timings from normal training: each rank's own compute time and sample ids, to Parquet.
+
+A :class:`StepTimer` records, for every step of this rank, how long the rank computed on its own
+(``compute_s``), how long the whole step took (``wall_s``, waiting at collectives included) and which
+samples it trained on. ``lidarshard calibrate OUT --timings DIR`` fits the cost model to these files.
+
+Under DDP a rank's step time includes waiting for the slowest rank at the gradient all-reduce, which
+hides the imbalance being measured, so the compute time ends *before* any communication:
+
+- DDP: :meth:`StepTimer.attach_ddp` registers a comm hook that marks the moment the first gradient
+  bucket is ready (forward + backward up to that bucket) and then runs DDP's default all-reduce;
+- a loop with its own collective calls :meth:`StepTimer.mark_compute_done` just before it;
+- a plain loop (no mark) times the whole step.
+
+On an accelerator (CUDA, Ascend NPU via torch_npu, ...) times come from its events through torch's
+device-generic API (``torch.accelerator``, ``torch.Event``), resolved lazily so the host never waits
+for the device; on CPU from ``time.perf_counter``. Files (``TIMING_FIELDS``)::
+
+    DIR/timings-rank-00003-part-00000.parquet   rank 3's rows of one flush (every ``flush_every`` steps,
+                                                 at each new epoch and at close); a restarted run adds
+                                                 parts after the existing ones, never overwriting
+
+Typical use (``torch.distributed`` initialized)::
+
+    timer = StepTimer(checkpoint_dir)                 # rank / world size from torch.distributed
+    timer.attach_ddp(ddp_model)                       # compute_s ends at the first gradient bucket
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for batch in timer.steps(loader):             # a PlanLoader: epoch, step, sample ids known
+            loss = ddp_model(batch["points"]).sum(); loss.backward(); opt.step(); opt.zero_grad()
+    timer.close()
+
+PyTorch is optional here: without it (or with ``device="cpu"``) host clocks time a plain loop.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lidarshard.loaders.reader import check_int, needs_torch
+from lidarshard.transforms import storage
+
+__all__ = [
+    "TIMING_FIELDS",
+    "TIMING_SCHEMA",
+    "METHODS",
+    "StepTimer",
+    "ddp_timing_hook",
+    "timing_file",
+    "read_timing_files",
+]
+
+T = TypeVar("T")
+
+#: The recorder's file schema: (name, Arrow type, meaning).
+TIMING_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
+    ("epoch", pa.int32(), "epoch of the plan the step belongs to"),
+    ("step", pa.int32(), "step of the epoch (0-based)"),
+    ("rank", pa.int32(), "the rank that ran the step"),
+    ("world_size", pa.int32(), "ranks in the job"),
+    ("compute_s", pa.float64(), "seconds the rank computed on its own, before any wait (see method)"),
+    ("wall_s", pa.float64(), "seconds of the whole step, waiting at collectives included"),
+    ("sample_ids", pa.list_(pa.string()), "the rank's samples at this step, in batch order"),
+    ("device", pa.string(), "'cpu' (host clock) or the accelerator whose events timed it, e.g. 'cuda:0'"),
+    ("method", pa.string(), "where compute_s ends: one of METHODS"),
+)
+
+#: Arrow schema of a timings file (field docs in the field metadata).
+TIMING_SCHEMA = pa.schema(
+    [pa.field(n, t, nullable=False, metadata={"doc": d}) for n, t, d in TIMING_FIELDS],
+    metadata={"lidarshard": "timings 1"},
+)
+
+#: Where ``compute_s`` ends: the first DDP gradient bucket ready, ``mark_compute_done()``, the step's end,
+#: or timed elsewhere and given to ``StepTimer.record``.
+METHODS = ("ddp_first_bucket", "mark", "step", "given")
+
+_PART = re.compile(r"timings-rank-(\d+)-part-(\d+)\.parquet$")
+
+
+def timing_file(directory: str, rank: int, part: int) -> str:
+    """Path of rank ``rank``'s ``part``-th timings file in ``directory``."""
+    return storage.join(directory, f"timings-rank-{rank:05d}-part-{part:05d}.parquet")
+
+
+class _HostClock:
+    """``time.perf_counter`` marks (seconds)."""
+
+    device = "cpu"
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def ready(self, mark: Any) -> bool:
+        return True
+
+    def seconds(self, a: Any, b: Any) -> float:
+        return float(b - a)
+
+
+class _EventClock:
+    """Timing events on the current stream of the current accelerator (``torch.Event``)."""
+
+    def __init__(self, event_type: Any, device: str) -> None:
+        self._event, self.device = event_type, device
+
+    def now(self) -> Any:
+        event = self._event(enable_timing=True)
+        event.record()
+        return event
+
+    def ready(self, mark: Any) -> bool:
+        return bool(mark.query())
+
+    def seconds(self, a: Any, b: Any) -> float:
+        b.synchronize()
+        return float(a.elapsed_time(b)) / 1000.0  # elapsed_time is in ms
+
+
+def _clock(device: str) -> _HostClock | _EventClock:
+    """The clock for ``device``: "auto" = the current accelerator's events if any, else the host."""
+    if device == "cpu":
+        return _HostClock()
+    try:
+        import torch
+    except ImportError as e:
+        if device == "auto":
+            return _HostClock()
+        raise needs_torch(__name__) from e
+    accel = getattr(torch, "accelerator", None)
+    found = accel.current_accelerator() if accel is not None else None
+    if accel is None or found is None or not hasattr(torch, "Event"):
+        if device == "auto":
+            return _HostClock()
+        raise ValueError(f"device={device!r}: no accelerator with torch.Event timing in this torch")
+    if device not in ("auto", "accelerator", found.type):
+        raise ValueError(f"device={device!r}, but the current accelerator is {found.type!r}")
+    return _EventClock(torch.Event, f"{found.type}:{accel.current_device_index()}")
+
+
+def _dist_rank() -> tuple[int, int]:
+    """(rank, world size) from ``torch.distributed`` when initialized, else (0, 1)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 0, 1
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@dataclass
+class _Open:
+    """A step being timed: its keys and marks (floats or events)."""
+
+    epoch: int
+    step: int
+    ids: list[str]
+    start: Any
+    mark: Any = None
+    method: str = "step"
+
+
+class StepTimer:
+    """Records this rank's own compute time and sample ids per step into ``directory``.
+
+    Args:
+        directory: where the ``timings-rank-RRRRR-part-PPPPP.parquet`` files go (e.g. the checkpoints'
+            folder; local or any ``lidarshard.transforms.storage`` URL).
+        rank, world_size: default from ``torch.distributed`` when initialized, else 0 and 1.
+        flush_every: write the buffered rows after this many steps (also at a new epoch and at close).
+        device: "auto" (the current accelerator's events, else the host clock), "cpu" (host clock) or
+            the accelerator type ("cuda", "npu", ...) to insist on events.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        flush_every: int = 1000,
+        device: str = "auto",
+    ) -> None:
+        found_rank, found_world = _dist_rank()
+        self.world_size = check_int("world_size", found_world if world_size is None else world_size, 1)
+        self.rank = check_int("rank", found_rank if rank is None else rank, 0, self.world_size - 1)
+        self.flush_every = check_int("flush_every", flush_every, 1)
+        self.directory = str(directory)
+        self._clock = _clock(device)
+        self.device = self._clock.device
+        self._open: _Open | None = None
+        self._pending: list[tuple[_Open, Any]] = []  # (step, end mark) not yet resolved
+        self._rows: dict[str, list[Any]] = {name: [] for name, _, _ in TIMING_FIELDS}
+        self._part: int | None = None  # next part number, found at the first flush
+        self._epoch: int | None = None
+
+    # ------------------------------------------------------------------ the per-step API
+    def start(self, epoch: int, step: int, sample_ids: Sequence[str] = ()) -> None:
+        """Begin timing step ``step`` of ``epoch`` on this rank's ``sample_ids``."""
+        if self._open is not None:
+            raise RuntimeError(
+                f"step {self._open.step} of epoch {self._open.epoch} is still open: stop() it first"
+            )
+        self._begin(epoch, step)
+        self._open = _Open(epoch, step, [str(s) for s in sample_ids], self._clock.now())
+
+    def mark_compute_done(self) -> None:
+        """This rank's own compute of the open step ends now (call it before your own collective)."""
+        self._mark("mark")
+
+    def stop(self) -> None:
+        """End the open step; its row is written at the next flush (events: once the device reached it)."""
+        if self._open is None:
+            raise RuntimeError("stop() without start()")
+        self._pending.append((self._open, self._clock.now()))
+        self._open = None
+        self._resolve(wait=False)
+        self._flush_if_full()
+
+    def record(
+        self, epoch: int, step: int, sample_ids: Sequence[str], compute_s: float, wall_s: float | None = None
+    ) -> None:
+        """Add a step timed elsewhere (a profiler, a simulation): ``compute_s`` and ``wall_s`` in seconds
+        (``wall_s`` defaults to ``compute_s``); written like timed steps, ``method`` "given"."""
+        wall = compute_s if wall_s is None else wall_s
+        if not 0 <= compute_s <= wall < float("inf"):
+            raise ValueError(f"need 0 <= compute_s <= wall_s < inf, got {compute_s} and {wall}")
+        self._begin(epoch, step)
+        self._append(_Open(epoch, step, [str(s) for s in sample_ids], None, None, "given"), compute_s, wall)
+        self._flush_if_full()
+
+    @contextmanager
+    def step(self, epoch: int, step: int, sample_ids: Sequence[str] = ()) -> Iterator[None]:
+        """``with timer.step(epoch, step, ids): ...`` times the block as one step (not on an exception)."""
+        self.start(epoch, step, sample_ids)
+        try:
+            yield
+        except BaseException:
+            self._open = None
+            raise
+        self.stop()
+
+    def steps(self, batches: Iterable[T], epoch: int | None = None, start: int = 0) -> Iterator[T]:
+        """Yield ``batches``, timing each loop body (from receiving a batch to asking for the next) as a step.
+
+        Args:
+            batches: a ``PlanLoader`` (epoch and step come from its ``state_dict()``) or any iterable.
+            epoch: the epoch of a plain iterable (required then); ``start``: its first step number.
+
+        Sample ids come from a batch's ``"sample_id"`` entry (``loaders.dataset.collate`` puts them
+        there), else none are recorded. Leaving the loop (``break``) records the step it was in.
+        """
+        state = getattr(batches, "state_dict", None)
+        if epoch is None and state is None:
+            raise TypeError("steps(): pass epoch= for an iterable without state_dict() (not a PlanLoader)")
+        step = start
+        for batch in batches:
+            if epoch is None:
+                st = state()  # type: ignore[misc]
+                if not isinstance(st, dict) or not {"epoch", "step"} <= st.keys():
+                    raise TypeError("steps(): pass epoch= unless the loader is a PlanLoader")
+                this_epoch, step = int(st["epoch"]), int(st["step"]) - 1  # delivered: step + 1
+            else:
+                this_epoch = epoch
+            ids = batch.get("sample_id", ()) if isinstance(batch, dict) else ()
+            self.start(this_epoch, step, ids)
+            try:
+                yield batch
+            finally:
+                if self._open is not None:
+                    self.stop()
+            step += 1
+
+    def attach_ddp(self, model: Any, process_group: Any = None) -> None:
+        """Register :func:`ddp_timing_hook` on a ``DistributedDataParallel`` model (before its first step).
+
+        The hook marks the first gradient bucket of each timed step ready, then all-reduces as DDP's
+        default does (``process_group`` None: the default group).
+        """
+        model.register_comm_hook(_HookState(self, process_group), ddp_timing_hook)
+
+    # ------------------------------------------------------------------ files
+    def flush(self) -> str | None:
+        """Write the finished steps' rows as the next part file (atomic); returns its path, or None."""
+        self._resolve(wait=True)
+        if not self._rows["step"]:
+            return None
+        if self._part is None:
+            mine = storage.join(self.directory, f"timings-rank-{self.rank:05d}-part-*.parquet")
+            parts = [_PART.search(p) for p in storage.glob(mine)]
+            self._part = 1 + max((int(m.group(2)) for m in parts if m), default=-1)
+        table = pa.table(self._rows, schema=TIMING_SCHEMA)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        path = timing_file(self.directory, self.rank, self._part)
+        storage.write_bytes(path, sink.getvalue().to_pybytes())  # local: temp name + os.replace
+        self._part += 1
+        self._rows = {name: [] for name in self._rows}
+        return path
+
+    def close(self) -> None:
+        """Flush what is left (an open step is dropped)."""
+        self._open = None
+        self.flush()
+
+    def __enter__(self) -> StepTimer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _begin(self, epoch: int, step: int) -> None:
+        """Check a new step's keys; flush the rows of the previous epoch when ``epoch`` is another."""
+        check_int("epoch", epoch, 0)
+        check_int("step", step, 0)
+        if self._epoch is not None and epoch != self._epoch:
+            self.flush()  # each finished epoch is on disk before the next one trains
+        self._epoch = epoch
+
+    def _flush_if_full(self) -> None:
+        if len(self._rows["step"]) >= self.flush_every:
+            self.flush()
+
+    def _append(self, opened: _Open, own: float, wall: float) -> None:
+        """One finished step into the row buffers."""
+        values = (opened.epoch, opened.step, self.rank, self.world_size, own, wall, opened.ids, self.device)
+        for name, value in zip(self._rows, (*values, opened.method), strict=True):
+            self._rows[name].append(value)
+
+    def _mark(self, method: str) -> None:
+        """Mark the end of the open step's own compute (the first mark wins)."""
+        opened = self._open
+        if opened is not None and opened.mark is None:
+            opened.mark, opened.method = self._clock.now(), method
+
+    def _resolve(self, wait: bool) -> None:
+        """Move finished steps to the row buffers, oldest first; ``wait``: block until all are."""
+        done = 0
+        for opened, end in self._pending:
+            if not (wait or self._clock.ready(end)):
+                break
+            wall = self._clock.seconds(opened.start, end)
+            own = wall if opened.mark is None else self._clock.seconds(opened.start, opened.mark)
+            self._append(opened, own, wall)
+            done += 1
+        del self._pending[:done]
+
+
+@dataclass
+class _HookState:
+    """The DDP comm hook's state: the timer to mark and the group to all-reduce over."""
+
+    timer: StepTimer
+    process_group: Any = None
+
+
+def ddp_timing_hook(state, bucket):  # untyped: DDP refuses the string annotations of this module
+    """DDP comm hook: mark the open step's compute done at its first ready bucket, then all-reduce.
+
+    Args:
+        state: a ``_HookState`` (:meth:`StepTimer.attach_ddp` makes it); bucket: ``dist.GradBucket``.
+
+    Returns:
+        the ``torch.futures.Future[torch.Tensor]`` of DDP's default
+        ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook``, so gradients are
+        exactly the default ones.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    state.timer._mark("ddp_first_bucket")
+    return allreduce_hook(state.process_group, bucket)
+
+
+def read_timing_files(path: str) -> pa.Table:
+    """Every row of the timings files at ``path`` (a directory of them, or one file), ``TIMING_SCHEMA``.
+
+    A step recorded twice (a restarted run replayed it) keeps the record of the later part. Rows are
+    sorted by (epoch, step, rank).
+
+    Raises:
+        ValueError: no timings file there, or a file without the recorder's columns.
+    """
+    paths = [path] if not storage.is_dir(path) else storage.glob(storage.join(path, "timings-rank-*.parquet"))
+    if not paths:
+        raise ValueError(f"{path}: no timings-rank-*.parquet files (written by lidarshard.loaders.timing)")
+    tables, order = [], []
+    for p in paths:
+        t = storage.read_parquet(p)
+        missing = sorted(set(TIMING_SCHEMA.names) - set(t.column_names))
+        if missing:
+            raise ValueError(f"{p}: not a lidarshard timings file (no {', '.join(missing)})")
+        tables.append(t.select(TIMING_SCHEMA.names).cast(TIMING_SCHEMA))
+        m = _PART.search(p)
+        order.append(int(m.group(2)) if m else 0)
+    table = pa.concat_tables(tables)
+    part = np.repeat(np.asarray(order, dtype=np.int64), [t.num_rows for t in tables])
+    keys = np.stack([table.column(k).to_numpy().astype(np.int64) for k in ("epoch", "step", "rank")], axis=1)
+    latest = np.lexsort((-part, keys[:, 2], keys[:, 1], keys[:, 0]))  # by key, the latest part first
+    first = np.r_[True, (np.diff(keys[latest], axis=0) != 0).any(axis=1)] if len(latest) else latest
+    return table.take(pa.array(latest[first]))
