@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -120,3 +121,7 @@ def test_report_with_recorder_files_shows_measured_idle_and_max_mean(
     assert "epoch 1: measured linearity 0.9" in printed and f"(predicted {lin:.3f})" in printed
     assert "% idle; step max/mean measured 1.0" in printed
     assert (dest / "predicted_vs_measured.png").read_bytes()[:8] == PNG
+    (line,) = [x for x in printed.splitlines() if "on the measured model" in x]
+    found = re.search(r"this plan ([0-9.]+)% idle, a random plan ([0-9.]+)%", line)
+    assert found and float(found[1]) < float(found[2]), line  # balance bought time on the measured model too
+    assert (dest / "idle.png").read_bytes()[:8] == PNG

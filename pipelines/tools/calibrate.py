@@ -29,7 +29,8 @@ import sys
 import numpy as np
 
 from lidarshard.loaders import load_manifest, read_samples
-from lidarshard.pipelines.tools.report import REPORT_DIR, read_observations, read_plan
+from lidarshard.pipelines.tools.report import REPORT_DIR, read_plan
+from lidarshard.pipelines.tools.timings import read_observations
 from lidarshard.transforms import storage
 from lidarshard.transforms.report import calibrate as cal
 

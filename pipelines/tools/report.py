@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import html
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +26,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.reader import plan_dataset
-from lidarshard.loaders.timing import read_timing_files
+from lidarshard.pipelines.tools.timings import read_observations
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.plan.dense import dense_plan
@@ -46,9 +44,6 @@ __all__ = [
     "summarize",
     "plan_in_words",
     "REPORT_DIR",
-    "is_recorded",
-    "read_observations",
-    "Timed",
 ]
 
 #: Sub-directory of OUT that holds the report (not part of the manifest contract).
@@ -73,6 +68,8 @@ class ReportData:
     chosen: list[NDArray[np.float64]]  # per epoch (S_e, W) cost per rank per step
     baseline: list[NDArray[np.float64]]  # the same under ``random`` on the same pool
     reasons: dict[str, int]  # rejects per reason
+    plans: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = field(default_factory=list)  # per epoch
+    # (the plan, the random plan of the same pool): (S, W, M) samples rows, -1 empty
 
 
 def load(out: str) -> ReportData:
@@ -93,18 +90,24 @@ def load(out: str) -> ReportData:
         )
     rows = found.to_numpy()
     epochs = plan.column("epoch").to_numpy()
-    chosen, baseline = [], []
+    chosen, baseline, plans = [], [], []
     for e in range(m.epochs):
         mine = epochs == e  # rank-steps hold a variable number of samples under budget
         step, rank, slot = (plan.column(k).to_numpy()[mine] for k in ("step", "rank", "slot"))
-        chosen.append(rank_costs(dense_plan(step, rank, slot, rows[mine], m.steps(e), m.world_size), costs))
-        baseline.append(rank_costs(plan_samples(samples, e, cfg).baseline, costs))
+        plans.append(
+            (
+                dense_plan(step, rank, slot, rows[mine], m.steps(e), m.world_size),
+                plan_samples(samples, e, cfg).baseline,
+            )
+        )
+        chosen.append(rank_costs(plans[-1][0], costs))
+        baseline.append(rank_costs(plans[-1][1], costs))
     try:
         reasons_col = storage.read_parquet(storage.join(out, schemas.REJECTS_FILE)).column("reason")
         reasons = {str(r["values"]): int(r["counts"]) for r in pc.value_counts(reasons_col).to_pylist()}
     except FileNotFoundError:
         reasons = dict(m.counts.rejected_by_reason)
-    return ReportData(m, samples, plan, chosen, baseline, reasons)
+    return ReportData(m, samples, plan, chosen, baseline, reasons, plans)
 
 
 def cost_unit(m: Manifest) -> str:
@@ -126,43 +129,6 @@ def _spread(loads: NDArray[np.float64]) -> float:
     """Largest |rank total / mean - 1| over ranks, in percent."""
     tot = loads.sum(axis=0)
     return float(100 * np.abs(tot / tot.mean() - 1).max()) if tot.mean() > 0 else 0.0
-
-
-def is_recorded(timings_path: str) -> bool:
-    """Whether ``timings_path`` is the recorder's Parquet (a directory, or a ``.parquet`` file), not a CSV."""
-    return timings_path.endswith(".parquet") or storage.is_dir(timings_path)
-
-
-class Timed(NamedTuple):
-    """Timings joined to a manifest's samples (``read_observations``)."""
-
-    obs: pa.Table  # cal.observations columns; + epoch, step, rank, world_size for recorder files
-    timed: str  # what one row timed: "sample", "rank-step" or "recorded rank-step"
-    raw: pa.Table  # the rows read: the CSV's (cal.read_timings) or the recorder's (TIMING_FIELDS)
-    keys: list[str]  # one per observation, for cal.held_out_fit (recorder: "epoch:step")
-
-
-def read_observations(
-    timings_path: str, samples: pa.Table, plan: Callable[[], pa.Table], epoch: int = 0
-) -> Timed:
-    """The timings at ``timings_path`` joined to ``samples``: the one reading calibrate and report share.
-
-    Args:
-        plan: gives the manifest's plan rows; called only for a CSV of step/rank rows without sample ids.
-        epoch: the epoch of CSV step/rank rows without an epoch column.
-    """
-    if is_recorded(timings_path):
-        steps = read_timing_files(timings_path)
-        obs = cal.step_observations(steps, samples)
-        keys = [
-            f"{e}:{s}"
-            for e, s in zip(obs.column("epoch").to_pylist(), obs.column("step").to_pylist(), strict=True)
-        ]
-        return Timed(obs, "recorded rank-step", steps, keys)
-    timings = cal.read_timings(storage.read_bytes(timings_path))
-    per_sample = "sample_id" in timings.column_names
-    obs = cal.observations(timings, samples, None if per_sample else plan(), epoch)
-    return Timed(obs, "sample" if per_sample else "rank-step", timings, [str(i) for i in range(obs.num_rows)])
 
 
 def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes], list[str]]:
@@ -209,7 +175,49 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
         f"epoch {r['epoch']} linearity: predicted {r['predicted']:.3f}, measured {r['measured']:.3f}"
         for r in rows[:4]
     )
-    return {"predicted_vs_measured.png": plots.predicted_vs_measured(pred, ms, unit, what, note)}, lines
+    figs = {"predicted_vs_measured.png": plots.predicted_vs_measured(pred, ms, unit, what, note)}
+    if "world_size" in obs.column_names and rows:
+        idle = _what_if(data, obs, [r["epoch"] for r in rows])
+        for (e, plan_idle, random_idle), row in zip(idle, rows, strict=True):
+            lines.append(
+                f"  epoch {e}: {100 * (1 - row['measured']):.1f}% idle measured; on the measured model (the "
+                f"fit) this plan {100 * plan_idle:.1f}% idle, a random plan {100 * random_idle:.1f}%"
+            )
+        measured = [1 - r["measured"] for r in rows]
+        figs["idle.png"] = plots.idle_bars(
+            [e for e, _, _ in idle], measured, [i[1] for i in idle], [i[2] for i in idle]
+        )
+    return figs, lines
+
+
+def _what_if(data: ReportData, obs: pa.Table, epochs: list[int]) -> list[tuple[int, float, float]]:
+    """(epoch, idle fraction of the plan, of a random plan of the same pool) under the cost model fitted
+    to the recorded rank-steps ``obs``: what the measured model says balance saved."""
+    x = np.stack([obs.column(c).to_numpy() for c in ("count", "points", "voxels")], axis=1)
+    fit = cal.fit_linear(x, obs.column("ms").to_numpy())
+    feats = cal.sample_features(data.samples)
+    per_sample = fit.predict(
+        np.stack(
+            [
+                np.ones(data.samples.num_rows),
+                feats.column("points").to_numpy(),
+                np.nan_to_num(feats.column("voxels").to_numpy(zero_copy_only=False)),
+            ],
+            axis=1,
+        )
+    )
+    out = []
+    for e in epochs:
+        if 0 <= e < len(data.plans):
+            chosen, random = data.plans[e]
+            out.append(
+                (
+                    e,
+                    1 - load_linearity(rank_costs(chosen, per_sample)),
+                    1 - load_linearity(rank_costs(random, per_sample)),
+                )
+            )
+    return out
 
 
 def plan_in_words(m: Manifest) -> list[str]:

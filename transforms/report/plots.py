@@ -285,6 +285,27 @@ def predicted_vs_measured(
     return _png(fig)
 
 
+def idle_bars(epochs: list[int], measured: list[float], plan: list[float], random: list[float]) -> bytes:
+    """Per epoch, the share of the run ranks spent waiting: measured (recorded timings), and on the cost
+    model fitted to them, the plan's and a random plan's of the same samples (fractions in [0, 1])."""
+    fig, ax = _figure(6.0, 3.6)
+    x = np.arange(len(epochs))
+    for k, (values, name, color) in enumerate(
+        (
+            (measured, "measured", "0.35"),
+            (plan, "plan, fitted model", _CHOSEN),
+            (random, "random plan, fitted model", _RANDOM),
+        )
+    ):
+        ax.bar(x + (k - 1) * 0.27, 100 * np.asarray(values), width=0.27, label=name, color=color)
+    ax.set_xticks(x, [str(e) for e in epochs])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("ranks idle (% of the run)")
+    ax.legend(fontsize=8)
+    ax.set_title("Idle time: measured, and what a random plan would have cost")
+    return _png(fig)
+
+
 def residuals(fitted: NDArray[np.float64], measured: NDArray[np.float64], title: str) -> bytes:
     """Two panels: measured vs fitted (with y = x) and residual vs fitted, both in ms."""
     fig, (left, right) = _figure(9.0, 3.8, ncols=2)
