@@ -115,7 +115,7 @@ def main() -> None:
             )
             record_epoch(str(t / "voxels"), t / "timings", truth, args.noise, args.seed)
             fit, source, _ = calibrate(str(t / "voxels"), str(t / "timings"))
-            model = f"linear:{fit.c0!r},{fit.a!r},{fit.b!r}"
+            model = f"linear:{fit.c0!r},{fit.a!r},{fit.b!r},{fit.q!r}"
             lidarshard.build(
                 None, str(t / "calibrated"), world_size=w, batch_size=b, runner="FnApiRunner",
                 from_samples=str(t / "voxels" / "samples"), cost_model=model, **plan_flags,

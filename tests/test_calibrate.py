@@ -322,3 +322,55 @@ def test_calibrate_from_recorder_files_recovers_the_known_cost(built: Path, tmp_
     assert cli_main(["calibrate", str(built), "--timings", str(tmp_path / "t.csv"), "-o", str(fit_path)]) == 0
     body = json.loads(fit_path.read_text())
     assert body["linearity"] == [] and body["held_out"]["train"] > 0
+
+
+def _power_workload(tmp: Path, q: float) -> tuple[pa.Table, Path]:
+    """600 samples whose points and voxels rank them differently; 2 ranks x 3 samples a step; the true
+    time of a rank-step is 2e-4 ms x the sum of its voxels^q, +3% noise, through the recorder."""
+    from lidarshard.loaders.timing import StepTimer
+
+    rng = np.random.default_rng(1)
+    n = 600
+    points = np.round(np.exp(rng.normal(np.log(2.7e5), 0.35, n)))
+    voxels = np.round(points * rng.uniform(3e-4, 9e-4, n))
+    samples = pa.table({
+        "sample_id": [f"s{i:04d}" for i in range(n)], "num_in_range": points.astype(np.int64),
+        "num_points": points.astype(np.int64), "occupied_voxels": voxels.astype(np.int64), "cost": voxels,
+    })  # fmt: skip
+    order = rng.permutation(n).reshape(-1, 2, 3)  # (steps, ranks, samples)
+    for rank in range(2):
+        with StepTimer(str(tmp / "t"), rank=rank, world_size=2, device="cpu") as timer:
+            for step, ranks in enumerate(order):
+                ms = 2e-4 * (voxels[ranks[rank]] ** q).sum() * (1 + 0.03 * rng.normal())
+                timer.record(0, step, [f"s{i:04d}" for i in ranks[rank]], ms / 1000)
+    return samples, tmp / "t"
+
+
+@pytest.mark.parametrize("q", [1.0, 1.3])
+def test_the_fit_finds_how_fast_cost_grows_with_voxels(tmp_path: Path, q: float) -> None:
+    """An attention-like cost (voxels^1.3) is fitted as such; a linear one keeps q = 1."""
+    from lidarshard.pipelines.tools.timings import fit_cost
+
+    samples, path = _power_workload(tmp_path, q)
+    fit, timed = fit_cost(str(path), samples, lambda: pa.table({}))
+    assert fit.q == pytest.approx(q, abs=0.05) and fit.r2 > 0.9
+    assert timed.obs.num_rows == 200 and fit.to_json()["cost_model"].get("q", 1.0) == fit.q
+    if q == 1.0:
+        assert fit.b == pytest.approx(2e-4, rel=0.05)
+
+
+def test_a_bent_cost_model_builds_and_validates(tmp_path: Path) -> None:
+    import lidarshard
+    from lidarshard.pipelines.tools.validate import validate
+
+    samples, _ = _power_workload(tmp_path, 1.3)
+    sizes = samples.drop_columns(["cost"]).append_column(
+        "path", pa.array([f"/d/{i}.bin" for i in range(600)])
+    )
+    out = tmp_path / "out"
+    lidarshard.write_manifest(sizes, str(out), 2, 3, cost_model="linear:0,0,0.0002,1.3")
+    manifest = json.loads((out / schemas.MANIFEST_FILE).read_text())
+    assert manifest["cost_model"] == {"name": "linear", "c0": 0.0, "a": 0.0, "b": 0.0002, "q": 1.3}
+    costs = pq.read_table(out / schemas.SAMPLES_DIR, columns=["occupied_voxels", "cost"]).to_pydict()
+    np.testing.assert_allclose(costs["cost"], 2e-4 * np.asarray(costs["occupied_voxels"], float) ** 1.3)
+    assert validate(str(out))[0] == []  # validate recomputes every cost with the exponent

@@ -45,3 +45,24 @@ def test_model_from_calibration_file(tmp_path) -> None:
 def test_bad_specs_are_refused(spec: str) -> None:
     with pytest.raises(ValueError):
         parse_cost_model(spec)
+
+
+def test_a_voxel_exponent_bends_the_model_and_round_trips() -> None:
+    t = _samples([10, 20], [11, 21], [4, 9])
+    model = parse_cost_model("linear:1,0,2,1.5")
+    np.testing.assert_allclose(sample_costs(t, model), [1 + 2 * 4**1.5, 1 + 2 * 9**1.5])
+    assert model.to_json()["q"] == 1.5 and "q" not in parse_cost_model("linear:1,0,2").to_json()
+    assert parse_cost_model("linear:1,0,2,1") == parse_cost_model("linear:1,0,2")  # q 1: the linear model
+    with pytest.raises(ValueError, match=r"exponent q must be in \[0.25, 4\]"):
+        parse_cost_model("linear:0,0,1,9")
+
+
+def test_a_calibration_file_with_an_exponent(tmp_path) -> None:
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"cost_model": {"name": "linear", "c0": 0.0, "a": 0.0, "b": 2e-4, "q": 1.3}}))
+    assert parse_cost_model(f"@{path}") == CostModel("linear", 0.0, 0.0, 2e-4, 1.3)
+    path.write_text(
+        json.dumps({"cost_model": {"name": "linear", "c0": 0.0, "a": 0.0, "b": 2e-4, "q": "1.3"}})
+    )
+    with pytest.raises(ValueError, match="q must be numbers"):
+        parse_cost_model(f"@{path}")

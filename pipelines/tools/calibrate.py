@@ -30,7 +30,7 @@ import numpy as np
 
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.pipelines.tools.report import REPORT_DIR, read_plan
-from lidarshard.pipelines.tools.timings import read_observations
+from lidarshard.pipelines.tools.timings import design, fit_cost
 from lidarshard.transforms import storage
 from lidarshard.transforms.report import calibrate as cal
 
@@ -46,12 +46,8 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     """
     manifest = load_manifest(out)
     samples = read_samples(out)
-    obs, timed, raw, keys = read_observations(timings_path, samples, lambda: read_plan(out), epoch)
-    if obs.num_rows == 0:
-        raise ValueError(f"no row of {timings_path} matches a sample (or step/rank) of {out}")
-    x = np.stack([obs.column(c).to_numpy() for c in ("count", "points", "voxels")], axis=1)
-    ms = obs.column("ms").to_numpy()
-    fit = cal.fit_linear(x, ms)
+    fit, (obs, timed, raw, keys) = fit_cost(timings_path, samples, lambda: read_plan(out), epoch)
+    x, ms = design(obs), obs.column("ms").to_numpy()
     checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
     source = {
         "manifest": out,
@@ -71,7 +67,7 @@ def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | 
     from lidarshard.transforms.report import plots as report_plots
 
     title = (
-        f"ms per {timed} = {fit.c0:.4g} + {fit.a:.4g} x points + {fit.b:.4g} x voxels  "
+        f"ms per {timed} = {fit.c0:.4g} + {fit.a:.4g} x points + {fit.b:.4g} x voxels{_power(fit)}  "
         f"(R² {fit.r2:.3f}, rmse {fit.rmse:.3g} ms, n {fit.n})"
     )
     try:
@@ -79,6 +75,11 @@ def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | 
     except ImportError as e:
         print(f"residual plot skipped: {e}", file=sys.stderr)
         return None
+
+
+def _power(fit: cal.LinearFit) -> str:
+    """``^q`` of a fit whose voxel exponent is not 1, else nothing."""
+    return f"^{fit.q:g}" if fit.q != 1.0 else ""
 
 
 def _check_lines(checks: dict) -> list[str]:
@@ -132,7 +133,7 @@ def run(argv: list[str] | None = None) -> int:
         storage.write_bytes(storage.join(directory or ".", file_name), data)
     print(
         f"fit over {fit.n} timed {source['timed']}s ({source['rows'] - source['matched']} rows unmatched): "
-        f"ms = {fit.c0:.6g} + {fit.a:.6g} * points + {fit.b:.6g} * voxels per sample\n"
+        f"ms = {fit.c0:.6g} + {fit.a:.6g} * points + {fit.b:.6g} * voxels{_power(fit)} per sample\n"
         f"R^2 {fit.r2:.4f}, rmse {fit.rmse:.4g} ms"
         + (f"; dropped (negative when fitted): {', '.join(fit.dropped)}" if fit.dropped else "")
     )

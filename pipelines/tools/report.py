@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.reader import plan_dataset
-from lidarshard.pipelines.tools.timings import read_observations
+from lidarshard.pipelines.tools.timings import fit_cost, read_observations
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.plan.dense import dense_plan
@@ -177,7 +177,7 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
     )
     figs = {"predicted_vs_measured.png": plots.predicted_vs_measured(pred, ms, unit, what, note)}
     if "world_size" in obs.column_names and rows:
-        idle = _what_if(data, obs, [r["epoch"] for r in rows])
+        idle = _what_if(data, path, epoch, [r["epoch"] for r in rows])
         for (e, plan_idle, random_idle), row in zip(idle, rows, strict=True):
             lines.append(
                 f"  epoch {e}: {100 * (1 - row['measured']):.1f}% idle measured; on the measured model (the "
@@ -190,12 +190,12 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
     return figs, lines
 
 
-def _what_if(data: ReportData, obs: pa.Table, epochs: list[int]) -> list[tuple[int, float, float]]:
+def _what_if(data: ReportData, path: str, epoch: int, epochs: list[int]) -> list[tuple[int, float, float]]:
     """(epoch, idle fraction of the plan, of a random plan of the same pool) under the cost model fitted
-    to the recorded rank-steps ``obs``: what the measured model says balance saved."""
-    x = np.stack([obs.column(c).to_numpy() for c in ("count", "points", "voxels")], axis=1)
-    fit = cal.fit_linear(x, obs.column("ms").to_numpy())
-    feats = cal.sample_features(data.samples)
+    to the timings at ``path`` (``timings.fit_cost``, as ``calibrate`` writes it): what the measured
+    model says balance saved."""
+    fit, _ = fit_cost(path, data.samples, lambda: data.plan, epoch)
+    feats = cal.sample_features(data.samples, fit.q)
     per_sample = fit.predict(
         np.stack(
             [

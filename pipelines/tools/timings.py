@@ -6,16 +6,19 @@ sample or per rank-step (``transforms.report.calibrate.read_timings``). No Beam.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from lidarshard.loaders.timing import read_timing_files
 from lidarshard.transforms import storage
 from lidarshard.transforms.report import calibrate as cal
 
-__all__ = ["Timed", "is_recorded", "read_observations"]
+__all__ = ["Timed", "is_recorded", "read_observations", "fit_cost", "design", "Q_GRID", "Q_MIN_GAIN"]
 
 
 def is_recorded(timings_path: str) -> bool:
@@ -33,17 +36,18 @@ class Timed(NamedTuple):
 
 
 def read_observations(
-    timings_path: str, samples: pa.Table, plan: Callable[[], pa.Table], epoch: int = 0
+    timings_path: str, samples: pa.Table, plan: Callable[[], pa.Table], epoch: int = 0, q: float = 1.0
 ) -> Timed:
     """The timings at ``timings_path`` joined to ``samples``: the one reading calibrate and report share.
 
     Args:
         plan: gives the manifest's plan rows; called only for a CSV of step/rank rows without sample ids.
         epoch: the epoch of CSV step/rank rows without an epoch column.
+        q: the exponent the samples' voxels are raised to before they are summed (a cost model's ``q``).
     """
     if is_recorded(timings_path):
         steps = read_timing_files(timings_path)
-        obs = cal.step_observations(steps, samples)
+        obs = cal.step_observations(steps, samples, q)
         keys = [
             f"{e}:{s}"
             for e, s in zip(obs.column("epoch").to_pylist(), obs.column("step").to_pylist(), strict=True)
@@ -51,5 +55,44 @@ def read_observations(
         return Timed(obs, "recorded rank-step", steps, keys)
     timings = cal.read_timings(storage.read_bytes(timings_path))
     per_sample = "sample_id" in timings.column_names
-    obs = cal.observations(timings, samples, None if per_sample else plan(), epoch)
+    obs = cal.observations(timings, samples, None if per_sample else plan(), epoch, q)
     return Timed(obs, "sample" if per_sample else "rank-step", timings, [str(i) for i in range(obs.num_rows)])
+
+
+#: Voxel exponents the fit tries (``cost = c0 + a*points + b*voxels^q``); 1 is the linear model.
+Q_GRID: tuple[float, ...] = tuple(round(1.0 + 0.05 * k, 2) for k in range(21))
+#: R^2 a q other than 1 must add over the linear fit to be kept (noise should not bend the model).
+Q_MIN_GAIN = 0.002
+
+
+def design(obs: pa.Table) -> NDArray[np.float64]:
+    """(n, 3) ``[count, points, voxels]`` of observations (``cal.fit_linear``'s design matrix)."""
+    return np.stack([obs.column(c).to_numpy() for c in ("count", "points", "voxels")], axis=1)
+
+
+def fit_cost(
+    timings_path: str, samples: pa.Table, plan: Callable[[], pa.Table], epoch: int = 0
+) -> tuple[cal.LinearFit, Timed]:
+    """The cost model fitted to the timings: ``c0 + a*points + b*voxels^q``, q the exponent of ``Q_GRID``
+    with the best R^2 (1 unless another adds ``Q_MIN_GAIN``), with the observations it was fitted on.
+    The one fit ``calibrate`` writes and ``report --timings`` applies.
+
+    Raises:
+        ValueError: no timing matches the manifest, or no useful fit (one line).
+    """
+    linear = read_observations(timings_path, samples, plan, epoch)
+    if linear.obs.num_rows == 0:
+        raise ValueError(f"no row of {timings_path} matches a sample (or step/rank) of this manifest")
+    best = (cal.fit_linear(design(linear.obs), linear.obs.column("ms").to_numpy()), linear)
+    if np.isnan(linear.obs.column("voxels").to_numpy(zero_copy_only=False)).all():
+        return best  # no voxels: nothing to bend
+    floor = best[0].r2 + Q_MIN_GAIN
+    for q in Q_GRID[1:]:
+        timed = read_observations(timings_path, samples, plan, epoch, q)
+        try:
+            fit = cal.fit_linear(design(timed.obs), timed.obs.column("ms").to_numpy())
+        except ValueError:
+            continue
+        if fit.b > 0 and fit.r2 >= floor and fit.r2 > best[0].r2:
+            best = (dataclasses.replace(fit, q=q), timed)
+    return best

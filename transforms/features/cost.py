@@ -1,9 +1,10 @@
 """Cost models: predicted compute cost of a sample from its size features. Pure numpy/pyarrow.
 
-``cost = c0 + a * points + b * voxels`` where ``points`` is ``num_in_range`` (the points a model
+``cost = c0 + a * points + b * voxels ** q`` (q = 1 unless given) where ``points`` is ``num_in_range`` (the points a model
 sees after the range filter; ``num_points`` under ``--features stat``) and ``voxels`` is
 ``occupied_voxels``. ``points`` and ``voxels`` are the special cases (0, 1, 0) and (0, 0, 1);
-``lidarshard calibrate`` fits (c0, a, b) to measured timings and writes ``@file.json``.
+``lidarshard calibrate`` fits (c0, a, b) to measured timings, and q when a cost grows faster than the voxels
+(attention-like backbones), and writes ``@file.json``.
 """
 
 from __future__ import annotations
@@ -18,37 +19,48 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms import storage
 
-__all__ = ["CostModel", "parse_cost_model", "sample_costs", "COST_MODEL_HELP"]
+__all__ = ["CostModel", "parse_cost_model", "sample_costs", "COST_MODEL_HELP", "Q_RANGE"]
 
 COST_MODEL_HELP = (
-    "points | voxels | linear:c0,a,b (cost = c0 + a*points + b*voxels) | @fit.json "
+    "points | voxels | linear:c0,a,b[,q] (cost = c0 + a*points + b*voxels^q, q 1 unless given) | @fit.json "
     "(as written by lidarshard calibrate)"
 )
-_FILE_SCHEMA = '{"cost_model": {"c0": number, "a": number, "b": number}} (as lidarshard calibrate writes)'
+_FILE_SCHEMA = (
+    '{"cost_model": {"c0": number, "a": number, "b": number[, "q": number]}} (as lidarshard calibrate writes)'
+)
+#: The voxel exponents a cost model may hold (calibrate's grid lies inside).
+Q_RANGE = (0.25, 4.0)
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """``cost = c0 + a * points + b * voxels`` (units: whatever the fit used, e.g. ms)."""
+    """``cost = c0 + a * points + b * voxels ** q`` (units: whatever the fit used, e.g. ms)."""
 
     name: str
     c0: float = 0.0
     a: float = 0.0
     b: float = 0.0
+    q: float = 1.0
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The manifest's ``cost_model`` (``q`` only when it is not 1: older manifests keep their bytes)."""
+        out = asdict(self)
+        if self.q == 1.0:
+            del out["q"]
+        return out
 
 
 _NAMED = {"points": CostModel("points", a=1.0), "voxels": CostModel("voxels", b=1.0)}
 
 
-def _linear(c0: float, a: float, b: float, name: str = "linear") -> CostModel:
-    if not all(math.isfinite(v) for v in (c0, a, b)):
-        raise ValueError(f"cost model coefficients must be finite, got {(c0, a, b)}")
+def _linear(c0: float, a: float, b: float, name: str = "linear", q: float = 1.0) -> CostModel:
+    if not all(math.isfinite(v) for v in (c0, a, b, q)):
+        raise ValueError(f"cost model coefficients must be finite, got {(c0, a, b, q)}")
     if a < 0 or b < 0 or (a == 0 and b == 0):
         raise ValueError(f"cost model needs a >= 0, b >= 0 and one of them > 0, got a={a}, b={b}")
-    return CostModel(name, float(c0), float(a), float(b))
+    if not Q_RANGE[0] <= q <= Q_RANGE[1]:
+        raise ValueError(f"cost model voxel exponent q must be in [{Q_RANGE[0]:g}, {Q_RANGE[1]:g}], got {q}")
+    return CostModel(name, float(c0), float(a), float(b), float(q))
 
 
 def parse_cost_model(spec: str) -> CostModel:
@@ -58,10 +70,10 @@ def parse_cost_model(spec: str) -> CostModel:
         return _NAMED[spec]
     if spec.startswith("linear:"):
         parts = spec[len("linear:") :].split(",")
-        if len(parts) != 3:
-            raise ValueError(f"--cost-model linear:c0,a,b needs 3 numbers, got {spec!r}")
-        c0, a, b = (float(p) for p in parts)
-        return _linear(c0, a, b)
+        if len(parts) not in (3, 4):
+            raise ValueError(f"--cost-model linear:c0,a,b[,q] needs 3 or 4 numbers, got {spec!r}")
+        c0, a, b, *q = (float(p) for p in parts)
+        return _linear(c0, a, b, q=q[0] if q else 1.0)
     if spec.startswith("@"):
         path = spec[1:]
         try:
@@ -78,14 +90,15 @@ def parse_cost_model(spec: str) -> CostModel:
             raise ValueError(f"missing {', '.join(missing)}; expected {_FILE_SCHEMA}")
         bad = [
             k
-            for k in ("c0", "a", "b")
-            if isinstance(model[k], bool) or not isinstance(model[k], (int, float))
+            for k in ("c0", "a", "b", "q")
+            if k in model and (isinstance(model[k], bool) or not isinstance(model[k], (int, float)))
         ]
         if bad:
             raise ValueError(
                 f"{', '.join(bad)} must be numbers, got {', '.join(repr(model[k]) for k in bad)}"
             )
-        return _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear")
+        power = float(model.get("q", 1.0))
+        return _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear", q=power)
     raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")
 
 
@@ -103,5 +116,6 @@ def sample_costs(samples: pa.Table, model: CostModel) -> NDArray[np.float64]:
         name = "num_in_range" if samples.column("num_in_range").null_count == 0 else "num_points"
         cost += model.a * _column(samples, name)
     if model.b:
-        cost += model.b * _column(samples, "occupied_voxels")
+        voxels = _column(samples, "occupied_voxels")
+        cost += model.b * (voxels if model.q == 1.0 else voxels**model.q)
     return cost

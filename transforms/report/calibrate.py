@@ -53,7 +53,8 @@ TERMS = ("c0", "a", "b")
 
 @dataclass(frozen=True)
 class LinearFit:
-    """A fitted ``c0 + a * points + b * voxels`` (units of the timings, e.g. ms)."""
+    """A fitted ``c0 + a * points + b * voxels ** q`` (units of the timings, e.g. ms; the design matrix
+    holds the voxels already raised to ``q``)."""
 
     c0: float
     a: float
@@ -62,6 +63,7 @@ class LinearFit:
     rmse: float
     n: int
     dropped: tuple[str, ...] = ()
+    q: float = 1.0
 
     def predict(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """(n,) predictions for an (n, 3) design matrix ``[count, points, voxels]`` (NaN voxels = 0)."""
@@ -71,7 +73,8 @@ class LinearFit:
     def to_json(self, units: str = "ms") -> dict:
         """The calibration file body; ``build --cost-model @file.json`` reads its ``cost_model``."""
         return {
-            "cost_model": {"name": "linear", "c0": self.c0, "a": self.a, "b": self.b},
+            "cost_model": {"name": "linear", "c0": self.c0, "a": self.a, "b": self.b}
+            | ({"q": self.q} if self.q != 1.0 else {}),
             "r2": self.r2,
             "rmse": self.rmse,
             "n": self.n,
@@ -170,9 +173,9 @@ def read_timings(data: bytes) -> pa.Table:
     return table
 
 
-def sample_features(samples: pa.Table) -> pa.Table:
+def sample_features(samples: pa.Table, q: float = 1.0) -> pa.Table:
     """``sample_id, points, voxels, cost`` (float64) of a scored samples table, as the cost model sees
-    them: points = ``num_in_range`` (``num_points`` if any is null), voxels null when unavailable."""
+    them: points = ``num_in_range`` (``num_points`` if any is null), voxels ``** q``, null when unavailable."""
     in_range = samples.column("num_in_range")
     points = in_range if in_range.null_count == 0 else samples.column("num_points")
     voxels = samples.column("occupied_voxels")
@@ -183,13 +186,17 @@ def sample_features(samples: pa.Table) -> pa.Table:
         {
             "sample_id": samples.column("sample_id"),
             "points": pc.cast(points, pa.float64()),
-            "voxels": pc.cast(voxels, pa.float64()),
+            "voxels": pc.power(pc.cast(voxels, pa.float64()), q)
+            if q != 1.0
+            else pc.cast(voxels, pa.float64()),
             "cost": pc.cast(cost, pa.float64()),
         }
     )
 
 
-def observations(timings: pa.Table, samples: pa.Table, plan: pa.Table | None, epoch: int = 0) -> pa.Table:
+def observations(
+    timings: pa.Table, samples: pa.Table, plan: pa.Table | None, epoch: int = 0, q: float = 1.0
+) -> pa.Table:
     """Join timings to sample features: one row per timing that could be mapped.
 
     Args:
@@ -202,7 +209,7 @@ def observations(timings: pa.Table, samples: pa.Table, plan: pa.Table | None, ep
         table ``count, points, voxels, cost, ms`` (float64; sums over each group; voxels NaN when
         unavailable). Timings whose key is not in the manifest are left out.
     """
-    feats = sample_features(samples)
+    feats = sample_features(samples, q)  # q: the voxel exponent of the sums (``sample_features``)
     if "sample_id" in timings.column_names:
         keys = ["sample_id", "ms"]
         rows = timings.select(keys).join(feats, "sample_id", join_type="inner")
@@ -296,7 +303,7 @@ def plan_linearity(timings: pa.Table, plan: pa.Table, batch_size: int, epoch: in
     return out
 
 
-def step_observations(steps: pa.Table, samples: pa.Table) -> pa.Table:
+def step_observations(steps: pa.Table, samples: pa.Table, q: float = 1.0) -> pa.Table:
     """Sum each recorded rank-step's sample features: one row per step whose samples are all known.
 
     Args:
@@ -317,7 +324,7 @@ def step_observations(steps: pa.Table, samples: pa.Table) -> pa.Table:
             "row": pc.list_parent_indices(ids),
             "sample_id": pc.cast(pc.list_flatten(ids), pa.string()),
         }
-    ).join(sample_features(samples), "sample_id", join_type="inner")
+    ).join(sample_features(samples, q), "sample_id", join_type="inner")
     per = per.append_column("count", pa.array(np.ones(per.num_rows)))
     sums = per.group_by("row").aggregate([(c, "sum") for c in ("count", "points", "voxels", "cost")])
     sums = sums.rename_columns([n.removesuffix("_sum") for n in sums.column_names])
