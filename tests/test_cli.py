@@ -79,7 +79,7 @@ def _nothing_published(out: Path) -> None:
         (["--bucket-weights", "1e6,1,1,1"], ["~2.5e+05x the input", "--max-plan-factor 100"]),
         (["--bucket-weights", "-1,1"], ["--bucket-weights", "-1,1", ">= 0"]),
         (["--point-cloud-range", "-5,-5,-1,5,5,1e400"], ["--point-cloud-range", "1e400 is not finite"]),
-        (["--cost-model", "linear:1,2"], ["--cost-model linear:1,2", "needs 3 numbers"]),
+        (["--cost-model", "linear:1,2"], ["--cost-model linear:1,2", "needs 3 or 4 numbers"]),
         (["--strategy", "fastest"], ["--strategy", "invalid choice: 'fastest'"]),
         (["--epochs", "0"], ["--epochs", "0 is out of range"]),
     ],
