@@ -34,12 +34,12 @@ import pyarrow.parquet as pq
 from lidarshard.transforms import layouts, storage
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.formats.readers import detect_format, read_points
-from lidarshard.transforms.layouts.task import LayoutIO, LayoutOptions
+from lidarshard.transforms.layouts.task import LayoutOptions
 from lidarshard.transforms.layouts.waymo_v2 import read_frame
 from lidarshard.transforms.synth.dataroot import SynthConfig, scene_files
 from lidarshard.transforms.synth.layouts import LAYOUT_WRITERS
 
-IO = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
+IO = layouts.STORAGE_IO
 PREFIX = "[LiDARComponent].range_image_return"
 
 

@@ -221,11 +221,9 @@ def check_output_parent(out: str) -> None:
 def _versions(dataroot: str) -> list[str]:
     """The table folders (``v1.*``) under ``dataroot`` that hold ``sample_data.json`` (the nuScenes
     layout's own listing, given ``REMOTE_TIMEOUT_S`` for a remote root)."""
-    from lidarshard.transforms.layouts import nuscenes
-    from lidarshard.transforms.layouts.task import LayoutIO
+    from lidarshard.transforms.layouts import STORAGE_IO, nuscenes
 
-    io = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
-    return _answer("INPUT", dataroot, lambda: nuscenes.versions(dataroot, io))
+    return _answer("INPUT", dataroot, lambda: nuscenes.versions(dataroot, STORAGE_IO))
 
 
 def check_nuscenes(input: str, version: str | None) -> None:

@@ -19,7 +19,6 @@ from lidarshard.pipelines import checks
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.transforms import layouts, storage
 from lidarshard.transforms.layouts import FILES, LAYOUT_NAMES, Dataset
-from lidarshard.transforms.layouts.task import LayoutIO
 
 __all__ = [
     "resolve_datasets",
@@ -31,8 +30,8 @@ __all__ = [
     "LAYOUT_IO",
 ]
 
-#: Layout access before Beam: ``storage`` (local paths and the object stores it knows).
-LAYOUT_IO = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
+#: Layout access before Beam: the one over ``storage`` the pipeline uses too.
+LAYOUT_IO = layouts.STORAGE_IO
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _TITLES = {
     "nuscenes": "a nuScenes dataroot",
@@ -80,17 +79,14 @@ def _layouts_flag(text: str | None, names: Sequence[str]) -> dict[str, str]:
     return pairs
 
 
-def _weights_flag(text: str | None, names: Sequence[str]) -> dict[str, float]:
-    """``--dataset-weights NAME=W,...`` -> {name: weight}; each NAME must be an INPUT's (the values were
-    checked with the plan flags)."""
-    out = {}
-    for name, value in parse_pairs(text, "--dataset-weights").items():
+def _check_weights(weights: Mapping[str, float], names: Sequence[str]) -> None:
+    """Each NAME of ``--dataset-weights`` (parsed and range-checked with the plan flags) is an INPUT's."""
+    for name in weights:
         if name not in names:
+            given = ",".join(f"{k}={v:g}" for k, v in weights.items())
             raise UsageError(
-                f"--dataset-weights {text}: no INPUT is named {name!r} (INPUTs: {', '.join(names)})"
+                f"--dataset-weights {given}: no INPUT is named {name!r} (INPUTs: {', '.join(names)})"
             )
-        out[name] = float(value)
-    return out
 
 
 def _layout(path: str, forced: str | None, version: str | None, look: bool) -> str:
@@ -107,27 +103,27 @@ def _layout(path: str, forced: str | None, version: str | None, look: bool) -> s
                 f"--dataset {forced}: INPUT {path} must be the dataset's root directory, not a pattern"
             )
         return FILES
+    if forced == FILES:
+        return FILES
     try:
+        if forced is None:
+            return layouts.detect(path, LAYOUT_IO)  # several layouts at once: one line naming them
         found = layouts.describe(path, LAYOUT_IO)
     except (OSError, ValueError) as e:
         raise UsageError(f"INPUT {path}: {getattr(e, 'strerror', None) or e}") from None
-    if forced == FILES or (forced == "nuscenes" and version and "nuscenes" not in found):
+    if forced == "nuscenes" and version and "nuscenes" not in found:
         return forced  # a one-INPUT --nuscenes-version: check_nuscenes names the folders there are
-    if forced is not None:
-        if forced not in found:
-            seen = "; ".join(found.values()) or "no dataset layout"
-            raise UsageError(f"INPUT {path} is not {_TITLES[forced]} (--dataset {forced}): found {seen}")
-        return forced
-    if len(found) > 1:
-        what = "; ".join(f"{k}: {v}" for k, v in found.items())
-        raise UsageError(f"INPUT {path} looks like several layouts ({what}): pass --dataset NAME")
-    return next(iter(found), FILES)
+    if forced not in found:
+        seen = "; ".join(found.values()) or "no dataset layout"
+        raise UsageError(f"INPUT {path} is not {_TITLES[forced]} (--dataset {forced}): found {seen}")
+    return forced
 
 
 def resolve_datasets(
-    specs: Sequence[str], dataset: str | None, weights: str | None, version: str | None, look: bool
+    specs: Sequence[str], dataset: str | None, weights: Mapping[str, float], version: str | None, look: bool
 ) -> tuple[Dataset, ...]:
-    """The checked INPUTs of a run (``specs``: ``[NAME=]PATH`` each, paths already absolute or URIs).
+    """The checked INPUTs of a run (``specs``: ``[NAME=]PATH`` each, paths already absolute or URIs;
+    ``weights``: the parsed ``--dataset-weights``).
 
     Raises:
         UsageError: a missing INPUT, two with one name, a layout flag that does not fit, bad weights.
@@ -139,7 +135,8 @@ def resolve_datasets(
         raise UsageError(
             f"two INPUTs are named {dup[0]!r}: name them, e.g. nusc=/data/nuscenes kitti=/data/kitti"
         )
-    forced, scale = _layouts_flag(dataset, names), _weights_flag(weights, names)
+    forced = _layouts_flag(dataset, names)
+    _check_weights(weights, names)
     _check_apart([path for _, path in split])
     out = []
     for name, (_, path) in zip(names, split, strict=True):
@@ -149,7 +146,7 @@ def resolve_datasets(
         layout = _layout(path, forced.get(name), version if len(specs) == 1 else None, look)
         if layout == "nuscenes" and look:
             checks.check_nuscenes(path, version)
-        out.append(Dataset(name, path, layout, scale.get(name, 1.0)))
+        out.append(Dataset(name, path, layout, weights.get(name, 1.0)))
     return tuple(out)
 
 

@@ -296,7 +296,8 @@ def _datasets(args: argparse.Namespace, specs: Sequence[str], dry_run: bool) -> 
         name, path = inputs.split_input(spec)
         located.append(f"{name}={_location(path)}" if name else _location(path))
     look = not dry_run or all(storage.is_local(inputs.split_input(s)[1]) for s in located)
-    return inputs.resolve_datasets(located, args.dataset, args.dataset_weights, args.nuscenes_version, look)
+    weights = dict(_dataset_weights(args.dataset_weights))
+    return inputs.resolve_datasets(located, args.dataset, weights, args.nuscenes_version, look)
 
 
 def _scan(

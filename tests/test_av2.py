@@ -10,7 +10,6 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pytest
 
-from lidarshard.transforms import storage
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.feather import count_rows, read_av2_feather
 from lidarshard.transforms.formats.readers import (
@@ -20,10 +19,10 @@ from lidarshard.transforms.formats.readers import (
     read_points,
     record_floats,
 )
-from lidarshard.transforms.layouts import av2
-from lidarshard.transforms.layouts.task import LayoutIO, LayoutOptions
+from lidarshard.transforms.layouts import STORAGE_IO, av2
+from lidarshard.transforms.layouts.task import LayoutOptions
 
-IO = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
+IO = STORAGE_IO
 LOG_ID = "7fab2350-7eaf-3b7e-a39d-6937a4c1bede"
 SWEEPS = {"315966265259836000": 99_229, "315966265360032000": 99_466}  # PROVENANCE.md
 

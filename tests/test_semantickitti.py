@@ -8,14 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lidarshard.transforms import storage
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats import readers
 from lidarshard.transforms.formats.labels import label_format, parse_learning_map, read_labels
-from lidarshard.transforms.layouts import semantickitti
-from lidarshard.transforms.layouts.task import LayoutIO, LayoutOptions
+from lidarshard.transforms.layouts import STORAGE_IO, semantickitti
+from lidarshard.transforms.layouts.task import LayoutOptions
 
-IO = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
+IO = STORAGE_IO
 FULL_POINTS = 123_389
 #: Semantic ids of the full real scan and the same through its learning_map (see tests/test_labels.py).
 FULL_SEMANTIC = [0, 1, 10, 11, 30, 40, 44, 48, 50, 51, 52, 70, 71, 72, 80, 81, 99, 252, 254]

@@ -13,8 +13,8 @@ import pytest
 
 from lidarshard.transforms import storage
 from lidarshard.transforms.errors import RejectError
-from lidarshard.transforms.layouts import waymo_v2
-from lidarshard.transforms.layouts.task import LayoutIO, LayoutOptions
+from lidarshard.transforms.layouts import STORAGE_IO, waymo_v2
+from lidarshard.transforms.layouts.task import LayoutOptions
 from lidarshard.transforms.layouts.waymo_range import (
     CAL_EXTRINSIC,
     CAL_INC_MAX,
@@ -26,7 +26,7 @@ from lidarshard.transforms.layouts.waymo_range import (
     RETURNS,
 )
 
-IO = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
+IO = STORAGE_IO
 SEGMENT = "10023947602400723454_1120_000_1140_000"  # the real vehicle_pose file's segment
 POSE_FILE = Path("waymo_v2") / "vehicle_pose" / f"{SEGMENT}.parquet"
 

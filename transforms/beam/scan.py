@@ -33,7 +33,7 @@ from lidarshard.transforms.features import shards
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.formats.discover import walk_local
 from lidarshard.transforms.layouts import Dataset
-from lidarshard.transforms.layouts.task import LayoutIO, LayoutOptions, ScanTask
+from lidarshard.transforms.layouts.task import LayoutOptions, ScanTask
 
 __all__ = [
     "ScanSamples",
@@ -147,15 +147,11 @@ class _LoadLayout(beam.DoFn):
         self._layout, self._opts = layout, opts
 
     def process(self, root: str) -> Iterator:
-        found = layouts.load(self._layout, root, self._opts, LAYOUT_IO)
+        found = layouts.load(self._layout, root, self._opts, layouts.STORAGE_IO)
         for task in found.tasks:
             yield "tasks", task
         for path, reason, detail in found.rejects:
             yield from _rejected(path, reason, detail)
-
-
-#: The file access layouts get in a pipeline.
-LAYOUT_IO = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
 
 
 def _owned(task: ScanTask, dataset: str, prefix: str) -> ScanTask:
