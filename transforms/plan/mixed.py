@@ -18,8 +18,12 @@ equal-count bound (bisection, as in ``balanced``). Where a heavy tail makes rand
 the target at every eps (a giant's random partner shifts its batch sum by more than the gap to
 the next giant), the heaviest ``k`` steps' worth of samples are planned as ``balanced`` plans
 them (jittered sort of single costs) and only the rest as random batches; ``k`` grows from 0 over
-``_tail_ladder`` until the epoch passes (``k = S, eps = 0`` is the bound itself). With ``B == 1`` a
-batch is one sample and the strategy is ``balanced`` itself (as random as balance allows there).
+``_tail_ladder`` until the epoch passes (``k = S, eps = 0`` is the bound itself), then is bisected
+down between that rung and the one below. Those tail steps hold cost neighbours, the same ones
+every epoch, so they are where step-mates repeat: the fewest of them, and the tail gets its own
+jitter (the largest rung that passes with an exact head), before the head's jitter is chosen with
+the tail's fixed. With ``B == 1`` a batch is one sample and the strategy is ``balanced`` itself
+(as random as balance allows there).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ __all__ = ["plan", "choose_steps"]
 
 #: Steps re-split at a time: LPT's temporaries (~5 arrays of the steps' size) stay bounded.
 _CHUNK_STEPS = 1 << 12
+#: Bisection steps that refine the number of tail steps between two rungs of ``_tail_ladder``.
+_K_REFINE = 6
 
 
 def _split_steps(batches: NDArray[np.int64], costs: NDArray[np.float64], w: int) -> NDArray[np.int64]:
@@ -86,8 +92,8 @@ def _bisect(
     build: Callable[[float], NDArray[np.int64]],
     ok: Callable[[NDArray[np.int64]], bool],
     exact: NDArray[np.int64],
-) -> NDArray[np.int64]:
-    """Steps of the largest ``EPS_LADDER`` rung for which ``ok(build(eps))``.
+) -> tuple[float, NDArray[np.int64]]:
+    """The largest ``EPS_LADDER`` rung for which ``ok(build(eps))``, and its steps.
 
     ``exact`` is ``build(0.0)``, the last rung, already known to pass. Linearity falls as eps
     grows, so the rungs are bisected like ``balanced.choose_eps``.
@@ -103,18 +109,64 @@ def _bisect(
         else:
             lo = mid + 1
         del steps
-    return best
+    return ladder[hi], best
+
+
+class _Split:
+    """The pool cut at ``k`` tail steps: random head batches and the ``k * W * B`` heaviest samples.
+
+    Args:
+        k: tail steps.
+        costs: (P,) pool costs.
+        by_cost: (P,) pool order by (cost, ``u_item``); may be empty when ``k == 0``.
+        shuffled: (P,) random permutation of the pool (the head batches, in that order).
+        u_item: (P,) per-sample jitter draws in [-1, 1) (the tail's).
+        u_head: (P / B,) per-batch jitter draws in [-1, 1) (the head's; a prefix is used).
+    """
+
+    def __init__(
+        self,
+        k: int,
+        costs: NDArray[np.float64],
+        w: int,
+        b: int,
+        by_cost: NDArray[np.int64],
+        shuffled: NDArray[np.int64],
+        u_item: NDArray[np.float64],
+        u_head: NDArray[np.float64],
+    ) -> None:
+        self.k, self.costs, self.w, self.b, self.u_item = k, costs, w, b, u_item
+        cut = costs.size - k * w * b
+        self.tail = by_cost[cut:]
+        if k:  # the samples left of the cut, in shuffled order (k = 0, the usual case: all of them)
+            in_head = np.zeros(costs.size, dtype=bool)
+            in_head[by_cost[:cut]] = True
+            self.head = shuffled[in_head[shuffled]].reshape(-1, b)
+        else:
+            self.head = shuffled.reshape(-1, b)
+        self.tail_log = balanced.log_cost(costs)[self.tail] if self.tail.size else np.empty(0)
+        self.head_log = balanced.log_cost(_batch_sums(costs, self.head))
+        self.u_head = u_head[: self.head.shape[0]]
+
+    def build(self, eps_head: float, eps_tail: float) -> NDArray[np.int64]:
+        """(S, W, B) steps: head steps (jitter ``eps_head``), then tail steps (``eps_tail``)."""
+        order = balanced.jittered_order(self.head_log, self.u_head, eps_head)
+        h_steps = _split_steps(self.head[order], self.costs, self.w)
+        if not self.tail.size:
+            return h_steps
+        t = self.tail[balanced.jittered_order(self.tail_log, self.u_item[self.tail], eps_tail)]
+        return np.concatenate([h_steps, partition_steps(t, self.costs, self.w, self.b)])
 
 
 def choose_steps(
     costs: NDArray[np.float64], world_size: int, batch_size: int, rng: np.random.Generator
 ) -> tuple[int, NDArray[np.int64]]:
-    """Fewest tail steps, then most jitter, within ``TOLERANCE`` of the bound.
+    """Fewest tail steps, then most jitter (tail first, then head), within ``TOLERANCE`` of the bound.
 
     The heaviest ``k`` steps' worth of samples are planned as ``balanced`` plans (jittered
-    sort of single costs, LPT); the rest as random batches (module docstring); both with the
-    same jitter ``eps``. ``k`` runs up ``_tail_ladder``; ``k = S`` with ``eps = 0`` is the
-    bound itself, so some ``(k, eps)`` always passes.
+    sort of single costs, LPT); the rest as random batches (module docstring). ``k`` runs up
+    ``_tail_ladder`` and is then bisected between the last rung that missed and the first that
+    passed; ``k = S`` with both jitters 0 is the bound itself, so some ``k`` always passes.
 
     Args:
         costs: (P,) pool costs, P % (W*B) == 0.
@@ -126,40 +178,42 @@ def choose_steps(
     per_step = w * b
     target = step_linearity(np.sort(costs).reshape(-1, per_step), w, b) - balanced.TOLERANCE
     u_item = rng.uniform(-1.0, 1.0, costs.size)
-    by_cost = np.empty(0, np.int64)  # order by (cost, u_item): sorted once a tail is needed (k > 0)
     shuffled = rng.permutation(costs.size).astype(np.int64, copy=False)
-    for k in _tail_ladder(costs.size // per_step):
-        cut = costs.size - k * per_step
+    u_head = rng.uniform(-1.0, 1.0, costs.size // b)
+    by_cost = np.empty(0, np.int64)  # order by (cost, u_item): sorted once a tail is needed (k > 0)
+
+    def ok(steps: NDArray[np.int64]) -> bool:
+        return linearity(steps, costs) >= target
+
+    def split(k: int) -> tuple[_Split, NDArray[np.int64]]:
+        nonlocal by_cost
         if k and not by_cost.size:
             by_cost = np.lexsort((u_item, costs)).astype(np.int64, copy=False)
-        tail = by_cost[cut:]
-        if k:  # the samples left of the cut, in shuffled order (k = 0, the usual case: all of them)
-            in_head = np.zeros(costs.size, dtype=bool)
-            in_head[by_cost[:cut]] = True
-            head = shuffled[in_head[shuffled]].reshape(-1, b)
-            del in_head
-        else:
-            head = shuffled.reshape(-1, b)
-        tail_log = balanced.log_cost(costs)[tail] if tail.size else np.empty(0)
-        head_log = balanced.log_cost(_batch_sums(costs, head))
-        u_head = rng.uniform(-1.0, 1.0, head.shape[0])
+        cut = _Split(k, costs, w, b, by_cost, shuffled, u_item, u_head)
+        return cut, cut.build(0.0, 0.0)  # the most balanced jitter: if it misses, so does every other
 
-        def build(
-            eps: float, tail=tail, tail_log=tail_log, head=head, head_log=head_log, u_head=u_head
-        ) -> NDArray[np.int64]:
-            h_steps = _split_steps(head[balanced.jittered_order(head_log, u_head, eps)], costs, w)
-            if not tail.size:
-                return h_steps
-            t = tail[balanced.jittered_order(tail_log, u_item[tail], eps)]
-            return np.concatenate([h_steps, partition_steps(t, costs, w, b)])
-
-        def ok(steps: NDArray[np.int64]) -> bool:
-            return linearity(steps, costs) >= target
-
-        exact = build(0.0)  # the most balanced rung: if it misses, so does every other
+    missed = -1
+    for k in _tail_ladder(costs.size // per_step):
+        cut, exact = split(k)
         if ok(exact):
-            return k, _bisect(build, ok, exact)
-    raise AssertionError("k = S, eps = 0 reproduces the bound and must pass")  # pragma: no cover
+            break
+        missed = k
+    else:  # pragma: no cover
+        raise AssertionError("k = S, eps = 0 reproduces the bound and must pass")
+    for _ in range(_K_REFINE):  # fewer tail steps: bisect between the rung that missed and k
+        if k - missed <= 1:
+            break
+        mid = (missed + k) // 2
+        cut_mid, exact_mid = split(mid)
+        if ok(exact_mid):
+            k, cut, exact = mid, cut_mid, exact_mid
+        else:
+            missed = mid
+    eps_tail = 0.0
+    if k:
+        eps_tail, exact = _bisect(lambda e: cut.build(0.0, e), ok, exact)
+    eps_head, steps = _bisect(lambda e: cut.build(e, eps_tail), ok, exact)
+    return k, steps
 
 
 def plan(
