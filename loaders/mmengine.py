@@ -1,6 +1,6 @@
 """OpenMMLab adapter: ``LidarshardSampler`` in mmengine's ``DATA_SAMPLERS`` registry (mmdet3d, mmseg ...).
 
-Importing this module registers three names; then a config only swaps the sampler::
+Importing this module registers four names; then a config only swaps the sampler::
 
     custom_imports = dict(imports=["lidarshard.loaders.mmengine"], allow_failed_imports=False)
     train_dataloader = dict(
@@ -10,6 +10,7 @@ Importing this module registers three names; then a config only swaps the sample
         batch_sampler=dict(type="LidarshardBatchSampler"),  # checks batch_size against the manifest
         dataset=dict(type="NuScenesDataset", ...),
     )
+    custom_hooks = [dict(type="LidarshardTimingHook")]  # optional: step timings for `lidarshard calibrate`
     val_dataloader = dict(            # every validation sample exactly once, cost-balanced ranks
         batch_size=1,
         sampler=dict(type="LidarshardEvalSampler", manifest="gs://bucket/val_out", id_key="token"),
@@ -28,6 +29,8 @@ How it meets mmengine's conventions:
 * **evaluation**: ``LidarshardEvalSampler`` shards the validation set without mmengine's
   ``DefaultSampler`` padding (which repeats samples); mmengine's ``collect_results`` interleaves the
   ranks' results, so metrics must match predictions by sample id (mmdet3d's do), not by position.
+* **timings**: ``LidarshardTimingHook`` (``HOOKS``) records each rank's own compute time and sample ids
+  per step (``lidarshard.loaders.timing``) beside the checkpoints, for ``lidarshard calibrate OUT --timings``.
 * **resume**: ``EpochBasedTrainLoop`` resumes at an epoch boundary and replays that epoch's plan;
   ``IterBasedTrainLoop`` skips ``iter`` batches of the same deterministic order, so a resumed run
   sees exactly the batches of an uninterrupted one.
@@ -42,18 +45,19 @@ from typing import Any
 
 try:
     from mmengine.dist import get_dist_info
-    from mmengine.registry import DATA_SAMPLERS
+    from mmengine.hooks import CheckpointHook, Hook
+    from mmengine.registry import DATA_SAMPLERS, HOOKS
 except ImportError as e:  # pragma: no cover - exercised only without mmengine
     raise ImportError('lidarshard.loaders.mmengine needs mmengine: pip install "lidarshard[mmengine]"') from e
 
 from torch.utils.data import BatchSampler
 
 from lidarshard.loaders.evaluation import EvalSampler, eval_costs
-from lidarshard.loaders.pointcept import index_from_dataset
+from lidarshard.loaders.pointcept import LoopTimer, index_from_dataset
 from lidarshard.loaders.reader import PathLike
 from lidarshard.loaders.torch import PlanSampler
 
-__all__ = ["LidarshardSampler", "LidarshardBatchSampler", "LidarshardEvalSampler"]
+__all__ = ["LidarshardSampler", "LidarshardBatchSampler", "LidarshardEvalSampler", "LidarshardTimingHook"]
 
 
 @DATA_SAMPLERS.register_module()
@@ -137,3 +141,68 @@ class LidarshardEvalSampler(EvalSampler):
         index_of = index_from_dataset(dataset, id_key, info="get_data_info")
         super().__init__(eval_costs(manifest, len(dataset), index_of), rank, world_size)
         self.seed = seed
+
+
+@HOOKS.register_module()
+class LidarshardTimingHook(Hook):
+    """``custom_hooks = [dict(type="LidarshardTimingHook")]``: per-step timings for ``lidarshard calibrate``.
+
+    Each train iteration, from ``before_train_iter`` to ``after_train_iter`` (priority ``VERY_HIGH``: the
+    other hooks' work after the step, logging and checkpoints, is not counted), is one step of a
+    :class:`~lidarshard.loaders.pointcept.LoopTimer`: this rank's own compute time and the plan's epoch,
+    step and sample ids, under DDP (``MMDistributedDataParallel``) up to the first gradient bucket. Both
+    loops count: epoch-based (``batch_idx`` of ``runner.epoch``) and iter-based (the global iteration,
+    through the planned epochs the loop restarts the loader on; a resumed run continues the count).
+
+    Args:
+        out_dir: folder of the ``timings-rank-*.parquet`` files; default the ``CheckpointHook``'s (the
+            ``work_dir``, or its ``out_dir``), so they travel with the checkpoints.
+        flush_every, device: as for ``lidarshard.loaders.timing.StepTimer``. Files are also flushed
+            before every checkpoint, after every epoch and at the end of training.
+
+    Needs the train loader to replay a manifest (``LidarshardSampler``); refuses another sampler.
+    """
+
+    priority = "VERY_HIGH"
+
+    def __init__(self, out_dir: str | None = None, flush_every: int = 1000, device: str = "auto") -> None:
+        self.out_dir, self.flush_every, self.device = out_dir, flush_every, device
+        self.timer: LoopTimer | None = None
+
+    def _directory(self, runner: Any) -> str:
+        if self.out_dir is not None:
+            return str(self.out_dir)
+        saver = next((h for h in runner.hooks if isinstance(h, CheckpointHook)), None)
+        return str(getattr(saver, "out_dir", None) or runner.work_dir)  # resolved in its before_train
+
+    def before_train_iter(self, runner: Any, batch_idx: int, data_batch: Any = None) -> None:
+        if self.timer is None:  # after every before_train: the checkpoint folder is known
+            self.timer = LoopTimer(
+                runner.train_dataloader,
+                self._directory(runner),
+                runner.model,
+                flush_every=self.flush_every,
+                device=self.device,
+            )
+        self.timer.start(runner.epoch, batch_idx)
+
+    def after_train_iter(
+        self, runner: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:
+        if self.timer is not None:
+            self.timer.stop()
+
+    def before_save_checkpoint(self, runner: Any, checkpoint: dict) -> None:
+        if self.timer is not None:
+            self.timer.flush()
+
+    def after_train_epoch(self, runner: Any) -> None:
+        if self.timer is not None:
+            self.timer.flush()
+
+    def after_train(self, runner: Any) -> None:
+        if self.timer is not None:
+            self.timer.close()
+
+    def after_run(self, runner: Any) -> None:
+        self.after_train(runner)

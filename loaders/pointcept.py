@@ -19,10 +19,16 @@ Mix the trainer class in (Pointcept is not imported here; nothing to install but
 
 Pointcept's collate convention is offset-based: points of the batch concatenated, ``offset`` the
 cumulative point counts; :func:`offset_collate` produces it from ``lidarshard.loaders.torch.PointCloudDataset``.
+
+Step timings (``lidarshard.loaders.timing``) from the same run: ``lidarshard = dict(..., timings=True)``
+records each rank's own compute time per step beside Pointcept's checkpoints (``save_path/model``), for
+``lidarshard calibrate OUT --timings DIR``. :class:`LoopTimer` is that recorder for any framework loop
+(the mmengine adapter's ``LidarshardTimingHook`` uses it too).
 """
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from functools import partial
@@ -33,17 +39,22 @@ import numpy as np
 try:
     import torch
     import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError('lidarshard.loaders.pointcept needs PyTorch: pip install "lidarshard[torch]"') from e
 
-from lidarshard.loaders.reader import PathLike
+from lidarshard.loaders.reader import ManifestReader, PathLike
+from lidarshard.loaders.timing import StepTimer
 from lidarshard.loaders.torch import PlanBatchSampler, PlanSampler
 
 __all__ = [
     "index_from_dataset",
     "offset_collate",
     "build_train_loader",
+    "plan_sampler_of",
+    "PlanSteps",
+    "LoopTimer",
     "LidarshardTrainerMixin",
 ]
 
@@ -175,36 +186,163 @@ def build_train_loader(
     )
 
 
+def plan_sampler_of(loader: DataLoader) -> PlanSampler:
+    """The :class:`PlanSampler` a train loader replays: its ``sampler``, or its batch sampler's
+    (``PlanBatchSampler``, mmengine's ``LidarshardBatchSampler``).
+
+    Raises:
+        TypeError: the loader replays no manifest (one line naming its sampler).
+    """
+    sampler = loader.sampler
+    if not isinstance(sampler, PlanSampler):
+        sampler = getattr(loader.batch_sampler, "sampler", sampler)
+    if not isinstance(sampler, PlanSampler):
+        raise TypeError(
+            f"the train loader replays no lidarshard manifest (sampler {type(sampler).__name__}): use the "
+            "adapter's sampler (LidarshardSampler, LidarshardTrainerMixin, build_train_loader)"
+        )
+    return sampler
+
+
+class PlanSteps:
+    """Where the batches a training loop receives from a loader over a :class:`PlanSampler` stand in the plan.
+
+    A loader delivers batches in sampler order, so batch ``index`` (0-based, as the loop counts them) after
+    ``set_epoch(epoch)`` is known from the plan alone, however far the loader's workers prefetched.
+    """
+
+    def __init__(self, sampler: PlanSampler) -> None:
+        self.sampler = sampler
+        self._at = (-1, 0, 0)  # (trainer epoch, planned epoch, index of that planned epoch's step 0)
+        self._reader: ManifestReader | None = None
+
+    def __call__(self, epoch: int, index: int) -> tuple[int, int, list[str]]:
+        """(planned epoch, step, this rank's sample ids) of batch ``index`` after ``set_epoch(epoch)``.
+
+        Past the end of a planned epoch the count goes on into the next one: the sampler's ``passes``
+        (Pointcept's ``loop``) within a trainer epoch, or the epochs mmengine's ``IterBasedTrainLoop``
+        moves through (``epoch`` 0, ``index`` = the global iteration).
+        """
+        s, m = self.sampler.batches, self.sampler.batches.manifest
+        first, planned, base = self._at
+        if first != epoch or index < base:
+            first, planned, base = epoch, epoch * self.sampler.passes, 0
+        while index - base >= m.steps(planned % m.epochs):
+            base, planned = base + m.steps(planned % m.epochs), planned + 1
+        self._at = (first, planned, base)
+        if self._reader is None or self._reader.epoch != planned:
+            self._reader = ManifestReader(s.out_dir, s.rank, s.world_size, planned, cycle=s.cycle)
+        return planned, index - base, self._reader.batch(index - base).sample_ids
+
+
+class LoopTimer:
+    """A :class:`~lidarshard.loaders.timing.StepTimer` driven by a framework's training loop.
+
+    Rank, world size and each step's (epoch, step, sample ids) come from the loader's plan
+    (:class:`PlanSteps`); a ``DistributedDataParallel`` model gets the timer's comm hook, so
+    ``compute_s`` ends at its first gradient bucket, before the all-reduce waits for the slowest rank.
+
+    Args:
+        loader: the train loader (over a :class:`PlanSampler`).
+        directory: where the rank's ``timings-rank-*.parquet`` files go (the checkpoints' folder).
+        model: the model the loop trains; a ``DistributedDataParallel`` one is hooked (call before its
+            first step).
+        flush_every, device: as for ``StepTimer``.
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        directory: str,
+        model: Any = None,
+        *,
+        flush_every: int = 1000,
+        device: str = "auto",
+    ) -> None:
+        sampler = plan_sampler_of(loader)
+        self.where = PlanSteps(sampler)
+        b = sampler.batches
+        self.timer = StepTimer(directory, b.rank, b.world_size, flush_every=flush_every, device=device)
+        if isinstance(model, DistributedDataParallel):
+            self.timer.attach_ddp(model)
+        self._open = False
+
+    def start(self, epoch: int, index: int) -> None:
+        """Batch ``index`` of trainer epoch ``epoch`` (as :class:`PlanSteps` counts) begins now."""
+        self.timer.start(*self.where(epoch, index))
+        self._open = True
+
+    def stop(self) -> None:
+        """The step begun by :meth:`start` ends now (nothing when none is open)."""
+        if self._open:
+            self._open = False
+            self.timer.stop()
+
+    def flush(self) -> None:
+        """Write the finished steps (at a checkpoint, an epoch's end)."""
+        self.timer.flush()
+
+    def close(self) -> None:
+        """Flush all; a step still open is dropped."""
+        self._open = False
+        self.timer.close()
+
+
 class LidarshardTrainerMixin:
     """Mix into Pointcept's ``Trainer`` (first base) to train on a manifest.
 
-    Reads ``cfg.lidarshard = dict(manifest=..., id_key=None)``. Pointcept only calls
+    Reads ``cfg.lidarshard = dict(manifest=..., id_key=None, timings=None)``. Pointcept only calls
     ``train_loader.sampler.set_epoch`` with more than one GPU; the mixin selects the epoch itself:
     ``start_epoch`` after the resume hooks ran (``before_train``), and the next epoch after each
-    one (``after_epoch``), so single-GPU runs and resumed runs replay the planned epochs too.
+    one (``after_epoch``), so single-GPU and resumed runs replay the planned epochs too.
+
+    ``timings=True`` records each step (``before_step`` .. ``after_step``, the hooks' own work
+    excluded) with a :class:`LoopTimer` into ``cfg.save_path/model``, where Pointcept's
+    ``CheckpointSaver`` writes; a string names another folder. Files are flushed after every epoch
+    (before the checkpoint) and at the end of training.
     """
 
     cfg: Any
     train_loader: DataLoader
     start_epoch: int
     epoch: int
+    comm_info: dict[str, Any]
+    _lidarshard_timer: LoopTimer | None = None
 
     def build_train_loader(self) -> DataLoader:
         opts = self.cfg.lidarshard
         return build_train_loader(self, opts["manifest"], id_of=opts.get("id_key"))
 
     def _plan_sampler(self) -> PlanSampler:
-        sampler, batches = self.train_loader.sampler, self.train_loader.batch_sampler
-        if not isinstance(sampler, PlanSampler) and isinstance(batches, PlanBatchSampler):
-            sampler = batches.sampler
-        if not isinstance(sampler, PlanSampler):
-            raise TypeError(f"train_loader holds no PlanSampler (sampler {type(sampler).__name__})")
-        return sampler
+        return plan_sampler_of(self.train_loader)
 
     def before_train(self) -> None:
         super().before_train()  # type: ignore[misc]
         self._plan_sampler().set_epoch(self.start_epoch)
+        where = self.cfg.lidarshard.get("timings")
+        if where is True:
+            where = os.path.join(str(self.cfg.save_path), "model")
+        self._lidarshard_timer = (
+            LoopTimer(self.train_loader, str(where), getattr(self, "model", None)) if where else None
+        )
+
+    def before_step(self) -> None:
+        super().before_step()  # type: ignore[misc]
+        if self._lidarshard_timer is not None:
+            self._lidarshard_timer.start(self.epoch, self.comm_info["iter"])
+
+    def after_step(self) -> None:
+        if self._lidarshard_timer is not None:
+            self._lidarshard_timer.stop()
+        super().after_step()  # type: ignore[misc]
 
     def after_epoch(self) -> None:
+        if self._lidarshard_timer is not None:
+            self._lidarshard_timer.flush()
         super().after_epoch()  # type: ignore[misc]
         self._plan_sampler().set_epoch(self.epoch + 1)
+
+    def after_train(self) -> None:
+        if self._lidarshard_timer is not None:
+            self._lidarshard_timer.close()
+        super().after_train()  # type: ignore[misc]

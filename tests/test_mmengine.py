@@ -53,8 +53,21 @@ def _planned(out: Path, epoch: int) -> list[list[int]]:
     return [[row[s] for s in b.sample_ids] for b in ManifestReader(out, 0, 1, epoch)]
 
 
+#: The step timer's host clock in the timing tests (``fake_clock``): the model advances it 1 us per point.
+CLOCK = {"t": 0.0}
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``StepTimer``'s ``time.perf_counter`` reads ``CLOCK``: step times are exactly 1e-6 s x the batch's points."""
+    import lidarshard.loaders.timing as timing
+
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK["t"]))
+
+
 class PointCountModel(BaseModel):
-    """Fits one scale to the mean |xyz| of each batch; records the dataset indices it trained on."""
+    """Fits one scale to the mean |xyz| of each batch; records the dataset indices it trained on; advances
+    ``CLOCK`` by 1 us per point (the work a real model would do)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -63,6 +76,7 @@ class PointCountModel(BaseModel):
 
     def forward(self, points, index, mode="tensor", **_):  # noqa: ANN001, ANN201 - mmengine's signature
         self.seen.append(index.tolist())
+        CLOCK["t"] += 1e-6 * points.shape[0]
         return {"loss": (self.scale - points[:, :3].abs().mean()) ** 2}
 
 
@@ -254,3 +268,137 @@ def test_a_lidarshard_sampler_checkpoint_resumes_exactly_on_another_world_size(
     assert trained == Counter(full[full >= 0].tolist())
     with pytest.raises(ValueError, match="belongs to another plan"):
         loader.batch_sampler.sampler.load_state_dict({**state, "plan_fingerprint": "0" * 16})
+
+
+# ------------------------------------------------------------------------------ step timings (LidarshardTimingHook)
+
+
+def _timed_runner(out: Path, work_dir: Path, train_cfg: dict, **kw):
+    runner = _runner(out, work_dir, train_cfg, **kw)
+    runner.register_hook(dict(type="LidarshardTimingHook", device="cpu"), priority="VERY_HIGH")
+    return runner
+
+
+def _recorded(directory: Path) -> list[tuple[int, int, list[str]]]:
+    from lidarshard.loaders.timing import read_timing_files
+
+    rows = read_timing_files(str(directory)).to_pylist()
+    return [(r["epoch"], r["step"], r["sample_ids"]) for r in rows]
+
+
+def _plan_rows(out: Path, epochs: range) -> list[tuple[int, int, list[str]]]:
+    return [(e, b.step, b.sample_ids) for e in epochs for b in ManifestReader(out, 0, 1, e)]
+
+
+def test_timing_hook_records_the_planned_steps_beside_the_checkpoints_and_calibrate_fits_them(
+    manifest: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_clock: None
+) -> None:
+    """Epoch-based, 2 epochs: one row per trained step with the plan's epoch, step and sample ids (the ids
+    the model trained on), in the checkpoints' folder; ``lidarshard calibrate --timings`` fits those files
+    and recovers the model's cost, 1e-3 ms per point."""
+    import json
+
+    from lidarshard.pipelines.cli import main as cli_main
+
+    runner = _timed_runner(manifest, tmp_path, dict(by_epoch=True, max_epochs=2))
+    runner.train()
+    assert _recorded(tmp_path) == _plan_rows(manifest, range(2))
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "epoch_2.pth" in names and "timings-rank-00000-part-00000.parquet" in names
+    ids = read_samples(manifest, ["sample_id"])["sample_id"].to_pylist()
+    assert [[ids[i] for i in b] for b in runner.model.seen] == [r[2] for r in _recorded(tmp_path)]
+    fit = tmp_path / "fit.json"
+    assert cli_main(["calibrate", str(manifest), "--timings", str(tmp_path), "-o", str(fit)]) == 0
+    body = json.loads(fit.read_text())
+    assert body["source"]["timed"] == "recorded rank-step"
+    assert body["source"]["rows"] == body["source"]["matched"] == 2 * STEPS
+    assert [(r["epoch"], r["steps"], r["world_size"]) for r in body["linearity"]] == [
+        (0, STEPS, 1),
+        (1, STEPS, 1),
+    ]
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_timing_hook_counts_iter_based_steps_across_epochs_and_a_resume(
+    manifest: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Iter-based: the global iteration runs on into epoch 1; flushed at each checkpoint (every 3 iters);
+    the resumed run (mmengine skips 6 batches) records step 2 of epoch 1 into a new part."""
+    import mmengine.runner.loops as loops
+
+    monkeypatch.setattr(loops, "time", types.SimpleNamespace(sleep=lambda s: None))
+    runner = _timed_runner(manifest, tmp_path, dict(by_epoch=False, max_iters=STEPS + 2), num_workers=2)
+    runner.train()
+    plan = _plan_rows(manifest, range(2))
+    assert _recorded(tmp_path) == plan[: STEPS + 2]
+    first = sorted(tmp_path.glob("timings-rank-*.parquet"))
+    assert len(first) >= 2  # a checkpoint at iteration 3 flushed before the run ended
+    again = _timed_runner(manifest, tmp_path, dict(by_epoch=False, max_iters=STEPS + 3), resume=True)
+    again.train()
+    assert _recorded(tmp_path) == plan[: STEPS + 3]
+    assert len(sorted(tmp_path.glob("timings-rank-*.parquet"))) == len(first) + 1
+
+
+def test_timing_hook_refuses_a_loader_without_a_plan(tmp_path: Path) -> None:
+    runner = Runner(
+        model=PointCountModel(),
+        work_dir=str(tmp_path),
+        train_dataloader=dict(
+            dataset=list(range(6)), batch_size=2, sampler=dict(type="DefaultSampler", shuffle=False)
+        ),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        custom_hooks=[dict(type="LidarshardTimingHook")],
+        log_level=logging.WARNING,
+        experiment_name=f"exp_{tmp_path.name}_plain",
+    )
+    with pytest.raises(TypeError, match="replays no lidarshard manifest .*DefaultSampler"):
+        runner.train()
+
+
+def _ddp_worker(rank: int, rendezvous: str, out: str, work_dir: str) -> None:
+    """One rank of a 2-rank gloo job: mmengine wraps the model in MMDistributedDataParallel (CPU)."""
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    runner = Runner(
+        model=PointCountModel(),
+        work_dir=work_dir,
+        train_dataloader=dict(
+            dataset=PointCloudDataset(out),
+            batch_size=2,
+            sampler=dict(type="LidarshardSampler", manifest=out),
+            collate_fn=collate,
+        ),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        custom_hooks=[dict(type="LidarshardTimingHook", device="cpu")],
+        launcher="pytorch",
+        cfg=dict(model_wrapper_cfg=dict(type="MMDistributedDataParallel", device_ids=None)),  # CPU
+        log_level=logging.WARNING,
+        experiment_name="exp_ddp",
+    )
+    runner.train()
+    dist.destroy_process_group()
+
+
+def test_timing_hook_under_ddp_ends_compute_at_the_first_gradient_bucket(tmp_path: Path) -> None:
+    """2 gloo ranks through a real Runner: every rank-step is timed by the DDP comm hook
+    (``method`` "ddp_first_bucket") and holds that rank's planned samples."""
+    import torch.multiprocessing as mp
+
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed unavailable")
+    out = make_fixture(tmp_path / "m", [40 + 9 * i for i in range(12)], world_size=2, batch_size=2, epochs=1)
+    mp.spawn(_ddp_worker, args=(str(tmp_path / "rdv"), str(out), str(tmp_path / "w")), nprocs=2, join=True)
+    from lidarshard.loaders.timing import read_timing_files
+
+    rows = read_timing_files(str(tmp_path / "w")).to_pylist()
+    planned = {(r, b.step): b.sample_ids for r in range(2) for b in ManifestReader(out, r, 2, 0)}
+    assert {(r["rank"], r["step"]): r["sample_ids"] for r in rows} == planned and len(rows) == len(planned)
+    assert {(r["method"], r["world_size"], r["epoch"]) for r in rows} == {("ddp_first_bucket", 2, 0)}
+    assert all(0 <= r["compute_s"] <= r["wall_s"] for r in rows)

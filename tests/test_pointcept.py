@@ -72,12 +72,17 @@ def pointcept_collate(batch: list[Mapping[str, Any]], mix_prob: float = 0.0) -> 
     return {k: torch.cumsum(v, dim=0) if "offset" in k else v for k, v in out.items()}
 
 
+#: The step timer's host clock in the timing tests (``fake_clock``): ``run_step`` advances it 1 us per point.
+CLOCK = {"t": 0.0}
+
+
 class FakeTrainer:
     """Pointcept's ``Trainer`` as far as the train loader goes: ``__init__`` builds it with
-    ``build_train_loader``; ``train`` is Pointcept's loop (``set_epoch`` only with world size > 1)."""
+    ``build_train_loader``; ``train`` is Pointcept's loop (``set_epoch`` only with world size > 1) with its
+    step hooks around ``run_step``."""
 
-    def __init__(self, cfg: Any, world_size: int = 1) -> None:
-        self.cfg, self.world_size = cfg, world_size
+    def __init__(self, cfg: Any, world_size: int = 1, model: Any = None) -> None:
+        self.cfg, self.world_size, self.model = cfg, world_size, model
         self.epoch, self.start_epoch, self.max_epoch = 0, 0, cfg.eval_epoch
         self.comm_info: dict[str, Any] = {}
         self.seen: list[tuple[int, list[str], list[int]]] = []
@@ -92,6 +97,20 @@ class FakeTrainer:
     def after_epoch(self) -> None:
         pass
 
+    def before_step(self) -> None:
+        pass
+
+    def run_step(self) -> None:  # would move the batch to the GPU, forward, backward, step
+        d = self.comm_info["input_dict"]
+        self.seen.append((self.epoch, d["name"], d["offset"].tolist()))
+        CLOCK["t"] += 1e-6 * len(d["coord"])
+
+    def after_step(self) -> None:
+        pass
+
+    def after_train(self) -> None:
+        pass
+
     def train(self) -> None:
         self.before_train()
         for self.epoch in range(self.start_epoch, self.max_epoch):  # noqa: B020 - Pointcept's loop
@@ -99,9 +118,11 @@ class FakeTrainer:
                 self.train_loader.sampler.set_epoch(self.epoch)
             self.data_iterator = enumerate(self.train_loader)
             for self.comm_info["iter"], self.comm_info["input_dict"] in self.data_iterator:  # noqa: B020
-                d = self.comm_info["input_dict"]  # run_step would move it to the GPU and step
-                self.seen.append((self.epoch, d["name"], d["offset"].tolist()))
+                self.before_step()
+                self.run_step()
+                self.after_step()
             self.after_epoch()
+        self.after_train()
 
 
 class LidarshardTrainer(LidarshardTrainerMixin, FakeTrainer):
@@ -236,3 +257,88 @@ def test_a_plan_sampler_checkpoint_resumes_on_two_ranks_with_the_elastic_sampler
         trained.update(i for b in sampler for i in b)
     full = load_epoch_plan(out, 1).rows
     assert trained == Counter(full.ravel().tolist())
+
+
+# ------------------------------------------------------------------------------ step timings (timings=True)
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``StepTimer``'s ``time.perf_counter`` reads ``CLOCK``: step times are exactly 1e-6 s x the batch's points."""
+    import lidarshard.loaders.timing as timing
+
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK["t"]))
+
+
+def _recorded(directory: Path) -> list[tuple[int, int, list[str]]]:
+    from lidarshard.loaders.timing import read_timing_files
+
+    return [(r["epoch"], r["step"], r["sample_ids"]) for r in read_timing_files(str(directory)).to_pylist()]
+
+
+def _plan_rows(out: Path, epochs: range) -> list[tuple[int, int, list[str]]]:
+    return [(e, b.step, b.sample_ids) for e in epochs for b in ManifestReader(out, 0, 1, e)]
+
+
+def test_timings_beside_the_checkpoints_are_the_plan_and_calibrate_fits_them(
+    out: Path, tmp_path: Path, fake_clock: None
+) -> None:
+    """``timings=True``: one row per step in ``save_path/model`` (where Pointcept's CheckpointSaver writes)
+    with the plan's epoch, step and the sample ids the step trained on, one part per epoch; ``lidarshard
+    calibrate --timings`` fits them and recovers the trainer's cost, 1e-3 ms per point."""
+    import json
+
+    from lidarshard.pipelines.cli import main as cli_main
+
+    opts = {"manifest": str(out), "id_key": "token", "timings": True}
+    trainer = LidarshardTrainer(_cfg(out, save_path=str(tmp_path / "exp"), lidarshard=opts))
+    trainer.train()
+    folder = tmp_path / "exp" / "model"
+    assert _recorded(folder) == _plan_rows(out, range(3))
+    assert [ids for _, _, ids in _recorded(folder)] == [toks for _, toks, _ in trainer.seen]
+    assert len(list(folder.glob("timings-rank-00000-part-*.parquet"))) == 3  # flushed after every epoch
+    fit = tmp_path / "fit.json"
+    assert cli_main(["calibrate", str(out), "--timings", str(folder), "-o", str(fit)]) == 0
+    body = json.loads(fit.read_text())
+    assert body["source"]["timed"] == "recorded rank-step" and body["source"]["matched"] == 12
+    m = body["cost_model"]
+    assert (m["a"] + m["b"]) == pytest.approx(1e-3, rel=0.01) and body["r2"] > 0.999
+
+
+def test_timings_follow_the_planned_epochs_of_a_loop_and_a_resume(out: Path, tmp_path: Path) -> None:
+    """``loop = 3``: one trainer epoch records planned epochs 0, 1, 2, each from step 0; a run resumed at
+    trainer epoch 1 (a worker prefetching) records its epochs into another folder named by ``timings``."""
+    loop = types.SimpleNamespace(path=str(out), loop=3)
+    opts = {"manifest": str(out), "id_key": "token", "timings": str(tmp_path / "a")}
+    LidarshardTrainer(
+        _cfg(out, eval_epoch=1, data=types.SimpleNamespace(train=loop), lidarshard=opts)
+    ).train()
+    assert _recorded(tmp_path / "a") == _plan_rows(out, range(3))
+    opts = {**opts, "timings": str(tmp_path / "b")}
+    LidarshardTrainer(_cfg(out, resume_epoch=1, num_worker_per_gpu=1, lidarshard=opts)).train()
+    assert _recorded(tmp_path / "b") == _plan_rows(out, range(1, 3))
+    LidarshardTrainer(_cfg(out, save_path=str(tmp_path / "c"))).train()  # no timings key: nothing written
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_ddp_model_gets_the_timers_comm_hook(out: Path, tmp_path: Path) -> None:
+    """Pointcept wraps the model in DistributedDataParallel with more than one GPU: the mixin registers the
+    timer's comm hook on it before the first step, so compute_s ends at the first gradient bucket."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from lidarshard.loaders.timing import ddp_timing_hook
+
+    class Wrapped(DistributedDataParallel):  # stands in for a wrapped model without a process group
+        def __init__(self) -> None:
+            self.hooks: list[tuple[Any, Any]] = []
+
+        def register_comm_hook(self, state: Any, hook: Any) -> None:
+            self.hooks.append((state, hook))
+
+    model = Wrapped()
+    opts = {"manifest": str(out), "id_key": "token", "timings": str(tmp_path / "t")}
+    trainer = LidarshardTrainer(_cfg(out, eval_epoch=1, lidarshard=opts), model=model)
+    trainer.train()
+    [(state, hook)] = model.hooks
+    assert hook is ddp_timing_hook and state.timer is trainer._lidarshard_timer.timer
+    assert {r[0] for r in _recorded(tmp_path / "t")} == {0}
