@@ -45,6 +45,7 @@ _API: dict[str, str] = {
     "PointCloudDataset": "lidarshard.loaders.torch",
     "collate": "lidarshard.loaders.torch",
     "build": "lidarshard.pipelines.api",
+    "replan": "lidarshard.pipelines.api",
     "write_manifest": "lidarshard.pipelines.api",
     "plan_epoch": "lidarshard.transforms.plan",
     "STRATEGIES": "lidarshard.transforms.plan",

@@ -29,7 +29,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise needs_torch(__name__) from e
 
-from lidarshard.loaders.position import Position, caller_self, plan_keys, saved_shape
+from lidarshard.loaders.position import Position, caller_self, continued_from, plan_keys, saved_shape
 
 __all__ = ["BalancedBatchSampler", "rank_world"]
 
@@ -150,6 +150,23 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
         if epoch != self.epoch:
             self.epoch, self._finished = epoch, False
             self._reset_position()
+
+    def switch_plan(self, out_dir: PathLike) -> int:
+        """Replay ``out_dir`` from now on: a re-plan of this sampler's manifest (``lidarshard build
+        --from-samples THIS/samples --replan-from E``), whose epochs before E are this manifest's plans
+        file for file, so nothing already trained changes and resume states stay valid. Call it before
+        epoch E's first batch (e.g. after calibrating on the epochs trained so far); returns E.
+
+        Raises:
+            ValueError: ``out_dir`` does not continue this manifest (naming what differs), or epoch E
+                has begun.
+        """
+        new = load_manifest(out_dir)
+        start = continued_from(self.manifest, new, os.fspath(self.out_dir), os.fspath(out_dir))
+        self._check_switch(start, os.fspath(out_dir))
+        ManifestReader(out_dir, self.rank, self.world_size, 0)  # its plan files are there for this rank
+        self.out_dir, self.manifest, self._counts = out_dir, new, None
+        return start
 
     def _reader(self, start_step: int = 0) -> ManifestReader:
         return ManifestReader(

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard.loaders.planfiles import read_plan_file
-from lidarshard.loaders.position import Position, caller_self, plan_keys, saved_shape
+from lidarshard.loaders.position import Position, caller_self, continued_from, plan_keys, saved_shape
 from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_samples
 from lidarshard.loaders.replan import ElasticPlan, Switch, check_exact, merge_ranks
 from lidarshard.schemas.manifest import FileEntry
@@ -84,14 +84,18 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
     found = pc.index_in(plan["sample_id"], value_set=samples["sample_id"])
     if found.null_count:
         raise ValueError(f"epoch {epoch}: {found.null_count} planned sample_ids are not in the samples")
+    at = found.to_numpy().astype(np.int64)
+    costs = samples["cost"].to_numpy().astype(np.float64)  # the costs that planned the epoch: its rows'
+    costs[at] = plan["cost"].to_numpy()  # (an epoch before a re-plan was planned with earlier ones)
+    bucket_ids = samples["bucket_id"].to_numpy().astype(np.int32)
+    bucket_ids[at] = plan["bucket_id"].to_numpy()
     step, rank, slot = (plan[c].to_numpy().astype(np.int64) for c in ("step", "rank", "slot"))
-    rows = dense_plan(step, rank, slot, found.to_numpy().astype(np.int64), s, w, None if variable else b)
+    rows = dense_plan(step, rank, slot, at, s, w, None if variable else b)
     if rows.size and not (rows >= 0)[..., 0].all():
         raise ValueError(f"epoch {epoch}: a rank-step of the plan holds no sample; rebuild the manifest")
     points = (
         samples["num_points"].to_numpy().astype(np.int64) if "num_points" in samples.column_names else None
     )
-    costs = samples["cost"].to_numpy().astype(np.float64)
     return ElasticPlan(
         rows=rows,
         costs=costs,
@@ -100,15 +104,17 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
         seed=manifest.seed,
         strategy=manifest.strategy,
         batch=b,
-        bucket_ids=samples["bucket_id"].to_numpy().astype(np.int32),
+        bucket_ids=bucket_ids,
         limits=PoolLimits(caps, points) if caps.active else None,
         heavy={"points": points, "cost": costs}.get(heaviest),
     )
 
 
 def _rank_rows(path: str, key: tuple[int, int], entry: FileEntry) -> pa.Table:
-    """``step, slot, sample_id, rank`` of one verified plan file of (epoch, rank) ``key``."""
-    table = read_plan_file(path, ["step", "slot", "sample_id"], entry, verify=True, key=key)
+    """``step, slot, sample_id, cost, bucket_id, rank`` of one verified plan file of (epoch, rank) ``key``."""
+    table = read_plan_file(
+        path, ["step", "slot", "sample_id", "cost", "bucket_id"], entry, verify=True, key=key
+    )
     return table.append_column("rank", pa.array(np.full(table.num_rows, key[1], np.int64)))
 
 
@@ -215,6 +221,16 @@ class ElasticBatchSampler(Position):
         check_exact(self._base.rows, p.consumed, p.rows, p.costs.size, epoch)
         self._cache = (key, p)
         return p
+
+    def switch_plan(self, out_dir: PathLike) -> int:
+        """Replay ``out_dir``, a re-plan of this manifest from epoch E (``build --replan-from E``), from now
+        on: see ``BalancedBatchSampler.switch_plan``; the switch history of the current epoch is kept
+        (its plan is the same file for file). Returns E."""
+        new = load_manifest(out_dir)
+        start = continued_from(self.manifest, new, os.fspath(self.out_dir), os.fspath(out_dir))
+        self._check_switch(start, os.fspath(out_dir))
+        self.out_dir, self.manifest, self._base, self._cache = out_dir, new, None, None
+        return start
 
     def plan(self) -> ElasticPlan:
         """The current epoch's plan after ``history`` (cached; checked to be the epoch's plan exactly)."""

@@ -18,7 +18,7 @@ from lidarshard.loaders.reader import check_int
 from lidarshard.loaders.replan import Switch
 from lidarshard.schemas.manifest import Manifest
 
-__all__ = ["Position", "PlannedBatch", "caller_self", "plan_keys", "saved_shape"]
+__all__ = ["Position", "PlannedBatch", "caller_self", "plan_keys", "saved_shape", "continued_from"]
 
 
 class PlannedBatch(list):
@@ -89,6 +89,38 @@ def saved_shape(state: Mapping, manifest: Manifest, where: object) -> tuple[int,
     return w, b, history
 
 
+def continued_from(current: Manifest, new: Manifest, here: object, there: object) -> int:
+    """The epoch E from which ``new`` (a ``build --replan-from E`` of ``current``) plans anew, after checking
+    that it continues ``current``: the same samples, W, B, seed and strategy, and every epoch before E
+    the same plan file for file (so a position or resume state of those epochs means the same batches).
+
+    Raises:
+        ValueError: ``new`` does not continue ``current`` (one line naming what differs).
+    """
+    if not new.cost_history:
+        raise ValueError(
+            f"{there} is not a re-plan (no cost_history): build it with --from-samples {here}/samples --replan-from E"
+        )
+    start = int(new.cost_history[-1]["until_epoch"])
+    for what in ("world_size", "batch_size", "seed", "strategy", "inputs_fingerprint"):
+        mine, theirs = getattr(current, what), getattr(new, what)
+        if mine != theirs:
+            raise ValueError(f"{there} does not continue {here}: {what} {theirs} != {mine}")
+    differs = next(
+        (
+            e
+            for e in range(start)
+            if e >= current.epochs or new.plan_fingerprint(e) != current.plan_fingerprint(e)
+        ),
+        None,
+    )
+    if differs is not None:
+        raise ValueError(
+            f"{there} does not continue {here}: its epoch {differs} is another plan (it re-plans from epoch {start})"
+        )
+    return start
+
+
 def caller_self(depth: int) -> object:
     """The ``self`` of the frame ``depth`` levels above the caller (who iterates a sampler), or None."""
     return sys._getframe(depth + 1).f_locals.get("self")
@@ -123,6 +155,14 @@ class Position:
             self._yielded(step)
             yield PlannedBatch(indices, step, ahead)
             window.extend(islice(planned, 1))
+
+    def _check_switch(self, start: int, there: object) -> None:
+        """A plan that re-plans from epoch ``start`` may take over only before that epoch's first batch."""
+        if self.epoch > start or (self.epoch == start and (self._step or self._resume)):
+            raise ValueError(
+                f"{there} re-plans from epoch {start}, but this sampler is already at epoch {self.epoch} "
+                f"step {max(self._step, self._resume)}: switch before epoch {start} begins (or restart on it)"
+            )
 
     def _reset_position(self, step: int = 0) -> None:
         """Position ``step`` of ``self.epoch``: nothing handed out beyond it."""

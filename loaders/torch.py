@@ -106,6 +106,11 @@ class PlanLoader(DataLoader):
         """The sampler's ``load_state_dict``: the next iteration starts after the last trained batch."""
         self.batch_sampler.load_state_dict(state)  # type: ignore[union-attr]
 
+    def switch_plan(self, out_dir: PathLike) -> int:
+        """The sampler's ``switch_plan``: from epoch E on, replay ``out_dir`` (a ``build --replan-from E``
+        of this manifest) without restarting the loader or its workers; returns E."""
+        return self.batch_sampler.switch_plan(out_dir)  # type: ignore[union-attr]
+
 
 class PlanSampler(Sampler[int]):
     """Per-sample form of :class:`~lidarshard.loaders.torch.BalancedBatchSampler` for ``sampler=`` + ``batch_size=``.
@@ -191,6 +196,12 @@ class PlanSampler(Sampler[int]):
             )
         for batch in self.iter_batches():
             yield from batch
+
+    def switch_plan(self, out_dir: PathLike) -> int:
+        """:meth:`BalancedBatchSampler.switch_plan` (``E`` counts planned epochs, ``passes`` per trainer epoch)."""
+        start = self.batches.switch_plan(out_dir)
+        self.batch_size = self.batches.manifest.batch_size
+        return start
 
     def state_dict(self) -> dict[str, int | str]:
         """:meth:`BalancedBatchSampler.state_dict` (``epoch`` is the planned epoch being replayed)."""

@@ -43,7 +43,7 @@ from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.score import GIVEN, PREPARED, Source
 from lidarshard.transforms.paths import path_problem
 
-__all__ = ["build", "write_manifest", "summary"]
+__all__ = ["build", "replan", "write_manifest", "summary"]
 
 
 def _namespace(
@@ -105,6 +105,39 @@ def build(
     if not build_cmd.launch_build(settings, beam_argv):
         return {"out": settings.output, "dry_run": True}
     return summary(settings.output)
+
+
+def replan(
+    out: str,
+    new_out: str,
+    from_epoch: int,
+    cost_model: str,
+    *,
+    epochs: int | None = None,
+    runner: str | None = None,
+    pipeline_args: Sequence[str] = (),
+) -> dict:
+    """Re-plan manifest ``out`` from epoch ``from_epoch`` on with ``cost_model`` (``@fit.json`` from
+    ``lidarshard calibrate``) into ``new_out``: ``build new_out --from-samples out/samples --replan-from E``
+    with ``out``'s own plan flags (``replan.previous_flags``). Epochs before E keep ``out``'s plan byte for
+    byte; a running sampler moves to ``new_out`` with ``switch_plan(new_out)``. Returns :func:`summary`.
+
+    Raises:
+        UsageError: ``out`` is not a committed manifest, ``from_epoch`` is outside its epochs, a bad model.
+    """
+    from lidarshard.loaders.reader import load_manifest
+    from lidarshard.pipelines.replan import previous_flags
+
+    try:
+        m = load_manifest(out)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(f"replan: {e}") from None
+    flags = previous_flags(m) | ({} if epochs is None else {"epochs": epochs})
+    return build(
+        None, new_out, world_size=m.world_size, batch_size=m.batch_size, runner=runner,
+        pipeline_args=pipeline_args, from_samples=storage.join(out, schemas.SAMPLES_DIR),
+        replan_from=from_epoch, cost_model=cost_model, **flags,
+    )  # fmt: skip
 
 
 def write_manifest(

@@ -35,7 +35,7 @@ DEFAULT_REJECT_FRACTION = 0.01
 VOXEL_RANGE = (1e-3, 1e3)  # m: below 1 mm the int64 voxel grid of a 100 km cloud overflows
 #: The argument groups whose flags ``lidarshard.write_manifest`` takes (a table needs no scan).
 TABLE_GROUPS = ("plan", "output")
-_NOT_FOR_TABLES = ("from_samples", "relative_to", "world_size", "batch_size")
+_NOT_FOR_TABLES = ("from_samples", "replan_from", "relative_to", "world_size", "batch_size")
 
 
 def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +103,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
          const="pad", shown="off (--drop-last)")  # fmt: skip
     flag(g, "--from-samples", "re-plan from a previous run's samples, OUT/samples (or a 2.x samples.parquet); "
          "no rescan", metavar="SAMPLES")  # fmt: skip
+    flag(g, "--replan-from", "with --from-samples PREV/samples of a manifest PREV: keep PREV's plan of the epochs "
+         "before E (byte for byte, with the cost model that planned them) and plan epochs E.. with --cost-model; "
+         "the other plan flags must be PREV's; a running trainer moves to OUT with sampler.switch_plan(OUT)",
+         type=int_in(1, 10_000), metavar="E")  # fmt: skip
     flag(g, "--relative-to", "store sample paths relative to ROOT and record it, so the data can move; 'none' "
          "stores full paths", metavar="ROOT", shown="a dataset layout's root, INPUT for a directory, "
          "the part before the first wildcard for a glob, the INPUTs' common parent for several; with --from-samples "

@@ -20,6 +20,7 @@ from lidarshard.pipelines import checks, inputs
 from lidarshard.pipelines.arguments import DEFAULT_REJECT_FRACTION
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.publish import sibling
+from lidarshard.pipelines.replan import replan_settings
 from lidarshard.schemas.manifest import MAX_EPOCH_ENTRIES
 from lidarshard.transforms import layouts, storage
 from lidarshard.transforms.beam.build import BuildJob
@@ -34,6 +35,7 @@ from lidarshard.transforms.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
 from lidarshard.transforms.plan.epochs import PLAN_ENTRY_BYTES, PlanConfig, memory_bytes
+from lidarshard.transforms.plan.manifest import Kept
 
 __all__ = [
     "ScanSettings",
@@ -113,6 +115,7 @@ class BuildSettings:
     model: CostModel
     from_samples: str | None = None
     path_root: str | None = None
+    kept: Kept | None = None  # ``--replan-from``: what the build keeps of the manifest it continues
 
     @property
     def output(self) -> str:
@@ -126,7 +129,7 @@ class BuildSettings:
         settle = ScoreSettings(
             self.scan.max_reject_fraction, self.scan.rejects_out, self.scan.part_rows, self.scan.label_maps
         )
-        return BuildJob(staging, self.meta(), self.cfg, self.model, settle)
+        return BuildJob(staging, self.meta(), self.cfg, self.model, settle, self.kept)
 
 
 # ------------------------------------------------------------------------------------------ flags
@@ -328,6 +331,11 @@ def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSett
     from_samples: str | None = args.from_samples
     if (len(args.paths) != 1) if from_samples else (len(args.paths) < 2):
         raise UsageError("expected OUT with --from-samples" if from_samples else "expected INPUT OUT")
+    if args.replan_from is not None and not from_samples:
+        raise UsageError(
+            f"--replan-from {args.replan_from} re-plans a manifest: add --from-samples PREV/samples"
+        )
+    continued: Kept | None = None
     cfg, model = plan_config(args), cost_model(args.cost_model)
     check_plan_size(cfg)
     fraction = args.max_reject_fraction
@@ -346,6 +354,8 @@ def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSett
                     f"per step, but {from_samples} holds {rows}; use --pad or a smaller --world-size/--batch-size"
                 )
         roots = [input]
+        if args.replan_from is not None:
+            cfg, continued = replan_settings(cfg, from_samples, args.replan_from)
     else:
         output = _location(args.paths[-1])
         datasets = _datasets(args, args.paths[:-1], dry_run)
@@ -378,7 +388,7 @@ def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSett
         scan = dataclasses.replace(scan, input=from_samples, datasets=kept, label_maps=maps)
     else:
         scan = _scan(args, datasets, output, fraction, dry_run)
-    return BuildSettings(scan, cfg, model, from_samples, _path_root(args, datasets, from_samples))
+    return BuildSettings(scan, cfg, model, from_samples, _path_root(args, datasets, from_samples), continued)
 
 
 def table_settings(args: argparse.Namespace, output: str, model: CostModel) -> BuildSettings:

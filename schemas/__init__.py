@@ -30,8 +30,9 @@ adds fields (``ADDED_IN``): a 3.1 reader reads 3.0 files as ``sample_schema("3.0
 4.0 moved the plan from hive directories ``plan/epoch=E/rank=R/`` (keys in the names only) to
 ``plan/epoch-E/rank-R/`` with ``epoch`` and ``rank`` as columns of each file (``plan_file``);
 4.1 added the samples' ``dataset`` (several INPUTs in one plan) and ``frame`` / ``sweep_frames`` (samples
-that are rows of a multi-frame file, Waymo v2). This lidarshard reads 3.x (``READABLE_MAJORS``) and 4.x;
-it writes 4.1.
+that are rows of a multi-frame file, Waymo v2); 4.2 added the manifest's ``cost_history`` (the epochs before
+a ``build --replan-from`` keep the plan and the cost model that planned them). This lidarshard reads 3.x
+(``READABLE_MAJORS``) and 4.x; it writes 4.2.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ __all__ = [
     "as_written",
 ]
 
-SCHEMA_VERSION = "4.1"
+SCHEMA_VERSION = "4.2"
 #: {major schema version this lidarshard reads: the newest minor of it}; the previous major too (see
 #: the version history): 3.1 was the last 3.x.
 READABLE: dict[str, str] = {"3": "3.1", "4": SCHEMA_VERSION}
@@ -380,7 +381,9 @@ MANIFEST_KEYS: dict[str, str] = {
     "epochs": "int E: epochs planned",
     "seed": "int: the plan's seed",
     "strategy": "name of the planning strategy",
-    "cost_model": "{'name': 'points'|'voxels'|'linear', 'c0', 'a', 'b'}: cost = c0 + a*points + b*voxels",
+    "cost_model": "{'name': 'points'|'voxels'|'linear', 'c0', 'a', 'b'[, 'q']}: cost = c0 + a*points + b*voxels^q",
+    "cost_history": "[{'until_epoch': E, 'cost_model': {...}}] (4.2, absent when empty): the models that planned "
+    "the epochs before each re-plan (build --replan-from), rising; later epochs were planned with cost_model",
     "buckets": "{'edges': [K-1 floats, cost units], 'weights': [K floats], 'counts': [K ints]}",
     "policy": "'drop_last' or 'pad': how a pool that is not a multiple of W*B is fitted",
     "steps_per_epoch": "[E ints]: steps in each epoch (weights < 1 thin randomly, so epochs may differ)",

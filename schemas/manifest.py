@@ -25,7 +25,7 @@ POLICIES = ("drop_last", "pad")
 #: The plan keys, in the order ``to_json`` writes them after the provenance.
 _PLAN_KEYS = (
     "world_size", "batch_size", "epochs", "seed", "strategy", "policy", "max_plan_factor", "caps", "repeat", "cost_model",
-    "buckets", "steps_per_epoch", "counts", "balance", "pair_repeat_rate", "inputs_fingerprint", "files",
+    "cost_history", "buckets", "steps_per_epoch", "counts", "balance", "pair_repeat_rate", "inputs_fingerprint", "files",
     "plan_schema",
 )  # fmt: skip
 _REQUIRED = (
@@ -35,6 +35,7 @@ _REQUIRED = (
 _SEED_MAX = 2**63 - 1
 #: No epoch plans more entries than this (planning takes ~100 bytes an entry: 2**40 would need ~100 TiB).
 MAX_EPOCH_ENTRIES = 1 << 40
+_MAX_EDGES = 1 << 16
 
 
 def relpath_problem(rel: object) -> str | None:
@@ -186,6 +187,9 @@ class Manifest:
     files: Mapping[str, FileEntry]
     max_plan_factor: float | None = None
     plan_schema: list | None = None
+    #: ``[{"until_epoch": E, "cost_model": {...}}, ...]``: the models that planned the epochs before each
+    #: re-plan (``build --replan-from``), ascending; empty: every epoch was planned with ``cost_model``.
+    cost_history: tuple[Mapping[str, Any], ...] = ()
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------------------- reading
@@ -237,6 +241,7 @@ class Manifest:
             files=_files(r),
             max_plan_factor=_factor(r),
             plan_schema=obj.get("plan_schema") if isinstance(obj.get("plan_schema"), list) else None,
+            cost_history=_history(r, epochs),
             provenance={
                 k: v
                 for k, v in obj.items()
@@ -262,6 +267,7 @@ class Manifest:
             "caps": None if self.caps is None else dict(self.caps),
             "repeat": None if self.repeat is None else dict(self.repeat),
             "cost_model": dict(self.cost_model),
+            **({"cost_history": [dict(h) for h in self.cost_history]} if self.cost_history else {}),
             "buckets": self.buckets.to_json(),
             "steps_per_epoch": list(self.steps_per_epoch),
             "counts": self.counts.to_json(),
@@ -371,6 +377,40 @@ def _cost_model(r: _Reader) -> Mapping[str, Any]:
     if not isinstance(m.get("name"), str):
         raise r.fail("cost_model", "{'name', 'c0', 'a', 'b'}", m)
     return m
+
+
+def _history(r: _Reader, epochs: int) -> tuple[Mapping[str, Any], ...]:
+    h = r.obj.get("cost_history")
+    if h is None:
+        return ()
+    ends = (
+        [x.get("until_epoch") for x in h]
+        if isinstance(h, list) and all(isinstance(x, dict) for x in h)
+        else []
+    )
+    good = (
+        isinstance(h, list)
+        and h
+        and all(type(e) is int and 0 < e < epochs for e in ends)
+        and ends == sorted(set(ends))
+        and all(set(x) == {"until_epoch", "cost_model", "bucket_edges"} for x in h)
+        and all(isinstance(x["cost_model"], dict) and isinstance(x["cost_model"].get("name"), str) for x in h)
+        and all(_edges(x["bucket_edges"]) for x in h)
+    )
+    if not good:
+        raise r.fail(
+            "cost_history", f"a list of {{until_epoch (rising, 1..{epochs - 1}), cost_model, bucket_edges}}", h
+        )
+    return tuple(dict(x) for x in h)
+
+
+def _edges(edges: object) -> bool:
+    """Rising finite numbers (a bucket's edges), at most ``_MAX_EDGES``."""
+    if not isinstance(edges, list) or len(edges) > _MAX_EDGES:
+        return False
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in edges):
+        return False
+    return all(a < b for a, b in zip(edges, edges[1:], strict=False))
 
 
 def _factor(r: _Reader) -> float | None:

@@ -21,7 +21,7 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
 from lidarshard.transforms.plan import STRATEGIES
 from lidarshard.transforms.plan.caps import Caps
-from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
+from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs, plan_samples
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST, heaviest_first, heaviest_step, step_peaks
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, scored_pool
 
@@ -227,11 +227,23 @@ def test_validate_refuses_an_unknown_recorded_setting(built: Path, tmp_path: Pat
     )
 
 
+def _scored(cost: np.ndarray) -> pa.Table:
+    """``cost`` as write_manifest scores it: default buckets, weights 1."""
+    ids, _ = bucket_costs(cost, PlanConfig(4, 2))
+    return pa.table({"cost": cost, "bucket_id": ids, "weight": np.ones(cost.size)})
+
+
 def test_validate_refuses_a_plan_built_without_it_that_claims_it(tmp_path: Path) -> None:
     costs = [float(1 + (i * 37) % 11) for i in range(50)]
     table = pa.table({"sample_id": [f"s{i:03d}" for i in range(50)], "path": [f"/d/{i}.bin" for i in range(50)],
                       "cost": costs})  # fmt: skip
-    lidarshard.write_manifest(table, str(tmp_path / "m"), 4, 2, epochs=1, seed=3)
+    cost = np.asarray(costs)
+    seed = next(  # a plan whose step 0 is not already the heaviest (it would pass by chance)
+        s
+        for s in range(3, 100)
+        if heaviest_step(plan_samples(_scored(cost), 0, PlanConfig(4, 2, seed=s), baseline=False).plan, cost)
+    )
+    lidarshard.write_manifest(table, str(tmp_path / "m"), 4, 2, epochs=1, seed=seed)
     m = _manifest(tmp_path / "m")
     m["caps"]["heaviest_first"] = "cost"
     (tmp_path / "m" / schemas.MANIFEST_FILE).write_text(json.dumps(m))

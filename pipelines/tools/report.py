@@ -30,7 +30,7 @@ from lidarshard.pipelines.tools.timings import fit_cost, read_observations
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.plan.dense import dense_plan
-from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
+from lidarshard.transforms.plan.epochs import PlanConfig, as_planned, plan_samples
 from lidarshard.transforms.plan.metrics import COLUMNS, load_linearity, plan_buys, rank_costs
 from lidarshard.transforms.report import calibrate as cal
 from lidarshard.transforms.report import plots
@@ -82,7 +82,6 @@ def load(out: str) -> ReportData:
     samples = read_samples(out)
     plan = read_plan(out)
     cfg = PlanConfig.from_manifest(m)
-    costs = samples.column("cost").to_numpy()
     found = pc.index_in(plan.column("sample_id"), samples.column("sample_id"))
     if found.null_count:
         raise ValueError(
@@ -94,10 +93,12 @@ def load(out: str) -> ReportData:
     for e in range(m.epochs):
         mine = epochs == e  # rank-steps hold a variable number of samples under budget
         step, rank, slot = (plan.column(k).to_numpy()[mine] for k in ("step", "rank", "slot"))
+        planned = as_planned(samples, e, cfg)  # the costs that planned epoch e (a re-plan's cost_history)
+        costs = planned.column("cost").to_numpy()
         plans.append(
             (
                 dense_plan(step, rank, slot, rows[mine], m.steps(e), m.world_size),
-                plan_samples(samples, e, cfg).baseline,
+                plan_samples(planned, e, cfg).baseline,
             )
         )
         chosen.append(rank_costs(plans[-1][0], costs))
@@ -117,11 +118,12 @@ def cost_unit(m: Manifest) -> str:
 
 def _step_buckets(data: ReportData, epoch: int) -> NDArray[np.int64]:
     """(S, K) samples of each bucket per step of ``epoch``."""
-    k = data.manifest.buckets.k
     part = data.plan.filter(pc.equal(data.plan.column("epoch"), epoch))
     steps = part.column("step").to_numpy().astype(np.int64)
+    ids = part.column("bucket_id").to_numpy().astype(np.int64)  # as planned: a re-plan's epochs differ
+    k = max(data.manifest.buckets.k, int(ids.max()) + 1 if ids.size else 0)
     counts = np.zeros((int(steps.max()) + 1 if steps.size else 0, k), dtype=np.int64)
-    np.add.at(counts, (steps, part.column("bucket_id").to_numpy().astype(np.int64)), 1)
+    np.add.at(counts, (steps, ids), 1)
     return counts
 
 

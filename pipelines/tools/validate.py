@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -56,7 +56,7 @@ from lidarshard.schemas.manifest import Counts, Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.jsonsafe import loads, short
-from lidarshard.transforms.plan.epochs import EpochPlan, PlanConfig
+from lidarshard.transforms.plan.epochs import COST_FEATURES, EpochPlan, PlanConfig
 
 __all__ = ["run", "validate"]
 
@@ -167,6 +167,7 @@ class _Checker:
         fingerprint: str,
         root: object = False,
         model_cost: Callable[[pa.Table], np.ndarray] | None = None,
+        keep: Sequence[str] = (),
     ) -> SamplesView | None:
         """The samples ``parts`` (relative paths in order; None: unusable) streamed as one
         (``validate_samples``), against the recorded ``accepted`` count and ``fingerprint``; stored
@@ -184,7 +185,7 @@ class _Checker:
                 self.problem(one, bad)
                 return None
         files = [storage.join(self.store.root, p) for p in parts]
-        return check_samples(files, accepted, fingerprint, root, self.problem, model_cost)
+        return check_samples(files, accepted, fingerprint, root, self.problem, model_cost, keep)
 
     def rejects(self, usable: bool, counts: Counts | _ScanCounts) -> None:
         """rejects.parquet (read when ``usable``) against the recorded ``counts``, and
@@ -256,6 +257,7 @@ def _check_manifest(c: _Checker) -> str:
     samples = c.samples(
         parts if parts is not None and set(parts) <= good else None, schemas.scored_schema(),
         m.counts.accepted, m.inputs_fingerprint, m.path_root, model_cost if bad_model is None else None,
+        COST_FEATURES if m.cost_history else (),
     )  # fmt: skip
     c.rejects(schemas.REJECTS_FILE in good, m.counts)
     if samples is None:

@@ -22,7 +22,7 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.jsonsafe import short
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
 from lidarshard.transforms.plan.dense import dense_plan
-from lidarshard.transforms.plan.epochs import EpochPlan, PlanConfig, plan_samples, repeat_rates
+from lidarshard.transforms.plan.epochs import EpochPlan, PlanConfig, as_planned, plan_samples, repeat_rates
 from lidarshard.transforms.plan.metrics import balance_summary, balance_value
 from lidarshard.transforms.plan.order import step_peaks
 
@@ -216,6 +216,12 @@ def check_epoch_files(
     """
     w, steps = m.world_size, m.steps(e)
     per_step = None if m.variable_count else m.batch_size
+    if cfg is not None:  # an epoch before a re-plan is checked with the costs that planned it
+        try:
+            samples = as_planned(samples, e, cfg)
+        except ValueError as err:
+            _add(problems, f"epoch {e}", f"the costs of cost_history cannot be recomputed: {err}")
+            cfg = None
     ranks, rows = [], 0
     for r in range(w):
         rel = m.plan_file(e, r)
@@ -287,7 +293,9 @@ def check_epoch(
         _add(problems, where, f"counts.planned {planned} != {entries.size} plan rows")
     seen = np.bincount(entries, minlength=n)
     ids = samples.column("bucket_id").to_numpy()
-    weights = np.asarray(m.buckets.weights, dtype=np.float64)[ids] * samples.column("weight").to_numpy()
+    per_bucket = np.asarray(m.buckets.weights, dtype=np.float64)
+    weights = samples.column("weight").to_numpy()  # x bucket weights, all 1 in a re-plan's earlier epochs
+    weights = weights if (per_bucket == 1).all() else per_bucket[ids] * weights
     sid = samples.column("sample_id")
     if (weights == 1).all():
         if m.policy == "drop_last":

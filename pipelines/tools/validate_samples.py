@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -186,13 +186,15 @@ def read_samples(
     root: object,
     problem: Callable[[str], None],
     model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
+    keep: Sequence[str] = (),
 ) -> tuple[SamplesView, str, str | None]:
     """Stream ``file`` (the samples parts at ``files`` as one, its schema checked), reporting null or unordered ids
     through ``problem``; ``model_cost(row group) -> (n,)`` costs are compared with ``cost`` row group
-    by row group (``view.cost_mismatch``; the feature columns they need are not kept). Returns (the view,
+    by row group (``view.cost_mismatch``; the feature columns they need are kept only when named in
+    ``keep``: an earlier cost model's epochs, ``epochs.as_planned``). Returns (the view,
     the inputs fingerprint, the first stored-path problem for ``path_root`` ``root`` or None)."""
     names = file.schema_arrow.names
-    numeric_names = [n for n in NUMERIC if n in names]
+    numeric_names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in names]
     features = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]  # fingerprint, cost models
     columns = list(
         dict.fromkeys(
@@ -271,6 +273,7 @@ def check_samples(
     root: object,
     problem: Callable[[str, str], None],
     model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
+    keep: Sequence[str] = (),
 ) -> SamplesView | None:
     """The samples parts at ``files`` (in order, schemas checked) streamed as one (``read_samples``) and
     checked against ``counts.accepted`` and ``inputs_fingerprint``; stored paths against a manifest's
@@ -280,7 +283,7 @@ def check_samples(
     try:
         with open_parts(files) as file:
             view, digest, path_bad = read_samples(
-                files, file, root or None, lambda what: problem(rel, what), model_cost
+                files, file, root or None, lambda what: problem(rel, what), model_cost, keep
             )
     except (pa.ArrowException, OSError, ValueError) as e:
         problem(rel, f"not readable Parquet parts ({type(e).__name__}: {str(e)[:120]})")

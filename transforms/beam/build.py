@@ -38,7 +38,14 @@ from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.features.score import ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.parts import listed_parts, open_parts, parts_holding, read_parts
 from lidarshard.transforms.plan import manifest, sharded
-from lidarshard.transforms.plan.epochs import EpochPlan, PlanConfig, plan_samples, repeat_rates
+from lidarshard.transforms.plan.epochs import (
+    COST_FEATURES,
+    EpochPlan,
+    PlanConfig,
+    as_planned,
+    plan_samples,
+    repeat_rates,
+)
 
 __all__ = ["BuildJob", "BuildManifest", "writer", "PLANNED_PAIRS"]
 
@@ -57,6 +64,7 @@ class BuildJob:
     cfg: PlanConfig
     model: CostModel
     settle: ScoreSettings
+    kept: manifest.Kept | None = None  # a re-plan: what it keeps of the manifest it continues
 
     @property
     def work(self) -> str:
@@ -124,7 +132,9 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
     file is written)."""
     epoch, scored = task
     parts = _parts(scored, job.staging)
-    numeric = read_parts(parts, columns=sharded.NUMERIC_INPUT)
+    earlier = job.cfg.planned_with(epoch) is not None
+    columns = sharded.NUMERIC_INPUT + [c for c in COST_FEATURES if earlier and c not in sharded.NUMERIC_INPUT]
+    numeric = as_planned(read_parts(parts, columns=columns), epoch, job.cfg)
     planned = plan_samples(numeric, epoch, job.cfg)
     Metrics.counter(NAMESPACE, "planned").inc(planned.stats["planned"])
     yield "stats", planned.stats
@@ -132,6 +142,8 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
         yield "pair", (epoch, planned.plan, planned.baseline)
     part = sharded.assignment(planned.plan)
     del planned
+    if earlier:  # the plan rows carry the costs that planned them
+        part |= {c: numeric.column(c).to_numpy()[part["row"]] for c in ("cost", "bucket_id")}
     for start, stop in sharded.shard_bounds(numeric.num_rows):
         entries = sharded.slice_rows(part, start, stop)
         if entries["row"].size:
@@ -178,6 +190,9 @@ def _write_manifest(gathered: dict[str, list], job: BuildJob) -> dict:
     meta = job.meta | {"part_rows": job.settle.part_rows}
     files = [*scored["files"], *gathered.get("files", [])]
     built = manifest.build_manifest(meta, job.cfg, scored, files, gathered.get("stats", []), rates)
+    problem = job.kept.problem(built) if job.kept is not None else None
+    if problem:
+        raise ValueError(problem)
     written = built.to_json()
     storage.write_json(storage.join(job.staging, schemas.MANIFEST_FILE), written)
     storage.remove_tree(job.work)

@@ -19,7 +19,14 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms import storage
 
-__all__ = ["CostModel", "parse_cost_model", "sample_costs", "COST_MODEL_HELP", "Q_RANGE"]
+__all__ = [
+    "CostModel",
+    "parse_cost_model",
+    "cost_model_from_json",
+    "sample_costs",
+    "COST_MODEL_HELP",
+    "Q_RANGE",
+]
 
 COST_MODEL_HELP = (
     "points | voxels | linear:c0,a,b[,q] (cost = c0 + a*points + b*voxels^q, q 1 unless given) | @fit.json "
@@ -100,6 +107,29 @@ def parse_cost_model(spec: str) -> CostModel:
         power = float(model.get("q", 1.0))
         return _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear", q=power)
     raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")
+
+
+def cost_model_from_json(obj: object) -> CostModel:
+    """A manifest's recorded ``cost_model`` object (``CostModel.to_json``) as a model, its numbers checked.
+
+    Raises:
+        ValueError: not a model lidarshard writes (one line), or "given" costs, which no model recomputes.
+    """
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ValueError(f"a cost model must be an object with a name, got {json.dumps(obj)[:60]}")
+    values = [obj.get(k, 1.0 if k == "q" else 0.0) for k in ("c0", "a", "b", "q")]
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values) or set(obj) - {
+        "name",
+        "c0",
+        "a",
+        "b",
+        "q",
+    }:
+        raise ValueError(f"cost model {json.dumps(obj)[:80]} is not one lidarshard writes")
+    if obj["name"] == "given":
+        raise ValueError("the costs were given with the samples: no cost model recomputes them")
+    c0, a, b, q = (float(v) for v in values)
+    return _linear(c0, a, b, name=obj["name"], q=q)
 
 
 def _column(samples: pa.Table, name: str) -> NDArray[np.float64]:

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.features import buckets
-from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.features.cost import CostModel, cost_model_from_json, sample_costs
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, order, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
@@ -34,6 +34,8 @@ __all__ = [
     "memory_bytes",
     "PlanConfig",
     "EpochPlan",
+    "COST_FEATURES",
+    "as_planned",
     "score",
     "bucket_costs",
     "plan_rows",
@@ -68,6 +70,10 @@ class PlanConfig:
     max_plan_factor: float = MAX_PLAN_FACTOR  # plan entries per sample per epoch, at most
     repeat: WeightSpec = WeightSpec()  # where per-sample weights come from (the manifest's repeat.mode)
     heaviest_first: str = "off"  # order.HEAVIEST_FIRST: by which rank-step sums put the heaviest step at 0
+    #: ``(until_epoch, model, bucket edges)`` ascending: epochs before ``until_epoch`` (and from the previous
+    #: entry's on) were planned with ``model``'s costs in those buckets, later ones with the samples' own
+    #: ``cost`` and ``bucket_id`` (``build --replan-from``).
+    earlier: tuple[tuple[int, CostModel, tuple[float, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.batch_size < 1 or self.epochs < 1:
@@ -82,6 +88,16 @@ class PlanConfig:
             raise ValueError(
                 f"unknown --heaviest-first {self.heaviest_first!r}; choose from {list(order.HEAVIEST_FIRST)}"
             )
+        ends = [e for e, _, _ in self.earlier]
+        if ends != sorted(set(ends)) or any(not 0 < e < self.epochs for e in ends):
+            raise ValueError(
+                f"a re-plan's epochs {ends} must rise and lie in 1..{self.epochs - 1} (the plan has {self.epochs})"
+            )
+
+    def planned_with(self, epoch: int) -> tuple[CostModel, tuple[float, ...]] | None:
+        """(the model, its bucket edges) that planned ``epoch`` when they are not the samples' own costs
+        and buckets (an epoch before a re-plan, ``earlier``), else None."""
+        return next(((model, edges) for end, model, edges in self.earlier if epoch < end), None)
 
     @property
     def step_size(self) -> int:
@@ -92,6 +108,10 @@ class PlanConfig:
         """The manifest's plan settings (``Manifest.to_json`` keys); ``heaviest_first`` is recorded beside
         the caps, in the ``caps`` object, only when it is on (so plans without it keep their bytes)."""
         first = {} if self.heaviest_first == "off" else {"heaviest_first": self.heaviest_first}
+        history = [
+            {"until_epoch": e, "cost_model": model.to_json(), "bucket_edges": list(edges)}
+            for e, model, edges in self.earlier
+        ]
         return {
             "world_size": self.world_size,
             "batch_size": self.batch_size,
@@ -101,6 +121,7 @@ class PlanConfig:
             "policy": self.policy,
             "max_plan_factor": self.max_plan_factor,
             "caps": self.caps.to_json() | first,
+            **({"cost_history": history} if history else {}),
         }
 
     @classmethod
@@ -124,6 +145,11 @@ class PlanConfig:
             pairs = tuple(sorted((str(k), float(v)) for k, v in scale.items()))
             repeat = WeightSpec(repeat.threshold, repeat.column, pairs)
         first = (m.caps or {}).get("heaviest_first", "off")
+        earlier = tuple(
+            (int(h["until_epoch"]), cost_model_from_json(h["cost_model"]), tuple(h["bucket_edges"]))
+            for h in m.cost_history
+        )
+        weights = tuple(m.buckets.weights[:k])
         fields: dict[str, Any] = {
             "world_size": m.world_size,
             "batch_size": m.batch_size,
@@ -132,11 +158,12 @@ class PlanConfig:
             "strategy": m.strategy,
             "policy": m.policy,
             "num_buckets": m.buckets.k,
-            "weights": tuple(m.buckets.weights[:k]),
+            "weights": None if all(w == 1.0 for w in weights) else weights,  # None: all 1, any k
             "caps": Caps.from_json(dict(m.caps) if m.caps is not None else None),
             "max_plan_factor": MAX_PLAN_FACTOR if m.max_plan_factor is None else m.max_plan_factor,
             "repeat": repeat,
             "heaviest_first": first,
+            "earlier": earlier,
         }
         return cls(**(fields | changes))
 
@@ -214,15 +241,57 @@ def bucket_info(scored: pa.Table, edges: NDArray[np.float64], cfg: PlanConfig) -
     }
 
 
+#: The size features a cost model reads (``sample_costs``): what ``as_planned`` needs of an earlier epoch.
+COST_FEATURES = ("num_in_range", "num_points", "occupied_voxels")
+
+
+class _Recosted:
+    """A scored table (or validate's view of one) with ``cost`` and ``bucket_id`` replaced."""
+
+    def __init__(
+        self, base: Any, model: CostModel, cost: NDArray[np.float64], bucket_id: NDArray[np.int32]
+    ) -> None:
+        self.base, self.model, self.num_rows, self.column_names = (
+            base,
+            model,
+            base.num_rows,
+            base.column_names,
+        )
+        self._own = {"cost": pa.array(cost, pa.float64()), "bucket_id": pa.array(bucket_id, pa.int32())}
+
+    def column(self, name: str) -> Any:
+        return self._own[name] if name in self._own else self.base.column(name)
+
+    def __getattr__(self, name: str) -> Any:  # the view's lookups (find, path_keys, ...)
+        return getattr(self.base, name)
+
+
+def as_planned(scored: Any, epoch: int, cfg: PlanConfig) -> Any:
+    """``scored`` as epoch ``epoch`` was planned: itself, or for an epoch before a re-plan
+    (``cfg.planned_with``) with ``cost`` from the model that planned it and ``bucket_id`` from the
+    buckets it had then; the table then needs ``COST_FEATURES``. The build, validate and report plan and
+    check every epoch through this one function."""
+    then = cfg.planned_with(epoch)
+    if isinstance(scored, _Recosted):
+        if then is not None and scored.model == then[0]:
+            return scored
+        scored = scored.base
+    if then is None:
+        return scored
+    model, edges = then
+    costs = sample_costs(scored, model)
+    return _Recosted(scored, model, costs, buckets.assign_buckets(costs, np.asarray(edges, np.float64)))
+
+
 def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig, *, baseline: bool = True) -> EpochPlan:
-    """Plan one epoch in sample space, once.
+    """Plan one epoch in sample space, once (with the costs that plan it: ``as_planned``).
 
     Equal-count strategies plan a pool fitted to whole steps (``cfg.policy``); variable-count ones
     (``budget``) plan the whole pool, nothing dropped or padded. With caps the table needs
     ``num_points``. ``baseline=False`` skips the ``random`` reference and the stats (an empty
     baseline and ``{}``): what a check that only compares plans needs.
     """
-    plan, pool, costs, dropped, padded = _plan_pool(scored, epoch, cfg)
+    plan, pool, costs, dropped, padded = _plan_pool(as_planned(scored, epoch, cfg), epoch, cfg)
     if not baseline:
         return EpochPlan(_to_samples(plan, pool), np.empty((0, cfg.world_size, cfg.batch_size), np.int64), {})
     w, b = cfg.world_size, cfg.batch_size

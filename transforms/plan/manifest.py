@@ -6,13 +6,14 @@ injected ``write(rel, data)``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from lidarshard import schemas
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.arrow import sha256_hex
 from lidarshard.transforms.plan.epochs import PlanConfig
 
-__all__ = ["Write", "write_file", "build_manifest"]
+__all__ = ["Write", "write_file", "build_manifest", "Kept", "kept_from"]
 
 #: ``write(relative path, data)``: stores one file of the manifest directory being built.
 Write = Callable[[str, bytes], None]
@@ -65,3 +66,36 @@ def build_manifest(
         }
     )
     return Manifest.from_json(obj, schemas.MANIFEST_FILE)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a re-plan (``build --replan-from E``) must keep of the manifest it continues: the samples
+    (``inputs_fingerprint``) and the plan files of epochs ``< E``, byte for byte (their sha256)."""
+
+    previous: str
+    inputs_fingerprint: str
+    files: tuple[tuple[str, str], ...]
+
+    def problem(self, built: Manifest) -> str | None:
+        """Why ``built`` does not continue the previous manifest (one line), or None."""
+        if built.inputs_fingerprint != self.inputs_fingerprint:
+            return (
+                f"the re-plan accepted other samples than {self.previous} (inputs_fingerprint "
+                f"{built.inputs_fingerprint[:12]} != {self.inputs_fingerprint[:12]}): the new cost model rejects "
+                "samples the previous one planned; fix the cost model"
+            )
+        for rel, sha in self.files:
+            entry = built.files.get(rel)
+            if entry is None or entry.sha256 != sha:
+                return (
+                    f"{rel} of the re-plan differs from {self.previous}'s: the epochs before --replan-from cannot be "
+                    "kept (were other plan flags given than the previous build's?)"
+                )
+        return None
+
+
+def kept_from(previous: str, m: Manifest, epoch: int) -> Kept:
+    """The ``Kept`` of a re-plan of manifest ``m`` (directory ``previous``) from ``epoch`` on."""
+    files = tuple((rel, entry.sha256) for e in range(epoch) for rel, entry in m.epoch_files(e).items())
+    return Kept(previous, m.inputs_fingerprint, files)

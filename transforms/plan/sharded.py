@@ -41,6 +41,8 @@ COPIED = ["sample_id", "path", "sweep_paths", "cost", "bucket_id"]
 ROWS_PER_SHARD = 1 << 16
 
 _FIXED = ("step", "slot", "rank_count", "global_count")
+#: Copied columns an epoch's assignment may carry itself: the costs of an epoch planned before a re-plan.
+_OWN = ("cost", "bucket_id")
 #: The plan file's columns a piece holds: all but the (epoch, rank) key, which ``finish_rank`` adds.
 _KEY = tuple(name for name, _, _ in schemas.PLAN_KEY_FIELDS)
 
@@ -70,7 +72,8 @@ def rank_pieces(rows: pa.Table, start: int, part: dict[str, NDArray]) -> dict[in
     Args:
         rows: the ``COPIED`` columns of samples [start, start + rows.num_rows).
         start: sample index of ``rows``' first row.
-        part: ``slice_rows`` of the epoch's assignment for this shard.
+        part: ``slice_rows`` of the epoch's assignment for this shard; its ``cost`` and ``bucket_id``,
+            when present, replace the samples' (an epoch planned with an earlier cost model).
 
     Returns:
         {rank: table of ``plan_schema()`` without ``epoch``, ``rank``, rows in this shard's order} for
@@ -79,7 +82,7 @@ def rank_pieces(rows: pa.Table, start: int, part: dict[str, NDArray]) -> dict[in
     by_rank = np.argsort(part["rank"], kind="stable")
     ranks = part["rank"][by_rank]
     taken = rows.select(COPIED).take(pa.array(part["row"][by_rank] - start))
-    fixed = {name: pa.array(part[name][by_rank]) for name in _FIXED}
+    fixed = {name: pa.array(part[name][by_rank]) for name in (*_FIXED, *_OWN) if name in part}
     schema = _piece_schema()
     arrays = [fixed[f.name] if f.name in fixed else taken.column(f.name) for f in schema]
     table = pa.Table.from_arrays(arrays, schema=schema)

@@ -1,0 +1,121 @@
+"""``build --from-samples PREV/samples --replan-from E``: the checks and settings of a re-plan, before Beam.
+
+A re-plan continues manifest PREV: epochs ``< E`` keep PREV's plan byte for byte (planned again with the
+cost model that planned them, recorded in ``cost_history``), epochs ``E..`` are planned with the new
+``--cost-model``. Every other plan setting must be PREV's, so that a trainer that ran PREV's epochs
+``< E`` moves to the new manifest at epoch E (``sampler.switch_plan``) and its resume states stay valid.
+The build checks at its end that the kept epochs' files are PREV's (``transforms.plan.manifest.Kept``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from lidarshard.loaders.reader import load_manifest
+from lidarshard.pipelines.flags import UsageError
+from lidarshard.schemas.manifest import Manifest
+from lidarshard.transforms.features.cost import cost_model_from_json
+from lidarshard.transforms.features.recorded import previous_dir
+from lidarshard.transforms.plan.epochs import PlanConfig
+from lidarshard.transforms.plan.manifest import Kept, kept_from
+
+__all__ = ["replan_settings", "KEPT_SETTINGS", "previous_flags"]
+
+#: The plan settings a re-plan keeps: each must be the previous manifest's.
+KEPT_SETTINGS = (
+    ("world_size", "--world-size"),
+    ("batch_size", "--batch-size"),
+    ("seed", "--seed"),
+    ("strategy", "--strategy"),
+    ("policy", "--drop-last/--pad"),
+    ("caps", "--max-*-per-rank-step"),
+    ("repeat", "--repeat-factors/--sample-weights/--dataset-weights"),
+    ("heaviest_first", "--heaviest-first"),
+    ("max_plan_factor", "--max-plan-factor"),
+)
+
+
+def _previous(from_samples: str, epoch: int) -> tuple[str, Manifest]:
+    prev = previous_dir(from_samples)
+    try:
+        m = load_manifest(prev)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(f"--replan-from {epoch} continues the manifest beside --from-samples: {e}") from None
+    if not m.schema_version.startswith("4."):
+        raise UsageError(
+            f"--replan-from: {prev} was written with schema {m.schema_version}; rebuild it with this lidarshard first"
+        )
+    return prev, m
+
+
+def replan_settings(cfg: PlanConfig, from_samples: str, epoch: int) -> tuple[PlanConfig, Kept]:
+    """``cfg`` with the previous manifest's cost history and the model that planned its epochs before
+    ``epoch`` (``PlanConfig.earlier``), and what the build must keep of it.
+
+    Raises:
+        UsageError: no committed manifest beside --from-samples, ``epoch`` outside the plans, a
+            plan setting that differs from the previous manifest's, or costs given with the samples.
+    """
+    prev, m = _previous(from_samples, epoch)
+    if not epoch <= m.epochs or not epoch < cfg.epochs:
+        raise UsageError(
+            f"--replan-from {epoch}: {prev} plans epochs 0..{m.epochs - 1} and --epochs {cfg.epochs} plans "
+            f"0..{cfg.epochs - 1}; E must be at most {m.epochs} and below --epochs"
+        )
+    try:
+        before = PlanConfig.from_manifest(m)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"--replan-from: {prev}'s plan settings cannot be used ({e})") from None
+    if m.cost_model.get("name") == "given":
+        raise UsageError(
+            f"--replan-from: {prev}'s costs were given with its samples: no cost model re-plans them"
+        )
+    for name, flag in KEPT_SETTINGS:
+        mine, theirs = getattr(cfg, name), getattr(before, name)
+        if mine != theirs:
+            raise UsageError(
+                f"--replan-from keeps {prev}'s plan settings, but {flag} gives {name} {_shown(mine)} where it "
+                f"planned {_shown(theirs)}: give the previous build's flags"
+            )
+    if cfg.weights is not None or before.weights is not None:
+        raise UsageError(
+            "--replan-from with --bucket-weights: the buckets are cost quantiles and move with the cost model; "
+            "re-plan without bucket weights"
+        )
+    then = before.planned_with(epoch - 1) or (cost_model_from_json(dict(m.cost_model)), m.buckets.edges)
+    earlier = (*(h for h in before.earlier if h[0] < epoch), (epoch, *then))
+    try:
+        cfg = dataclasses.replace(cfg, earlier=earlier)
+    except ValueError as e:
+        raise UsageError(f"--replan-from {epoch}: {e}") from None
+    return cfg, kept_from(prev, m, epoch)
+
+
+def _shown(value: object) -> str:
+    to_json = getattr(value, "to_json", None)
+    return str(to_json() if callable(to_json) else value)
+
+
+def previous_flags(m: Manifest) -> dict[str, object]:
+    """The ``build`` flags (keyword form, ``lidarshard.build``) that re-plan manifest ``m`` with its own
+    plan settings (``KEPT_SETTINGS``) and epochs: what ``lidarshard.replan`` passes."""
+    cfg = PlanConfig.from_manifest(m)
+    repeat = cfg.repeat
+    datasets = ",".join(f"{name}={weight!r}" for name, weight in repeat.datasets)
+    fraction = m.provenance.get("max_reject_fraction")
+    flags: dict[str, object] = {
+        "epochs": m.epochs,
+        "seed": m.seed,
+        "strategy": m.strategy,
+        "pad": cfg.policy == "pad",
+        "heaviest_first": cfg.heaviest_first,
+        "max_plan_factor": cfg.max_plan_factor,
+        "max_points_per_rank_step": cfg.caps.max_points,
+        "max_cost_per_rank_step": cfg.caps.max_cost,
+        "max_samples_per_rank_step": cfg.caps.max_samples,
+        "repeat_factors": None if repeat.threshold is None else f"lidarseg:t={repeat.threshold!r}",
+        "sample_weights": repeat.column,
+        "dataset_weights": datasets or None,
+        "max_reject_fraction": fraction if isinstance(fraction, (int, float)) else None,
+    }
+    return flags
