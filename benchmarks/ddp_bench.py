@@ -60,7 +60,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--train-args", default="", help="extra flags for train_ddp.py (e.g. '--width 128')")
     p.add_argument("--json-out", type=Path, default=None)
     p.add_argument("--strict", action="store_true", help="exit 1 when the target is missed")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--closed-loop",
+        action="store_true",
+        help="also run 'calibrated': epoch 0 on the manifest's cost model with the StepTimer recording, then "
+        "calibrate + re-plan epochs 1.. (train_ddp.py --replan-after 1); compares epochs 1.. of all three",
+    )
+    args = p.parse_args(argv)
+    if args.closed_loop and args.plan_epochs < 2:
+        args.plan_epochs = 3  # epoch 0 measures, epochs 1.. are compared
+    return args
 
 
 def _cli(*args: str) -> None:
@@ -133,18 +142,48 @@ def _fixture(args: argparse.Namespace, work: Path) -> Path:
     return out
 
 
-def _train(manifest: Path, sampler: str, args: argparse.Namespace, work: Path, i: int) -> dict[str, Any]:
-    out = work / f"run-{sampler}-{i}.json"
+def _train(manifest: Path, mode: str, args: argparse.Namespace, work: Path, i: int) -> dict[str, Any]:
+    out = work / f"run-{mode}-{i}.json"
+    sampler = "distributed" if mode == "distributed" else "lidarshard"
     cmd = [sys.executable, str(TRAIN), "--manifest", str(manifest), "--sampler", sampler]
     cmd += ["--json-out", str(out)]
+    if mode == "calibrated":
+        cmd += ["--replan-after", "1", "--timings", str(work / f"timings-{i}")]
     if args.epochs is not None:
         cmd += ["--epochs", str(args.epochs)]
     subprocess.run(cmd + shlex.split(args.train_args), check=True, env=_env())
-    return json.loads(out.read_text())
+    run = json.loads(out.read_text())
+    if args.closed_loop:  # compare the epochs after the calibration only, for every mode
+        later = run["epochs"][1:]
+        compute = [np.asarray(e["compute_s"], dtype=np.float64) for e in later]  # (W, steps) each
+        run["linearity"] = float(sum(c.mean(0).sum() for c in compute) / sum(c.max(0).sum() for c in compute))
+        run["wall_s_per_epoch"] = float(np.mean([e["wall_s"] for e in later]))
+        planned = [b["linearity"] for b in _manifest_balance(mode, manifest, work, i)[1:]]
+        run["planned_linearity_later"] = float(np.mean(planned)) if planned else float("nan")
+    return run
+
+
+def _manifest_balance(mode: str, manifest: Path, work: Path, i: int) -> list[dict]:
+    """The balance the plan a mode trained on predicts per epoch (the re-plan's for ``calibrated``)."""
+    if mode == "distributed":
+        return []
+    out = work / f"timings-{i}" / "replan" if mode == "calibrated" else manifest
+    return json.loads((out / "_manifest.json").read_text())["balance"]
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(r[key] for r in runs))
+
+
+def _print_loop(summary: dict[str, dict[str, float]], runs: dict[str, list[dict[str, Any]]]) -> None:
+    """The closed loop's table: epochs 1.. of each mode, measured vs the plan's predicted linearity."""
+    print("\nclosed loop, epochs 1.. (after one calibration on epoch 0's recorded step times):")
+    print(f"{'mode':<12} {'wall s/epoch':>12} {'measured':>9} {'predicted':>10} {'gap':>7}")
+    for mode, r in summary.items():
+        predicted = _median(runs[mode], "planned_linearity_later") if mode != "distributed" else float("nan")
+        print(f"{mode:<12} {r['wall_s_per_epoch']:>12.3f} {r['linearity']:>9.4f} {predicted:>10.4f} "
+              f"{predicted - r['linearity']:>+7.4f}")  # fmt: skip
+    print("targets: calibrated measured >= 0.97 at B=2 (0.95 at B=1), predicted - measured <= 0.02")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,12 +198,15 @@ def main(argv: list[str] | None = None) -> int:
             manifest = _fixture(args, work)
         else:
             manifest = _synth_build(args, work)
-        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SAMPLERS}
+        modes = (*SAMPLERS, "calibrated") if args.closed_loop else SAMPLERS
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in modes}
         for i in range(args.repeats):
-            for s in SAMPLERS if i % 2 == 0 else SAMPLERS[::-1]:
+            for s in modes if i % 2 == 0 else modes[::-1]:
                 runs[s].append(_train(manifest, s, args, work, i))
     keys = ("wall_s_per_epoch", "linearity", "cpu_linearity", "points_linearity", "cost_linearity")
-    summary = {s: {k: _median(runs[s], k) for k in keys} for s in SAMPLERS}
+    summary = {s: {k: _median(runs[s], k) for k in keys} for s in modes}
+    if args.closed_loop:
+        _print_loop(summary, runs)
     base, ours = summary["distributed"], summary["lidarshard"]
     print(f"\nmanifest: {manifest}  (2 gloo ranks, 1 thread each; medians of {args.repeats} run(s))")
     print(

@@ -54,7 +54,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
+import lidarshard
 from lidarshard.loaders import load_manifest, read_samples
+from lidarshard.loaders.timing import StepTimer
 from lidarshard.loaders.torch import (
     IGNORE_LABEL,
     BalancedBatchSampler,
@@ -62,6 +64,7 @@ from lidarshard.loaders.torch import (
     PointCloudDataset,
     collate,
 )
+from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.transforms import progress
 from lidarshard.transforms.plan.metrics import load_linearity
 
@@ -160,7 +163,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--progress", action="store_true", help="the progress line also when stderr is no terminal"
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--replan-after",
+        type=int,
+        default=None,
+        metavar="E",
+        help="close the loop: record step times (StepTimer) for epochs 0..E-1 into --timings, then rank 0 "
+        "calibrates and re-plans epochs E.. (lidarshard.replan) and every rank's sampler switches to it",
+    )
+    p.add_argument("--timings", type=Path, default=None, help="StepTimer directory (with --replan-after)")
+    args = p.parse_args(argv)
+    if args.replan_after is not None and (args.timings is None or args.sampler != "lidarshard"):
+        p.error("--replan-after needs --timings DIR and --sampler lidarshard")
+    return args
 
 
 def _loader(
@@ -173,6 +188,21 @@ def _loader(
         return PlanLoader(dataset, sampler, **opts), sampler  # state_dict() counts trained batches
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed, drop_last=True)
     return DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch, drop_last=True), **opts), sampler
+
+
+def _replan(args: argparse.Namespace, timer: StepTimer, rank: int) -> str:
+    """The re-plan of ``args.manifest`` from epoch ``args.replan_after`` on the cost model fitted to the
+    timings recorded so far: rank 0 calibrates and builds it, the others wait; its directory."""
+    timer.close()
+    dist.barrier()  # every rank's timings are on disk
+    out = str(args.timings / "replan")
+    if rank == 0:
+        fit = str(args.timings / "cost_model.json")
+        if cli_main(["calibrate", str(args.manifest), "--timings", str(args.timings), "-o", fit]) != 0:
+            raise RuntimeError("calibrate failed on the recorded timings")
+        lidarshard.replan(str(args.manifest), out, args.replan_after, f"@{fit}", runner="FnApiRunner")
+    dist.barrier()
+    return out
 
 
 def _allreduce_grads(params: list[nn.Parameter], world: int) -> None:
@@ -269,6 +299,7 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
     )
     predicted = torch.tensor(read_samples(args.manifest, ["cost"])["cost"].to_numpy())  # cost model units
     loader, sampler = _loader(args, dataset, rank, world, manifest.batch_size)
+    timer = StepTimer(args.timings, rank=rank, world_size=world) if args.replan_after is not None else None
     torch.manual_seed(args.seed)
     probe = dataset[0]["points"]
     model = SegNet(probe.shape[1], args.width, classes, args.voxel_size)
@@ -284,18 +315,26 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
     initial = _evaluate(model, val, classes, rank, world) if val is not None else None
     shown = progress.Ticker("steps", shown=rank == 0 and (args.progress or sys.stderr.isatty()))
     for epoch in range(epochs):
+        if timer is not None and epoch == args.replan_after:
+            replanned = _replan(args, timer, rank)  # every rank moves to the re-plan, no restart
+            sampler.switch_plan(replanned)
+            predicted = torch.tensor(read_samples(replanned, ["cost"])["cost"].to_numpy())
+            timer = None
         sampler.set_epoch(epoch)
         steps = min(len(loader), args.max_steps if args.max_steps is not None else len(loader))
         shown.start(f"train_ddp epoch {epoch + 1} of {epochs}", steps)
         wall_c, cpu_c, pts_c, cost_c, loss_c = [], [], [], [], []
         dist.barrier()
         t0 = time.perf_counter()
-        for step, batch in enumerate(loader):
+        batches = loader if timer is None else timer.steps(loader)
+        for step, batch in enumerate(batches):
             if args.max_steps is not None and step >= args.max_steps:
                 break
             opt.zero_grad(set_to_none=False)
             weight = _rank_weight(sampler, step, len(batch["sample_id"]), world)
             w, c, loss, rows = _compute(model, batch, classes, args.emit_timings is not None, weight)
+            if timer is not None:
+                timer.mark_compute_done()  # the rank's own compute ends before the all-reduce
             _allreduce_grads(params, world)
             opt.step()
             wall_c.append(w)

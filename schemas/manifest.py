@@ -399,7 +399,9 @@ def _history(r: _Reader, epochs: int) -> tuple[Mapping[str, Any], ...]:
     )
     if not good:
         raise r.fail(
-            "cost_history", f"a list of {{until_epoch (rising, 1..{epochs - 1}), cost_model, bucket_edges}}", h
+            "cost_history",
+            f"a list of {{until_epoch (rising, 1..{epochs - 1}), cost_model, bucket_edges}}",
+            h,
         )
     return tuple(dict(x) for x in h)
 

@@ -24,7 +24,13 @@ from lidarshard.loaders.torch import BalancedBatchSampler, PlanLoader  # noqa: E
 
 W, B, EPOCHS = 2, 2, 3
 NEW_MODEL = "linear:0,0,1,2"  # voxels squared: a plan unlike the voxel one
-PLAN = {"world_size": W, "batch_size": B, "epochs": EPOCHS, "strategy": "balanced", "max_reject_fraction": 0.1}
+PLAN = {
+    "world_size": W,
+    "batch_size": B,
+    "epochs": EPOCHS,
+    "strategy": "balanced",
+    "max_reject_fraction": 0.1,
+}
 
 
 def _build(out: Path, **flags) -> dict:
@@ -41,7 +47,9 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     lidarshard.build(str(data), str(prev), pipeline_args=BEAM_TEST_FLAGS, **PLAN)
     samples = str(prev / "samples")
     _build(root / "new", from_samples=samples, replan_from=1, cost_model=NEW_MODEL)
-    _build(root / "newer", from_samples=str(root / "new" / "samples"), replan_from=2, cost_model="linear:1,0.5,2")
+    _build(
+        root / "newer", from_samples=str(root / "new" / "samples"), replan_from=2, cost_model="linear:1,0.5,2"
+    )
     _build(root / "fresh", from_samples=samples, cost_model=NEW_MODEL)
     return {name: root / name for name in ("prev", "new", "newer", "fresh")}
 
@@ -90,7 +98,10 @@ def test_validate_rechecks_the_kept_epochs_with_the_model_that_planned_them(runs
         ({"replan_from": 4, "epochs": 5}, "E must be at most 3"),
         ({"replan_from": 3}, "below --epochs"),
         ({"replan_from": 1, "seed": 5}, "--seed gives seed 5 where it planned 0"),
-        ({"replan_from": 1, "strategy": "mixed"}, "--strategy gives strategy mixed where it planned balanced"),
+        (
+            {"replan_from": 1, "strategy": "mixed"},
+            "--strategy gives strategy mixed where it planned balanced",
+        ),
     ],
 )
 def test_a_replan_that_cannot_continue_is_one_line_before_beam(runs, tmp_path, flags, message) -> None:
@@ -104,7 +115,14 @@ def test_a_replan_that_cannot_continue_is_one_line_before_beam(runs, tmp_path, f
 
 
 def test_the_cli_says_it_in_one_line(runs, tmp_path, capsys) -> None:
-    argv = ["build", str(tmp_path / "o"), "--from-samples", str(runs["fresh"] / "samples"), "--world-size", "2"]
+    argv = [
+        "build",
+        str(tmp_path / "o"),
+        "--from-samples",
+        str(runs["fresh"] / "samples"),
+        "--world-size",
+        "2",
+    ]
     argv += ["--batch-size", "2", "--epochs", "3", "--replan-from", "1", "--strategy", "random"]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -164,7 +182,10 @@ def test_plan_loader_and_elastic_switch_too(runs) -> None:
     # elastic on 3 ranks re-plans the remaining entries with the costs that planned the epoch: the same
     # from PREV or from NEW for epoch 0
     for rank in range(3):
-        a, b = ElasticBatchSampler(prev, rank, 3, batch_size=1), ElasticBatchSampler(new, rank, 3, batch_size=1)
+        a, b = (
+            ElasticBatchSampler(prev, rank, 3, batch_size=1),
+            ElasticBatchSampler(new, rank, 3, batch_size=1),
+        )
         assert _batches(a, 0) == _batches(b, 0)
         assert a.switch_plan(new) == 1
         assert _batches(a, 1) == _batches(b, 1)
