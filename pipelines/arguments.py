@@ -20,6 +20,7 @@ from lidarshard.transforms.parts import PART_ROWS
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP
 from lidarshard.transforms.plan.epochs import MAX_PLAN_FACTOR
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST
+from lidarshard.transforms.plan.speeds import parse_rank_speed
 
 __all__ = [
     "DEFAULT_REJECT_FRACTION",
@@ -123,6 +124,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     flag(g, "--heaviest-first", "off | points | cost: fail fast on memory: each epoch's step 0 is the step "
          "holding its heaviest rank-step by points (num_points) or predicted cost, the sums the caps bound; "
          "only the order of the steps changes", choices=HEAVIEST_FIRST, default="off")  # fmt: skip
+    flag(g, "--rank-speed", "S0,S1,.. or @file.json: each rank's relative speed (mixed hardware, e.g. 1,1,0.6,0.6): "
+         "budget gives each rank work in proportion at every step; other strategies hand each step's heaviest "
+         "batch to the fastest rank", type=_rank_speed, shown="all equal", metavar="S0,S1,..")  # fmt: skip
     rep = g.add_mutually_exclusive_group()
     flag(rep, "--repeat-factors", "LVIS-style repeat factors from the lidarseg labels: a sample's weight is "
          "the max over its classes c of max(1, sqrt(T / f_c)), f_c the share of labelled samples holding c",
@@ -131,6 +135,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
          "--from-samples table; fractional weights are realized per epoch by seeded stochastic rounding",
          metavar="COLUMN")  # fmt: skip
     parser.set_defaults(policy="drop_last")
+
+
+def _rank_speed(text: str) -> tuple[float, ...]:
+    try:
+        return parse_rank_speed(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _repeat_factors(text: str) -> float:

@@ -150,6 +150,12 @@ def print_summary(out: str) -> None:
         print(
             "pair repeat rate epoch 0->1: " + ", ".join(f"{k} {v:.4f}" for k, v in m.pair_repeat_rate.items())
         )
+    if m.rank_speed is not None:
+        speeds = ",".join(f"{v:g}" for v in m.rank_speed)
+        print(
+            f"rank speeds {speeds}: linearity of the ranks' times (cost / speed) per epoch "
+            + ", ".join(f"{b.get('speed_linearity', float('nan')):.4f}" for b in m.balance)
+        )
     for line in filter(None, map(plan_buys, m.balance)):
         print(line)
     print(f"wrote {out}")

@@ -32,6 +32,7 @@ KEPT_SETTINGS = (
     ("repeat", "--repeat-factors/--sample-weights/--dataset-weights"),
     ("heaviest_first", "--heaviest-first"),
     ("max_plan_factor", "--max-plan-factor"),
+    ("rank_speed", "--rank-speed"),
 )
 
 
@@ -117,5 +118,6 @@ def previous_flags(m: Manifest) -> dict[str, object]:
         "sample_weights": repeat.column,
         "dataset_weights": datasets or None,
         "max_reject_fraction": fraction if isinstance(fraction, (int, float)) else None,
+        "rank_speed": None if cfg.rank_speed is None else ",".join(repr(v) for v in cfg.rank_speed),
     }
     return flags

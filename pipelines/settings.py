@@ -185,7 +185,17 @@ def plan_config(args: argparse.Namespace) -> PlanConfig:
         caps=Caps(args.max_points_per_rank_step, args.max_cost_per_rank_step, args.max_samples_per_rank_step),
         repeat=WeightSpec(args.repeat_factors, args.sample_weights, _dataset_weights(args.dataset_weights)),
         heaviest_first=args.heaviest_first,
+        rank_speed=_rank_speed(args),
     )
+
+
+def _rank_speed(args: argparse.Namespace) -> tuple[float, ...] | None:
+    speeds = args.rank_speed
+    if speeds is not None and len(speeds) != args.world_size:
+        raise UsageError(
+            f"--rank-speed gives {len(speeds)} speeds but --world-size is {args.world_size}: give one per rank"
+        )
+    return speeds
 
 
 def _dataset_weights(text: str | None) -> tuple[tuple[str, float], ...]:

@@ -31,7 +31,7 @@ adds fields (``ADDED_IN``): a 3.1 reader reads 3.0 files as ``sample_schema("3.0
 ``plan/epoch-E/rank-R/`` with ``epoch`` and ``rank`` as columns of each file (``plan_file``);
 4.1 added the samples' ``dataset`` (several INPUTs in one plan) and ``frame`` / ``sweep_frames`` (samples
 that are rows of a multi-frame file, Waymo v2); 4.2 added the manifest's ``cost_history`` (the epochs before
-a ``build --replan-from`` keep the plan and the cost model that planned them). This lidarshard reads 3.x
+a ``build --replan-from`` keep the plan and the cost model that planned them) and ``rank_speed`` (mixed hardware). This lidarshard reads 3.x
 (``READABLE_MAJORS``) and 4.x; it writes 4.2.
 """
 
@@ -382,6 +382,8 @@ MANIFEST_KEYS: dict[str, str] = {
     "seed": "int: the plan's seed",
     "strategy": "name of the planning strategy",
     "cost_model": "{'name': 'points'|'voxels'|'linear', 'c0', 'a', 'b'[, 'q']}: cost = c0 + a*points + b*voxels^q",
+    "rank_speed": "[W floats > 0] (4.2, absent when not given): each rank's relative speed (--rank-speed); balance "
+    "entries then add 'speed_linearity', the linearity of the ranks' times cost / speed",
     "cost_history": "[{'until_epoch': E, 'cost_model': {...}}] (4.2, absent when empty): the models that planned "
     "the epochs before each re-plan (build --replan-from), rising; later epochs were planned with cost_model",
     "buckets": "{'edges': [K-1 floats, cost units], 'weights': [K floats], 'counts': [K ints]}",

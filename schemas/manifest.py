@@ -24,7 +24,7 @@ __all__ = ["Manifest", "Counts", "Buckets", "FileEntry", "POLICIES", "relpath_pr
 POLICIES = ("drop_last", "pad")
 #: The plan keys, in the order ``to_json`` writes them after the provenance.
 _PLAN_KEYS = (
-    "world_size", "batch_size", "epochs", "seed", "strategy", "policy", "max_plan_factor", "caps", "repeat", "cost_model",
+    "world_size", "batch_size", "epochs", "seed", "strategy", "policy", "max_plan_factor", "caps", "rank_speed", "repeat", "cost_model",
     "cost_history", "buckets", "steps_per_epoch", "counts", "balance", "pair_repeat_rate", "inputs_fingerprint", "files",
     "plan_schema",
 )  # fmt: skip
@@ -190,6 +190,8 @@ class Manifest:
     #: ``[{"until_epoch": E, "cost_model": {...}}, ...]``: the models that planned the epochs before each
     #: re-plan (``build --replan-from``), ascending; empty: every epoch was planned with ``cost_model``.
     cost_history: tuple[Mapping[str, Any], ...] = ()
+    #: ``--rank-speed``: (W,) relative speed of each rank (mixed hardware), or None.
+    rank_speed: tuple[float, ...] | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------------------- reading
@@ -242,6 +244,7 @@ class Manifest:
             max_plan_factor=_factor(r),
             plan_schema=obj.get("plan_schema") if isinstance(obj.get("plan_schema"), list) else None,
             cost_history=_history(r, epochs),
+            rank_speed=_speeds(r),
             provenance={
                 k: v
                 for k, v in obj.items()
@@ -265,6 +268,7 @@ class Manifest:
             "policy": self.policy,
             **({} if self.max_plan_factor is None else {"max_plan_factor": self.max_plan_factor}),
             "caps": None if self.caps is None else dict(self.caps),
+            **({} if self.rank_speed is None else {"rank_speed": list(self.rank_speed)}),
             "repeat": None if self.repeat is None else dict(self.repeat),
             "cost_model": dict(self.cost_model),
             **({"cost_history": [dict(h) for h in self.cost_history]} if self.cost_history else {}),
@@ -404,6 +408,23 @@ def _history(r: _Reader, epochs: int) -> tuple[Mapping[str, Any], ...]:
             h,
         )
     return tuple(dict(x) for x in h)
+
+
+def _speeds(r: _Reader) -> tuple[float, ...] | None:
+    v = r.obj.get("rank_speed")
+    if v is None:
+        return None
+    w = r.obj.get("world_size")
+    good = (
+        isinstance(v, list)
+        and len(v) == w
+        and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in v
+        )
+    )
+    if not good:
+        raise r.fail("rank_speed", f"a list of world_size ({w}) numbers > 0", v)
+    return tuple(float(x) for x in v)
 
 
 def _edges(edges: object) -> bool:

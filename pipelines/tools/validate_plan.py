@@ -338,7 +338,9 @@ def check_epoch(
     in_pool[plan < 0] = -1
     del pool, entries
     w, b = m.world_size, m.batch_size
-    again = balance_summary(in_pool, costs, w, b, baseline=np.empty((0, w, b), np.int64), epoch=e)
+    again = balance_summary(
+        in_pool, costs, w, b, baseline=np.empty((0, w, b), np.int64), epoch=e, speeds=m.rank_speed
+    )
     del again["random_linearity"]  # of the empty baseline
     if derived is not None:
         again["random_linearity"] = derived.stats["random_linearity"]

@@ -23,11 +23,13 @@ from numpy.typing import NDArray
 from lidarshard.transforms.plan import balanced, budget, megabatch, mixed, stratified
 from lidarshard.transforms.plan import random as random_
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
+from lidarshard.transforms.plan.speeds import fastest_heaviest
 
 __all__ = [
     "PlanFn",
     "STRATEGIES",
     "VARIABLE_COUNT",
+    "SPEED_AWARE",
     "DEFAULT_STRATEGY",
     "STRATEGY_HELP",
     "plan_epoch",
@@ -52,6 +54,10 @@ STRATEGIES: dict[str, PlanFn] = {
 
 #: Strategies whose rank-steps hold a variable number of samples (``-1`` pads the plan).
 VARIABLE_COUNT = frozenset({"budget"})
+
+#: Strategies that plan for per-rank speeds themselves: ``fn(costs, W, B, rng, bucket_ids, limits, speeds)``
+#: with (W,) speeds of mean 1, each rank's load at a step ~ its speed; the others are reordered per step.
+SPEED_AWARE: dict[str, Callable[..., NDArray[np.int64]]] = {}
 
 DEFAULT_STRATEGY = "mixed"
 
@@ -82,6 +88,7 @@ def plan_epoch(
     epoch: int,
     bucket_ids: NDArray[np.int32] | None = None,
     limits: PoolLimits | None = None,
+    speeds: NDArray[np.float64] | None = None,
 ) -> NDArray[np.int64]:
     """Plan one epoch with a registered strategy, then check the caps.
 
@@ -96,6 +103,9 @@ def plan_epoch(
         epoch: epoch index >= 0.
         bucket_ids: optional (P,) bucket ids >= 0 (used by ``stratified``).
         limits: optional caps with the pool's points; honoured by ``budget``, checked for all.
+        speeds: optional (W,) relative rank speeds (``--rank-speed``): a ``SPEED_AWARE`` strategy plans
+            for them; the others' steps hand the heaviest batch to the fastest rank
+            (``speeds.fastest_heaviest``).
 
     Returns:
         (S, W, M) int64: equal-count strategies (P // (W*B), W, B), a permutation of ``arange(P)``;
@@ -126,7 +136,16 @@ def plan_epoch(
     if costs.size == 0:
         return np.empty(shape, dtype=np.int64)
     rng = np.random.default_rng([seed, epoch, strategy_salt(strategy)])
-    out = STRATEGIES[strategy](costs, world_size, batch_size, rng, bucket_ids, limits)
+    if speeds is not None:
+        speeds = np.asarray(speeds, dtype=np.float64)
+        if speeds.shape != (world_size,) or not (np.isfinite(speeds) & (speeds > 0)).all():
+            raise ValueError(f"speeds must be {world_size} finite values > 0")
+    if speeds is not None and strategy in SPEED_AWARE:
+        out = SPEED_AWARE[strategy](costs, world_size, batch_size, rng, bucket_ids, limits, speeds)
+    else:
+        out = STRATEGIES[strategy](costs, world_size, batch_size, rng, bucket_ids, limits)
+        if speeds is not None:
+            out = fastest_heaviest(out, costs, speeds)
     if (out.shape[1] != world_size or (out[..., 0] < 0).any()) if variable else out.shape != shape:
         raise AssertionError(f"strategy {strategy!r} returned a plan of shape {out.shape}, expected {shape}")
     check_caps(out, limits, costs, epoch)

@@ -10,6 +10,7 @@ re-derives them independently with the same functions.
 
 from __future__ import annotations
 
+import math
 import os
 import zlib
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_facto
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, order, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
+from lidarshard.transforms.plan.speeds import normalized
 
 __all__ = [
     "MAX_PLAN_FACTOR",
@@ -74,6 +76,8 @@ class PlanConfig:
     #: entry's on) were planned with ``model``'s costs in those buckets, later ones with the samples' own
     #: ``cost`` and ``bucket_id`` (``build --replan-from``).
     earlier: tuple[tuple[int, CostModel, tuple[float, ...]], ...] = ()
+    #: ``--rank-speed``: (W,) relative speed of each rank (mixed hardware), None: all equal.
+    rank_speed: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.batch_size < 1 or self.epochs < 1:
@@ -87,6 +91,14 @@ class PlanConfig:
         if self.heaviest_first not in order.HEAVIEST_FIRST:
             raise ValueError(
                 f"unknown --heaviest-first {self.heaviest_first!r}; choose from {list(order.HEAVIEST_FIRST)}"
+            )
+        if self.rank_speed is not None and (
+            len(self.rank_speed) != self.world_size
+            or not all(math.isfinite(v) and v > 0 for v in self.rank_speed)
+        ):
+            raise ValueError(
+                f"--rank-speed gives {len(self.rank_speed)} speeds for --world-size {self.world_size} ranks: "
+                "give one finite speed > 0 per rank"
             )
         ends = [e for e, _, _ in self.earlier]
         if ends != sorted(set(ends)) or any(not 0 < e < self.epochs for e in ends):
@@ -122,6 +134,7 @@ class PlanConfig:
             "max_plan_factor": self.max_plan_factor,
             "caps": self.caps.to_json() | first,
             **({"cost_history": history} if history else {}),
+            **({"rank_speed": list(self.rank_speed)} if self.rank_speed is not None else {}),
         }
 
     @classmethod
@@ -164,6 +177,7 @@ class PlanConfig:
             "repeat": repeat,
             "heaviest_first": first,
             "earlier": earlier,
+            "rank_speed": m.rank_speed,
         }
         return cls(**(fields | changes))
 
@@ -296,7 +310,7 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig, *, baseline: boo
         return EpochPlan(_to_samples(plan, pool), np.empty((0, cfg.world_size, cfg.batch_size), np.int64), {})
     w, b = cfg.world_size, cfg.batch_size
     reference = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=cfg.seed, epoch=epoch)
-    stats = balance_summary(plan, costs, w, b, baseline=reference, epoch=epoch)
+    stats = balance_summary(plan, costs, w, b, baseline=reference, epoch=epoch, speeds=cfg.rank_speed)
     stats |= {"planned": int(pool.size), "dropped": int(dropped), "padded": int(padded)}
     del costs
     return EpochPlan(_to_samples(plan, pool), _to_samples(reference, pool), stats)
@@ -329,8 +343,17 @@ def _plan_pool(
         points = scored.column("num_points").to_numpy()[pool] if "num_points" in scored.column_names else None
     limits = PoolLimits(cfg.caps, points) if cfg.caps.active else None
     pooled = costs[pool]
+    speeds = None if cfg.rank_speed is None else normalized(cfg.rank_speed)
     plan = plan_epoch(
-        cfg.strategy, pooled, w, b, seed=cfg.seed, epoch=epoch, bucket_ids=ids[pool], limits=limits
+        cfg.strategy,
+        pooled,
+        w,
+        b,
+        seed=cfg.seed,
+        epoch=epoch,
+        bucket_ids=ids[pool],
+        limits=limits,
+        speeds=speeds,
     )
     if cfg.heaviest_first == "points":
         if points is None:

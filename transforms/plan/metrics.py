@@ -10,7 +10,7 @@ the numbers are put in plain words (the build's summary and the report), ``COLUM
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ __all__ = [
     "rank_costs",
     "linearity",
     "step_linearity",
+    "speed_linearity",
     "equal_count_pool",
     "greedy_reference_linearity",
     "REFERENCE_KEY",
@@ -52,6 +53,12 @@ def load_linearity(loads: NDArray[np.float64]) -> float:
 def linearity(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
     """Predicted linearity of ``plan`` (S, W, B) in [1/W, 1]; 1.0 for empty or zero-cost plans."""
     return load_linearity(rank_costs(plan, costs))
+
+
+def speed_linearity(plan: NDArray[np.int64], costs: NDArray[np.float64], speeds: Sequence[float]) -> float:
+    """Linearity of the ranks' predicted *times* ``load / speed`` (``--rank-speed``, (W,) > 0): 1.0 when
+    every rank finishes every step together."""
+    return load_linearity(rank_costs(plan, costs) / np.asarray(speeds, dtype=np.float64)[None, :])
 
 
 def step_linearity(step_costs: NDArray[np.float64], world_size: int, batch_size: int) -> float:
@@ -183,6 +190,7 @@ def balance_summary(
     *,
     baseline: NDArray[np.int64],
     epoch: int,
+    speeds: Sequence[float] | None = None,
 ) -> dict[str, float | int]:
     """The manifest's per-epoch ``balance`` object (floats rounded to 6 decimals).
 
@@ -193,7 +201,8 @@ def balance_summary(
     ``random_linearity`` (linearity of ``baseline``),
     ``spearman_step_cost``, ``worst_step_linearity`` (min over steps of mean/max rank cost),
     ``rank_total_cv`` (coefficient of variation of per-rank epoch totals), ``mean_count`` and
-    ``max_count`` (samples per rank-step). With variable counts (``-1`` pads, any pool size) the
+    ``max_count`` (samples per rank-step); with rank ``speeds`` (W,) also ``speed_linearity``, the
+    linearity of the ranks' times ``cost / speed``. With variable counts (``-1`` pads, any pool size) the
     equal-count ``greedy_reference`` and ``random_linearity`` use the pool's first ``P - P % (W*B)`` entries.
     """
     rc = rank_costs(plan, costs)
@@ -211,6 +220,8 @@ def balance_summary(
         "worst_step_linearity": worst,
         "rank_total_cv": cv,
     }
+    if speeds is not None:
+        values["speed_linearity"] = speed_linearity(plan, costs, speeds)
     counts = (plan >= 0).sum(axis=-1)
     out: dict[str, float | int] = {"epoch": int(epoch), "steps": int(plan.shape[0])}
     out["max_count"] = int(counts.max(initial=0))

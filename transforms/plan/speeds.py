@@ -1,0 +1,72 @@
+"""Mixed hardware: per-rank relative speeds (``--rank-speed 1,1,0.6,0.6``). Pure numpy.
+
+A rank of speed ``s`` takes ``cost / s`` to train what costs ``cost``; a plan is balanced when every rank's
+*time* ``load / s_r`` is the same at every step. ``budget`` (variable counts) targets ``load_r ∝ s_r`` at
+every step; an equal-count strategy cannot change counts, so each of its steps hands the heaviest rank
+batch to the fastest rank (:func:`fastest_heaviest`), which is all a fixed batch size allows. The
+manifest's balance then also records ``metrics.speed_linearity``, and the loss scale of
+a step stays ``W / N`` over its samples (``loaders``), however they are spread.
+
+Plans are ``(S, W, M)`` int64 indices into ``costs``, ``-1`` = empty slot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+
+from lidarshard.transforms import storage
+from lidarshard.transforms.plan.metrics import rank_costs
+
+__all__ = ["parse_rank_speed", "normalized", "fastest_heaviest"]
+
+
+def parse_rank_speed(text: str) -> tuple[float, ...]:
+    """``S0,S1,...`` or ``@file.json`` (a list, or ``{"rank_speed": [...]}``): finite speeds > 0.
+
+    Raises:
+        ValueError: not such a list (one line).
+    """
+    if text.startswith("@"):
+        try:
+            obj = storage.read_json(text[1:], what="the file")
+        except FileNotFoundError:
+            raise ValueError(f"{text[1:]}: no such file") from None
+        values = obj.get("rank_speed") if isinstance(obj, dict) else obj
+        if not isinstance(values, list):
+            raise ValueError(
+                f'{text[1:]} must hold a list of speeds or {{"rank_speed": [...]}}, got {json.dumps(obj)[:60]}'
+            )
+    else:
+        values = [v.strip() for v in text.split(",")]
+    try:
+        speeds = tuple(float(v) for v in values if not isinstance(v, bool))
+    except (TypeError, ValueError):
+        raise ValueError(f"rank speeds must be numbers, got {text[:80]!r}") from None
+    if len(speeds) != len(values) or not speeds or not all(math.isfinite(s) and s > 0 for s in speeds):
+        raise ValueError(f"rank speeds must be finite numbers > 0, one per rank, got {text[:80]!r}")
+    return speeds
+
+
+def normalized(speeds: tuple[float, ...] | NDArray[np.float64]) -> NDArray[np.float64]:
+    """(W,) speeds scaled to mean 1."""
+    s = np.asarray(speeds, dtype=np.float64)
+    return s / s.mean()
+
+
+def fastest_heaviest(
+    plan: NDArray[np.int64], costs: NDArray[np.float64], speeds: NDArray[np.float64]
+) -> NDArray[np.int64]:
+    """``plan`` (S, W, M) with each step's rank batches reordered so the k-th heaviest goes to the k-th
+    fastest rank (stable: ties keep rank order). The steps, their batches and their counts are unchanged."""
+    if plan.size == 0:
+        return plan
+    loads = rank_costs(plan, costs)  # (S, W)
+    by_load = np.argsort(-loads, axis=1, kind="stable")  # batch of each load rank, heaviest first
+    by_speed = np.argsort(-np.asarray(speeds, dtype=np.float64), kind="stable")  # ranks, fastest first
+    out = np.empty_like(plan)
+    out[:, by_speed] = np.take_along_axis(plan, by_load[:, :, None], axis=1)
+    return out
