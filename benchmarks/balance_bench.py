@@ -2,6 +2,8 @@
 
     python benchmarks/balance_bench.py [--quick] [--costs costs.npy|samples.parquet] [--n 65536]
     python benchmarks/balance_bench.py --timing [--timing-n 1000000]   # only the planning times
+    python benchmarks/balance_bench.py --caps-timing 10000,100000,1000000   # budget under a cap
+    python benchmarks/balance_bench.py --small   # budget on pools of a few thousand samples
 
 Prints one row per (cost distribution, W, B): the greedy reference and each strategy's linearity
 (sum of mean rank cost / sum of max rank cost), and the pair-repeat rate (% of the pairs sharing
@@ -12,8 +14,10 @@ whole size mix, 1 = steps of cost neighbours). Then the targets and the planning
 1M-sample epoch (W=64, B=2) as a ratio against ``random`` in the same process, and ``budget``'s
 time as a ratio against ``balanced``'s on the same pool (``--timing``: only this part). ``budget`` (equal
 cost per rank-step, variable counts) also prints its mean samples per rank-step as a multiple of
-B, its targets, and a caps table: a heavy-tailed pool, the most points any rank gets at one step
-per strategy against a --max-points-per-rank-step cap.
+B, its targets, a small-pool table (4,096 samples: linearity, reference, pair repeat rates), a caps
+table (a heavy-tailed pool, the most points any rank gets at one step per strategy against a
+--max-points-per-rank-step cap) and ``budget``'s planning time under that cap for growing pools, with
+the exponent of time against pool size between rows (1 linear, 2 quadratic).
 """
 
 from __future__ import annotations
@@ -138,15 +142,22 @@ def check_targets(rows: list) -> None:
     print(f"target budget mean count per rank-step within 5% of B: {'OK' if not off else f'MISS {off}'}")
 
 
-def caps_table(n: int, w: int = 16, b: int = 2) -> None:
-    """Heavy-tailed pool (points ~ lognormal sigma 1.0): the most points one rank gets at one step."""
+def caps_pool(n: int, w: int, b: int) -> tuple[NDArray[np.float64], PoolLimits]:
+    """Heavy-tailed pool (points ~ lognormal sigma 1.0, cost = points) of about ``n`` samples with a
+    --max-points-per-rank-step cap of three median rank-steps: (costs (P,), limits)."""
     rng = np.random.default_rng(SEED + 1)
     points = np.round(rng.lognormal(np.log(30_000), 1.0, n - n % (w * b))).astype(np.int64)
     cap = int(3 * b * np.median(points))  # three times a median rank-step
     points = points[points <= cap]  # a sample alone above the cap would be rejected as over_cap
     points = points[: points.size - points.size % (w * b)]
-    costs = points.astype(np.float64)
-    limits = PoolLimits(Caps(max_points=cap), points)
+    return points.astype(np.float64), PoolLimits(Caps(max_points=cap), points)
+
+
+def caps_table(n: int, w: int = 16, b: int = 2) -> None:
+    """Heavy-tailed pool (points ~ lognormal sigma 1.0): the most points one rank gets at one step."""
+    costs, limits = caps_pool(n, w, b)
+    points, cap = limits.points, limits.caps.max_points
+    assert points is not None and cap is not None
     print(
         f"\ncaps: heavy-tailed pool, {points.size:,} samples, W={w} B={b}, --max-points-per-rank-step {cap:,}"
     )
@@ -158,6 +169,58 @@ def caps_table(n: int, w: int = 16, b: int = 2) -> None:
             f"{name:<12}{int(sums.max()):>22,}{sums.max() / cap:>8.2f}{int((sums > cap).sum()):>17}"
             f"{linearity(plan, costs):>11.4f}"
         )
+
+
+def time_caps(sizes: list[int], w: int = 16, b: int = 2) -> None:
+    """``budget``'s planning time under a points cap (``caps_pool``) for growing pools: the time
+    ratio against the pool ratio shows the scaling (exponent 1 = linear, 2 = quadratic)."""
+    print(f"\nbudget planning time with a points cap (caps_pool, W={w} B={b}):")
+    print(f"{'samples':>10}{'seconds':>10}{'x time':>9}{'x samples':>11}{'exponent':>10}{'linearity':>11}")
+    last: tuple[int, float] | None = None
+    for n in sizes:
+        costs, limits = caps_pool(n, w, b)
+        t = time.perf_counter()
+        plan = plan_epoch("budget", costs, w, b, seed=SEED, epoch=0, limits=limits)
+        took = time.perf_counter() - t
+        grow = ""
+        if last is not None:
+            rt, rn = took / last[1], costs.size / last[0]
+            grow = f"{rt:>9.2f}{rn:>11.2f}{np.log(rt) / np.log(rn):>10.2f}"
+        print(f"{costs.size:>10,}{took:>10.2f}{grow:<30}{linearity(plan, costs):>11.4f}")
+        last = (costs.size, took)
+
+
+def small_pools(n: int = 4096) -> None:
+    """``budget`` on pools of a few thousand samples: linearity against the equal-count reference,
+    and pair repeat rates (%) of budget and random; the target holds where every rank gets at least
+    256 samples per epoch (with fewer, one heavy-tailed sample can be a large share of a rank's
+    epoch)."""
+    rng = np.random.default_rng(SEED + 2)
+    dists = {f"logn{s}": rng.lognormal(0.0, s, n) for s in (0.3, 0.6, 1.0)}
+    dists["synth"] = synth_costs(n, rng)
+    print(f"\nbudget on small pools ({n:,} samples):")
+    print(
+        f"{'dist':<10}{'W':>5}{'B':>3}{'P/W':>6}{'reference':>10}{'budget':>9}{'pair%bud':>10}{'pair%rnd':>10}"
+    )
+    low = []
+    for dname, costs in dists.items():
+        for w in (4, 16, 64):
+            for b in (1, 2, 4):
+                c = costs[: costs.size - costs.size % (w * b)]
+                plans = [
+                    plan_epoch(name, c, w, b, seed=SEED, epoch=e)
+                    for name in ("budget", "random")
+                    for e in (0, 1)
+                ]
+                lin, ref = linearity(plans[0], c), greedy_reference_linearity(c, w, b)
+                if c.size // w >= 256 and lin < 0.99:
+                    low.append((dname, w, b, round(lin, 4)))
+                pairs = [100 * pair_repeat_rate(plans[i], plans[i + 1]) for i in (0, 2)]
+                print(
+                    f"{dname:<10}{w:>5}{b:>3}{c.size // w:>6}{ref:>10.4f}{lin:>9.4f}"
+                    f"{pairs[0]:>10.3f}{pairs[1]:>10.3f}"
+                )
+    print(f"target budget >= 0.99 on small pools (P/W >= 256): {'OK' if not low else f'MISS {low}'}")
 
 
 def time_plans(n: int) -> None:
@@ -181,7 +244,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=65_536, help="samples per synthetic distribution")
     ap.add_argument("--timing", action="store_true", help="only the planning times (no tables)")
     ap.add_argument("--timing-n", type=int, help="pool size of the planning times (default 1M, --quick 200k)")
+    ap.add_argument(
+        "--caps-timing",
+        help="only budget's planning time with a points cap for these pool sizes (e.g. 10000,100000,1000000)",
+    )
+    ap.add_argument("--small", action="store_true", help="only the small-pool table")
     args = ap.parse_args(argv)
+    if args.caps_timing:
+        time_caps([int(v) for v in args.caps_timing.split(",")])
+        return
+    if args.small:
+        small_pools()
+        return
     timing_n = args.timing_n or (200_000 if args.quick else 1_000_000)
     if args.timing:
         time_plans(timing_n)
@@ -194,7 +268,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = print_table(dists, worlds, [1, 2, 4])
     print_diversity(rows)
     check_targets(rows)
+    small_pools()
     caps_table(n)
+    time_caps([10_000, 20_000, 40_000] if args.quick else [10_000, 100_000, 1_000_000])
     time_plans(timing_n)
 
 

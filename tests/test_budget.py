@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lidarshard.transforms.plan import plan_epoch
-from lidarshard.transforms.plan.budget import TOLERANCE
+from lidarshard.transforms.plan.budget import FLOOR, TOLERANCE
 from lidarshard.transforms.plan.caps import Caps, PoolLimits, rank_step_sums
 from lidarshard.transforms.plan.metrics import greedy_reference_linearity, linearity, pair_repeat_rate
 
@@ -60,6 +60,25 @@ def test_budget_stays_within_tolerance_of_the_bound_at_one_sample_per_rank(sigma
     assert (
         linearity(plan, costs) >= greedy_reference_linearity(costs, 64, 1) - TOLERANCE - 1e-12
     )  # jitter's price
+
+
+@pytest.mark.parametrize(("sigma", "w", "seed"), [(1.0, 64, 0), (0.6, 64, 1), (1.0, 64, 2)])
+def test_budget_keeps_the_floor_on_heavy_tails_with_few_steps(sigma: float, w: int, seed: int) -> None:
+    # 8,192 samples at W=64 B=2 (64 steps): these plans fell to 0.981-0.990 before the refit of the
+    # high steps and the floor of the jitter
+    costs = np.random.default_rng(seed).lognormal(0.0, sigma, 8192)
+    plan = plan_epoch("budget", costs, w, 2, seed=seed, epoch=0)
+    assert linearity(plan, costs) >= FLOOR
+    again = plan_epoch("budget", costs, w, 2, seed=seed, epoch=1)
+    assert not np.array_equal(plan, again)  # the floor leaves room for randomness
+
+
+@pytest.mark.parametrize(("sigma", "w", "b"), [(0.6, 16, 1), (1.0, 16, 2), (1.0, 4, 1), (0.3, 16, 4)])
+def test_budget_on_a_small_pool(sigma: float, w: int, b: int) -> None:
+    costs = np.random.default_rng(4).lognormal(0.0, sigma, 4096)
+    plan = plan_epoch("budget", costs, w, b, seed=0, epoch=0)
+    assert linearity(plan, costs) >= FLOOR
+    assert (plan >= 0).sum(axis=-1).mean() / b <= 1.05 + 1e-9
 
 
 def test_budget_is_randomized_between_epochs() -> None:

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lidarshard.transforms.plan._budget_fill import CapState, Packed, fill, lpt_heap, lpt_rounds
+from lidarshard.transforms.plan._budget_fill import CapState, Packed, fill, lpt_capped, lpt_heap, lpt_rounds
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 
 
@@ -76,3 +76,44 @@ def test_repair_moves_the_last_item_of_the_fullest_bin_into_each_empty_bin() -> 
     layout = np.array([[0, 1], [2, 3]])
     np.testing.assert_array_equal(fixed.padded(layout), [[[0, -1], [3, 4]], [[2, -1], [1, -1]]])
     assert Packed.of(3, np.array([0, 1]), np.array([0, 1]), costs).repair_empty(costs) is None
+
+
+def _naive_capped(key0: np.ndarray, tie: np.ndarray, items: np.ndarray, x: np.ndarray, state: CapState):
+    """The definition: each item to the smallest ``(key, tie, bin)`` among the bins it fits (a scan)."""
+    key, out = key0.tolist(), []
+    for item, step in zip(items.tolist(), x.tolist(), strict=True):
+        fit = [(key[b], tie[b], b) for b in range(key0.size) if state.blocked(b, item) < 0]
+        if not fit:
+            return None
+        b = min(fit)[2]
+        out.append(b)
+        state.add(b, item)
+        key[b] += step
+    return np.asarray(out, dtype=np.int64)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(
+    case=fills(), seed=st.integers(0, 2**32 - 1), which=st.sampled_from(["cost", "points", "samples", "all"])
+)
+def test_capped_fills_park_blocked_bins_and_match_the_definition(case: tuple, seed: int, which: str) -> None:
+    key0, tie, x = case
+    n, rng = key0.size, np.random.default_rng(seed)
+    costs = np.maximum(x, 0.0)
+    points = rng.integers(1, 100, x.size)
+    per_bin = max(1, -(-x.size // n))
+    caps = Caps(
+        max_cost=float(max(costs.max(initial=0.0), 1e-9) * rng.uniform(1.0, 3.0))
+        if which in ("cost", "all")
+        else None,
+        max_points=int(points.max(initial=1) * rng.uniform(1.0, 3.0)) if which in ("points", "all") else None,
+        max_samples=int(per_bin + rng.integers(0, 3)) if which in ("samples", "all") else None,
+    )
+    limits = PoolLimits(caps, points)
+    items = np.arange(x.size)
+    want = _naive_capped(key0, tie, items, costs, CapState(limits, costs, items[:0], n))
+    for fn in (lpt_heap, lpt_capped):
+        got = fn(key0, tie, items, costs, CapState(limits, costs, items[:0], n))
+        assert (got is None) == (want is None)
+        if want is not None:
+            np.testing.assert_array_equal(got, want)

@@ -9,7 +9,9 @@ give the same assignment:
   is still smaller than each bin already raised in the round (so the heap would choose the same).
   Then the raised bins are merged back into the sorted order. Rounds are long wherever items are
   small next to the spread of keys, so an epoch takes tens of rounds, not one heap step per item;
-- ``lpt_heap`` (caps): the scalar heap, skipping bins a cap blocks.
+- ``lpt_capped`` (caps): the rounds up to the first item they would put over a cap (each bin
+  chosen before it fits, so the heap would choose it too), then ``lpt_heap``: the scalar heap,
+  where a bin a cap blocks is parked off the heap until an item small enough for its room comes.
 
 ``Packed`` holds the result per bin (members in insertion order, loads) and repairs empty bins.
 """
@@ -23,7 +25,7 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.plan.caps import PoolLimits
 
-__all__ = ["Packed", "CapState", "fill", "lpt_rounds", "lpt_heap"]
+__all__ = ["Packed", "CapState", "fill", "lpt_rounds", "lpt_heap", "lpt_capped"]
 
 _MIN_ROUND = 64  # items tried at least per round: after a short round, the next tries 4x as many
 
@@ -84,6 +86,12 @@ def _merge_front(key: NDArray, tie: NDArray, ids: NDArray, raised: NDArray) -> N
         arr[:hi][free] = b
 
 
+def sequential_sums(bins: NDArray[np.int64], values: NDArray[np.float64], n: int) -> list[float]:
+    """(n,) per-bin sums of ``values`` added in order, as the scalar loop adds them (``bincount``
+    accumulates in input order from 0.0)."""
+    return np.bincount(bins, weights=values, minlength=n).tolist()
+
+
 class CapState:
     """Per-bin samples, cost and points that the caps are checked against (Python scalars: the
     heap loop is scalar)."""
@@ -95,19 +103,74 @@ class CapState:
         points = limits.points if caps.max_points is not None else None  # only checked against its cap
         self.max_n, self.max_c = caps.max_samples, caps.max_cost
         self.max_p = caps.max_points if points is not None else None
+        self.cost_of, self.points_of = costs, points
         self.cost = costs.tolist()
         self.pt = points.tolist() if points is not None else None
         self.counts = [1] * first.size + [0] * (n - first.size)
         self.loads = (costs[first] if first.size else np.zeros(n)).tolist()
         self.pts = points[first].tolist() if points is not None and first.size else [0] * n
 
-    def fits(self, b: int, item: int) -> bool:
-        """Whether bin b can take pool entry ``item`` without exceeding a cap."""
+    def blocked(self, b: int, item: int) -> int:
+        """-1 when bin b can take pool entry ``item`` within every cap, else the cap it exceeds:
+        0 cost, 1 points, 2 samples (the bin is full)."""
         if self.max_n is not None and self.counts[b] >= self.max_n:
-            return False
+            return 2
         if self.max_c is not None and self.loads[b] + self.cost[item] > self.max_c:
-            return False
-        return self.max_p is None or self.pt is None or self.pts[b] + self.pt[item] <= self.max_p
+            return 0
+        if self.max_p is not None and self.pt is not None and self.pts[b] + self.pt[item] > self.max_p:
+            return 1
+        return -1
+
+    def room(self, b: int, cap: int) -> float:
+        """What bin b has left below the cost (0) or points (1) cap, widened by a relative 1e-9 for
+        the cost so rounding never keeps a bin that fits off the heap (a looser room only means a
+        needless look)."""
+        if cap == 0:
+            assert self.max_c is not None
+            return self.max_c * (1.0 + 1e-9) - self.loads[b]
+        assert self.max_p is not None
+        return self.max_p - self.pts[b]
+
+    def needs(self, item: int) -> tuple[float, float]:
+        """(cost, points) that pool entry ``item`` needs from a bin's room (0 points without a
+        points cap)."""
+        return self.cost[item], self.pt[item] if self.pt is not None else 0
+
+    def first_over(self, items: NDArray[np.int64], bins: NDArray[np.int64]) -> int:
+        """Index of the first of ``items`` (K,) that, put into ``bins`` (K,) in turn on top of the
+        present contents, exceeds a cap; K when none does. Sums within a relative 1e-9 of the cost
+        cap count as over (vectorized sums round differently from the sequential ones)."""
+        k = items.size
+        if not k:
+            return 0
+        o = np.argsort(bins, kind="stable")
+        b = bins[o]
+        head = np.flatnonzero(np.append(True, b[1:] != b[:-1]))
+        size = np.diff(np.append(head, k))
+
+        def after(vals: NDArray, now: list) -> NDArray:  # the bin's total once each item is in
+            v = vals[o]
+            run = np.cumsum(v)
+            return np.asarray(now)[b] + run - np.repeat(run[head] - v[head], size)
+
+        over = np.zeros(k, dtype=bool)
+        if self.max_n is not None:
+            over[o] |= after(np.ones(k, dtype=np.int64), self.counts) > self.max_n
+        if self.max_c is not None:
+            over[o] |= after(self.cost_of[items], self.loads) > self.max_c * (1.0 - 1e-9)
+        if self.max_p is not None and self.points_of is not None:
+            over[o] |= after(self.points_of[items], self.pts) > self.max_p
+        return int(np.argmax(over)) if over.any() else k
+
+    def add_many(self, items: NDArray[np.int64], bins: NDArray[np.int64]) -> None:
+        """Put ``items`` (K,) into ``bins`` (K,) in turn (the same sums as ``add`` one by one)."""
+        n = len(self.counts)
+        seq = np.concatenate([np.arange(n), bins])
+        self.counts = (np.asarray(self.counts) + np.bincount(bins, minlength=n)).tolist()
+        self.loads = sequential_sums(seq, np.concatenate([self.loads, self.cost_of[items]]), n)
+        if self.points_of is not None:
+            got = np.bincount(bins, weights=self.points_of[items], minlength=n)
+            self.pts = (np.asarray(self.pts, dtype=np.int64) + got.astype(np.int64)).tolist()
 
     def add(self, b: int, item: int) -> bool:
         """Put ``item`` into bin b; True when the bin is now full (``max_samples``)."""
@@ -123,6 +186,13 @@ def lpt_heap(
 ) -> NDArray[np.int64] | None:
     """LPT against targets with caps: each item to the smallest ``(key, tie, bin)`` that fits.
 
+    A bin that a cap blocks for the current item is *parked*, off the heap, under that cap with its
+    room (cap - content); it returns to the heap, key unchanged, once an item small enough for that
+    room comes (a bin full by ``max_samples`` never returns). So each item looks only at bins that
+    may fit it, not at every blocked bin below the one it takes: planning time stays near
+    ``K log n`` where re-scanning the blocked bins for every item grew as ``K * n``; the assignment
+    is the same.
+
     Args:
         key0: (n,) initial keys; tie: (n,) tie-breaks; items: (K,) pool indices; x: (K,) their key
             increments; state: the bins' contents the caps are checked against, updated in place.
@@ -132,19 +202,45 @@ def lpt_heap(
     """
     heap = list(zip(key0.tolist(), tie.tolist(), range(key0.size), strict=True))
     heapq.heapify(heap)
+    parked: tuple[list, list] = ([], [])  # by cost room, by points room: (-room, key, tie, bin)
     out = np.empty(items.size, dtype=np.int64)
     for i, (item, step) in enumerate(zip(items.tolist(), x.tolist(), strict=True)):
-        skipped = []
-        while heap and not state.fits(heap[0][2], item):
-            skipped.append(heapq.heappop(heap))
+        for shelf, need in zip(parked, state.needs(item), strict=True):
+            while shelf and -shelf[0][0] >= need:
+                heapq.heappush(heap, heapq.heappop(shelf)[1:])
+        while heap and (blocked := state.blocked(heap[0][2], item)) >= 0:
+            entry = heapq.heappop(heap)
+            if blocked < 2:  # a full bin (max_samples) is dropped for good
+                heapq.heappush(parked[blocked], (-state.room(entry[2], blocked), *entry))
         if not heap:
             return None
         key, t, b = heapq.heappop(heap)
         out[i] = b
-        full = state.add(b, item)
-        for entry in skipped if full else [*skipped, (key + step, t, b)]:
-            heapq.heappush(heap, entry)
+        if not state.add(b, item):
+            heapq.heappush(heap, (key + step, t, b))
     return out
+
+
+def lpt_capped(
+    key0: NDArray[np.float64], tie: NDArray[np.float64], items: NDArray[np.int64], x: NDArray, state: CapState
+) -> NDArray[np.int64] | None:
+    """``lpt_heap``'s assignment, the vectorized way as far as the caps allow.
+
+    ``lpt_rounds`` assigns every item ignoring the caps; up to the first item it puts over a cap,
+    each bin it chose also fits, so the heap would have chosen it too. Those items are kept and the
+    heap takes over from there (arguments and result as ``lpt_heap``; ``state`` updated).
+    """
+    seq = lpt_rounds(key0, tie, x)
+    j = state.first_over(items, seq)
+    state.add_many(items[:j], seq[:j])
+    if j == items.size:
+        return seq
+    n = key0.size
+    keys = np.asarray(
+        sequential_sums(np.concatenate([np.arange(n), seq[:j]]), np.concatenate([key0, x[:j]]), n)
+    )
+    rest = lpt_heap(keys, tie, items[j:], x[j:], state)
+    return None if rest is None else np.concatenate([seq[:j], rest])
 
 
 class Packed:
@@ -225,10 +321,10 @@ def fill(
         to_zero = lpt_rounds(counts.astype(np.float64), tie, np.ones(zero.size))
     else:
         state = CapState(limits, costs, first, n)
-        to_live = lpt_heap(key0, tie, live, costs[live], state)
+        to_live = lpt_capped(key0, tie, live, costs[live], state)
         if to_live is None:
             return None
-        to_zero = lpt_heap(np.asarray(state.counts, np.float64), tie, zero, np.ones(zero.size), state)
+        to_zero = lpt_capped(np.asarray(state.counts, np.float64), tie, zero, np.ones(zero.size), state)
         if to_zero is None:
             return None
     bins = np.concatenate([np.arange(first.size), to_live, to_zero])

@@ -6,16 +6,22 @@ that gets one large scene and a rank that gets three small ones do the same work
 
 1. order the pool heaviest first by a jittered key ``log(cost) + jitter * u`` (u ~ U(-1, 1));
    ``jitter`` is the largest on ``JITTER_LADDER`` whose plan stays within ``TOLERANCE`` of the
-   exact order's linearity (bisection), so plans differ between epochs as much as balance allows;
+   exact order's linearity and at or above ``FLOOR`` where the exact order reaches it (within
+   ``TOLERANCE_UNDER`` where it does not); bisection, the jittered plans keeping the exact order's
+   step count and way of packing; so plans differ between epochs as much as balance allows;
 2. targets: every bin targets the level ``lambda`` that spreads the total cost evenly, except
    *high steps*: while the items heavier than ``lambda`` do not fit into the high steps'
    capacity, the heaviest item that does not fit opens a high step whose W bins target its cost
    (``lambda`` is recomputed from the cost left), so one big scene is matched by several small
-   ones on the other ranks;
+   ones on the other ranks; where the fill pushes a high step's bins above its target, the step's
+   target is raised to its heaviest bin (the largest overshoots first, within ``RAISE_SHARE`` of
+   the free bins' cost) and the pool packed again, ``REFINE`` times; the best plan is kept;
 3. fill: the items, heaviest first, each go to the bin furthest below its target that still fits
    the caps (LPT against targets; ties broken by a random bin order); zero-cost items go to the
    bins holding the fewest samples; an empty bin takes the lightest item of the fullest bin
-   (``_budget_fill``: vectorized in rounds without caps, a heap with them; the same assignment);
+   (``_budget_fill``: vectorized in rounds; with caps the rounds hold up to the first item they
+   would put over a cap and a heap that parks blocked bins goes on from there; the same
+   assignment);
 4. the other bins are sorted by load and cut into steps of W (similar loads share a step);
    rank labels are permuted per step and the step order is shuffled.
 
@@ -45,7 +51,17 @@ from lidarshard.transforms.plan.balanced import log_cost
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import load_linearity
 
-__all__ = ["plan", "SLACK_LADDER", "TARGET", "JITTER_LADDER", "TOLERANCE"]
+__all__ = [
+    "plan",
+    "SLACK_LADDER",
+    "TARGET",
+    "JITTER_LADDER",
+    "TOLERANCE",
+    "FLOOR",
+    "TOLERANCE_UNDER",
+    "REFINE",
+    "RAISE_SHARE",
+]
 
 #: Mean-count factors tried in turn (fewer steps, more samples per rank-step): at most +5%.
 SLACK_LADDER = (1.0, 1.01, 1.02, 1.03, 1.04, 1.05)
@@ -55,8 +71,17 @@ TARGET = 0.995
 #: to ~6e-5 (the fine end matters near one sample per bin, as for ``balanced``); the largest whose
 #: plan stays within ``TOLERANCE`` of the exact order's linearity is used.
 JITTER_LADDER = tuple(2.0**-k for k in range(0, 15))
-#: Linearity that randomness may cost (against the unjittered plan).
-TOLERANCE = 0.003
+#: Linearity that randomness may cost (against the unjittered plan) ...
+TOLERANCE = 0.005
+#: ... but never below this, where the unjittered plan reaches it; where it does not, randomness
+#: may cost only ``TOLERANCE_UNDER``.
+FLOOR = 0.99
+TOLERANCE_UNDER = 0.001
+#: Times a water-level packing is redone with its high steps' targets raised to their heaviest bins
+#: (the best plan is kept) ...
+REFINE = 2
+#: ... by at most this share of the free bins' cost at a time (B = 1 leaves them little).
+RAISE_SHARE = 0.3
 
 
 def _levels(x: NDArray[np.float64], steps: int, w: int) -> tuple[NDArray[np.float64], float]:
@@ -79,10 +104,26 @@ def _levels(x: NDArray[np.float64], steps: int, w: int) -> tuple[NDArray[np.floa
     return np.asarray(tops), max(lam, 0.0) if len(tops) < steps else 0.0
 
 
+def _raised(tops: NDArray[np.float64], heaviest: NDArray[np.float64], room: float) -> NDArray[np.float64]:
+    """(k,) high-step targets raised to their heaviest bins (k,), the largest overshoots first, as
+    long as the raises add up to at most ``room`` per rank (cost the free bins give up); a copy."""
+    over = np.maximum(heaviest - tops, 0.0)
+    first = np.argsort(-over, kind="stable")
+    take = first[np.cumsum(over[first]) <= room]
+    out = tops.copy()
+    out[take] += over[take]
+    return out
+
+
 def _pack(
     order: NDArray[np.int64], costs: NDArray[np.float64], steps: int, w: int, limits: PoolLimits, tie: NDArray
 ) -> tuple[Packed, int] | None:
     """Water-level packing: every item of ``order`` (heaviest first) to one of ``steps * w`` bins.
+
+    The fill may push a high step's bins above its target (an item larger than every bin's room);
+    then the step's target is raised to its heaviest bin (``_raised``), the free level lowered to
+    match, and the pool packed again, ``REFINE`` times (no more once a plan reaches ``TARGET``); the
+    best of the plans is returned.
 
     Returns:
         (bins, k high steps: bins ``0 .. k*W-1``, step by step), or None where the caps block.
@@ -92,10 +133,25 @@ def _pack(
     if n == x.size:  # one sample per bin: the equal-count optimum
         return _pack_sorted(order, costs, steps, w, limits, tie)
     tops, lam = _levels(x, steps, w)
-    target = np.full(n, lam)
-    target[: tops.size * w] = np.repeat(tops, w)
-    bins = fill(order[:0], order, target, costs, tie, limits)
-    return None if bins is None else (bins, tops.size)
+    k, total = tops.size, float(x.sum())
+    best: tuple[float, Packed] | None = None
+    for _ in range(REFINE + 1):
+        target = np.full(n, lam)
+        target[: k * w] = np.repeat(tops, w)
+        bins = fill(order[:0], order, target, costs, tie, limits)
+        if bins is None:
+            break
+        lin = load_linearity(bins.loads[_steps_of(bins, k, w)])
+        if best is None or lin > best[0]:
+            best = (lin, bins)
+        if k == 0 or k == steps or lin >= TARGET:  # no high step, no free bin to give up cost, or good
+            break
+        raised = _raised(tops, bins.loads[: k * w].reshape(k, w).max(axis=1), RAISE_SHARE * lam * (steps - k))
+        lam = (total - w * float(raised.sum())) / (w * (steps - k))
+        if np.array_equal(raised, tops) or lam <= 0.0:  # nothing to raise, or no cost left to move
+            break
+        tops = raised
+    return None if best is None else (best[1], k)
 
 
 def _pack_sorted(
@@ -137,34 +193,41 @@ def _attempt(
     order: NDArray[np.int64],
     tie: NDArray[np.float64],
     candidates: list[int],
-) -> tuple[float, Packed, NDArray[np.int64]] | None:
-    """Pack ``order`` into each step count of ``candidates`` in turn: (linearity, bins, step layout)
-    of the first plan that reaches ``TARGET``, else the best; None when the caps leave no room."""
+    kinds: tuple[str, ...] = ("level", "sorted"),
+) -> tuple[float, Packed, NDArray[np.int64], str] | None:
+    """Pack ``order`` into each step count of ``candidates`` in turn, each way of ``kinds``:
+    (linearity, bins, step layout, kind) of the first plan that reaches ``TARGET``, else the best;
+    None when the caps leave no room."""
     p = costs.size
-    best: tuple[float, Packed, NDArray[np.int64]] | None = None
+    best: tuple[float, Packed, NDArray[np.int64], str] | None = None
     tried: set[int] = set()
     for steps in candidates:
         if steps in tried:
             continue
         tried.add(steps)
-        packed = _pack(order, costs, steps, w, limits, tie)
+        first = kinds[0]
+        packed = _PACKS[first](order, costs, steps, w, limits, tie)
         while packed is None and steps < p // w:  # the caps leave no room: more steps
             steps = min(steps + max(1, steps // 20), p // w)
             tried.add(steps)
-            packed = _pack(order, costs, steps, w, limits, tie)
+            packed = _PACKS[first](order, costs, steps, w, limits, tie)
         if packed is None:
             continue
-        found: list[tuple[Packed, int] | None] = [packed]
-        if steps * w < p:
-            found.append(_pack_sorted(order, costs, steps, w, limits, tie))
-        for bins, high in (f for f in found if f is not None):
-            layout = _steps_of(bins, high, w)
-            lin = load_linearity(bins.loads[layout])
+        found: list[tuple[tuple[Packed, int] | None, str]] = [(packed, first)]
+        found += [(_PACKS[k](order, costs, steps, w, limits, tie), k) for k in kinds[1:] if steps * w < p]
+        for got, kind in found:
+            if got is None:
+                continue
+            layout = _steps_of(got[0], got[1], w)
+            lin = load_linearity(got[0].loads[layout])
             if best is None or lin > best[0]:
-                best = (lin, bins, layout)
+                best = (lin, got[0], layout, kind)
         if best is not None and best[0] >= TARGET:  # set above: found holds a plan
             break
     return best
+
+
+_PACKS = {"level": _pack, "sorted": _pack_sorted}
 
 
 def plan(
@@ -193,21 +256,24 @@ def plan(
     u, tie = rng.uniform(-1.0, 1.0, p), rng.random(p)
     logc = log_cost(costs)
 
-    def attempt(jitter: float, candidates: list[int]) -> tuple[float, Packed, NDArray[np.int64]] | None:
+    def attempt(jitter: float, candidates: list[int], kinds: tuple[str, ...]) -> tuple | None:
         order = np.argsort(-(logc + jitter * u), kind="stable").astype(np.int64)
-        return _attempt(costs, w, limits, order, tie, candidates)
+        return _attempt(costs, w, limits, order, tie, candidates, kinds)
 
     lo = _min_steps(costs, w, limits)
     ladder = [min(max(int(np.ceil(p / (w * batch_size * f))), lo, 1), p // w) for f in SLACK_LADDER]
-    best = attempt(0.0, ladder)
+    best = attempt(0.0, ladder, ("level", "sorted"))
     if best is None:
         raise ValueError(f"budget: the caps leave no room to plan {p} samples on {w} ranks")
-    steps = [len(best[2])]  # the jittered plans keep the exact order's step count
-    lo, hi = 0, len(JITTER_LADDER)  # bisection: largest jitter within TOLERANCE of the exact order
+    # the jittered plans keep the exact order's step count and way of packing; they may cost up to
+    # TOLERANCE, but never take a plan at or above FLOOR below it
+    again = [len(best[2])]
+    floor = max(best[0] - TOLERANCE, FLOOR) if best[0] >= FLOOR else best[0] - TOLERANCE_UNDER
+    lo, hi = 0, len(JITTER_LADDER)  # bisection: largest jitter within the tolerance
     while lo < hi:
         mid = (lo + hi) // 2
-        got = attempt(JITTER_LADDER[mid], steps)
-        if got is not None and got[0] >= best[0] - TOLERANCE:
+        got = attempt(JITTER_LADDER[mid], again, (best[3],))
+        if got is not None and got[0] >= floor:
             best, hi = got, mid
         else:
             lo = mid + 1
