@@ -33,11 +33,14 @@ from lidarshard.transforms.features.buckets import fit_pool
 from lidarshard.transforms.plan import STRATEGIES, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits, rank_step_sums
 from lidarshard.transforms.plan.metrics import (
+    equal_count_pool,
     greedy_reference_linearity,
     linearity,
     mate_cost_correlation,
     pair_repeat_rate,
+    speed_linearity,
 )
+from lidarshard.transforms.plan.speeds import normalized
 
 COMPARED = ("random", "stratified", "megabatch", "balanced", "mixed", "budget")
 SEED = 0
@@ -236,6 +239,40 @@ def time_plans(n: int) -> None:
     print(f"  budget / balanced: x{took['budget'] / took['balanced']:.1f} on the same pool")
 
 
+#: Rank speed profiles of the mixed-hardware table (``--rank-speed``), tiled over W ranks.
+SPEED_PROFILES = {
+    "2 gens 1/0.6": (1.0, 1.0, 0.6, 0.6),
+    "one fast 2x": (2.0, 1.0, 1.0, 1.0),
+    "4 gens": (1.0, 0.5, 0.75, 1.0),
+}
+
+
+def speeds_table(n: int) -> list[float]:
+    """Mixed hardware: linearity of the ranks' times (cost / speed) for budget planned for the speeds,
+    budget planned without them, and mixed (each step's heaviest batch to the fastest rank); returns
+    budget's values."""
+    print(f"\nmixed hardware: time linearity (cost / speed), n = {n}, seed {SEED}")
+    print(f"{'dist':<10}{'W':>4}{'B':>3}  {'speeds':<14}{'budget':>9}{'no speeds':>11}{'mixed':>8}")
+    rng = np.random.default_rng(SEED)
+    dists = {"synth": synth_costs(n, rng), **{f"logn{s}": rng.lognormal(0.0, s, n) for s in (0.3, 0.6, 1.0)}}
+    got = []
+    for dname, costs in dists.items():
+        for w, b in ((16, 2), (16, 4), (64, 4)):
+            for pname, profile in SPEED_PROFILES.items():
+                speeds = normalized(np.resize(np.asarray(profile), w))
+                pool = equal_count_pool(costs, w, b)
+                mine = plan_epoch("budget", costs, w, b, seed=SEED, epoch=0, speeds=speeds)
+                plain = plan_epoch("budget", costs, w, b, seed=SEED, epoch=0)
+                mixed = plan_epoch("mixed", pool, w, b, seed=SEED, epoch=0, speeds=speeds)
+                row = [
+                    speed_linearity(p, c, speeds) for p, c in ((mine, costs), (plain, costs), (mixed, pool))
+                ]
+                got.append(row[0])
+                print(f"{dname:<10}{w:>4}{b:>3}  {pname:<14}{row[0]:>9.4f}{row[1]:>11.4f}{row[2]:>8.4f}")
+    print(f"budget with speeds: min {min(got):.4f}, median {float(np.median(got)):.4f} over {len(got)} cells")
+    return got
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller pools and grid (~seconds)")
@@ -249,7 +286,11 @@ def main(argv: list[str] | None = None) -> None:
         help="only budget's planning time with a points cap for these pool sizes (e.g. 10000,100000,1000000)",
     )
     ap.add_argument("--small", action="store_true", help="only the small-pool table")
+    ap.add_argument("--speeds", action="store_true", help="only the mixed-hardware (--rank-speed) table")
     args = ap.parse_args(argv)
+    if args.speeds:
+        speeds_table(16_384 if args.quick else args.n)
+        return
     if args.caps_timing:
         time_caps([int(v) for v in args.caps_timing.split(",")])
         return
@@ -269,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     print_diversity(rows)
     check_targets(rows)
     small_pools()
+    speeds_table(n)
     caps_table(n)
     time_caps([10_000, 20_000, 40_000] if args.quick else [10_000, 100_000, 1_000_000])
     time_plans(timing_n)

@@ -62,8 +62,8 @@ def test_every_strategy_takes_speeds_and_keeps_its_contract(strategy: str) -> No
     np.testing.assert_array_equal(plan, again)
     plain = plan_epoch(strategy, costs, 4, 2, seed=1, epoch=0)
     assert speed_linearity(plan, costs, speeds) >= speed_linearity(plain, costs, speeds) - 1e-9
-    if strategy in SPEED_AWARE:  # it plans for the speeds: the ranks' times balance
-        assert speed_linearity(plan, costs, speeds) >= 0.99
+    if strategy in SPEED_AWARE:  # it plans for the speeds: the ranks' times balance (0.80 without)
+        assert speed_linearity(plan, costs, speeds) >= 0.97 > speed_linearity(plain, costs, speeds) + 0.1
     with pytest.raises(ValueError, match="speeds must be 4 finite values > 0"):
         plan_epoch(strategy, costs, 4, 2, seed=1, epoch=0, speeds=np.array([1.0, 0.0, 1.0, 1.0]))
 
@@ -82,8 +82,8 @@ def test_the_manifest_records_speeds_and_validate_rechecks_them(tmp_path: Path, 
     assert raw["rank_speed"] == list(SPEEDS)
     assert all("speed_linearity" in b for b in raw["balance"])
     assert validate(str(out))[0] == []
-    if strategy in SPEED_AWARE:
-        assert min(b["speed_linearity"] for b in raw["balance"]) >= 0.99
+    if strategy in SPEED_AWARE:  # 96 samples, B=2: about two samples a rank-step bound the balance
+        assert min(b["speed_linearity"] for b in raw["balance"]) >= 0.93
     # another plan's speeds: the plan and its balance no longer re-derive
     raw["rank_speed"] = [0.6, 0.6, 1.0, 1.0]
     (out / "_manifest.json").write_text(json.dumps(raw))
@@ -106,6 +106,17 @@ def test_a_speed_list_of_another_world_size_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="rank speeds must be finite numbers > 0"):
         lidarshard.write_manifest(_table(), str(tmp_path / "m"), 4, 2, rank_speed="1,1,1,0")
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("sigma", [0.6, 1.0])
+def test_budget_balances_the_ranks_times_at_four_samples_a_rank_step(sigma: float) -> None:
+    costs = np.random.default_rng(11).lognormal(0.0, sigma, 16384)
+    speeds = normalized(SPEEDS * 4)  # 16 ranks, half of them 0.6x as fast
+    plan = plan_epoch("budget", costs, 16, 4, seed=0, epoch=0, speeds=speeds)
+    assert speed_linearity(plan, costs, speeds) >= 0.985
+    assert speed_linearity(plan_epoch("budget", costs, 16, 4, seed=0, epoch=0), costs, speeds) < 0.81
+    loads = rank_costs(plan, costs).sum(axis=0)  # each rank's work over the epoch ~ its speed
+    np.testing.assert_allclose(loads / loads.sum(), speeds / speeds.sum(), rtol=0.02)
 
 
 def test_budget_loss_scale_stays_w_over_n_with_speeds(tmp_path: Path) -> None:

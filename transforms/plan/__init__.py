@@ -57,7 +57,7 @@ VARIABLE_COUNT = frozenset({"budget"})
 
 #: Strategies that plan for per-rank speeds themselves: ``fn(costs, W, B, rng, bucket_ids, limits, speeds)``
 #: with (W,) speeds of mean 1, each rank's load at a step ~ its speed; the others are reordered per step.
-SPEED_AWARE: dict[str, Callable[..., NDArray[np.int64]]] = {}
+SPEED_AWARE: dict[str, Callable[..., NDArray[np.int64]]] = {"budget": budget.plan}
 
 DEFAULT_STRATEGY = "mixed"
 

@@ -64,12 +64,22 @@ def partition_steps(
     return np.take_along_axis(steps, cols.reshape(s, -1), axis=1).reshape(cols.shape)
 
 
-def permute_ranks(plan: NDArray[np.int64], rng: np.random.Generator) -> NDArray[np.int64]:
+def permute_ranks(
+    plan: NDArray[np.int64], rng: np.random.Generator, speeds: NDArray[np.float64] | None = None
+) -> NDArray[np.int64]:
     """Relabel the ranks of every step by an independent random permutation.
 
     LPT puts the heaviest item on rank 0 and fills ranks in a fixed pattern; relabeling keeps
-    every step's balance but stops any rank from being systematically heavy or light.
+    every step's balance but stops any rank from being systematically heavy or light. With
+    ``speeds`` (W,) a rank's batch moves only to a rank of the same speed (its work fits that speed).
     """
     s, w, _ = plan.shape
-    perm = np.argsort(rng.random((s, w)), axis=1)
+    key = rng.random((s, w))
+    if speeds is not None:  # sort by speed first: a permutation within each group of equal speed
+        groups = np.unique(speeds, return_inverse=True)[1]
+        key = key + groups[None, :]
+        perm = np.argsort(key, axis=1)
+        place = np.argsort(np.argsort(groups, kind="stable"))  # rank r's place in speed order
+        return np.take_along_axis(plan, perm[:, place][:, :, None], axis=1)
+    perm = np.argsort(key, axis=1)
     return np.take_along_axis(plan, perm[:, :, None], axis=1)

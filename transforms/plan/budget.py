@@ -116,7 +116,13 @@ def _raised(tops: NDArray[np.float64], heaviest: NDArray[np.float64], room: floa
 
 
 def _pack(
-    order: NDArray[np.int64], costs: NDArray[np.float64], steps: int, w: int, limits: PoolLimits, tie: NDArray
+    order: NDArray[np.int64],
+    costs: NDArray[np.float64],
+    steps: int,
+    w: int,
+    limits: PoolLimits,
+    tie: NDArray,
+    speeds: NDArray[np.float64] | None = None,
 ) -> tuple[Packed, int] | None:
     """Water-level packing: every item of ``order`` (heaviest first) to one of ``steps * w`` bins.
 
@@ -125,29 +131,38 @@ def _pack(
     match, and the pool packed again, ``REFINE`` times (no more once a plan reaches ``TARGET``); the
     best of the plans is returned.
 
+    With ``speeds`` (W,) the levels are times on the fastest rank: bin ``i`` is rank ``i % W``'s and
+    targets the level times that rank's speed (``_times``).
+
     Returns:
         (bins, k high steps: bins ``0 .. k*W-1``, step by step), or None where the caps block.
     """
     n = steps * w
     x = costs[order]
     if n == x.size:  # one sample per bin: the equal-count optimum
-        return _pack_sorted(order, costs, steps, w, limits, tie)
-    tops, lam = _levels(x, steps, w)
-    k, total = tops.size, float(x.sum())
+        return _pack_sorted(order, costs, steps, w, limits, tie, speeds)
+    fast = 1.0 if speeds is None else float(speeds.max())  # items as times on the fastest rank, x / fast;
+    ws = w if speeds is None else float(speeds.sum()) / fast  # a step at time L holds L * ws of them
+    tops, lam = _levels(x if speeds is None else x / fast, steps, ws)
+    k, total = tops.size, float(x.sum()) / fast
+    per_bin = np.ones(w) if speeds is None else speeds  # (W,) cost per unit of level: levels are times
     best: tuple[float, Packed] | None = None
     for _ in range(REFINE + 1):
         target = np.full(n, lam)
         target[: k * w] = np.repeat(tops, w)
+        if speeds is not None:
+            target *= np.tile(per_bin, steps)
         bins = fill(order[:0], order, target, costs, tie, limits)
         if bins is None:
             break
-        lin = load_linearity(bins.loads[_steps_of(bins, k, w)])
+        lin = load_linearity(_times(bins.loads[_steps_of(bins, k, w, speeds)], speeds))
         if best is None or lin > best[0]:
             best = (lin, bins)
         if k == 0 or k == steps or lin >= TARGET:  # no high step, no free bin to give up cost, or good
             break
-        raised = _raised(tops, bins.loads[: k * w].reshape(k, w).max(axis=1), RAISE_SHARE * lam * (steps - k))
-        lam = (total - w * float(raised.sum())) / (w * (steps - k))
+        high = bins.loads[: k * w].reshape(k, w) / per_bin[None, :]  # as levels
+        raised = _raised(tops, high.max(axis=1), RAISE_SHARE * lam * (steps - k))
+        lam = (total - ws * float(raised.sum())) / (ws * (steps - k))
         if np.array_equal(raised, tops) or lam <= 0.0:  # nothing to raise, or no cost left to move
             break
         tops = raised
@@ -155,23 +170,51 @@ def _pack(
 
 
 def _pack_sorted(
-    order: NDArray[np.int64], costs: NDArray[np.float64], steps: int, w: int, limits: PoolLimits, tie: NDArray
+    order: NDArray[np.int64],
+    costs: NDArray[np.float64],
+    steps: int,
+    w: int,
+    limits: PoolLimits,
+    tie: NDArray,
+    speeds: NDArray[np.float64] | None = None,
 ) -> tuple[Packed, int] | None:
     """Sorted packing: the ``steps * w`` heaviest items one per bin in ``order`` (consecutive bins
     form a step), then the rest fill each bin up to its step's heaviest bin (LPT). Best when the
-    pool holds about one item per bin (``B == 1``); all ``steps`` keep their grouping."""
+    pool holds about one item per bin (``B == 1``); all ``steps`` keep their grouping. With ``speeds``
+    each step's k-th heaviest item goes to its k-th fastest rank and the bins fill up to the step's
+    slowest time, in proportion to their speed."""
     n = steps * w
-    target = costs[order[:n]].reshape(steps, w).max(axis=1).repeat(w)
-    bins = fill(order[:n], order[n:], target, costs, tie, limits)
+    if speeds is None:
+        target = costs[order[:n]].reshape(steps, w).max(axis=1).repeat(w)
+        bins = fill(order[:n], order[n:], target, costs, tie, limits)
+        return None if bins is None else (bins, steps)
+    heads = order[:n].reshape(steps, w)
+    heads = np.take_along_axis(heads, np.argsort(-costs[heads], axis=1, kind="stable"), axis=1)
+    seeded = np.empty_like(heads)
+    seeded[:, np.argsort(-speeds, kind="stable")] = heads  # heaviest of a step on its fastest rank
+    level = (costs[seeded] / speeds[None, :]).max(axis=1)  # (steps,) the step's time
+    target = (level[:, None] * speeds[None, :]).reshape(-1)
+    bins = fill(seeded.reshape(-1), order[n:], target, costs, tie, limits)
     return None if bins is None else (bins, steps)
 
 
-def _steps_of(bins: Packed, k: int, w: int) -> NDArray[np.int64]:
-    """(S, W) bin ids per step: tail steps as packed, the rest sorted by load and cut into steps of W."""
+def _steps_of(bins: Packed, k: int, w: int, speeds: NDArray[np.float64] | None = None) -> NDArray[np.int64]:
+    """(S, W) bin ids per step: tail steps as packed, the rest sorted by load and cut into steps of W;
+    with ``speeds`` bin ``i`` is rank ``i % W``'s: each rank's free bins sorted by load, the m-th of
+    every rank a step (column r holds rank r's bins)."""
     n = bins.loads.size
+    if speeds is not None:
+        free = np.arange(k * w, n).reshape(-1, w)  # (S - k, W): rank r's free bins in column r
+        free = np.take_along_axis(free, np.argsort(bins.loads[free], axis=0, kind="stable"), axis=0)
+        return np.concatenate([np.arange(k * w).reshape(-1, w), free])
     free = np.arange(k * w, n)
     free = free[np.argsort(bins.loads[free], kind="stable")]
     return np.concatenate([np.arange(k * w), free]).reshape(-1, w)
+
+
+def _times(loads: NDArray[np.float64], speeds: NDArray[np.float64] | None) -> NDArray[np.float64]:
+    """(S, W) rank-step loads as times (``load / speed``); the loads themselves without speeds."""
+    return loads if speeds is None else loads / speeds[None, :]
 
 
 def _min_steps(costs: NDArray[np.float64], w: int, limits: PoolLimits) -> int:
@@ -194,6 +237,7 @@ def _attempt(
     tie: NDArray[np.float64],
     candidates: list[int],
     kinds: tuple[str, ...] = ("level", "sorted"),
+    speeds: NDArray[np.float64] | None = None,
 ) -> tuple[float, Packed, NDArray[np.int64], str] | None:
     """Pack ``order`` into each step count of ``candidates`` in turn, each way of ``kinds``:
     (linearity, bins, step layout, kind) of the first plan that reaches ``TARGET``, else the best;
@@ -206,20 +250,22 @@ def _attempt(
             continue
         tried.add(steps)
         first = kinds[0]
-        packed = _PACKS[first](order, costs, steps, w, limits, tie)
+        packed = _PACKS[first](order, costs, steps, w, limits, tie, speeds)
         while packed is None and steps < p // w:  # the caps leave no room: more steps
             steps = min(steps + max(1, steps // 20), p // w)
             tried.add(steps)
-            packed = _PACKS[first](order, costs, steps, w, limits, tie)
+            packed = _PACKS[first](order, costs, steps, w, limits, tie, speeds)
         if packed is None:
             continue
         found: list[tuple[tuple[Packed, int] | None, str]] = [(packed, first)]
-        found += [(_PACKS[k](order, costs, steps, w, limits, tie), k) for k in kinds[1:] if steps * w < p]
+        found += [
+            (_PACKS[k](order, costs, steps, w, limits, tie, speeds), k) for k in kinds[1:] if steps * w < p
+        ]
         for got, kind in found:
             if got is None:
                 continue
-            layout = _steps_of(got[0], got[1], w)
-            lin = load_linearity(got[0].loads[layout])
+            layout = _steps_of(got[0], got[1], w, speeds)
+            lin = load_linearity(_times(got[0].loads[layout], speeds))
             if best is None or lin > best[0]:
                 best = (lin, got[0], layout, kind)
         if best is not None and best[0] >= TARGET:  # set above: found holds a plan
@@ -237,12 +283,15 @@ def plan(
     rng: np.random.Generator,
     bucket_ids: NDArray[np.int32] | None,
     limits: PoolLimits | None = None,
+    speeds: NDArray[np.float64] | None = None,
 ) -> NDArray[np.int64]:
     """Plan one epoch with equal cost per rank-step and variable counts.
 
     Args:
         costs: (P,) pool costs, P >= world_size (need not be a multiple of W*B).
         limits: caps and the pool's points; None: no caps.
+        speeds: (W,) relative rank speeds (``--rank-speed``): rank r's cost at every step in proportion
+            to ``speeds[r]`` (equal times); ranks are relabelled only among equal speeds. None: all equal.
 
     Returns:
         (S, W, M) int64 pool indices, ``-1`` = empty slot; every pool entry exactly once and every
@@ -258,7 +307,7 @@ def plan(
 
     def attempt(jitter: float, candidates: list[int], kinds: tuple[str, ...]) -> tuple | None:
         order = np.argsort(-(logc + jitter * u), kind="stable").astype(np.int64)
-        return _attempt(costs, w, limits, order, tie, candidates, kinds)
+        return _attempt(costs, w, limits, order, tie, candidates, kinds, speeds)
 
     lo = _min_steps(costs, w, limits)
     ladder = [min(max(int(np.ceil(p / (w * batch_size * f))), lo, 1), p // w) for f in SLACK_LADDER]
@@ -277,5 +326,5 @@ def plan(
             best, hi = got, mid
         else:
             lo = mid + 1
-    out = permute_ranks(best[1].padded(best[2]), rng)
+    out = permute_ranks(best[1].padded(best[2]), rng, None if speeds is None else speeds)
     return out[rng.permutation(out.shape[0])]
