@@ -84,7 +84,7 @@ REFINE = 2
 RAISE_SHARE = 0.3
 
 
-def _levels(x: NDArray[np.float64], steps: int, w: int) -> tuple[NDArray[np.float64], float]:
+def _levels(x: NDArray[np.float64], steps: int, w: float) -> tuple[NDArray[np.float64], float]:
     """((k,) targets of the k high steps, free level lambda) for heaviest-first costs ``x``.
 
     The free level is what the cost left after the high steps gives each remaining bin; items above
@@ -204,9 +204,9 @@ def _steps_of(bins: Packed, k: int, w: int, speeds: NDArray[np.float64] | None =
     every rank a step (column r holds rank r's bins)."""
     n = bins.loads.size
     if speeds is not None:
-        free = np.arange(k * w, n).reshape(-1, w)  # (S - k, W): rank r's free bins in column r
-        free = np.take_along_axis(free, np.argsort(bins.loads[free], axis=0, kind="stable"), axis=0)
-        return np.concatenate([np.arange(k * w).reshape(-1, w), free])
+        grid = np.arange(k * w, n).reshape(-1, w)  # (S - k, W): rank r's free bins in column r
+        grid = np.take_along_axis(grid, np.argsort(bins.loads[grid], axis=0, kind="stable"), axis=0)
+        return np.concatenate([np.arange(k * w).reshape(-1, w), grid])
     free = np.arange(k * w, n)
     free = free[np.argsort(bins.loads[free], kind="stable")]
     return np.concatenate([np.arange(k * w), free]).reshape(-1, w)
