@@ -172,6 +172,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "calibrates and re-plans epochs E.. (lidarshard.replan) and every rank's sampler switches to it",
     )
     p.add_argument("--timings", type=Path, default=None, help="StepTimer directory (with --replan-after)")
+    p.add_argument(
+        "--identical",
+        action="store_true",
+        help="every rank trains rank 0's planned batches: the same work, so the measured linearity is this "
+        "machine's noise floor (what no plan can beat here)",
+    )
     args = p.parse_args(argv)
     if args.replan_after is not None and (args.timings is None or args.sampler != "lidarshard"):
         p.error("--replan-after needs --timings DIR and --sampler lidarshard")
@@ -184,7 +190,8 @@ def _loader(
     """(DataLoader, object with set_epoch) for the chosen sampler."""
     opts = {"collate_fn": collate, "num_workers": args.num_workers, "pin_memory": torch.cuda.is_available()}
     if args.sampler == "lidarshard":
-        sampler: Any = BalancedBatchSampler(args.manifest)  # rank and world size from torch.distributed
+        # rank and world size from torch.distributed; --identical: every rank replays rank 0's batches
+        sampler: Any = BalancedBatchSampler(args.manifest, 0 if args.identical else rank, world)
         return PlanLoader(dataset, sampler, **opts), sampler  # state_dict() counts trained batches
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed, drop_last=True)
     return DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch, drop_last=True), **opts), sampler

@@ -260,10 +260,15 @@ COST_FEATURES = ("num_in_range", "num_points", "occupied_voxels")
 
 
 class _Recosted:
-    """A scored table (or validate's view of one) with ``cost`` and ``bucket_id`` replaced."""
+    """A scored table (or validate's view of one) with ``cost`` and ``bucket_id`` replaced: those of
+    ``model`` (a cost model and its bucket edges)."""
 
     def __init__(
-        self, base: Any, model: CostModel, cost: NDArray[np.float64], bucket_id: NDArray[np.int32]
+        self,
+        base: Any,
+        model: tuple[CostModel, tuple[float, ...]],
+        cost: NDArray[np.float64],
+        bucket_id: NDArray[np.int32],
     ) -> None:
         self.base, self.model, self.num_rows, self.column_names = (
             base,
@@ -287,14 +292,14 @@ def as_planned(scored: Any, epoch: int, cfg: PlanConfig) -> Any:
     check every epoch through this one function."""
     then = cfg.planned_with(epoch)
     if isinstance(scored, _Recosted):
-        if then is not None and scored.model == then[0]:
+        if then is not None and scored.model == then:
             return scored
         scored = scored.base
     if then is None:
         return scored
     model, edges = then
     costs = sample_costs(scored, model)
-    return _Recosted(scored, model, costs, buckets.assign_buckets(costs, np.asarray(edges, np.float64)))
+    return _Recosted(scored, then, costs, buckets.assign_buckets(costs, np.asarray(edges, np.float64)))
 
 
 def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig, *, baseline: bool = True) -> EpochPlan:
