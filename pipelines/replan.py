@@ -93,6 +93,8 @@ def replan_settings(cfg: PlanConfig, from_samples: str, epoch: int) -> tuple[Pla
 
 
 def _shown(value: object) -> str:
+    if value is None:
+        return "none"
     to_json = getattr(value, "to_json", None)
     return str(to_json() if callable(to_json) else value)
 
