@@ -61,7 +61,7 @@ def read_observations(
 
 #: Voxel exponents the fit tries (``cost = c0 + a*points + b*voxels^q``); 1 is the linear model.
 Q_GRID: tuple[float, ...] = tuple(round(1.0 + 0.05 * k, 2) for k in range(21))
-#: R^2 a q other than 1 must add over the linear fit to be kept (noise should not bend the model).
+#: Cross-validated R^2 a q other than 1 must add over the linear fit to be kept (noise must not bend the model).
 Q_MIN_GAIN = 0.002
 
 
@@ -74,7 +74,9 @@ def fit_cost(
     timings_path: str, samples: pa.Table, plan: Callable[[], pa.Table], epoch: int = 0
 ) -> tuple[cal.LinearFit, Timed]:
     """The cost model fitted to the timings: ``c0 + a*points + b*voxels^q``, q the exponent of ``Q_GRID``
-    with the best R^2 (1 unless another adds ``Q_MIN_GAIN``), with the observations it was fitted on.
+    whose fit best predicts the timings it was not fitted on (``cal.cross_validated_r2``, 5 folds of whole
+    steps; 1 unless another adds ``Q_MIN_GAIN``: a noisy run must not bend the model), with the
+    observations it was fitted on.
     The one fit ``calibrate`` writes and ``report --timings`` applies.
 
     Raises:
@@ -83,16 +85,19 @@ def fit_cost(
     linear = read_observations(timings_path, samples, plan, epoch)
     if linear.obs.num_rows == 0:
         raise ValueError(f"no row of {timings_path} matches a sample (or step/rank) of this manifest")
-    best = (cal.fit_linear(design(linear.obs), linear.obs.column("ms").to_numpy()), linear)
+    ms = linear.obs.column("ms").to_numpy()
+    best = (cal.fit_linear(design(linear.obs), ms), linear)
     if np.isnan(linear.obs.column("voxels").to_numpy(zero_copy_only=False)).all():
         return best  # no voxels: nothing to bend
-    floor = best[0].r2 + Q_MIN_GAIN
+    score = cal.cross_validated_r2(design(linear.obs), ms, linear.keys)
+    floor = score + Q_MIN_GAIN
     for q in Q_GRID[1:]:
         timed = read_observations(timings_path, samples, plan, epoch, q)
         try:
             fit = cal.fit_linear(design(timed.obs), timed.obs.column("ms").to_numpy())
         except ValueError:
             continue
-        if fit.b > 0 and fit.r2 >= floor and fit.r2 > best[0].r2:
-            best = (dataclasses.replace(fit, q=q), timed)
+        cv = cal.cross_validated_r2(design(timed.obs), timed.obs.column("ms").to_numpy(), timed.keys)
+        if fit.b > 0 and cv >= floor and cv > score:
+            best, score = (dataclasses.replace(fit, q=q), timed), cv
     return best

@@ -43,6 +43,7 @@ __all__ = [
     "observations",
     "step_observations",
     "held_out_fit",
+    "cross_validated_r2",
     "step_linearity",
     "plan_linearity",
 ]
@@ -365,6 +366,21 @@ def held_out_fit(x: NDArray[np.float64], ms: NDArray[np.float64], keys: Sequence
     yhat = fit.predict(x[test])
     rmse = float(np.sqrt(((ms[test] - yhat) ** 2).mean()))
     return out | {"r2": r_squared(ms[test], yhat), "rmse": rmse, "c0": fit.c0, "a": fit.a, "b": fit.b}
+
+
+def cross_validated_r2(x: NDArray[np.float64], ms: NDArray[np.float64], keys: Sequence[str]) -> float:
+    """R^2 of out-of-fold predictions over ``HOLD_OUT_EVERY`` folds (fold ``crc32(key) % HOLD_OUT_EVERY``,
+    so all ranks of a step stay together): how well a design ``x`` (n, 3) predicts timings it was not
+    fitted on; -inf when a fold cannot be fitted. Picks a model's shape without rewarding fitted noise."""
+    fold = np.array([zlib.crc32(k.encode()) % HOLD_OUT_EVERY for k in keys], dtype=np.int64)
+    yhat = np.empty_like(ms)
+    for f in np.unique(fold):
+        out = fold == f
+        try:
+            yhat[out] = fit_linear(x[~out], ms[~out]).predict(x[out])
+        except ValueError:
+            return float("-inf")
+    return r_squared(ms, yhat)
 
 
 def _max_mean(loads: NDArray[np.float64]) -> float:
