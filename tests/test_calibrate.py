@@ -349,10 +349,10 @@ def _power_workload(tmp: Path, q: float) -> tuple[pa.Table, Path]:
 @pytest.mark.parametrize("q", [1.0, 1.3])
 def test_the_fit_finds_how_fast_cost_grows_with_voxels(tmp_path: Path, q: float) -> None:
     """An attention-like cost (voxels^1.3) is fitted as such; a linear one keeps q = 1."""
-    from lidarshard.pipelines.tools.timings import fit_cost
+    from lidarshard.pipelines.tools.timings import fit_cost, read_timings_at
 
     samples, path = _power_workload(tmp_path, q)
-    fit, timed = fit_cost(str(path), samples, lambda: pa.table({}))
+    fit, timed = fit_cost(read_timings_at(str(path)), samples, lambda: pa.table({}))
     assert fit.q == pytest.approx(q, abs=0.05) and fit.r2 > 0.9
     assert timed.obs.num_rows == 200 and fit.to_json()["cost_model"].get("q", 1.0) == fit.q
     if q == 1.0:

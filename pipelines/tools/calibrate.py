@@ -30,7 +30,7 @@ import numpy as np
 
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.pipelines.tools.report import REPORT_DIR, read_plan
-from lidarshard.pipelines.tools.timings import design, fit_cost
+from lidarshard.pipelines.tools.timings import design, fit_cost, read_timings_at
 from lidarshard.transforms import storage
 from lidarshard.transforms.report import calibrate as cal
 
@@ -46,7 +46,9 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     """
     manifest = load_manifest(out)
     samples = read_samples(out)
-    fit, (obs, timed, raw, keys) = fit_cost(timings_path, samples, lambda: read_plan(out), epoch)
+    fit, (obs, timed, raw, keys) = fit_cost(
+        read_timings_at(timings_path), samples, lambda: read_plan(out), epoch
+    )
     x, ms = design(obs), obs.column("ms").to_numpy()
     checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
     source = {

@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.reader import plan_dataset
-from lidarshard.pipelines.tools.timings import fit_cost, read_observations
+from lidarshard.pipelines.tools.timings import Timings, fit_cost, observe, read_timings_at
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import storage
 from lidarshard.transforms.plan.dense import dense_plan
@@ -135,7 +135,8 @@ def _spread(loads: NDArray[np.float64]) -> float:
 
 def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes], list[str]]:
     """Predicted-vs-measured figure and summary lines for timings (recorder files or a CSV)."""
-    timed = read_observations(path, data.samples, lambda: data.plan, epoch)
+    read = read_timings_at(path)
+    timed = observe(read, data.samples, lambda: data.plan, epoch)
     obs, timings = timed.obs, timed.raw
     if obs.num_rows == 0:
         raise ValueError(f"no row of {path} matches a sample (or step/rank) of this manifest")
@@ -179,7 +180,7 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
     )
     figs = {"predicted_vs_measured.png": plots.predicted_vs_measured(pred, ms, unit, what, note)}
     if "world_size" in obs.column_names and rows:
-        idle = _what_if(data, path, epoch, [r["epoch"] for r in rows])
+        idle = _what_if(data, read, epoch, [r["epoch"] for r in rows])
         for (e, plan_idle, random_idle), row in zip(idle, rows, strict=True):
             lines.append(
                 f"  epoch {e}: {100 * (1 - row['measured']):.1f}% idle measured; on the measured model (the "
@@ -192,11 +193,13 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
     return figs, lines
 
 
-def _what_if(data: ReportData, path: str, epoch: int, epochs: list[int]) -> list[tuple[int, float, float]]:
+def _what_if(
+    data: ReportData, timings: Timings, epoch: int, epochs: list[int]
+) -> list[tuple[int, float, float]]:
     """(epoch, idle fraction of the plan, of a random plan of the same pool) under the cost model fitted
-    to the timings at ``path`` (``timings.fit_cost``, as ``calibrate`` writes it): what the measured
+    to ``timings`` (``timings.fit_cost``, as ``calibrate`` writes it): what the measured
     model says balance saved."""
-    fit, _ = fit_cost(path, data.samples, lambda: data.plan, epoch)
+    fit, _ = fit_cost(timings, data.samples, lambda: data.plan, epoch)
     feats = cal.sample_features(data.samples, fit.q)
     per_sample = fit.predict(
         np.stack(

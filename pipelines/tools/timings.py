@@ -7,6 +7,7 @@ sample or per rank-step (``transforms.report.calibrate.read_timings``). No Beam.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -18,7 +19,17 @@ from lidarshard.loaders.timing import read_timing_files
 from lidarshard.transforms import storage
 from lidarshard.transforms.report import calibrate as cal
 
-__all__ = ["Timed", "is_recorded", "read_observations", "fit_cost", "design", "Q_GRID", "Q_MIN_GAIN"]
+__all__ = [
+    "Timings",
+    "Timed",
+    "is_recorded",
+    "read_timings_at",
+    "observe",
+    "fit_cost",
+    "design",
+    "Q_GRID",
+    "Q_MIN_GAIN",
+]
 
 
 def is_recorded(timings_path: str) -> bool:
@@ -26,8 +37,16 @@ def is_recorded(timings_path: str) -> bool:
     return timings_path.endswith(".parquet") or storage.is_dir(timings_path)
 
 
+class Timings(NamedTuple):
+    """Timings as read, once (``read_timings_at``): the recorder's rows or a CSV's."""
+
+    path: str
+    recorded: bool  # the recorder's Parquet (TIMING_FIELDS), else a CSV (cal.read_timings)
+    rows: pa.Table
+
+
 class Timed(NamedTuple):
-    """Timings joined to a manifest's samples (``read_observations``)."""
+    """Timings joined to a manifest's samples (``observe``)."""
 
     obs: pa.Table  # cal.observations columns; + epoch, step, rank, world_size for recorder files
     timed: str  # what one row timed: "sample", "rank-step" or "recorded rank-step"
@@ -35,28 +54,35 @@ class Timed(NamedTuple):
     keys: list[str]  # one per observation, for cal.held_out_fit (recorder: "epoch:step")
 
 
-def read_observations(
-    timings_path: str, samples: pa.Table, plan: Callable[[], pa.Table], epoch: int = 0, q: float = 1.0
+def read_timings_at(timings_path: str) -> Timings:
+    """The timings at ``timings_path``: the recorder's Parquet files or a CSV, read once."""
+    if is_recorded(timings_path):
+        return Timings(timings_path, True, read_timing_files(timings_path))
+    return Timings(timings_path, False, cal.read_timings(storage.read_bytes(timings_path)))
+
+
+def observe(
+    timings: Timings, samples: pa.Table, plan: Callable[[], pa.Table], epoch: int = 0, q: float = 1.0
 ) -> Timed:
-    """The timings at ``timings_path`` joined to ``samples``: the one reading calibrate and report share.
+    """``timings`` joined to ``samples``: the one join calibrate and report share.
 
     Args:
         plan: gives the manifest's plan rows; called only for a CSV of step/rank rows without sample ids.
         epoch: the epoch of CSV step/rank rows without an epoch column.
         q: the exponent the samples' voxels are raised to before they are summed (a cost model's ``q``).
     """
-    if is_recorded(timings_path):
-        steps = read_timing_files(timings_path)
-        obs = cal.step_observations(steps, samples, q)
+    if timings.recorded:
+        obs = cal.step_observations(timings.rows, samples, q)
         keys = [
             f"{e}:{s}"
             for e, s in zip(obs.column("epoch").to_pylist(), obs.column("step").to_pylist(), strict=True)
         ]
-        return Timed(obs, "recorded rank-step", steps, keys)
-    timings = cal.read_timings(storage.read_bytes(timings_path))
-    per_sample = "sample_id" in timings.column_names
-    obs = cal.observations(timings, samples, None if per_sample else plan(), epoch, q)
-    return Timed(obs, "sample" if per_sample else "rank-step", timings, [str(i) for i in range(obs.num_rows)])
+        return Timed(obs, "recorded rank-step", timings.rows, keys)
+    per_sample = "sample_id" in timings.rows.column_names
+    obs = cal.observations(timings.rows, samples, None if per_sample else plan(), epoch, q)
+    return Timed(
+        obs, "sample" if per_sample else "rank-step", timings.rows, [str(i) for i in range(obs.num_rows)]
+    )
 
 
 #: Voxel exponents the fit tries (``cost = c0 + a*points + b*voxels^q``); 1 is the linear model.
@@ -71,20 +97,21 @@ def design(obs: pa.Table) -> NDArray[np.float64]:
 
 
 def fit_cost(
-    timings_path: str, samples: pa.Table, plan: Callable[[], pa.Table], epoch: int = 0
+    timings: Timings, samples: pa.Table, plan: Callable[[], pa.Table], epoch: int = 0
 ) -> tuple[cal.LinearFit, Timed]:
     """The cost model fitted to the timings: ``c0 + a*points + b*voxels^q``, q the exponent of ``Q_GRID``
     whose fit best predicts the timings it was not fitted on (``cal.cross_validated_r2``, 5 folds of whole
     steps; 1 unless another adds ``Q_MIN_GAIN``: a noisy run must not bend the model), with the
-    observations it was fitted on.
+    observations it was fitted on. The timings and the plan are read once for all exponents.
     The one fit ``calibrate`` writes and ``report --timings`` applies.
 
     Raises:
         ValueError: no timing matches the manifest, or no useful fit (one line).
     """
-    linear = read_observations(timings_path, samples, plan, epoch)
+    plan = functools.lru_cache(maxsize=1)(plan)
+    linear = observe(timings, samples, plan, epoch)
     if linear.obs.num_rows == 0:
-        raise ValueError(f"no row of {timings_path} matches a sample (or step/rank) of this manifest")
+        raise ValueError(f"no row of {timings.path} matches a sample (or step/rank) of this manifest")
     ms = linear.obs.column("ms").to_numpy()
     best = (cal.fit_linear(design(linear.obs), ms), linear)
     if np.isnan(linear.obs.column("voxels").to_numpy(zero_copy_only=False)).all():
@@ -92,7 +119,7 @@ def fit_cost(
     score = cal.cross_validated_r2(design(linear.obs), ms, linear.keys)
     floor = score + Q_MIN_GAIN
     for q in Q_GRID[1:]:
-        timed = read_observations(timings_path, samples, plan, epoch, q)
+        timed = observe(timings, samples, plan, epoch, q)
         try:
             fit = cal.fit_linear(design(timed.obs), timed.obs.column("ms").to_numpy())
         except ValueError:
