@@ -26,7 +26,7 @@ from lidarshard.transforms import paths, storage
 from lidarshard.transforms.arrow import parquet_file, read_rows, row_groups
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
-from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.features.cost import cost_model_from_json, sample_costs
 from lidarshard.transforms.jsonsafe import short
 from lidarshard.transforms.parts import ParquetParts, open_parts, read_parts
 
@@ -303,8 +303,8 @@ def cost_model_of(m: Manifest) -> tuple[Callable[[pa.Table], np.ndarray] | None,
     """(row group -> costs under the recorded cost model, or None for "given" costs; the reason the
     model cannot be applied, or None)."""
     try:
-        model = CostModel(**m.cost_model)
-    except (TypeError, ValueError, KeyError) as e:
+        model = cost_model_from_json(dict(m.cost_model), given_ok=True)  # the one reading of a recorded model
+    except ValueError as e:
         return None, f"cost_model {short(dict(m.cost_model))} cannot be applied ({e})"
     # "given": costs came with the samples (lidarshard.write_manifest), nothing to re-derive
     return (None if model.name == "given" else lambda t: sample_costs(t, model)), None

@@ -109,8 +109,9 @@ def parse_cost_model(spec: str) -> CostModel:
     raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")
 
 
-def cost_model_from_json(obj: object) -> CostModel:
+def cost_model_from_json(obj: object, *, given_ok: bool = False) -> CostModel:
     """A manifest's recorded ``cost_model`` object (``CostModel.to_json``) as a model, its numbers checked.
+    ``given_ok``: a "given" model (costs that came with the samples) is returned as it is, not refused.
 
     Raises:
         ValueError: not a model lidarshard writes (one line), or "given" costs, which no model recomputes.
@@ -126,9 +127,11 @@ def cost_model_from_json(obj: object) -> CostModel:
         "q",
     }:
         raise ValueError(f"cost model {json.dumps(obj)[:80]} is not one lidarshard writes")
-    if obj["name"] == "given":
-        raise ValueError("the costs were given with the samples: no cost model recomputes them")
     c0, a, b, q = (float(v) for v in values)
+    if obj["name"] == "given":
+        if given_ok:
+            return CostModel("given", c0, a, b, q)
+        raise ValueError("the costs were given with the samples: no cost model recomputes them")
     return _linear(c0, a, b, name=obj["name"], q=q)
 
 
