@@ -265,17 +265,14 @@ class LoopTimer:
         self.timer = StepTimer(directory, b.rank, b.world_size, flush_every=flush_every, device=device)
         if isinstance(model, DistributedDataParallel):
             self.timer.attach_ddp(model)
-        self._open = False
 
     def start(self, epoch: int, index: int) -> None:
         """Batch ``index`` of trainer epoch ``epoch`` (as :class:`PlanSteps` counts) begins now."""
         self.timer.start(*self.where(epoch, index))
-        self._open = True
 
     def stop(self) -> None:
         """The step begun by :meth:`start` ends now (nothing when none is open)."""
-        if self._open:
-            self._open = False
+        if self.timer.in_step:
             self.timer.stop()
 
     def flush(self) -> None:
@@ -284,7 +281,6 @@ class LoopTimer:
 
     def close(self) -> None:
         """Flush all; a step still open is dropped."""
-        self._open = False
         self.timer.close()
 
 

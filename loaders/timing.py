@@ -205,6 +205,11 @@ class StepTimer:
         self._epoch: int | None = None
 
     # ------------------------------------------------------------------ the per-step API
+    @property
+    def in_step(self) -> bool:
+        """A step is open: started and not yet stopped."""
+        return self._open is not None
+
     def start(self, epoch: int, step: int, sample_ids: Sequence[str] = ()) -> None:
         """Begin timing step ``step`` of ``epoch`` on this rank's ``sample_ids``."""
         if self._open is not None:
