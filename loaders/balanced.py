@@ -29,7 +29,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise needs_torch(__name__) from e
 
-from lidarshard.loaders.position import Position, caller_self, continued_from, plan_keys, saved_shape
+from lidarshard.loaders.position import Position, caller_self, plan_keys, saved_shape
 
 __all__ = ["BalancedBatchSampler", "rank_world"]
 
@@ -161,9 +161,7 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
             ValueError: ``out_dir`` does not continue this manifest (naming what differs), or epoch E
                 has begun.
         """
-        new = load_manifest(out_dir)
-        start = continued_from(self.manifest, new, os.fspath(self.out_dir), os.fspath(out_dir))
-        self._check_switch(start, os.fspath(out_dir))
+        new, start = self._continuation(out_dir)
         ManifestReader(out_dir, self.rank, self.world_size, 0)  # its plan files are there for this rank
         self.out_dir, self.manifest, self._counts = out_dir, new, None
         return start

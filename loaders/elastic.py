@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard.loaders.planfiles import read_plan_file
-from lidarshard.loaders.position import Position, caller_self, continued_from, plan_keys, saved_shape
+from lidarshard.loaders.position import Position, caller_self, plan_keys, saved_shape
 from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_samples
 from lidarshard.loaders.replan import ElasticPlan, Switch, check_exact, merge_ranks
 from lidarshard.schemas.manifest import FileEntry
@@ -226,9 +226,7 @@ class ElasticBatchSampler(Position):
         """Replay ``out_dir``, a re-plan of this manifest from epoch E (``build --replan-from E``), from now
         on: see ``BalancedBatchSampler.switch_plan``; the switch history of the current epoch is kept
         (its plan is the same file for file). Returns E."""
-        new = load_manifest(out_dir)
-        start = continued_from(self.manifest, new, os.fspath(self.out_dir), os.fspath(out_dir))
-        self._check_switch(start, os.fspath(out_dir))
+        new, start = self._continuation(out_dir)
         self.out_dir, self.manifest, self._base, self._cache = out_dir, new, None, None
         return start
 

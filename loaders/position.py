@@ -9,12 +9,13 @@ ties to its plan (:func:`plan_keys`, :func:`saved_shape`).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import deque
 from collections.abc import Iterator, Mapping
 from itertools import islice
 
-from lidarshard.loaders.reader import check_int
+from lidarshard.loaders.reader import PathLike, check_int, load_manifest
 from lidarshard.loaders.replan import Switch
 from lidarshard.schemas.manifest import Manifest
 
@@ -134,6 +135,8 @@ class Position:
     """
 
     epoch: int
+    manifest: Manifest
+    out_dir: PathLike
 
     def lookahead(self, batches: int, consumers: int = 1) -> None:
         """Hand out with every batch the index lists of the next ``batches`` batches the same consumer
@@ -156,13 +159,23 @@ class Position:
             yield PlannedBatch(indices, step, ahead)
             window.extend(islice(planned, 1))
 
-    def _check_switch(self, start: int, there: object) -> None:
-        """A plan that re-plans from epoch ``start`` may take over only before that epoch's first batch."""
+    def _continuation(self, out_dir: PathLike) -> tuple[Manifest, int]:
+        """(the manifest at ``out_dir``, E) once it is a re-plan of this sampler's manifest from epoch E
+        (``continued_from``) that may take over now: before epoch E's first batch. The samplers'
+        ``switch_plan`` starts here.
+
+        Raises:
+            ValueError: it does not continue this manifest, or epoch E has begun (one line).
+        """
+        here, there = os.fspath(self.out_dir), os.fspath(out_dir)
+        new = load_manifest(out_dir)
+        start = continued_from(self.manifest, new, here, there)
         if self.epoch > start or (self.epoch == start and (self._step or self._resume)):
             raise ValueError(
                 f"{there} re-plans from epoch {start}, but this sampler is already at epoch {self.epoch} "
                 f"step {max(self._step, self._resume)}: switch before epoch {start} begins (or restart on it)"
             )
+        return new, start
 
     def _reset_position(self, step: int = 0) -> None:
         """Position ``step`` of ``self.epoch``: nothing handed out beyond it."""
