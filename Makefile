@@ -14,7 +14,7 @@ DEMO ?= demo_out
 # not linked: each install records the module files in $(VENV)/.modules, and demo, lint, test and
 # bench first re-install the package alone (no dependencies, seconds) when that list has changed.
 EDITABLE := --config-settings editable_mode=strict -e
-MODULES := find lidarshard pipelines transforms schemas loaders -name '*.py' | LC_ALL=C sort
+MODULES := find lidarshard pipelines transforms schemas loaders tools -name '*.py' | LC_ALL=C sort
 RELINK := $(MODULES) | cmp -s - $(VENV)/.modules || { echo "module files changed: re-linking the editable install"; \
 	$(PIP) install --no-deps $(EDITABLE) . && $(MODULES) > $(VENV)/.modules; }
 # From $(VENV), not the repository root: there the bare lidarshard/ folder would shadow the installed

@@ -30,8 +30,8 @@ import pyarrow as pa
 
 import lidarshard
 from lidarshard.loaders.timing import StepTimer
-from lidarshard.pipelines.tools.calibrate import calibrate
-from lidarshard.pipelines.tools.report import read_plan
+from lidarshard.tools.calibrate import calibrate
+from lidarshard.tools.report import read_plan
 from lidarshard.transforms.plan.metrics import load_linearity
 
 WORKLOADS = {

@@ -42,7 +42,7 @@ from torch import nn
 
 from lidarshard.loaders import read_samples
 from lidarshard.loaders.torch import PointCloudDataset
-from lidarshard.pipelines.tools.calibrate import calibrate
+from lidarshard.tools.calibrate import calibrate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 from lidarshard import schemas
-from lidarshard.transforms import storage
 from lidarshard.transforms.features.sample import ScanConfig, featurize
-from lidarshard.transforms.nuscenes import tables
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.layouts import nuscenes_tasks as tables
 
 VERSION = "v1.0-synth"
 #: The child that scans without hashing: ``schemas.content_hash`` returns 0 (the feature work is unchanged).

@@ -31,9 +31,10 @@ import numpy as np
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
-from lidarshard.transforms import layouts, storage
+from lidarshard.transforms import layouts
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.formats.readers import detect_format, read_points
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts.task import LayoutOptions
 from lidarshard.transforms.layouts.waymo_v2 import read_frame
 from lidarshard.transforms.synth.dataroot import SynthConfig, scene_files

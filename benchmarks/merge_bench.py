@@ -39,9 +39,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
-from lidarshard.transforms.arrow import parquet_bytes
 from lidarshard.transforms.features import shards
-from lidarshard.transforms.parts import PART_ROWS
+from lidarshard.transforms.io.arrow import parquet_bytes
+from lidarshard.transforms.io.parts import PART_ROWS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_bench import GIB, measure, slope, synth_samples  # noqa: E402

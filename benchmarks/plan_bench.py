@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lidarshard import schemas
-from lidarshard.transforms.arrow import ParquetStream
+from lidarshard.transforms.io.arrow import ParquetStream
 
 TARGET_N, TARGET_S, TARGET_GIB = 1_000_000, 60.0, 2.0
 #: Issue #16: at 1M rows every process <= 1 GiB and the tree <= 2 GiB; at 10M every process

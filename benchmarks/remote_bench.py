@@ -42,7 +42,7 @@ class DelayedStore:
         return uri.startswith("delayed://")
 
     def stat(self, uri: str):
-        from lidarshard.transforms.storage.base import FileInfo
+        from lidarshard.transforms.io.base import FileInfo
 
         time.sleep(self.delay_s)
         st = os.stat(uri[len("delayed://") :])
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch", type=int, default=4, help="batches read ahead per worker (default 4)")
     ap.add_argument("--s3", action="store_true", help="a real S3 server (moto) behind a latency proxy")
     args = ap.parse_args(argv)
-    from lidarshard.transforms import storage
+    from lidarshard.transforms.io import storage
 
     with tempfile.TemporaryDirectory(prefix="remote_bench.") as tmp, ExitStack() as stack:
         root, out = build(Path(tmp), args.scenes)

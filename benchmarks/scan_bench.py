@@ -35,9 +35,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import concat_sorted, parquet_bytes, rows_to_table
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import concat_sorted, parquet_bytes, rows_to_table
 
 TARGET_RATIO = 0.7
 

@@ -13,7 +13,7 @@ import argparse
 import json
 import time
 
-from lidarshard.transforms.nuscenes.tables import load_tasks
+from lidarshard.transforms.layouts.nuscenes_tasks import load_tasks
 
 VERSION = "v1.0-bench"
 _IDENTITY = {"translation": [0.0, 0.0, 0.0], "rotation": [1.0, 0.0, 0.0, 0.0]}

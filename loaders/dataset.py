@@ -18,11 +18,11 @@ from lidarshard import schemas
 from lidarshard.loaders.fetch import Fetcher, File, FileCache
 from lidarshard.loaders.points import Recorded, load_points, moved_hint
 from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
-from lidarshard.transforms import storage
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.labels import decode_labels, label_format
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.paths import PathResolver
 from lidarshard.transforms.layouts import label_maps_of
-from lidarshard.transforms.paths import PathResolver
 
 try:
     import torch
@@ -47,7 +47,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
     """The accepted samples of a manifest, in the samples' row order (by sample_id).
 
     ``dataset[i]`` reads sample i's keyframe and, with ``sweeps=True``, its planned sweeps moved into
-    the keyframe frame (``lidarshard.transforms.nuscenes.multisweep.aggregate``), and returns
+    the keyframe frame (``lidarshard.transforms.layouts.multisweep.aggregate``), and returns
     ``{"index": i, "sample_id": str, "points": torch.float32 (N, C)}`` with x, y, z (m) first; with
     ``labels=True`` also ``"labels": torch.int64 (N,)``: the keyframe's lidarseg class ids (its rows
     come first), ``IGNORE_LABEL`` (-1) on sweep rows, which lidarseg does not label.

@@ -5,7 +5,7 @@ Every rank re-derives the same new plan in-process from the manifest, in seconds
 
 * the steps already finished by all ranks (``consumed_steps``) stay consumed;
 * the remaining entries of the epoch are redistributed over ``W'`` ranks of ``B'`` slots
-  (``lidarshard.loaders.replan``):
+  (``lidarshard.loaders.reshard``):
 
   - **merge** when ``W'`` divides ``W`` and ``B'`` is ``B`` or ``(W/W')*B``: new rank ``r'`` takes old
     ranks ``r'k .. r'k+k-1`` of every step, their batches concatenated (``B' = k*B``, the default) or
@@ -40,9 +40,9 @@ from numpy.typing import NDArray
 from lidarshard.loaders.planfiles import read_plan_file
 from lidarshard.loaders.position import Position, caller_self, plan_keys, saved_shape
 from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_samples
-from lidarshard.loaders.replan import ElasticPlan, Switch, check_exact, merge_ranks
+from lidarshard.loaders.reshard import ElasticPlan, Switch, check_exact, merge_ranks
 from lidarshard.schemas.manifest import FileEntry
-from lidarshard.transforms import storage
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.dense import dense_plan
 

@@ -38,7 +38,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise needs_torch(__name__) from e
 
-from lidarshard.loaders.balanced import rank_world
+from lidarshard.loaders.sampler import rank_world
 
 __all__ = ["EvalSampler", "eval_costs", "eval_shards"]
 

@@ -31,8 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from lidarshard import schemas
 from lidarshard.loaders.points import Recorded, difference, read_recorded
-from lidarshard.transforms import storage
-from lidarshard.transforms.storage.local import write_local
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.local import write_local
 
 __all__ = ["Fetcher", "FileCache", "File", "DEFAULT_MAX_BYTES", "DEFAULT_THREADS"]
 

@@ -5,7 +5,7 @@ whole, bounded by the rows its epoch plans (``read_plan_file``); any listed file
 size and sha256 (``verified_bytes``: plan files and samples parts alike).
 
 Pure pyarrow; imports neither Beam nor torch. ``out`` is a local path or a URI: every read goes through
-``lidarshard.transforms.storage``. The manifest itself is read by ``lidarshard.loaders.reader``.
+``lidarshard.transforms.io.storage``. The manifest itself is read by ``lidarshard.loaders.reader``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, misplaced_key, plan_dir_names
 from lidarshard.schemas.manifest import FileEntry, Manifest
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import parquet_file
-from lidarshard.transforms.storage.base import FileTooLargeError
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_file
+from lidarshard.transforms.io.base import FileTooLargeError
 
 __all__ = [
     "is_plan_path",

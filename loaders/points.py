@@ -6,7 +6,7 @@ on its size before it is read (at most one byte more than the recorded size othe
 replacement is never read whole.
 
 Pure numpy; imports neither Beam nor torch. Paths may be local or URIs (``gs://``, ``s3://``, ...):
-every read goes through ``lidarshard.transforms.storage``. A file that is not there raises
+every read goes through ``lidarshard.transforms.io.storage``. A file that is not there raises
 ``FileNotFoundError("not found: PATH")``; :func:`moved_hint` is the hint a reader appends when the data
 moved (``transforms.paths.PathResolver`` turns stored paths into paths to open).
 """
@@ -20,13 +20,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms import storage
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.readers import detect_format, read_points
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.base import FileTooLargeError
+from lidarshard.transforms.layouts.geometry import sweep_matrices
+from lidarshard.transforms.layouts.multisweep import aggregate
 from lidarshard.transforms.layouts.task import FRAMES_FORMAT
-from lidarshard.transforms.nuscenes.geometry import sweep_matrices
-from lidarshard.transforms.nuscenes.multisweep import aggregate
-from lidarshard.transforms.storage.base import FileTooLargeError
 
 __all__ = [
     "load_points",

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from itertools import islice
 
 from lidarshard.loaders.reader import PathLike, check_int, load_manifest
-from lidarshard.loaders.replan import Switch
+from lidarshard.loaders.reshard import Switch
 from lidarshard.schemas.manifest import Manifest
 
 __all__ = ["Position", "PlannedBatch", "caller_self", "plan_keys", "saved_shape", "continued_from"]

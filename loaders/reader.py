@@ -3,7 +3,7 @@
 before a row is read: ``lidarshard.loaders.planfiles``).
 
 Pure pyarrow/numpy; imports neither Beam nor torch. ``out_dir`` may be a local path or a URI
-(``gs://``, ``s3://``, ``file://`` ...): every read goes through ``lidarshard.transforms.storage``.
+(``gs://``, ``s3://``, ``file://`` ...): every read goes through ``lidarshard.transforms.io.storage``.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from lidarshard.schemas import (
     plan_schema,
 )
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import parquet_file
-from lidarshard.transforms.parts import listed_parts
-from lidarshard.transforms.paths import PATH_COLUMNS, PathResolver, path_problem
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_file
+from lidarshard.transforms.io.parts import listed_parts
+from lidarshard.transforms.io.paths import PATH_COLUMNS, PathResolver, path_problem
 
 __all__ = [
     "Batch",
@@ -230,7 +230,7 @@ class ManifestReader:
         cycle: allow ``epoch >= epochs planned`` by reusing the plan of ``epoch % epochs`` (warns).
         root: where the data lives now (local path or URI) for a manifest of relative paths
             (``build --relative-to``); default the recorded ``path_root``.
-        path_map: ``{"/old/prefix": "/new/prefix"}`` for full paths (``lidarshard.transforms.paths``).
+        path_map: ``{"/old/prefix": "/new/prefix"}`` for full paths (``lidarshard.transforms.io.paths``).
 
     ``Batch.paths`` and ``sweep_paths`` are resolved, ready to open. ``len(reader)`` is the number of batches iteration yields: ``steps - start_step``.
     """

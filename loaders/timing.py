@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lidarshard.loaders.reader import check_int, needs_torch
-from lidarshard.transforms import storage
+from lidarshard.transforms.io import storage
 
 __all__ = [
     "TIMING_FIELDS",
@@ -175,7 +175,7 @@ class StepTimer:
 
     Args:
         directory: where the ``timings-rank-RRRRR-part-PPPPP.parquet`` files go (e.g. the checkpoints'
-            folder; local or any ``lidarshard.transforms.storage`` URL).
+            folder; local or any ``lidarshard.transforms.io.storage`` URL).
         rank, world_size: default from ``torch.distributed`` when initialized, else 0 and 1.
         flush_every: write the buffered rows after this many steps (also at a new epoch and at close).
         device: "auto" (the current accelerator's events, else the host clock), "cpu" (host clock) or

@@ -39,9 +39,9 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise needs_torch(__name__) from e
 
-from lidarshard.loaders.balanced import BalancedBatchSampler
 from lidarshard.loaders.dataset import IGNORE_LABEL, PointCloudDataset, collate
 from lidarshard.loaders.position import Position, caller_self
+from lidarshard.loaders.sampler import BalancedBatchSampler
 
 __all__ = [
     "BalancedBatchSampler",

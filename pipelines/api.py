@@ -37,11 +37,11 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.settings import build_settings, check_plan_size, table_settings
 from lidarshard.pipelines.settings import cost_model as parse_cost_model
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import parquet_bytes
+from lidarshard.transforms.core.score import GIVEN, PREPARED, Source
 from lidarshard.transforms.features import repeat
-from lidarshard.transforms.features.score import GIVEN, PREPARED, Source
-from lidarshard.transforms.paths import path_problem
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_bytes
+from lidarshard.transforms.io.paths import path_problem
 
 __all__ = ["build", "replan", "write_manifest", "summary"]
 

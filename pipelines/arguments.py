@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 
 from lidarshard.pipelines.flags import flag, float_in, float_list, int_in
+from lidarshard.transforms.core.epochs import MAX_PLAN_FACTOR
 from lidarshard.transforms.features.cost import COST_MODEL_HELP
 from lidarshard.transforms.features.repeat import parse_repeat_factors
 from lidarshard.transforms.features.sample import FEATURE_MODES
 from lidarshard.transforms.formats.readers import FORMATS
+from lidarshard.transforms.io.parts import PART_ROWS
 from lidarshard.transforms.layouts import LAYOUT_NAMES
-from lidarshard.transforms.parts import PART_ROWS
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP
-from lidarshard.transforms.plan.epochs import MAX_PLAN_FACTOR
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST
 from lidarshard.transforms.plan.speeds import parse_rank_speed
 

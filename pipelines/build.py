@@ -1,7 +1,7 @@
 """``lidarshard build INPUT OUT --world-size W --batch-size B``: balanced, rank-sharded manifests.
 
 One Beam pipeline: the samples' source (the scan of INPUT, or ``--from-samples`` an earlier run's
-samples) -> the build core (``lidarshard.transforms.beam.build.BuildManifest``: settle, score, plan
+samples) -> the build core (``lidarshard.transforms.beam.build_transform.BuildManifest``: settle, score, plan
 each epoch once, write the samples parts and plan files in parallel, ``_manifest.json``) -> the one
 publish (validate the staged copy, then commit it as OUT). ``lidarshard.build()`` and
 ``lidarshard.write_manifest()`` run the same pipeline (``launch_build``).
@@ -25,10 +25,10 @@ from lidarshard.pipelines.flags import CommandParser, UsageError
 from lidarshard.pipelines.scan import scan_samples
 from lidarshard.pipelines.settings import BuildSettings, build_settings
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms import storage
-from lidarshard.transforms.beam.build import BuildManifest
-from lidarshard.transforms.beam.scan import scan_results
-from lidarshard.transforms.features.score import Source, previous_source
+from lidarshard.transforms.beam.build_transform import BuildManifest
+from lidarshard.transforms.beam.scan_transform import scan_results
+from lidarshard.transforms.core.score import Source, previous_source
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.metrics import COLUMNS, REFERENCE_KEY, balance_value, plan_buys
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]

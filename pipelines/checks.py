@@ -15,8 +15,8 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.owned import check_replaceable
 from lidarshard.pipelines.publish import NAME_MAX
 from lidarshard.schemas import SUCCESS_FILE
-from lidarshard.transforms import paths, storage
-from lidarshard.transforms.features import recorded
+from lidarshard.transforms.core import recorded
+from lidarshard.transforms.io import paths, storage
 
 __all__ = [
     "REMOTE_TIMEOUT_S",

@@ -73,10 +73,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "lidarshard.pipelines.build",
         "scan + cost + buckets + balanced rank-sharded Parquet manifests",
     ),
-    "validate": ("lidarshard.pipelines.tools.validate", "check a manifest directory against the contract"),
-    "report": ("lidarshard.pipelines.tools.report", "plots and a summary of a manifest directory"),
+    "validate": ("lidarshard.tools.validate", "check a manifest directory against the contract"),
+    "report": ("lidarshard.tools.report", "plots and a summary of a manifest directory"),
     "calibrate": (
-        "lidarshard.pipelines.tools.calibrate",
+        "lidarshard.tools.calibrate",
         "fit the linear cost model to measured step timings",
     ),
 }

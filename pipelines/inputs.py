@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 
 from lidarshard.pipelines import checks
 from lidarshard.pipelines.flags import UsageError
-from lidarshard.transforms import layouts, storage
+from lidarshard.transforms import layouts
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts import FILES, LAYOUT_NAMES, Dataset
 
 __all__ = [

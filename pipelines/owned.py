@@ -31,8 +31,8 @@ from lidarshard.schemas import (
     part_index,
 )
 from lidarshard.schemas.manifest import relpath_problem
-from lidarshard.transforms import storage
-from lidarshard.transforms.storage import FileTooLargeError, is_local, join, local_path
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.storage import FileTooLargeError, is_local, join, local_path
 
 __all__ = [
     "Owned",

@@ -14,7 +14,7 @@ holding anything its ``_manifest.json`` (or ``_scan.json``) does not list -- a u
 file -- refuses the run before Beam starts and again right before the commit, naming it; the previous
 tree is deleted entry by entry, only what it lists.
 
-All I/O goes through ``lidarshard.transforms.storage``. Guarantees, by filesystem:
+All I/O goes through ``lidarshard.transforms.io.storage``. Guarantees, by filesystem:
 
 * **Local disk, Linux** (ext4, xfs, btrfs, tmpfs, ...): one ``renameat2(RENAME_EXCHANGE)`` swaps the
   staging directory and ``OUT`` atomically; the previous tree, now at the staging path, is deleted
@@ -65,8 +65,8 @@ from lidarshard.pipelines.owned import (
     remove_owned,
 )
 from lidarshard.schemas import MANIFEST_FILE, SCAN_FILE, SUCCESS_FILE
-from lidarshard.transforms import storage
-from lidarshard.transforms.storage import is_local, join, local_path
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.storage import is_local, join, local_path
 
 __all__ = [
     "new_staging",
@@ -326,7 +326,7 @@ def _check_staged(staging: str) -> None:
     Raises:
         RuntimeError: one line naming the first problem and how many more there are.
     """
-    from lidarshard.pipelines.tools.validate import validate
+    from lidarshard.tools.validate import validate
 
     problems, _ = validate(staging)
     if problems:

@@ -14,10 +14,10 @@ import dataclasses
 from lidarshard.loaders.reader import load_manifest
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.core.record import Kept, kept_from
+from lidarshard.transforms.core.recorded import previous_dir
 from lidarshard.transforms.features.cost import cost_model_from_json
-from lidarshard.transforms.features.recorded import previous_dir
-from lidarshard.transforms.plan.epochs import PlanConfig
-from lidarshard.transforms.plan.manifest import Kept, kept_from
 
 __all__ = ["replan_settings", "KEPT_SETTINGS", "previous_flags"]
 

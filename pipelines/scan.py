@@ -16,13 +16,13 @@ from lidarshard.pipelines import arguments, launch
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
 from lidarshard.pipelines.settings import ScanSettings, scan_settings
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import parquet_bytes
-from lidarshard.transforms.beam.scan import ScanSamples, scan_results
+from lidarshard.transforms.beam.scan_transform import ScanSamples, scan_results
+from lidarshard.transforms.core.previous import fingerprint_kept
 from lidarshard.transforms.features.accounting import counts_or_stop
-from lidarshard.transforms.features.previous import fingerprint_kept
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_bytes
+from lidarshard.transforms.io.parts import open_parts
 from lidarshard.transforms.layouts import FILES
-from lidarshard.transforms.parts import open_parts
 
 __all__ = ["run", "parser", "build_scan", "scan_samples"]
 

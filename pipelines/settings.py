@@ -22,20 +22,22 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.publish import sibling
 from lidarshard.pipelines.replan import replan_settings
 from lidarshard.schemas.manifest import MAX_EPOCH_ENTRIES
-from lidarshard.transforms import layouts, storage
-from lidarshard.transforms.beam.build import BuildJob
-from lidarshard.transforms.features import recorded, repeat
+from lidarshard.transforms import layouts
+from lidarshard.transforms.beam.build_transform import BuildJob
+from lidarshard.transforms.core import recorded
+from lidarshard.transforms.core.epochs import PLAN_ENTRY_BYTES, PlanConfig, memory_bytes
+from lidarshard.transforms.core.record import Kept
+from lidarshard.transforms.core.score import ScoreSettings
+from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel, parse_cost_model
 from lidarshard.transforms.features.repeat import WeightSpec
 from lidarshard.transforms.features.sample import ScanConfig
-from lidarshard.transforms.features.score import ScoreSettings
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.layouts import FILES, Dataset
 from lidarshard.transforms.layouts.task import LayoutOptions
-from lidarshard.transforms.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
-from lidarshard.transforms.plan.epochs import PLAN_ENTRY_BYTES, PlanConfig, memory_bytes
-from lidarshard.transforms.plan.manifest import Kept
 
 __all__ = [
     "ScanSettings",
@@ -416,7 +418,7 @@ def table_settings(args: argparse.Namespace, output: str, model: CostModel) -> B
 def _path_root(args: argparse.Namespace, datasets: Sequence[Dataset], from_samples: str | None) -> str | None:
     """ROOT the manifest's paths are stored relative to (``--relative-to``; None: full paths): by
     default a dataset's root (a glob's fixed part), the INPUTs' common parent when there are several."""
-    from lidarshard.transforms.beam.scan import input_root
+    from lidarshard.transforms.beam.scan_transform import input_root
 
     if args.relative_to is not None:
         return None if args.relative_to.lower() == "none" else _location(args.relative_to.rstrip("/"))

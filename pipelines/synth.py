@@ -58,9 +58,10 @@ from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_output_parent
 from lidarshard.pipelines.cli import running
 from lidarshard.pipelines.flags import CommandParser, UsageError, flag, int_in
-from lidarshard.transforms import progress, storage
+from lidarshard.transforms import progress
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.synth import dataroot as synth
-from lidarshard.transforms.synth import tables as tb
+from lidarshard.transforms.synth import nuscenes_tables as tb
 
 #: What ``synth --layout`` writes: the nuScenes dataroot, or one of ``LAYOUT_WRITERS``.
 SYNTH_LAYOUTS = ("nuscenes", "av2", "semantickitti", "waymo_v2")

@@ -58,7 +58,7 @@ def relpath_problem(rel: object) -> str | None:
 
 
 def _short(value: object) -> str:
-    from lidarshard.transforms.jsonsafe import short  # pure; keeps schemas import-light
+    from lidarshard.schemas.jsonsafe import short  # pure; keeps schemas import-light
 
     return short(value)
 

@@ -20,7 +20,7 @@ from lidarshard import schemas
 
 REPO = Path(__file__).resolve().parents[1]
 #: The repository folders that install as the one ``lidarshard`` package.
-PACKAGES = ("lidarshard", "pipelines", "transforms", "schemas", "loaders")
+PACKAGES = ("lidarshard", "pipelines", "transforms", "schemas", "loaders", "tools")
 
 #: Beam flags every test pipeline passes: an explicit runner, never the Prism download.
 BEAM_TEST_FLAGS = ["--runner=FnApiRunner"]

@@ -34,8 +34,8 @@ from lidarshard.schemas import (
     samples_part,
     scored_schema,
 )
+from lidarshard.transforms.core.epochs import plan_rows
 from lidarshard.transforms.plan import plan_epoch
-from lidarshard.transforms.plan.epochs import plan_rows
 from lidarshard.transforms.plan.metrics import rank_costs
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The multi-sweep aggregation as it was before the fast point path (issue 29 item 1), kept only as a
 test oracle: ``aggregate`` and ``load_points`` must give exactly these arrays (same dtype, same rows,
 same bits) and raise the same errors for every input. Copied verbatim from
-``transforms/nuscenes/multisweep.py`` and ``loaders/points.py`` as of lidarshard 0.3.0."""
+``transforms/layouts/multisweep.py`` and ``loaders/points.py`` as of lidarshard 0.3.0."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 from lidarshard.loaders.points import Recorded, read_recorded
 from lidarshard.transforms.errors import RejectValueError
 from lidarshard.transforms.formats.readers import detect_format, read_points
-from lidarshard.transforms.nuscenes.geometry import sweep_matrices
+from lidarshard.transforms.layouts.geometry import sweep_matrices
 
 _F32_MAX = float(np.finfo(np.float32).max)
 

@@ -72,7 +72,7 @@ def _moto_server() -> str | None:
 
 
 def _clear_filesystem_cache() -> None:
-    from lidarshard.transforms.storage import arrow
+    from lidarshard.transforms.io import arrowfs as arrow
 
     arrow._arrow_fs.cache_clear()
 

@@ -16,7 +16,7 @@ import lidarshard
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
 from lidarshard.pipelines.flags import UsageError
-from lidarshard.pipelines.tools.validate import validate
+from lidarshard.tools.validate import validate
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, write_samples
 
 #: _manifest.json keys that record where the samples came from (a scan vs a table).

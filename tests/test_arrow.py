@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lidarshard.transforms.arrow import (
+from lidarshard.transforms.io.arrow import (
     ROW_GROUP_ROWS,
     ParquetStream,
     merge_sorted,

@@ -1,4 +1,4 @@
-"""transforms/beam/scan.py: the ``ScanSamples`` composite on Beam's TestPipeline, dead letters included."""
+"""transforms/beam/scan_transform.py: the ``ScanSamples`` composite on Beam's TestPipeline, dead letters included."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from lidarshard import schemas
-from lidarshard.transforms.beam.scan import ConcatRows, ScanSamples
+from lidarshard.transforms.beam.scan_transform import ConcatRows, ScanSamples
 from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.features.shards import shard_of
 from lidarshard.transforms.layouts import FILES, Dataset

@@ -234,7 +234,7 @@ def test_too_few_samples_fail_with_a_clear_message(tmp_path: Path) -> None:
 
 def test_budget_with_a_points_cap_end_to_end(built, tmp_path: Path) -> None:
     from lidarshard.loaders.reader import ManifestReader
-    from lidarshard.pipelines.tools.validate import validate
+    from lidarshard.tools.validate import validate
 
     inp, out, _ = built
     points = pq.read_table(out / schemas.SAMPLES_DIR).column("num_points").to_numpy()
@@ -289,7 +289,7 @@ LABELLED = ["--nuscenes-version", "v1.0-synth", "--world-size", "2", "--batch-si
 
 @pytest.mark.parametrize("strategy", sorted({DEFAULT_STRATEGY, "balanced", "budget"}))
 def test_repeat_factors_from_lidarseg_labels(labelled: Path, tmp_path: Path, strategy: str) -> None:
-    from lidarshard.pipelines.tools.validate import validate
+    from lidarshard.tools.validate import validate
     from lidarshard.transforms.features.repeat import label_presence, lvis_factors
 
     out = tmp_path / "r"
@@ -314,7 +314,7 @@ def test_repeat_factors_from_lidarseg_labels(labelled: Path, tmp_path: Path, str
 
 
 def test_sample_weights_from_a_column(built, tmp_path: Path) -> None:
-    from lidarshard.pipelines.tools.validate import validate
+    from lidarshard.tools.validate import validate
 
     _, out, _ = built
     table = pq.read_table(out / schemas.SAMPLES_DIR)
@@ -372,7 +372,7 @@ def test_parts_and_plan_shards_that_cross_them_give_the_same_plan(
     """61 samples in parts of ``part_rows`` rows, planned in shards of 10 rows (so a shard's rows span
     two parts): the same samples and plan files as one part and one shard."""
     inp, out, _ = built
-    from lidarshard.transforms.plan import sharded
+    from lidarshard.transforms.core import plan_writer as sharded
 
     bounds = sharded.shard_bounds
     monkeypatch.setattr(sharded, "shard_bounds", lambda n: bounds(n, 10))

@@ -13,8 +13,8 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
+from lidarshard.tools import fit as cal
 from lidarshard.transforms.features.cost import parse_cost_model
-from lidarshard.transforms.report import calibrate as cal
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
 
 TRUE = {"c0": 1.5, "a": 2e-4, "b": 1e-3}
@@ -349,7 +349,7 @@ def _power_workload(tmp: Path, q: float) -> tuple[pa.Table, Path]:
 @pytest.mark.parametrize("q", [1.0, 1.3])
 def test_the_fit_finds_how_fast_cost_grows_with_voxels(tmp_path: Path, q: float) -> None:
     """An attention-like cost (voxels^1.3) is fitted as such; a linear one keeps q = 1."""
-    from lidarshard.pipelines.tools.timings import fit_cost, read_timings_at
+    from lidarshard.tools.timings import fit_cost, read_timings_at
 
     samples, path = _power_workload(tmp_path, q)
     fit, timed = fit_cost(read_timings_at(str(path)), samples, lambda: pa.table({}))
@@ -361,7 +361,7 @@ def test_the_fit_finds_how_fast_cost_grows_with_voxels(tmp_path: Path, q: float)
 
 def test_a_bent_cost_model_builds_and_validates(tmp_path: Path) -> None:
     import lidarshard
-    from lidarshard.pipelines.tools.validate import validate
+    from lidarshard.tools.validate import validate
 
     samples, _ = _power_workload(tmp_path, 1.3)
     sizes = samples.drop_columns(["cost"]).append_column(

@@ -18,8 +18,8 @@ from apache_beam.io.filesystems import FileSystems
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import publish as _output
-from lidarshard.pipelines.tools.validate import validate
-from lidarshard.transforms import storage
+from lidarshard.tools.validate import validate
+from lidarshard.transforms.io import storage
 from tests.helpers import BEAM_TEST_FLAGS, REPO, MemoryObjectStore, make_bins
 
 

@@ -152,7 +152,7 @@ def _known_flags() -> set[str]:
         parser = importlib.import_module(SUBCOMMANDS[name][0]).parser()
         parser._add_beam_options()
         known |= set(parser.known_flags())
-    for folder in ("pipelines/tools", "examples", "benchmarks"):
+    for folder in ("tools", "examples", "benchmarks"):
         for script in (REPO / folder).glob("*.py"):
             known |= set(re.findall(r"[\"'](--[a-z][\w-]*)", script.read_text()))
     return known

@@ -25,7 +25,7 @@ from lidarshard.loaders.elastic import (
     merge_ranks,
     replan_remaining,
 )
-from lidarshard.loaders.replan import check_exact, replan_pool
+from lidarshard.loaders.reshard import check_exact, replan_pool
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import linearity
 

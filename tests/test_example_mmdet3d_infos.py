@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lidarshard.loaders import ManifestReader
-from lidarshard.pipelines.tools.validate import validate
+from lidarshard.tools.validate import validate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -27,8 +27,8 @@ from lidarshard.loaders.fetch import Fetcher, FileCache  # noqa: E402
 from lidarshard.loaders.points import FileChangedError, Recorded  # noqa: E402
 from lidarshard.loaders.position import PlannedBatch  # noqa: E402
 from lidarshard.loaders.torch import BalancedBatchSampler, PlanLoader, PointCloudDataset  # noqa: E402
-from lidarshard.transforms import storage  # noqa: E402
-from lidarshard.transforms.storage.base import FileInfo  # noqa: E402
+from lidarshard.transforms.io import storage  # noqa: E402
+from lidarshard.transforms.io.base import FileInfo  # noqa: E402
 from tests.helpers import build_bins_manifest  # noqa: E402
 
 SIZES = [50 + 13 * i for i in range(26)]

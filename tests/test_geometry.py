@@ -1,4 +1,4 @@
-"""transforms/nuscenes/geometry.py: quaternions, poses, sweep-to-keyframe transforms."""
+"""transforms/layouts/geometry.py: quaternions, poses, sweep-to-keyframe transforms."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lidarshard.transforms.errors import RejectError
-from lidarshard.transforms.nuscenes.geometry import (
+from lidarshard.transforms.layouts.geometry import (
     pose_matrix,
     pose_record,
     quaternion_matrix,

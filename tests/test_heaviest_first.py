@@ -16,12 +16,12 @@ import lidarshard
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.flags import UsageError
-from lidarshard.pipelines.tools.validate import validate
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
+from lidarshard.tools.validate import validate
+from lidarshard.transforms.core.epochs import PlanConfig, bucket_costs, plan_samples
+from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
 from lidarshard.transforms.plan import STRATEGIES
 from lidarshard.transforms.plan.caps import Caps
-from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs, plan_samples
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST, heaviest_first, heaviest_step, step_peaks
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, scored_pool
 

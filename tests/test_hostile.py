@@ -20,7 +20,7 @@ import pytest
 from lidarshard import schemas
 from lidarshard.pipelines import scan as scan_cli
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.pipelines.tools.validate import validate
+from lidarshard.tools.validate import validate
 from tests.adversarial import TABLES_VERSION, good_cloud, write_tables_corpus
 from tests.helpers import BEAM_TEST_FLAGS
 from tests.legacy import as_written_by
@@ -489,7 +489,7 @@ def test_a_forged_world_size_costs_one_line_and_bounded_memory(
 ) -> None:
     out = _copy(built, tmp_path)
     _manifest(out, lambda m: m.update(world_size=world_size))
-    setup = "from lidarshard.pipelines.tools.validate import validate"
+    setup = "from lidarshard.tools.validate import validate"
     grew, outcome = _measure(
         setup, f"problems, _ = validate({str(out)!r}); assert len(problems) <= 5, problems"
     )

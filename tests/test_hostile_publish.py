@@ -43,9 +43,9 @@ from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import checks, publish, settings
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.flags import UsageError
-from lidarshard.pipelines.tools.validate import validate
-from lidarshard.transforms import storage
-from lidarshard.transforms.plan.epochs import PlanConfig
+from lidarshard.tools.validate import validate
+from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.io import storage
 from tests.helpers import BEAM_TEST_FLAGS, MemoryObjectStore, make_bins
 
 PLAN = ["--world-size", "2", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.5"]

@@ -25,14 +25,14 @@ from hypothesis import strategies as st
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.pipelines.tools.validate import validate
-from lidarshard.transforms import storage
+from lidarshard.tools.validate import validate
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize
-from lidarshard.transforms.nuscenes import tables
-from lidarshard.transforms.nuscenes.geometry import MAX_TRANSLATION_M, quaternion_matrix
-from lidarshard.transforms.nuscenes.multisweep import aggregate
-from lidarshard.transforms.nuscenes.tables import MAX_FIELD_CHARS, load_tasks
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.layouts import nuscenes_tasks as tables
+from lidarshard.transforms.layouts.geometry import MAX_TRANSLATION_M, quaternion_matrix
+from lidarshard.transforms.layouts.multisweep import aggregate
+from lidarshard.transforms.layouts.nuscenes_tasks import MAX_FIELD_CHARS, load_tasks
 from tests.helpers import BEAM_TEST_FLAGS, IDENTITY_Q, yaw_q
 
 VERSION = "v1.0-hostile"

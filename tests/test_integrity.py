@@ -21,7 +21,7 @@ from lidarshard import schemas
 from lidarshard.loaders.points import FileChangedError, Recorded, load_points, read_recorded
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import scan as scan_cli
-from lidarshard.pipelines.tools import validate as validate_cli
+from lidarshard.tools import validate as validate_cli
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize
 from lidarshard.transforms.layouts.task import ScanTask, SweepRef
@@ -240,7 +240,7 @@ def test_a_forged_samples_part_is_not_data_checked(built: Path, tmp_path: Path, 
 
 
 def test_read_recorded_never_reads_more_than_the_recorded_size(tmp_path: Path, monkeypatch) -> None:
-    from lidarshard.transforms.storage import safeio
+    from lidarshard.transforms.io import safeio
 
     path = tmp_path / "a.bin"
     path.write_bytes(bytes(range(200)))
@@ -331,7 +331,7 @@ def test_a_huge_replacement_is_refused_before_it_is_read(
 ) -> None:
     pytest.importorskip("torch")
     from lidarshard.loaders.torch import PointCloudDataset
-    from lidarshard.transforms.storage import safeio
+    from lidarshard.transforms.io import safeio
 
     inp, out = bins
     data = Path(shutil.copytree(inp, tmp_path / "data"))

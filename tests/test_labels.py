@@ -16,7 +16,7 @@ from lidarshard.transforms.formats.labels import (
     parse_learning_map,
     read_labels,
 )
-from lidarshard.transforms.nuscenes.multisweep import check_labels
+from lidarshard.transforms.layouts.multisweep import check_labels
 
 #: Semantic ids in realdata/semantickitti_full's scan (computed once with plain numpy: ``label & 0xFFFF``).
 FULL_SEMANTIC = [0, 1, 10, 11, 30, 40, 44, 48, 50, 51, 52, 70, 71, 72, 80, 81, 99, 252, 254]

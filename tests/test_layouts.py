@@ -15,7 +15,7 @@ import pytest
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
 from lidarshard.pipelines.inputs import LAYOUT_IO, common_root, split_input
-from lidarshard.pipelines.tools.validate import validate
+from lidarshard.tools.validate import validate
 from lidarshard.transforms import layouts
 from lidarshard.transforms.layouts.task import LayoutOptions
 from tests.helpers import BEAM_TEST_FLAGS, make_bins

@@ -34,7 +34,7 @@ from lidarshard.loaders.torch import (  # noqa: E402
     collate,
 )
 from lidarshard.transforms.formats.readers import read_points  # noqa: E402
-from lidarshard.transforms.nuscenes.multisweep import aggregate  # noqa: E402
+from lidarshard.transforms.layouts.multisweep import aggregate  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [50 + 13 * i for i in range(26)]  # W*B = 6 -> 4 steps, 2 dropped

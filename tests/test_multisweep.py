@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from lidarshard.transforms.errors import RejectError
-from lidarshard.transforms.nuscenes.multisweep import aggregate, check_labels, remove_close
+from lidarshard.transforms.layouts.multisweep import aggregate, check_labels, remove_close
 from tests.helpers import yaw_tf
 
 LIDARSEG = "nuscenes_lidarseg_pr2859"

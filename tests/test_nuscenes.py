@@ -1,4 +1,4 @@
-"""transforms/nuscenes/tables.py: nuScenes tables -> LIDAR_TOP keyframe tasks, sweeps, transforms."""
+"""transforms/layouts/nuscenes_tasks.py: nuScenes tables -> LIDAR_TOP keyframe tasks, sweeps, transforms."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 
 from lidarshard.schemas import REJECT_REASONS
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.layouts.geometry import sweep_transform
+from lidarshard.transforms.layouts.multisweep import aggregate, check_labels, remove_close
+from lidarshard.transforms.layouts.nuscenes_tasks import join_under_root, load_tasks
 from lidarshard.transforms.layouts.task import ScanTask, SweepRef
-from lidarshard.transforms.nuscenes.geometry import sweep_transform
-from lidarshard.transforms.nuscenes.multisweep import aggregate, check_labels, remove_close
-from lidarshard.transforms.nuscenes.tables import join_under_root, load_tasks
 from tests.helpers import IDENTITY_Q, yaw_q, yaw_tf
 
 VERSION = "v1.0-test"

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import ROW_GROUP_ROWS, read_rows, row_groups
-from lidarshard.transforms.parts import (
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import ROW_GROUP_ROWS, read_rows, row_groups
+from lidarshard.transforms.io.parts import (
     PART_ROWS,
     ParquetParts,
     listed_parts,
@@ -119,7 +119,7 @@ def test_samples_files_take_a_directory_or_a_single_file_not_an_output(tmp_path:
 def test_parts_on_an_object_store() -> None:
     """No directories there: a prefix with files is the samples directory (read through Beam's
     ``FileSystems``, registered as the pipelines register it)."""
-    import lidarshard.transforms.beam.storage  # noqa: F401
+    import lidarshard.transforms.beam.filesystems  # noqa: F401
 
     table = scored_pool(sum(SIZES), seed=5)
     base = f"{SCHEME}://bucket/run/{schemas.SAMPLES_DIR}"

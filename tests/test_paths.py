@@ -1,4 +1,4 @@
-"""lidarshard.transforms.paths and ``build --relative-to``: a dataset that moves. Build on a synth nuScenes
+"""lidarshard.transforms.io.paths and ``build --relative-to``: a dataset that moves. Build on a synth nuScenes
 dataroot, move the dataroot, train from the new place; path_map for a manifest of full paths."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from lidarshard import schemas
 from lidarshard.loaders import ManifestReader, read_samples
 from lidarshard.pipelines import build as build_cli
-from lidarshard.pipelines.tools.validate import validate
-from lidarshard.transforms.paths import PathResolver, absolute, relative_to
+from lidarshard.tools.validate import validate
+from lidarshard.transforms.io.paths import PathResolver, absolute, relative_to
 from tests.helpers import BEAM_TEST_FLAGS
 
 PLAN = ["--nuscenes-version", "v1.0-synth", "--sweeps", "1", "--world-size", "2", "--batch-size", "2"]

@@ -25,8 +25,8 @@ from lidarshard import schemas
 from lidarshard.loaders.points import FileChangedError, Recorded, load_points
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.readers import read_points
-from lidarshard.transforms.nuscenes import multisweep
-from lidarshard.transforms.nuscenes.multisweep import aggregate, remove_close
+from lidarshard.transforms.layouts import multisweep
+from lidarshard.transforms.layouts.multisweep import aggregate, remove_close
 from tests import multisweep_oracle as oracle
 from tests.helpers import yaw_tf
 

@@ -12,10 +12,10 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
-from lidarshard.transforms import parts
-from lidarshard.transforms.arrow import parquet_bytes
-from lidarshard.transforms.features import previous
+from lidarshard.transforms.core import previous
 from lidarshard.transforms.features.accounting import fingerprint
+from lidarshard.transforms.io import parts
+from lidarshard.transforms.io.arrow import parquet_bytes
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
 
 

@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+from lidarshard.transforms.core.epochs import PlanConfig, epoch_pool, plan_samples
+from lidarshard.transforms.core.score import repeat_info
 from lidarshard.transforms.features.buckets import weighted_pool
 from lidarshard.transforms.features.repeat import (
     WEIGHT_COLUMN,
@@ -22,9 +24,7 @@ from lidarshard.transforms.features.repeat import (
     parse_repeat_factors,
     sample_weights,
 )
-from lidarshard.transforms.features.score import repeat_info
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT
-from lidarshard.transforms.plan.epochs import PlanConfig, epoch_pool, plan_samples
 
 
 def test_lvis_factors_by_hand() -> None:
@@ -197,7 +197,7 @@ def test_lvis_factors_match_the_definition_loop_by_loop(rows: list, t: float) ->
 
 def test_an_epoch_pool_too_large_for_the_machine_is_one_line(monkeypatch) -> None:
     """A scan's row count is known only in the pipeline: the planner refuses a pool that cannot fit."""
-    from lidarshard.transforms.plan import epochs
+    from lidarshard.transforms.core import epochs
 
     ids = np.zeros(1000, dtype=np.int32)
     cfg = PlanConfig(world_size=2, batch_size=2, weights=(500.0,), max_plan_factor=1000)

@@ -15,8 +15,8 @@ from lidarshard.loaders.elastic import ElasticBatchSampler
 from lidarshard.loaders.reader import load_manifest
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.flags import UsageError
-from lidarshard.pipelines.tools.validate import validate
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.tools.validate import validate
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 torch = pytest.importorskip("torch")

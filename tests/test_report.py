@@ -14,8 +14,8 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.pipelines.tools import report
-from lidarshard.transforms.report import plots as report_plots
+from lidarshard.tools import plots as report_plots
+from lidarshard.tools import report
 from tests.helpers import build_bins_manifest
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -17,9 +17,9 @@ import pytest
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.pipelines.tools import report
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms import storage
+from lidarshard.tools import report
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.metrics import plan_buys
 from tests.helpers import build_bins_manifest
 

@@ -23,7 +23,7 @@ import pytest
 pytest.register_assert_rewrite("tests.s3_server")  # before the import: also a plugin (its fixture)
 
 from lidarshard.pipelines import cli  # noqa: E402
-from lidarshard.transforms import storage  # noqa: E402
+from lidarshard.transforms.io import storage  # noqa: E402
 from tests.helpers import BEAM_TEST_FLAGS  # noqa: E402
 from tests.s3_server import LatencyProxy, S3Server, upload  # noqa: E402
 

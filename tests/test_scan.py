@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lidarshard.pipelines import scan as scan_cli
-from lidarshard.transforms.beam import scan as scan_beam
+from lidarshard.transforms.beam import scan_transform as scan_beam
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.layouts.task import ScanTask, SweepRef

@@ -13,10 +13,10 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.loaders import ManifestReader, load_manifest, plan_dataset
-from lidarshard.loaders.balanced import BalancedBatchSampler
 from lidarshard.loaders.elastic import load_epoch_plan
+from lidarshard.loaders.sampler import BalancedBatchSampler
 from lidarshard.pipelines import build as build_cli
-from lidarshard.pipelines.tools import validate as validate_cli
+from lidarshard.tools import validate as validate_cli
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
 from tests.legacy import as_written_by
 

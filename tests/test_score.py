@@ -14,13 +14,13 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from lidarshard import schemas
-from lidarshard.pipelines.tools.validate import validate
-from lidarshard.transforms.beam.build import BuildJob, BuildManifest
+from lidarshard.tools.validate import validate
+from lidarshard.transforms.beam.build_transform import BuildJob, BuildManifest
+from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.core.score import GIVEN, ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.features.accounting import TooManyRejects
 from lidarshard.transforms.features.cost import CostModel
-from lidarshard.transforms.features.score import GIVEN, ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.plan.caps import Caps
-from lidarshard.transforms.plan.epochs import PlanConfig
 from tests.helpers import samples_table
 
 VOXELS = CostModel("voxels", b=1.0)

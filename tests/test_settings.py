@@ -10,7 +10,7 @@ import pytest
 
 import lidarshard
 from lidarshard.pipelines.cli import main
-from lidarshard.pipelines.tools.validate import validate
+from lidarshard.tools.validate import validate
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 

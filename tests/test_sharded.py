@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lidarshard.transforms.arrow import parquet_bytes
-from lidarshard.transforms.plan import sharded
+from lidarshard.transforms.core import plan_writer as sharded
+from lidarshard.transforms.core.epochs import PlanConfig, plan_samples
+from lidarshard.transforms.io.arrow import parquet_bytes
 from lidarshard.transforms.plan.caps import Caps
-from lidarshard.transforms.plan.epochs import PlanConfig, plan_samples
 from tests.helpers import scored_pool
 from tests.plan_oracle import plan_tables
 

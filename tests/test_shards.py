@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
-from lidarshard.transforms.arrow import parquet_bytes, rows_to_table
 from lidarshard.transforms.features import shards
+from lidarshard.transforms.io.arrow import parquet_bytes, rows_to_table
 from tests.helpers import REPO
 
 

@@ -1,4 +1,4 @@
-"""transforms/storage.py: bounded reads, regular files only, atomic writes, listing, and the
+"""transforms/io/storage.py: bounded reads, regular files only, atomic writes, listing, and the
 pyarrow.fs backend (``mock://``, in memory) with its per-process filesystem cache."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import parquet_bytes
-from lidarshard.transforms.storage import arrow as storage_arrow
+from lidarshard.transforms.io import arrowfs as storage_arrow
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_bytes
 
 
 def test_paths() -> None:

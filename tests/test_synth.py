@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from lidarshard.transforms.synth import dataroot as synth
+from lidarshard.transforms.synth import nuscenes_tables as tb
 from lidarshard.transforms.synth import scene as sc
-from lidarshard.transforms.synth import tables as tb
 from tests.helpers import BEAM_TEST_FLAGS
 
 # ---------------------------------------------------------------------------------------------- scene

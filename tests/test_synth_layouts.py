@@ -11,8 +11,11 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from lidarshard.transforms.synth import av2, beams, semantickitti, waymo_v2
+from lidarshard.transforms.synth import av2_logs as av2
+from lidarshard.transforms.synth import beams
+from lidarshard.transforms.synth import kitti_sequences as semantickitti
 from lidarshard.transforms.synth import scene as sc
+from lidarshard.transforms.synth import waymo_segments as waymo_v2
 from lidarshard.transforms.synth.layouts import LAYOUT_WRITERS
 
 FRAMES = 2

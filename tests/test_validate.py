@@ -16,8 +16,8 @@ from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import scan as scan_cli
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.pipelines.tools import validate as validate_cli
-from lidarshard.transforms.arrow import parquet_bytes, sha256_hex
+from lidarshard.tools import validate as validate_cli
+from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
 from tests.helpers import BEAM_TEST_FLAGS, MemoryObjectStore, make_bins, write_samples
 
 FLAGS = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]

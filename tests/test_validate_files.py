@@ -1,10 +1,10 @@
-"""``pipelines.tools.validate_files``: the manifest's list of data files, checked from its names."""
+"""``tools.validate_files``: the manifest's list of data files, checked from its names."""
 
 from __future__ import annotations
 
 from lidarshard import schemas
-from lidarshard.pipelines.tools.validate_files import check_listed
 from lidarshard.schemas import plan_key
+from lidarshard.tools.validate_files import check_listed
 
 
 def _listed(w: int, epochs: int, parts: int = 2) -> dict:

@@ -1,4 +1,4 @@
-"""``pipelines.tools.validate_samples``: row keys, the id lookup, the streamed read."""
+"""``tools.validate_samples``: row keys, the id lookup, the streamed read."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
-from lidarshard.pipelines.tools.validate_samples import id_keys, read_samples, release_memory, row_keys
-from lidarshard.transforms.arrow import parquet_bytes
-from lidarshard.transforms.parts import ParquetParts, open_parts
+from lidarshard.tools.validate_samples import id_keys, read_samples, release_memory, row_keys
+from lidarshard.transforms.io.arrow import parquet_bytes
+from lidarshard.transforms.io.parts import ParquetParts, open_parts
 from tests.helpers import scored_pool
 
 

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lidarshard.transforms import storage
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts import STORAGE_IO, waymo_v2
 from lidarshard.transforms.layouts.task import LayoutOptions
 from lidarshard.transforms.layouts.waymo_range import (

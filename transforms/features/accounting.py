@@ -91,8 +91,8 @@ def counts_or_stop(
     Raises:
         TooManyRejects: with the message of ``counts_of`` plus where the rejects are.
     """
-    from lidarshard.transforms import storage
-    from lidarshard.transforms.arrow import parquet_bytes
+    from lidarshard.transforms.io import storage
+    from lidarshard.transforms.io.arrow import parquet_bytes
 
     try:
         return counts_of(scanned, accepted, rejects, max_reject_fraction)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from lidarshard.transforms import storage
+from lidarshard.transforms.io import storage
 
 __all__ = [
     "CostModel",

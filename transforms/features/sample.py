@@ -1,6 +1,6 @@
 """Read one sample (keyframe + sweeps + labels) and compute its feature row. Pure: I/O is injected.
 
-The Beam DoFn in ``lidarshard.transforms.beam.scan`` passes ``storage.read_bytes``/``storage.size``,
+The Beam DoFn in ``lidarshard.transforms.beam.scan_transform`` passes ``storage.read_bytes``/``storage.size``,
 so the same code reads local paths, gs:// and s3:// URIs.
 
 The row records what was read of every file it names (``schemas.INTEGRITY_FIELDS``): the size and the
@@ -23,10 +23,10 @@ from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.size import DEFAULT_VOXEL_SIZE, MAX_ABS_COORD, compute_features
 from lidarshard.transforms.formats import readers
 from lidarshard.transforms.formats.labels import label_format, read_labels
+from lidarshard.transforms.io.storage import FileTooLargeError
+from lidarshard.transforms.io.storage import NotRegularFileError as NotRegularFile
+from lidarshard.transforms.layouts.multisweep import aggregate
 from lidarshard.transforms.layouts.task import FRAMES_FORMAT, ScanTask
-from lidarshard.transforms.nuscenes.multisweep import aggregate
-from lidarshard.transforms.storage import FileTooLargeError
-from lidarshard.transforms.storage import NotRegularFileError as NotRegularFile
 
 __all__ = ["ScanConfig", "featurize", "file_task", "FEATURE_MODES"]
 

@@ -21,14 +21,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
-from lidarshard.transforms.arrow import (
+from lidarshard.transforms.features.accounting import dedupe
+from lidarshard.transforms.io.arrow import (
     ParquetStream,
     concat_sorted,
     merge_sorted,
     parquet_file,
     rows_to_table,
 )
-from lidarshard.transforms.features.accounting import dedupe
 
 __all__ = [
     "SCAN_SHARDS",

@@ -15,7 +15,7 @@ import posixpath
 from dataclasses import dataclass
 from types import ModuleType
 
-from lidarshard.transforms import storage
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts.task import Found, LayoutIO, LayoutOptions
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
 
 #: The layout modules by name (``lidarshard.transforms.layouts.<name>``; imported when first used).
 LAYOUTS: tuple[str, ...] = ("nuscenes", "av2", "semantickitti", "waymo_v2")
-#: The file access layouts get in a run: ``lidarshard.transforms.storage`` (local paths and the object
+#: The file access layouts get in a run: ``lidarshard.transforms.io.storage`` (local paths and the object
 #: stores it knows), before Beam and in the pipeline alike.
 STORAGE_IO = LayoutIO(storage.read_bytes, storage.glob, storage.open_read)
 #: INPUT as plain point-cloud files (a directory or a glob): no layout module.

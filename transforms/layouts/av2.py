@@ -31,8 +31,8 @@ import pyarrow.ipc as ipc
 from numpy.typing import NDArray
 
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.layouts.geometry import pose_matrix, pose_record
 from lidarshard.transforms.layouts.task import Found, LayoutIO, LayoutOptions, Reject, ScanTask, SweepRef
-from lidarshard.transforms.nuscenes.geometry import pose_matrix, pose_record
 
 __all__ = ["NAME", "POSE_TABLE", "MAX_POSE_TABLE_BYTES", "describe", "load_tasks", "sweep_files"]
 

@@ -1,12 +1,12 @@
 """The nuScenes layout (and Lyft Level 5, which shares it): ``<root>/<version>/sample_data.json`` and
-its sibling tables; one sample per LIDAR_TOP keyframe (``lidarshard.transforms.nuscenes.tables``)."""
+its sibling tables; one sample per LIDAR_TOP keyframe (``lidarshard.transforms.layouts.nuscenes_tasks``)."""
 
 from __future__ import annotations
 
 import posixpath
 
+from lidarshard.transforms.layouts.nuscenes_tasks import load_tasks as load_tables
 from lidarshard.transforms.layouts.task import Found, LayoutIO, LayoutOptions
-from lidarshard.transforms.nuscenes.tables import load_tasks as load_tables
 
 __all__ = ["NAME", "describe", "load_tasks"]
 

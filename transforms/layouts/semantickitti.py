@@ -38,8 +38,8 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.labels import parse_learning_map
+from lidarshard.transforms.io.storage import FileTooLargeError
 from lidarshard.transforms.layouts.task import Found, LayoutIO, LayoutOptions, Reject, ScanTask, SweepRef
-from lidarshard.transforms.storage import FileTooLargeError
 
 __all__ = [
     "NAME",

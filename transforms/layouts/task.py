@@ -61,7 +61,7 @@ class ScanTask:
 
 @dataclass(frozen=True)
 class LayoutIO:
-    """The file access a layout may use (``lidarshard.transforms.storage`` functions in the pipeline).
+    """The file access a layout may use (``lidarshard.transforms.io.storage`` functions in the pipeline).
 
     Attributes:
         read_bytes: ``(path, limit)`` -> the whole file, never more than ``limit`` bytes (None: no cap);

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.io.arrow import parquet_file
 
 __all__ = [
     "read_parquet",

@@ -17,8 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from lidarshard.transforms.arrow import parquet_file
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.io.arrow import parquet_file
+from lidarshard.transforms.layouts.geometry import MAX_TRANSLATION_M
 from lidarshard.transforms.layouts.task import Found, LayoutIO, LayoutOptions, Reject, ScanTask, SweepRef
 from lidarshard.transforms.layouts.waymo_range import (
     KEY_FRAME,
@@ -28,7 +29,6 @@ from lidarshard.transforms.layouts.waymo_range import (
     read_frame,
     read_parquet,
 )
-from lidarshard.transforms.nuscenes.geometry import MAX_TRANSLATION_M
 
 __all__ = [
     "NAME",

@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms import storage
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.metrics import rank_costs
 
 __all__ = ["parse_rank_speed", "normalized", "fastest_heaviest"]

@@ -22,10 +22,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.features.size import count_occupied_voxels
-from lidarshard.transforms.nuscenes.geometry import pose_record, sweep_transform
-from lidarshard.transforms.nuscenes.multisweep import aggregate
+from lidarshard.transforms.layouts.geometry import pose_record, sweep_transform
+from lidarshard.transforms.layouts.multisweep import aggregate
+from lidarshard.transforms.synth import nuscenes_tables as tb
 from lidarshard.transforms.synth import scene as sc
-from lidarshard.transforms.synth import tables as tb
 
 __all__ = [
     "SynthConfig",

@@ -4,8 +4,8 @@
 unit ``index`` (an AV2 log, a SemanticKITTI sequence, a Waymo segment) as (path relative to the
 output root, bytes), deterministic from its arguments, so units can be written in any order on
 any worker; ``static_files(seed)`` yields the files shared by all units (SemanticKITTI's label
-config). Each writer lives in its own module (``synth/av2.py``, ``synth/semantickitti.py``,
-``synth/waymo_v2.py``, whose docstrings give the trees written); all cast their lidars with
+config). Each writer lives in its own module (``synth/av2_logs.py``, ``synth/kitti_sequences.py``,
+``synth/waymo_segments.py``, whose docstrings give the trees written); all cast their lidars with
 ``synth/beams.py`` over the street scenes of ``synth/scene.py``.
 """
 
@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from lidarshard.transforms.synth import av2, semantickitti, waymo_v2
+from lidarshard.transforms.synth import av2_logs as av2
+from lidarshard.transforms.synth import kitti_sequences as semantickitti
+from lidarshard.transforms.synth import waymo_segments as waymo_v2
 
 __all__ = ["Writer", "LAYOUT_WRITERS"]
 

@@ -1,4 +1,4 @@
-"""Types and path rules shared by the storage backends (see ``lidarshard.transforms.storage``)."""
+"""Types and path rules shared by the storage backends (see ``lidarshard.transforms.io.storage``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import BinaryIO, NamedTuple, Protocol, overload
 
-from lidarshard.transforms.storage.safeio import NotRegularFile, is_local, local_path
+from lidarshard.transforms.io.safeio import NotRegularFile, is_local, local_path
 
 __all__ = [
     "Backend",

@@ -19,9 +19,9 @@ With ``--data`` [``--root DIR``], every keyframe, sweep and label file the sampl
 the one scanned: size and CRC-32 (``validate_data``).
 
 Exit status 0 with a one-line summary when valid, 1 with one precise line per problem otherwise
-(file, epoch, rank, step), 2 for bad arguments; also ``python -m lidarshard.pipelines.tools.validate
+(file, epoch, rank, step), 2 for bad arguments; also ``python -m lidarshard.tools.validate
 OUT``. Vectorized with pyarrow/numpy (1M plan rows in a few seconds). Reads local paths and URIs
-(gs://, s3://, ...) through ``lidarshard.transforms.storage``.
+(gs://, s3://, ...) through ``lidarshard.transforms.io.storage``.
 """
 
 from __future__ import annotations
@@ -36,27 +36,27 @@ import numpy as np
 import pyarrow as pa
 
 from lidarshard import schemas
-from lidarshard.pipelines.tools import validate_data
-from lidarshard.pipelines.tools.validate_files import (
+from lidarshard.schemas.jsonsafe import loads, short
+from lidarshard.schemas.manifest import Counts, Manifest
+from lidarshard.tools import validate_data
+from lidarshard.tools.validate_files import (
     check_listed,
     check_recorded,
     check_scan_files,
     samples_parts,
 )
-from lidarshard.pipelines.tools.validate_plan import check_epoch_files, check_repeat_rate
-from lidarshard.pipelines.tools.validate_repeat import check_weights
-from lidarshard.pipelines.tools.validate_samples import (
+from lidarshard.tools.validate_plan import check_epoch_files, check_repeat_rate
+from lidarshard.tools.validate_repeat import check_weights
+from lidarshard.tools.validate_samples import (
     SamplesView,
     check_samples,
     check_scored,
     cost_model_of,
     release_memory,
 )
-from lidarshard.schemas.manifest import Counts, Manifest
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import parquet_file
-from lidarshard.transforms.jsonsafe import loads, short
-from lidarshard.transforms.plan.epochs import COST_FEATURES, EpochPlan, PlanConfig
+from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, PlanConfig
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_file
 
 __all__ = ["run", "validate"]
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms.plan.epochs import plan_rows
+from lidarshard.transforms.core.epochs import plan_rows
 
 __all__ = [
     "NUMERIC_INPUT",

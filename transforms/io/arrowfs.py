@@ -1,4 +1,4 @@
-"""URIs through ``pyarrow.fs`` for ``lidarshard.transforms.storage``, one filesystem object per
+"""URIs through ``pyarrow.fs`` for ``lidarshard.transforms.io.storage``, one filesystem object per
 scheme and bucket/host per process."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from lidarshard.transforms.storage.base import FileInfo, is_local, local_path
+from lidarshard.transforms.io.base import FileInfo, is_local, local_path
 
 __all__ = ["ArrowBackend", "arrow_filesystem"]
 

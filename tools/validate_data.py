@@ -11,7 +11,7 @@ each hashed in ``BLOCK``-byte reads (``zlib.crc32`` releases the GIL, so threads
 A file two samples name is checked twice: remembering every path would not stay bounded.
 
 A schema 3.0 manifest recorded no sizes or hashes: its files are only checked to exist (the summary
-says so). Reads local paths and URIs through ``lidarshard.transforms.storage``.
+says so). Reads local paths and URIs through ``lidarshard.transforms.io.storage``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from lidarshard import schemas
 from lidarshard.loaders.points import Recorded, difference
 from lidarshard.loaders.reader import load_manifest
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import row_groups
-from lidarshard.transforms.parts import listed_parts, open_parts, part_files
-from lidarshard.transforms.paths import PathResolver
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import row_groups
+from lidarshard.transforms.io.parts import listed_parts, open_parts, part_files
+from lidarshard.transforms.io.paths import PathResolver
 
 __all__ = ["check_data", "add_flags", "DEFAULT_WORKERS", "MAX_WORKERS", "BLOCK", "WINDOW_PER_WORKER"]
 

@@ -42,13 +42,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms import storage
+from lidarshard.schemas.jsonsafe import loads, short
 from lidarshard.transforms.errors import RejectError
-from lidarshard.transforms.jsonsafe import loads, short
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.storage import FileTooLargeError
+from lidarshard.transforms.layouts.geometry import pose_matrix
+from lidarshard.transforms.layouts.multisweep import check_labels
 from lidarshard.transforms.layouts.task import Reject, ScanTask, SweepRef
-from lidarshard.transforms.nuscenes.geometry import pose_matrix
-from lidarshard.transforms.nuscenes.multisweep import check_labels
-from lidarshard.transforms.storage import FileTooLargeError
 
 __all__ = [
     "LIDAR_CHANNEL",

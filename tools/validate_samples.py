@@ -21,14 +21,14 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms import paths, storage
-from lidarshard.transforms.arrow import parquet_file, read_rows, row_groups
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import cost_model_from_json, sample_costs
-from lidarshard.transforms.jsonsafe import short
-from lidarshard.transforms.parts import ParquetParts, open_parts, read_parts
+from lidarshard.transforms.io import paths, storage
+from lidarshard.transforms.io.arrow import parquet_file, read_rows, row_groups
+from lidarshard.transforms.io.parts import ParquetParts, open_parts, read_parts
 
 __all__ = [
     "NUMERIC",

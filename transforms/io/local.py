@@ -1,4 +1,4 @@
-"""Local files for ``lidarshard.transforms.storage``: regular files only, bounded reads, atomic
+"""Local files for ``lidarshard.transforms.io.storage``: regular files only, bounded reads, atomic
 writes and directory swaps. Plain ``os``."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
-from lidarshard.transforms.storage import safeio
-from lidarshard.transforms.storage.base import FileInfo, FileTooLargeError, local_path
+from lidarshard.transforms.io import safeio
+from lidarshard.transforms.io.base import FileInfo, FileTooLargeError, local_path
 
 __all__ = ["read_local", "size_local", "write_local", "open_write_local", "list_local", "exchange"]
 

@@ -7,8 +7,8 @@ holds every row.
 DoFns with two outputs yield ``(tag, value)`` records split by ``SplitTags`` (correct on the
 DaskRunner too, whose multi-output ParDo is broken).
 
-Thin DoFns around ``lidarshard.transforms.features.sample`` and ``lidarshard.transforms.nuscenes.tables``;
-every file access goes through ``lidarshard.transforms.storage`` (Beam FileSystems for URIs), so
+Thin DoFns around ``lidarshard.transforms.features.sample`` and ``lidarshard.transforms.layouts.nuscenes_tasks``;
+every file access goes through ``lidarshard.transforms.io.storage`` (Beam FileSystems for URIs), so
 local paths, gs:// and s3:// work alike.
 """
 
@@ -25,13 +25,14 @@ from apache_beam.io import fileio
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
-from lidarshard.transforms import layouts, progress, storage
-from lidarshard.transforms.arrow import concat_sorted, rows_to_table
+from lidarshard.transforms import layouts, progress
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features import shards
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.formats.discover import walk_local
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import concat_sorted, rows_to_table
 from lidarshard.transforms.layouts import Dataset
 from lidarshard.transforms.layouts.task import LayoutOptions, ScanTask
 

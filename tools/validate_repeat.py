@@ -14,8 +14,8 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard.schemas import ADDED_IN, is_before
+from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms import paths, storage
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.buckets import resolve_weights
 from lidarshard.transforms.features.repeat import (
@@ -26,7 +26,7 @@ from lidarshard.transforms.features.repeat import (
     lvis_factors,
     parse_repeat_factors,
 )
-from lidarshard.transforms.jsonsafe import short
+from lidarshard.transforms.io import paths, storage
 from lidarshard.transforms.layouts import label_maps_of
 
 __all__ = ["check_weights", "check_realized"]

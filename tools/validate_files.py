@@ -15,8 +15,8 @@ import pyarrow as pa
 
 from lidarshard import schemas
 from lidarshard.schemas.manifest import FileEntry
-from lidarshard.transforms import storage
-from lidarshard.transforms.parts import listed_parts
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.parts import listed_parts
 
 __all__ = ["samples_parts", "check_listed", "check_recorded", "check_scan_files", "check_plan"]
 

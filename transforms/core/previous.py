@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms import paths
-from lidarshard.transforms.arrow import ParquetStream, row_groups
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
+from lidarshard.transforms.io import paths
+from lidarshard.transforms.io.arrow import ParquetStream, row_groups
 
 __all__ = [
     "NUMERIC",

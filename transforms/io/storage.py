@@ -7,7 +7,7 @@ abfs://), whose filesystem objects are cached per process (one per scheme and bu
 
 Why pyarrow.fs and not fsspec: pyarrow is already a core dependency and ships GCS/S3/HDFS clients,
 so the trainer install stays numpy + pyarrow; fsspec would add a package and per-scheme plugins.
-The pipeline registers an adapter over Beam's ``FileSystems`` (``lidarshard.transforms.beam.storage``)
+The pipeline registers an adapter over Beam's ``FileSystems`` (``lidarshard.transforms.beam.filesystems``)
 on import of the Beam layer, so schemes only Beam knows keep working and Beam's own
 credentials/options (``--s3_endpoint_url`` ...) apply where a pipeline runs.
 
@@ -27,10 +27,10 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from lidarshard.transforms.arrow import parquet_file, parquet_table
-from lidarshard.transforms.jsonsafe import loads
-from lidarshard.transforms.storage.arrow import ArrowBackend, arrow_filesystem
-from lidarshard.transforms.storage.base import (
+from lidarshard.schemas.jsonsafe import loads
+from lidarshard.transforms.io.arrow import parquet_file, parquet_table
+from lidarshard.transforms.io.arrowfs import ArrowBackend, arrow_filesystem
+from lidarshard.transforms.io.base import (
     Backend,
     FileInfo,
     FileTooLargeError,
@@ -41,7 +41,7 @@ from lidarshard.transforms.storage.base import (
     join,
     local_path,
 )
-from lidarshard.transforms.storage.local import (
+from lidarshard.transforms.io.local import (
     exchange,
     list_local,
     open_write_local,
@@ -49,7 +49,7 @@ from lidarshard.transforms.storage.local import (
     size_local,
     write_local,
 )
-from lidarshard.transforms.storage.safeio import open_local
+from lidarshard.transforms.io.safeio import open_local
 
 __all__ = [
     "Backend",

@@ -1,4 +1,4 @@
-"""Beam's ``FileSystems`` as a backend of ``lidarshard.transforms.storage``.
+"""Beam's ``FileSystems`` as a backend of ``lidarshard.transforms.io.storage``.
 
 Registered when the Beam layer is imported (``lidarshard.transforms.beam``), so in a pipeline every
 URI scheme Beam knows (gs:// with ``[gcp]``, s3:// with ``[aws]``, hdfs://, test stores) is served
@@ -18,9 +18,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from lidarshard.transforms import storage
-from lidarshard.transforms.storage import FileInfo
-from lidarshard.transforms.storage.arrow import ArrowBackend
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrowfs import ArrowBackend
+from lidarshard.transforms.io.storage import FileInfo
 
 __all__ = ["BeamBackend"]
 

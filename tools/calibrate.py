@@ -5,7 +5,7 @@ of ``timings-rank-*.parquet``, or one of them), whose rows hold each rank-step's
 sample ids, or a CSV of measured milliseconds per sample (``sample_id, ms``, as written by
 ``examples/train_ddp.py --emit-timings``) or per rank per step (``step, rank, ms``, optional
 ``epoch``; mapped to the rank's batch through OUT's plan). The fit ``ms = c0 + a * points + b *
-voxels`` (non-negative least squares, see ``lidarshard.transforms.report.calibrate``) is written as JSON that
+voxels`` (non-negative least squares, see ``lidarshard.tools.fit``) is written as JSON that
 ``lidarshard build --cost-model @FILE`` accepts, with R^2 and a residual plot next to it::
 
     {"cost_model": {"name": "linear", "c0": ..., "a": ..., "b": ...}, "r2": ..., "rmse": ...,
@@ -13,7 +13,7 @@ voxels`` (non-negative least squares, see ``lidarshard.transforms.report.calibra
      "held_out": {"train", "test", "r2", "rmse", ...}, "linearity": [...], "source": {...}}
 
 ``held_out``: the fit refitted on ~80% of the steps (or samples) and scored on the rest
-(``transforms.report.calibrate.held_out_fit``). ``linearity`` (recorder files only): per epoch, over
+(``tools.fit.held_out_fit``). ``linearity`` (recorder files only): per epoch, over
 the steps every rank recorded, the measured ``linearity`` and mean per-step ``max_mean`` next to those
 the manifest's cost model (``predicted``) and the fit (``fitted``) give the same steps.
 
@@ -29,10 +29,10 @@ import sys
 import numpy as np
 
 from lidarshard.loaders import load_manifest, read_samples
-from lidarshard.pipelines.tools.report import REPORT_DIR, read_plan
-from lidarshard.pipelines.tools.timings import design, fit_cost, read_timings_at
-from lidarshard.transforms import storage
-from lidarshard.transforms.report import calibrate as cal
+from lidarshard.tools import fit as cal
+from lidarshard.tools.report import REPORT_DIR, read_plan
+from lidarshard.tools.timings import design, fit_cost, read_timings_at
+from lidarshard.transforms.io import storage
 
 __all__ = ["run", "calibrate"]
 
@@ -66,7 +66,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
 
 def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | None:
     """The residual figure, or None (with a note) when matplotlib is missing."""
-    from lidarshard.transforms.report import plots as report_plots
+    from lidarshard.tools import plots as report_plots
 
     title = (
         f"ms per {timed} = {fit.c0:.4g} + {fit.a:.4g} x points + {fit.b:.4g} x voxels{_power(fit)}  "

@@ -25,18 +25,19 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms import paths, storage
-from lidarshard.transforms.arrow import parquet_bytes, row_groups
-from lidarshard.transforms.features import previous, repeat
+from lidarshard.transforms.core import previous
+from lidarshard.transforms.core.epochs import PlanConfig, bucket_costs, bucket_info, epoch_pool
+from lidarshard.transforms.core.record import Write, write_file
+from lidarshard.transforms.core.recorded import check_schema, previous_rejects, previous_root
+from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.accounting import counts_or_stop
 from lidarshard.transforms.features.buckets import resolve_weights
 from lidarshard.transforms.features.cost import CostModel, sample_costs
-from lidarshard.transforms.features.recorded import check_schema, previous_rejects, previous_root
 from lidarshard.transforms.features.repeat import Weights, class_counts
-from lidarshard.transforms.parts import open_parts, read_parts, samples_files
+from lidarshard.transforms.io import paths, storage
+from lidarshard.transforms.io.arrow import parquet_bytes, row_groups
+from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.plan.caps import over_cap
-from lidarshard.transforms.plan.epochs import PlanConfig, bucket_costs, bucket_info, epoch_pool
-from lidarshard.transforms.plan.manifest import Write, write_file
 
 __all__ = [
     "Source",

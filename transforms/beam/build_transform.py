@@ -29,16 +29,12 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import parquet_bytes, parquet_file, read_rows
-from lidarshard.transforms.beam.scan import NAMESPACE
+from lidarshard.transforms.beam.scan_transform import NAMESPACE
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
-from lidarshard.transforms.features import previous
-from lidarshard.transforms.features.cost import CostModel
-from lidarshard.transforms.features.score import ScoreSettings, Source, prepare, settle_and_score
-from lidarshard.transforms.parts import listed_parts, open_parts, parts_holding, read_parts
-from lidarshard.transforms.plan import manifest, sharded
-from lidarshard.transforms.plan.epochs import (
+from lidarshard.transforms.core import plan_writer as sharded
+from lidarshard.transforms.core import previous
+from lidarshard.transforms.core import record as manifest
+from lidarshard.transforms.core.epochs import (
     COST_FEATURES,
     EpochPlan,
     PlanConfig,
@@ -46,6 +42,11 @@ from lidarshard.transforms.plan.epochs import (
     plan_samples,
     repeat_rates,
 )
+from lidarshard.transforms.core.score import ScoreSettings, Source, prepare, settle_and_score
+from lidarshard.transforms.features.cost import CostModel
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_bytes, parquet_file, read_rows
+from lidarshard.transforms.io.parts import listed_parts, open_parts, parts_holding, read_parts
 
 __all__ = ["BuildJob", "BuildManifest", "writer", "PLANNED_PAIRS"]
 

@@ -1,7 +1,7 @@
 """Timings of a training run joined to a manifest's samples: the one reading ``lidarshard calibrate`` and
 ``lidarshard report --timings`` share. The timings are the recorder's Parquet files
 (``lidarshard.loaders.timing.StepTimer``: a directory, or one ``.parquet`` file) or a CSV of ms per
-sample or per rank-step (``transforms.report.calibrate.read_timings``). No Beam.
+sample or per rank-step (``tools.fit.read_timings``). No Beam.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard.loaders.timing import read_timing_files
-from lidarshard.transforms import storage
-from lidarshard.transforms.report import calibrate as cal
+from lidarshard.tools import fit as cal
+from lidarshard.transforms.io import storage
 
 __all__ = [
     "Timings",

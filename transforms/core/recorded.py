@@ -10,9 +10,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lidarshard import schemas
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import row_groups
-from lidarshard.transforms.parts import open_parts, samples_files
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import row_groups
+from lidarshard.transforms.io.parts import open_parts, samples_files
 
 __all__ = [
     "previous_datasets",

@@ -4,7 +4,7 @@ Writes ``OUT/report/report.html`` and its PNGs next to it in ``OUT/report/`` (``
 put them elsewhere, e.g. when OUT is read-only). ``report/`` is not part of the manifest contract:
 it is not listed in ``_manifest.json['files']`` and a rebuild of OUT removes it.
 
-The random baseline is recomputed, not read: ``lidarshard.transforms.plan.epochs.plan_samples`` with
+The random baseline is recomputed, not read: ``lidarshard.transforms.core.epochs.plan_samples`` with
 the manifest's settings (``PlanConfig.from_manifest``) plans each epoch again and gives its
 ``baseline``, the ``random`` plan of the same pool behind the manifest's ``random_linearity``. The
 chosen plan is the plan files' rows as one dense array (``transforms.plan.dense.dense_plan``). Plain
@@ -26,14 +26,14 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.reader import plan_dataset
-from lidarshard.pipelines.tools.timings import Timings, fit_cost, observe, read_timings_at
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms import storage
+from lidarshard.tools import fit as cal
+from lidarshard.tools import plots
+from lidarshard.tools.timings import Timings, fit_cost, observe, read_timings_at
+from lidarshard.transforms.core.epochs import PlanConfig, as_planned, plan_samples
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.dense import dense_plan
-from lidarshard.transforms.plan.epochs import PlanConfig, as_planned, plan_samples
 from lidarshard.transforms.plan.metrics import COLUMNS, load_linearity, plan_buys, rank_costs
-from lidarshard.transforms.report import calibrate as cal
-from lidarshard.transforms.report import plots
 
 __all__ = [
     "run",

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.schemas.jsonsafe import short
 from lidarshard.transforms.errors import RejectError
-from lidarshard.transforms.jsonsafe import short
 
 __all__ = [
     "MAX_TRANSLATION_M",

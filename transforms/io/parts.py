@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
-from lidarshard.transforms import storage
-from lidarshard.transforms.arrow import parquet_file
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_file
 
 __all__ = [
     "PART_ROWS",

@@ -1,7 +1,7 @@
 """Multi-sweep aggregation of nuScenes LiDAR frames and the lidarseg label check (pure numpy).
 
 ``lidarshard scan --sweeps N`` aggregates the LIDAR_TOP keyframe with its N **previous** sweeps (found by
-``lidarshard.transforms.nuscenes.tables.load_tasks``), so ``--sweeps 9`` gives 10 frames: the devkit's
+``lidarshard.transforms.layouts.nuscenes_tasks.load_tasks``), so ``--sweeps 9`` gives 10 frames: the devkit's
 ``LidarPointCloud.from_file_multisweep(..., nsweeps=10)``.
 
 Difference from the devkit (nuscenes-devkit ``PointCloud.from_file_multisweep``): the devkit calls

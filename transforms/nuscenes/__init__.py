@@ -1,1 +1,0 @@
-"""nuScenes tables -> scan tasks, multi-sweep aggregation and lidarseg checks."""

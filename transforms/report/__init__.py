@@ -1,1 +1,0 @@
-"""Report and calibration math: figures and the linear cost-model fit."""
