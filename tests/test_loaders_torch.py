@@ -328,14 +328,19 @@ def test_batch_sampler_given_as_sampler_names_batch_sampler(out: Path) -> None:
         with pytest.raises(
             TypeError, match=r"pass it as DataLoader\(dataset, batch_sampler=sampler\), not sampler="
         ):
-            next(iter(loader))
+            sampler.check_loader(loader)
+    sampler.check_loader(DataLoader(_Indices(len(SIZES)), batch_sampler=sampler))  # the right way passes
+    with pytest.raises(TypeError, match=r"\['sampler'\] come from the manifest's plan"):
+        PlanLoader(_Indices(len(SIZES)), sampler, sampler=sampler)
 
 
 def test_plan_sampler_refuses_a_dataloader_batch_size_other_than_the_manifests(out: Path) -> None:
     sampler = PlanSampler(out, 0, 2)
     with pytest.raises(ValueError, match=r"batch_size=2 but the manifest was planned with --batch-size 3"):
-        next(iter(DataLoader(_Indices(len(SIZES)), sampler=sampler, batch_size=2)))
-    got = [b.tolist() for b in DataLoader(_Indices(len(SIZES)), sampler=sampler, batch_size=3)]
+        sampler.check_loader(DataLoader(_Indices(len(SIZES)), sampler=sampler, batch_size=2))
+    right = DataLoader(_Indices(len(SIZES)), sampler=sampler, batch_size=3)
+    sampler.check_loader(right)
+    got = [b.tolist() for b in right]
     assert got == _planned(out, 0, 0)
 
 
@@ -343,7 +348,9 @@ def test_state_of_a_plain_prefetching_dataloader_is_refused_not_wrong(out: Path)
     sampler = BalancedBatchSampler(out, 0, 2)
     it = iter(DataLoader(_Indices(len(SIZES)), batch_sampler=sampler, num_workers=2))
     next(it)
-    with pytest.raises(RuntimeError, match=r"num_workers=2 prefetches batches ahead of training.*PlanLoader"):
+    with pytest.raises(
+        RuntimeError, match=r"num_workers > 0\) prefetches batches ahead of training.*PlanLoader"
+    ):
         sampler.state_dict()
     del it
 
