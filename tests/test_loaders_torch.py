@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections import Counter
 from itertools import islice
 from pathlib import Path
 
@@ -298,6 +299,33 @@ def test_resume_after_a_crash_trains_exactly_the_uninterrupted_batches(out: Path
             after, _, lengths = _train(out, rank, loader_kw, state=state)
             assert before + after == full, (rank, k)
             assert lengths[0] == steps - state["step"]  # len() = the batches that will come
+
+
+def test_a_sampler_reads_the_manifest_once_and_each_epochs_plan_once(
+    out: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lidarshard.loaders import reader
+    from lidarshard.transforms.io import storage
+
+    reads: Counter[str] = Counter()
+    real_json, real_plan = storage.read_json, reader.read_rank_plan
+
+    def read_json(path: str, *args: object, **kwargs: object) -> object:
+        reads[os.path.basename(path)] += 1
+        return real_json(path, *args, **kwargs)
+
+    def read_rank_plan(*args: object, **kwargs: object) -> object:
+        reads["plan"] += 1
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "read_json", read_json)
+    monkeypatch.setattr(reader, "read_rank_plan", read_rank_plan)
+    sampler = BalancedBatchSampler(out, 0, 2)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        assert len(list(sampler)) == len(sampler.scales())
+        sampler.state_dict()
+    assert (reads["_manifest.json"], reads["plan"]) == (1, 2)
 
 
 def test_a_second_pass_over_an_epoch_warns_once_naming_set_epoch(out: Path, tmp_path: Path) -> None:
