@@ -143,7 +143,8 @@ class ElasticBatchSampler(PlanReplay):
         out_dir: committed manifest directory (local path or URI).
         rank: this rank, ``0 <= rank < world_size``.
         world_size: ranks the job runs now.
-        batch_size: samples per rank per step; default ``W*B / world_size`` of the manifest.
+        batch_size: samples per rank per step; default ``ceil(W*B / world_size)`` of the manifest:
+            the smallest that keeps the planned global batch (``W*B / world_size`` where it divides).
         index_of: sample_id -> dataset index (mapping or callable); default the samples' row order.
         cycle: reuse the plan of ``epoch % epochs`` for epochs past those planned.
 
@@ -168,13 +169,8 @@ class ElasticBatchSampler(PlanReplay):
         world_size = check_int("world_size", world_size, 1)
         rank = check_int("rank", rank, 0, world_size - 1)
         w0, b0 = self.manifest.world_size, self.manifest.batch_size
-        if batch_size is None:
-            if (w0 * b0) % world_size:
-                raise ValueError(
-                    f"the manifest's global batch {w0}x{b0} = {w0 * b0} does not split over {world_size} "
-                    "ranks: pass batch_size"
-                )
-            batch_size = w0 * b0 // world_size
+        if batch_size is None:  # the smallest batch that keeps the global batch: ceil(W*B / W')
+            batch_size = -(-w0 * b0 // world_size)
         self.rank, self.world_size = rank, world_size
         self.batch_size = check_int("batch_size", batch_size, 1)
         self._index = self._index_array(index_of)

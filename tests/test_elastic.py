@@ -577,3 +577,17 @@ def test_the_elastic_doc_block_runs_and_trains_the_rest_of_the_epoch(tmp_path: P
     env = {"out_dir": out, "rank": 0, "world_size": 1, "ckpt": {"sampler": first.state_dict()}, "epochs": 1}
     exec(compile(block, "docs/FRAMEWORKS.md", "exec"), env)  # noqa: S102 - the doc's own code
     assert env["sampler"].state_dict()["history"] == [[2, 1, 4]] and env["sampler"].state_dict()["step"] == 2
+
+
+def test_a_world_size_that_does_not_divide_the_global_batch_runs_as_documented(built: Path) -> None:
+    """W*B = 16 over 3 ranks: the default batch is ceil(16 / 3) = 6, the docs' rule, and the epoch is
+    trained exactly as planned; a BalancedBatchSampler-style reader names the elastic sampler."""
+    three = [ElasticBatchSampler(built, r, 3) for r in range(3)]
+    assert {s.batch_size for s in three} == {6}
+    for s in three:
+        s.set_epoch(1)
+    seen = Counter(i for rank in _run(three) for batch in rank for i in batch)
+    assert seen == _planned(load_epoch_plan(built, 1))
+    with pytest.raises(ValueError) as err:
+        ManifestReader(built, 0, 3, 1)
+    assert "lidarshard.ElasticBatchSampler(out_dir, rank, 3)" in str(err.value) and "\n" not in str(err.value)
