@@ -275,7 +275,7 @@ class ElasticPlan:
         Args:
             consumed_steps: steps of this plan every rank has finished, ``0..steps``.
             world_size: W' >= 1.
-            batch_size: B' >= 1; default ``W*B / W'`` (global batch unchanged), which must be whole.
+            batch_size: B' >= 1; default ``ceil(W*B / W')`` (the global batch kept, or grown to split).
 
         Returns:
             The new plan: merged when W' divides W and B' is ``B`` or ``(W/W')*B`` (equal counts),
@@ -289,12 +289,8 @@ class ElasticPlan:
             raise ValueError(f"consumed_steps {consumed_steps} is outside 0..{s}")
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
-        if batch_size is None:
-            if (w * b) % world_size:
-                raise ValueError(
-                    f"the global batch {w}x{b} = {w * b} does not split over {world_size} ranks: pass batch_size"
-                )
-            batch_size = w * b // world_size
+        if batch_size is None:  # the smallest batch that keeps the global batch, as ElasticBatchSampler
+            batch_size = -(-w * b // world_size)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         done, rest = self.rows[:consumed_steps].ravel(), self.rows[consumed_steps:]

@@ -114,8 +114,8 @@ def test_fewer_entries_left_than_ranks_is_one_line(built: Path) -> None:
     ) as e:
         base.switch(11, 17, 1)
     assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="pass batch_size"):
-        base.switch(5, 6)
+    six = base.switch(5, 6)  # 16 over 6 ranks: the default batch is ceil(16 / 6) = 3 (was refused)
+    assert six.rows.shape[1] == 6 and _multiset(six) == _multiset(base)
 
 
 def test_chained_switches(built: Path) -> None:
@@ -195,8 +195,7 @@ def test_sampler_on_the_manifest_size_replays_it_with_index_of(built: Path) -> N
     assert list(s) == expect
     with pytest.raises(KeyError, match="not in index_of"):
         list(ElasticBatchSampler(built, 0, W, index_of={}))
-    with pytest.raises(ValueError, match="pass batch_size"):
-        ElasticBatchSampler(built, 0, 6)
+    assert ElasticBatchSampler(built, 0, 6).batch_size == 3  # ceil(W*B / 6): the documented default
     s.set_epoch(2)
     with pytest.raises(ValueError, match="not planned"):
         len(s)
