@@ -13,7 +13,6 @@ from lidarshard.transforms.core.epochs import PlanConfig, epoch_pool, plan_sampl
 from lidarshard.transforms.core.score import repeat_info
 from lidarshard.transforms.features.buckets import weighted_pool
 from lidarshard.transforms.features.repeat import (
-    WEIGHT_COLUMN,
     Weights,
     WeightSpec,
     check_weights,
@@ -22,7 +21,6 @@ from lidarshard.transforms.features.repeat import (
     label_presence,
     lvis_factors,
     parse_repeat_factors,
-    sample_weights,
 )
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT
 
@@ -86,23 +84,11 @@ def test_stochastic_rounding_realizes_the_expected_count() -> None:
     assert all(abs(c / w.sum() - 1) < 0.01 for c in counts)
 
 
-def _labelled_table(labels: list[bytes | None]) -> pa.Table:
-    paths = [None if b is None else f"l{i}.bin" for i, b in enumerate(labels)]
-    return pa.table({"sample_id": [f"s{i}" for i in range(len(labels))], "label_path": paths})
-
-
-def test_sample_weights_reads_labels_or_carries_the_column() -> None:
+def test_lvis_factors_from_label_bytes() -> None:
     labels = [bytes([0, 0, 1]), bytes([0, 2]), bytes([0, 2, 2]), bytes([0]), None]
-    files = {f"l{i}.bin": b for i, b in enumerate(labels) if b is not None}
-    table = _labelled_table(labels)
-    same, w = sample_weights(table, WeightSpec(0.5), files.__getitem__)
-    assert same is table and w is not None and w.presence is not None
-    np.testing.assert_allclose(w.values, [np.sqrt(2), 1.0, 1.0, 1.0, 1.0])
-    assert sample_weights(table, WeightSpec(), files.__getitem__) == (table, None)
-    carried = table.append_column(WEIGHT_COLUMN, pa.array([0.5, 1, 2, 3, 4], pa.float64()))
-    dropped, w = sample_weights(carried, WeightSpec(column="cbgs"), files.__getitem__)
-    assert dropped.column_names == table.column_names and w.presence is None
-    assert w.values.tolist() == [0.5, 1, 2, 3, 4]
+    presence, has = label_presence(labels)
+    assert has.tolist() == [True, True, True, True, False] and presence.shape == (5, 256)
+    np.testing.assert_allclose(lvis_factors(presence, has, 0.5), [np.sqrt(2), 1.0, 1.0, 1.0, 1.0])
 
 
 def test_check_weights_refuses_what_would_plan_nothing_or_too_much() -> None:

@@ -20,7 +20,6 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from lidarshard import schemas
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, cost_model_from_json, sample_costs
@@ -38,7 +37,6 @@ __all__ = [
     "EpochPlan",
     "COST_FEATURES",
     "as_planned",
-    "score",
     "bucket_costs",
     "plan_rows",
     "plan_samples",
@@ -196,38 +194,6 @@ class EpochPlan:
     plan: NDArray[np.int64]
     baseline: NDArray[np.int64] = field(repr=False)
     stats: dict
-
-
-def score(
-    samples: pa.Table,
-    model: CostModel,
-    cfg: PlanConfig,
-    costs: pa.Array | None = None,
-    weights: NDArray[np.float64] | None = None,
-) -> tuple[pa.Table, NDArray[np.float64]]:
-    """Add ``cost``, ``bucket_id`` and ``weight`` to a samples table (sorted by sample_id).
-
-    ``costs`` (N,), when given, are used as they are instead of the model's (``model.name == "given"``);
-    ``weights`` (N,) are the per-sample weights (repeat factors, ``--sample-weights``), None: all 1.
-
-    Returns:
-        (scored table with ``lidarshard.schemas.scored_schema()``, bucket edges (K-1,) in cost units).
-    """
-    base = samples.select([name for name, _, _ in schemas.SAMPLE_FIELDS])
-    if costs is None:
-        costs = sample_costs(base, model)
-    else:
-        costs = np.asarray(costs, dtype=np.float64)
-        if costs.shape != (samples.num_rows,) or not np.isfinite(costs).all() or (costs < 0).any():
-            raise ValueError("cost must hold one finite value >= 0 per sample")
-    ids, edges = bucket_costs(costs, cfg)
-    scored = base.append_column(schemas.scored_schema().field("cost"), pa.array(costs, pa.float64()))
-    scored = scored.append_column(schemas.scored_schema().field("bucket_id"), pa.array(ids, pa.int32()))
-    weight = np.ones(len(costs)) if weights is None else np.asarray(weights, dtype=np.float64)
-    if weight.shape != (len(costs),) or not (np.isfinite(weight) & (weight >= 0)).all():
-        raise ValueError("sample weights must hold one finite value >= 0 per sample")
-    scored = scored.append_column(schemas.scored_schema().field("weight"), pa.array(weight, pa.float64()))
-    return scored.cast(schemas.scored_schema()), edges
 
 
 def bucket_costs(

@@ -23,7 +23,6 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 __all__ = [
-    "WEIGHT_COLUMN",
     "WeightSpec",
     "Weights",
     "parse_repeat_factors",
@@ -34,13 +33,10 @@ __all__ = [
     "column_weights",
     "check_weights",
     "class_counts",
-    "sample_weights",
 ]
 
 #: Label values are uint8 (nuScenes lidarseg): at most 256 classes.
 NUM_LABEL_VALUES = 256
-#: Where ``--sample-weights`` travel as the samples table's last column until scoring (never written).
-WEIGHT_COLUMN = "__sample_weight"
 
 
 @dataclass(frozen=True)
@@ -170,21 +166,3 @@ class Weights:
 
     values: NDArray[np.float64]
     presence: NDArray[np.bool_] | None = None
-
-
-def sample_weights(
-    samples: pa.Table, spec: WeightSpec, read: Callable[[str], bytes]
-) -> tuple[pa.Table, Weights | None]:
-    """(samples without ``WEIGHT_COLUMN``, their weights or None when ``spec`` names none).
-
-    A ``--sample-weights`` column rides along as ``WEIGHT_COLUMN``; lidarseg repeat factors read every
-    ``label_path`` with ``read`` (one file at a time: (N, 256) booleans are kept, not the labels).
-    """
-    if WEIGHT_COLUMN in samples.column_names:
-        values = samples.column(WEIGHT_COLUMN).to_numpy().astype(np.float64)
-        return samples.drop_columns([WEIGHT_COLUMN]), Weights(values)
-    if spec.threshold is None:
-        return samples, None
-    labels = (None if p is None else read(p) for p in samples.column("label_path").to_pylist())
-    presence, has = label_presence(labels)
-    return samples, Weights(lvis_factors(presence, has, spec.threshold), presence)
