@@ -27,8 +27,8 @@ from lidarshard import schemas
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.reader import plan_dataset
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.tools import balance, plots
 from lidarshard.tools import fit as cal
-from lidarshard.tools import plots
 from lidarshard.tools.timings import Timings, fit_cost, observe, read_timings_at
 from lidarshard.transforms.core.epochs import PlanConfig, as_planned, plan_samples
 from lidarshard.transforms.io import storage
@@ -157,10 +157,10 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
                 "predicted": r["predicted"]["linearity"],
                 "max_mean": (r["measured"]["max_mean"], r["predicted"]["max_mean"]),
             }
-            for r in cal.step_linearity(obs, {"predicted": pred})
+            for r in balance.measured_balance(obs, {"predicted": pred})
         ]
     else:
-        rows = cal.plan_linearity(timings, data.plan, data.manifest.batch_size, epoch)
+        rows = balance.plan_linearity(timings, data.plan, data.manifest.batch_size, epoch)
     if not rows and {"step", "rank"} <= set(timings.column_names):
         lines.append("  (no step of this plan is fully timed: the timings come from another plan or sampler)")
     for row in rows:
