@@ -16,27 +16,20 @@ Pure numpy; imports neither Beam nor torch. Plans are ``(S, W, M)`` int64 arrays
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
+from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
 from lidarshard.transforms.plan.metrics import greedy_reference_linearity, linearity
 from lidarshard.transforms.plan.order import heaviest_first
 
-__all__ = ["ElasticPlan", "Switch", "merge_ranks", "replan_pool", "stable_seed", "check_exact"]
+__all__ = ["ElasticPlan", "Switch", "merge_ranks", "replan_pool", "check_exact"]
 
 #: One switch: after ``consumed_steps`` steps of the current plan, continue on ``(W', B')``.
 Switch = tuple[int, int, int]
-
-
-def stable_seed(*parts: int) -> int:
-    """A stable 63-bit seed from ints (sha256, never ``hash()``): the same on every rank and run."""
-    digest = hashlib.sha256("/".join(str(int(p)) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def merge_ranks(
@@ -101,7 +94,7 @@ def replan_pool(
             f"at least one per step; restart on at most {r_all} ranks, or start the next epoch"
         )
     # a seeded order so the planner's tie-breaks follow neither row ids nor the switch that came before
-    order = np.sort(pool)[np.random.default_rng(stable_seed(seed, 1)).permutation(r_all)]
+    order = np.sort(pool)[seeds.rng(seed, 1).permutation(r_all)]
 
     def plan(entries: NDArray[np.int64]) -> NDArray[np.int64]:
         sub = (
@@ -315,7 +308,7 @@ class ElasticPlan:
             raise ValueError(
                 f"the manifest's strategy {self.strategy!r} is not one of {sorted(STRATEGIES)}: cannot re-plan"
             )
-        seed = stable_seed(self.seed, self.epoch, len(out.history), *np.ravel(out.history))
+        seed = seeds.derive(self.seed, self.epoch, len(out.history), *np.ravel(out.history))
         rows = replan_pool(
             rest[rest >= 0],
             self.costs,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, cost_model_from_json, sample_costs
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
-from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, order, plan_epoch
+from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, order, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
 from lidarshard.transforms.plan.speeds import normalized
@@ -45,7 +44,6 @@ __all__ = [
     "bucket_info",
 ]
 
-_POOL_SALT = zlib.crc32(b"pool")
 #: Memory one plan entry (a sample's place in one epoch) takes while its epoch is planned, written and
 #: re-planned by the publish's validation, in bytes: the strategies alone measured 75-155 (2M entries),
 #: the plan rows and their table add more. ``check_plan_size`` refuses a plan that cannot fit with it.
@@ -382,7 +380,7 @@ def epoch_pool(
             f"{expected * PLAN_ENTRY_BYTES / 2**30:.3g} GiB at ~{PLAN_ENTRY_BYTES} bytes an entry, more than this "
             f"machine's {memory / 2**30:.3g} GiB: lower --bucket-weights/--sample-weights"
         )
-    rng = np.random.default_rng([cfg.seed, epoch, _POOL_SALT])
+    rng = seeds.rng(cfg.seed, epoch, "pool")
     pool = buckets.weighted_pool(ids, weights, rng, sample_weights)
     dropped = padded = 0
     if cfg.strategy not in VARIABLE_COUNT:
