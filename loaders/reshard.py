@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
+from lidarshard.transforms.plan.lpt import lpt_rounds
 from lidarshard.transforms.plan.metrics import greedy_reference_linearity, linearity
 from lidarshard.transforms.plan.order import heaviest_first
 
@@ -131,19 +132,17 @@ def _place_rest(
     """Add ``rest`` (r,) heaviest first onto the least-loaded rank (empty ranks first): as a new last
     step (``extra_step``; needs ``r >= W``) or into the last step of ``rows`` (S, W, M). Returns (S', W, M')."""
     s, w, m = rows.shape
-    if extra_step:
-        loads, counts = np.zeros(w), np.zeros(w, dtype=np.int64)
-        target: list[list[int]] = [[] for _ in range(w)]
+    rest = rest[np.lexsort((rest, -costs[rest]))]  # heaviest first, ties by row
+    if extra_step:  # empty ranks first: rank k takes the k-th heaviest, then LPT on from there
+        first, rest = rest[:w], rest[w:]
+        loads = costs[first]
+        target: list[list[int]] = [[int(i)] for i in first]
     else:
         last = rows[-1]
-        counts = (last >= 0).sum(axis=1)
         loads = np.where(last >= 0, costs[np.maximum(last, 0)], 0.0).sum(axis=1)
         target = [[int(v) for v in last[k] if v >= 0] for k in range(w)]
-    for i in rest[np.lexsort((rest, -costs[rest]))]:
-        k = int(np.lexsort((np.arange(w), loads, counts > 0))[0])  # empty first, then least loaded
-        target[k].append(int(i))
-        loads[k] += costs[i]
-        counts[k] += 1
+    for i, k in zip(rest.tolist(), lpt_rounds(loads, np.zeros(w), costs[rest]).tolist(), strict=True):
+        target[k].append(i)
     width = max(m, max(len(t) for t in target))
     step = np.full((1, w, width), -1, dtype=np.int64)
     for k, t in enumerate(target):
