@@ -21,7 +21,7 @@ from lidarshard.tools.validate_files import check_plan
 from lidarshard.tools.validate_repeat import check_realized
 from lidarshard.tools.validate_samples import SamplesView, release_memory, row_keys
 from lidarshard.transforms.core.epochs import EpochPlan, PlanConfig, as_planned, plan_samples, repeat_rates
-from lidarshard.transforms.plan.caps import Caps, rank_step_sums
+from lidarshard.transforms.plan.caps import Caps, cap_breaches, rank_step_sums
 from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.metrics import balance_summary, balance_value
 from lidarshard.transforms.plan.order import step_peaks
@@ -98,18 +98,13 @@ def check_caps(
 ) -> None:
     """Every rank-step of epoch ``e``'s plan (S, W, M) within the manifest's caps (``file_of``: as in
     ``check_counts``)."""
-    sums: list[tuple[str, float | None, NDArray]] = [("samples", caps.max_samples, (plan >= 0).sum(axis=-1))]
-    sums.append(("cost", caps.max_cost, rank_step_sums(plan, samples.column("cost").to_numpy())))
-    sums.append(("points", caps.max_points, rank_step_sums(plan, samples.column("num_points").to_numpy())))
-    for name, cap, got in sums:
-        bad = np.argwhere(got > cap) if cap is not None else np.empty((0, 2), dtype=np.int64)
-        if bad.size:
-            s, r = (int(v) for v in bad[0])
-            _add(
-                problems,
-                f"{file_of(e, r)}: epoch {e} step {s} rank {r}",
-                f"{got[s, r]:.6g} {name} > --max-{name}-per-rank-step {cap:g} ({len(bad)} rank-steps over)",
-            )
+    costs, points = samples.column("cost").to_numpy(), samples.column("num_points").to_numpy()
+    for b in cap_breaches(plan, caps, costs, points):
+        _add(
+            problems,
+            f"{file_of(e, b.rank)}: epoch {e} step {b.step} rank {b.rank}",
+            f"{b.detail()} ({b.count} rank-steps over)",
+        )
 
 
 def check_heaviest_first(
