@@ -21,6 +21,7 @@ from lidarshard.transforms.features.repeat import (
     label_presence,
     lvis_factors,
     parse_repeat_factors,
+    repeat_counts,
 )
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT
 
@@ -194,3 +195,11 @@ def test_an_epoch_pool_too_large_for_the_machine_is_one_line(monkeypatch) -> Non
         epoch_pool(ids, None, 0, cfg)
     monkeypatch.setattr(epochs, "memory_bytes", lambda: 1 << 30)
     assert epoch_pool(ids, None, 0, cfg)[0].size == 500_000
+
+
+def test_repeat_counts_per_class_or_under_all() -> None:
+    presence = np.array([[1, 0, 1], [0, 0, 1], [0, 0, 0]], dtype=bool)
+    copies = np.array([2.0, 0.5, 3.0])
+    assert repeat_counts(presence, copies) == {"0": 2.0, "2": 2.5}
+    assert repeat_counts(None, copies) == {"all": 5.5}
+    assert repeat_counts(None, np.empty(0)) == {"all": 0.0}

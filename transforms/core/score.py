@@ -33,7 +33,7 @@ from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.accounting import counts_or_stop
 from lidarshard.transforms.features.buckets import resolve_weights
 from lidarshard.transforms.features.cost import CostModel, sample_costs
-from lidarshard.transforms.features.repeat import Weights, class_counts
+from lidarshard.transforms.features.repeat import Weights, repeat_counts
 from lidarshard.transforms.io import paths, storage
 from lidarshard.transforms.io.arrow import parquet_bytes, row_groups
 from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
@@ -296,18 +296,12 @@ def repeat_info(scored: pa.Table, weights: Weights | None, cfg: PlanConfig) -> d
         return None
     ids = scored.column("bucket_id").to_numpy()
     n = scored.num_rows
-    held = weights.presence if weights.presence is not None else np.ones((n, 1), dtype=bool)
-
-    def named(totals: dict[str, float]) -> dict[str, float]:
-        return totals if weights.presence is not None else {"all": totals.get("0", 0.0)}
-
     k = int(ids.max()) + 1 if n else 1
-    expected = named(class_counts(held, weights.values * resolve_weights(cfg.weights, k)[ids]))
+    expected = repeat_counts(weights.presence, weights.values * resolve_weights(cfg.weights, k)[ids])
     realized = [
-        named(
-            class_counts(
-                held, np.bincount(epoch_pool(ids, weights.values, e, cfg)[0], minlength=n).astype(np.float64)
-            )
+        repeat_counts(
+            weights.presence,
+            np.bincount(epoch_pool(ids, weights.values, e, cfg)[0], minlength=n).astype(np.float64),
         )
         for e in range(cfg.epochs)
     ]

@@ -33,6 +33,7 @@ __all__ = [
     "column_weights",
     "check_weights",
     "class_counts",
+    "repeat_counts",
 ]
 
 #: Label values are uint8 (nuScenes lidarseg): at most 256 classes.
@@ -166,3 +167,12 @@ class Weights:
 
     values: NDArray[np.float64]
     presence: NDArray[np.bool_] | None = None
+
+
+def repeat_counts(presence: NDArray[np.bool_] | None, copies: NDArray[np.number]) -> dict[str, float]:
+    """The manifest's ``repeat.expected`` / ``realized[e]`` counts of (N,) ``copies`` per sample, the
+    one count the planner records and ``validate`` recomputes: ``class_counts`` over lidarseg
+    ``presence`` (N, C), or ``{"all": total}`` without it (a column's or the datasets' weights)."""
+    if presence is not None:
+        return class_counts(presence, copies)
+    return {"all": class_counts(np.ones((len(copies), 1), dtype=bool), copies).get("0", 0.0)}
