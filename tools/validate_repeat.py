@@ -55,7 +55,7 @@ def _datasets(samples: pa.Table, m: Manifest) -> list:
 def _label_presence(
     problems: list[str], samples: pa.Table, m: Manifest
 ) -> tuple[NDArray[np.bool_], NDArray[np.bool_]] | None:
-    found = paths.absolute(samples.select(["label_path"]), m.path_root).column("label_path").to_pylist()
+    found = paths.resolved(samples.select(["label_path"]).column("label_path").to_pylist(), m.path_root)
     try:
         maps = label_maps_of(m.provenance.get("datasets") or [])
         return label_presence(decoded_labels(found, _datasets(samples, m), maps, storage.read_bytes))

@@ -278,9 +278,7 @@ def _dataset_scale(file, keep: NDArray[np.bool_], scale: Mapping[str, float]) ->
 
 def _labels(file, keep: NDArray[np.bool_], root: str | None, label_maps: Mapping[str, Mapping[int, int]]):
     """The class ids of the kept rows' label files, in order (None: no label file)."""
-    found = _kept(file, keep, "label_path")
-    resolve = paths.PathResolver(root) if root else None
-    full = [p if p is None or resolve is None else resolve(p) for p in found]
+    full = paths.resolved(_kept(file, keep, "label_path"), root)
     return repeat.decoded_labels(full, _kept(file, keep, "dataset"), label_maps, storage.read_bytes)
 
 
