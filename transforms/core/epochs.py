@@ -37,7 +37,6 @@ __all__ = [
     "COST_FEATURES",
     "as_planned",
     "bucket_costs",
-    "plan_rows",
     "plan_samples",
     "epoch_pool",
     "repeat_rates",
@@ -386,33 +385,6 @@ def epoch_pool(
     if cfg.strategy not in VARIABLE_COUNT:
         pool, dropped, padded = buckets.fit_pool(pool, cfg.world_size * cfg.batch_size, cfg.policy, rng)
     return pool, dropped, padded, rng
-
-
-def plan_rows(plan: NDArray[np.int64]) -> dict[str, NDArray]:
-    """The plan's rows in rank-major, (step, slot) order: sample index and position columns.
-
-    Args:
-        plan: (S, W, M) int64, ``-1`` = empty slot (each rank-step's samples come first).
-
-    Returns:
-        ``{"row", "step", "rank", "slot", "rank_count", "global_count"}``, each (N,) for the
-        N = ``(plan >= 0).sum()`` planned slots; ``rank_count`` is the samples of that rank at that
-        step, ``global_count`` of all ranks at that step.
-    """
-    s, w, m = plan.shape
-    valid = (plan >= 0).transpose(1, 0, 2)  # (W, S, M)
-    counts = valid.sum(axis=-1)  # (W, S)
-    shape = (w, s, m)
-    step = np.broadcast_to(np.arange(s, dtype=np.int32)[None, :, None], shape)[valid]
-    rank = np.broadcast_to(np.arange(w, dtype=np.int32)[:, None, None], shape)[valid]
-    return {
-        "row": plan.transpose(1, 0, 2)[valid],
-        "step": step,
-        "rank": rank,
-        "slot": np.broadcast_to(np.arange(m, dtype=np.int32), shape)[valid],
-        "rank_count": counts[rank, step].astype(np.int32),
-        "global_count": counts.sum(axis=0)[step].astype(np.int32),
-    }
 
 
 def repeat_rates(first: EpochPlan, second: EpochPlan, strategy: str) -> dict[str, float]:
