@@ -39,13 +39,14 @@ from lidarshard import schemas
 from lidarshard.schemas.jsonsafe import loads, short
 from lidarshard.schemas.manifest import Counts, Manifest
 from lidarshard.tools import validate_data
+from lidarshard.tools.validate_derived import check_repeat_rate
 from lidarshard.tools.validate_files import (
     check_listed,
     check_recorded,
     check_scan_files,
     samples_parts,
 )
-from lidarshard.tools.validate_plan import check_epoch_files, check_repeat_rate
+from lidarshard.tools.validate_plan import check_epoch_files
 from lidarshard.tools.validate_repeat import check_sample_weights
 from lidarshard.tools.validate_samples import (
     SamplesView,
