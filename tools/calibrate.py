@@ -31,7 +31,7 @@ import numpy as np
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
-from lidarshard.tools.report import REPORT_DIR, plan_table, read_plan
+from lidarshard.tools.report import REPORT_DIR, read_plan
 from lidarshard.tools.timings import design, fit_cost, read_timings_at
 from lidarshard.transforms.io import storage
 
@@ -48,7 +48,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     manifest = load_manifest(out)
     samples = read_samples(out)
     fit, (obs, timed, raw, keys) = fit_cost(
-        read_timings_at(timings_path), samples, lambda: plan_table(read_plan(out, manifest, samples)), epoch
+        read_timings_at(timings_path), samples, lambda: read_plan(out, manifest, samples), epoch
     )
     x, ms = design(obs), obs.column("ms").to_numpy()
     checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}

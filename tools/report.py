@@ -39,6 +39,7 @@ __all__ = [
     "ReportData",
     "load",
     "read_plan",
+    "read_epochs",
     "plan_table",
     "write_report",
     "summarize",
@@ -50,7 +51,7 @@ __all__ = [
 REPORT_DIR = schemas.REPORT_DIR
 
 
-def read_plan(out: str, m: Manifest, samples: pa.Table) -> list[EpochRows]:
+def read_epochs(out: str, m: Manifest, samples: pa.Table) -> list[EpochRows]:
     """Every epoch's plan (``read_epoch_plan``: the files verified, every sample_id looked up in
     ``samples``), each with its ``cost`` and ``bucket_id`` columns."""
     ids = samples.column("sample_id")
@@ -67,6 +68,14 @@ def plan_table(epochs: list[EpochRows]) -> pa.Table:
     ]
     table = pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.int64()) for c in cols})
     return table.sort_by([(k, "ascending") for k in ("epoch", "step", "rank", "slot")])
+
+
+def read_plan(out: str, m: Manifest | None = None, samples: pa.Table | None = None) -> pa.Table:
+    """Every epoch's and rank's plan rows (``plan_table`` of ``read_epochs``); ``m`` and ``samples``
+    are read from ``out`` when not given."""
+    m = load_manifest(out) if m is None else m
+    samples = read_samples(out, ["sample_id"]) if samples is None else samples
+    return plan_table(read_epochs(out, m, samples))
 
 
 @dataclass
@@ -91,7 +100,7 @@ def load(out: str) -> ReportData:
     """
     m = load_manifest(out)
     samples = read_samples(out)
-    epochs = read_plan(out, m, samples)
+    epochs = read_epochs(out, m, samples)
     cfg = PlanConfig.from_manifest(m)
     chosen, baseline, plans = [], [], []
     for e, read in enumerate(epochs):
