@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +19,11 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from lidarshard import schemas
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, cost_model_from_json, sample_costs
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
-from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, order, plan_epoch
+from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, order, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
 from lidarshard.transforms.plan.speeds import normalized
@@ -38,16 +36,13 @@ __all__ = [
     "EpochPlan",
     "COST_FEATURES",
     "as_planned",
-    "score",
     "bucket_costs",
-    "plan_rows",
     "plan_samples",
     "epoch_pool",
     "repeat_rates",
     "bucket_info",
 ]
 
-_POOL_SALT = zlib.crc32(b"pool")
 #: Memory one plan entry (a sample's place in one epoch) takes while its epoch is planned, written and
 #: re-planned by the publish's validation, in bytes: the strategies alone measured 75-155 (2M entries),
 #: the plan rows and their table add more. ``check_plan_size`` refuses a plan that cannot fit with it.
@@ -196,38 +191,6 @@ class EpochPlan:
     plan: NDArray[np.int64]
     baseline: NDArray[np.int64] = field(repr=False)
     stats: dict
-
-
-def score(
-    samples: pa.Table,
-    model: CostModel,
-    cfg: PlanConfig,
-    costs: pa.Array | None = None,
-    weights: NDArray[np.float64] | None = None,
-) -> tuple[pa.Table, NDArray[np.float64]]:
-    """Add ``cost``, ``bucket_id`` and ``weight`` to a samples table (sorted by sample_id).
-
-    ``costs`` (N,), when given, are used as they are instead of the model's (``model.name == "given"``);
-    ``weights`` (N,) are the per-sample weights (repeat factors, ``--sample-weights``), None: all 1.
-
-    Returns:
-        (scored table with ``lidarshard.schemas.scored_schema()``, bucket edges (K-1,) in cost units).
-    """
-    base = samples.select([name for name, _, _ in schemas.SAMPLE_FIELDS])
-    if costs is None:
-        costs = sample_costs(base, model)
-    else:
-        costs = np.asarray(costs, dtype=np.float64)
-        if costs.shape != (samples.num_rows,) or not np.isfinite(costs).all() or (costs < 0).any():
-            raise ValueError("cost must hold one finite value >= 0 per sample")
-    ids, edges = bucket_costs(costs, cfg)
-    scored = base.append_column(schemas.scored_schema().field("cost"), pa.array(costs, pa.float64()))
-    scored = scored.append_column(schemas.scored_schema().field("bucket_id"), pa.array(ids, pa.int32()))
-    weight = np.ones(len(costs)) if weights is None else np.asarray(weights, dtype=np.float64)
-    if weight.shape != (len(costs),) or not (np.isfinite(weight) & (weight >= 0)).all():
-        raise ValueError("sample weights must hold one finite value >= 0 per sample")
-    scored = scored.append_column(schemas.scored_schema().field("weight"), pa.array(weight, pa.float64()))
-    return scored.cast(schemas.scored_schema()), edges
 
 
 def bucket_costs(
@@ -416,39 +379,12 @@ def epoch_pool(
             f"{expected * PLAN_ENTRY_BYTES / 2**30:.3g} GiB at ~{PLAN_ENTRY_BYTES} bytes an entry, more than this "
             f"machine's {memory / 2**30:.3g} GiB: lower --bucket-weights/--sample-weights"
         )
-    rng = np.random.default_rng([cfg.seed, epoch, _POOL_SALT])
+    rng = seeds.rng(cfg.seed, epoch, "pool")
     pool = buckets.weighted_pool(ids, weights, rng, sample_weights)
     dropped = padded = 0
     if cfg.strategy not in VARIABLE_COUNT:
         pool, dropped, padded = buckets.fit_pool(pool, cfg.world_size * cfg.batch_size, cfg.policy, rng)
     return pool, dropped, padded, rng
-
-
-def plan_rows(plan: NDArray[np.int64]) -> dict[str, NDArray]:
-    """The plan's rows in rank-major, (step, slot) order: sample index and position columns.
-
-    Args:
-        plan: (S, W, M) int64, ``-1`` = empty slot (each rank-step's samples come first).
-
-    Returns:
-        ``{"row", "step", "rank", "slot", "rank_count", "global_count"}``, each (N,) for the
-        N = ``(plan >= 0).sum()`` planned slots; ``rank_count`` is the samples of that rank at that
-        step, ``global_count`` of all ranks at that step.
-    """
-    s, w, m = plan.shape
-    valid = (plan >= 0).transpose(1, 0, 2)  # (W, S, M)
-    counts = valid.sum(axis=-1)  # (W, S)
-    shape = (w, s, m)
-    step = np.broadcast_to(np.arange(s, dtype=np.int32)[None, :, None], shape)[valid]
-    rank = np.broadcast_to(np.arange(w, dtype=np.int32)[:, None, None], shape)[valid]
-    return {
-        "row": plan.transpose(1, 0, 2)[valid],
-        "step": step,
-        "rank": rank,
-        "slot": np.broadcast_to(np.arange(m, dtype=np.int32), shape)[valid],
-        "rank_count": counts[rank, step].astype(np.int32),
-        "global_count": counts.sum(axis=0)[step].astype(np.int32),
-    }
 
 
 def repeat_rates(first: EpochPlan, second: EpochPlan, strategy: str) -> dict[str, float]:
