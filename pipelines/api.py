@@ -38,7 +38,7 @@ from lidarshard.pipelines.preflight import build_settings, table_settings
 from lidarshard.pipelines.preflight import cost_model as parse_cost_model
 from lidarshard.pipelines.settings import check_plan_size
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.score import GIVEN, PREPARED, Source
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.io import storage

@@ -22,7 +22,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
 from lidarshard.pipelines.flags import Check, UsageError, flag, float_in, float_list, int_in, parsed_by
-from lidarshard.transforms.core.epochs import MAX_PLAN_FACTOR
+from lidarshard.transforms.core.config import MAX_PLAN_FACTOR
 from lidarshard.transforms.features.cost import COST_MODEL_HELP
 from lidarshard.transforms.features.repeat import parse_repeat_factors
 from lidarshard.transforms.features.sample import FEATURE_MODES

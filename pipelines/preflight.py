@@ -30,7 +30,7 @@ from lidarshard.pipelines.settings import (
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms import layouts
 from lidarshard.transforms.core import recorded
-from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel, parse_cost_model
 from lidarshard.transforms.features.sample import ScanConfig

@@ -20,7 +20,7 @@ from lidarshard.loaders.reader import load_manifest
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import BuildOptions
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.record import Kept, kept_from
 from lidarshard.transforms.core.recorded import previous_dir
 from lidarshard.transforms.features.cost import cost_model_from_json

@@ -20,7 +20,8 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_files import check_plan
 from lidarshard.tools.validate_repeat import check_realized
 from lidarshard.tools.validate_samples import SamplesView, release_memory, row_keys
-from lidarshard.transforms.core.epochs import EpochPlan, PlanConfig, as_planned, plan_samples, repeat_rates
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import EpochPlan, as_planned, plan_samples, repeat_rates
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
 from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.metrics import balance_summary, balance_value
