@@ -304,8 +304,8 @@ def declare(parser: argparse.ArgumentParser, cls: type[Options]) -> None:
         spec = _flag(f)
         group = groups.get(spec.group) or groups.setdefault(spec.group, parser.add_argument_group(spec.group))
         default = None if f.default is MISSING else f.default
-        if spec.switches:
-            pol = group.add_mutually_exclusive_group()
+        if spec.switches:  # several switches of one field exclude each other
+            pol = group.add_mutually_exclusive_group() if len(spec.switches) > 1 else group
             for s in spec.switches:
                 flag(pol, s.name, s.help, dest=f.name, action="store_const", const=s.const, default=default,
                      shown=s.shown)  # fmt: skip
