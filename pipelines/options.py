@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
@@ -24,14 +23,14 @@ from typing import Any, TypeVar
 from lidarshard.pipelines.flags import Check, UsageError, flag, float_in, float_list, int_in, parsed_by
 from lidarshard.transforms.core.config import MAX_PLAN_FACTOR
 from lidarshard.transforms.features.cost import COST_MODEL_HELP
-from lidarshard.transforms.features.repeat import parse_repeat_factors
+from lidarshard.transforms.features.repeat import parse_repeat_factors, repeat_threshold
 from lidarshard.transforms.features.sample import FEATURE_MODES
 from lidarshard.transforms.formats.readers import FORMATS
 from lidarshard.transforms.io.parts import PART_ROWS
 from lidarshard.transforms.layouts import LAYOUT_NAMES
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST
-from lidarshard.transforms.plan.speeds import parse_rank_speed
+from lidarshard.transforms.plan.speeds import parse_rank_speed, rank_speeds
 
 __all__ = [
     "DEFAULT_REJECT_FRACTION",
@@ -90,24 +89,6 @@ def _flag(f: dataclasses.Field) -> Flag:
 
 def _name(f: dataclasses.Field) -> str:
     return "--" + f.name.replace("_", "-")
-
-
-def _typed_rank_speed(value: Any) -> tuple[float, ...]:
-    """``--rank-speed`` given as a sequence of numbers: finite speeds > 0."""
-    values = list(value)
-    ok = values and all(
-        not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values
-    )
-    if not ok:
-        raise ValueError(f"rank speeds must be finite numbers > 0, one per rank, got {str(values)[:80]!r}")
-    return tuple(float(v) for v in values)
-
-
-def _typed_threshold(value: Any) -> float:
-    """``--repeat-factors`` given as its threshold ``T`` (0 < T <= 1)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"expected lidarseg:t=T with 0 < T <= 1, got {value!r}")
-    return float(value)
 
 
 _O = TypeVar("_O", bound="Options")
@@ -284,12 +265,12 @@ class BuildOptions(ScanOptions):
     rank_speed: tuple[float, ...] | None = option(
         "S0,S1,.. or @file.json: each rank's relative speed (mixed hardware, e.g. 1,1,0.6,0.6): budget gives "
         "each rank work in proportion at every step; other strategies hand each step's heaviest batch to the "
-        "fastest rank", "plan", None, check=parsed_by(parse_rank_speed, _typed_rank_speed), shown="all equal",
+        "fastest rank", "plan", None, check=parsed_by(parse_rank_speed, rank_speeds), shown="all equal",
         metavar="S0,S1,..")  # fmt: skip
     repeat_factors: float | None = option(
         "LVIS-style repeat factors from the lidarseg labels: a sample's weight is the max over its classes c of "
         "max(1, sqrt(T / f_c)), f_c the share of labelled samples holding c", "plan", None,
-        check=parsed_by(parse_repeat_factors, _typed_threshold), metavar="lidarseg:t=T", exclusive="repeat")  # fmt: skip
+        check=parsed_by(parse_repeat_factors, repeat_threshold), metavar="lidarseg:t=T", exclusive="repeat")  # fmt: skip
     sample_weights: str | None = option(
         "per-sample weights (CBGS, your own) from this numeric column of the --from-samples table; fractional "
         "weights are realized per epoch by seeded stochastic rounding", "plan", None, metavar="COLUMN",
