@@ -110,8 +110,8 @@ class Options:
         flag's validator as a typed value (a string is read as the flag's text).
 
         Raises:
-            UsageError: an unknown name (with a "did you mean"), a value
-                the flag refuses, or two flags of one exclusive set (the command line's messages).
+            UsageError: an unknown name (with a "did you mean"), a value the flag refuses, two flags
+                of one exclusive set, or a required flag missing (the command line's messages).
         """
         by_name = {f.name: f for f in fields(cls) if not _flag(f).switches}
         switches = {s.name[2:].replace("-", "_"): (f, s) for f in fields(cls) for s in _flag(f).switches}
@@ -134,6 +134,9 @@ class Options:
                 given[key] = _checked(_flag(f), name, value)
             named.append(name)
         _exclusive(cls, named)
+        missing = [_name(f) for f in fields(cls) if f.default is MISSING and f.name not in given]
+        if missing:
+            raise UsageError(f"the following arguments are required: {', '.join(missing)}")
         return cls(**given)
 
 

@@ -80,6 +80,7 @@ def test_keyword_values_are_typed_not_text(tmp_path: Path) -> None:
         ({"repeat_factors": 2}, r"argument --repeat-factors: expected lidarseg:t=T with 0 < T <= 1, got 2"),
         ({"cost_model": 3}, "argument --cost-model: 3 is not a valid value"),
         ({"policy": "pad"}, "unknown argument policy"),
+        ({"batch_size": None}, "the following arguments are required: --batch-size"),
         ({"bucket_wieghts": (1, 2)}, "unknown argument bucket_wieghts; did you mean bucket_weights?"),
     ],
 )  # fmt: skip
