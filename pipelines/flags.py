@@ -1,14 +1,15 @@
 """The command lines of ``scan``, ``build`` and ``synth``: flags declared once, strict, with Beam's options
 passed through; the same validators check the Python API's keyword arguments.
 
-Flags are declared once with :func:`flag` (name, parser/validator, default, help): the help text
-always shows the default, and a bad value stops the command before Beam starts with one line that
-names the flag, the value and the allowed range. :class:`CommandParser` accepts our flags and the
-real Beam pipeline options (``--runner``, ``--temp_location``, ...), passed through untouched;
-anything else — a typo such as ``--sweps`` or ``--temp_locaton`` — exits 2 with the usage line and a
-"did you mean" suggestion. Abbreviations are never matched. The validators (:class:`int_in`, ...)
-also check a typed value, so the Python API's keyword arguments (``lidarshard.pipelines.options``)
-get the command line's checks and messages without being turned into text.
+Flags are declared once, as fields of the options dataclasses (``lidarshard.pipelines.options``),
+which :func:`flag` adds to a parser (name, validator, default, help): the help text always shows the
+default, and a bad value stops the command before Beam starts with one line that names the flag, the
+value and the allowed range. :class:`CommandParser` accepts our flags and the real Beam pipeline
+options (``--runner``, ``--temp_location``, ...), passed through untouched; anything else — a typo
+such as ``--sweps`` or ``--temp_locaton`` — exits 2 with the usage line and a "did you mean"
+suggestion. Abbreviations are never matched. The validators (:class:`int_in`, ...) also check a typed
+value, so the Python API's keyword arguments get the command line's checks and messages without
+being turned into text.
 
 Our flags are parsed with plain argparse rather than a ``PipelineOptions`` subclass on purpose:
 Beam registers every ``PipelineOptions`` subclass in one global parser, so two subcommands that
