@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow as pa
 
 from lidarshard import schemas
-from lidarshard.transforms.core.epochs import PlanConfig, plan_samples
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import plan_samples
 from lidarshard.transforms.core.plan_writer import plan_rows
 
 

@@ -16,7 +16,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from lidarshard import schemas
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.beam.build_transform import BuildJob, BuildManifest
-from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.score import GIVEN, ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.features.accounting import DEDUPE_ORDER, TooManyRejects, dedupe
 from lidarshard.transforms.features.cost import CostModel

@@ -30,7 +30,8 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools import balance, plots
 from lidarshard.tools import fit as cal
 from lidarshard.tools.timings import Timings, fit_cost, observe, read_timings_at
-from lidarshard.transforms.core.epochs import PlanConfig, as_planned, plan_samples
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import as_planned, plan_samples
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.metrics import COLUMNS, load_linearity, plan_buys, rank_costs
 

@@ -55,7 +55,8 @@ from lidarshard.tools.validate_samples import (
     cost_model_of,
     release_memory,
 )
-from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, PlanConfig
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_file
 

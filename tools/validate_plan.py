@@ -21,7 +21,8 @@ from lidarshard.tools.validate_derived import check_replan, derive
 from lidarshard.tools.validate_files import check_plan
 from lidarshard.tools.validate_repeat import check_realized
 from lidarshard.tools.validate_samples import SamplesView, release_memory, row_keys
-from lidarshard.transforms.core.epochs import EpochPlan, PlanConfig, as_planned
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import EpochPlan, as_planned
 from lidarshard.transforms.plan.caps import Caps, cap_breaches, rank_step_sums
 from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.metrics import balance_summary, balance_value

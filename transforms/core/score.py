@@ -26,7 +26,8 @@ from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.transforms.core import previous
-from lidarshard.transforms.core.epochs import PlanConfig, bucket_costs, bucket_info, epoch_pool
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import bucket_costs, bucket_info, epoch_pool
 from lidarshard.transforms.core.record import Write, write_file
 from lidarshard.transforms.core.recorded import check_schema, previous_rejects, previous_root
 from lidarshard.transforms.features import repeat

@@ -26,6 +26,7 @@ __all__ = [
     "WeightSpec",
     "Weights",
     "parse_repeat_factors",
+    "repeat_threshold",
     "label_presence",
     "decoded_labels",
     "dataset_scale",
@@ -69,9 +70,14 @@ def parse_repeat_factors(spec: str) -> float:
         t = float(m.group(1)) if m else float("nan")
     except ValueError:
         t = float("nan")
-    if not 0 < t <= 1:
-        raise ValueError(f"expected lidarseg:t=T with 0 < T <= 1, got {spec!r}")
-    return t
+    return repeat_threshold(t, spec)
+
+
+def repeat_threshold(t: object, spec: str | None = None) -> float:
+    """``t`` as a repeat-factor threshold (0 < t <= 1); ``spec``: the text it was read from, for errors."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
+        raise ValueError(f"expected lidarseg:t=T with 0 < T <= 1, got {t if spec is None else spec!r}")
+    return float(t)
 
 
 def label_presence(

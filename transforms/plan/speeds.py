@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,7 +22,7 @@ from numpy.typing import NDArray
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.metrics import rank_costs
 
-__all__ = ["parse_rank_speed", "normalized", "fastest_heaviest"]
+__all__ = ["parse_rank_speed", "rank_speeds", "normalized", "fastest_heaviest"]
 
 
 def parse_rank_speed(text: str) -> tuple[float, ...]:
@@ -42,12 +43,23 @@ def parse_rank_speed(text: str) -> tuple[float, ...]:
             )
     else:
         values = [v.strip() for v in text.split(",")]
+    return rank_speeds(values, text)
+
+
+def rank_speeds(values: Sequence[object], shown: str | None = None) -> tuple[float, ...]:
+    """(W,) speeds of ``values`` (numbers or their text): finite and > 0; ``shown`` names them in errors.
+
+    Raises:
+        ValueError: not such a list (one line).
+    """
+    shown = repr(values) if shown is None else shown
     try:
-        speeds = tuple(float(v) for v in values if not isinstance(v, bool))
+        values = list(values)
+        speeds = tuple(float(v) for v in values if not isinstance(v, bool))  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"rank speeds must be numbers, got {text[:80]!r}") from None
+        raise ValueError(f"rank speeds must be numbers, got {shown[:80]!r}") from None
     if len(speeds) != len(values) or not speeds or not all(math.isfinite(s) and s > 0 for s in speeds):
-        raise ValueError(f"rank speeds must be finite numbers > 0, one per rank, got {text[:80]!r}")
+        raise ValueError(f"rank speeds must be finite numbers > 0, one per rank, got {shown[:80]!r}")
     return speeds
 
 
