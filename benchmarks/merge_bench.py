@@ -85,7 +85,11 @@ def merge(paths: list[str], out: str, part_rows: int) -> None:
     """The scan's way now: sampled ids cut the id space into ranges, one streamed k-way merge a part.
     Writes each part's row count to ``out/rows.txt``."""
     stride = shards.key_stride(part_rows)
-    keys = [k for p in paths for k in shards.sampled_keys(pq.read_table(p, columns=["sample_id"]), stride)]
+    keys = [
+        k
+        for p in paths  # a shard file is named by its shard number (``write_shards``)
+        for k in shards.sampled_keys(pq.read_table(p, columns=["sample_id"]), stride, int(Path(p).stem))
+    ]
     rows = []
     for k, (lo, hi) in enumerate(shards.key_ranges(shards.split_keys(keys, part_rows, stride))):
         with open(_part(Path(out), k), "wb") as sink:
