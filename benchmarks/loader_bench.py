@@ -1,9 +1,9 @@
 """Trainer-side point loading: ``PointCloudDataset(OUT, sweeps=True)`` against a plain numpy loop and
 nuscenes-devkit (issue 29: >= 0.9x numpy, >= 2x devkit).
 
-    python benchmarks/loader_bench.py [--scenes 4] [--repeat 3] [--out OUT] [--no-cold] [--profile]
+    python benchmarks/loader_bench.py [--scenes 4] [--keyframes 10] [--repeat 3] [--out OUT] [--no-cold] [--profile]
 
-Writes a nuScenes-style dataroot (``lidarshard synth``, 10 keyframes a scene, 34,688 points a file) and
+Writes a nuScenes-style dataroot (``lidarshard synth``, ``--keyframes`` a scene, default 10, 34,688 points a file) and
 builds it with ``--sweeps 9`` (or takes an existing manifest, ``--out``), then delivers every sample's
 keyframe + 9 sweeps in the keyframe frame (~260k points), in one process, three ways:
 
@@ -128,12 +128,21 @@ def load_samples(out: str) -> tuple[str, list[Sample]]:
     return root, samples
 
 
-def build(tmp: Path, scenes: int) -> str:
+def build(tmp: Path, scenes: int, keyframes: int = 10) -> str:
     """Synthesize and build a manifest under ``tmp``; returns OUT."""
     from lidarshard.pipelines.cli import main
 
     root, out = tmp / "dataroot", tmp / "out"
-    synth = ["synth", str(root), "--scenes", str(scenes), "--seed", "0"]
+    synth = [
+        "synth",
+        str(root),
+        "--scenes",
+        str(scenes),
+        "--keyframes-per-scene",
+        str(keyframes),
+        "--seed",
+        "0",
+    ]
     assert main(synth) == 0
     flags = ["--nuscenes-version", VERSION, "--sweeps", str(SWEEPS), "--world-size", "2", "--batch-size", "2"]
     assert main(["build", str(root), str(out), *flags, "--epochs", "1", "--runner=FnApiRunner"]) == 0
@@ -177,7 +186,10 @@ def profile(get: Callable[[int], object], n: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scenes", type=int, default=4, help="synthetic scenes, 10 samples each (default 4)")
+    ap.add_argument(
+        "--scenes", type=int, default=4, help="synthetic scenes, --keyframes samples each (default 4)"
+    )
+    ap.add_argument("--keyframes", type=int, default=10, help="synth --keyframes-per-scene (default 10)")
     ap.add_argument("--repeat", type=int, default=3, help="timed passes per contender; the best counts")
     ap.add_argument("--out", help="an existing manifest built with sweeps (default: synthesize one)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache passes")
@@ -196,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     from lidarshard.loaders.torch import PointCloudDataset
 
     with tempfile.TemporaryDirectory(prefix="loader_bench.") as tmp:
-        out = args.out or build(Path(tmp), args.scenes)
+        out = args.out or build(Path(tmp), args.scenes, args.keyframes)
         root, samples = load_samples(out)
         dataset = PointCloudDataset(out, sweeps=True)
         files = sorted({p for key, sweeps, _ in samples for p in [key, *sweeps]})
@@ -241,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.profile:
             profile(dataset.__getitem__, n)
-    return 0
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
