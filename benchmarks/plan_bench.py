@@ -312,6 +312,48 @@ def _print_target(n: int, m: dict) -> None:
         )
 
 
+def _one_size(
+    n: int, work: Path, runners: dict[str, list[str]], args: argparse.Namespace, rows: dict[str, list]
+) -> bool:
+    """Write ``n`` sample rows, build them on every runner (appending each one's measures to ``rows``)
+    and print a line per build; whether every build kept all ``n`` samples and all wrote the same bytes."""
+    t = time.perf_counter()
+    path = work / f"samples-{n}.parquet"
+    write_samples(path, n, args.sweeps, integrity=not args.no_integrity)  # as scan/build write it
+    wrote = time.perf_counter() - t
+    outputs, ok = {}, True
+    for name, flags in runners.items():
+        out = work / f"out-{n}-{name}"
+        m = _build(out, path, flags, args.timeout)
+        rows[name].append((n, m))
+        print(
+            f"{n:>9} {name:>6} {wrote:>8.1f} {path.stat().st_size / 1e6:>8.1f} {m['wall_s']:>8.1f} "
+            f"{n / m['wall_s']:>9.0f} {m['max_rss'] / GIB:>11.2f} {m['proc_rss'] / GIB:>7.2f} "
+            f"{m['tree_rss'] / GIB:>12.2f} {m['procs']:>5}",
+            flush=True,
+        )
+        outputs[name] = _tree_digest(out)
+        kept = _samples_rows(out)
+        ok &= kept == n
+        print(f"{n:>9} {name:>6} samples written {kept} of {n}: {kept == n}", flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+    path.unlink()
+    if len(outputs) < 2:
+        return ok
+    same = all(o == next(iter(outputs.values())) for o in outputs.values())
+    ms = {name: rows[name][-1][1] for name in runners}
+    first, *rest = runners
+    for other in rest:
+        print(
+            f"{n:>9} {other}/{first}: time {ms[other]['wall_s'] / ms[first]['wall_s']:.2f}x, "
+            f"largest process {ms[other]['max_rss'] / ms[first]['max_rss']:.2f}x, "
+            f"tree {ms[other]['tree_rss'] / ms[first]['tree_rss']:.2f}x; "
+            f"output {'byte-identical' if same else 'DIFFERS'}",
+            flush=True,
+        )
+    return ok and same
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="250000,1000000,5000000", help="comma-separated N")
@@ -342,41 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{'max RSS GiB':>11} {'sampled':>7} {'tree RSS GiB':>12} {'procs':>5}"
     )
     rows: dict[str, list[tuple[int, dict]]] = {name: [] for name in runners}
+    ok = True
     try:
         for n in sizes:
-            t = time.perf_counter()
-            path = work / f"samples-{n}.parquet"
-            write_samples(path, n, args.sweeps, integrity=not args.no_integrity)  # as scan/build write it
-            wrote = time.perf_counter() - t
-            outputs = {}
-            for name, flags in runners.items():
-                out = work / f"out-{n}-{name}"
-                m = _build(out, path, flags, args.timeout)
-                rows[name].append((n, m))
-                print(
-                    f"{n:>9} {name:>6} {wrote:>8.1f} {path.stat().st_size / 1e6:>8.1f} {m['wall_s']:>8.1f} "
-                    f"{n / m['wall_s']:>9.0f} {m['max_rss'] / GIB:>11.2f} {m['proc_rss'] / GIB:>7.2f} "
-                    f"{m['tree_rss'] / GIB:>12.2f} "
-                    f"{m['procs']:>5}",
-                    flush=True,
-                )
-                outputs[name] = _tree_digest(out)
-                kept = _samples_rows(out)
-                print(f"{n:>9} {name:>6} samples written {kept} of {n}: {kept == n}", flush=True)
-                shutil.rmtree(out, ignore_errors=True)
-            if len(outputs) > 1:
-                same = all(o == next(iter(outputs.values())) for o in outputs.values())
-                ms = {name: rows[name][-1][1] for name in runners}
-                first, *rest = runners
-                for other in rest:
-                    print(
-                        f"{n:>9} {other}/{first}: time {ms[other]['wall_s'] / ms[first]['wall_s']:.2f}x, "
-                        f"largest process {ms[other]['max_rss'] / ms[first]['max_rss']:.2f}x, "
-                        f"tree {ms[other]['tree_rss'] / ms[first]['tree_rss']:.2f}x; "
-                        f"output {'byte-identical' if same else 'DIFFERS'}",
-                        flush=True,
-                    )
-            path.unlink()
+            ok &= _one_size(n, work, runners, args, rows)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
@@ -386,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_target(n, m)
         _print_scale_targets(got, name)
     print("(1.0 = linear; N log N from 1M to 5M is 1.07)")
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

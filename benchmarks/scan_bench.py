@@ -15,7 +15,7 @@ Both are timed end to end (interpreter start included), interleaved, best of ``-
 Beam's fixed start-up (~4 s here) weighs on small runs: at 200 files the ratio is ~0.6.
 
 Prints both throughputs (files/s, MB/s), the ratio scan / plain (issue #2 target: >= 0.7) and
-whether both produced the same feature rows.
+whether both produced the same feature rows (exit status 1 when they differ).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "MET" if ratio >= TARGET_RATIO else "MISSED"
     print(f"ratio scan / plain throughput: {ratio:.2f} (target >= {TARGET_RATIO}: {verdict})")
     print(f"same feature rows: {same}")
-    return 0
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
