@@ -28,12 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from synthetic import VERSION, synth_args
+
 from lidarshard import schemas
 from lidarshard.transforms.features.sample import ScanConfig, featurize
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts import nuscenes_tasks as tables
 
-VERSION = "v1.0-synth"
 #: The child that scans without hashing: ``schemas.content_hash`` returns 0 (the feature work is unchanged).
 _NO_HASH = (
     "import sys; from lidarshard import schemas; schemas.content_hash = lambda data, running=0: 0; "
@@ -80,14 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root, out = work / "dataroot", work / "scan"
         if not (root / VERSION).is_dir():
-            synth = [
-                "synth",
-                str(root),
-                "--scenes",
-                str(args.scenes),
-                "--keyframes-per-scene",
-                str(args.keyframes),
-            ]
+            synth = synth_args(root, args.scenes, args.keyframes)
             synth += ["--labels", "--runner=FnApiRunner"]
             _timed(_CLI, synth)
         files = list(root.rglob("*.bin"))

@@ -38,10 +38,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+from synthetic import VERSION, synth_build
 
 REPO = Path(__file__).resolve().parents[1]
 DEVKIT_PYTHON = REPO / ".venv-devkit" / "bin" / "python"
-VERSION = "v1.0-synth"
 SWEEPS = 9
 
 #: One sample for the numpy loop: keyframe path, sweep paths (newest first), (S, 4, 4) float64.
@@ -128,27 +128,6 @@ def load_samples(out: str) -> tuple[str, list[Sample]]:
     return root, samples
 
 
-def build(tmp: Path, scenes: int, keyframes: int = 10) -> str:
-    """Synthesize and build a manifest under ``tmp``; returns OUT."""
-    from lidarshard.pipelines.cli import main
-
-    root, out = tmp / "dataroot", tmp / "out"
-    synth = [
-        "synth",
-        str(root),
-        "--scenes",
-        str(scenes),
-        "--keyframes-per-scene",
-        str(keyframes),
-        "--seed",
-        "0",
-    ]
-    assert main(synth) == 0
-    flags = ["--nuscenes-version", VERSION, "--sweeps", str(SWEEPS), "--world-size", "2", "--batch-size", "2"]
-    assert main(["build", str(root), str(out), *flags, "--epochs", "1", "--runner=FnApiRunner"]) == 0
-    return str(out)
-
-
 def run_devkit(root: str, samples: list[Sample], files: list[str], repeat: int, cold: bool) -> dict | None:
     """The devkit's best pass (in its venv), or None when ``.venv-devkit`` is absent or fails."""
     if not DEVKIT_PYTHON.exists():
@@ -208,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     from lidarshard.loaders.torch import PointCloudDataset
 
     with tempfile.TemporaryDirectory(prefix="loader_bench.") as tmp:
-        out = args.out or build(Path(tmp), args.scenes, args.keyframes)
+        out = args.out or synth_build(Path(tmp), args.scenes, args.keyframes, world_size=2, sweeps=SWEEPS)[1]
         root, samples = load_samples(out)
         dataset = PointCloudDataset(out, sweeps=True)
         files = sorted({p for key, sweeps, _ in samples for p in [key, *sweeps]})

@@ -29,8 +29,9 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from synthetic import synth_build
+
 REPO = Path(__file__).resolve().parents[1]
-VERSION = "v1.0-synth"
 
 
 class DelayedStore:
@@ -55,27 +56,6 @@ class DelayedStore:
 
     def __getattr__(self, name: str):
         raise NotImplementedError(name)
-
-
-def build(tmp: Path, scenes: int, keyframes: int = 10) -> tuple[Path, str]:
-    """(dataroot, OUT) of a synthesized, built manifest under ``tmp`` (paths relative to the dataroot)."""
-    from lidarshard.pipelines.cli import main
-
-    root, out = tmp / "dataroot", tmp / "out"
-    synth = [
-        "synth",
-        str(root),
-        "--scenes",
-        str(scenes),
-        "--keyframes-per-scene",
-        str(keyframes),
-        "--seed",
-        "0",
-    ]
-    assert main(synth) == 0
-    flags = ["--nuscenes-version", VERSION, "--sweeps", "9", "--world-size", "1", "--batch-size", "2"]
-    assert main(["build", str(root), str(out), *flags, "--epochs", "1", "--runner=FnApiRunner"]) == 0
-    return root, str(out)
 
 
 def epoch(out: str, workers: int, **dataset_args) -> tuple[float, int]:
@@ -105,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from lidarshard.transforms.io import storage
 
     with tempfile.TemporaryDirectory(prefix="remote_bench.") as tmp, ExitStack() as stack:
-        root, out = build(Path(tmp), args.scenes, args.keyframes)
+        root, out = synth_build(Path(tmp), args.scenes, args.keyframes, world_size=1)
         rows = [("local", *epoch(out, args.workers, prefetch=0))]
         if args.s3:
             sys.path.insert(0, str(REPO))
