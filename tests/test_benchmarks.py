@@ -33,6 +33,17 @@ def floats(pattern: str, text: str) -> list[float]:
     return found
 
 
+#: Modules of ``benchmarks/`` that are not benchmarks: what the scripts share.
+HELPERS = {"synthetic"}
+
+
+def test_every_benchmark_has_a_smoke_test() -> None:
+    source = Path(__file__).read_text()
+    scripts = sorted(p.stem for p in (REPO / "benchmarks").glob("*.py") if p.stem not in HELPERS)
+    missing = [s for s in scripts if f'"{s}"' not in source and f"{s}.py" not in source]
+    assert not missing, f"benchmarks without a smoke test here: {missing}"
+
+
 # ------------------------------------------------------------------ planning (numpy only, seconds)
 
 
