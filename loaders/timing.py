@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 
 from lidarshard.loaders.reader import check_int, needs_torch
 from lidarshard.loaders.timing_files import (
+    MAX_STEP_S,
     METHODS,
     PART_PATTERN,
     TIMING_FIELDS,
@@ -282,8 +283,8 @@ class StepTimer:
         """Add a step timed elsewhere (a profiler, a simulation): ``compute_s`` and ``wall_s`` in seconds
         (``wall_s`` defaults to ``compute_s``); written like timed steps, ``method`` "given"."""
         wall = compute_s if wall_s is None else wall_s
-        if not 0 <= compute_s <= wall < float("inf"):
-            raise ValueError(f"need 0 <= compute_s <= wall_s < inf, got {compute_s} and {wall}")
+        if not 0 <= compute_s <= wall <= MAX_STEP_S:  # what read_timing_files takes back
+            raise ValueError(f"need 0 <= compute_s <= wall_s <= {MAX_STEP_S:g}, got {compute_s} and {wall}")
         self._begin(epoch, step)
         self._append(_Open(epoch, step, [str(s) for s in sample_ids], None, None, "given"), compute_s, wall)
         self._flush_if_full()

@@ -42,6 +42,23 @@ METHODS = ("ddp_first_bucket", "mark", "step", "given")
 PART_PATTERN = re.compile(r"timings-rank-(\d+)-part-(\d+)\.parquet$")
 
 
+#: The longest step a timings file may record (s; 1e6 s is 11.6 days): beyond, a fit would overflow.
+MAX_STEP_S = 1e6
+
+
+def _check_seconds(path: str, table: pa.Table) -> None:
+    """Every row's ``0 <= compute_s <= wall_s <= MAX_STEP_S`` (what ``StepTimer`` writes); ValueError
+    naming the file and the first row that is not."""
+    compute, wall = (table.column(c).to_numpy() for c in ("compute_s", "wall_s"))
+    bad = np.flatnonzero(~((compute >= 0) & (compute <= wall) & (wall <= MAX_STEP_S)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"{path}: row {i} times compute_s {compute[i]!r}, wall_s {wall[i]!r}; a timings file holds "
+            f"0 <= compute_s <= wall_s <= {MAX_STEP_S:g} (not written by lidarshard's StepTimer?)"
+        )
+
+
 def timing_file(directory: str, rank: int, part: int) -> str:
     """Path of rank ``rank``'s ``part``-th timings file in ``directory``."""
     return storage.join(directory, f"timings-rank-{rank:05d}-part-{part:05d}.parquet")
@@ -65,7 +82,9 @@ def read_timing_files(path: str) -> pa.Table:
         missing = sorted(set(TIMING_SCHEMA.names) - set(t.column_names))
         if missing:
             raise ValueError(f"{p}: not a lidarshard timings file (no {', '.join(missing)})")
-        tables.append(t.select(TIMING_SCHEMA.names).cast(TIMING_SCHEMA))
+        t = t.select(TIMING_SCHEMA.names).cast(TIMING_SCHEMA)
+        _check_seconds(p, t)
+        tables.append(t)
         m = PART_PATTERN.search(p)
         order.append(int(m.group(2)) if m else 0)
     table = pa.concat_tables(tables)

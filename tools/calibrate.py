@@ -31,8 +31,10 @@ import numpy as np
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
+from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report import REPORT_DIR, read_plan
 from lidarshard.tools.timings import design, fit_cost, read_timings_at
+from lidarshard.transforms.features.cost import cost_model_from_json
 from lidarshard.transforms.io import storage
 
 __all__ = ["run", "calibrate"]
@@ -121,9 +123,15 @@ def run(argv: list[str] | None = None) -> int:
     output = args.output or f"{args.out.rstrip('/')}/{REPORT_DIR}/cost_model.json"
     directory, _, name = output.rpartition("/")
     try:
+        check_output_path(output, "-o")
         fit, source, pairs = calibrate(args.out, args.timings, args.epoch)
     except (ValueError, OSError) as e:
         print(f"lidarshard calibrate: {e}", file=sys.stderr)
+        return 1
+    try:  # never write a model the build would refuse (a fit of absurd timings)
+        cost_model_from_json(fit.to_json("ms")["cost_model"])
+    except ValueError as e:
+        print(f"lidarshard calibrate: the fit is no usable cost model: {e}", file=sys.stderr)
         return 1
     png = _residual_png(fit, pairs, "sample" if source["timed"] == "sample" else "rank-step")
     plot_name = name.removesuffix(".json") + "_residuals.png"

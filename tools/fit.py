@@ -151,11 +151,23 @@ def fit_linear(x: NDArray[np.float64], ms: NDArray[np.float64]) -> LinearFit:
     return LinearFit(fit.c0, fit.a, fit.b, r2, rmse, int(y.size), dropped)
 
 
+#: The longest step or sample a timing may say (ms; 1e9 ms is 11.6 days): beyond, a fit would overflow.
+MAX_STEP_MS = 1e9
+#: Columns a timings CSV may have (a header of a million columns is a corrupt file, not timings).
+MAX_CSV_COLUMNS = 1000
+
+
 def read_timings(data: bytes) -> pa.Table:
     """Parse a timings CSV: ``ms`` plus ``sample_id`` and/or ``step, rank`` (optional ``epoch``).
 
     Other columns (``num_points`` ...) are ignored. Raises ValueError for a CSV without the keys.
     """
+    header = data.split(b"\n", 1)[0]
+    if header.count(b",") >= MAX_CSV_COLUMNS:
+        raise ValueError(
+            f"timings CSV: its header has {header.count(b',') + 1} columns, more than {MAX_CSV_COLUMNS}; "
+            "expected ms plus sample_id, or ms plus step, rank [, epoch]"
+        )
     types = {"sample_id": pa.string(), "ms": pa.float64()}
     types |= {k: pa.int64() for k in ("epoch", "step", "rank")}
     table = pacsv.read_csv(io.BytesIO(data), convert_options=pacsv.ConvertOptions(column_types=types))
@@ -165,8 +177,13 @@ def read_timings(data: bytes) -> pa.Table:
             f"timings CSV needs a 'ms' column and 'sample_id' or 'step' and 'rank'; got {sorted(names)}"
         )
     table = table.select([n for n in ("epoch", "step", "rank", "sample_id", "ms") if n in names])
-    if table.column("ms").null_count or not np.isfinite(table.column("ms").to_numpy()).all():
-        raise ValueError("timings CSV: every 'ms' must be a finite number")
+    ms = table.column("ms").to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(~((ms >= 0) & (ms <= MAX_STEP_MS)))  # NaN (a null) fails both
+    if bad.size:
+        raise ValueError(
+            f"timings CSV: every 'ms' must be a finite number in 0..{MAX_STEP_MS:g}; data row {bad[0] + 1} "
+            f"holds {table.column('ms')[int(bad[0])].as_py()!r}"
+        )
     return table
 
 

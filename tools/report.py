@@ -29,6 +29,7 @@ from lidarshard.loaders.epoch_plan import EpochRows, read_epoch_plan
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools import balance, plots
 from lidarshard.tools import fit as cal
+from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.timings import Timings, fit_cost, observe, read_timings_at
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned, plan_samples
@@ -377,6 +378,7 @@ def run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     directory = args.output_dir or f"{args.out.rstrip('/')}/{REPORT_DIR}"
     try:
+        check_output_path(directory, "--output-dir", is_dir=True)
         data = load(args.out)
         lines = write_report(data, args.out, directory, args.epoch, args.timings)
     except (ValueError, OSError, ImportError) as e:
