@@ -23,6 +23,7 @@ from lidarshard.transforms.formats.labels import decode_labels, label_format
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.paths import PathResolver
 from lidarshard.transforms.layouts import label_maps_of
+from lidarshard.transforms.layouts.multisweep import check_close_points, recorded_close_points
 
 try:
     import torch
@@ -78,6 +79,10 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         cache: a ``loaders.fetch.FileCache`` (a size-bounded local directory shared by the workers and
             ranks of a host) that remote files are kept in; an entry is used only when it matches the
             scan's record.
+        close_points: None (default) applies the close-point rule the scan recorded
+            (``scan_config.close_points``, ``multisweep.CLOSE_POINTS``), under which its size features
+            were computed; naming another rule is refused. Under ``"devkit"`` the keyframe loses rows,
+            so ``labels=True`` is refused (its labels would no longer line up).
 
     Raises:
         ValueError: a samples part edited after the build (``read_samples``), sweep records not
@@ -101,6 +106,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         verify: str = "size",
         prefetch: int | None = None,
         cache: FileCache | None = None,
+        close_points: str | None = None,
     ) -> None:
         if verify not in VERIFY:
             raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
@@ -122,6 +128,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
                     name, pa.nulls(table.num_rows, schemas.sample_schema().field(name).type)
                 )
         self._label_maps = label_maps_of(manifest.provenance.get("datasets") or [])
+        self.close_points = _close_points(manifest.provenance, close_points, labels)
         table = _with_integrity(table.combine_chunks(), verify == "hash")
         problem = _misaligned(table)  # read_samples checked the parts' sha256 and path rules
         if problem:
@@ -234,6 +241,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
             [r for _, r in points_files],
             read=self._fetcher.read,
             frames=frames,
+            close_points=self.close_points,
         )
         item = {"index": int(i), "sample_id": self._ids[i].as_py(), "points": torch.from_numpy(points)}
         if self._labels is not None:
@@ -245,6 +253,22 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
 
 #: The columns ``__getitem__`` reads, kept as Arrow arrays.
 _KEPT = ("path", "format", "sweep_paths", *schemas.INTEGRITY_FIELDS)
+
+
+def _close_points(provenance: Mapping[str, Any], given: str | None, labels: bool) -> str:
+    """The close-point rule to apply: the one the scan recorded; ``given`` must be that one (or None)."""
+    rule = recorded_close_points(provenance)
+    if given is not None and check_close_points(given) != rule:
+        raise ValueError(
+            f"close_points={given!r}: this manifest's size features were computed under {rule!r} "
+            f"(scan_config.close_points); rebuild with --close-points {given}, or leave close_points unset"
+        )
+    if labels and rule == "devkit":
+        raise ValueError(
+            "labels=True: under close_points 'devkit' the keyframe loses its close points, so its lidarseg "
+            "labels no longer line up; rebuild with --close-points sweeps (or none) to train on labels"
+        )
+    return rule
 
 
 def _column(table: pa.Table, name: str) -> pa.Array:

@@ -13,12 +13,14 @@ from lidarshard import schemas
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import row_groups
 from lidarshard.transforms.io.parts import open_parts, samples_files
+from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS, recorded_close_points
 
 __all__ = [
     "previous_datasets",
     "previous_dir",
     "previous_root",
     "recorded_fraction",
+    "previous_close_points",
     "previous_rejects",
     "check_schema",
     "previous_rows",
@@ -58,6 +60,14 @@ def previous_datasets(samples_path: str) -> list[dict]:
         if isinstance(found, list) and all(isinstance(d, dict) for d in found):
             return found
     return []
+
+
+def previous_close_points(samples_path: str) -> str:
+    """The close-point rule the earlier run's size features were computed under
+    (``multisweep.recorded_close_points``: ``"sweeps"`` when none is recorded)."""
+    for m in _recorded(samples_path):
+        return recorded_close_points(m)
+    return DEFAULT_CLOSE_POINTS
 
 
 def recorded_fraction(samples_path: str) -> float | None:
