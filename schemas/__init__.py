@@ -31,8 +31,9 @@ adds fields (``ADDED_IN``): a 3.1 reader reads 3.0 files as ``sample_schema("3.0
 ``plan/epoch-E/rank-R/`` with ``epoch`` and ``rank`` as columns of each file (``plan_file``);
 4.1 added the samples' ``dataset`` (several INPUTs in one plan) and ``frame`` / ``sweep_frames`` (samples
 that are rows of a multi-frame file, Waymo v2); 4.2 added the manifest's ``cost_history`` (the epochs before
-a ``build --replan-from`` keep the plan and the cost model that planned them) and ``rank_speed`` (mixed hardware). This lidarshard reads 3.x
-(``READABLE_MAJORS``) and 4.x; it writes 4.2.
+a ``build --replan-from`` keep the plan and the cost model that planned them) and ``rank_speed`` (mixed hardware); 4.3
+added the samples' ``sweep_time_lags`` (the time-lag channel). This lidarshard reads 3.x
+(``READABLE_MAJORS``) and 4.x; it writes 4.3.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ __all__ = [
     "as_written",
 ]
 
-SCHEMA_VERSION = "4.2"
+SCHEMA_VERSION = "4.3"
 #: {major schema version this lidarshard reads: the newest minor of it}; the previous major too (see
 #: the version history): 3.1 was the last 3.x.
 READABLE: dict[str, str] = {"3": "3.1", "4": SCHEMA_VERSION}
@@ -204,7 +205,7 @@ SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("label_path", _STR, "lidarseg label file (like path), or null"),
     ("format", _STR, "reader used: nuscenes_bin, kitti_bin, bin, npy, pcd, ply"),
     ("file_bytes", _I64, "bytes of the keyframe file plus all sweep files"),
-    ("num_points", _I64, "points read (keyframe + sweeps after close-point removal)"),
+    ("num_points", _I64, "points the loaders return (close_points applied, NaN x/y/z rows not counted)"),
     ("num_finite", _I64, "points with finite x, y, z"),
     ("num_in_range", _I64, "finite points inside --point-cloud-range"),
     ("x_min", _F32, "m, over in-range points"),
@@ -242,6 +243,12 @@ SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
         "file holds one frame",
     ),
     ("sweep_frames", pa.list_(_I64), "the sweeps' row keys, aligned with sweep_paths; null like frame"),
+    # Added in 4.3: the time-lag channel of multi-sweep detectors.
+    (
+        "sweep_time_lags",
+        pa.list_(_F64),
+        "seconds from each sweep to the keyframe (t_keyframe - t_sweep, > 0), aligned with sweep_paths",
+    ),
 ]
 
 #: The content hash of the ``*_crc32`` columns: CRC-32 as zlib/gzip compute it (``content_hash``), an
@@ -258,6 +265,7 @@ ADDED_IN: dict[str, str] = {
     "epoch": "4.0",
     "rank": "4.0",
     **dict.fromkeys(("dataset", "frame", "sweep_frames"), "4.1"),
+    "sweep_time_lags": "4.3",
 }
 
 

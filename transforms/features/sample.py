@@ -246,6 +246,7 @@ def featurize(
         "sweep_transforms": [float(v) for s in task.sweeps for v in s.sensor_to_ref],
         "frame": task.frame,
         "sweep_frames": [s.frame for s in task.sweeps] if frames else None,
+        "sweep_time_lags": [float(s.time_lag_s) for s in task.sweeps],
         "label_path": task.label_path,
         "format": fmt,
         "num_sweeps": len(task.sweeps),

@@ -17,7 +17,11 @@ sensor frame, before the transform) are removed by a named rule, ``close_points`
 The scan computes ``num_points`` and the other size features under the rule it records
 (``scan_config.close_points``) and the loaders apply that same rule. The devkit also drops the ring
 column and returns a time-lag row; here extra columns pass through untouched and time lags live in
-``SweepRef.time_lag_s``.
+``SweepRef.time_lag_s`` (appended as a column with ``time_lags``).
+
+Rows with a NaN in x, y or z (the no-return pixels of organised PCDs, AV2 nulls) are not points: the
+loaders drop them (``drop_nan_rows``, open3d's ``remove_nan_points``) and the scan's ``num_points``
+does not count them.
 
 This module never imports ``apache_beam``.
 """
@@ -40,6 +44,8 @@ __all__ = [
     "check_close_points",
     "recorded_close_points",
     "remove_close",
+    "nan_rows",
+    "drop_nan_rows",
     "aggregate",
     "check_labels",
 ]
@@ -102,6 +108,22 @@ def remove_close(points: NDArray[np.float32], radius: float = CLOSE_RADIUS_M) ->
     return out
 
 
+def nan_rows(points: NDArray[np.floating]) -> NDArray[np.bool_]:
+    """(N,) bool: the rows of (N, >=3) ``points`` with a NaN in x, y or z."""
+    nan = np.isnan(points[:, 0])
+    nan |= np.isnan(points[:, 1])
+    nan |= np.isnan(points[:, 2])
+    return nan
+
+
+def drop_nan_rows(points: NDArray[np.float32]) -> NDArray[np.float32]:
+    """(M, C) ``points`` without the rows that have a NaN in x, y or z (open3d's ``remove_nan_points``;
+    inf rows stay); ``points`` itself when there is none."""
+    _check_points(points, "points")
+    nan = nan_rows(points)
+    return points[~nan] if nan.any() else points
+
+
 def _outside(points: NDArray[np.float32], radius: float) -> NDArray[np.bool_]:
     """(N,) bool: the rows of (N, >=2) ``points`` outside the box ``|x| < radius and |y| < radius``."""
     close = np.abs(points[:, 0]) < radius
@@ -130,6 +152,7 @@ def aggregate(
     transforms: Sequence[NDArray[np.float64]],
     *,
     close_points: str = DEFAULT_CLOSE_POINTS,
+    time_lags: Sequence[float] | None = None,
 ) -> NDArray[np.float32]:
     """Stack a keyframe and its previous sweeps in the keyframe's sensor frame.
 
@@ -149,9 +172,13 @@ def aggregate(
         transforms: one (4, 4) float64 per sweep, sweep sensor frame -> keyframe sensor frame
             (``SweepRef.sensor_to_ref`` reshaped).
         close_points: the close-point rule, one of ``CLOSE_POINTS``.
+        time_lags: one lag per sweep (s, t_keyframe - t_sweep): append the time-lag channel, 0 on the
+            keyframe's rows, as the devkit's ``from_file_multisweep`` times and mmdet3d's
+            ``LoadPointsFromMultiSweeps`` (``ts - sweep_ts``); None: no such column.
 
     Returns:
-        (N + sum M_i', C) float32: keyframe rows first, then each filtered sweep in the given order.
+        (N' + sum M_i', C) float32: keyframe rows first, then each filtered sweep in the given order;
+        (N' + sum M_i', C + 1) with ``time_lags``, the lag (float32 s) last.
 
     Raises:
         RejectValueError: ``sweep_columns`` when a sweep's column count differs from the keyframe's (bad
@@ -165,6 +192,8 @@ def aggregate(
     check_close_points(close_points)
     if len(sweeps) != len(transforms):
         raise ValueError(f"{len(sweeps)} sweeps but {len(transforms)} transforms")
+    if time_lags is not None and len(time_lags) != len(sweeps):
+        raise ValueError(f"{len(sweeps)} sweeps but {len(time_lags)} time lags")
     mats = []
     for i, (sweep, tf) in enumerate(zip(sweeps, transforms, strict=True)):
         _check_points(sweep, f"sweep {i}")
@@ -193,7 +222,10 @@ def aggregate(
         rows = out[row : row + count]
         _move(_take_rows(sweep, keep, rows), tf, i, rows, scratch[:, :count])
         row += count
-    return out
+    if time_lags is None:
+        return out
+    lags = np.repeat(np.asarray([0.0, *time_lags], np.float64), [n_key, *counts]).astype(np.float32)
+    return np.concatenate([out, lags[:, None]], axis=1)
 
 
 def _scratch(rows: int) -> NDArray[np.float64]:
