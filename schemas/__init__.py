@@ -81,6 +81,7 @@ __all__ = [
     "META_FILES",
     "REPORT_DIR",
     "partition_schema",
+    "VARIABLE_COUNT",
     "check_version",
     "is_before",
     "is_readable",
@@ -161,6 +162,10 @@ def plan_key(rel: str, version: str = SCHEMA_VERSION) -> tuple[int, int] | None:
     e, r = int(nums[0]), int(nums[1])
     return (e, r) if plan_file(e, r, version) == rel else None
 
+
+#: Strategies whose plan files hold a variable ``rank_count`` per step (``--strategy budget``); the
+#: planner's registry (``lidarshard.transforms.plan``) reads this list, so the contract names no planner.
+VARIABLE_COUNT = frozenset({"budget"})
 
 #: Fixed vocabulary of reject reasons; ``detail`` carries the specifics.
 REJECT_REASONS: dict[str, str] = {

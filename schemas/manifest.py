@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lidarshard.schemas import plan_file, plan_key
+from lidarshard.schemas import VARIABLE_COUNT, plan_file, plan_key
 
 __all__ = ["Manifest", "Counts", "Buckets", "FileEntry", "POLICIES", "relpath_problem"]
 
@@ -287,8 +287,6 @@ class Manifest:
     @property
     def variable_count(self) -> bool:
         """True when rank-steps hold a variable number of samples (``--strategy budget``)."""
-        from lidarshard.transforms.plan import VARIABLE_COUNT  # pure; the registry's one list
-
         return self.strategy in VARIABLE_COUNT
 
     def steps(self, epoch: int) -> int:
