@@ -64,8 +64,8 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
     if not 0 <= epoch < epochs:
         raise ValueError(f"epoch {epoch} was not planned: the manifest holds epochs 0..{epochs - 1}")
     s, variable = manifest.steps(epoch), manifest.variable_count
-    caps = Caps.from_json(dict(manifest.caps) if manifest.caps else None)
-    heaviest = (manifest.caps or {}).get("heaviest_first", "off")
+    caps = Caps.from_record(manifest.caps)
+    heaviest = manifest.caps.heaviest_first if manifest.caps is not None else "off"
     extra = ["num_points"] if caps.max_points is not None or heaviest == "points" else []
     samples = read_samples(out_dir, ["sample_id", "cost", "bucket_id", *extra])
     base = os.fspath(out_dir)

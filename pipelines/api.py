@@ -36,11 +36,11 @@ from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.settings import build_settings, check_plan_size, table_settings
 from lidarshard.pipelines.settings import cost_model as parse_cost_model
-from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.core.score import GIVEN, PREPARED, Source
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
+from lidarshard.transforms.io.metadata import load_manifest
 from lidarshard.transforms.io.paths import path_problem
 
 __all__ = ["build", "replan", "write_manifest", "summary"]
@@ -56,7 +56,7 @@ def _namespace(
 
 def summary(out: str) -> dict:
     """The numbers of a written manifest: out, counts, steps_per_epoch, buckets, balance per epoch."""
-    m = Manifest.from_json(storage.read_json(storage.join(out, schemas.MANIFEST_FILE)))
+    m = load_manifest(out)
     return {
         "out": out,
         "world_size": m.world_size,
@@ -125,7 +125,6 @@ def replan(
     Raises:
         UsageError: ``out`` is not a committed manifest, ``from_epoch`` is outside its epochs, a bad model.
     """
-    from lidarshard.loaders.reader import load_manifest
     from lidarshard.pipelines.replan import previous_flags
 
     try:

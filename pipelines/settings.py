@@ -22,7 +22,7 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.publish import sibling
 from lidarshard.pipelines.replan import replan_settings
 from lidarshard.schemas.manifest import MAX_EPOCH_ENTRIES
-from lidarshard.transforms import layouts
+from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.beam.build_transform import BuildJob
 from lidarshard.transforms.core import recorded
 from lidarshard.transforms.core.epochs import PLAN_ENTRY_BYTES, PlanConfig, memory_bytes
@@ -379,13 +379,12 @@ def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSett
     checks.check_output(output, roots, publish=not dry_run)
     if from_samples:
         scan = _scan(args, (), output, fraction, dry_run)
-        before = recorded.previous_datasets(from_samples) if look else []
+        try:
+            before = recorded.previous_datasets(from_samples) if look else ()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         scale = dict(cfg.repeat.datasets)
-        kept = tuple(
-            Dataset(d["name"], d["root"], d["layout"], scale.get(d["name"], 1.0))
-            for d in before
-            if {"name", "root", "layout"} <= d.keys()
-        )
+        kept = tuple(Dataset(d.name, d.root, d.layout, scale.get(d.name, 1.0)) for d in before)
         unknown = sorted(set(scale) - {d.name for d in kept})
         if unknown and look:
             have = ", ".join(d.name for d in kept) or "none recorded"
@@ -393,10 +392,7 @@ def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSett
                 f"--dataset-weights {args.dataset_weights}: {from_samples} holds no dataset named "
                 f"{unknown[0]!r} (datasets: {have})"
             )
-        try:
-            maps = layouts.label_maps_of(before)
-        except ValueError as e:
-            raise UsageError(f"--from-samples {from_samples}: {e}") from None
+        maps = label_maps(before)
         scan = dataclasses.replace(scan, input=from_samples, datasets=kept, label_maps=maps)
     else:
         scan = _scan(args, datasets, output, fraction, dry_run)

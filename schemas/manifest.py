@@ -17,6 +17,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lidarshard.schemas import VARIABLE_COUNT, plan_file, plan_key
+from lidarshard.schemas.jsonsafe import short
+from lidarshard.schemas.records import (
+    Buckets,
+    CapsRecord,
+    CostModel,
+    Counts,
+    DatasetEntry,
+    FileEntry,
+    HistoryEntry,
+    Reader,
+    RepeatRecord,
+    relpath_problem,
+)
 
 __all__ = ["Manifest", "Counts", "Buckets", "FileEntry", "POLICIES", "relpath_problem"]
 
@@ -35,127 +48,6 @@ _REQUIRED = (
 _SEED_MAX = 2**63 - 1
 #: No epoch plans more entries than this (planning takes ~100 bytes an entry: 2**40 would need ~100 TiB).
 MAX_EPOCH_ENTRIES = 1 << 40
-_MAX_EDGES = 1 << 16
-
-
-def relpath_problem(rel: object) -> str | None:
-    """Why ``rel`` is not a plain path inside the manifest directory, or None.
-
-    A listed file must stay inside OUT whatever joins it to OUT: a non-empty ``/``-separated relative
-    path with no empty, ``.`` or ``..`` segment, no leading ``/``, no scheme or drive, no backslash
-    and no NUL (lidarshard writes none of these; a forged ``files`` key must not point a reader or a
-    publish at ``../../home``).
-    """
-    if not isinstance(rel, str) or not rel:
-        return "is not a non-empty string"
-    if rel.startswith("/") or "://" in rel or (len(rel) > 1 and rel[1] == ":" and rel[0].isalpha()):
-        return "is absolute, not relative to the manifest directory"
-    if "\\" in rel or "\0" in rel:
-        return "holds a backslash or NUL"
-    if any(seg in ("", ".", "..") for seg in rel.split("/")):
-        return "has an empty, '.' or '..' segment (it must stay inside the manifest directory)"
-    return None
-
-
-def _short(value: object) -> str:
-    from lidarshard.schemas.jsonsafe import short  # pure; keeps schemas import-light
-
-    return short(value)
-
-
-class _Reader:
-    """Typed getters over one JSON object; every failure is one ValueError line naming ``where.key``."""
-
-    def __init__(self, obj: Mapping[str, Any], where: str) -> None:
-        self.obj, self.where = obj, where
-
-    def fail(self, key: str, what: str, value: object) -> ValueError:
-        return ValueError(f"{self.where}: {key} must be {what}, got {_short(value)}")
-
-    def int_(self, key: str, lo: int = 0, hi: int | None = None, value: object = None) -> int:
-        v = self.obj.get(key) if value is None else value
-        if type(v) is not int or v < lo or (hi is not None and v > hi):
-            raise self.fail(key, f"an int >= {lo}" + (f" and <= {hi}" if hi is not None else ""), v)
-        return v
-
-    def ints(self, key: str, n: int | None, value: object = None) -> tuple[int, ...]:
-        v = self.obj.get(key) if value is None else value
-        if (
-            not isinstance(v, list)
-            or (n is not None and len(v) != n)
-            or any(type(x) is not int or x < 0 for x in v)
-        ):
-            raise self.fail(key, f"a list of {'' if n is None else n} ints >= 0".replace("of  ", "of "), v)
-        return tuple(v)
-
-    def floats(self, key: str, value: object) -> tuple[float, ...]:
-        ok = isinstance(value, list) and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in value
-        )
-        if not ok:
-            raise self.fail(key, "a list of finite numbers", value)
-        assert isinstance(value, list)
-        return tuple(float(x) for x in value)
-
-    def str_(self, key: str, optional: bool = False) -> str | None:
-        v = self.obj.get(key)
-        if not (isinstance(v, str) or (optional and v is None)):
-            raise self.fail(key, "a string" + (" or null" if optional else ""), v)
-        return v
-
-    def obj_(self, key: str, optional: bool = False) -> dict | None:
-        v = self.obj.get(key)
-        if not (isinstance(v, dict) or (optional and v is None)):
-            raise self.fail(key, "a JSON object" + (" or null" if optional else ""), v)
-        return v
-
-
-@dataclass(frozen=True)
-class Counts:
-    """Accounting of a build: scanned = accepted + rejected; per epoch planned/dropped/padded (E,)."""
-
-    scanned: int
-    accepted: int
-    rejected: int
-    rejected_by_reason: Mapping[str, int]
-    planned: tuple[int, ...]
-    dropped: tuple[int, ...]
-    padded: tuple[int, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "scanned": self.scanned,
-            "accepted": self.accepted,
-            "rejected": self.rejected,
-            "rejected_by_reason": dict(self.rejected_by_reason),
-            "planned": list(self.planned),
-            "dropped": list(self.dropped),
-            "padded": list(self.padded),
-        }
-
-
-@dataclass(frozen=True)
-class Buckets:
-    """Exact quantile buckets of the cost: edges (K-1,) in cost units, weights (K,), counts (K,)."""
-
-    edges: tuple[float, ...]
-    weights: tuple[float, ...]
-    counts: tuple[int, ...]
-
-    @property
-    def k(self) -> int:
-        return len(self.counts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"edges": list(self.edges), "weights": list(self.weights), "counts": list(self.counts)}
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One data file as recorded at commit: its size in bytes and hex SHA-256."""
-
-    bytes: int
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -177,9 +69,9 @@ class Manifest:
     steps_per_epoch: tuple[int, ...]
     counts: Counts
     buckets: Buckets
-    cost_model: Mapping[str, Any]
-    caps: Mapping[str, Any] | None
-    repeat: Mapping[str, Any] | None
+    cost_model: CostModel
+    caps: CapsRecord | None
+    repeat: RepeatRecord | None
     balance: tuple[Mapping[str, Any], ...]
     pair_repeat_rate: Mapping[str, float] | None
     inputs_fingerprint: str
@@ -187,11 +79,16 @@ class Manifest:
     files: Mapping[str, FileEntry]
     max_plan_factor: float | None = None
     plan_schema: list | None = None
-    #: ``[{"until_epoch": E, "cost_model": {...}}, ...]``: the models that planned the epochs before each
-    #: re-plan (``build --replan-from``), ascending; empty: every epoch was planned with ``cost_model``.
-    cost_history: tuple[Mapping[str, Any], ...] = ()
+    #: The models (and bucket edges) that planned the epochs before each re-plan (``build --replan-from``),
+    #: ``until_epoch`` rising; empty: every epoch was planned with ``cost_model``.
+    cost_history: tuple[HistoryEntry, ...] = ()
     #: ``--rank-speed``: (W,) relative speed of each rank (mixed hardware), or None.
     rank_speed: tuple[float, ...] | None = None
+    #: The scan's INPUTs (``provenance['datasets']``, typed).
+    datasets: tuple[DatasetEntry, ...] = ()
+    #: The scan's ``--max-reject-fraction`` (``provenance['max_reject_fraction']``; None: not recorded).
+    max_reject_fraction: float | None = None
+    #: The scan's keys as written (``input``, ``datasets``, ``scan_config``, ...): what ``to_json`` writes first.
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------------------- reading
@@ -208,7 +105,7 @@ class Manifest:
         missing = [k for k in _REQUIRED if k not in obj]
         if missing:
             raise ValueError(f"{where}: missing keys {missing}")
-        r = _Reader(obj, where)
+        r = Reader(obj, where)
         epochs = r.int_("epochs", 1)
         steps = r.ints("steps_per_epoch", epochs)
         policy = r.str_("policy")
@@ -231,11 +128,11 @@ class Manifest:
             strategy=str(r.str_("strategy")),
             policy=str(policy),
             steps_per_epoch=steps,
-            counts=_counts(r, epochs),
-            buckets=_buckets(r),
-            cost_model=_cost_model(r),
-            caps=r.obj_("caps", optional=True),
-            repeat=r.obj_("repeat", optional=True),
+            counts=Counts.parse_epochs(r.sub("counts"), epochs),
+            buckets=Buckets.parse(r.sub("buckets")),
+            cost_model=CostModel.parse(obj["cost_model"], f"{where}: cost_model"),
+            caps=CapsRecord.parse(r),
+            repeat=RepeatRecord.parse(r),
             balance=tuple(balance),
             pair_repeat_rate=_rates(r),
             inputs_fingerprint=str(r.str_("inputs_fingerprint")),
@@ -243,8 +140,10 @@ class Manifest:
             files=_files(r),
             max_plan_factor=_factor(r),
             plan_schema=obj.get("plan_schema") if isinstance(obj.get("plan_schema"), list) else None,
-            cost_history=_history(r, epochs),
+            cost_history=HistoryEntry.parse_all(r, epochs),
             rank_speed=_speeds(r),
+            datasets=DatasetEntry.parse_all(r),
+            max_reject_fraction=r.number("max_reject_fraction", optional=True),
             provenance={
                 k: v
                 for k, v in obj.items()
@@ -267,11 +166,11 @@ class Manifest:
             "strategy": self.strategy,
             "policy": self.policy,
             **({} if self.max_plan_factor is None else {"max_plan_factor": self.max_plan_factor}),
-            "caps": None if self.caps is None else dict(self.caps),
+            "caps": None if self.caps is None else self.caps.to_json(),
             **({} if self.rank_speed is None else {"rank_speed": list(self.rank_speed)}),
-            "repeat": None if self.repeat is None else dict(self.repeat),
-            "cost_model": dict(self.cost_model),
-            **({"cost_history": [dict(h) for h in self.cost_history]} if self.cost_history else {}),
+            "repeat": None if self.repeat is None else self.repeat.to_json(),
+            "cost_model": self.cost_model.to_json(),
+            **({"cost_history": [h.to_json() for h in self.cost_history]} if self.cost_history else {}),
             "buckets": self.buckets.to_json(),
             "steps_per_epoch": list(self.steps_per_epoch),
             "counts": self.counts.to_json(),
@@ -344,71 +243,7 @@ class Manifest:
         return None
 
 
-def _counts(r: _Reader, epochs: int) -> Counts:
-    c = r.obj_("counts")
-    assert c is not None
-    sub = _Reader(c, f"{r.where}: counts")
-    by_reason = c.get("rejected_by_reason", {})
-    if not isinstance(by_reason, dict) or any(type(v) is not int or v < 0 for v in by_reason.values()):
-        raise sub.fail("rejected_by_reason", "an object of ints >= 0", by_reason)
-    return Counts(
-        scanned=sub.int_("scanned"),
-        accepted=sub.int_("accepted"),
-        rejected=sub.int_("rejected"),
-        rejected_by_reason={str(k): v for k, v in by_reason.items()},
-        planned=sub.ints("planned", epochs),
-        dropped=sub.ints("dropped", epochs),
-        padded=sub.ints("padded", epochs),
-    )
-
-
-def _buckets(r: _Reader) -> Buckets:
-    b = r.obj_("buckets")
-    assert b is not None
-    sub = _Reader(b, f"{r.where}: buckets")
-    counts = sub.ints("counts", None)
-    edges, weights = sub.floats("edges", b.get("edges")), sub.floats("weights", b.get("weights"))
-    if not counts or len(weights) != len(counts) or len(edges) != len(counts) - 1:
-        raise sub.fail("edges/weights/counts", "K-1 edges, K weights and K counts (K >= 1)", b)
-    return Buckets(edges, weights, counts)
-
-
-def _cost_model(r: _Reader) -> Mapping[str, Any]:
-    m = r.obj_("cost_model")
-    assert m is not None
-    if not isinstance(m.get("name"), str):
-        raise r.fail("cost_model", "{'name', 'c0', 'a', 'b'}", m)
-    return m
-
-
-def _history(r: _Reader, epochs: int) -> tuple[Mapping[str, Any], ...]:
-    h = r.obj.get("cost_history")
-    if h is None:
-        return ()
-    ends = (
-        [x.get("until_epoch") for x in h]
-        if isinstance(h, list) and all(isinstance(x, dict) for x in h)
-        else []
-    )
-    good = (
-        isinstance(h, list)
-        and h
-        and all(type(e) is int and 0 < e < epochs for e in ends)
-        and ends == sorted(set(ends))
-        and all(set(x) == {"until_epoch", "cost_model", "bucket_edges"} for x in h)
-        and all(isinstance(x["cost_model"], dict) and isinstance(x["cost_model"].get("name"), str) for x in h)
-        and all(_edges(x["bucket_edges"]) for x in h)
-    )
-    if not good:
-        raise r.fail(
-            "cost_history",
-            f"a list of {{until_epoch (rising, 1..{epochs - 1}), cost_model, bucket_edges}}",
-            h,
-        )
-    return tuple(dict(x) for x in h)
-
-
-def _speeds(r: _Reader) -> tuple[float, ...] | None:
+def _speeds(r: Reader) -> tuple[float, ...] | None:
     v = r.obj.get("rank_speed")
     if v is None:
         return None
@@ -425,16 +260,7 @@ def _speeds(r: _Reader) -> tuple[float, ...] | None:
     return tuple(float(x) for x in v)
 
 
-def _edges(edges: object) -> bool:
-    """Rising finite numbers (a bucket's edges), at most ``_MAX_EDGES``."""
-    if not isinstance(edges, list) or len(edges) > _MAX_EDGES:
-        return False
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in edges):
-        return False
-    return all(a < b for a, b in zip(edges, edges[1:], strict=False))
-
-
-def _factor(r: _Reader) -> float | None:
+def _factor(r: Reader) -> float | None:
     v = r.obj.get("max_plan_factor")
     if v is None:
         return None
@@ -443,7 +269,7 @@ def _factor(r: _Reader) -> float | None:
     return float(v)
 
 
-def _rates(r: _Reader) -> Mapping[str, float] | None:
+def _rates(r: Reader) -> Mapping[str, float] | None:
     v = r.obj.get("pair_repeat_rate")
     if v is None:
         return None
@@ -454,7 +280,7 @@ def _rates(r: _Reader) -> Mapping[str, float] | None:
     return v
 
 
-def _files(r: _Reader) -> dict[str, FileEntry]:
+def _files(r: Reader) -> dict[str, FileEntry]:
     files = r.obj_("files")
     assert files is not None
     out = {}
@@ -465,9 +291,9 @@ def _files(r: _Reader) -> dict[str, FileEntry]:
             or entry["bytes"] < 0
             or not isinstance(entry.get("sha256"), str)
         ):
-            raise r.fail(f"files[{_short(path)}]", "{'bytes': int >= 0, 'sha256': hex}", entry)
+            raise r.fail(f"files[{short(path)}]", "{'bytes': int >= 0, 'sha256': hex}", entry)
         bad = relpath_problem(path)
         if bad:
-            raise ValueError(f"{r.where}: files key {_short(path)} {bad}")
+            raise ValueError(f"{r.where}: files key {short(path)} {bad}")
         out[str(path)] = FileEntry(entry["bytes"], entry["sha256"])
     return out

@@ -253,7 +253,7 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "caps not a number": (
         _manifest_edit(lambda m: m["caps"].update(max_samples_per_rank_step="x")),
-        "caps {'max_samples_per_rank_step': 'x'}) cannot be used",
+        "_manifest.json: caps: max_samples_per_rank_step must be an int >= 1, got 'x'",  # typed at the read
     ),
     "pair repeat rate": (
         _manifest_edit(lambda m: m["pair_repeat_rate"].update(random=0.5)),

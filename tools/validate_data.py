@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from lidarshard import schemas
 from lidarshard.loaders.points import Recorded, difference
-from lidarshard.loaders.reader import load_manifest
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import row_groups
+from lidarshard.transforms.io.metadata import load_manifest, load_scan
 from lidarshard.transforms.io.parts import listed_parts, open_parts, part_files
 from lidarshard.transforms.io.paths import PathResolver
 
@@ -97,9 +97,8 @@ def _samples(out: str) -> tuple[list[str], str, str | None]:
     if storage.exists(storage.join(out, schemas.MANIFEST_FILE)):
         m = load_manifest(out)
         return [storage.join(out, rel) for rel in listed_parts(m.files)], m.schema_version, m.path_root
-    meta = storage.read_json(storage.join(out, schemas.SCAN_FILE))
-    version = meta.get("schema_version", "") if isinstance(meta, dict) else ""
-    return part_files(storage.join(out, schemas.SAMPLES_DIR)), str(version), None  # a scan: full paths
+    version = load_scan(out).schema_version
+    return part_files(storage.join(out, schemas.SAMPLES_DIR)), version, None  # a scan: full paths
 
 
 def _files(parts: list[str], version: str, resolve: PathResolver, problem: Problem) -> Iterator[_File]:
