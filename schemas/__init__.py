@@ -5,7 +5,7 @@ plain data (name, Arrow type, doc) and are stored as JSON, never pickled.
 
 Layout of an output directory ``OUT``::
 
-    OUT/_manifest.json            run metadata (see ``MANIFEST_KEYS``)
+    OUT/_manifest.json            run metadata (see ``manifest.MANIFEST_KEYS``)
     OUT/samples/part-00000.parquet   accepted samples (``SAMPLE_FIELDS`` + cost, bucket_id, weight),
                                      sorted by sample_id across consecutive parts (``samples_part``)
     OUT/rejects.parquet           one row per rejected input (``REJECT_FIELDS``)
@@ -49,7 +49,6 @@ __all__ = [
     "CONTENT_HASH",
     "INTEGRITY_FIELDS",
     "content_hash",
-    "MANIFEST_KEYS",
     "REJECT_REASONS",
     "SAMPLE_FIELDS",
     "SCORED_FIELDS",
@@ -371,45 +370,6 @@ def plan_schema(version: str = SCHEMA_VERSION) -> pa.Schema:
 def partition_schema() -> pa.Schema:
     """Arrow schema of a 3.x plan's hive directory keys (``epoch``, ``rank``: int32)."""
     return _schema(PLAN_KEY_FIELDS)
-
-
-#: Keys of ``_manifest.json`` (JSON object) and what they hold.
-MANIFEST_KEYS: dict[str, str] = {
-    "schema_version": "SCHEMA_VERSION of the writer",
-    "created_by": "lidarshard version",
-    "world_size": "int W: ranks planned for",
-    "batch_size": "int B: samples per rank per step (the mean per rank-step under --strategy budget)",
-    "repeat": "{'mode': 'lidarseg:t=T' | 'column:NAME', 'expected': {class: copies}, 'realized': [E "
-    "{class: copies}]} or null without weights (lidarseg class indices; else totals under key 'all')",
-    "caps": "{'max_points_per_rank_step', 'max_cost_per_rank_step', 'max_samples_per_rank_step'}: int/float or "
-    "null; 'heaviest_first': 'points'|'cost' when each epoch's step 0 holds its heaviest rank-step (absent: off)",
-    "epochs": "int E: epochs planned",
-    "seed": "int: the plan's seed",
-    "strategy": "name of the planning strategy",
-    "cost_model": "{'name': 'points'|'voxels'|'linear', 'c0', 'a', 'b'[, 'q']}: cost = c0 + a*points + b*voxels^q",
-    "rank_speed": "[W floats > 0] (4.2, absent when not given): each rank's relative speed (--rank-speed); balance "
-    "entries then add 'speed_linearity', the linearity of the ranks' times cost / speed",
-    "cost_history": "[{'until_epoch': E, 'cost_model': {...}}] (4.2, absent when empty): the models that planned "
-    "the epochs before each re-plan (build --replan-from), rising; later epochs were planned with cost_model",
-    "buckets": "{'edges': [K-1 floats, cost units], 'weights': [K floats], 'counts': [K ints]}",
-    "policy": "'drop_last' or 'pad': how a pool that is not a multiple of W*B is fitted",
-    "steps_per_epoch": "[E ints]: steps in each epoch (weights < 1 thin randomly, so epochs may differ)",
-    "counts": "{'scanned', 'accepted', 'rejected': int, 'planned', 'dropped', 'padded': [E ints]}",
-    "balance": "[E objects]: {'epoch', 'linearity', 'greedy_reference' (3.0 manifests: 'bound'), 'random_linearity', 'spearman_step_cost', ...}",
-    "inputs_fingerprint": "sha256 hex over the sorted (sample_id, file_bytes) of accepted inputs",
-    "pair_repeat_rate": "{strategy: rate, 'random': rate}: share of epoch-0 step-mates that share a step in epoch 1",
-    "input": "INPUT as given (absolute for local paths); 'from_samples' when re-planned from earlier samples",
-    "nuscenes_version": "tables version in tables mode, else null; 'sweeps': previous sweeps aggregated",
-    "datasets": "[{'name', 'root', 'layout', 'weight', 'label_map'}]: the INPUTs scanned (4.1); label_map "
-    "{raw label id: class id} (SemanticKITTI's learning_map) or null",
-    "scan_config": "the feature options (voxel size, range, formats, limits); 'max_reject_fraction' too; "
-    "'content_hash': the algorithm of the samples' *_crc32 columns (CONTENT_HASH), null under --features stat",
-    "part_rows": "int: rows of each samples part (--part-rows), which fixes where the parts are cut",
-    "sample_schema": "the samples' fields as JSON (name, type, doc); 'plan_schema' likewise",
-    "path_root": "ROOT that relative sample paths resolve against (build --relative-to), or null: absolute paths",
-    "files": "{relative path: {'bytes': int, 'sha256': hex}} for every data file (the samples parts numbered from 0), "
-    "recorded at commit",
-}
 
 
 def schema_to_json(schema: pa.Schema) -> list[dict[str, str]]:

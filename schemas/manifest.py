@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from lidarshard.schemas import VARIABLE_COUNT, plan_file, plan_key
@@ -30,27 +30,41 @@ from lidarshard.schemas.records import (
     RepeatRecord,
     relpath_problem,
 )
+from lidarshard.schemas.scan import PROVENANCE_KEYS
 
-__all__ = ["Manifest", "Counts", "Buckets", "FileEntry", "POLICIES", "relpath_problem"]
+__all__ = ["Manifest", "MANIFEST_KEYS", "Counts", "Buckets", "FileEntry", "POLICIES", "relpath_problem"]
 
 #: How a pool that is not a multiple of W*B is fitted (``--drop-last`` / ``--pad``).
 POLICIES = ("drop_last", "pad")
-#: The plan keys, in the order ``to_json`` writes them after the provenance.
-_PLAN_KEYS = (
-    "world_size", "batch_size", "epochs", "seed", "strategy", "policy", "max_plan_factor", "caps", "rank_speed", "repeat", "cost_model",
-    "cost_history", "buckets", "steps_per_epoch", "counts", "balance", "pair_repeat_rate", "inputs_fingerprint", "files",
-    "plan_schema",
-)  # fmt: skip
-_REQUIRED = (
-    "schema_version", "world_size", "batch_size", "epochs", "seed", "strategy", "policy", "cost_model",
-    "buckets", "steps_per_epoch", "counts", "balance", "inputs_fingerprint", "files",
-)  # fmt: skip
+_REQUIRED_KEY: Any = object()
 _SEED_MAX = 2**63 - 1
 #: No epoch plans more entries than this (planning takes ~100 bytes an entry: 2**40 would need ~100 TiB).
 MAX_EPOCH_ENTRIES = 1 << 40
 
 
-@dataclass(frozen=True)
+def _key(doc: str, default: Any = _REQUIRED_KEY, *, omit: bool = False) -> Any:
+    """A field written to ``_manifest.json`` under its name: ``doc`` (``MANIFEST_KEYS``), its ``default``
+    (none: the key is required), ``omit``: not written when None or empty (keys added in a minor)."""
+    meta = {"written": True, "doc": doc, "omit": omit}
+    if default is _REQUIRED_KEY:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _json(value: Any) -> Any:
+    """A field's JSON value: records by their ``to_json``, tuples as lists, mappings copied."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, FileEntry):
+        return {"bytes": value.bytes, "sha256": value.sha256}
+    if isinstance(value, (tuple, list)):
+        return [_json(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _json(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class Manifest:
     """A committed manifest's ``_manifest.json``, checked (see :meth:`from_json`).
 
@@ -58,38 +72,62 @@ class Manifest:
     instance: ``len(steps_per_epoch) == len(balance) == epochs`` and every per-epoch count has E values.
     """
 
-    where: str
-    schema_version: str
-    world_size: int
-    batch_size: int
-    epochs: int
-    seed: int
-    strategy: str
-    policy: str
-    steps_per_epoch: tuple[int, ...]
-    counts: Counts
-    buckets: Buckets
-    cost_model: CostModel
-    caps: CapsRecord | None
-    repeat: RepeatRecord | None
-    balance: tuple[Mapping[str, Any], ...]
-    pair_repeat_rate: Mapping[str, float] | None
-    inputs_fingerprint: str
-    path_root: str | None
-    files: Mapping[str, FileEntry]
-    max_plan_factor: float | None = None
-    plan_schema: list | None = None
-    #: The models (and bucket edges) that planned the epochs before each re-plan (``build --replan-from``),
-    #: ``until_epoch`` rising; empty: every epoch was planned with ``cost_model``.
-    cost_history: tuple[HistoryEntry, ...] = ()
-    #: ``--rank-speed``: (W,) relative speed of each rank (mixed hardware), or None.
-    rank_speed: tuple[float, ...] | None = None
-    #: The scan's INPUTs (``provenance['datasets']``, typed).
-    datasets: tuple[DatasetEntry, ...] = ()
-    #: The scan's ``--max-reject-fraction`` (``provenance['max_reject_fraction']``; None: not recorded).
-    max_reject_fraction: float | None = None
-    #: The scan's keys as written (``input``, ``datasets``, ``scan_config``, ...): what ``to_json`` writes first.
-    provenance: Mapping[str, Any] = field(default_factory=dict)
+    where: str = field(default="_manifest.json", metadata={"written": False})
+    schema_version: str = _key("SCHEMA_VERSION of the writer")
+    #: The scan's keys as written (``PROVENANCE_KEYS``: ``input``, ``datasets``, ``scan_config``, ...).
+    provenance: Mapping[str, Any] = field(default_factory=dict, metadata={"written": False})
+    path_root: str | None = _key(
+        "ROOT that relative sample paths resolve against (build --relative-to), or null: absolute paths", None
+    )
+    world_size: int = _key("int W: ranks planned for")
+    batch_size: int = _key(
+        "int B: samples per rank per step (the mean per rank-step under --strategy budget)"
+    )
+    epochs: int = _key("int E: epochs planned")
+    seed: int = _key("int: the plan's seed")
+    strategy: str = _key("name of the planning strategy")
+    policy: str = _key("'drop_last' or 'pad': how a pool that is not a multiple of W*B is fitted")
+    max_plan_factor: float | None = _key(
+        "the most copies of one sample an epoch may plan (absent: the default)", None, omit=True
+    )
+    caps: CapsRecord | None = _key(
+        "the per-rank-step caps and heaviest_first (records.CapsRecord) or null", None
+    )
+    rank_speed: tuple[float, ...] | None = _key(
+        "[W floats > 0] (4.2, absent when not given): each rank's relative speed (--rank-speed); balance "
+        "entries then add 'speed_linearity', the linearity of the ranks' times cost / speed",
+        None,
+        omit=True,
+    )
+    repeat: RepeatRecord | None = _key(
+        "the repeat factors / sample weights (records.RepeatRecord) or null", None
+    )
+    cost_model: CostModel = _key("{'name', 'c0', 'a', 'b'[, 'q']}: cost = c0 + a*points + b*voxels^q")
+    cost_history: tuple[HistoryEntry, ...] = _key(
+        "[{'until_epoch', 'cost_model', 'bucket_edges'}] (4.2, absent when empty): the models that planned the "
+        "epochs before each re-plan (build --replan-from), rising; later epochs were planned with cost_model",
+        (),
+        omit=True,
+    )
+    buckets: Buckets = _key("{'edges': [K-1 floats, cost units], 'weights': [K floats], 'counts': [K ints]}")
+    steps_per_epoch: tuple[int, ...] = _key("[E ints]: steps in each epoch (weights < 1 thin randomly)")
+    counts: Counts = _key(
+        "{'scanned', 'accepted', 'rejected': int, 'rejected_by_reason', 'planned', 'dropped', 'padded': [E ints]}"
+    )
+    balance: tuple[Mapping[str, Any], ...] = _key(
+        "[E objects]: {'epoch', 'linearity', 'greedy_reference', 'random_linearity', 'spearman_step_cost', ...}"
+    )
+    pair_repeat_rate: Mapping[str, float] | None = _key(
+        "{strategy: rate, 'random': rate}: share of epoch-0 step-mates that share a step in epoch 1", None
+    )
+    inputs_fingerprint: str = _key("sha256 hex over the sorted (sample_id, file_bytes) of accepted inputs")
+    files: Mapping[str, FileEntry] = _key(
+        "{relative path: {'bytes': int, 'sha256': hex}} for every data file (the samples parts numbered from 0)"
+    )
+    plan_schema: list | None = _key("the plan files' fields as JSON (name, type, doc)", None)
+    #: Typed views of two provenance keys (written as part of ``provenance``).
+    datasets: tuple[DatasetEntry, ...] = field(default=(), metadata={"written": False})
+    max_reject_fraction: float | None = field(default=None, metadata={"written": False})
 
     # ------------------------------------------------------------------------------------- reading
 
@@ -144,42 +182,20 @@ class Manifest:
             rank_speed=_speeds(r),
             datasets=DatasetEntry.parse_all(r),
             max_reject_fraction=r.number("max_reject_fraction", optional=True),
-            provenance={
-                k: v
-                for k, v in obj.items()
-                if k not in _PLAN_KEYS and k not in ("schema_version", "path_root")
-            },
+            provenance={k: v for k, v in obj.items() if k not in _WRITTEN},
         )
 
     # ------------------------------------------------------------------------------------- writing
 
     def to_json(self) -> dict[str, Any]:
-        """The ``_manifest.json`` object: schema version, provenance, ``path_root``, then the plan keys."""
-        return {
-            "schema_version": self.schema_version,
-            **self.provenance,
-            "path_root": self.path_root,
-            "world_size": self.world_size,
-            "batch_size": self.batch_size,
-            "epochs": self.epochs,
-            "seed": self.seed,
-            "strategy": self.strategy,
-            "policy": self.policy,
-            **({} if self.max_plan_factor is None else {"max_plan_factor": self.max_plan_factor}),
-            "caps": None if self.caps is None else self.caps.to_json(),
-            **({} if self.rank_speed is None else {"rank_speed": list(self.rank_speed)}),
-            "repeat": None if self.repeat is None else self.repeat.to_json(),
-            "cost_model": self.cost_model.to_json(),
-            **({"cost_history": [h.to_json() for h in self.cost_history]} if self.cost_history else {}),
-            "buckets": self.buckets.to_json(),
-            "steps_per_epoch": list(self.steps_per_epoch),
-            "counts": self.counts.to_json(),
-            "balance": [dict(b) for b in self.balance],
-            "pair_repeat_rate": None if self.pair_repeat_rate is None else dict(self.pair_repeat_rate),
-            "inputs_fingerprint": self.inputs_fingerprint,
-            "files": {p: {"bytes": f.bytes, "sha256": f.sha256} for p, f in sorted(self.files.items())},
-            "plan_schema": self.plan_schema,
-        }
+        """The ``_manifest.json`` object: schema version, provenance, then every written field in order
+        (an ``omit`` field only when set)."""
+        out: dict[str, Any] = {"schema_version": self.schema_version, **self.provenance}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _WRITTEN and f.name != "schema_version" and not (f.metadata["omit"] and not value):
+                out[f.name] = _json(value)
+        return out
 
     # ------------------------------------------------------------------------------------- queries
 
@@ -243,6 +259,14 @@ class Manifest:
         return None
 
 
+#: The keys of ``_manifest.json`` the plan writes (in order), the required ones, and what each holds.
+_WRITTEN = tuple(f.name for f in fields(Manifest) if f.metadata["written"])
+_REQUIRED = tuple(f.name for f in fields(Manifest) if f.metadata["written"] and f.default is MISSING)
+MANIFEST_KEYS: dict[str, str] = PROVENANCE_KEYS | {
+    f.name: f.metadata["doc"] for f in fields(Manifest) if f.metadata["written"]
+}
+
+
 def _speeds(r: Reader) -> tuple[float, ...] | None:
     v = r.obj.get("rank_speed")
     if v is None:
@@ -296,4 +320,4 @@ def _files(r: Reader) -> dict[str, FileEntry]:
         if bad:
             raise ValueError(f"{r.where}: files key {short(path)} {bad}")
         out[str(path)] = FileEntry(entry["bytes"], entry["sha256"])
-    return out
+    return dict(sorted(out.items()))  # written in path order

@@ -14,7 +14,22 @@ from typing import Any
 
 from lidarshard.schemas.records import DatasetEntry, Reader, ScanCounts
 
-__all__ = ["ScanRecord"]
+__all__ = ["ScanRecord", "PROVENANCE_KEYS"]
+
+#: The scan's keys a manifest keeps as written (``Manifest.provenance``) and what each holds; with the
+#: fields of ``Manifest`` they make ``MANIFEST_KEYS``.
+PROVENANCE_KEYS: dict[str, str] = {
+    "created_by": "lidarshard version",
+    "input": "INPUT as given (absolute for local paths); 'from_samples' when re-planned from earlier samples",
+    "datasets": "[{'name', 'root', 'layout', 'weight', 'label_map'}]: the INPUTs scanned (4.1); label_map "
+    "{raw label id: class id} (SemanticKITTI's learning_map) or null",
+    "nuscenes_version": "tables version in tables mode, else null; 'sweeps': previous sweeps aggregated",
+    "max_reject_fraction": "the --max-reject-fraction the scan ran with",
+    "scan_config": "the feature options (voxel size, range, formats, limits); 'content_hash': the algorithm of "
+    "the samples' *_crc32 columns (CONTENT_HASH), null under --features stat",
+    "part_rows": "int: rows of each samples part (--part-rows), which fixes where the parts are cut",
+    "sample_schema": "the samples' fields as JSON (name, type, doc)",
+}
 
 
 @dataclass(frozen=True)
