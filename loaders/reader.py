@@ -24,10 +24,7 @@ from lidarshard.loaders.planfiles import listed_plan_files, modified_message, re
 from lidarshard.loaders.planfiles import read_plan_file as read_plan_file  # re-exported; home: planfiles
 from lidarshard.schemas import (
     MANIFEST_FILE,
-    PLAN_DIR,
     SAMPLES_DIR,
-    is_before,
-    partition_schema,
     plan_schema,
 )
 from lidarshard.schemas.manifest import Manifest
@@ -166,22 +163,13 @@ def plan_dataset(out_dir: PathLike) -> ds.Dataset:
     ``plan_dataset(out).to_table(filter=(ds.field("epoch") == 0) & (ds.field("rank") == 1))`` reads one
     rank's plan. Any Parquet reader can do the same from ``OUT/plan`` alone; this one also checks the
     manifest is committed and of a schema version this lidarshard reads, and that the plan tree holds
-    exactly the files ``_manifest.json`` lists, at their recorded sizes (``plan_files``). A 3.x plan
-    (keys in hive directory names, not in the files) reads as the same columns.
+    exactly the files ``_manifest.json`` lists, at their recorded sizes (``plan_files``).
     """
     import pyarrow.dataset as ds
 
     manifest = load_manifest(out_dir)
-    fs, base = storage.arrow_filesystem(os.fspath(out_dir))
-    hive = is_before(manifest.schema_version, "4.0")
-    return ds.dataset(
-        plan_files(out_dir, manifest),
-        schema=plan_schema(),
-        filesystem=fs,
-        format="parquet",
-        partitioning=ds.partitioning(partition_schema(), flavor="hive") if hive else None,
-        partition_base_dir=f"{base}/{PLAN_DIR}" if hive else None,
-    )
+    fs, _ = storage.arrow_filesystem(os.fspath(out_dir))
+    return ds.dataset(plan_files(out_dir, manifest), schema=plan_schema(), filesystem=fs, format="parquet")
 
 
 class ManifestReader:

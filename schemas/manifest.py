@@ -210,11 +210,11 @@ class Manifest:
 
     def plan_file(self, epoch: int, rank: int) -> str:
         """Relative path of rank ``rank``'s plan for ``epoch``, as this manifest's schema names it."""
-        return plan_file(epoch, rank, self.schema_version)
+        return plan_file(epoch, rank)
 
     def plan_key(self, rel: str) -> tuple[int, int] | None:
         """(epoch, rank) of ``rel`` when it is exactly one of this manifest's plan file names, else None."""
-        return plan_key(rel, self.schema_version)
+        return plan_key(rel)
 
     def epoch_files(self, epoch: int) -> dict[str, FileEntry]:
         """{relative path: entry} of epoch ``epoch``'s plan files, in rank order."""

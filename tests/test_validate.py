@@ -218,7 +218,7 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "schema version": (
         _manifest_edit(lambda m: m.update(schema_version="1.0")),
-        f"written with manifest schema 1.0; this lidarshard reads 3.x and 4.x (writes {schemas.SCHEMA_VERSION}): "
+        f"written with manifest schema 1.0; this lidarshard reads 4.x (writes {schemas.SCHEMA_VERSION}): "
         "rebuild it "
         "without rescanning with `lidarshard build NEW_OUT --from-samples",
     ),

@@ -14,7 +14,7 @@ ceil(bucket weight x sample weight) copies); the sample weights and the manifest
 Each epoch is re-derived once from the samples and the recorded settings (``PlanConfig.from_manifest``,
 ``plan_samples``) and must equal the plan files; epochs 0 and 1's re-derived plans give
 ``pair_repeat_rate``. A scan directory (``_scan.json``) gets the samples/rejects/counts checks. Files of
-an earlier 3.x schema are checked against the contract as that version wrote it (``schemas.ADDED_IN``).
+an earlier 4.x minor are checked against the contract as that version wrote it (``schemas.ADDED_IN``).
 With ``--data`` [``--root DIR``], every keyframe, sweep and label file the samples name must also be
 the one scanned: size and CRC-32 (``validate_data``).
 
@@ -97,7 +97,7 @@ def _type(t: pa.DataType) -> str:
 
 def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
     """What is wrong with ``table``'s columns against ``want`` (a current contract) as the version the
-    file names wrote it (``schemas.as_written``: a 3.0 file has no 3.1 columns)."""
+    file names wrote it (``schemas.as_written``: a 4.0 file has no 4.1 columns)."""
     version = (table.schema.metadata or {}).get(b"lidarshard.schema_version", b"").decode()
     if not schemas.is_readable(version):
         return f"written with schema version {version!r}, expected {schemas.SCHEMA_VERSION!r} (or an earlier minor)"
@@ -240,7 +240,7 @@ def _plan_config(c: _Checker, m: Manifest) -> PlanConfig | None:
 
 def _check_manifest(c: _Checker) -> str:
     m = _read_manifest(c)
-    complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS, m.schema_version)
+    complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS)
     good = check_recorded(c.problem, c.store.root, c.store.sizes(), m.files)
     model_cost, bad_model = cost_model_of(m)
     samples = c.samples(

@@ -10,8 +10,8 @@ of threads checks the files in order with at most ``WINDOW_PER_WORKER`` files in
 each hashed in ``BLOCK``-byte reads (``zlib.crc32`` releases the GIL, so threads hash in parallel).
 A file two samples name is checked twice: remembering every path would not stay bounded.
 
-A schema 3.0 manifest recorded no sizes or hashes: its files are only checked to exist (the summary
-says so). Reads local paths and URIs through ``lidarshard.transforms.io.storage``.
+A file whose size was not recorded (a table given to ``write_manifest``) is only checked to exist (the
+summary says so). Reads local paths and URIs through ``lidarshard.transforms.io.storage``.
 """
 
 from __future__ import annotations
@@ -160,15 +160,16 @@ def check_data(out: str, root: str | None, problem: Problem, workers: int = DEFA
         tally.unhashed += file.recorded.crc32 is None
         if what:
             problem(file.path, f"{file.what} of sample {file.sample_id!r}: {what}")
-    return _summary(tally, version)
+    return _summary(tally)
 
 
-def _summary(t: _Tally, version: str) -> str:
+def _summary(t: _Tally) -> str:
     """The summary of a check that found no problem."""
     line = f"data: {t.files} files as recorded ({t.bytes / 1e9:.2f} GB hashed)"
     if t.unsized:
-        why = f"schema {version} recorded none" if schemas.is_before(version, "3.1") else "none recorded"
-        line += f"; {t.unsized} of them only checked to exist ({why}: rescan to record sizes and hashes)"
+        line += (
+            f"; {t.unsized} of them only checked to exist (none recorded: rescan to record sizes and hashes)"
+        )
     elif t.unhashed:
         line += f"; {t.unhashed} of them by size only (no {schemas.CONTENT_HASH} recorded: --features stat)"
     return line

@@ -77,7 +77,8 @@ def load_scan(out_dir: PathLike, *, where: str | None = None) -> ScanRecord:
 
 def previous_record(directory: str) -> ScanRecord | None:
     """What the run that wrote ``directory`` recorded of its scan (its ``_manifest.json``, else its
-    ``_scan.json``), or None when it holds neither (samples copied out of their run).
+    ``_scan.json``), or None when it holds neither (samples copied out of their run). Of any schema
+    version: ``build --from-samples`` rebuilds a 3.x output from here.
 
     Raises:
         OSError, ValueError: the file is there but cannot be read or is malformed (one line).
@@ -85,7 +86,5 @@ def previous_record(directory: str) -> ScanRecord | None:
     for name in (MANIFEST_FILE, SCAN_FILE):
         path = storage.join(directory, name)
         if storage.exists(path):
-            raw = read_object(path, path)
-            check_version(raw.get("schema_version", ""), directory, raw)
-            return ScanRecord.from_json(raw, path)
+            return ScanRecord.from_json(read_object(path, path), path)  # any version: 3.x rebuilds from here
     return None
