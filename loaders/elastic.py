@@ -30,7 +30,8 @@ lists of ints, which ``torch.utils.data.DataLoader(batch_sampler=...)`` accepts 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,8 +39,9 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard.loaders.planfiles import read_plan_file
-from lidarshard.loaders.position import Position, caller_self, plan_keys, saved_shape
+from lidarshard.loaders.position import saved_shape
 from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_samples
+from lidarshard.loaders.replay import IndexOf, PlanReplay
 from lidarshard.loaders.reshard import ElasticPlan, Switch, check_exact, merge_ranks
 from lidarshard.schemas.manifest import FileEntry
 from lidarshard.transforms.io import storage
@@ -128,7 +130,7 @@ def replan_remaining(
     return load_epoch_plan(out_dir, epoch).switch(consumed_steps, new_world_size, new_batch_size)
 
 
-class ElasticBatchSampler(Position):
+class ElasticBatchSampler(PlanReplay):
     """Like ``lidarshard.loaders.torch.BalancedBatchSampler``, for any world size: yields this rank's batches.
 
     With the manifest's world size and no switch it replays the manifest exactly. On another world
@@ -159,11 +161,10 @@ class ElasticBatchSampler(Position):
         world_size: int,
         *,
         batch_size: int | None = None,
-        index_of: Mapping[str, int] | Callable[[str], int] | None = None,
+        index_of: IndexOf | None = None,
         cycle: bool = False,
     ) -> None:
-        self.out_dir = out_dir
-        self.manifest = load_manifest(out_dir)
+        super().__init__(out_dir, rank, world_size, index_of=index_of, cycle=cycle)
         world_size = check_int("world_size", world_size, 1)
         rank = check_int("rank", rank, 0, world_size - 1)
         w0, b0 = self.manifest.world_size, self.manifest.batch_size
@@ -176,20 +177,16 @@ class ElasticBatchSampler(Position):
             batch_size = w0 * b0 // world_size
         self.rank, self.world_size = rank, world_size
         self.batch_size = check_int("batch_size", batch_size, 1)
-        self.cycle = cycle
         self._index = self._index_array(index_of)
-        self.epoch = 0
-        self._reset_position()
         self.history: list[Switch] = self._default_history()
         self._base: ElasticPlan | None = None
         self._cache: tuple[tuple, ElasticPlan] | None = None
 
-    def _index_array(
-        self, index_of: Mapping[str, int] | Callable[[str], int] | None
-    ) -> NDArray[np.int64] | None:
+    def _index_array(self, index_of: IndexOf | None) -> NDArray[np.int64] | None:
+        """(N,) dataset index of every sample row (-1: not in ``index_of``); None: the row order itself."""
         if index_of is None:
             return None
-        ids = read_samples(self.out_dir, ["sample_id"])["sample_id"].to_pylist()
+        ids = self.sample_ids()
         if isinstance(index_of, Mapping):
             return np.fromiter((index_of.get(sid, -1) for sid in ids), dtype=np.int64, count=len(ids))
 
@@ -222,61 +219,41 @@ class ElasticBatchSampler(Position):
         self._cache = (key, p)
         return p
 
-    def switch_plan(self, out_dir: PathLike) -> int:
-        """Replay ``out_dir``, a re-plan of this manifest from epoch E (``build --replan-from E``), from now
-        on: see ``BalancedBatchSampler.switch_plan``; the switch history of the current epoch is kept
-        (its plan is the same file for file). Returns E."""
-        new, start = self._continuation(out_dir)
-        self.out_dir, self.manifest, self._base, self._cache = out_dir, new, None, None
-        return start
+    def _plan_changed(self) -> None:
+        """After ``switch_plan`` (see ``BalancedBatchSampler.switch_plan``): the switch history of the
+        current epoch is kept (its plan is the same file for file)."""
+        self._base, self._cache = None, None
 
     def plan(self) -> ElasticPlan:
         """The current epoch's plan after ``history`` (cached; checked to be the epoch's plan exactly)."""
         return self._plan_for(self.epoch, self.history)
 
-    def loss_scale(self, step: int) -> float:
-        """Multiply the *sum* of step ``step``'s per-sample losses by this: ``W' / N`` with N the samples of
-        all ranks at that step (``1 / B'`` when counts are equal)."""
-        return float(self.plan().loss_scales()[step])
+    def scales(self) -> np.ndarray:
+        """(S,) float64 loss scale ``W' / N_s`` of every step of the current epoch (``loss_scale``)."""
+        return self.plan().loss_scales()
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration yields; a new epoch starts at step 0 on the current size."""
-        epoch = check_int("epoch", epoch, 0)
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._reset_position()
-            self.history = self._default_history()
+    def _new_epoch(self) -> None:
+        """A new epoch starts at step 0 on the current size."""
+        self.history = self._default_history()
 
-    def __len__(self) -> int:
-        return self.plan().steps - self._resume
+    def _steps(self) -> int:
+        return self.plan().steps
 
-    def __iter__(self) -> Iterator[list[int]]:
-        self._note_caller(caller_self(1))
+    def _planned(self, start: int) -> Iterator[tuple[int, list[int]]]:
         rows = self.plan().rows[:, self.rank]
-        start = self._step = self._resume
-        yield from self._serve((s, self._indices(rows[s])) for s in range(start, rows.shape[0]))
-        self._resume = 0
+        return ((s, self._indices(rows[s])) for s in range(start, rows.shape[0]))
 
     def _indices(self, step_rows: np.ndarray) -> list[int]:
         """Dataset indices of one rank-step's sample rows (-1 pads a rank-step holding fewer)."""
         step_rows = step_rows[step_rows >= 0]
         idx = step_rows if self._index is None else self._index[step_rows]
         if (idx < 0).any():
-            sid = read_samples(self.out_dir, ["sample_id"])["sample_id"][int(step_rows[idx < 0][0])]
-            raise KeyError(f"sample_id {sid.as_py()!r} of the plan is not in index_of")
+            sid = self.sample_ids()[int(step_rows[idx < 0][0])]
+            raise KeyError(f"sample_id {sid!r} of the plan is not in index_of")
         return idx.tolist()
 
-    def state_dict(self) -> dict:
-        """JSON-able position: ``{"epoch", "step", "world_size", "batch_size", "history", "seed", "strategy",
-        "plan_fingerprint"}``; ``world_size`` and ``batch_size`` are what this sampler runs."""
-        return {
-            "epoch": self.epoch,
-            "step": self._saved_step(),
-            "world_size": self.world_size,
-            "batch_size": self.batch_size,
-            "history": [list(h) for h in self.history],
-            **plan_keys(self.manifest, self.epoch),
-        }
+    def _state_extra(self) -> dict[str, Any]:
+        return {"history": [list(h) for h in self.history]}
 
     def load_state_dict(self, state: Mapping) -> None:
         """Resume at ``state``, from any lidarshard sampler of this manifest's plan; a different world or

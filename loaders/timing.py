@@ -12,9 +12,11 @@ hides the imbalance being measured, so the compute time ends *before* any commun
 - a loop with its own collective calls :meth:`StepTimer.mark_compute_done` just before it;
 - a plain loop (no mark) times the whole step.
 
-On an accelerator (CUDA, Ascend NPU via torch_npu, ...) times come from its events through torch's
-device-generic API (``torch.accelerator``, ``torch.Event``), resolved lazily so the host never waits
-for the device; on CPU from ``time.perf_counter``. Files (``TIMING_FIELDS``)::
+On an accelerator (CUDA, Ascend NPU via torch_npu, ...) times come from its events (the device
+module's ``Event``, torch 2.1 on), resolved lazily so the host never waits for the device; on CPU from
+``time.perf_counter``. ``device="auto"`` uses events only where torch can really use the accelerator
+(the CUDA wheel on a CPU node times with the host clock). One process records one rank of a directory
+(a lock file per rank). Files (``TIMING_FIELDS``)::
 
     DIR/timings-rank-00003-part-00000.parquet   rank 3's rows of one flush (every ``flush_every`` steps,
                                                  at each new epoch and at close); a restarted run adds
@@ -35,19 +37,28 @@ PyTorch is optional here: without it (or with ``device="cpu"``) host clocks time
 
 from __future__ import annotations
 
-import re
+import fcntl
+import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lidarshard.loaders.reader import check_int, needs_torch
+from lidarshard.loaders.timing_files import (
+    METHODS,
+    PART_PATTERN,
+    TIMING_FIELDS,
+    TIMING_SCHEMA,
+    read_timing_files,
+    timing_file,
+)
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.safeio import open_own
 
 __all__ = [
     "TIMING_FIELDS",
@@ -60,36 +71,35 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-#: The recorder's file schema: (name, Arrow type, meaning).
-TIMING_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
-    ("epoch", pa.int32(), "epoch of the plan the step belongs to"),
-    ("step", pa.int32(), "step of the epoch (0-based)"),
-    ("rank", pa.int32(), "the rank that ran the step"),
-    ("world_size", pa.int32(), "ranks in the job"),
-    ("compute_s", pa.float64(), "seconds the rank computed on its own, before any wait (see method)"),
-    ("wall_s", pa.float64(), "seconds of the whole step, waiting at collectives included"),
-    ("sample_ids", pa.list_(pa.string()), "the rank's samples at this step, in batch order"),
-    ("device", pa.string(), "'cpu' (host clock) or the accelerator whose events timed it, e.g. 'cuda:0'"),
-    ("method", pa.string(), "where compute_s ends: one of METHODS"),
-)
-
-#: Arrow schema of a timings file (field docs in the field metadata).
-TIMING_SCHEMA = pa.schema(
-    [pa.field(n, t, nullable=False, metadata={"doc": d}) for n, t, d in TIMING_FIELDS],
-    metadata={"lidarshard": "timings 1"},
-)
-
-#: Where ``compute_s`` ends: the first DDP gradient bucket ready, ``mark_compute_done()``, the step's end,
-#: or timed elsewhere and given to ``StepTimer.record``.
-METHODS = ("ddp_first_bucket", "mark", "step", "given")
-
-_PART = re.compile(r"timings-rank-(\d+)-part-(\d+)\.parquet$")
+_INT32_MAX = 2**31 - 1
 
 
-def timing_file(directory: str, rank: int, part: int) -> str:
-    """Path of rank ``rank``'s ``part``-th timings file in ``directory``."""
-    return storage.join(directory, f"timings-rank-{rank:05d}-part-{part:05d}.parquet")
+def _lock_rank(directory: str, rank: int) -> int | None:
+    """Make a local timings ``directory`` and hold ``DIR/.timings-rank-RRRRR.lock`` (an exclusive
+    ``flock``, released by ``close()`` or the process's end): two processes recording one rank into one
+    directory would overwrite each other's part files. None for a URI (no lock there).
+
+    Raises:
+        ValueError: the directory cannot be made (e.g. under a regular file), or another process
+            holds the rank (one line saying what to pass).
+    """
+    if not storage.is_local(directory):
+        return None
+    local = storage.local_path(directory)
+    try:
+        os.makedirs(local, exist_ok=True)
+        fd = open_own(os.path.join(local, f".timings-rank-{rank:05d}.lock"), os.O_RDWR | os.O_CREAT)
+    except OSError as e:
+        raise ValueError(f"timings directory {directory}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(
+            f"another process records rank {rank} into {directory}: give each process its rank "
+            "(StepTimer(rank=...), or make the timer after torch.distributed.init_process_group)"
+        ) from None
+    return fd
 
 
 class _HostClock:
@@ -126,8 +136,34 @@ class _EventClock:
         return float(a.elapsed_time(b)) / 1000.0  # elapsed_time is in ms
 
 
+def _accelerator(torch: Any) -> tuple[str, int] | None:
+    """(type, index) of the accelerator torch can really use now ("cuda", "npu", ...), else None.
+
+    ``torch.accelerator`` (torch >= 2.6) names the build's accelerator even where none is usable (the
+    CUDA wheel on a CPU node), so its ``is_available()`` decides; an older torch (2.1-2.5) is asked
+    through its device modules (``torch.cuda``, and ``torch.npu`` once torch_npu is imported)."""
+    accel = getattr(torch, "accelerator", None)
+    if accel is not None and callable(getattr(accel, "is_available", None)):
+        found = accel.current_accelerator() if accel.is_available() else None
+        return None if found is None else (str(found.type), int(accel.current_device_index()))
+    for name in _DEVICE_MODULES:
+        module = getattr(torch, name, None)
+        if module is not None and callable(getattr(module, "is_available", None)) and module.is_available():
+            return name, int(module.current_device())
+    return None
+
+
+#: Device modules an older torch exposes its accelerators through (torch_npu adds ``torch.npu``).
+_DEVICE_MODULES = ("cuda", "npu", "xpu", "mlu")
+
+
 def _clock(device: str) -> _HostClock | _EventClock:
-    """The clock for ``device``: "auto" = the current accelerator's events if any, else the host."""
+    """The clock for ``device``: "auto" = the usable accelerator's events if any, else the host.
+
+    Events come from the device module (``torch.cuda.Event``, ``torch.npu.Event``: every torch >= 2.1),
+    else ``torch.Event``; an accelerator step is never timed by the host clock without an error saying
+    so (on an asynchronous device a host clock measures kernel launches, not compute).
+    """
     if device == "cpu":
         return _HostClock()
     try:
@@ -136,25 +172,32 @@ def _clock(device: str) -> _HostClock | _EventClock:
         if device == "auto":
             return _HostClock()
         raise needs_torch(__name__) from e
-    accel = getattr(torch, "accelerator", None)
-    found = accel.current_accelerator() if accel is not None else None
-    if accel is None or found is None or not hasattr(torch, "Event"):
+    found = _accelerator(torch)
+    if found is None:
         if device == "auto":
             return _HostClock()
-        raise ValueError(f"device={device!r}: no accelerator with torch.Event timing in this torch")
-    if device not in ("auto", "accelerator", found.type):
-        raise ValueError(f"device={device!r}, but the current accelerator is {found.type!r}")
-    return _EventClock(torch.Event, f"{found.type}:{accel.current_device_index()}")
+        raise ValueError(f"device={device!r}, but torch finds no usable accelerator here: pass device='cpu'")
+    kind, index = found
+    if device not in ("auto", "accelerator", kind):
+        raise ValueError(f"device={device!r}, but the current accelerator is {kind!r}")
+    event = getattr(getattr(torch, kind, None), "Event", None) or getattr(torch, "Event", None)
+    if event is None:
+        raise ValueError(f"{kind}: this torch has no timing events (torch.{kind}.Event); pass device='cpu'")
+    return _EventClock(event, f"{kind}:{index}")
 
 
 def _dist_rank() -> tuple[int, int]:
-    """(rank, world size) from ``torch.distributed`` when initialized, else (0, 1)."""
+    """(rank, world size) from ``torch.distributed`` when initialized, else from torchrun's ``RANK`` and
+    ``WORLD_SIZE`` (a timer made before ``init_process_group``), else (0, 1)."""
     try:
         import torch.distributed as dist
     except ImportError:
-        return 0, 1
-    if dist.is_available() and dist.is_initialized():
+        dist = None  # type: ignore[assignment]
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is not None and world is not None and rank.isdigit() and world.isdigit():
+        return int(rank), int(world)
     return 0, 1
 
 
@@ -197,6 +240,7 @@ class StepTimer:
         self.flush_every = check_int("flush_every", flush_every, 1)
         self.directory = str(directory)
         self._clock = _clock(device)
+        self._lock = _lock_rank(self.directory, self.rank)  # last: nothing after it can fail
         self.device = self._clock.device
         self._open: _Open | None = None
         self._pending: list[tuple[_Open, Any]] = []  # (step, end mark) not yet resolved
@@ -302,7 +346,7 @@ class StepTimer:
             return None
         if self._part is None:
             mine = storage.join(self.directory, f"timings-rank-{self.rank:05d}-part-*.parquet")
-            parts = [_PART.search(p) for p in storage.glob(mine)]
+            parts = [PART_PATTERN.search(p) for p in storage.glob(mine)]
             self._part = 1 + max((int(m.group(2)) for m in parts if m), default=-1)
         table = pa.table(self._rows, schema=TIMING_SCHEMA)
         sink = pa.BufferOutputStream()
@@ -314,9 +358,14 @@ class StepTimer:
         return path
 
     def close(self) -> None:
-        """Flush what is left (an open step is dropped)."""
+        """Flush what is left (an open step is dropped) and let another timer record this rank."""
         self._open = None
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            if self._lock is not None:
+                os.close(self._lock)
+                self._lock = None
 
     def __enter__(self) -> StepTimer:
         return self
@@ -327,8 +376,8 @@ class StepTimer:
     # ------------------------------------------------------------------ internals
     def _begin(self, epoch: int, step: int) -> None:
         """Check a new step's keys; flush the rows of the previous epoch when ``epoch`` is another."""
-        check_int("epoch", epoch, 0)
-        check_int("step", step, 0)
+        check_int("epoch", epoch, 0, _INT32_MAX)  # the files' int32 columns: checked here, not at a flush
+        check_int("step", step, 0, _INT32_MAX)
         if self._epoch is not None and epoch != self._epoch:
             self.flush()  # each finished epoch is on disk before the next one trains
         self._epoch = epoch
@@ -385,32 +434,3 @@ def ddp_timing_hook(state, bucket):  # untyped: DDP refuses the string annotatio
 
     state.timer._mark("ddp_first_bucket")
     return allreduce_hook(state.process_group, bucket)
-
-
-def read_timing_files(path: str) -> pa.Table:
-    """Every row of the timings files at ``path`` (a directory of them, or one file), ``TIMING_SCHEMA``.
-
-    A step recorded twice (a restarted run replayed it) keeps the record of the later part. Rows are
-    sorted by (epoch, step, rank).
-
-    Raises:
-        ValueError: no timings file there, or a file without the recorder's columns.
-    """
-    paths = [path] if not storage.is_dir(path) else storage.glob(storage.join(path, "timings-rank-*.parquet"))
-    if not paths:
-        raise ValueError(f"{path}: no timings-rank-*.parquet files (written by lidarshard.loaders.timing)")
-    tables, order = [], []
-    for p in paths:
-        t = storage.read_parquet(p)
-        missing = sorted(set(TIMING_SCHEMA.names) - set(t.column_names))
-        if missing:
-            raise ValueError(f"{p}: not a lidarshard timings file (no {', '.join(missing)})")
-        tables.append(t.select(TIMING_SCHEMA.names).cast(TIMING_SCHEMA))
-        m = _PART.search(p)
-        order.append(int(m.group(2)) if m else 0)
-    table = pa.concat_tables(tables)
-    part = np.repeat(np.asarray(order, dtype=np.int64), [t.num_rows for t in tables])
-    keys = np.stack([table.column(k).to_numpy().astype(np.int64) for k in ("epoch", "step", "rank")], axis=1)
-    latest = np.lexsort((-part, keys[:, 2], keys[:, 1], keys[:, 0]))  # by key, the latest part first
-    first = np.r_[True, (np.diff(keys[latest], axis=0) != 0).any(axis=1)] if len(latest) else latest
-    return table.take(pa.array(latest[first]))

@@ -105,7 +105,7 @@ def previous_flags(m: Manifest) -> dict[str, object]:
     cfg = PlanConfig.from_manifest(m)
     repeat = cfg.repeat
     datasets = ",".join(f"{name}={weight!r}" for name, weight in repeat.datasets)
-    fraction = m.provenance.get("max_reject_fraction")
+    fraction = m.max_reject_fraction
     flags: dict[str, object] = {
         "epochs": m.epochs,
         "seed": m.seed,

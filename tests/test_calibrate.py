@@ -316,7 +316,7 @@ def test_calibrate_from_recorder_files_recovers_the_known_cost(built: Path, tmp_
         assert row["measured"]["max_mean"] >= 1.0
     assert "linearity measured" in printed
     # one file of the directory works too, and the CSV path still fits without a linearity table
-    one = sorted((tmp_path / "timings").iterdir())[0]
+    one = sorted((tmp_path / "timings").glob("timings-rank-*.parquet"))[0]
     assert cli_main(["calibrate", str(built), "--timings", str(one), "-o", str(tmp_path / "one.json")]) == 0
     _write_timings(built, tmp_path / "t.csv", per_step=True)
     assert cli_main(["calibrate", str(built), "--timings", str(tmp_path / "t.csv"), "-o", str(fit_path)]) == 0

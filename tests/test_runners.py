@@ -371,3 +371,24 @@ def test_counters_report_every_outcome(dataroot: Path, tmp_path: Path) -> None:
     files = sum(1 for _ in (tmp_path / "staging").rglob("*.parquet"))
     planned = sum(json.loads((tmp_path / "staging" / schemas.MANIFEST_FILE).read_text())["counts"]["planned"])
     assert (got["accepted"], got["planned"], got["files_written"]) == (12, planned, files), got
+
+
+@pytest.mark.parametrize(
+    "argv, near",
+    [
+        (["--runner", "DirectRuner"], "DirectRunner"),
+        (["--runner=dsak"], "dask"),
+        (["--runner=Flink"], "FlinkRunner"),
+        (["--runner=local"], None),
+    ],
+)
+def test_a_runner_typo_is_one_line_with_the_nearest_name(argv: list[str], near: str | None) -> None:
+    from lidarshard.pipelines.flags import UsageError
+
+    with pytest.raises(UsageError) as err:
+        runners.resolve_runner(argv)
+    message = str(err.value)
+    assert "\n" not in message and "is not a runner" in message and "DirectRunner" in message
+    assert (f"did you mean {near}?" in message) if near else "did you mean" not in message
+    dotted = "--runner=my_pkg.runners.MyRunner"  # a user's own runner class passes through
+    assert runners.resolve_runner([dotted, "--runner=DataflowRunner"]) == [dotted, "--runner=DataflowRunner"]

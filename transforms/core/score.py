@@ -151,7 +151,7 @@ def settle_and_score(
         stored = _StoredPaths(file, source)
         keep, rejects = _settle(numeric, repeated, cost, cfg, rejects, stored)
         counts = counts_or_stop(
-            scanned, int(keep.sum()), rejects, settings.max_reject_fraction, settings.rejects_out
+            scanned, int(keep.sum()), rejects, settings.max_reject_fraction, settings.rejects_out, plan=True
         )
         if not keep.any():
             raise ValueError(f"no sample was accepted ({counts}); nothing to plan")

@@ -50,10 +50,12 @@ def dedupe(samples: pa.Table) -> tuple[pa.Table, list[dict]]:
     return samples.filter(pc.invert(pa.array(dup))), rejects
 
 
-def counts_of(scanned: int, accepted: int, rejects: pa.Table, max_reject_fraction: float = 1.0) -> dict:
+def counts_of(
+    scanned: int, accepted: int, rejects: pa.Table, max_reject_fraction: float = 1.0, plan: bool = False
+) -> dict:
     """Accounting of ``accepted`` samples and the ``rejects`` table: raises when the runner lost or
-    duplicated inputs (scanned != accepted + rejected) or when more than ``max_reject_fraction`` of the
-    inputs were rejected."""
+    duplicated inputs (scanned != accepted + rejected), when more than ``max_reject_fraction`` of the
+    inputs were rejected, or (``plan``: a build, which needs samples) when every input was rejected."""
     rejected = rejects.num_rows
     if scanned != accepted + rejected:
         raise RuntimeError(
@@ -61,8 +63,9 @@ def counts_of(scanned: int, accepted: int, rejects: pa.Table, max_reject_fractio
             f" = {accepted + rejected}; the runner lost or duplicated elements, nothing was written"
         )
     by_reason = collections.Counter(rejects.column("reason").to_pylist())
-    if rejected > max_reject_fraction * scanned:
+    if rejected > max_reject_fraction * scanned or (plan and rejected and not accepted):
         summary = ", ".join(f"{r}: {n}" for r, n in sorted(by_reason.items()))
+        bound = "nothing left to plan" if not accepted else f"> --max-reject-fraction {max_reject_fraction}"
         examples = "; ".join(
             f"{p}: {r} ({d})"
             for p, r, d in zip(
@@ -70,8 +73,7 @@ def counts_of(scanned: int, accepted: int, rejects: pa.Table, max_reject_fractio
             )
         )
         raise TooManyRejects(
-            f"{rejected} of {scanned} inputs rejected (> --max-reject-fraction {max_reject_fraction}): "
-            f"{summary}; first: {examples.split('; ')[0]}",
+            f"{rejected} of {scanned} inputs rejected ({bound}): {summary}; first: {examples.split('; ')[0]}",
             rejects,
         )
     return {
@@ -83,7 +85,12 @@ def counts_of(scanned: int, accepted: int, rejects: pa.Table, max_reject_fractio
 
 
 def counts_or_stop(
-    scanned: int, accepted: int, rejects: pa.Table, max_reject_fraction: float, rejects_out: str
+    scanned: int,
+    accepted: int,
+    rejects: pa.Table,
+    max_reject_fraction: float,
+    rejects_out: str,
+    plan: bool = False,
 ) -> dict:
     """``counts_of``; when too many inputs were rejected, every reject is first written to
     ``rejects_out`` (beside OUT, never published) and the error names it.
@@ -95,7 +102,7 @@ def counts_or_stop(
     from lidarshard.transforms.io.arrow import parquet_bytes
 
     try:
-        return counts_of(scanned, accepted, rejects, max_reject_fraction)
+        return counts_of(scanned, accepted, rejects, max_reject_fraction, plan)
     except TooManyRejects as e:
         storage.write_bytes(rejects_out, parquet_bytes(e.rejects))
         raise TooManyRejects(
