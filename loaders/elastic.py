@@ -34,19 +34,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from lidarshard.loaders.planfiles import read_plan_file
+from lidarshard.loaders.epoch_plan import read_epoch_plan
 from lidarshard.loaders.position import saved_shape
 from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_samples
 from lidarshard.loaders.replay import IndexOf, PlanReplay
 from lidarshard.loaders.reshard import ElasticPlan, Switch, check_exact, merge_ranks
-from lidarshard.schemas.manifest import FileEntry
-from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
-from lidarshard.transforms.plan.dense import dense_plan
 
 __all__ = ["ElasticPlan", "ElasticBatchSampler", "load_epoch_plan", "merge_ranks", "replan_remaining"]
 
@@ -54,47 +49,24 @@ __all__ = ["ElasticPlan", "ElasticBatchSampler", "load_epoch_plan", "merge_ranks
 def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
     """The manifest's plan of ``epoch`` for all ranks, as an :class:`ElasticPlan` with no history.
 
-    Reads the samples and the epoch's plan files listed in ``_manifest.json``, each checked against its
-    recorded size and sha256; ``epoch`` must be planned.
+    Reads the samples and the epoch's plan files (``epoch_plan.read_epoch_plan``: each checked against
+    its recorded size and sha256); ``epoch`` must be planned.
 
     Raises:
         ValueError: the epoch is not planned, or its files do not hold exactly the plan the manifest
             records (``steps_per_epoch``, ``counts.planned``, every slot filled once; one line).
     """
     manifest = load_manifest(out_dir)
-    w, b, epochs = manifest.world_size, manifest.batch_size, manifest.epochs
-    if not 0 <= epoch < epochs:
-        raise ValueError(f"epoch {epoch} was not planned: the manifest holds epochs 0..{epochs - 1}")
-    s, variable = manifest.steps(epoch), manifest.variable_count
     caps = Caps.from_record(manifest.caps)
     heaviest = manifest.caps.heaviest_first if manifest.caps is not None else "off"
     extra = ["num_points"] if caps.max_points is not None or heaviest == "points" else []
     samples = read_samples(out_dir, ["sample_id", "cost", "bucket_id", *extra])
-    base = os.fspath(out_dir)
-    parts = [
-        _rank_rows(storage.join(base, rel), key, entry)
-        for rel, entry in manifest.epoch_files(epoch).items()
-        if (key := manifest.plan_key(rel)) is not None
-    ]
-    plan = pa.concat_tables(parts) if parts else None
-    planned = manifest.counts.planned[epoch]
-    if plan is None or plan.num_rows != planned or (not variable and planned != s * w * b):
-        raise ValueError(
-            f"epoch {epoch}: {0 if plan is None else plan.num_rows} plan rows, but the manifest records "
-            f"{planned} planned ({s} steps x {w} x {b}); rebuild the manifest"
-        )
-    found = pc.index_in(plan["sample_id"], value_set=samples["sample_id"])
-    if found.null_count:
-        raise ValueError(f"epoch {epoch}: {found.null_count} planned sample_ids are not in the samples")
-    at = found.to_numpy().astype(np.int64)
+    read = read_epoch_plan(os.fspath(out_dir), manifest, epoch, samples["sample_id"], ["cost", "bucket_id"])
+    plan, at, rows = read.table, read.at, read.plan
     costs = samples["cost"].to_numpy().astype(np.float64)  # the costs that planned the epoch: its rows'
     costs[at] = plan["cost"].to_numpy()  # (an epoch before a re-plan was planned with earlier ones)
     bucket_ids = samples["bucket_id"].to_numpy().astype(np.int32)
     bucket_ids[at] = plan["bucket_id"].to_numpy()
-    step, rank, slot = (plan[c].to_numpy().astype(np.int64) for c in ("step", "rank", "slot"))
-    rows = dense_plan(step, rank, slot, at, s, w, None if variable else b)
-    if rows.size and not (rows >= 0)[..., 0].all():
-        raise ValueError(f"epoch {epoch}: a rank-step of the plan holds no sample; rebuild the manifest")
     points = (
         samples["num_points"].to_numpy().astype(np.int64) if "num_points" in samples.column_names else None
     )
@@ -105,19 +77,11 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
         epoch=int(epoch),
         seed=manifest.seed,
         strategy=manifest.strategy,
-        batch=b,
+        batch=manifest.batch_size,
         bucket_ids=bucket_ids,
         limits=PoolLimits(caps, points) if caps.active else None,
         heavy={"points": points, "cost": costs}.get(heaviest),
     )
-
-
-def _rank_rows(path: str, key: tuple[int, int], entry: FileEntry) -> pa.Table:
-    """``step, slot, sample_id, cost, bucket_id, rank`` of one verified plan file of (epoch, rank) ``key``."""
-    table = read_plan_file(
-        path, ["step", "slot", "sample_id", "cost", "bucket_id"], entry, verify=True, key=key
-    )
-    return table.append_column("rank", pa.array(np.full(table.num_rows, key[1], np.int64)))
 
 
 def replan_remaining(
@@ -143,7 +107,8 @@ class ElasticBatchSampler(PlanReplay):
         out_dir: committed manifest directory (local path or URI).
         rank: this rank, ``0 <= rank < world_size``.
         world_size: ranks the job runs now.
-        batch_size: samples per rank per step; default ``W*B / world_size`` of the manifest.
+        batch_size: samples per rank per step; default ``ceil(W*B / world_size)`` of the manifest:
+            the smallest that keeps the planned global batch (``W*B / world_size`` where it divides).
         index_of: sample_id -> dataset index (mapping or callable); default the samples' row order.
         cycle: reuse the plan of ``epoch % epochs`` for epochs past those planned.
 
@@ -168,13 +133,8 @@ class ElasticBatchSampler(PlanReplay):
         world_size = check_int("world_size", world_size, 1)
         rank = check_int("rank", rank, 0, world_size - 1)
         w0, b0 = self.manifest.world_size, self.manifest.batch_size
-        if batch_size is None:
-            if (w0 * b0) % world_size:
-                raise ValueError(
-                    f"the manifest's global batch {w0}x{b0} = {w0 * b0} does not split over {world_size} "
-                    "ranks: pass batch_size"
-                )
-            batch_size = w0 * b0 // world_size
+        if batch_size is None:  # the smallest batch that keeps the global batch: ceil(W*B / W')
+            batch_size = -(-w0 * b0 // world_size)
         self.rank, self.world_size = rank, world_size
         self.batch_size = check_int("batch_size", batch_size, 1)
         self._index = self._index_array(index_of)

@@ -225,8 +225,9 @@ class ManifestReader:
         if check_int("world_size", world_size, 1) != planned_ws:
             raise ValueError(
                 f"world size mismatch: the trainer runs world_size={world_size} but the manifest at "
-                f"{os.fspath(out_dir)} was planned for world_size={planned_ws}; rebuild it with "
-                f"--world-size {world_size}"
+                f"{os.fspath(out_dir)} was planned for world_size={planned_ws}: train on with "
+                f"lidarshard.ElasticBatchSampler(out_dir, rank, {world_size}) (any world size, exact), "
+                f"or rebuild with --world-size {world_size}"
             )
         self.rank = check_int("rank", rank, 0, planned_ws - 1)
         self.epoch = check_int("epoch", epoch, 0)

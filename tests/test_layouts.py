@@ -108,6 +108,22 @@ def test_inputs_that_hold_one_another_are_refused(realdata: Path, tmp_path: Path
     assert _build([f"a={sensor}", f"b={sensor}"], tmp_path / "out") == 2
 
 
+def test_pattern_inputs_that_share_a_file_are_refused(tmp_path: Path, capsys) -> None:
+    """A pattern INPUT is checked by the files it matches (it planned every file twice before)."""
+    bins = make_bins(tmp_path / "bins", n=3)
+    cases = [
+        ([f"a={bins}", f"b={bins}/*.bin"], f"INPUT {bins} holds {bins}/"),
+        ([f"a={bins}/*.bin", f"b={bins}/0*"], "both match"),
+    ]
+    for inputs, words in cases:
+        assert _build(inputs, tmp_path / "out") == 2
+        (line,) = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
+        assert words in line and "scanned twice" in line and not (tmp_path / "out").exists()
+    disjoint = [f"a={bins}/0000.bi?", f"b={bins}/0001*"]  # two patterns, no file in common
+    assert _build(disjoint, tmp_path / "out") == 0
+    assert len(_samples(tmp_path / "out")) == 2
+
+
 def test_av2_builds_validates_and_reads_back_with_its_sweep(realdata: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert _build([str(realdata / "av2/sensor")], out, "--sweeps", "1") == 0

@@ -37,7 +37,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from lidarshard import schemas
 from lidarshard.pipelines import build, runners
-from lidarshard.pipelines.settings import build_settings
+from lidarshard.pipelines.options import BuildOptions
+from lidarshard.pipelines.preflight import build_settings
 from lidarshard.transforms import progress
 
 pytestmark = pytest.mark.slow
@@ -361,7 +362,8 @@ def test_counters_report_every_outcome(dataroot: Path, tmp_path: Path) -> None:
     """Beam counters (namespace ``lidarshard``): what remote runners show while a job runs."""
     args, _ = build.parser().parse([str(dataroot), str(tmp_path / "out"), *PLAN])
     pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
-    build.build_pipeline(pipeline, build_settings(args), str(tmp_path / "staging"))
+    settings = build_settings(BuildOptions.from_namespace(args), args.paths)
+    build.build_pipeline(pipeline, settings, str(tmp_path / "staging"))
     result = pipeline.run()
     result.wait_until_finish()
     counters = result.metrics().query(MetricsFilter().with_namespace("lidarshard"))["counters"]

@@ -29,6 +29,7 @@ import sys
 import numpy as np
 
 from lidarshard.loaders import load_manifest, read_samples
+from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
 from lidarshard.tools.report import REPORT_DIR, read_plan
 from lidarshard.tools.timings import design, fit_cost, read_timings_at
@@ -47,7 +48,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     manifest = load_manifest(out)
     samples = read_samples(out)
     fit, (obs, timed, raw, keys) = fit_cost(
-        read_timings_at(timings_path), samples, lambda: read_plan(out), epoch
+        read_timings_at(timings_path), samples, lambda: read_plan(out, manifest, samples), epoch
     )
     x, ms = design(obs), obs.column("ms").to_numpy()
     checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
@@ -59,7 +60,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "matched": obs.num_rows,
         "manifest_cost_model": manifest.cost_model.to_json(),
         "held_out": cal.held_out_fit(x, ms, keys),
-        "linearity": cal.step_linearity(obs, checks) if "world_size" in obs.column_names else [],
+        "linearity": balance.measured_balance(obs, checks) if "world_size" in obs.column_names else [],
     }
     return fit, source, np.stack([fit.predict(x), ms], axis=1)
 

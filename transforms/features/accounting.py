@@ -1,7 +1,12 @@
-"""Accounting of a scan or build: duplicate ids of a scan shard to rejects, scanned = accepted +
-rejected, the reject-fraction limit, and the inputs fingerprint. Pure pyarrow; shared by ``scan``/``build``
-(which enforce it) and ``validate`` (which recomputes it). A build settles its samples in
-``transforms.features.score``."""
+"""Accounting of a scan or build: the one duplicate rule, scanned = accepted + rejected, the
+reject-fraction limit, and the inputs fingerprint. Pure pyarrow; shared by ``scan``/``build`` (which
+enforce it) and ``validate`` (which recomputes it).
+
+The duplicate rule: of the rows that share a ``sample_id``, the first by ``DEDUPE_ORDER`` is kept and
+every other becomes a ``duplicate_id`` reject (``duplicate_rejects``). The order breaks ties on the
+row's content, never on arrival, so the kept row is the same on every runner and worker count. A scan
+shard applies it with ``dedupe`` (``transforms.features.shards``); a build's sorted source with
+``repeats`` a row group at a time (``transforms.core.previous`` and ``score``)."""
 
 from __future__ import annotations
 
@@ -11,9 +16,13 @@ import hashlib
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.typing import NDArray
 
 __all__ = [
     "TooManyRejects",
+    "DEDUPE_ORDER",
+    "repeats",
+    "duplicate_rejects",
     "dedupe",
     "counts_of",
     "counts_or_stop",
@@ -31,23 +40,36 @@ class TooManyRejects(RuntimeError):
         self.rejects = rejects
 
 
-def dedupe(samples: pa.Table) -> tuple[pa.Table, list[dict]]:
-    """Keep the first row per sample_id (table sorted by sample_id); the rest become rejects."""
-    ids = samples.column("sample_id")
-    if samples.num_rows < 2:
-        return samples, []
-    same = pc.equal(ids.slice(1), ids.slice(0, samples.num_rows - 1)).to_numpy(zero_copy_only=False)
-    if not same.any():
-        return samples, []
-    dup = [False, *same.tolist()]
-    dropped = samples.filter(pa.array(dup))
-    rejects = [
+#: Sort keys of the duplicate rule: the id, then columns that tell apart two inputs claiming one id.
+DEDUPE_ORDER = ("sample_id", "path", "format", "file_bytes", "num_points", "num_in_range", "label_path")
+
+
+def repeats(ids: pa.Array, last: str | None = None) -> NDArray[np.bool_]:
+    """(n,) which of the sorted ``ids`` equal the id before them (``last`` before the first)."""
+    same = np.zeros(len(ids), dtype=bool)
+    if len(ids) and last is not None:
+        same[0] = ids[0].as_py() == last
+    if len(ids) > 1:
+        same[1:] = pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
+    return same
+
+
+def duplicate_rejects(paths: list[str], ids: list[str]) -> list[dict]:
+    """The reject rows (path, reason, detail) of the dropped rows of a repeated id."""
+    return [
         {"path": p, "reason": "duplicate_id", "detail": f"sample_id {s!r} already produced by another input"}
-        for p, s in zip(
-            dropped.column("path").to_pylist(), dropped.column("sample_id").to_pylist(), strict=True
-        )
+        for p, s in zip(paths, ids, strict=True)
     ]
-    return samples.filter(pc.invert(pa.array(dup))), rejects
+
+
+def dedupe(samples: pa.Table) -> tuple[pa.Table, list[dict]]:
+    """Keep the first row per sample_id (table sorted by ``DEDUPE_ORDER``); the rest become rejects."""
+    dup = repeats(samples.column("sample_id").combine_chunks())
+    if not dup.any():
+        return samples, []
+    dropped = samples.filter(pa.array(dup))
+    rejects = duplicate_rejects(dropped.column("path").to_pylist(), dropped.column("sample_id").to_pylist())
+    return samples.filter(pa.array(~dup)), rejects
 
 
 def counts_of(

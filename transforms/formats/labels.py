@@ -197,7 +197,7 @@ def _loader(yaml: Any) -> type:
     gigabytes once formatted or copied) and nesting deeper than ``MAX_YAML_DEPTH`` (the parser
     recurses), each as a one-line ``YAMLError``."""
 
-    class StrictLoader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
+    class StrictLoader(yaml.SafeLoader):
         depth = 0
 
         def compose_node(self, parent: Any, index: Any) -> Any:
