@@ -60,7 +60,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "timed": timed,
         "rows": raw.num_rows,
         "matched": obs.num_rows,
-        "manifest_cost_model": dict(manifest.cost_model),
+        "manifest_cost_model": manifest.cost_model.to_json(),
         "held_out": cal.held_out_fit(x, ms, keys),
         "linearity": balance.measured_balance(obs, checks) if "world_size" in obs.column_names else [],
     }
