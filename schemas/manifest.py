@@ -30,7 +30,7 @@ from lidarshard.schemas.records import (
     RepeatRecord,
     relpath_problem,
 )
-from lidarshard.schemas.scan import PROVENANCE_KEYS
+from lidarshard.schemas.scan_record import PROVENANCE_KEYS
 
 __all__ = ["Manifest", "MANIFEST_KEYS", "Counts", "Buckets", "FileEntry", "POLICIES", "relpath_problem"]
 

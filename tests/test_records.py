@@ -1,4 +1,4 @@
-"""The contract's typed records (``schemas.records``, ``schemas.scan``): each reads what it writes, and a
+"""The contract's typed records (``schemas.records``, ``schemas.scan_record``): each reads what it writes, and a
 malformed value is one ValueError line naming the file and key. Pure: no pipeline run."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from lidarshard.schemas.records import (
     RepeatRecord,
     label_maps,
 )
-from lidarshard.schemas.scan import ScanRecord
+from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.transforms.io import metadata
 
 CAPS = {"max_points_per_rank_step": 9000, "max_cost_per_rank_step": None, "max_samples_per_rank_step": 3,

@@ -40,7 +40,7 @@ from lidarshard import schemas
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import ScanCounts
-from lidarshard.schemas.scan import ScanRecord
+from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.tools import validate_data
 from lidarshard.tools.validate_derived import check_repeat_rate
 from lidarshard.tools.validate_files import (

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from lidarshard import schemas
 from lidarshard.schemas.records import DatasetEntry
-from lidarshard.schemas.scan import ScanRecord
+from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.transforms.io import metadata, storage
 from lidarshard.transforms.io.arrow import row_groups
 from lidarshard.transforms.io.parts import open_parts, samples_files

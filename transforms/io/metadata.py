@@ -11,7 +11,7 @@ from typing import Any
 
 from lidarshard.schemas import MANIFEST_FILE, SCAN_FILE, SUCCESS_FILE, check_version
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.schemas.scan import ScanRecord
+from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.transforms.io import storage
 
 __all__ = ["read_object", "load_manifest", "load_scan", "previous_record", "PathLike"]
