@@ -337,16 +337,27 @@ def test_special_files_through_a_glob_are_rejected_unread(special_scans, kind: s
         assert reason == "unreadable" and "not a regular file" in detail
 
 
+@pytest.fixture(scope="module")
+def special_tables(tmp_path_factory) -> tuple[Path, dict[str, dict], dict]:
+    """(root, samples, rejects) of one scan (made once a module) of a tables corpus whose keyframe
+    ``good<i>`` is made the special kind ``SPECIAL[i]``; the last keyframe stays a sound file."""
+    root = tmp_path_factory.mktemp("special-tables") / "root"
+    write_tables_corpus(root, good=len(SPECIAL) + 1)
+    for i, kind in enumerate(SPECIAL):
+        key = root / f"samples/LIDAR_TOP/good{i:02d}.pcd.bin"
+        key.unlink()
+        _special(key, kind)
+    _, samples, rejects = _scan(root, root.parent / "out", *TABLE_FLAGS)
+    return root, samples, rejects
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", SPECIAL)
-def test_special_files_named_by_tables_are_rejected_unread(tmp_path: Path, kind: str) -> None:
-    root = tmp_path / "root"
-    write_tables_corpus(root, good=2)
-    key = root / "samples/LIDAR_TOP/good00.pcd.bin"
-    key.unlink()
-    _special(key, kind)
-    _, samples, rejects = _scan(root, tmp_path / "out", *TABLE_FLAGS)
-    assert "s_good00" not in samples and "s_good01" in samples
+def test_special_files_named_by_tables_are_rejected_unread(special_tables, kind: str) -> None:
+    root, samples, rejects = special_tables
+    i = SPECIAL.index(kind)
+    key = root / f"samples/LIDAR_TOP/good{i:02d}.pcd.bin"
+    assert f"s_good{i:02d}" not in samples and f"s_good{len(SPECIAL):02d}" in samples
     reason, detail = rejects[str(key)]
     assert reason == "unreadable" and "not a regular file" in detail
 
