@@ -243,6 +243,7 @@ def _ddp_worker(rank: int, rendezvous: str, directory: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 2 spawned torch processes under DDP
 def test_ddp_hook_shows_the_slow_rank_that_wall_time_hides(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     import torch.multiprocessing as mp
