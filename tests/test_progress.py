@@ -132,9 +132,12 @@ def test_the_progress_line_sums_the_workers_and_cleans_up(monkeypatch, capfd) ->
         code = "from lidarshard.transforms import progress\nt = progress.Tally('inputs read')\n"
         code += "[t.add(total=4) for _ in range(4)]\nt.flush()"
         subprocess.run([sys.executable, "-c", code], check=True)  # a worker of the run
-        time.sleep(0.3)
+        seen, deadline = "", time.monotonic() + 60  # poll until the drawing thread shows the sum
+        while "all 4 inputs read" not in seen and time.monotonic() < deadline:
+            seen += capfd.readouterr().err
+            time.sleep(0.01)
     assert progress.ENV not in os.environ and not os.path.exists(directory)
-    err = capfd.readouterr().err.splitlines()  # stderr is no terminal here: whole lines
+    err = (seen + capfd.readouterr().err).splitlines()  # stderr is no terminal here: whole lines
     assert err[0].startswith("lidarshard test: ")
     assert err[-1].startswith("lidarshard test: all 4 inputs read in ") and "finishing" in err[-1]
 
