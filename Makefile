@@ -88,12 +88,16 @@ test-slow: $(VENV)/.test-installed $(VENV)/.oracles
 	@$(RELINK)
 	$(PYTEST) -m slow
 
+# Every benchmark's smoke run first (tests/test_benchmarks.py, slow lane included: about 3 minutes), then
+# the figures of docs/BENCHMARKS.md at their sizes (about 10 minutes on 2 idle cores). A benchmark whose
+# own check fails (same rows, same bytes, samples kept) exits non-zero and stops make.
 bench: $(VENV)/.test-installed
 	@$(RELINK)
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_benchmarks.py
 	$(PY) benchmarks/balance_bench.py --quick
 	$(PY) benchmarks/scan_bench.py
-	$(PY) benchmarks/plan_bench.py
-	$(PY) benchmarks/merge_bench.py
+	$(PY) benchmarks/plan_bench.py --sizes 1000000 --sweeps 9
+	$(PY) benchmarks/merge_bench.py --sizes 1000000
 	$(PY) benchmarks/loader_bench.py
 	$(PY) benchmarks/layout_bench.py
 

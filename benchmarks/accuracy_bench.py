@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from synthetic import synth_args
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "train_ddp.py"
@@ -103,17 +104,7 @@ def _prepare(args: argparse.Namespace, work: Path, seeds: list[int], strategies:
     """Synthesize, scan, split, build; returns {"val": dir, (strategy, seed): dir, ...}."""
     root, scan = work / "dataroot", work / "scan"
     if not root.exists():
-        _cli(
-            "synth",
-            str(root),
-            "--scenes",
-            str(args.scenes),
-            "--keyframes-per-scene",
-            str(args.keyframes),
-            "--labels",
-            "--seed",
-            "0",
-        )
+        _cli(*synth_args(root, args.scenes, args.keyframes), "--labels")
     scan_flags = ["--nuscenes-version", "v1.0-synth", "--sweeps", str(args.sweeps)]
     if not (scan / "samples").is_dir():
         _cli("scan", str(root), str(scan), *scan_flags)

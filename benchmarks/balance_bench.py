@@ -273,9 +273,26 @@ def speeds_table(n: int) -> list[float]:
     return got
 
 
+def smoke(n: int = 2048) -> None:
+    """Every table and timing of a full run on pools of ``n`` samples, W in {4, 16}: what the test
+    suite runs to keep this script working (its figures mean little at this size)."""
+    rng = np.random.default_rng(SEED)
+    dists = {f"logn{s}": rng.lognormal(0.0, s, n) for s in (0.3, 0.6, 1.0)}
+    dists["synth"] = synth_costs(n, rng)
+    rows = print_table(dists, [4, 16], [1, 2])
+    print_diversity(rows)
+    check_targets(rows)
+    small_pools(n)
+    speeds_table(n)
+    caps_table(n)
+    time_caps([1_000, 2_000])
+    time_plans(n)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller pools and grid (~seconds)")
+    ap.add_argument("--smoke", action="store_true", help="every table on tiny pools (the test suite's run)")
     ap.add_argument("--costs", type=Path, help="real costs: .npy, or Parquet with --column")
     ap.add_argument("--column", default="cost")
     ap.add_argument("--n", type=int, default=65_536, help="samples per synthetic distribution")
@@ -288,6 +305,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--small", action="store_true", help="only the small-pool table")
     ap.add_argument("--speeds", action="store_true", help="only the mixed-hardware (--rank-speed) table")
     args = ap.parse_args(argv)
+    if args.smoke:
+        smoke()
+        return
     if args.speeds:
         speeds_table(16_384 if args.quick else args.n)
         return

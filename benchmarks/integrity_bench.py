@@ -1,6 +1,6 @@
 """What recording file sizes and CRC-32s costs the scan, and what ``validate --data`` reads per second.
 
-    python benchmarks/integrity_bench.py [--scenes 4] [--sweeps 9] [--repeat 3]
+    python benchmarks/integrity_bench.py [--scenes 4] [--keyframes 10] [--sweeps 9] [--repeat 3]
 
 Writes a nuScenes-style dataroot with ``lidarshard synth`` (34,688 points a file), then on it, each
 in a fresh child process, interleaved, best of ``--repeat``:
@@ -28,12 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from synthetic import VERSION, synth_args
+
 from lidarshard import schemas
 from lidarshard.transforms.features.sample import ScanConfig, featurize
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts import nuscenes_tasks as tables
 
-VERSION = "v1.0-synth"
 #: The child that scans without hashing: ``schemas.content_hash`` returns 0 (the feature work is unchanged).
 _NO_HASH = (
     "import sys; from lidarshard import schemas; schemas.content_hash = lambda data, running=0: 0; "
@@ -70,7 +71,8 @@ def _featurize_all(root: str, sweeps: int, hashed: bool) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scenes", type=int, default=4, help="synth scenes (10 keyframes each)")
+    ap.add_argument("--scenes", type=int, default=4, help="synth scenes (--keyframes each)")
+    ap.add_argument("--keyframes", type=int, default=10, help="synth --keyframes-per-scene (default 10)")
     ap.add_argument("--sweeps", type=int, default=9, help="previous sweeps aggregated per keyframe")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved runs of each; best time counts")
     ap.add_argument("--workdir", help="keep files here (default: a temp dir, removed)")
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root, out = work / "dataroot", work / "scan"
         if not (root / VERSION).is_dir():
-            synth = ["synth", str(root), "--scenes", str(args.scenes), "--labels", "--runner=FnApiRunner"]
+            synth = synth_args(root, args.scenes, args.keyframes)
+            synth += ["--labels", "--runner=FnApiRunner"]
             _timed(_CLI, synth)
         files = list(root.rglob("*.bin"))
         for p in files:  # warm the page cache for both contenders alike

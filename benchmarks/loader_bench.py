@@ -1,9 +1,9 @@
 """Trainer-side point loading: ``PointCloudDataset(OUT, sweeps=True)`` against a plain numpy loop and
 nuscenes-devkit (issue 29: >= 0.9x numpy, >= 2x devkit).
 
-    python benchmarks/loader_bench.py [--scenes 4] [--repeat 3] [--out OUT] [--no-cold] [--profile]
+    python benchmarks/loader_bench.py [--scenes 4] [--keyframes 10] [--repeat 3] [--out OUT] [--no-cold] [--profile]
 
-Writes a nuScenes-style dataroot (``lidarshard synth``, 10 keyframes a scene, 34,688 points a file) and
+Writes a nuScenes-style dataroot (``lidarshard synth``, ``--keyframes`` a scene, default 10, 34,688 points a file) and
 builds it with ``--sweeps 9`` (or takes an existing manifest, ``--out``), then delivers every sample's
 keyframe + 9 sweeps in the keyframe frame (~260k points), in one process, three ways:
 
@@ -38,10 +38,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+from synthetic import VERSION, synth_build
 
 REPO = Path(__file__).resolve().parents[1]
 DEVKIT_PYTHON = REPO / ".venv-devkit" / "bin" / "python"
-VERSION = "v1.0-synth"
 SWEEPS = 9
 
 #: One sample for the numpy loop: keyframe path, sweep paths (newest first), (S, 4, 4) float64.
@@ -128,18 +128,6 @@ def load_samples(out: str) -> tuple[str, list[Sample]]:
     return root, samples
 
 
-def build(tmp: Path, scenes: int) -> str:
-    """Synthesize and build a manifest under ``tmp``; returns OUT."""
-    from lidarshard.pipelines.cli import main
-
-    root, out = tmp / "dataroot", tmp / "out"
-    synth = ["synth", str(root), "--scenes", str(scenes), "--seed", "0"]
-    assert main(synth) == 0
-    flags = ["--nuscenes-version", VERSION, "--sweeps", str(SWEEPS), "--world-size", "2", "--batch-size", "2"]
-    assert main(["build", str(root), str(out), *flags, "--epochs", "1", "--runner=FnApiRunner"]) == 0
-    return str(out)
-
-
 def run_devkit(root: str, samples: list[Sample], files: list[str], repeat: int, cold: bool) -> dict | None:
     """The devkit's best pass (in its venv), or None when ``.venv-devkit`` is absent or fails."""
     if not DEVKIT_PYTHON.exists():
@@ -177,7 +165,10 @@ def profile(get: Callable[[int], object], n: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scenes", type=int, default=4, help="synthetic scenes, 10 samples each (default 4)")
+    ap.add_argument(
+        "--scenes", type=int, default=4, help="synthetic scenes, --keyframes samples each (default 4)"
+    )
+    ap.add_argument("--keyframes", type=int, default=10, help="synth --keyframes-per-scene (default 10)")
     ap.add_argument("--repeat", type=int, default=3, help="timed passes per contender; the best counts")
     ap.add_argument("--out", help="an existing manifest built with sweeps (default: synthesize one)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache passes")
@@ -196,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     from lidarshard.loaders.torch import PointCloudDataset
 
     with tempfile.TemporaryDirectory(prefix="loader_bench.") as tmp:
-        out = args.out or build(Path(tmp), args.scenes)
+        out = args.out or synth_build(Path(tmp), args.scenes, args.keyframes, world_size=2, sweeps=SWEEPS)[1]
         root, samples = load_samples(out)
         dataset = PointCloudDataset(out, sweeps=True)
         files = sorted({p for key, sweeps, _ in samples for p in [key, *sweeps]})
@@ -241,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.profile:
             profile(dataset.__getitem__, n)
-    return 0
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ For each N this writes the shard files of ``plan_bench.synth_samples`` rows (in 
   merge wrote (one file's bytes, cut the same way, so the parts can be compared byte for byte).
 
 Prints wall time and peak RSS (``wait4``) of each, their ratios, the part count, whether both wrote
-the same bytes, and the log-log slope of the merge's time and memory against N (0 = flat, 1 = linear).
+the same bytes (exit status 1 when they differ), and the log-log slope of the merge's time and memory
+against N (0 = flat, 1 = linear).
 """
 
 from __future__ import annotations
@@ -85,7 +86,11 @@ def merge(paths: list[str], out: str, part_rows: int) -> None:
     """The scan's way now: sampled ids cut the id space into ranges, one streamed k-way merge a part.
     Writes each part's row count to ``out/rows.txt``."""
     stride = shards.key_stride(part_rows)
-    keys = [k for p in paths for k in shards.sampled_keys(pq.read_table(p, columns=["sample_id"]), stride)]
+    keys = [
+        k
+        for p in paths  # a shard file is named by its shard number (``write_shards``)
+        for k in shards.sampled_keys(pq.read_table(p, columns=["sample_id"]), stride, int(Path(p).stem))
+    ]
     rows = []
     for k, (lo, hi) in enumerate(shards.key_ranges(shards.split_keys(keys, part_rows, stride))):
         with open(_part(Path(out), k), "wb") as sink:
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0)
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    rows = []
+    rows, all_same = [], True
     print(
         f"{'N':>9}  {'gather s':>8} {'GiB':>5}  {'merge s':>7} {'GiB':>5}  time x  mem x  parts  same bytes"
     )
@@ -144,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             old = measure(_child("gather", str(listing), f"{tmp}/gather"), args.timeout)
             parts = _digests(f"{tmp}/merge")
             same = parts == _digests(f"{tmp}/gather") and len(parts) > 0
+            all_same &= same
         rows.append((n, new))
         print(
             f"{n:>9}  {old['wall_s']:>8.1f} {old['max_rss'] / GIB:>5.2f}  {new['wall_s']:>7.1f} "
@@ -156,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             f"merge slopes over N: time {slope(ns, [m['wall_s'] for _, m in rows]):.2f}, "
             f"memory {slope(ns, [m['max_rss'] for _, m in rows]):.2f}"
         )
-    return 0
+    return 0 if all_same else 1
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from lidarshard import schemas
 from lidarshard.transforms.io.arrow import ParquetStream
@@ -54,12 +55,15 @@ def _strings(prefix: str, ids: pa.Array, suffix: str) -> pa.Array:
     return pc.binary_join_element_wise(pa.scalar(prefix), text, pa.scalar(suffix), "")
 
 
-def synth_samples(n: int, sweeps: int, seed: int = 0, start: int = 0) -> pa.Table:
+def synth_samples(n: int, sweeps: int, seed: int = 0, start: int = 0, integrity: bool = True) -> pa.Table:
     """(n rows) of ``lidarshard.schemas.sample_schema()`` sorted by sample_id, with realistic sizes;
     ids ``start .. start + n - 1`` (consecutive chunks make one sorted table).
 
     occupied_voxels: 2.5% single-frame (~25k), the rest 4x-7x that by scene type with ~10%
     spread (``balance_bench.synth_costs``); num_points ~ 34,688 per frame times (1 + sweeps).
+    Every row is of one INPUT (``dataset`` "nuscenes") and one frame per file; ``integrity``: each
+    file's size and a CRC-32 recorded as the scan records them, else those columns null (rows as
+    schema 3.0 had them, to compare with figures measured before 3.1).
     """
     rng = np.random.default_rng([seed, start])
     idx = pa.array(np.arange(start, start + n, dtype=np.int64))
@@ -78,6 +82,7 @@ def synth_samples(n: int, sweeps: int, seed: int = 0, start: int = 0) -> pa.Tabl
         pa.int32(),
     )
     eye = np.tile(np.eye(4).ravel(), n * sweeps)
+    per_file = points // (1 + sweeps) * 20  # nuScenes .pcd.bin: 5 float32 a point
     cols = {
         "sample_id": _strings("sample-", idx, ""),
         "path": _strings(
@@ -89,7 +94,7 @@ def synth_samples(n: int, sweeps: int, seed: int = 0, start: int = 0) -> pa.Tabl
         ),
         "label_path": pa.nulls(n, pa.string()),
         "format": pa.array(np.full(n, "nuscenes_bin", dtype=object), pa.string()),
-        "file_bytes": pa.array(points * 20),
+        "file_bytes": pa.array(per_file * (1 + sweeps)),
         "num_points": pa.array(points),
         "num_finite": pa.array(points),
         "num_in_range": pa.array((points * 0.93).astype(np.int64)),
@@ -100,26 +105,51 @@ def synth_samples(n: int, sweeps: int, seed: int = 0, start: int = 0) -> pa.Tabl
     for axis, half in (("x", 50.0), ("y", 50.0), ("z", 3.0)):
         lo, hi = -half * rng.uniform(0.8, 1.0, n), half * rng.uniform(0.8, 1.0, n)
         cols |= {f"{axis}_min": lo, f"{axis}_max": hi, f"{axis}_p01": lo * 0.9, f"{axis}_p99": hi * 0.9}
+    cols |= _recorded(rng, per_file, offsets, integrity) | {
+        "dataset": pa.array(["nuscenes"] * n, pa.string())
+    }
     schema = schemas.sample_schema()
-    return pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)
+    return pa.Table.from_arrays(
+        [pa.array(cols[f.name], f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema],
+        schema=schema,
+    )
 
 
-def write_samples(path: Path, n: int, sweeps: int, chunk: int = 1_000_000) -> None:
+def _recorded(
+    rng: np.random.Generator, per_file: np.ndarray, offsets: pa.Array, integrity: bool
+) -> dict[str, pa.Array]:
+    """The integrity columns of rows whose files (keyframe and each sweep) hold ``per_file`` bytes
+    (shape (n,)): sizes and random CRC-32s, or nothing (the caller fills nulls) without ``integrity``.
+    No label files: ``label_bytes`` / ``label_crc32`` stay null, as the scan leaves them."""
+    if not integrity:
+        return {}
+    n, flat = len(per_file), np.repeat(per_file, np.diff(np.asarray(offsets)))
+    crc = rng.integers(0, 1 << 32, n + len(flat), dtype=np.int64)
+    return {
+        "path_bytes": pa.array(per_file),
+        "path_crc32": pa.array(crc[:n]),
+        "sweep_bytes": pa.ListArray.from_arrays(offsets, pa.array(flat)),
+        "sweep_crc32": pa.ListArray.from_arrays(offsets, pa.array(crc[n:])),
+    }
+
+
+def write_samples(path: Path, n: int, sweeps: int, chunk: int = 1_000_000, integrity: bool = True) -> None:
     """``synth_samples`` of ``n`` rows written to ``path`` ``chunk`` rows at a time (10M rows with 9
     sweeps would not fit in memory at once), in a child process: ``wait4``'s peak RSS of a child
     counts the parent's at fork, so the benchmark process itself must stay small."""
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); from plan_bench import _write_chunks; "
-        "_write_chunks(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))"
+        "_write_chunks(sys.argv[2], *map(int, sys.argv[3:]))"
     )
     here = str(Path(__file__).resolve().parent)
-    subprocess.run([sys.executable, "-c", code, here, str(path), str(n), str(sweeps), str(chunk)], check=True)
+    args = [str(path), str(n), str(sweeps), str(chunk), str(int(integrity))]
+    subprocess.run([sys.executable, "-c", code, here, *args], check=True)
 
 
-def _write_chunks(path: str, n: int, sweeps: int, chunk: int) -> None:
+def _write_chunks(path: str, n: int, sweeps: int, chunk: int, integrity: int = 1) -> None:
     with open(path, "wb") as sink, ParquetStream(sink, schemas.sample_schema()) as out:
         for start in range(0, n, chunk):
-            out.write(synth_samples(min(chunk, n - start), sweeps, start=start))
+            out.write(synth_samples(min(chunk, n - start), sweeps, start=start, integrity=bool(integrity)))
 
 
 def _tree_rss(root: int) -> dict[int, int]:
@@ -195,7 +225,9 @@ def _runner_flags(name: str, workers: int) -> list[str]:
         ]
     if name == "dask":
         return ["--runner=dask"]  # a LocalCluster of this machine's default size
-    raise ValueError(f"unknown runner {name!r}: direct or dask")
+    if name == "fnapi":
+        return ["--runner=FnApiRunner"]  # in the launcher's process: the quickest start (smoke runs)
+    raise ValueError(f"unknown runner {name!r}: direct, dask or fnapi")
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
@@ -209,6 +241,12 @@ def _tree_digest(root: Path) -> dict[str, str]:
                     h.update(block)
             out[str(p.relative_to(root))] = h.hexdigest()
     return out
+
+
+def _samples_rows(out: Path) -> int:
+    """Rows of the samples parts a build wrote into ``out`` (from their Parquet footers)."""
+    parts = sorted((out / schemas.SAMPLES_DIR).glob("*.parquet"))
+    return sum(pq.read_metadata(p).num_rows for p in parts)
 
 
 def _build(out: Path, samples: Path, flags: list[str], timeout: float) -> dict[str, float]:
@@ -274,15 +312,64 @@ def _print_target(n: int, m: dict) -> None:
         )
 
 
+def _one_size(
+    n: int, work: Path, runners: dict[str, list[str]], args: argparse.Namespace, rows: dict[str, list]
+) -> bool:
+    """Write ``n`` sample rows, build them on every runner (appending each one's measures to ``rows``)
+    and print a line per build; whether every build kept all ``n`` samples and all wrote the same bytes."""
+    t = time.perf_counter()
+    path = work / f"samples-{n}.parquet"
+    write_samples(path, n, args.sweeps, integrity=not args.no_integrity)  # as scan/build write it
+    wrote = time.perf_counter() - t
+    outputs, ok = {}, True
+    for name, flags in runners.items():
+        out = work / f"out-{n}-{name}"
+        m = _build(out, path, flags, args.timeout)
+        rows[name].append((n, m))
+        print(
+            f"{n:>9} {name:>6} {wrote:>8.1f} {path.stat().st_size / 1e6:>8.1f} {m['wall_s']:>8.1f} "
+            f"{n / m['wall_s']:>9.0f} {m['max_rss'] / GIB:>11.2f} {m['proc_rss'] / GIB:>7.2f} "
+            f"{m['tree_rss'] / GIB:>12.2f} {m['procs']:>5}",
+            flush=True,
+        )
+        outputs[name] = _tree_digest(out)
+        kept = _samples_rows(out)
+        ok &= kept == n
+        print(f"{n:>9} {name:>6} samples written {kept} of {n}: {kept == n}", flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+    path.unlink()
+    if len(outputs) < 2:
+        return ok
+    same = all(o == next(iter(outputs.values())) for o in outputs.values())
+    ms = {name: rows[name][-1][1] for name in runners}
+    first, *rest = runners
+    for other in rest:
+        print(
+            f"{n:>9} {other}/{first}: time {ms[other]['wall_s'] / ms[first]['wall_s']:.2f}x, "
+            f"largest process {ms[other]['max_rss'] / ms[first]['max_rss']:.2f}x, "
+            f"tree {ms[other]['tree_rss'] / ms[first]['tree_rss']:.2f}x; "
+            f"output {'byte-identical' if same else 'DIFFERS'}",
+            flush=True,
+        )
+    return ok and same
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="250000,1000000,5000000", help="comma-separated N")
     ap.add_argument("--baseline", type=int, default=4096, help="rows of the fixed-cost run (0: none)")
     ap.add_argument("--sweeps", type=int, default=0, help="sweep paths per row (0: single-frame files)")
     ap.add_argument("--workers", type=int, default=2, help="--direct_num_workers")
-    ap.add_argument("--runners", default="direct", help="comma-separated: direct, dask (default direct)")
+    ap.add_argument(
+        "--runners", default="direct", help="comma-separated: direct, dask, fnapi (default direct)"
+    )
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per build before it is killed")
     ap.add_argument("--workdir", help="keep inputs/outputs here (default: a temp dir, removed)")
+    ap.add_argument(
+        "--no-integrity",
+        action="store_true",
+        help="rows without file sizes and CRC-32s (as schema 3.0 rows: to compare with figures measured before 3.1)",
+    )
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     sizes = ([args.baseline] if args.baseline else []) + sizes
@@ -297,39 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{'max RSS GiB':>11} {'sampled':>7} {'tree RSS GiB':>12} {'procs':>5}"
     )
     rows: dict[str, list[tuple[int, dict]]] = {name: [] for name in runners}
+    ok = True
     try:
         for n in sizes:
-            t = time.perf_counter()
-            path = work / f"samples-{n}.parquet"
-            write_samples(path, n, args.sweeps)  # as scan/build write it
-            wrote = time.perf_counter() - t
-            outputs = {}
-            for name, flags in runners.items():
-                out = work / f"out-{n}-{name}"
-                m = _build(out, path, flags, args.timeout)
-                rows[name].append((n, m))
-                print(
-                    f"{n:>9} {name:>6} {wrote:>8.1f} {path.stat().st_size / 1e6:>8.1f} {m['wall_s']:>8.1f} "
-                    f"{n / m['wall_s']:>9.0f} {m['max_rss'] / GIB:>11.2f} {m['proc_rss'] / GIB:>7.2f} "
-                    f"{m['tree_rss'] / GIB:>12.2f} "
-                    f"{m['procs']:>5}",
-                    flush=True,
-                )
-                outputs[name] = _tree_digest(out)
-                shutil.rmtree(out, ignore_errors=True)
-            if len(outputs) > 1:
-                same = all(o == next(iter(outputs.values())) for o in outputs.values())
-                ms = {name: rows[name][-1][1] for name in runners}
-                first, *rest = runners
-                for other in rest:
-                    print(
-                        f"{n:>9} {other}/{first}: time {ms[other]['wall_s'] / ms[first]['wall_s']:.2f}x, "
-                        f"largest process {ms[other]['max_rss'] / ms[first]['max_rss']:.2f}x, "
-                        f"tree {ms[other]['tree_rss'] / ms[first]['tree_rss']:.2f}x; "
-                        f"output {'byte-identical' if same else 'DIFFERS'}",
-                        flush=True,
-                    )
-            path.unlink()
+            ok &= _one_size(n, work, runners, args, rows)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
@@ -339,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_target(n, m)
         _print_scale_targets(got, name)
     print("(1.0 = linear; N log N from 1M to 5M is 1.07)")
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ Both are timed end to end (interpreter start included), interleaved, best of ``-
 Beam's fixed start-up (~4 s here) weighs on small runs: at 200 files the ratio is ~0.6.
 
 Prints both throughputs (files/s, MB/s), the ratio scan / plain (issue #2 target: >= 0.7) and
-whether both produced the same feature rows.
+whether both produced the same feature rows (exit status 1 when they differ).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -38,8 +39,13 @@ from lidarshard import schemas
 from lidarshard.transforms.features.sample import ScanConfig, featurize, file_task
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import concat_sorted, parquet_bytes, rows_to_table
+from lidarshard.transforms.layouts import dataset_name
 
 TARGET_RATIO = 0.7
+_RUNNERS = {
+    "direct": ["--runner=DirectRunner", "--direct_running_mode=multi_processing"],
+    "fnapi": ["--runner=FnApiRunner"],
+}
 
 
 def write_clouds(root: Path, files: int, points: int, seed: int = 0) -> int:
@@ -59,7 +65,9 @@ def write_clouds(root: Path, files: int, points: int, seed: int = 0) -> int:
 
 
 def _one(rel: str, root: str, cfg: ScanConfig) -> dict:
-    return featurize(file_task(rel, os.path.join(root, rel)), storage.read_bytes, storage.size, cfg)
+    """The scan's row of ``root/rel``: a file task of the INPUT named as the scan names it."""
+    task = dataclasses.replace(file_task(rel, os.path.join(root, rel)), dataset=dataset_name(root))
+    return featurize(task, storage.read_bytes, storage.size, cfg)
 
 
 def plain(root: str, out: str, workers: int) -> None:
@@ -93,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=800)
     ap.add_argument("--points", type=int, default=120_000, help="mean points per cloud")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--runner",
+        choices=["direct", "fnapi"],
+        default="direct",
+        help="the scan's runner: DirectRunner multi_processing x --workers, or the in-process FnApiRunner",
+    )
     ap.add_argument("--repeat", type=int, default=2, help="interleaved runs of each; best time counts")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
     ap.add_argument("--workdir", help="keep files here (default: a temp dir, removed)")
@@ -108,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         for p in inp.iterdir():  # warm the page cache for both contenders alike
             p.read_bytes()
         scan_cmd = [sys.executable, "-m", "lidarshard.pipelines.cli", "scan", str(inp), str(work / "scan")]
-        scan_cmd += ["--runner=DirectRunner", "--direct_running_mode=multi_processing"]
-        scan_cmd += [f"--direct_num_workers={args.workers}"]
+        scan_cmd += _RUNNERS[args.runner] + (
+            [f"--direct_num_workers={args.workers}"] if args.runner == "direct" else []
+        )
         plain_cmd = [sys.executable, __file__, "--workers", str(args.workers), "--plain"]
         plain_cmd += [str(inp), str(work / "plain")]
         t_plain, t_scan = float("inf"), float("inf")
@@ -123,15 +138,17 @@ def main(argv: list[str] | None = None) -> int:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     mb = size / 1e6
-    print(f"scan_bench: {args.files} files, {mb:.0f} MB, {args.workers} workers, best of {args.repeat}")
+    print(
+        f"scan_bench: {args.files} files, {mb:.0f} MB, {args.workers} workers, scan on {args.runner}, best of {args.repeat}"
+    )
     print(f"{'':<34} {'s':>7} {'files/s':>8} {'MB/s':>7}")
-    for name, t in (("plain multiprocessing.Pool", t_plain), ("lidarshard scan (DirectRunner mp)", t_scan)):
+    for name, t in (("plain multiprocessing.Pool", t_plain), (f"lidarshard scan ({args.runner})", t_scan)):
         print(f"{name:<34} {t:>7.1f} {args.files / t:>8.1f} {mb / t:>7.1f}")
     ratio = t_plain / t_scan
     verdict = "MET" if ratio >= TARGET_RATIO else "MISSED"
     print(f"ratio scan / plain throughput: {ratio:.2f} (target >= {TARGET_RATIO}: {verdict})")
     print(f"same feature rows: {same}")
-    return 0
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

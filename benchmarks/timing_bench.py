@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     bare = _bare_cost(StepTimer, os.path.join(work, "bare"), 2000, args.batch)
     if not args.no_ddp:
         dist.destroy_process_group()
+    shutil.rmtree(work, ignore_errors=True)  # the recorder's files are read
     p_med, t_med = statistics.median(plain), statistics.median(timed)
     method = rows.column("method")[0].as_py()
     compute = statistics.median(rows.column("compute_s").to_pylist())

@@ -5,7 +5,7 @@
 from ``loaders.dataset``) and the framework adapters need PyTorch: ``pip install "lidarshard[torch]"``.
 """
 
-from lidarshard.loaders import _atexit  # noqa: F401 - lets Arrow's pools finish before finalization
+from lidarshard.loaders._atexit import drain_arrow_at_exit
 from lidarshard.loaders.points import load_points
 from lidarshard.loaders.reader import (
     Batch,
@@ -15,4 +15,12 @@ from lidarshard.loaders.reader import (
     read_samples,
 )
 
-__all__ = ["Batch", "ManifestReader", "load_manifest", "load_points", "plan_dataset", "read_samples"]
+__all__ = [
+    "Batch",
+    "ManifestReader",
+    "drain_arrow_at_exit",
+    "load_manifest",
+    "load_points",
+    "plan_dataset",
+    "read_samples",
+]

@@ -1,4 +1,4 @@
-"""Let Arrow's thread pools finish before the interpreter finalizes (registered by ``import lidarshard.loaders``).
+"""Let Arrow's thread pools finish before the interpreter finalizes: :func:`drain_arrow_at_exit`.
 
 Why (issue #25, measured): ``pq.read_table(pa.BufferReader(data))`` reads its row groups on a worker of
 Arrow's I/O thread pool even with ``use_threads=False``, and the task's closure holds the Parquet reader,
@@ -12,10 +12,15 @@ finalization long, hence the window wide; jemalloc's background thread plays no 
 
 ``drain_arrow_pools`` runs at ``atexit``, before finalization begins, and waits (at most
 ``DRAIN_TIMEOUT_S``) until Arrow's CPU and I/O pools have no task queued or running: no worker can then
-still hold a Python object. It reaches the pools through three exported C++ functions of ``libarrow``
-(``GetCpuThreadPool``, ``io::internal::GetIOThreadPool``, ``ThreadPool::GetNumTasks``) with ctypes, which
-releases the GIL during each call; where the library or a symbol is not found (another platform or build),
-it does nothing. Imports neither torch nor Beam.
+still hold a Python object. pyarrow has no public call that waits for its pools, so it reaches them
+through three exported C++ functions of ``libarrow`` (``GetCpuThreadPool``, ``io::internal::GetIOThreadPool``,
+``ThreadPool::GetNumTasks``) with ctypes, which releases the GIL during each call; where the library or a
+symbol is not found (another platform or build), it does nothing.
+
+Explicit, never at import: importing ``lidarshard.loaders`` registers nothing and touches no library
+symbol. :func:`drain_arrow_at_exit` registers the drain (once per process); the lidarshard samplers call
+it when made (``PlanReplay``), and a trainer that reads Parquet without one may call it itself
+(docs/FRAMEWORKS.md, "exit status 134"). Imports neither torch nor Beam.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["DRAIN_TIMEOUT_S", "drain_arrow_pools"]
+__all__ = ["DRAIN_TIMEOUT_S", "drain_arrow_at_exit", "drain_arrow_pools"]
 
 #: Longest wait at exit for Arrow's pools (s): a read stuck on a remote store must not hang the exit.
 DRAIN_TIMEOUT_S = 10.0
@@ -95,4 +100,14 @@ def drain_arrow_pools(timeout: float = DRAIN_TIMEOUT_S) -> bool:
     return True
 
 
-atexit.register(drain_arrow_pools)
+_registered: list[bool] = []  # [True] once drain_arrow_at_exit registered the drain in this process
+
+
+def drain_arrow_at_exit() -> None:
+    """Run :func:`drain_arrow_pools` at interpreter exit (``atexit``), registered once per process.
+
+    Only registers: no library symbol is looked up or called before exit. Idempotent.
+    """
+    if not _registered:
+        atexit.register(drain_arrow_pools)
+        _registered.append(True)

@@ -30,21 +30,18 @@ lists of ints, which ``torch.utils.data.DataLoader(batch_sampler=...)`` accepts 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from lidarshard.loaders.planfiles import read_plan_file
-from lidarshard.loaders.position import Position, caller_self, plan_keys, saved_shape
+from lidarshard.loaders.epoch_plan import read_epoch_plan
+from lidarshard.loaders.position import saved_shape
 from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_samples
+from lidarshard.loaders.replay import IndexOf, PlanReplay
 from lidarshard.loaders.reshard import ElasticPlan, Switch, check_exact, merge_ranks
-from lidarshard.schemas.manifest import FileEntry
-from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
-from lidarshard.transforms.plan.dense import dense_plan
 
 __all__ = ["ElasticPlan", "ElasticBatchSampler", "load_epoch_plan", "merge_ranks", "replan_remaining"]
 
@@ -52,47 +49,24 @@ __all__ = ["ElasticPlan", "ElasticBatchSampler", "load_epoch_plan", "merge_ranks
 def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
     """The manifest's plan of ``epoch`` for all ranks, as an :class:`ElasticPlan` with no history.
 
-    Reads the samples and the epoch's plan files listed in ``_manifest.json``, each checked against its
-    recorded size and sha256; ``epoch`` must be planned.
+    Reads the samples and the epoch's plan files (``epoch_plan.read_epoch_plan``: each checked against
+    its recorded size and sha256); ``epoch`` must be planned.
 
     Raises:
         ValueError: the epoch is not planned, or its files do not hold exactly the plan the manifest
             records (``steps_per_epoch``, ``counts.planned``, every slot filled once; one line).
     """
     manifest = load_manifest(out_dir)
-    w, b, epochs = manifest.world_size, manifest.batch_size, manifest.epochs
-    if not 0 <= epoch < epochs:
-        raise ValueError(f"epoch {epoch} was not planned: the manifest holds epochs 0..{epochs - 1}")
-    s, variable = manifest.steps(epoch), manifest.variable_count
     caps = Caps.from_json(dict(manifest.caps) if manifest.caps else None)
     heaviest = (manifest.caps or {}).get("heaviest_first", "off")
     extra = ["num_points"] if caps.max_points is not None or heaviest == "points" else []
     samples = read_samples(out_dir, ["sample_id", "cost", "bucket_id", *extra])
-    base = os.fspath(out_dir)
-    parts = [
-        _rank_rows(storage.join(base, rel), key, entry)
-        for rel, entry in manifest.epoch_files(epoch).items()
-        if (key := manifest.plan_key(rel)) is not None
-    ]
-    plan = pa.concat_tables(parts) if parts else None
-    planned = manifest.counts.planned[epoch]
-    if plan is None or plan.num_rows != planned or (not variable and planned != s * w * b):
-        raise ValueError(
-            f"epoch {epoch}: {0 if plan is None else plan.num_rows} plan rows, but the manifest records "
-            f"{planned} planned ({s} steps x {w} x {b}); rebuild the manifest"
-        )
-    found = pc.index_in(plan["sample_id"], value_set=samples["sample_id"])
-    if found.null_count:
-        raise ValueError(f"epoch {epoch}: {found.null_count} planned sample_ids are not in the samples")
-    at = found.to_numpy().astype(np.int64)
+    read = read_epoch_plan(os.fspath(out_dir), manifest, epoch, samples["sample_id"], ["cost", "bucket_id"])
+    plan, at, rows = read.table, read.at, read.plan
     costs = samples["cost"].to_numpy().astype(np.float64)  # the costs that planned the epoch: its rows'
     costs[at] = plan["cost"].to_numpy()  # (an epoch before a re-plan was planned with earlier ones)
     bucket_ids = samples["bucket_id"].to_numpy().astype(np.int32)
     bucket_ids[at] = plan["bucket_id"].to_numpy()
-    step, rank, slot = (plan[c].to_numpy().astype(np.int64) for c in ("step", "rank", "slot"))
-    rows = dense_plan(step, rank, slot, at, s, w, None if variable else b)
-    if rows.size and not (rows >= 0)[..., 0].all():
-        raise ValueError(f"epoch {epoch}: a rank-step of the plan holds no sample; rebuild the manifest")
     points = (
         samples["num_points"].to_numpy().astype(np.int64) if "num_points" in samples.column_names else None
     )
@@ -103,19 +77,11 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
         epoch=int(epoch),
         seed=manifest.seed,
         strategy=manifest.strategy,
-        batch=b,
+        batch=manifest.batch_size,
         bucket_ids=bucket_ids,
         limits=PoolLimits(caps, points) if caps.active else None,
         heavy={"points": points, "cost": costs}.get(heaviest),
     )
-
-
-def _rank_rows(path: str, key: tuple[int, int], entry: FileEntry) -> pa.Table:
-    """``step, slot, sample_id, cost, bucket_id, rank`` of one verified plan file of (epoch, rank) ``key``."""
-    table = read_plan_file(
-        path, ["step", "slot", "sample_id", "cost", "bucket_id"], entry, verify=True, key=key
-    )
-    return table.append_column("rank", pa.array(np.full(table.num_rows, key[1], np.int64)))
 
 
 def replan_remaining(
@@ -128,7 +94,7 @@ def replan_remaining(
     return load_epoch_plan(out_dir, epoch).switch(consumed_steps, new_world_size, new_batch_size)
 
 
-class ElasticBatchSampler(Position):
+class ElasticBatchSampler(PlanReplay):
     """Like ``lidarshard.loaders.torch.BalancedBatchSampler``, for any world size: yields this rank's batches.
 
     With the manifest's world size and no switch it replays the manifest exactly. On another world
@@ -141,7 +107,8 @@ class ElasticBatchSampler(Position):
         out_dir: committed manifest directory (local path or URI).
         rank: this rank, ``0 <= rank < world_size``.
         world_size: ranks the job runs now.
-        batch_size: samples per rank per step; default ``W*B / world_size`` of the manifest.
+        batch_size: samples per rank per step; default ``ceil(W*B / world_size)`` of the manifest:
+            the smallest that keeps the planned global batch (``W*B / world_size`` where it divides).
         index_of: sample_id -> dataset index (mapping or callable); default the samples' row order.
         cycle: reuse the plan of ``epoch % epochs`` for epochs past those planned.
 
@@ -159,37 +126,27 @@ class ElasticBatchSampler(Position):
         world_size: int,
         *,
         batch_size: int | None = None,
-        index_of: Mapping[str, int] | Callable[[str], int] | None = None,
+        index_of: IndexOf | None = None,
         cycle: bool = False,
     ) -> None:
-        self.out_dir = out_dir
-        self.manifest = load_manifest(out_dir)
+        super().__init__(out_dir, rank, world_size, index_of=index_of, cycle=cycle)
         world_size = check_int("world_size", world_size, 1)
         rank = check_int("rank", rank, 0, world_size - 1)
         w0, b0 = self.manifest.world_size, self.manifest.batch_size
-        if batch_size is None:
-            if (w0 * b0) % world_size:
-                raise ValueError(
-                    f"the manifest's global batch {w0}x{b0} = {w0 * b0} does not split over {world_size} "
-                    "ranks: pass batch_size"
-                )
-            batch_size = w0 * b0 // world_size
+        if batch_size is None:  # the smallest batch that keeps the global batch: ceil(W*B / W')
+            batch_size = -(-w0 * b0 // world_size)
         self.rank, self.world_size = rank, world_size
         self.batch_size = check_int("batch_size", batch_size, 1)
-        self.cycle = cycle
         self._index = self._index_array(index_of)
-        self.epoch = 0
-        self._reset_position()
         self.history: list[Switch] = self._default_history()
         self._base: ElasticPlan | None = None
         self._cache: tuple[tuple, ElasticPlan] | None = None
 
-    def _index_array(
-        self, index_of: Mapping[str, int] | Callable[[str], int] | None
-    ) -> NDArray[np.int64] | None:
+    def _index_array(self, index_of: IndexOf | None) -> NDArray[np.int64] | None:
+        """(N,) dataset index of every sample row (-1: not in ``index_of``); None: the row order itself."""
         if index_of is None:
             return None
-        ids = read_samples(self.out_dir, ["sample_id"])["sample_id"].to_pylist()
+        ids = self.sample_ids()
         if isinstance(index_of, Mapping):
             return np.fromiter((index_of.get(sid, -1) for sid in ids), dtype=np.int64, count=len(ids))
 
@@ -222,61 +179,41 @@ class ElasticBatchSampler(Position):
         self._cache = (key, p)
         return p
 
-    def switch_plan(self, out_dir: PathLike) -> int:
-        """Replay ``out_dir``, a re-plan of this manifest from epoch E (``build --replan-from E``), from now
-        on: see ``BalancedBatchSampler.switch_plan``; the switch history of the current epoch is kept
-        (its plan is the same file for file). Returns E."""
-        new, start = self._continuation(out_dir)
-        self.out_dir, self.manifest, self._base, self._cache = out_dir, new, None, None
-        return start
+    def _plan_changed(self) -> None:
+        """After ``switch_plan`` (see ``BalancedBatchSampler.switch_plan``): the switch history of the
+        current epoch is kept (its plan is the same file for file)."""
+        self._base, self._cache = None, None
 
     def plan(self) -> ElasticPlan:
         """The current epoch's plan after ``history`` (cached; checked to be the epoch's plan exactly)."""
         return self._plan_for(self.epoch, self.history)
 
-    def loss_scale(self, step: int) -> float:
-        """Multiply the *sum* of step ``step``'s per-sample losses by this: ``W' / N`` with N the samples of
-        all ranks at that step (``1 / B'`` when counts are equal)."""
-        return float(self.plan().loss_scales()[step])
+    def scales(self) -> np.ndarray:
+        """(S,) float64 loss scale ``W' / N_s`` of every step of the current epoch (``loss_scale``)."""
+        return self.plan().loss_scales()
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration yields; a new epoch starts at step 0 on the current size."""
-        epoch = check_int("epoch", epoch, 0)
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._reset_position()
-            self.history = self._default_history()
+    def _new_epoch(self) -> None:
+        """A new epoch starts at step 0 on the current size."""
+        self.history = self._default_history()
 
-    def __len__(self) -> int:
-        return self.plan().steps - self._resume
+    def _steps(self) -> int:
+        return self.plan().steps
 
-    def __iter__(self) -> Iterator[list[int]]:
-        self._note_caller(caller_self(1))
+    def _planned(self, start: int) -> Iterator[tuple[int, list[int]]]:
         rows = self.plan().rows[:, self.rank]
-        start = self._step = self._resume
-        yield from self._serve((s, self._indices(rows[s])) for s in range(start, rows.shape[0]))
-        self._resume = 0
+        return ((s, self._indices(rows[s])) for s in range(start, rows.shape[0]))
 
     def _indices(self, step_rows: np.ndarray) -> list[int]:
         """Dataset indices of one rank-step's sample rows (-1 pads a rank-step holding fewer)."""
         step_rows = step_rows[step_rows >= 0]
         idx = step_rows if self._index is None else self._index[step_rows]
         if (idx < 0).any():
-            sid = read_samples(self.out_dir, ["sample_id"])["sample_id"][int(step_rows[idx < 0][0])]
-            raise KeyError(f"sample_id {sid.as_py()!r} of the plan is not in index_of")
+            sid = self.sample_ids()[int(step_rows[idx < 0][0])]
+            raise KeyError(f"sample_id {sid!r} of the plan is not in index_of")
         return idx.tolist()
 
-    def state_dict(self) -> dict:
-        """JSON-able position: ``{"epoch", "step", "world_size", "batch_size", "history", "seed", "strategy",
-        "plan_fingerprint"}``; ``world_size`` and ``batch_size`` are what this sampler runs."""
-        return {
-            "epoch": self.epoch,
-            "step": self._saved_step(),
-            "world_size": self.world_size,
-            "batch_size": self.batch_size,
-            "history": [list(h) for h in self.history],
-            **plan_keys(self.manifest, self.epoch),
-        }
+    def _state_extra(self) -> dict[str, Any]:
+        return {"history": [list(h) for h in self.history]}
 
     def load_state_dict(self, state: Mapping) -> None:
         """Resume at ``state``, from any lidarshard sampler of this manifest's plan; a different world or

@@ -24,7 +24,6 @@ Needs PyTorch: ``pip install "lidarshard[torch]"``.
 
 from __future__ import annotations
 
-import heapq
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -32,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.loaders.reader import PathLike, check_int, needs_torch, read_samples
+from lidarshard.transforms.plan.lpt import CountRoom, lpt_heap
 
 try:
     from torch.utils.data import Sampler
@@ -61,21 +61,9 @@ def eval_shards(costs: Sequence[float] | NDArray[np.float64], world_size: int) -
         raise ValueError("costs must be a 1-d array of finite values >= 0")
     base, extra = divmod(c.size, w)
     order = np.lexsort((np.arange(c.size), -c))  # descending cost, ties by index
-    heap = [(0.0, r) for r in range(w)]
-    count = [0] * w
-    shards: list[list[int]] = [[] for _ in range(w)]
-    for i in order.tolist():
-        while True:
-            load, r = heap[0]
-            if count[r] < base + (extra > 0):
-                break
-            heapq.heappop(heap)  # full: base + 1 items, or base items once the extras are used up
-        shards[r].append(i)
-        count[r] += 1
-        if count[r] == base + 1:
-            extra -= 1
-        heapq.heapreplace(heap, (load + float(c[i]), r))
-    return [np.sort(np.asarray(s, dtype=np.int64)) for s in shards]
+    to = lpt_heap(np.zeros(w), np.zeros(w), order, c[order], CountRoom(w, base, extra))
+    assert to is not None  # the counts hold all N
+    return [np.sort(order[to == r]) for r in range(w)]
 
 
 def eval_costs(

@@ -12,9 +12,10 @@ trains, so an object store's per-request latency overlaps with compute instead o
   read's bytes (waiting if needed) or reads now. Every
   byte is checked against what the scan recorded (``points.read_recorded``), prefetched or not.
 - :class:`FileCache`: a size-bounded local directory (least recently used entries go first) that
-  several workers and ranks on one host share safely: entries are written to a temporary name and
-  renamed, eviction holds an ``flock``, and an entry is used only when its size (and CRC-32 where the
-  scan recorded one) match; anything else is a miss and is fetched again.
+  several workers and ranks of one user on one host share safely: entries are written to a temporary
+  name and renamed, eviction holds an ``flock``, links, FIFOs and other users' files are never opened
+  as entries, and an entry is used only when it verifies (its own CRC-32, the recorded size, and the
+  recorded CRC-32 where the scan recorded one); anything else is a miss and is fetched again.
 
 Pure Python + numpy-free; imports neither Beam nor torch.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -33,6 +35,7 @@ from lidarshard import schemas
 from lidarshard.loaders.points import Recorded, difference, read_recorded
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.local import write_local
+from lidarshard.transforms.io.safeio import open_own, own_directory
 
 __all__ = ["Fetcher", "FileCache", "File", "DEFAULT_MAX_BYTES", "DEFAULT_THREADS"]
 
@@ -43,27 +46,38 @@ DEFAULT_MAX_BYTES = 256 << 20
 #: Concurrent reads per process (object stores reward parallel requests; local disks do not need them).
 DEFAULT_THREADS = 64
 _ENTRY_SUFFIX = ".lsc"  # only files named <64 hex><suffix> are cache entries: nothing else is deleted
-_CACHE_DIR = "lidarshard-cache-v1"
+_CACHE_DIR = "lidarshard-cache-v2"  # v2: entries carry a header (magic, CRC-32 of the bytes)
+_MAGIC = b"LSC2"
+_HEADER = struct.Struct(">4sI")  # magic, CRC-32 of the body
 _STALE_TMP_S = 3600.0  # an entry's temporary file this old belongs to a writer that died
 
 
 class FileCache:
     """A local directory of fetched files, at most ``max_bytes`` (least recently used go first).
 
-    Entries live in ``<directory>/lidarshard-cache-v1/``, named by the sha256 of the URI; only files
-    of that shape there are ever deleted. Safe for several processes: writes go to a temporary name
-    and are renamed into place; eviction holds an exclusive ``flock`` on the directory's lock file.
+    Entries live in ``<directory>/lidarshard-cache-v2/``, named by the sha256 of the URI; only files
+    of that shape there are ever deleted. Safe for several processes of one user: writes go to a
+    temporary name and are renamed into place; eviction holds an exclusive ``flock`` on the
+    directory's lock file. The directory is checked as ssh checks its own (``safeio.own_directory``:
+    this user's, mode 0700, not a link, in a place others cannot rename it out of); entries and the
+    lock are opened without following links and without blocking, and must be this user's regular
+    files. An entry is served only when it verifies: its header's CRC-32 matches its bytes, its size
+    the scan's record, and its CRC-32 the scan's when one was recorded.
 
     Args:
         directory: a local directory (created if missing).
         max_bytes: the cache's size bound, bytes (> 0).
+
+    Raises:
+        ValueError: ``max_bytes`` is not a positive int.
+        OSError: the directory is a link, another user's or writable by others (one line saying what).
     """
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int) -> None:
         if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes <= 0:
             raise ValueError(f"FileCache max_bytes must be a positive int, got {max_bytes!r}")
-        self.root = os.path.join(os.fspath(directory), _CACHE_DIR)
-        os.makedirs(self.root, exist_ok=True)
+        os.makedirs(os.fspath(directory), exist_ok=True)
+        self.root = own_directory(os.path.join(os.fspath(directory), _CACHE_DIR))
         self.max_bytes = max_bytes
         self._lock_path = os.path.join(self.root, ".lock")
         self._added = 0  # bytes this process added since its last eviction pass
@@ -72,44 +86,58 @@ class FileCache:
         return os.path.join(self.root, hashlib.sha256(uri.encode()).hexdigest() + _ENTRY_SUFFIX)
 
     def get(self, uri: str, recorded: Recorded | None) -> bytes | None:
-        """The cached bytes of ``uri`` when they match ``recorded``'s size (and CRC-32 when
-        recorded); None on a miss (nothing cached, another size or content: that entry is dropped).
-        Without a recorded size nothing is trusted: always a miss."""
+        """The cached bytes of ``uri`` when the entry verifies against ``recorded`` (its size, and its
+        CRC-32 when recorded) and its own header; None on a miss (nothing cached, not a regular file
+        of this user's, another size or content: a bad entry is dropped). Without a recorded size
+        nothing is trusted: always a miss. Never reads more than the entry's size on disk."""
         if recorded is None or recorded.size is None:
             return None
         path = self._entry(uri)
         try:
-            with open(path, "rb") as f:
-                data = f.read(recorded.size + 1)
+            fd = open_own(path)
+        except OSError:
+            return None  # missing, a link, a FIFO, another user's: a miss, never a hang
+        try:
+            with os.fdopen(fd, "rb") as f:
+                if os.fstat(f.fileno()).st_size != _HEADER.size + recorded.size:
+                    data = None  # sized by the file on disk, never by the record
+                else:
+                    data = f.read(_HEADER.size + recorded.size + 1)
         except OSError:
             return None
-        crc = schemas.content_hash(data) if recorded.crc32 is not None else None
-        if difference(recorded, len(data), crc) is not None:
+        body = _verified(data, recorded)
+        if body is None:
             self._drop(path)
             return None
         try:
-            os.utime(path)  # most recently used
+            os.utime(path, follow_symlinks=False)  # most recently used
         except OSError:
             pass  # evicted meanwhile: the bytes read are still good
-        return data
+        return body
 
     def put(self, uri: str, data: bytes) -> None:
         """Store ``data`` (already checked against the record) for ``uri``; then evict over the bound."""
-        if len(data) > self.max_bytes:
+        entry = _HEADER.pack(_MAGIC, schemas.content_hash(data)) + data
+        if len(entry) > self.max_bytes:
             return
         try:
-            write_local(self._entry(uri), data)  # a temporary sibling renamed: never half an entry
+            write_local(self._entry(uri), entry)  # a temporary sibling renamed: never half an entry
         except OSError:
             return  # a full or read-only disk: the cache is an optimisation, never a failure
-        self._added += len(data)
+        self._added += len(entry)
         if self._added >= self.max_bytes // 8:  # a directory scan every eighth of the bound added
             self.evict()
 
     def evict(self) -> int:
         """Delete least recently used entries until the cache holds at most ``max_bytes``; returns the
-        bytes it now holds."""
+        bytes it now holds.
+
+        Raises:
+            OSError: the lock file is a link, a FIFO or another user's (one line naming it).
+        """
         self._added = 0
-        with open(self._lock_path, "a") as lock:
+        fd = open_own(self._lock_path, os.O_RDWR | os.O_CREAT)
+        with os.fdopen(fd, "r+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             entries = []
             with os.scandir(self.root) as it:
@@ -139,6 +167,19 @@ class FileCache:
             os.unlink(path)
         except OSError:
             pass
+
+
+def _verified(entry: bytes | None, recorded: Recorded) -> bytes | None:
+    """The body of a cache ``entry`` (header + bytes) when its header's CRC-32 matches the body and the
+    body matches ``recorded`` (size; CRC-32 when recorded); None otherwise."""
+    if entry is None or len(entry) < _HEADER.size:
+        return None
+    magic, crc = _HEADER.unpack_from(entry)
+    body = entry[_HEADER.size :]
+    actual = schemas.content_hash(body)
+    if magic != _MAGIC or crc != actual or difference(recorded, len(body), actual) is not None:
+        return None
+    return body
 
 
 class Fetcher:

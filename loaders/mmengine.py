@@ -40,7 +40,7 @@ Needs ``pip install "lidarshard[mmengine]"`` (mmengine >= 0.10, pure Python, any
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -50,12 +50,10 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without mmengine
     raise ImportError('lidarshard.loaders.mmengine needs mmengine: pip install "lidarshard[mmengine]"') from e
 
-from torch.utils.data import BatchSampler
-
 from lidarshard.loaders.evaluation import EvalSampler, eval_costs
 from lidarshard.loaders.pointcept import LoopTimer, index_from_dataset
 from lidarshard.loaders.reader import PathLike
-from lidarshard.loaders.torch import PlanSampler
+from lidarshard.loaders.torch import PlanBatchSampler, PlanSampler
 
 __all__ = ["LidarshardSampler", "LidarshardBatchSampler", "LidarshardEvalSampler", "LidarshardTimingHook"]
 
@@ -88,35 +86,24 @@ class LidarshardSampler(PlanSampler):
 
 
 @DATA_SAMPLERS.register_module()
-class LidarshardBatchSampler(BatchSampler):
+class LidarshardBatchSampler(PlanBatchSampler):
     """``train_dataloader.batch_sampler``: batches of a :class:`LidarshardSampler`, size checked.
 
     mmengine passes the built ``sampler`` and the dataloader's ``batch_size``; a batch size other
-    than the manifest's (its mean count per rank-step under ``--strategy budget``) is refused.
-    Batches are the planned steps, of variable length under ``budget``; the sampler's
-    ``loss_scale(step)`` turns a summed loss into the global-batch mean under DDP.
+    than the manifest's (its mean count per rank-step under ``--strategy budget``) is refused
+    (``PlanSampler.check_batch_size``). Batches are the planned steps, of variable length under
+    ``budget`` (``PlanBatchSampler``); the sampler's ``loss_scale(step)`` turns a summed loss into the
+    global-batch mean under DDP.
     """
-
-    sampler: PlanSampler  # checked in __init__
 
     def __init__(self, sampler: LidarshardSampler, batch_size: int) -> None:
         if not isinstance(sampler, PlanSampler):
             raise TypeError(
                 f"LidarshardBatchSampler needs sampler=dict(type='LidarshardSampler'), got {sampler!r}"
             )
-        if int(batch_size) != sampler.batch_size:
-            raise ValueError(
-                f"train_dataloader.batch_size={batch_size} but the manifest was planned with --batch-size "
-                f"{sampler.batch_size}: set batch_size={sampler.batch_size}"
-            )
-        super().__init__(sampler, sampler.batch_size, drop_last=True)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        """Whole planned steps, any length (``--strategy budget`` varies the count per rank-step)."""
-        return self.sampler.iter_batches()
-
-    def __len__(self) -> int:
-        return self.sampler.num_steps()
+        sampler.check_batch_size(int(batch_size), "train_dataloader.batch_size")
+        super().__init__(sampler)
+        self.batch_size, self.drop_last = sampler.batch_size, True
 
 
 @DATA_SAMPLERS.register_module()

@@ -44,7 +44,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError('lidarshard.loaders.pointcept needs PyTorch: pip install "lidarshard[torch]"') from e
 
-from lidarshard.loaders.reader import ManifestReader, PathLike
+from lidarshard.loaders.reader import PathLike
 from lidarshard.loaders.timing import StepTimer
 from lidarshard.loaders.torch import PlanBatchSampler, PlanSampler
 
@@ -214,7 +214,6 @@ class PlanSteps:
     def __init__(self, sampler: PlanSampler) -> None:
         self.sampler = sampler
         self._at = (-1, 0, 0)  # (trainer epoch, planned epoch, index of that planned epoch's step 0)
-        self._reader: ManifestReader | None = None
 
     def __call__(self, epoch: int, index: int) -> tuple[int, int, list[str]]:
         """(planned epoch, step, this rank's sample ids) of batch ``index`` after ``set_epoch(epoch)``.
@@ -230,9 +229,7 @@ class PlanSteps:
         while index - base >= m.steps(planned % m.epochs):
             base, planned = base + m.steps(planned % m.epochs), planned + 1
         self._at = (first, planned, base)
-        if self._reader is None or self._reader.epoch != planned:
-            self._reader = ManifestReader(s.out_dir, s.rank, s.world_size, planned, cycle=s.cycle)
-        return planned, index - base, self._reader.batch(index - base).sample_ids
+        return planned, index - base, s.reader(planned).batch(index - base).sample_ids
 
 
 class LoopTimer:

@@ -14,7 +14,7 @@ moved (``transforms.paths.PathResolver`` turns stored paths into paths to open).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,6 +27,9 @@ from lidarshard.transforms.io.base import FileTooLargeError
 from lidarshard.transforms.layouts.geometry import sweep_matrices
 from lidarshard.transforms.layouts.multisweep import aggregate
 from lidarshard.transforms.layouts.task import FRAMES_FORMAT
+
+#: The largest file size a manifest may record (1 TiB): a larger number is a corrupt record.
+MAX_RECORDED_BYTES = 1 << 40
 
 __all__ = [
     "load_points",
@@ -51,13 +54,21 @@ def moved_hint(
     return f"the manifest's path_root is {path_root}; pass root= if the dataset moved"
 
 
-class Recorded(NamedTuple):
+@dataclass(frozen=True)
+class Recorded:
     """What the scan recorded of one file: ``size`` in bytes and ``crc32`` (``schemas.content_hash``).
-    None: not recorded (a schema 3.0 manifest, a table given to ``write_manifest``; the hash under
-    ``--features stat``), or not to be checked."""
+    None: not recorded (a table given to ``write_manifest``; the hash under ``--features stat``), or
+    not to be checked. Checked where it is made, since a manifest's numbers are read from files: a
+    size outside ``0..MAX_RECORDED_BYTES`` or a CRC-32 outside ``0..2**32-1`` raises ValueError, so
+    nothing downstream is sized or bounded by it."""
 
     size: int | None
     crc32: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value, top in (("size", self.size, MAX_RECORDED_BYTES), ("crc32", self.crc32, 0xFFFFFFFF)):
+            if value is not None and (type(value) is not int or not 0 <= value <= top):
+                raise ValueError(f"a recorded file {name} must be an integer in 0..{top}, got {value!r}")
 
 
 class FileChangedError(ValueError):

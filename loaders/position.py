@@ -1,25 +1,17 @@
-"""Where a batch sampler stands: batches yielded vs batches the training loop received.
-
-A ``DataLoader`` with workers draws up to ``num_workers * prefetch_factor`` batches from its batch
-sampler ahead of the loop, so "yielded" is not "trained". ``lidarshard.loaders.torch.PlanLoader``
-tells the sampler, batch by batch, which (epoch, step) the loop just received; the sampler's state
-then counts those. Pure Python: shared by the torch and elastic samplers, with the resume state's
-ties to its plan (:func:`plan_keys`, :func:`saved_shape`).
+"""What a sampler's position means: the batches it hands out (:class:`PlannedBatch`), the resume state's
+ties to its plan (:func:`plan_keys`, :func:`saved_shape`) and a re-plan's continuation
+(:func:`continued_from`). Pure Python, used by the sampler core ``lidarshard.loaders.replay.PlanReplay``.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-from collections import deque
-from collections.abc import Iterator, Mapping
-from itertools import islice
+from collections.abc import Callable, Mapping
 
-from lidarshard.loaders.reader import PathLike, check_int, load_manifest
+from lidarshard.loaders.reader import check_int
 from lidarshard.loaders.reshard import Switch
 from lidarshard.schemas.manifest import Manifest
 
-__all__ = ["Position", "PlannedBatch", "caller_self", "plan_keys", "saved_shape", "continued_from"]
+__all__ = ["PlannedBatch", "plan_keys", "saved_shape", "continued_from"]
 
 
 class PlannedBatch(list):
@@ -30,13 +22,25 @@ class PlannedBatch(list):
         ahead: the index lists of the next batches the same consumer (DataLoader worker) will be
             given, nearest first, from the plan (``Position.lookahead``); empty when nothing asked.
             A dataset may start reading their files now (``PointCloudDataset``'s prefetch).
+
+    ``sent``, when given, is called each time the batch is pickled: a ``DataLoader`` with worker processes
+    pickles every batch it hands to a worker, which is how a sampler learns that batches run ahead of
+    training (the copy a worker gets has no ``sent``).
     """
 
-    def __init__(self, indices: list[int], step: int, ahead: tuple[tuple[int, ...], ...] = ()) -> None:
+    def __init__(
+        self,
+        indices: list[int],
+        step: int,
+        ahead: tuple[tuple[int, ...], ...] = (),
+        sent: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(indices)
-        self.step, self.ahead = step, ahead
+        self.step, self.ahead, self._sent = step, ahead, sent
 
     def __reduce__(self):  # pickled to DataLoader workers whole
+        if self._sent is not None:
+            self._sent()
         return (PlannedBatch, (list(self), self.step, self.ahead))
 
 
@@ -120,105 +124,3 @@ def continued_from(current: Manifest, new: Manifest, here: object, there: object
             f"{there} does not continue {here}: its epoch {differs} is another plan (it re-plans from epoch {start})"
         )
     return start
-
-
-def caller_self(depth: int) -> object:
-    """The ``self`` of the frame ``depth`` levels above the caller (who iterates a sampler), or None."""
-    return sys._getframe(depth + 1).f_locals.get("self")
-
-
-class Position:
-    """Mixin for batch samplers that resume: call :meth:`_reset_position` in ``__init__``,
-    :meth:`_yielded` for every batch, :meth:`_saved_step` in ``state_dict``.
-
-    Attributes read by subclasses: ``epoch`` (set by them), ``_resume`` (first step of the next pass).
-    """
-
-    epoch: int
-    manifest: Manifest
-    out_dir: PathLike
-
-    def lookahead(self, batches: int, consumers: int = 1) -> None:
-        """Hand out with every batch the index lists of the next ``batches`` batches the same consumer
-        gets (``PlannedBatch.ahead``), for ``consumers`` taking batches in turn (a DataLoader's workers:
-        batch n goes to worker n mod num_workers). ``PlanLoader`` sets this from the dataset's
-        ``prefetch`` and ``num_workers``; 0 turns it off."""
-        self._ahead = (max(0, int(batches)), max(1, int(consumers)))
-
-    def _serve(self, planned: Iterator[tuple[int, list[int]]]) -> Iterator[PlannedBatch]:
-        """``planned`` (step, indices) pairs as :class:`PlannedBatch` es, each counted as yielded when
-        it is handed out (peeking ahead counts nothing)."""
-        k, stride = getattr(self, "_ahead", (0, 1))
-        window = deque(islice(planned, k * stride + 1))
-        while window:
-            step, indices = window.popleft()
-            ahead = tuple(
-                tuple(window[j * stride - 1][1]) for j in range(1, k + 1) if j * stride <= len(window)
-            )
-            self._yielded(step)
-            yield PlannedBatch(indices, step, ahead)
-            window.extend(islice(planned, 1))
-
-    def _continuation(self, out_dir: PathLike) -> tuple[Manifest, int]:
-        """(the manifest at ``out_dir``, E) once it is a re-plan of this sampler's manifest from epoch E
-        (``continued_from``) that may take over now: before epoch E's first batch. The samplers'
-        ``switch_plan`` starts here.
-
-        Raises:
-            ValueError: it does not continue this manifest, or epoch E has begun (one line).
-        """
-        here, there = os.fspath(self.out_dir), os.fspath(out_dir)
-        new = load_manifest(out_dir)
-        start = continued_from(self.manifest, new, here, there)
-        if self.epoch > start or (self.epoch == start and (self._step or self._resume)):
-            raise ValueError(
-                f"{there} re-plans from epoch {start}, but this sampler is already at epoch {self.epoch} "
-                f"step {max(self._step, self._resume)}: switch before epoch {start} begins (or restart on it)"
-            )
-        return new, start
-
-    def _reset_position(self, step: int = 0) -> None:
-        """Position ``step`` of ``self.epoch``: nothing handed out beyond it."""
-        self._step = self._resume = self._trained = step
-        self._handed: deque[tuple[int, int]] = deque()  # (epoch, step) yielded, not yet delivered
-        if not hasattr(self, "_tracked"):
-            self._tracked = False  # a PlanLoader reports deliveries
-            self._prefetcher: str | None = None  # a plain multi-worker DataLoader drives the sampler
-
-    def _note_caller(self, caller: object) -> None:
-        """Remember a plain prefetching DataLoader iterating us (its state would run ahead)."""
-        if type(caller).__name__ == "_MultiProcessingDataLoaderIter" and not self._tracked:
-            self._prefetcher = f"a DataLoader with num_workers={getattr(caller, '_num_workers', '?')}"
-
-    def _yielded(self, step: int) -> None:
-        self._step = step + 1
-        if self._tracked:
-            self._handed.append((self.epoch, step))
-
-    def _begin_delivery(self) -> None:
-        """A new pass of the loader: batches an abandoned pass prefetched are not coming."""
-        self._handed.clear()
-        self._trained = self._resume
-
-    def _delivered(self) -> None:
-        """The loop received the oldest batch handed out."""
-        epoch, step = self._handed.popleft()
-        if epoch == self.epoch:
-            self._trained = step + 1
-
-    def _saved_step(self) -> int:
-        """Batches of ``self.epoch`` the training loop received.
-
-        Raises:
-            RuntimeError: a plain multi-worker ``DataLoader`` drives the sampler, so only the
-                batches handed to workers are known; build the loader with ``PlanLoader``.
-        """
-        if self._tracked:
-            return self._trained
-        if self._prefetcher is not None:
-            raise RuntimeError(
-                f"{self._prefetcher} prefetches batches ahead of training, so this sampler cannot tell "
-                "how many were trained: build the loader with lidarshard.loaders.torch.PlanLoader("
-                "dataset, sampler, ...), whose state counts delivered batches"
-            )
-        return self._step

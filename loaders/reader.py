@@ -123,7 +123,13 @@ def load_manifest(out_dir: PathLike) -> Manifest:
     return manifest
 
 
-def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None, *, verify: bool = True) -> pa.Table:
+def read_samples(
+    out_dir: PathLike,
+    columns: Sequence[str] | None = None,
+    *,
+    verify: bool = True,
+    manifest: Manifest | None = None,
+) -> pa.Table:
     """The samples of a committed manifest (the parts its ``files`` lists, in order): the default
     dataset index order.
 
@@ -131,7 +137,7 @@ def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None, *, ver
     ``path_root`` and inside it, or full paths when none is recorded). With ``verify`` (default) each
     part must have the size ``_manifest.json`` records, and a read that includes a path column (what
     a trainer opens) also checks each part's sha256; ``verify=False`` reads parts edited after the
-    build, at the user's risk.
+    build, at the user's risk. ``manifest``: its ``load_manifest``, when already read.
 
     Raises:
         FileNotFoundError: a listed part is missing.
@@ -139,7 +145,7 @@ def read_samples(out_dir: PathLike, columns: Sequence[str] | None = None, *, ver
             ``path_root`` (one line naming it).
     """
     base = os.fspath(out_dir)
-    manifest = load_manifest(out_dir)
+    manifest = load_manifest(out_dir) if manifest is None else manifest
     rels = listed_parts(manifest.files)
     present = storage.list_files(storage.join(base, SAMPLES_DIR)) if verify else {}
     whole = columns is None or any(c in PATH_COLUMNS for c in columns)
@@ -231,6 +237,8 @@ class ManifestReader:
         root: where the data lives now (local path or URI) for a manifest of relative paths
             (``build --relative-to``); default the recorded ``path_root``.
         path_map: ``{"/old/prefix": "/new/prefix"}`` for full paths (``lidarshard.transforms.io.paths``).
+        manifest: the ``load_manifest`` of ``out_dir`` when the caller already read it (a sampler reads
+            it once and builds its readers from it).
 
     ``Batch.paths`` and ``sweep_paths`` are resolved, ready to open. ``len(reader)`` is the number of batches iteration yields: ``steps - start_step``.
     """
@@ -247,17 +255,19 @@ class ManifestReader:
         root: str | None = None,
         path_map: Mapping[str, str] | None = None,
         verify: bool = True,
+        manifest: Manifest | None = None,
     ) -> None:
         self.out_dir = out_dir
         self.verify = bool(verify)
-        self.manifest = load_manifest(out_dir)
+        self.manifest = load_manifest(out_dir) if manifest is None else manifest
         self.resolve_path = PathResolver(self.manifest.path_root, root, path_map)
         planned_ws = self.manifest.world_size
         if check_int("world_size", world_size, 1) != planned_ws:
             raise ValueError(
                 f"world size mismatch: the trainer runs world_size={world_size} but the manifest at "
-                f"{os.fspath(out_dir)} was planned for world_size={planned_ws}; rebuild it with "
-                f"--world-size {world_size}"
+                f"{os.fspath(out_dir)} was planned for world_size={planned_ws}: train on with "
+                f"lidarshard.ElasticBatchSampler(out_dir, rank, {world_size}) (any world size, exact), "
+                f"or rebuild with --world-size {world_size}"
             )
         self.rank = check_int("rank", rank, 0, planned_ws - 1)
         self.epoch = check_int("epoch", epoch, 0)

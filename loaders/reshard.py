@@ -16,27 +16,21 @@ Pure numpy; imports neither Beam nor torch. Plans are ``(S, W, M)`` int64 arrays
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
+from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
+from lidarshard.transforms.plan.lpt import lpt_rounds
 from lidarshard.transforms.plan.metrics import greedy_reference_linearity, linearity
 from lidarshard.transforms.plan.order import heaviest_first
 
-__all__ = ["ElasticPlan", "Switch", "merge_ranks", "replan_pool", "stable_seed", "check_exact"]
+__all__ = ["ElasticPlan", "Switch", "merge_ranks", "replan_pool", "check_exact"]
 
 #: One switch: after ``consumed_steps`` steps of the current plan, continue on ``(W', B')``.
 Switch = tuple[int, int, int]
-
-
-def stable_seed(*parts: int) -> int:
-    """A stable 63-bit seed from ints (sha256, never ``hash()``): the same on every rank and run."""
-    digest = hashlib.sha256("/".join(str(int(p)) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def merge_ranks(
@@ -101,7 +95,7 @@ def replan_pool(
             f"at least one per step; restart on at most {r_all} ranks, or start the next epoch"
         )
     # a seeded order so the planner's tie-breaks follow neither row ids nor the switch that came before
-    order = np.sort(pool)[np.random.default_rng(stable_seed(seed, 1)).permutation(r_all)]
+    order = np.sort(pool)[seeds.rng(seed, 1).permutation(r_all)]
 
     def plan(entries: NDArray[np.int64]) -> NDArray[np.int64]:
         sub = (
@@ -138,19 +132,17 @@ def _place_rest(
     """Add ``rest`` (r,) heaviest first onto the least-loaded rank (empty ranks first): as a new last
     step (``extra_step``; needs ``r >= W``) or into the last step of ``rows`` (S, W, M). Returns (S', W, M')."""
     s, w, m = rows.shape
-    if extra_step:
-        loads, counts = np.zeros(w), np.zeros(w, dtype=np.int64)
-        target: list[list[int]] = [[] for _ in range(w)]
+    rest = rest[np.lexsort((rest, -costs[rest]))]  # heaviest first, ties by row
+    if extra_step:  # empty ranks first: rank k takes the k-th heaviest, then LPT on from there
+        first, rest = rest[:w], rest[w:]
+        loads = costs[first]
+        target: list[list[int]] = [[int(i)] for i in first]
     else:
         last = rows[-1]
-        counts = (last >= 0).sum(axis=1)
         loads = np.where(last >= 0, costs[np.maximum(last, 0)], 0.0).sum(axis=1)
         target = [[int(v) for v in last[k] if v >= 0] for k in range(w)]
-    for i in rest[np.lexsort((rest, -costs[rest]))]:
-        k = int(np.lexsort((np.arange(w), loads, counts > 0))[0])  # empty first, then least loaded
-        target[k].append(int(i))
-        loads[k] += costs[i]
-        counts[k] += 1
+    for i, k in zip(rest.tolist(), lpt_rounds(loads, np.zeros(w), costs[rest]).tolist(), strict=True):
+        target[k].append(i)
     width = max(m, max(len(t) for t in target))
     step = np.full((1, w, width), -1, dtype=np.int64)
     for k, t in enumerate(target):
@@ -275,7 +267,7 @@ class ElasticPlan:
         Args:
             consumed_steps: steps of this plan every rank has finished, ``0..steps``.
             world_size: W' >= 1.
-            batch_size: B' >= 1; default ``W*B / W'`` (global batch unchanged), which must be whole.
+            batch_size: B' >= 1; default ``ceil(W*B / W')`` (the global batch kept, or grown to split).
 
         Returns:
             The new plan: merged when W' divides W and B' is ``B`` or ``(W/W')*B`` (equal counts),
@@ -289,12 +281,8 @@ class ElasticPlan:
             raise ValueError(f"consumed_steps {consumed_steps} is outside 0..{s}")
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
-        if batch_size is None:
-            if (w * b) % world_size:
-                raise ValueError(
-                    f"the global batch {w}x{b} = {w * b} does not split over {world_size} ranks: pass batch_size"
-                )
-            batch_size = w * b // world_size
+        if batch_size is None:  # the smallest batch that keeps the global batch, as ElasticBatchSampler
+            batch_size = -(-w * b // world_size)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         done, rest = self.rows[:consumed_steps].ravel(), self.rows[consumed_steps:]
@@ -315,7 +303,7 @@ class ElasticPlan:
             raise ValueError(
                 f"the manifest's strategy {self.strategy!r} is not one of {sorted(STRATEGIES)}: cannot re-plan"
             )
-        seed = stable_seed(self.seed, self.epoch, len(out.history), *np.ravel(out.history))
+        seed = seeds.derive(self.seed, self.epoch, len(out.history), *np.ravel(out.history))
         rows = replan_pool(
             rest[rest >= 0],
             self.costs,

@@ -8,28 +8,22 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from lidarshard.loaders.reader import (
-    ManifestReader,
-    PathLike,
-    check_int,
-    load_manifest,
-    needs_torch,
-    read_samples,
-)
+from lidarshard.loaders.reader import ManifestReader, PathLike, check_int, needs_torch
 
 try:
     import torch.distributed as dist
-    from torch.utils.data import BatchSampler, Sampler
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    from torch.utils.data import Sampler
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise needs_torch(__name__) from e
 
-from lidarshard.loaders.position import Position, caller_self, plan_keys, saved_shape
+from lidarshard.loaders.position import saved_shape
+from lidarshard.loaders.replay import IndexOf, PlanReplay
+from lidarshard.schemas.manifest import Manifest
 
 __all__ = ["BalancedBatchSampler", "rank_world"]
 
@@ -45,7 +39,7 @@ def rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return check_int("rank", rank, 0, world_size - 1), world_size
 
 
-class BalancedBatchSampler(Position, Sampler[list[int]]):
+class BalancedBatchSampler(PlanReplay, Sampler[list[int]]):
     """Yields, step by step, the dataset indices of this rank's planned batch.
 
     Use as ``DataLoader(dataset, batch_sampler=sampler)``. Call :meth:`set_epoch` before each epoch
@@ -72,8 +66,9 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
     ``lidarshard.loaders.elastic.ElasticBatchSampler``, which takes this state as it is. Each iteration
     first checks that the rank's plan holds the epoch's planned entries (``counts.planned``).
 
-    Misuse is refused where it happens: passed as ``sampler=`` (TypeError naming ``batch_sampler=``);
-    iterating an epoch a second time without ``set_epoch`` while later epochs are planned warns once.
+    Misuse: ``check_loader(loader)`` refuses a ``DataLoader`` given this sampler as ``sampler=`` (TypeError
+    naming ``batch_sampler=``; ``PlanLoader`` refuses ``sampler=`` itself); iterating an epoch a second time
+    without ``set_epoch`` while later epochs are planned warns once.
     """
 
     def __init__(
@@ -82,22 +77,15 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
         rank: int | None = None,
         world_size: int | None = None,
         *,
-        index_of: Mapping[str, int] | Callable[[str], int] | None = None,
+        index_of: IndexOf | None = None,
         cycle: bool = False,
     ) -> None:
-        super().__init__()
-        self.rank, self.world_size = rank_world(rank, world_size)
-        self.out_dir = out_dir
-        self.cycle = cycle
-        ManifestReader(out_dir, self.rank, self.world_size, 0)  # fail early on a bad dir or world size
-        self.manifest = load_manifest(out_dir)
+        rank, world_size = rank_world(rank, world_size)
+        super().__init__(out_dir, rank, world_size, index_of=index_of, cycle=cycle)
+        self.reader(0)  # fail early on a bad dir or world size; epoch 0 reuses it
+        self.batch_size = self.manifest.batch_size
         if index_of is None:
-            ids = read_samples(out_dir, ["sample_id"])["sample_id"].to_pylist()
-            index_of = {sid: i for i, sid in enumerate(ids)}
-        self.index_of = index_of
-        self.epoch = 0
-        self._reset_position()  # _resume: where the next iteration starts (len() counts from there)
-        self._finished = False  # the current epoch was iterated to its end
+            self.index_of = {sid: i for i, sid in enumerate(self.sample_ids())}
         self._warned = False
         self._counts: tuple[int, np.ndarray] | None = None  # (epoch, (S,) samples of all ranks per step)
 
@@ -106,7 +94,7 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
         """True when batches hold a variable number of samples (``--strategy budget``)."""
         return self.manifest.variable_count
 
-    def _step_counts(self, reader: ManifestReader | None = None) -> np.ndarray:
+    def _step_counts(self) -> np.ndarray:
         """(S,) int64 samples of all ranks at each step of the current epoch (cached), checked: S and their
         sum must be the manifest's ``steps_per_epoch`` and ``counts.planned`` of the epoch.
 
@@ -114,7 +102,7 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
             ValueError: the rank's plan is not the epoch the manifest records (one line).
         """
         if self._counts is None or self._counts[0] != self.epoch:
-            reader = reader or self._reader()
+            reader = self.reader(self.epoch)
             counts = np.array([reader.batch(s).global_count for s in range(reader.steps)], dtype=np.int64)
             e = reader.plan_epoch
             planned = self.manifest.counts.planned[e]
@@ -131,101 +119,44 @@ class BalancedBatchSampler(Position, Sampler[list[int]]):
         """(S,) float64 loss scale ``W / N_s`` of every step of the current epoch (cached)."""
         return self.world_size / self._step_counts().astype(np.float64)
 
-    def loss_scale(self, step: int) -> float:
-        """Multiply the *sum* of the per-sample losses of ``step`` by this: ``W / N`` with N the
-        samples of all ranks at that step (``1 / B`` with equal counts, the plain mean)."""
-        return float(self.scales()[step])
-
-    def _lookup(self, sample_id: str) -> int:
-        if not isinstance(self.index_of, Mapping):
-            return int(self.index_of(sample_id))
-        try:
-            return int(self.index_of[sample_id])
-        except KeyError:
-            raise KeyError(f"sample_id {sample_id!r} of the plan is not in index_of") from None
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration replays; a new epoch starts at step 0."""
-        epoch = check_int("epoch", epoch, 0)
-        if epoch != self.epoch:
-            self.epoch, self._finished = epoch, False
-            self._reset_position()
-
-    def switch_plan(self, out_dir: PathLike) -> int:
-        """Replay ``out_dir`` from now on: a re-plan of this sampler's manifest (``lidarshard build
-        --from-samples THIS/samples --replan-from E``), whose epochs before E are this manifest's plans
-        file for file, so nothing already trained changes and resume states stay valid. Call it before
-        epoch E's first batch (e.g. after calibrating on the epochs trained so far); returns E.
+    def check_loader(self, loader: Any) -> None:
+        """Refuse a ``DataLoader`` built with this batch sampler as ``sampler=`` (it would hand whole planned
+        batches to the dataset as single indices). Call it on a plain DataLoader you build yourself.
 
         Raises:
-            ValueError: ``out_dir`` does not continue this manifest (naming what differs), or epoch E
-                has begun.
+            TypeError: ``loader.batch_sampler`` is not this sampler (one line naming ``batch_sampler=``).
         """
-        new, start = self._continuation(out_dir)
-        ManifestReader(out_dir, self.rank, self.world_size, 0)  # its plan files are there for this rank
-        self.out_dir, self.manifest, self._counts = out_dir, new, None
-        return start
-
-    def _reader(self, start_step: int = 0) -> ManifestReader:
-        return ManifestReader(
-            self.out_dir, self.rank, self.world_size, self.epoch, start_step=start_step, cycle=self.cycle
-        )
-
-    def _steps(self) -> int:
-        epochs = self.manifest.epochs
-        if self.epoch >= epochs and not self.cycle:
-            return len(self._reader())  # raises the reader's "not planned" error
-        return self.manifest.steps(self.epoch % epochs)
-
-    def __len__(self) -> int:
-        """Batches the next (or current) iteration yields: the epoch's steps less a resumed position."""
-        return self._steps() - self._resume
-
-    def _check_caller(self) -> None:
-        """Refuse ``DataLoader(sampler=<this batch sampler>)``; note a prefetching plain DataLoader."""
-        caller = caller_self(2)
-        as_sampler = isinstance(caller, BatchSampler) and caller.sampler is self
-        as_sampler |= isinstance(caller, _BaseDataLoaderIter) and not caller._auto_collation
-        if as_sampler:
+        if getattr(loader, "batch_sampler", None) is not self:
             raise TypeError(
                 f"{type(self).__name__} yields whole batches: pass it as DataLoader(dataset, "
                 "batch_sampler=sampler), not sampler= (or use PlanSampler with sampler= and batch_size=)"
             )
-        self._note_caller(caller)
 
-    def __iter__(self) -> Iterator[list[int]]:  # PlannedBatch es
-        self._check_caller()
+    def _check_plan(self, out_dir: PathLike, manifest: Manifest) -> None:
+        ManifestReader(out_dir, self.rank, self.world_size, 0, manifest=manifest)  # its files for this rank
+
+    def _plan_changed(self) -> None:
+        self._counts = None
+
+    def _steps(self) -> int:
+        epochs = self.manifest.epochs
+        if self.epoch >= epochs and not self.cycle:
+            return len(self.reader(self.epoch))  # raises the reader's "not planned" error
+        return self.manifest.steps(self.epoch % epochs)
+
+    def _planned(self, start: int) -> Iterator[tuple[int, list[int]]]:
         epochs = self.manifest.epochs
         if self._finished and self.epoch + 1 < epochs and not self._warned:
             self._warned = True
             warnings.warn(
                 f"epoch {self.epoch} is being iterated again although the manifest plans {epochs} epochs: "
                 "call sampler.set_epoch(epoch) before each epoch, or every epoch replays the same plan",
-                stacklevel=2,
+                stacklevel=3,
             )
-        reader = self._reader(self._resume)
-        self._step_counts(reader)  # the epoch the manifest records, before a batch is handed out
-        self._finished = False
-        self._step = reader.start_step
-        planned = ((b.step, [self._lookup(sid) for sid in b.sample_ids]) for b in reader)
-        yield from self._serve(planned)
-        self._resume, self._finished = 0, True
-
-    def state_dict(self) -> dict[str, int | str]:
-        """``{"epoch": e, "step": batches of epoch e the training loop received, "world_size", "batch_size",
-        "seed", "strategy", "plan_fingerprint"}`` (the last three tie it to this plan).
-
-        Raises:
-            RuntimeError: a plain multi-worker ``DataLoader`` drives this sampler, so the batches it
-                yielded run ahead of training; build the loader with :class:`PlanLoader`.
-        """
-        return {
-            "epoch": self.epoch,
-            "step": self._saved_step(),
-            "world_size": self.world_size,
-            "batch_size": self.manifest.batch_size,
-            **plan_keys(self.manifest, self.epoch),
-        }
+        reader = self.reader(self.epoch)
+        self._step_counts()  # the epoch the manifest records, before a batch is handed out
+        lookup = self._lookup
+        return ((s, [lookup(sid) for sid in reader.batch(s).sample_ids]) for s in range(start, reader.steps))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields the batches of ``state["epoch"]`` from ``state["step"]``.

@@ -12,9 +12,11 @@ hides the imbalance being measured, so the compute time ends *before* any commun
 - a loop with its own collective calls :meth:`StepTimer.mark_compute_done` just before it;
 - a plain loop (no mark) times the whole step.
 
-On an accelerator (CUDA, Ascend NPU via torch_npu, ...) times come from its events through torch's
-device-generic API (``torch.accelerator``, ``torch.Event``), resolved lazily so the host never waits
-for the device; on CPU from ``time.perf_counter``. Files (``TIMING_FIELDS``)::
+On an accelerator (CUDA, Ascend NPU via torch_npu, ...) times come from its events (the device
+module's ``Event``, torch 2.1 on), resolved lazily so the host never waits for the device; on CPU from
+``time.perf_counter``. ``device="auto"`` uses events only where torch can really use the accelerator
+(the CUDA wheel on a CPU node times with the host clock). One process records one rank of a directory
+(a lock file per rank). Files (``TIMING_FIELDS``)::
 
     DIR/timings-rank-00003-part-00000.parquet   rank 3's rows of one flush (every ``flush_every`` steps,
                                                  at each new epoch and at close); a restarted run adds
@@ -35,19 +37,29 @@ PyTorch is optional here: without it (or with ``device="cpu"``) host clocks time
 
 from __future__ import annotations
 
-import re
-import time
+import fcntl
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lidarshard.loaders.reader import check_int, needs_torch
+from lidarshard.loaders.clocks import clock_for
+from lidarshard.loaders.reader import check_int
+from lidarshard.loaders.timing_files import (
+    MAX_STEP_S,
+    METHODS,
+    PART_PATTERN,
+    TIMING_FIELDS,
+    TIMING_SCHEMA,
+    read_timing_files,
+    timing_file,
+)
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.safeio import open_own
 
 __all__ = [
     "TIMING_FIELDS",
@@ -60,101 +72,49 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-#: The recorder's file schema: (name, Arrow type, meaning).
-TIMING_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
-    ("epoch", pa.int32(), "epoch of the plan the step belongs to"),
-    ("step", pa.int32(), "step of the epoch (0-based)"),
-    ("rank", pa.int32(), "the rank that ran the step"),
-    ("world_size", pa.int32(), "ranks in the job"),
-    ("compute_s", pa.float64(), "seconds the rank computed on its own, before any wait (see method)"),
-    ("wall_s", pa.float64(), "seconds of the whole step, waiting at collectives included"),
-    ("sample_ids", pa.list_(pa.string()), "the rank's samples at this step, in batch order"),
-    ("device", pa.string(), "'cpu' (host clock) or the accelerator whose events timed it, e.g. 'cuda:0'"),
-    ("method", pa.string(), "where compute_s ends: one of METHODS"),
-)
-
-#: Arrow schema of a timings file (field docs in the field metadata).
-TIMING_SCHEMA = pa.schema(
-    [pa.field(n, t, nullable=False, metadata={"doc": d}) for n, t, d in TIMING_FIELDS],
-    metadata={"lidarshard": "timings 1"},
-)
-
-#: Where ``compute_s`` ends: the first DDP gradient bucket ready, ``mark_compute_done()``, the step's end,
-#: or timed elsewhere and given to ``StepTimer.record``.
-METHODS = ("ddp_first_bucket", "mark", "step", "given")
-
-_PART = re.compile(r"timings-rank-(\d+)-part-(\d+)\.parquet$")
+_INT32_MAX = 2**31 - 1
 
 
-def timing_file(directory: str, rank: int, part: int) -> str:
-    """Path of rank ``rank``'s ``part``-th timings file in ``directory``."""
-    return storage.join(directory, f"timings-rank-{rank:05d}-part-{part:05d}.parquet")
+def _lock_rank(directory: str, rank: int) -> int | None:
+    """Make a local timings ``directory`` and hold ``DIR/.timings-rank-RRRRR.lock`` (an exclusive
+    ``flock``, released by ``close()`` or the process's end): two processes recording one rank into one
+    directory would overwrite each other's part files. None for a URI (no lock there).
 
-
-class _HostClock:
-    """``time.perf_counter`` marks (seconds)."""
-
-    device = "cpu"
-
-    def now(self) -> float:
-        return time.perf_counter()
-
-    def ready(self, mark: Any) -> bool:
-        return True
-
-    def seconds(self, a: Any, b: Any) -> float:
-        return float(b - a)
-
-
-class _EventClock:
-    """Timing events on the current stream of the current accelerator (``torch.Event``)."""
-
-    def __init__(self, event_type: Any, device: str) -> None:
-        self._event, self.device = event_type, device
-
-    def now(self) -> Any:
-        event = self._event(enable_timing=True)
-        event.record()
-        return event
-
-    def ready(self, mark: Any) -> bool:
-        return bool(mark.query())
-
-    def seconds(self, a: Any, b: Any) -> float:
-        b.synchronize()
-        return float(a.elapsed_time(b)) / 1000.0  # elapsed_time is in ms
-
-
-def _clock(device: str) -> _HostClock | _EventClock:
-    """The clock for ``device``: "auto" = the current accelerator's events if any, else the host."""
-    if device == "cpu":
-        return _HostClock()
+    Raises:
+        ValueError: the directory cannot be made (e.g. under a regular file), or another process
+            holds the rank (one line saying what to pass).
+    """
+    if not storage.is_local(directory):
+        return None
+    local = storage.local_path(directory)
     try:
-        import torch
-    except ImportError as e:
-        if device == "auto":
-            return _HostClock()
-        raise needs_torch(__name__) from e
-    accel = getattr(torch, "accelerator", None)
-    found = accel.current_accelerator() if accel is not None else None
-    if accel is None or found is None or not hasattr(torch, "Event"):
-        if device == "auto":
-            return _HostClock()
-        raise ValueError(f"device={device!r}: no accelerator with torch.Event timing in this torch")
-    if device not in ("auto", "accelerator", found.type):
-        raise ValueError(f"device={device!r}, but the current accelerator is {found.type!r}")
-    return _EventClock(torch.Event, f"{found.type}:{accel.current_device_index()}")
+        os.makedirs(local, exist_ok=True)
+        fd = open_own(os.path.join(local, f".timings-rank-{rank:05d}.lock"), os.O_RDWR | os.O_CREAT)
+    except OSError as e:
+        raise ValueError(f"timings directory {directory}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValueError(
+            f"another process records rank {rank} into {directory}: give each process its rank "
+            "(StepTimer(rank=...), or make the timer after torch.distributed.init_process_group)"
+        ) from None
+    return fd
 
 
 def _dist_rank() -> tuple[int, int]:
-    """(rank, world size) from ``torch.distributed`` when initialized, else (0, 1)."""
+    """(rank, world size) from ``torch.distributed`` when initialized, else from torchrun's ``RANK`` and
+    ``WORLD_SIZE`` (a timer made before ``init_process_group``), else (0, 1)."""
     try:
         import torch.distributed as dist
     except ImportError:
-        return 0, 1
-    if dist.is_available() and dist.is_initialized():
+        dist = None  # type: ignore[assignment]
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is not None and world is not None and rank.isdigit() and world.isdigit():
+        return int(rank), int(world)
     return 0, 1
 
 
@@ -196,7 +156,8 @@ class StepTimer:
         self.rank = check_int("rank", found_rank if rank is None else rank, 0, self.world_size - 1)
         self.flush_every = check_int("flush_every", flush_every, 1)
         self.directory = str(directory)
-        self._clock = _clock(device)
+        self._clock = clock_for(device)
+        self._lock = _lock_rank(self.directory, self.rank)  # last: nothing after it can fail
         self.device = self._clock.device
         self._open: _Open | None = None
         self._pending: list[tuple[_Open, Any]] = []  # (step, end mark) not yet resolved
@@ -238,8 +199,8 @@ class StepTimer:
         """Add a step timed elsewhere (a profiler, a simulation): ``compute_s`` and ``wall_s`` in seconds
         (``wall_s`` defaults to ``compute_s``); written like timed steps, ``method`` "given"."""
         wall = compute_s if wall_s is None else wall_s
-        if not 0 <= compute_s <= wall < float("inf"):
-            raise ValueError(f"need 0 <= compute_s <= wall_s < inf, got {compute_s} and {wall}")
+        if not 0 <= compute_s <= wall <= MAX_STEP_S:  # what read_timing_files takes back
+            raise ValueError(f"need 0 <= compute_s <= wall_s <= {MAX_STEP_S:g}, got {compute_s} and {wall}")
         self._begin(epoch, step)
         self._append(_Open(epoch, step, [str(s) for s in sample_ids], None, None, "given"), compute_s, wall)
         self._flush_if_full()
@@ -302,7 +263,7 @@ class StepTimer:
             return None
         if self._part is None:
             mine = storage.join(self.directory, f"timings-rank-{self.rank:05d}-part-*.parquet")
-            parts = [_PART.search(p) for p in storage.glob(mine)]
+            parts = [PART_PATTERN.search(p) for p in storage.glob(mine)]
             self._part = 1 + max((int(m.group(2)) for m in parts if m), default=-1)
         table = pa.table(self._rows, schema=TIMING_SCHEMA)
         sink = pa.BufferOutputStream()
@@ -314,9 +275,14 @@ class StepTimer:
         return path
 
     def close(self) -> None:
-        """Flush what is left (an open step is dropped)."""
+        """Flush what is left (an open step is dropped) and let another timer record this rank."""
         self._open = None
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            if self._lock is not None:
+                os.close(self._lock)
+                self._lock = None
 
     def __enter__(self) -> StepTimer:
         return self
@@ -327,8 +293,8 @@ class StepTimer:
     # ------------------------------------------------------------------ internals
     def _begin(self, epoch: int, step: int) -> None:
         """Check a new step's keys; flush the rows of the previous epoch when ``epoch`` is another."""
-        check_int("epoch", epoch, 0)
-        check_int("step", step, 0)
+        check_int("epoch", epoch, 0, _INT32_MAX)  # the files' int32 columns: checked here, not at a flush
+        check_int("step", step, 0, _INT32_MAX)
         if self._epoch is not None and epoch != self._epoch:
             self.flush()  # each finished epoch is on disk before the next one trains
         self._epoch = epoch
@@ -385,32 +351,3 @@ def ddp_timing_hook(state, bucket):  # untyped: DDP refuses the string annotatio
 
     state.timer._mark("ddp_first_bucket")
     return allreduce_hook(state.process_group, bucket)
-
-
-def read_timing_files(path: str) -> pa.Table:
-    """Every row of the timings files at ``path`` (a directory of them, or one file), ``TIMING_SCHEMA``.
-
-    A step recorded twice (a restarted run replayed it) keeps the record of the later part. Rows are
-    sorted by (epoch, step, rank).
-
-    Raises:
-        ValueError: no timings file there, or a file without the recorder's columns.
-    """
-    paths = [path] if not storage.is_dir(path) else storage.glob(storage.join(path, "timings-rank-*.parquet"))
-    if not paths:
-        raise ValueError(f"{path}: no timings-rank-*.parquet files (written by lidarshard.loaders.timing)")
-    tables, order = [], []
-    for p in paths:
-        t = storage.read_parquet(p)
-        missing = sorted(set(TIMING_SCHEMA.names) - set(t.column_names))
-        if missing:
-            raise ValueError(f"{p}: not a lidarshard timings file (no {', '.join(missing)})")
-        tables.append(t.select(TIMING_SCHEMA.names).cast(TIMING_SCHEMA))
-        m = _PART.search(p)
-        order.append(int(m.group(2)) if m else 0)
-    table = pa.concat_tables(tables)
-    part = np.repeat(np.asarray(order, dtype=np.int64), [t.num_rows for t in tables])
-    keys = np.stack([table.column(k).to_numpy().astype(np.int64) for k in ("epoch", "step", "rank")], axis=1)
-    latest = np.lexsort((-part, keys[:, 2], keys[:, 1], keys[:, 0]))  # by key, the latest part first
-    first = np.r_[True, (np.diff(keys[latest], axis=0) != 0).any(axis=1)] if len(latest) else latest
-    return table.take(pa.array(latest[first]))

@@ -1,5 +1,5 @@
 """PyTorch adapters: the batch sampler that replays a rank's manifest (``BalancedBatchSampler``, from
-``loaders.balanced``), ``PlanLoader`` that counts trained batches, the per-sample ``PlanSampler`` of the
+``loaders.sampler``), ``PlanLoader`` that counts trained batches, the per-sample ``PlanSampler`` of the
 framework adapters, and the point-cloud dataset (``loaders.dataset``).
 
 Typical use with ``torch.distributed`` initialized::
@@ -26,7 +26,7 @@ Needs PyTorch: ``pip install "lidarshard[torch]"``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lidarshard.loaders.reader import PathLike, check_int, needs_torch
@@ -35,12 +35,12 @@ if TYPE_CHECKING:
     from lidarshard.loaders.elastic import ElasticBatchSampler
 
 try:
-    from torch.utils.data import BatchSampler, DataLoader, Sampler
+    from torch.utils.data import DataLoader, Sampler
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise needs_torch(__name__) from e
 
 from lidarshard.loaders.dataset import IGNORE_LABEL, PointCloudDataset, collate
-from lidarshard.loaders.position import Position, caller_self
+from lidarshard.loaders.replay import IndexOf, PlanReplay
 from lidarshard.loaders.sampler import BalancedBatchSampler
 
 __all__ = [
@@ -77,7 +77,7 @@ class PlanLoader(DataLoader):
     def __init__(
         self, dataset: Any, batch_sampler: BalancedBatchSampler | ElasticBatchSampler, **kwargs: Any
     ) -> None:
-        if not isinstance(batch_sampler, Position):
+        if not isinstance(batch_sampler, PlanReplay):
             raise TypeError(
                 f"PlanLoader needs a BalancedBatchSampler or ElasticBatchSampler, got {type(batch_sampler).__name__}"
             )
@@ -92,7 +92,7 @@ class PlanLoader(DataLoader):
         batch_sampler.lookahead(getattr(dataset, "prefetch", 0), max(1, self.num_workers))
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        sampler: Position = self.batch_sampler  # type: ignore[assignment]
+        sampler: PlanReplay = self.batch_sampler  # type: ignore[assignment]
         sampler._begin_delivery()
         for batch in super().__iter__():
             sampler._delivered()
@@ -125,8 +125,9 @@ class PlanSampler(Sampler[int]):
             ``e`` replays planned epochs ``e*passes .. e*passes+passes-1`` back to back. With
             ``passes > 1`` a resumed position (``load_state_dict``) is not kept.
 
-    A ``DataLoader`` whose ``batch_size`` is not the manifest's would cut across planned steps: the
-    first iteration raises ValueError naming both sizes.
+    A ``DataLoader`` whose ``batch_size`` is not the manifest's would cut across planned steps:
+    ``check_loader(loader)`` (or ``check_batch_size``) raises ValueError naming both sizes; mmengine's
+    ``LidarshardBatchSampler`` and the Pointcept adapter's loader call it.
     """
 
     def __init__(
@@ -135,7 +136,7 @@ class PlanSampler(Sampler[int]):
         rank: int | None = None,
         world_size: int | None = None,
         *,
-        index_of: Mapping[str, int] | Callable[[str], int] | None = None,
+        index_of: IndexOf | None = None,
         cycle: bool = False,
         passes: int = 1,
     ) -> None:
@@ -183,19 +184,25 @@ class PlanSampler(Sampler[int]):
                 "a DataLoader with batch_size= would cut across steps; use "
                 "batch_sampler=PlanBatchSampler(sampler) (or BalancedBatchSampler)"
             )
-        caller = caller_self(1)
-        if (
-            isinstance(caller, BatchSampler)
-            and caller.sampler is self
-            and caller.batch_size != self.batch_size
-        ):
-            raise ValueError(
-                f"the DataLoader's batch_size={caller.batch_size} but the manifest was planned with "
-                f"--batch-size {self.batch_size}: use batch_size={self.batch_size}, or every batch would "
-                "cut across planned steps"
-            )
         for batch in self.iter_batches():
             yield from batch
+
+    def check_batch_size(self, batch_size: object, what: str = "the DataLoader's batch_size") -> None:
+        """Refuse a loader batch size other than the manifest's: every batch would cut across planned steps.
+
+        Raises:
+            ValueError: ``batch_size`` is not the manifest's ``--batch-size`` (one line naming both).
+        """
+        if batch_size != self.batch_size:
+            raise ValueError(
+                f"{what}={batch_size} but the manifest was planned with --batch-size {self.batch_size}: "
+                f"use batch_size={self.batch_size}, or every batch would cut across planned steps"
+            )
+
+    def check_loader(self, loader: Any) -> None:
+        """:meth:`check_batch_size` of a ``DataLoader(dataset, sampler=self, batch_size=...)`` you built."""
+        if getattr(loader, "sampler", None) is self:
+            self.check_batch_size(loader.batch_size)
 
     def switch_plan(self, out_dir: PathLike) -> int:
         """:meth:`BalancedBatchSampler.switch_plan` (``E`` counts planned epochs, ``passes`` per trainer epoch)."""

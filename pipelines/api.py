@@ -1,9 +1,9 @@
 """The Python API of the pipeline side: ``lidarshard.build`` and ``lidarshard.write_manifest``.
 
-Both take the command's flags as keyword arguments (``--bucket-weights`` -> ``bucket_weights``), checked
-by the same declarations and validators as ``lidarshard build`` (a bad value raises
-:class:`~lidarshard.pipelines.flags.UsageError`, a ``ValueError``, with the same one line), and run the
-same build core and the same publish, returning the same summary::
+Both take the command's flags as keyword arguments (``--bucket-weights`` -> ``bucket_weights``): the
+fields of ``lidarshard.pipelines.options.BuildOptions``, checked as typed values by the validators the
+command line uses (a bad value raises :class:`~lidarshard.pipelines.flags.UsageError`, a ``ValueError``,
+with the same one line), and run the same build core and the same publish, returning the same summary::
 
     summary = lidarshard.build("data/", "out/", world_size=8, batch_size=2, epochs=3, runner="FnApiRunner")
     summary = lidarshard.write_manifest(infos_df, "out/", 8, 2, epochs=3)   # your own sample list, no scan
@@ -21,7 +21,6 @@ Needs Apache Beam (``pip install "lidarshard[pipeline]"``); ``import lidarshard`
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,13 +29,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lidarshard import schemas
-from lidarshard.pipelines import arguments, launch
 from lidarshard.pipelines import build as build_cmd
+from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import UsageError
-from lidarshard.pipelines.settings import build_settings, check_plan_size, table_settings
-from lidarshard.pipelines.settings import cost_model as parse_cost_model
+from lidarshard.pipelines.options import BuildOptions, table_keys
+from lidarshard.pipelines.preflight import build_settings, table_settings
+from lidarshard.pipelines.preflight import cost_model as parse_cost_model
+from lidarshard.pipelines.settings import check_plan_size
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.score import GIVEN, PREPARED, Source
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.io import storage
@@ -44,14 +46,6 @@ from lidarshard.transforms.io.arrow import parquet_bytes
 from lidarshard.transforms.io.paths import path_problem
 
 __all__ = ["build", "replan", "write_manifest", "summary"]
-
-
-def _namespace(
-    paths: list[str], world_size: int, batch_size: int, flags: dict[str, Any]
-) -> argparse.Namespace:
-    """The ``build`` flags of keyword arguments, checked by the command's own declarations."""
-    size = {"world_size": world_size, "batch_size": batch_size}
-    return build_cmd.parser().namespace({"paths": paths}, size | flags)
 
 
 def summary(out: str) -> dict:
@@ -95,11 +89,22 @@ def build(
         UsageError: a bad flag, value or path (the CLI's exit 2), before Beam starts.
         Exception: the run failed (the CLI's exit 1); nothing was published.
     """
-    beam_argv = [*([f"--runner={runner}"] if runner else []), *pipeline_args]
     inputs = [] if input is None else [input] if isinstance(input, str) else list(input)
-    args = _namespace([*inputs, out], world_size, batch_size, flags)
+    opts = BuildOptions.from_keywords({"world_size": world_size, "batch_size": batch_size} | flags)
+    return _run(opts, [*inputs, out], runner, pipeline_args)
+
+
+def _run(
+    opts: BuildOptions,
+    paths: list[str],
+    runner: str | None,
+    pipeline_args: Sequence[str],
+    replan: tuple[PlanConfig, Manifest] | None = None,
+) -> dict:
+    """The checked build of ``opts`` (``replan``: see ``preflight.build_settings``) run and published."""
+    beam_argv = [*([f"--runner={runner}"] if runner else []), *pipeline_args]
     dry_run = launch.dry_run_requested(beam_argv)
-    settings = build_settings(args, dry_run)
+    settings = build_settings(opts, paths, dry_run, replan)
     if not dry_run:  # a dry run works offline
         check_locations(beam_argv)
     if not build_cmd.launch_build(settings, beam_argv):
@@ -119,25 +124,23 @@ def replan(
 ) -> dict:
     """Re-plan manifest ``out`` from epoch ``from_epoch`` on with ``cost_model`` (``@fit.json`` from
     ``lidarshard calibrate``) into ``new_out``: ``build new_out --from-samples out/samples --replan-from E``
-    with ``out``'s own plan flags (``replan.previous_flags``). Epochs before E keep ``out``'s plan byte for
-    byte; a running sampler moves to ``new_out`` with ``switch_plan(new_out)``. Returns :func:`summary`.
+    with ``out``'s own plan settings, constructed from the manifest read here once
+    (``replan.replan_options``). Epochs before E keep ``out``'s plan byte for byte; a running sampler
+    moves to ``new_out`` with ``switch_plan(new_out)``. Returns :func:`summary`.
 
     Raises:
         UsageError: ``out`` is not a committed manifest, ``from_epoch`` is outside its epochs, a bad model.
     """
     from lidarshard.loaders.reader import load_manifest
-    from lidarshard.pipelines.replan import previous_flags
+    from lidarshard.pipelines.replan import replan_options
 
     try:
         m = load_manifest(out)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(f"replan: {e}") from None
-    flags = previous_flags(m) | ({} if epochs is None else {"epochs": epochs})
-    return build(
-        None, new_out, world_size=m.world_size, batch_size=m.batch_size, runner=runner,
-        pipeline_args=pipeline_args, from_samples=storage.join(out, schemas.SAMPLES_DIR),
-        replan_from=from_epoch, cost_model=cost_model, **flags,
-    )  # fmt: skip
+    samples = storage.join(out, schemas.SAMPLES_DIR)
+    opts, cfg = replan_options(m, samples, from_epoch, cost_model, epochs)
+    return _run(opts, [new_out], runner, pipeline_args, (cfg, m))
 
 
 def write_manifest(
@@ -171,14 +174,13 @@ def write_manifest(
         UsageError: a bad flag, value or column, before anything is written.
         Exception: the build failed; nothing was published.
     """
-    unknown = sorted(set(flags) - arguments.table_keys(build_cmd.parser()))
+    unknown = sorted(set(flags) - table_keys())
     if unknown:
         raise UsageError(f"write_manifest takes the plan flags only, not {', '.join(unknown)}")
     samples = _as_table(samples)
     given = cost_model is None and "cost" in samples.column_names
-    args = _namespace(
-        [out], world_size, batch_size, flags | ({"cost_model": cost_model} if cost_model else {})
-    )
+    size = {"world_size": world_size, "batch_size": batch_size, "cost_model": cost_model}
+    args = BuildOptions.from_keywords(size | flags)
     settings = table_settings(args, out, GIVEN if given else parse_cost_model(args.cost_model))
     table = _samples_table(samples, args)
     check_plan_size(settings.cfg, table.num_rows, "the table")
@@ -242,7 +244,7 @@ def _check_ids(table: pa.Table) -> None:
         )
 
 
-def _samples_table(table: pa.Table, args: argparse.Namespace) -> pa.Table:
+def _samples_table(table: pa.Table, args: BuildOptions) -> pa.Table:
     """The samples -> the samples schema (plus ``cost`` and the ``sample_weights`` column when given),
     sorted by (sample_id, path)."""
     _check_ids(table)

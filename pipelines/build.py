@@ -19,11 +19,13 @@ from collections.abc import Callable, Sequence
 import apache_beam as beam
 
 from lidarshard import schemas
-from lidarshard.pipelines import arguments, launch
+from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
+from lidarshard.pipelines.options import BuildOptions, declare
+from lidarshard.pipelines.preflight import build_settings
 from lidarshard.pipelines.scan import scan_samples
-from lidarshard.pipelines.settings import BuildSettings, build_settings
+from lidarshard.pipelines.settings import BuildSettings
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.beam.build_transform import BuildManifest
 from lidarshard.transforms.beam.scan_transform import scan_results
@@ -50,8 +52,8 @@ def _summary_help() -> str:
 
 
 def parser() -> CommandParser:
-    """The ``build`` command line: paths, scan flags, plan flags, Beam options; ``--help`` also says
-    what the summary's numbers mean."""
+    """The ``build`` command line: paths, the flags of ``BuildOptions`` (scan, output, plan), Beam
+    options; ``--help`` also says what the summary's numbers mean."""
     about = __doc__.split("\n\n")[0].replace("``", "")
     p = CommandParser("lidarshard build", f"{about}\n\n{_summary_help()}", usage=USAGE)
     p.add_argument(
@@ -60,8 +62,7 @@ def parser() -> CommandParser:
         metavar="PATH",
         help="INPUT... OUT, or only OUT with --from-samples; INPUT is [NAME=]PATH",
     )
-    arguments.add_scan_arguments(p)
-    arguments.add_plan_arguments(p)
+    declare(p, BuildOptions)
     return p
 
 
@@ -167,7 +168,7 @@ def run(argv: list[str] | None = None) -> int:
     args, beam_argv = p.parse(argv)
     try:
         dry_run = launch.dry_run_requested(beam_argv)
-        settings = build_settings(args, dry_run)
+        settings = build_settings(BuildOptions.from_namespace(args), args.paths, dry_run)
         if not dry_run:  # a dry run works offline
             check_locations(beam_argv)
     except UsageError as e:

@@ -1,14 +1,15 @@
 """The command lines of ``scan``, ``build`` and ``synth``: flags declared once, strict, with Beam's options
-passed through; the same declarations check the Python API's keyword arguments.
+passed through; the same validators check the Python API's keyword arguments.
 
-Flags are declared once with :func:`flag` (name, parser/validator, default, help): the help text
-always shows the default, and a bad value stops the command before Beam starts with one line that
-names the flag, the value and the allowed range. :class:`CommandParser` accepts our flags and the
-real Beam pipeline options (``--runner``, ``--temp_location``, ...), passed through untouched;
-anything else — a typo such as ``--sweps`` or ``--temp_locaton`` — exits 2 with the usage line and a
-"did you mean" suggestion. Abbreviations are never matched. :meth:`CommandParser.namespace` takes
-keyword arguments (``bucket_weights=(1, 2)``, ``pad=True``) through the same declarations and
-validators, for ``lidarshard.build`` and ``lidarshard.write_manifest``.
+Flags are declared once, as fields of the options dataclasses (``lidarshard.pipelines.options``),
+which :func:`flag` adds to a parser (name, validator, default, help): the help text always shows the
+default, and a bad value stops the command before Beam starts with one line that names the flag, the
+value and the allowed range. :class:`CommandParser` accepts our flags and the real Beam pipeline
+options (``--runner``, ``--temp_location``, ...), passed through untouched; anything else — a typo
+such as ``--sweps`` or ``--temp_locaton`` — exits 2 with the usage line and a "did you mean"
+suggestion. Abbreviations are never matched. The validators (:class:`int_in`, ...) also check a typed
+value, so the Python API's keyword arguments get the command line's checks and messages without
+being turned into text.
 
 Our flags are parsed with plain argparse rather than a ``PipelineOptions`` subclass on purpose:
 Beam registers every ``PipelineOptions`` subclass in one global parser, so two subcommands that
@@ -22,9 +23,10 @@ import difflib
 import functools
 import importlib
 import math
+import numbers
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lidarshard.pipelines import DEBUG_ENV
@@ -34,9 +36,11 @@ __all__ = [
     "UsageError",
     "CommandParser",
     "flag",
+    "Check",
     "int_in",
     "float_in",
     "float_list",
+    "parsed_by",
 ]
 
 
@@ -54,64 +58,136 @@ class UsageError(ValueError):
 # ---------------------------------------------------------------------------------------- flag values
 
 
-def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
-    """argparse ``type=``: an integer in ``[lo, hi]`` (no upper bound when ``hi`` is None)."""
-    allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+class Check:
+    """An argparse ``type=`` that also checks a typed value: ``check(text)`` parses a flag's text,
+    ``check.value(v)`` takes the same value from the Python API (no text in between). Both raise
+    ``argparse.ArgumentTypeError`` with the same one line for the same value."""
 
-    def parse(text: str) -> int:
+    __name__ = "value"
+
+    def __call__(self, text: str) -> Any:
+        raise NotImplementedError
+
+    def value(self, value: Any) -> Any:
+        """``value`` given as Python data (a string is parsed as the command line's text)."""
+        return self(value) if isinstance(value, str) else self.typed(value)
+
+    def typed(self, value: Any) -> Any:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a valid value")
+
+
+class int_in(Check):  # noqa: N801 - reads as the function it replaced: type=int_in(1, 64)
+    """An integer in ``[lo, hi]`` (no upper bound when ``hi`` is None)."""
+
+    __name__ = "int"
+
+    def __init__(self, lo: int, hi: int | None = None) -> None:
+        self.lo, self.hi = lo, hi
+        self.allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+
+    def __call__(self, text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {allowed}") from None
-        if value < lo or (hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"{text} is out of range: must be {allowed}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {self.allowed}") from None
+        return self._within(value, text)
+
+    def typed(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise argparse.ArgumentTypeError(f"{str(value)!r} is not {self.allowed}")
+        return self._within(int(value), str(value))
+
+    def _within(self, value: int, shown: str) -> int:
+        if value < self.lo or (self.hi is not None and value > self.hi):
+            raise argparse.ArgumentTypeError(f"{shown} is out of range: must be {self.allowed}")
         return value
 
-    parse.__name__ = "int"
-    return parse
 
-
-def _finite(text: str, allowed: str) -> float:
+def _finite(value: Any, shown: str, allowed: str) -> float:
+    """``value`` (text or a number) as a finite float; raises naming ``shown``."""
     try:
-        value = float(text)
+        if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+            raise ValueError
+        out = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number: must be {allowed}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} is not finite: must be {allowed}")
-    return value
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a number: must be {allowed}") from None
+    if not math.isfinite(out):
+        raise argparse.ArgumentTypeError(f"{shown} is not finite: must be {allowed}")
+    return out
 
 
-def float_in(lo: float, hi: float | None = None, *, above: bool = False) -> Callable[[str], float]:
-    """argparse ``type=``: a finite float in ``[lo, hi]`` (``(lo, ...`` with ``above``; no upper
-    bound when ``hi`` is None)."""
-    low = f"> {lo:g}" if above else f">= {lo:g}"
-    allowed = f"a finite number {low}" if hi is None else f"a finite number in [{lo:g}, {hi:g}]"
+class float_in(Check):  # noqa: N801
+    """A finite float in ``[lo, hi]`` (``(lo, ...`` with ``above``; no upper bound when ``hi`` is None)."""
 
-    def parse(text: str) -> float:
-        value = _finite(text, allowed)
-        if value < lo or (above and value == lo) or (hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"{text} is out of range: must be {allowed}")
+    __name__ = "float"
+
+    def __init__(self, lo: float, hi: float | None = None, *, above: bool = False) -> None:
+        self.lo, self.hi, self.above = lo, hi, above
+        low = f"> {lo:g}" if above else f">= {lo:g}"
+        self.allowed = f"a finite number {low}" if hi is None else f"a finite number in [{lo:g}, {hi:g}]"
+
+    def __call__(self, text: str) -> float:
+        return self._within(_finite(text, text, self.allowed), text)
+
+    def typed(self, value: Any) -> float:
+        return self._within(_finite(value, str(value), self.allowed), str(value))
+
+    def _within(self, value: float, shown: str) -> float:
+        lo, hi = self.lo, self.hi
+        if value < lo or (self.above and value == lo) or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{shown} is out of range: must be {self.allowed}")
         return value
 
-    parse.__name__ = "float"
-    return parse
 
+class float_list(Check):  # noqa: N801
+    """Comma-separated finite floats (exactly ``count`` of them, each >= ``lo``); a sequence of
+    numbers from the Python API."""
 
-def float_list(count: int | None = None, lo: float | None = None) -> Callable[[str], tuple[float, ...]]:
-    """argparse ``type=``: comma-separated finite floats (exactly ``count`` of them, each >= ``lo``)."""
-    allowed = "comma-separated finite numbers" + (f" >= {lo:g}" if lo is not None else "")
-    allowed = f"{count} {allowed}" if count else allowed
+    __name__ = "list"
 
-    def parse(text: str) -> tuple[float, ...]:
-        values = tuple(_finite(v, allowed) for v in text.split(","))
-        if count and len(values) != count:
-            raise argparse.ArgumentTypeError(f"{text!r} has {len(values)} values: must be {allowed}")
-        if lo is not None and min(values) < lo:
-            raise argparse.ArgumentTypeError(f"{text!r} is out of range: must be {allowed}")
+    def __init__(self, count: int | None = None, lo: float | None = None) -> None:
+        self.count, self.lo = count, lo
+        allowed = "comma-separated finite numbers" + (f" >= {lo:g}" if lo is not None else "")
+        self.allowed = f"{count} {allowed}" if count else allowed
+
+    def __call__(self, text: str) -> tuple[float, ...]:
+        return self._checked(text.split(","), text)
+
+    def typed(self, value: Any) -> tuple[float, ...]:
+        if not isinstance(value, Sequence):
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a sequence of numbers: must be {self.allowed}"
+            )
+        return self._checked(list(value), ",".join(map(str, value)))
+
+    def _checked(self, items: list, shown: str) -> tuple[float, ...]:
+        values = tuple(_finite(v, str(v), self.allowed) for v in items)
+        if self.count and len(values) != self.count:
+            raise argparse.ArgumentTypeError(f"{shown!r} has {len(values)} values: must be {self.allowed}")
+        if self.lo is not None and (not values or min(values) < self.lo):
+            raise argparse.ArgumentTypeError(f"{shown!r} is out of range: must be {self.allowed}")
         return values
 
-    parse.__name__ = "list"
-    return parse
+
+class parsed_by(Check):  # noqa: N801
+    """A value ``parse(text)`` reads (raising ValueError); the Python API may give the parsed value
+    itself, checked by ``typed(value)``."""
+
+    def __init__(self, parse: Callable[[str], Any], typed: Callable[[Any], Any]) -> None:
+        self._parse, self._typed = parse, typed
+        self.__name__ = parse.__name__
+
+    def __call__(self, text: str) -> Any:
+        try:
+            return self._parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    def typed(self, value: Any) -> Any:
+        try:
+            return self._typed(value)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def flag(
@@ -263,43 +339,6 @@ class CommandParser(argparse.ArgumentParser):
         hint = f"; did you mean {close[0]}?" if close else ""
         return f"unknown flag {name}{hint} (see {self.prog} --help)"
 
-    def namespace(self, positional: Mapping[str, Any], values: Mapping[str, Any]) -> argparse.Namespace:
-        """The Namespace the command line would give, from keyword arguments: ``values`` are flags in
-        snake case (``bucket_weights=(1, 2)``, ``pad=True``), each checked by its declared validator;
-        ``positional`` sets the positional destinations as they are.
-
-        Raises:
-            UsageError: an unknown name (with a "did you mean"), a value the flag refuses, or two
-                flags of one mutually exclusive group (the CLI's messages).
-        """
-        ns = argparse.Namespace(
-            **{a.dest: a.default for a in self._actions if a.dest not in ("help", "_beam")}
-        )
-        for dest, value in positional.items():
-            setattr(ns, dest, value)
-        given: list[argparse.Action] = []
-        for key, value in values.items():
-            name = "--" + key.replace("_", "-")
-            action = self._option_string_actions.get(name)
-            if action is None or action.dest in ("_beam", "help"):
-                raise UsageError(self._unknown_key(key))
-            if value is None or value is False:
-                continue
-            given.append(action)
-            setattr(ns, action.dest, _value(action, name, value))
-        for group in self._mutually_exclusive_groups:
-            both = [a for a in group._group_actions if a in given]
-            if len(both) > 1:
-                raise UsageError(
-                    f"argument {both[1].option_strings[0]}: not allowed with argument {both[0].option_strings[0]}"
-                )
-        return ns
-
-    def _unknown_key(self, key: str) -> str:
-        ours = [s[2:].replace("-", "_") for s in self.known_flags() if s not in self._beam_strings()]
-        close = difflib.get_close_matches(key, ours, n=1, cutoff=0.6)
-        return f"unknown argument {key}" + (f"; did you mean {close[0]}?" if close else "")
-
     def _beam_strings(self) -> set[str]:
         return {s for a in self._actions if a.dest == "_beam" for s in a.option_strings}
 
@@ -322,28 +361,3 @@ class CommandParser(argparse.ArgumentParser):
         if self.raise_errors:
             raise UsageError(message)
         super().error(message)
-
-
-def _value(action: argparse.Action, name: str, value: Any) -> Any:
-    """A keyword argument's value for ``action``, checked the way the command line checks its text."""
-    if action.nargs == 0:  # store_true / store_const
-        if value is not True:
-            raise UsageError(f"{name} is a switch: pass True, got {value!r}")
-        return action.const
-    if isinstance(value, bool):
-        raise UsageError(f"argument {name}: {value!r} is not a valid value")
-    text = (
-        ",".join(repr(v) if isinstance(v, float) else str(v) for v in value)
-        if isinstance(value, (list, tuple))
-        else str(value)
-    )
-    if isinstance(value, float):
-        text = repr(value)
-    try:
-        converted = action.type(text) if callable(action.type) else text
-    except (argparse.ArgumentTypeError, ValueError) as e:
-        raise UsageError(f"argument {name}: {e}") from None
-    if action.choices is not None and converted not in action.choices:
-        choices = ", ".join(map(repr, action.choices))
-        raise UsageError(f"argument {name}: invalid choice: {converted!r} (choose from {choices})")
-    return converted

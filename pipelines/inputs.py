@@ -138,7 +138,7 @@ def resolve_datasets(
         )
     forced = _layouts_flag(dataset, names)
     _check_weights(weights, names)
-    _check_apart([path for _, path in split])
+    _check_apart([path for _, path in split], look)
     out = []
     for name, (_, path) in zip(names, split, strict=True):
         if look:
@@ -151,20 +151,46 @@ def resolve_datasets(
     return tuple(out)
 
 
-def _check_apart(paths: Sequence[str]) -> None:
-    """No INPUT holds another (its files would be scanned twice, under two names)."""
-    roots = [
-        (os.path.realpath(p) if storage.is_local(p) else p.rstrip("/"), p)
-        for p in paths
-        if not checks.is_pattern(p)
-    ]
+def _check_apart(paths: Sequence[str], look: bool) -> None:
+    """No INPUT holds another or shares a file with it (its files would be scanned twice, under two
+    names): directories by their paths, patterns (``look``: they are listed) by the files they match."""
+    roots = [(_real(p), p) for p in paths if not checks.is_pattern(p)]
     for i, (a, shown_a) in enumerate(roots):
         for b, shown_b in roots[i + 1 :]:
-            if a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/"):
+            if a == b or _under(a, b) or _under(b, a):
                 inner, outer = (shown_a, shown_b) if len(a) >= len(b) else (shown_b, shown_a)
                 raise UsageError(
                     f"INPUT {outer} holds INPUT {inner}: its files would be scanned twice; give them apart"
                 )
+    if not look:
+        return
+    matched: list[tuple[str, set[str]]] = []
+    for pattern in (p for p in paths if checks.is_pattern(p)):
+        files = {_real(f) for f in storage.glob(pattern)}
+        for root, shown in roots:
+            inside = sorted(f for f in files if _under(f, root))
+            if inside:
+                raise UsageError(
+                    f"INPUT {shown} holds {inside[0]}, which INPUT {pattern} matches too: "
+                    "its files would be scanned twice; give them apart"
+                )
+        for other, seen in matched:
+            both = sorted(files & seen)
+            if both:
+                raise UsageError(
+                    f"INPUTs {other} and {pattern} both match {both[0]}: it would be scanned twice; "
+                    "give them apart"
+                )
+        matched.append((pattern, files))
+
+
+def _real(path: str) -> str:
+    """A local path with its links resolved (a URI as given), no trailing slash."""
+    return os.path.realpath(storage.local_path(path)) if storage.is_local(path) else path.rstrip("/")
+
+
+def _under(path: str, root: str) -> bool:
+    return path.startswith(root.rstrip("/") + "/")
 
 
 def label_maps(datasets: Sequence[Dataset], look: bool) -> dict[str, dict[int, int]]:

@@ -4,22 +4,28 @@ A re-plan continues manifest PREV: epochs ``< E`` keep PREV's plan byte for byte
 cost model that planned them, recorded in ``cost_history``), epochs ``E..`` are planned with the new
 ``--cost-model``. Every other plan setting must be PREV's, so that a trainer that ran PREV's epochs
 ``< E`` moves to the new manifest at epoch E (``sampler.switch_plan``) and its resume states stay valid.
-The build checks at its end that the kept epochs' files are PREV's (``transforms.plan.manifest.Kept``).
+The build checks at its end that the kept epochs' files are PREV's (``transforms.core.record.Kept``).
+
+``lidarshard.replan`` holds PREV's manifest already: ``replan_options`` constructs the options and the
+plan of the re-plan directly from it (no flags, no text), and the build uses that manifest instead of
+reading it again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from lidarshard.loaders.reader import load_manifest
 from lidarshard.pipelines.flags import UsageError
+from lidarshard.pipelines.options import BuildOptions
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.record import Kept, kept_from
 from lidarshard.transforms.core.recorded import previous_dir
 from lidarshard.transforms.features.cost import cost_model_from_json
 
-__all__ = ["replan_settings", "KEPT_SETTINGS", "previous_flags"]
+__all__ = ["replan_settings", "KEPT_SETTINGS", "replan_options"]
 
 #: The plan settings a re-plan keeps: each must be the previous manifest's.
 KEPT_SETTINGS = (
@@ -36,12 +42,16 @@ KEPT_SETTINGS = (
 )
 
 
-def _previous(from_samples: str, epoch: int) -> tuple[str, Manifest]:
+def _previous(from_samples: str, epoch: int, m: Manifest | None) -> tuple[str, Manifest]:
+    """PREV (the directory of ``from_samples``) and its manifest (``m`` when the caller holds it)."""
     prev = previous_dir(from_samples)
-    try:
-        m = load_manifest(prev)
-    except (FileNotFoundError, ValueError) as e:
-        raise UsageError(f"--replan-from {epoch} continues the manifest beside --from-samples: {e}") from None
+    if m is None:
+        try:
+            m = load_manifest(prev)
+        except (FileNotFoundError, ValueError) as e:
+            raise UsageError(
+                f"--replan-from {epoch} continues the manifest beside --from-samples: {e}"
+            ) from None
     if not m.schema_version.startswith("4."):
         raise UsageError(
             f"--replan-from: {prev} was written with schema {m.schema_version}; rebuild it with this lidarshard first"
@@ -49,15 +59,18 @@ def _previous(from_samples: str, epoch: int) -> tuple[str, Manifest]:
     return prev, m
 
 
-def replan_settings(cfg: PlanConfig, from_samples: str, epoch: int) -> tuple[PlanConfig, Kept]:
+def replan_settings(
+    cfg: PlanConfig, from_samples: str, epoch: int, previous: Manifest | None = None
+) -> tuple[PlanConfig, Kept]:
     """``cfg`` with the previous manifest's cost history and the model that planned its epochs before
-    ``epoch`` (``PlanConfig.earlier``), and what the build must keep of it.
+    ``epoch`` (``PlanConfig.earlier``), and what the build must keep of it. ``previous``: that manifest
+    when the caller holds it (else it is read from beside ``from_samples``).
 
     Raises:
         UsageError: no committed manifest beside --from-samples, ``epoch`` outside the plans, a
             plan setting that differs from the previous manifest's, or costs given with the samples.
     """
-    prev, m = _previous(from_samples, epoch)
+    prev, m = _previous(from_samples, epoch, previous)
     if not epoch <= m.epochs or not epoch < cfg.epochs:
         raise UsageError(
             f"--replan-from {epoch}: {prev} plans epochs 0..{m.epochs - 1} and --epochs {cfg.epochs} plans "
@@ -99,27 +112,30 @@ def _shown(value: object) -> str:
     return str(to_json() if callable(to_json) else value)
 
 
-def previous_flags(m: Manifest) -> dict[str, object]:
-    """The ``build`` flags (keyword form, ``lidarshard.build``) that re-plan manifest ``m`` with its own
-    plan settings (``KEPT_SETTINGS``) and epochs: what ``lidarshard.replan`` passes."""
-    cfg = PlanConfig.from_manifest(m)
-    repeat = cfg.repeat
-    datasets = ",".join(f"{name}={weight!r}" for name, weight in repeat.datasets)
+def replan_options(
+    m: Manifest, samples: str, epoch: int, cost_model: str, epochs: int | None = None
+) -> tuple[BuildOptions, PlanConfig]:
+    """The options and plan of ``build OUT --from-samples samples --replan-from epoch --cost-model
+    cost_model`` that continue manifest ``m`` with its own plan settings (``KEPT_SETTINGS``), epochs
+    (``epochs`` None: ``m``'s) and recorded reject fraction: what ``lidarshard.replan`` builds.
+
+    Raises:
+        UsageError: a bad ``epoch``, ``cost_model`` or ``epochs`` (the flags' messages), or plan
+            settings of ``m`` that cannot be used.
+    """
     fraction = m.provenance.get("max_reject_fraction")
-    flags: dict[str, object] = {
-        "epochs": m.epochs,
-        "seed": m.seed,
-        "strategy": m.strategy,
-        "pad": cfg.policy == "pad",
-        "heaviest_first": cfg.heaviest_first,
-        "max_plan_factor": cfg.max_plan_factor,
-        "max_points_per_rank_step": cfg.caps.max_points,
-        "max_cost_per_rank_step": cfg.caps.max_cost,
-        "max_samples_per_rank_step": cfg.caps.max_samples,
-        "repeat_factors": None if repeat.threshold is None else f"lidarseg:t={repeat.threshold!r}",
-        "sample_weights": repeat.column,
-        "dataset_weights": datasets or None,
+    given: dict[str, Any] = {
+        "world_size": m.world_size,
+        "batch_size": m.batch_size,
+        "epochs": m.epochs if epochs is None else epochs,
+        "from_samples": samples,
+        "replan_from": epoch,
+        "cost_model": cost_model,
         "max_reject_fraction": fraction if isinstance(fraction, (int, float)) else None,
-        "rank_speed": None if cfg.rank_speed is None else ",".join(repr(v) for v in cfg.rank_speed),
     }
-    return flags
+    opts = BuildOptions.from_keywords(given)
+    try:
+        cfg = PlanConfig.from_manifest(m, epochs=opts.epochs, earlier=())  # replan_settings adds the history
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"replan: the plan settings of {samples} cannot be used ({e})") from None
+    return opts, cfg

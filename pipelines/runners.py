@@ -7,8 +7,11 @@ HOST:PORT`` for an existing scheduler, else a LocalCluster on this machine).
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 from collections.abc import Sequence
+
+from lidarshard.pipelines.flags import UsageError
 
 __all__ = ["RUNNER_ALIASES", "resolve_runner"]
 
@@ -18,8 +21,20 @@ RUNNER_ALIASES: dict[str, tuple[str, str, str]] = {
 }
 
 
+def _known() -> list[str]:
+    """Beam's runner names (``StandardOptions.KNOWN_RUNNER_NAMES``) and our aliases."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    return [*StandardOptions.KNOWN_RUNNER_NAMES, *RUNNER_ALIASES]
+
+
 def _alias(name: str) -> str:
     if name.lower() not in RUNNER_ALIASES:
+        known = _known()
+        if "." not in name and name not in known:  # a dotted name is a runner class of the user's
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise UsageError(f"--runner {name} is not a runner: {hint}(one of {', '.join(sorted(known))})")
         return name
     path, module, extra = RUNNER_ALIASES[name.lower()]
     if importlib.util.find_spec(module) is None:
@@ -32,6 +47,7 @@ def resolve_runner(argv: Sequence[str]) -> list[str]:
 
     Raises:
         SystemExit: one line naming the extra to install when the alias's runner is missing.
+        UsageError: an unknown runner name, with the nearest known one ("did you mean").
     """
     out, args = [], list(argv)
     for i, a in enumerate(args):

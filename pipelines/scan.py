@@ -12,10 +12,12 @@ import sys
 import apache_beam as beam
 
 from lidarshard import schemas
-from lidarshard.pipelines import arguments, launch
+from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
-from lidarshard.pipelines.settings import ScanSettings, scan_settings
+from lidarshard.pipelines.options import ScanOptions, declare
+from lidarshard.pipelines.preflight import scan_settings
+from lidarshard.pipelines.settings import ScanSettings
 from lidarshard.transforms.beam.scan_transform import ScanSamples, scan_results
 from lidarshard.transforms.core.previous import fingerprint_kept
 from lidarshard.transforms.features.accounting import counts_or_stop
@@ -35,7 +37,7 @@ def parser() -> CommandParser:
         "SemanticKITTI, Waymo Open v2; local, gs://, s3://); several make one dataset of all",
     )  # fmt: skip
     p.add_argument("output", metavar="OUT", help="output directory (replaced atomically on success)")
-    arguments.add_scan_arguments(p)
+    declare(p, ScanOptions)
     return p
 
 
@@ -103,7 +105,7 @@ def run(argv: list[str] | None = None) -> int:
     args, beam_argv = p.parse(argv)
     try:
         dry_run = launch.dry_run_requested(beam_argv)
-        settings = scan_settings(args, args.input, args.output, dry_run)
+        settings = scan_settings(ScanOptions.from_namespace(args), args.input, args.output, dry_run)
         if not dry_run:  # a dry run works offline
             check_locations(beam_argv)
     except UsageError as e:

@@ -1,40 +1,37 @@
-"""The checked settings of a run, built once before Beam starts and passed down frozen.
+"""The settings of a run, frozen, and the pure conversion of the options into them.
 
-``scan_settings`` and ``build_settings`` turn the parsed flags (from the command line, or from the
-Python API's keyword arguments through the same declarations) into a ``ScanSettings`` /
-``BuildSettings``, checking every value and path on the way; a problem raises
-:class:`~lidarshard.pipelines.flags.UsageError` with one line. Nothing downstream reads the flags again.
+``lidarshard.pipelines.preflight`` builds a ``ScanSettings`` / ``BuildSettings`` once before Beam
+starts, from ``ScanOptions`` / ``BuildOptions`` (the command line's flags or the Python API's keyword
+arguments) and what it reads of the files the user named; nothing downstream reads the options again.
+This module reads no file: ``scan_config`` and ``plan_config`` turn options into the core's
+``ScanConfig`` / ``PlanConfig`` and check the rules between flags; ``check_plan_size`` refuses a plan
+too large for the manifest's readers or this machine's memory. A problem raises
+:class:`~lidarshard.pipelines.flags.UsageError` with one line.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lidarshard import __version__, schemas
-from lidarshard.pipelines import checks, inputs
-from lidarshard.pipelines.arguments import DEFAULT_REJECT_FRACTION
+from lidarshard.pipelines import inputs
 from lidarshard.pipelines.flags import UsageError
+from lidarshard.pipelines.options import DEFAULT_REJECT_FRACTION, BuildOptions, ScanOptions
 from lidarshard.pipelines.publish import sibling
-from lidarshard.pipelines.replan import replan_settings
 from lidarshard.schemas.manifest import MAX_EPOCH_ENTRIES
-from lidarshard.transforms import layouts
 from lidarshard.transforms.beam.build_transform import BuildJob
-from lidarshard.transforms.core import recorded
-from lidarshard.transforms.core.epochs import PLAN_ENTRY_BYTES, PlanConfig, memory_bytes
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import PLAN_ENTRY_BYTES, memory_bytes
 from lidarshard.transforms.core.record import Kept
 from lidarshard.transforms.core.score import ScoreSettings
-from lidarshard.transforms.features import repeat
-from lidarshard.transforms.features.cost import CostModel, parse_cost_model
+from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.features.repeat import WeightSpec
 from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
-from lidarshard.transforms.layouts import FILES, Dataset
+from lidarshard.transforms.layouts import Dataset
 from lidarshard.transforms.layouts.task import LayoutOptions
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
@@ -42,11 +39,11 @@ from lidarshard.transforms.plan.caps import Caps
 __all__ = [
     "ScanSettings",
     "BuildSettings",
-    "scan_settings",
-    "build_settings",
+    "scan_config",
     "plan_config",
-    "cost_model",
-    "table_settings",
+    "dataset_weights",
+    "weights_text",
+    "location",
     "rejects_path",
     "check_plan_size",
 ]
@@ -61,7 +58,7 @@ def rejects_path(out: str) -> str:
     return sibling(out, ".rejects.parquet", len(".rejects.parquet") + _TMP_ROOM)
 
 
-def _location(path: str) -> str:
+def location(path: str) -> str:
     """A path as the run uses it: ``file://`` URIs become plain absolute paths (Beam's filesystems do
     not know that scheme), local paths absolute, other URIs unchanged."""
     return storage.absolute(storage.local_path(path)) if storage.is_local(path) else path
@@ -134,11 +131,11 @@ class BuildSettings:
         return BuildJob(staging, self.meta(), self.cfg, self.model, settle, self.kept)
 
 
-# ------------------------------------------------------------------------------------------ flags
+# ---------------------------------------------------------------------------------------- options
 
 
-def scan_config(args: argparse.Namespace) -> ScanConfig:
-    """The scan flags as a ``ScanConfig`` (values were range-checked by the parser)."""
+def scan_config(args: ScanOptions) -> ScanConfig:
+    """The scan options as a ``ScanConfig`` (each value was checked by its flag's validator)."""
     box = args.point_cloud_range
     if box is not None and not all(box[i] < box[i + 3] for i in range(3)):
         raise UsageError(
@@ -156,8 +153,8 @@ def scan_config(args: argparse.Namespace) -> ScanConfig:
     )
 
 
-def plan_config(args: argparse.Namespace) -> PlanConfig:
-    """The plan flags as a ``PlanConfig``; cross-flag rules raise UsageError naming the flags."""
+def plan_config(args: BuildOptions) -> PlanConfig:
+    """The plan options as a ``PlanConfig``; cross-flag rules raise UsageError naming the flags."""
     weights, k = args.bucket_weights, args.buckets
     if weights is not None:
         if max(weights) <= 0:
@@ -185,13 +182,13 @@ def plan_config(args: argparse.Namespace) -> PlanConfig:
         weights=weights,
         max_plan_factor=args.max_plan_factor,
         caps=Caps(args.max_points_per_rank_step, args.max_cost_per_rank_step, args.max_samples_per_rank_step),
-        repeat=WeightSpec(args.repeat_factors, args.sample_weights, _dataset_weights(args.dataset_weights)),
+        repeat=WeightSpec(args.repeat_factors, args.sample_weights, dataset_weights(args.dataset_weights)),
         heaviest_first=args.heaviest_first,
         rank_speed=_rank_speed(args),
     )
 
 
-def _rank_speed(args: argparse.Namespace) -> tuple[float, ...] | None:
+def _rank_speed(args: BuildOptions) -> tuple[float, ...] | None:
     speeds = args.rank_speed
     if speeds is not None and len(speeds) != args.world_size:
         raise UsageError(
@@ -200,7 +197,7 @@ def _rank_speed(args: argparse.Namespace) -> tuple[float, ...] | None:
     return speeds
 
 
-def _dataset_weights(text: str | None) -> tuple[tuple[str, float], ...]:
+def dataset_weights(text: str | None) -> tuple[tuple[str, float], ...]:
     """``--dataset-weights NAME=W,...`` as sorted pairs (the names are checked against the INPUTs later)."""
     out = []
     for name, value in inputs.parse_pairs(text, "--dataset-weights").items():
@@ -214,6 +211,11 @@ def _dataset_weights(text: str | None) -> tuple[tuple[str, float], ...]:
             )
         out.append((name, w))
     return tuple(sorted(out))
+
+
+def weights_text(pairs: tuple[tuple[str, float], ...]) -> str:
+    """``--dataset-weights`` pairs as the flag reads (``a=1,k=2``), for messages."""
+    return ",".join(f"{name}={weight:g}" for name, weight in pairs)
 
 
 def _csv(values: tuple[float, ...]) -> str:
@@ -274,221 +276,3 @@ def check_plan_size(
             f"this machine's {memory / 2**30:.3g} GiB: lower --bucket-weights/--sample-weights, or plan on a "
             "machine with more memory"
         )
-
-
-def cost_model(spec: str) -> CostModel:
-    """Parse ``--cost-model`` once, in the launcher (``@file.json`` is read here, not by workers)."""
-    try:
-        return parse_cost_model(spec)
-    except FileNotFoundError:
-        raise UsageError(f"--cost-model {spec}: no such file") from None
-    except (ValueError, OSError) as e:
-        raise UsageError(f"--cost-model {spec}: {getattr(e, 'strerror', None) or e}") from None
-
-
-# ---------------------------------------------------------------------------------------- settings
-
-
-def scan_settings(
-    args: argparse.Namespace, specs: Sequence[str], output: str, dry_run: bool = False
-) -> ScanSettings:
-    """INPUTs (``[NAME=]PATH`` each) and OUT checked, the scan flags as settings (``dry_run``: only the
-    job graph will be built; remote paths are not looked at, and OUT is not checked for replacing)."""
-    if args.dataset_weights is not None:
-        raise UsageError(
-            f"--dataset-weights {args.dataset_weights} weights a plan: give it to build (a scan plans nothing)"
-        )
-    output = _location(output)
-    datasets = _datasets(args, specs, dry_run)
-    checks.check_output(output, [d.root for d in datasets], publish=not dry_run)
-    return _scan(args, datasets, output, args.max_reject_fraction, dry_run)
-
-
-def _datasets(args: argparse.Namespace, specs: Sequence[str], dry_run: bool) -> tuple[Dataset, ...]:
-    """The INPUTs, located, checked and given their layouts (``pipelines.inputs``)."""
-    located = []
-    for spec in specs:
-        name, path = inputs.split_input(spec)
-        located.append(f"{name}={_location(path)}" if name else _location(path))
-    look = not dry_run or all(storage.is_local(inputs.split_input(s)[1]) for s in located)
-    weights = dict(_dataset_weights(args.dataset_weights))
-    return inputs.resolve_datasets(located, args.dataset, weights, args.nuscenes_version, look)
-
-
-def _scan(
-    args: argparse.Namespace,
-    datasets: tuple[Dataset, ...],
-    output: str,
-    fraction: float | None,
-    dry_run: bool,
-) -> ScanSettings:
-    """The scan flags of checked INPUTs as settings (``fraction`` None: the default)."""
-    look = not dry_run or all(storage.is_local(d.root) for d in datasets)
-    return ScanSettings(
-        input=datasets[0].root if datasets else None,
-        output=output,
-        config=scan_config(args),
-        nuscenes_version=args.nuscenes_version,
-        sweeps=args.sweeps,
-        part_rows=args.part_rows,
-        max_reject_fraction=DEFAULT_REJECT_FRACTION if fraction is None else fraction,
-        datasets=datasets,
-        label_maps=inputs.label_maps(datasets, look),
-    )
-
-
-def build_settings(args: argparse.Namespace, dry_run: bool = False) -> BuildSettings:
-    """The checked settings of ``lidarshard build`` (``args.paths``: INPUT... OUT, or OUT with
-    ``--from-samples``); see ``scan_settings`` for ``dry_run``."""
-    from_samples: str | None = args.from_samples
-    if (len(args.paths) != 1) if from_samples else (len(args.paths) < 2):
-        raise UsageError("expected OUT with --from-samples" if from_samples else "expected INPUT OUT")
-    if args.replan_from is not None and not from_samples:
-        raise UsageError(
-            f"--replan-from {args.replan_from} re-plans a manifest: add --from-samples PREV/samples"
-        )
-    continued: Kept | None = None
-    cfg, model = plan_config(args), cost_model(args.cost_model)
-    check_plan_size(cfg)
-    fraction = args.max_reject_fraction
-    rows: int | None = None
-    datasets: tuple[Dataset, ...] = ()
-    if from_samples:  # a samples directory may be given with a trailing slash
-        from_samples = _location(from_samples).rstrip("/") or "/"
-        input, output = from_samples, _location(args.paths[0])
-        look = not dry_run or storage.is_local(input)
-        if look:
-            rows, recorded_fraction = checks.check_from_samples(from_samples)
-            fraction = recorded_fraction if fraction is None else fraction
-            if rows < cfg.step_size and cfg.policy == "drop_last" and not cfg.weights:
-                raise UsageError(
-                    f"--world-size {cfg.world_size} x --batch-size {cfg.batch_size} = {cfg.step_size} samples "
-                    f"per step, but {from_samples} holds {rows}; use --pad or a smaller --world-size/--batch-size"
-                )
-        roots = [input]
-        if args.replan_from is not None:
-            cfg, continued = replan_settings(cfg, from_samples, args.replan_from)
-    else:
-        output = _location(args.paths[-1])
-        datasets = _datasets(args, args.paths[:-1], dry_run)
-        look = not dry_run or all(storage.is_local(d.root) for d in datasets)
-        roots = [d.root for d in datasets]
-    weight = _check_weights(args, cfg, datasets, from_samples, look)
-    if rows is not None:
-        check_plan_size(cfg, rows, f"--from-samples {from_samples}", weight)
-    checks.check_output(output, roots, publish=not dry_run)
-    if from_samples:
-        scan = _scan(args, (), output, fraction, dry_run)
-        before = recorded.previous_datasets(from_samples) if look else []
-        scale = dict(cfg.repeat.datasets)
-        kept = tuple(
-            Dataset(d["name"], d["root"], d["layout"], scale.get(d["name"], 1.0))
-            for d in before
-            if {"name", "root", "layout"} <= d.keys()
-        )
-        unknown = sorted(set(scale) - {d.name for d in kept})
-        if unknown and look:
-            have = ", ".join(d.name for d in kept) or "none recorded"
-            raise UsageError(
-                f"--dataset-weights {args.dataset_weights}: {from_samples} holds no dataset named "
-                f"{unknown[0]!r} (datasets: {have})"
-            )
-        try:
-            maps = layouts.label_maps_of(before)
-        except ValueError as e:
-            raise UsageError(f"--from-samples {from_samples}: {e}") from None
-        scan = dataclasses.replace(scan, input=from_samples, datasets=kept, label_maps=maps)
-    else:
-        scan = _scan(args, datasets, output, fraction, dry_run)
-    return BuildSettings(scan, cfg, model, from_samples, _path_root(args, datasets, from_samples), continued)
-
-
-def table_settings(args: argparse.Namespace, output: str, model: CostModel) -> BuildSettings:
-    """The settings of ``lidarshard.write_manifest``: a user's table, its paths stored as given."""
-    output = _location(output)
-    checks.check_output(output, [])
-    fraction = DEFAULT_REJECT_FRACTION if args.max_reject_fraction is None else args.max_reject_fraction
-    created = f"lidarshard {__version__} write_manifest"
-    scan = ScanSettings(None, output, ScanConfig(), None, 0, args.part_rows, fraction, created)
-    cfg = plan_config(args)
-    check_plan_size(cfg)
-    return BuildSettings(scan, cfg, model)
-
-
-def _path_root(args: argparse.Namespace, datasets: Sequence[Dataset], from_samples: str | None) -> str | None:
-    """ROOT the manifest's paths are stored relative to (``--relative-to``; None: full paths): by
-    default a dataset's root (a glob's fixed part), the INPUTs' common parent when there are several."""
-    from lidarshard.transforms.beam.scan_transform import input_root
-
-    if args.relative_to is not None:
-        return None if args.relative_to.lower() == "none" else _location(args.relative_to.rstrip("/"))
-    if from_samples:
-        return recorded.previous_root(from_samples)
-    roots = [input_root(d.root) if d.layout == FILES else d.root.rstrip("/") for d in datasets]
-    return roots[0] if len(roots) == 1 else inputs.common_root(roots)
-
-
-def _check_weights(
-    args: argparse.Namespace,
-    cfg: PlanConfig,
-    datasets: Sequence[Dataset],
-    from_samples: str | None,
-    look: bool,
-) -> float | None:
-    """``--sample-weights`` names a good column of the ``--from-samples`` table; ``--repeat-factors``
-    has lidarseg labels to read (a dataroot with ``lidarseg.json``, or labelled samples). Files are
-    only looked at with ``look`` (not in an offline dry run). Returns the mean sample weight (None:
-    no ``--sample-weights``, or not looked at)."""
-    if args.sample_weights is not None and not from_samples:
-        raise UsageError(
-            f"--sample-weights {args.sample_weights} reads a column of a --from-samples table: "
-            "add --from-samples PREV/samples"
-        )
-    if not look:
-        return None
-    mean: float | None = None
-    files = samples_files(from_samples) if from_samples else []
-    if args.sample_weights is not None:
-        with open_parts(files) as file:
-            schema = file.schema_arrow
-        table = (  # only the column: a missing one gets named with the ones there are
-            read_parts(files, columns=[args.sample_weights])
-            if args.sample_weights in schema.names
-            else schema.empty_table()
-        )
-        try:
-            w = repeat.check_weights(table, args.sample_weights, cfg.max_plan_factor)
-        except ValueError as e:
-            raise UsageError(f"--sample-weights {e}") from None
-        mean = float(w.mean()) if w.size else 0.0
-    if cfg.repeat.threshold is None:
-        return mean
-    if from_samples:
-        labelled = read_parts(files, columns=["label_path"]).column("label_path")
-        if labelled.null_count == len(labelled):
-            raise UsageError(
-                f"--repeat-factors: no sample of {from_samples} has lidarseg labels (label_path)"
-            )
-    elif sum(_has_labels(d, args.nuscenes_version) for d in datasets) > 1:
-        named = ", ".join(d.name for d in datasets if _has_labels(d, args.nuscenes_version))
-        raise UsageError(
-            f"--repeat-factors: INPUTs {named} all have labels, whose class ids mean different classes; "
-            "repeat factors over them would mix the classes: give one labelled INPUT, or --dataset-weights"
-        )
-    elif not any(_has_labels(d, args.nuscenes_version) for d in datasets):
-        d = datasets[0]
-        where = f"{d.root}/{args.nuscenes_version}" if d.layout == "nuscenes" else d.root
-        raise UsageError(
-            f"--repeat-factors reads per-point labels: {where} has no lidarseg.json (a nuScenes dataroot "
-            "with lidarseg) and no SemanticKITTI labels/*.label"
-        )
-    return mean
-
-
-def _has_labels(d: Dataset, version: str | None) -> bool:
-    """``d`` has per-point label files the scan reads (lidarseg tables, SemanticKITTI labels)."""
-    if d.layout == "nuscenes":
-        return bool(version) and storage.exists(storage.join(d.root, version or "", "lidarseg.json"))
-    if d.layout == "semantickitti":
-        return bool(inputs.LAYOUT_IO.glob(storage.join(d.root, "**", "labels", "*.label")))
-    return False

@@ -42,10 +42,10 @@ The table folder is --nuscenes-version (default v1.0-synth), the name `lidarshar
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -57,7 +57,8 @@ from apache_beam.runners.runner import PipelineState
 from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_output_parent
 from lidarshard.pipelines.cli import running
-from lidarshard.pipelines.flags import CommandParser, UsageError, flag, int_in
+from lidarshard.pipelines.flags import CommandParser, UsageError, int_in
+from lidarshard.pipelines.options import Options, Switch, declare, option
 from lidarshard.transforms import progress
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.synth import dataroot as synth
@@ -66,7 +67,7 @@ from lidarshard.transforms.synth import nuscenes_tables as tb
 #: What ``synth --layout`` writes: the nuScenes dataroot, or one of ``LAYOUT_WRITERS``.
 SYNTH_LAYOUTS = ("nuscenes", "av2", "semantickitti", "waymo_v2")
 
-__all__ = ["GenerateDataroot", "parser", "synth_config", "run"]
+__all__ = ["GenerateDataroot", "SynthOptions", "parser", "synth_config", "run"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -74,32 +75,35 @@ _LOG = logging.getLogger(__name__)
 DEFAULT_RUNNER = launch.LOCAL_RUNNER
 
 
+@dataclass(frozen=True, kw_only=True)
+class SynthOptions(Options):
+    """``lidarshard synth``'s flags (group ``dataset``); one name per concept with ``build``."""
+
+    scenes: int = option("number of scenes", "dataset", 4, check=int_in(1, 100_000), metavar="N")
+    keyframes_per_scene: int = option("keyframes (samples) per scene", "dataset", 10, check=int_in(1, 10_000),
+                                      metavar="N")  # fmt: skip
+    sweeps_per_keyframe: int = option("sweeps between two keyframes", "dataset", 9, check=int_in(0, 100),
+                                      metavar="N")  # fmt: skip
+    seed: int = option("dataset seed", "dataset", 0, check=int_in(0, 2**63 - 1), metavar="S")
+    nuscenes_version: str = option(
+        "table folder name, v1.0-<name>", "dataset", "v1.0-synth", metavar="V1.0-XXX"
+    )
+    labels: bool = option("also write lidarseg labels", "dataset", False,
+                          switches=(Switch("--labels", True, "also write lidarseg labels", "off"),))  # fmt: skip
+    layout: str = option("dataset layout to write; other than nuscenes: --scenes logs/sequences/segments of "
+                         "--keyframes-per-scene frames each", "dataset", "nuscenes", choices=SYNTH_LAYOUTS)  # fmt: skip
+
+
 def parser() -> CommandParser:
-    """The ``synth`` command line; one name per concept with ``build`` (``--nuscenes-version``)."""
+    """The ``synth`` command line: OUT and the flags of ``SynthOptions``."""
     p = CommandParser("lidarshard synth", __doc__)
     p.add_argument("out", metavar="OUT", help="dataroot to write (local path or gs:// URI)")
-    g = p.add_argument_group("dataset")
-    flag(g, "--scenes", "number of scenes", type=int_in(1, 100_000), default=4, metavar="N")
-    flag(g, "--keyframes-per-scene", "keyframes (samples) per scene", type=int_in(1, 10_000), default=10,
-         metavar="N")  # fmt: skip
-    flag(
-        g,
-        "--sweeps-per-keyframe",
-        "sweeps between two keyframes",
-        type=int_in(0, 100),
-        default=9,
-        metavar="N",
-    )
-    flag(g, "--seed", "dataset seed", type=int_in(0, 2**63 - 1), default=0, metavar="S")
-    flag(g, "--nuscenes-version", "table folder name, v1.0-<name>", default="v1.0-synth", metavar="V1.0-XXX")
-    flag(g, "--labels", "also write lidarseg labels", action="store_true", default=False, shown="off")
-    flag(g, "--layout", "dataset layout to write; other than nuscenes: --scenes logs/sequences/segments of "
-         "--keyframes-per-scene frames each", choices=SYNTH_LAYOUTS, default="nuscenes")  # fmt: skip
+    declare(p, SynthOptions)
     return p
 
 
-def synth_config(args: argparse.Namespace) -> synth.SynthConfig:
-    """The generator config of parsed ``synth`` flags (raises UsageError on a bad table folder name)."""
+def synth_config(args: SynthOptions) -> synth.SynthConfig:
+    """The generator config of the ``synth`` options (raises UsageError on a bad table folder name)."""
     try:
         return synth.SynthConfig(
             seed=args.seed, scenes=args.scenes, keyframes_per_scene=args.keyframes_per_scene,
@@ -239,10 +243,11 @@ def run(argv: list[str] | None = None) -> int:
     # With postponed annotations Beam logs every DoFn hint it cannot resolve at INFO; not news.
     logging.getLogger("apache_beam.typehints.native_type_compatibility").setLevel(logging.WARNING)
     p = parser()
-    args, beam_argv = p.parse(argv)
+    parsed, beam_argv = p.parse(argv)
+    args = SynthOptions.from_namespace(parsed)
     try:
         cfg = synth_config(args)
-        out = storage.absolute(args.out)
+        out = storage.absolute(parsed.out)
         check_output_parent(out)
     except UsageError as e:
         p.fail(str(e))
@@ -268,9 +273,7 @@ def run(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_layout(
-    args: argparse.Namespace, out: str, opts: beam.options.pipeline_options.PipelineOptions
-) -> int:
+def _run_layout(args: SynthOptions, out: str, opts: beam.options.pipeline_options.PipelineOptions) -> int:
     """``synth --layout av2|semantickitti|waymo_v2``: ``--scenes`` units of ``--keyframes-per-scene`` frames."""
     units, frames = args.scenes, args.keyframes_per_scene
     for rel, data in _writer(args.layout).static_files(args.seed):  # shared files first (a label map)

@@ -26,7 +26,8 @@ from lidarshard.schemas import (
     reject_schema,
     samples_part,
 )
-from lidarshard.transforms.core.epochs import PlanConfig, plan_samples
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import plan_samples
 from lidarshard.transforms.plan.caps import Caps
 
 __all__ = ["plan_manifest"]

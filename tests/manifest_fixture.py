@@ -34,7 +34,7 @@ from lidarshard.schemas import (
     samples_part,
     scored_schema,
 )
-from lidarshard.transforms.core.epochs import plan_rows
+from lidarshard.transforms.core.plan_writer import plan_rows
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import rank_costs
 

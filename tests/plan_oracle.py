@@ -8,7 +8,9 @@ import numpy as np
 import pyarrow as pa
 
 from lidarshard import schemas
-from lidarshard.transforms.core.epochs import PlanConfig, plan_rows, plan_samples
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import plan_samples
+from lidarshard.transforms.core.plan_writer import plan_rows
 
 
 def plan_tables(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[list[pa.Table], dict]:

@@ -88,3 +88,14 @@ def test_first_not_increasing_across_parts() -> None:
     assert first_not_increasing(pa.array(["b", "c"]), last="b") == 0  # equal to the previous part's last
     assert first_not_increasing(pa.array(["c"]), last="b") is None
     assert first_not_increasing(pa.array([], pa.string()), last="x") is None
+
+
+def test_a_build_with_every_input_rejected_keeps_its_reasons(tmp_path) -> None:
+    """Even at --max-reject-fraction 1 a plan needs samples: every reject goes beside OUT with its
+    reason and the error says why and where; a scan (plan=False) publishes them as usual."""
+    rejects = _rejects([("/x", "truncated", "17 bytes"), ("/y", "empty", "0 bytes")])
+    out = tmp_path / "x.parquet"
+    assert counts_or_stop(2, 0, rejects, 1.0, str(out))["rejected"] == 2 and not out.exists()
+    with pytest.raises(TooManyRejects, match=r"2 of 2 inputs rejected \(nothing left to plan\)") as err:
+        counts_or_stop(2, 0, rejects, 1.0, str(out), plan=True)
+    assert str(out) in str(err.value) and pq.read_table(out).num_rows == 2

@@ -146,22 +146,24 @@ def test_write_manifest_takes_sample_weights_with_the_bytes_of_build(scanned: Pa
                                   sample_weights="cbgs")  # fmt: skip
 
 
-def test_keyword_arguments_give_the_namespace_of_the_command_line() -> None:
-    """One list of flags: the API's keyword arguments go through the declarations the CLI parses."""
+def test_keyword_arguments_give_the_options_of_the_command_line() -> None:
+    """One list of flags: the API's keyword arguments are checked by the validators the CLI parses
+    with, as typed values, and give the same options."""
     from lidarshard.pipelines import build as build_cmd
+    from lidarshard.pipelines.options import BuildOptions
 
     argv = ["in", "out", "--world-size", "4", "--batch-size", "2", "--epochs", "3", "--pad",
             "--bucket-weights", "1,2.5", "--max-points-per-rank-step", "9000", "--strategy", "budget"]  # fmt: skip
     parsed, _ = build_cmd.parser().parse(argv)
     kw = {"world_size": 4, "batch_size": 2, "epochs": 3, "pad": True, "bucket_weights": (1, 2.5),
           "max_points_per_rank_step": 9000, "strategy": "budget"}  # fmt: skip
-    assert build_cmd.parser().namespace({"paths": ["in", "out"]}, kw) == parsed
+    assert BuildOptions.from_keywords(kw) == BuildOptions.from_namespace(parsed)
     with pytest.raises(UsageError, match="--world-size: True is not a valid value"):
-        build_cmd.parser().namespace({"paths": ["o"]}, {"world_size": True, "batch_size": 1})
+        BuildOptions.from_keywords({"world_size": True, "batch_size": 1})
     with pytest.raises(UsageError, match="'2.5' is not an integer"):
-        build_cmd.parser().namespace({"paths": ["o"]}, {"world_size": 2.5, "batch_size": 1})
+        BuildOptions.from_keywords({"world_size": 2.5, "batch_size": 1})
     with pytest.raises(UsageError, match="invalid choice: 'balancd'"):
-        build_cmd.parser().namespace({"paths": ["o"]}, {"strategy": "balancd"})
+        BuildOptions.from_keywords({"strategy": "balancd"})
 
 
 # ------------------------------------------------------------------- what a new user runs into first

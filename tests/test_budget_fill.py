@@ -6,8 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lidarshard.transforms.plan._budget_fill import CapState, Packed, fill, lpt_capped, lpt_heap, lpt_rounds
+from lidarshard.transforms.plan._budget_fill import CapState, Packed, fill, lpt_capped
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
+from lidarshard.transforms.plan.lpt import lpt_heap, lpt_rounds
 
 
 def _heap(key0: np.ndarray, tie: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -13,6 +13,7 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
+from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
 from lidarshard.transforms.features.cost import parse_cost_model
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
@@ -132,13 +133,13 @@ def test_observations_map_samples_and_rank_steps() -> None:
 def test_plan_linearity_uses_only_fully_timed_steps() -> None:
     _, plan = _toy()
     t = cal.read_timings(b"sample_id,step,rank,ms\na,0,0,1\nd,0,1,4\nb,1,0,2\nc,1,1,2\nc,1,0,3\nd,1,1,9\n")
-    rows = cal.plan_linearity(t, plan, batch_size=1)
+    rows = balance.plan_linearity(t, plan, batch_size=1)
     # "a" at (0, 0) is planned in both epochs: its one row goes to epoch 0; epoch 1 has step 1 only
     assert rows == [
         {"epoch": 0, "steps": 2, "measured": pytest.approx(4.5 / 6), "predicted": pytest.approx(5.5 / 8)},
         {"epoch": 1, "steps": 1, "measured": pytest.approx(6 / 9), "predicted": pytest.approx(4 / 5)},
     ]
-    assert cal.plan_linearity(cal.read_timings(b"sample_id,ms\na,1\n"), plan, 1) == []
+    assert balance.plan_linearity(cal.read_timings(b"sample_id,ms\na,1\n"), plan, 1) == []
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +243,7 @@ def test_step_observations_sum_each_recorded_rank_step() -> None:
     }
 
 
-def test_step_linearity_compares_complete_steps() -> None:
+def test_measured_balance_compares_complete_steps() -> None:
     obs = pa.table(
         {
             "epoch": [0, 0, 0, 0, 0],
@@ -252,7 +253,7 @@ def test_step_linearity_compares_complete_steps() -> None:
             "ms": [1.0, 3.0, 2.0, 2.0, 50.0],
         }
     )
-    rows = cal.step_linearity(obs, {"predicted": np.array([1.0, 1.0, 1.0, 3.0, 1.0])})
+    rows = balance.measured_balance(obs, {"predicted": np.array([1.0, 1.0, 1.0, 3.0, 1.0])})
     assert rows == [
         {
             "epoch": 0,
@@ -316,7 +317,7 @@ def test_calibrate_from_recorder_files_recovers_the_known_cost(built: Path, tmp_
         assert row["measured"]["max_mean"] >= 1.0
     assert "linearity measured" in printed
     # one file of the directory works too, and the CSV path still fits without a linearity table
-    one = sorted((tmp_path / "timings").iterdir())[0]
+    one = sorted((tmp_path / "timings").glob("timings-rank-*.parquet"))[0]
     assert cli_main(["calibrate", str(built), "--timings", str(one), "-o", str(tmp_path / "one.json")]) == 0
     _write_timings(built, tmp_path / "t.csv", per_step=True)
     assert cli_main(["calibrate", str(built), "--timings", str(tmp_path / "t.csv"), "-o", str(fit_path)]) == 0

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
+from lidarshard.tools.validate_plan import check_caps as validate_caps
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
-from lidarshard.transforms.plan.caps import Caps, PoolLimits, check_caps, over_cap, rank_step_sums
+from lidarshard.transforms.plan.caps import (
+    Caps,
+    PoolLimits,
+    cap_breaches,
+    check_caps,
+    over_cap,
+    rank_step_sums,
+)
 
 
 def test_caps_validate_and_round_trip() -> None:
@@ -41,6 +50,24 @@ def test_check_caps_names_step_rank_and_value() -> None:
     check_caps(plan, PoolLimits(Caps(max_points=110), points), np.ones(8), epoch=3)
     with pytest.raises(ValueError, match="step 0 rank 0: 2 samples"):
         check_caps(plan, PoolLimits(Caps(max_samples=1)), np.ones(8), epoch=0)
+
+
+def test_planner_and_validate_share_one_check_and_report_every_cap() -> None:
+    plan = np.array([[[0, 1], [2, 3]], [[4, 5], [6, 7]]])
+    costs, points = np.arange(8, dtype=np.float64), np.array([1, 1, 1, 1, 1, 1, 50, 60])
+    caps = Caps(max_points=100, max_cost=8.0, max_samples=1)
+    got = [(b.name, b.step, b.rank, b.value, b.count) for b in cap_breaches(plan, caps, costs, points)]
+    assert got == [("samples", 0, 0, 2.0, 4), ("cost", 1, 0, 9.0, 2), ("points", 1, 1, 110.0, 1)]
+    assert [b.name for b in cap_breaches(plan, caps, costs, None)] == ["samples", "cost"]
+    problems: list[str] = []
+    samples = pa.table({"cost": costs, "num_points": points})
+    validate_caps(problems, 2, caps, plan, samples, lambda e, r: f"plan/epoch-{e}/rank-{r}")
+    assert len(problems) == 3 and "plan/epoch-2/rank-1: epoch 2 step 1 rank 1" in problems[2]
+    assert "110 points > --max-points-per-rank-step 100 (1 rank-steps over)" in problems[2]
+    with pytest.raises(
+        ValueError, match=r"step 0 rank 0: 2 samples > --max-samples-per-rank-step 1 \(4 rank-steps"
+    ):
+        check_caps(plan, PoolLimits(caps, points), costs, epoch=2)
 
 
 def test_every_strategy_is_checked_against_the_caps() -> None:

@@ -66,3 +66,18 @@ def test_a_calibration_file_with_an_exponent(tmp_path) -> None:
     )
     with pytest.raises(ValueError, match="q must be numbers"):
         parse_cost_model(f"@{path}")
+
+
+@pytest.mark.parametrize(
+    "spec", ["linear:0,1e160,0", "linear:-1e12,1,0", "linear:0,1e308,0", "linear:-0.5,1,0", "linear:0,0,2e12"]
+)
+def test_a_cost_model_out_of_range_is_refused_where_it_enters(spec: str) -> None:
+    """Costs stay > 0 and finite (sums of squares too): refused when parsed, not at publish."""
+    with pytest.raises(ValueError, match=r"0 <= c0, a, b <= 1e\+12"):
+        parse_cost_model(spec)
+    assert parse_cost_model("linear:0,1e12,0").a == 1e12  # the bound itself is fine
+
+
+def test_a_cost_model_file_that_is_a_directory_is_a_value_error(tmp_path) -> None:
+    with pytest.raises(ValueError, match="is a directory"):
+        parse_cost_model(f"@{tmp_path}")

@@ -24,7 +24,8 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.portability.stager import Stager
 
 from lidarshard.pipelines import build, launch, scan
-from lidarshard.pipelines.settings import build_settings, scan_settings
+from lidarshard.pipelines.options import BuildOptions, ScanOptions
+from lidarshard.pipelines.preflight import build_settings, scan_settings
 from tests.helpers import PACKAGES, make_bins
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,13 +126,13 @@ def _dry_run(wheel: Path, construct, argv: list[str]) -> set[str]:
 
 def _build(pipeline: beam.Pipeline, argv: list[str]) -> None:
     args, _ = build.parser().parse(argv)
-    settings = build_settings(args, dry_run=True)
+    settings = build_settings(BuildOptions.from_namespace(args), args.paths, dry_run=True)
     build.build_pipeline(pipeline, settings, f"{settings.output}.staging-dryrun")
 
 
 def _scan(pipeline: beam.Pipeline, argv: list[str]) -> None:
     args, _ = scan.parser().parse(argv)
-    settings = scan_settings(args, args.input, args.output, dry_run=True)
+    settings = scan_settings(ScanOptions.from_namespace(args), args.input, args.output, dry_run=True)
     scan.build_scan(pipeline, settings, f"{settings.output}.staging-dryrun")
 
 

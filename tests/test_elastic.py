@@ -114,8 +114,8 @@ def test_fewer_entries_left_than_ranks_is_one_line(built: Path) -> None:
     ) as e:
         base.switch(11, 17, 1)
     assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="pass batch_size"):
-        base.switch(5, 6)
+    six = base.switch(5, 6)  # 16 over 6 ranks: the default batch is ceil(16 / 6) = 3 (was refused)
+    assert six.rows.shape[1] == 6 and _multiset(six) == _multiset(base)
 
 
 def test_chained_switches(built: Path) -> None:
@@ -195,8 +195,7 @@ def test_sampler_on_the_manifest_size_replays_it_with_index_of(built: Path) -> N
     assert list(s) == expect
     with pytest.raises(KeyError, match="not in index_of"):
         list(ElasticBatchSampler(built, 0, W, index_of={}))
-    with pytest.raises(ValueError, match="pass batch_size"):
-        ElasticBatchSampler(built, 0, 6)
+    assert ElasticBatchSampler(built, 0, 6).batch_size == 3  # ceil(W*B / 6): the documented default
     s.set_epoch(2)
     with pytest.raises(ValueError, match="not planned"):
         len(s)
@@ -577,3 +576,17 @@ def test_the_elastic_doc_block_runs_and_trains_the_rest_of_the_epoch(tmp_path: P
     env = {"out_dir": out, "rank": 0, "world_size": 1, "ckpt": {"sampler": first.state_dict()}, "epochs": 1}
     exec(compile(block, "docs/FRAMEWORKS.md", "exec"), env)  # noqa: S102 - the doc's own code
     assert env["sampler"].state_dict()["history"] == [[2, 1, 4]] and env["sampler"].state_dict()["step"] == 2
+
+
+def test_a_world_size_that_does_not_divide_the_global_batch_runs_as_documented(built: Path) -> None:
+    """W*B = 16 over 3 ranks: the default batch is ceil(16 / 3) = 6, the docs' rule, and the epoch is
+    trained exactly as planned; a BalancedBatchSampler-style reader names the elastic sampler."""
+    three = [ElasticBatchSampler(built, r, 3) for r in range(3)]
+    assert {s.batch_size for s in three} == {6}
+    for s in three:
+        s.set_epoch(1)
+    seen = Counter(i for rank in _run(three) for batch in rank for i in batch)
+    assert seen == _planned(load_epoch_plan(built, 1))
+    with pytest.raises(ValueError) as err:
+        ManifestReader(built, 0, 3, 1)
+    assert "lidarshard.ElasticBatchSampler(out_dir, rank, 3)" in str(err.value) and "\n" not in str(err.value)

@@ -2,7 +2,8 @@
 
 The trainer-side snippet below (build a ``BalancedBatchSampler``, keep a Parquet table read from bytes alive
 at exit, torch imported) aborted at exit when an Arrow I/O worker dropped the last reference to the Python
-bytes after the interpreter had begun finalizing (mechanism in ``lidarshard/loaders/_atexit.py``). The
+bytes after the interpreter had begun finalizing (mechanism in ``lidarshard/loaders/_atexit.py``; making the
+sampler registers the drain). The
 window is a scheduling one, so the runs are made to contend: each snippet is pinned to one CPU, so its
 main thread and Arrow's worker take turns there, while a CPU-burning process loads another CPU; nothing
 sleeps to line them up. Without the ``atexit`` drain (``run_snippets(..., hook=False)``) the same harness
@@ -82,14 +83,30 @@ def test_a_trainer_exits_cleanly_under_load(tmp_path: Path) -> None:
     assert run_snippets(out, RUNS) == Counter({0: RUNS})
 
 
-def test_the_drain_is_registered_and_finds_arrow_pools() -> None:
-    """Importing ``lidarshard.loaders`` registers the drain; it finds libarrow's pools and they go idle."""
-    code = (
-        "import lidarshard.loaders, pyarrow.parquet\n"
-        "from lidarshard.loaders import _atexit\n"
-        "assert _atexit._pool_counters() is not None, 'libarrow pools not found'\n"
-        "assert _atexit.drain_arrow_pools(timeout=5.0)\n"
+def _exit_output(code: str) -> str:
+    """Stdout of ``code`` run in a fresh interpreter (which must exit 0): at exit, a registered drain prints."""
+    probe = (
         "_atexit._pool_counters = lambda: print('drained at exit') or []\n"  # seen only if it runs at exit
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert (run.returncode, run.stdout) == (0, "drained at exit\n"), run.stderr
+    prelude = "import pyarrow.parquet\nfrom lidarshard.loaders import _atexit\n"
+    run = subprocess.run(
+        [sys.executable, "-c", prelude + code + probe], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def test_the_drain_is_registered_explicitly_and_finds_arrow_pools(tmp_path: Path) -> None:
+    """Importing ``lidarshard.loaders`` registers nothing and calls no libarrow symbol; ``drain_arrow_at_exit``
+    (called by every lidarshard sampler when made) registers the drain once; it finds libarrow's pools and
+    they go idle."""
+    assert _exit_output("import lidarshard.loaders\n") == ""
+    found = (
+        "assert _atexit._pool_counters() is not None, 'libarrow pools not found'\n"
+        "assert _atexit.drain_arrow_pools(timeout=5.0)\n"
+    )
+    twice = "lidarshard.loaders.drain_arrow_at_exit()\n" * 2
+    assert _exit_output("import lidarshard.loaders\n" + twice + found) == "drained at exit\n"
+    out = make_fixture(tmp_path, [40 + 7 * i for i in range(8)], world_size=2, batch_size=2, epochs=1)
+    made = f"from lidarshard.loaders.elastic import ElasticBatchSampler\nElasticBatchSampler({str(out)!r}, 0, 2)\n"
+    assert _exit_output(made) == "drained at exit\n"

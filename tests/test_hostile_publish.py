@@ -43,7 +43,7 @@ from lidarshard.pipelines import checks, publish, settings
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.tools.validate import validate
-from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.io import storage
 from tests.helpers import BEAM_TEST_FLAGS, MemoryObjectStore, make_bins
 

@@ -49,6 +49,35 @@ def test_detection_names_each_layout_and_files(realdata: Path, tmp_path: Path) -
     assert task.path.endswith("/lidar/host-a101_lidar1_1240710385903083166.bin")
 
 
+def test_the_av2_download_root_is_detected_with_the_same_ids(realdata: Path) -> None:
+    """``ROOT/sensor/<split>/<log>``, as the download leaves it, is the dataset root one level up."""
+    assert layouts.detect(str(realdata / "av2"), LAYOUT_IO) == "av2"
+    top, sensor = (
+        layouts.load("av2", str(realdata / p), LayoutOptions(), LAYOUT_IO) for p in ("av2", "av2/sensor")
+    )
+    assert [t.sample_id for t in top.tasks] == [t.sample_id for t in sensor.tasks]
+    assert top.tasks[0].sample_id.startswith("val/7fab2350-") and not top.rejects
+
+
+def test_a_dataset_one_level_down_or_without_its_tables_is_said(
+    realdata: Path, tmp_path: Path, capsys
+) -> None:
+    """Read as loose files these would give other samples than meant: one line saying so and how to go on."""
+    with pytest.raises(ValueError, match="no tables .* pair keyframes with their sweeps.*--dataset files"):
+        layouts.detect(str(realdata / "nuscenes"), LAYOUT_IO)
+    shutil.copytree(realdata / "semantickitti", tmp_path / "runs" / "log")
+    make_bins(tmp_path / "runs" / "loose", n=2)
+    with pytest.raises(ValueError) as err:
+        layouts.detect(str(tmp_path / "runs"), LAYOUT_IO)
+    assert f"{tmp_path / 'runs'} holds no dataset itself, but {tmp_path / 'runs' / 'log'} holds one" in str(
+        err.value
+    )
+    assert _build([str(tmp_path / "runs")], tmp_path / "out") == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
+    assert "pass --dataset files" in line and not (tmp_path / "out").exists()
+    assert layouts.detect(str(tmp_path / "runs" / "loose"), LAYOUT_IO) == layouts.FILES
+
+
 def test_a_dataset_flag_that_does_not_fit_is_one_line_naming_what_is_there(
     realdata: Path, tmp_path: Path, capsys
 ) -> None:
@@ -77,6 +106,22 @@ def test_inputs_that_hold_one_another_are_refused(realdata: Path, tmp_path: Path
         in capsys.readouterr().err
     )
     assert _build([f"a={sensor}", f"b={sensor}"], tmp_path / "out") == 2
+
+
+def test_pattern_inputs_that_share_a_file_are_refused(tmp_path: Path, capsys) -> None:
+    """A pattern INPUT is checked by the files it matches (it planned every file twice before)."""
+    bins = make_bins(tmp_path / "bins", n=3)
+    cases = [
+        ([f"a={bins}", f"b={bins}/*.bin"], f"INPUT {bins} holds {bins}/"),
+        ([f"a={bins}/*.bin", f"b={bins}/0*"], "both match"),
+    ]
+    for inputs, words in cases:
+        assert _build(inputs, tmp_path / "out") == 2
+        (line,) = [x for x in capsys.readouterr().err.splitlines() if "error:" in x]
+        assert words in line and "scanned twice" in line and not (tmp_path / "out").exists()
+    disjoint = [f"a={bins}/0000.bi?", f"b={bins}/0001*"]  # two patterns, no file in common
+    assert _build(disjoint, tmp_path / "out") == 0
+    assert len(_samples(tmp_path / "out")) == 2
 
 
 def test_av2_builds_validates_and_reads_back_with_its_sweep(realdata: Path, tmp_path: Path) -> None:

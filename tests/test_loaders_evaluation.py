@@ -153,3 +153,20 @@ def test_more_ranks_than_samples_two_gloo_ranks_finish_the_documented_loop(tmp_p
     (warning,) = got[1]["warned"]
     assert "rank 1 of 2 gets no samples (1 for all ranks): run no collective per batch" in warning
     assert got[0]["every"] == got[1]["every"] == [0]
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(costs=st.lists(st.integers(0, 4), max_size=30), w=st.integers(1, 6))
+def test_eval_shards_are_the_rule_with_counts_within_one(costs: list[int], w: int) -> None:
+    c = np.asarray(costs, dtype=np.float64)
+    order = np.lexsort((np.arange(c.size), -c))
+    base, extra = divmod(c.size, w)
+    to, key, count = [], [0.0] * w, [0] * w
+    for i in order.tolist():  # the rule with the extras going to the first bins to reach base + 1
+        b = min((r for r in range(w) if count[r] < base + (extra > 0)), key=lambda r: (key[r], r))
+        key[b] += c[i]
+        count[b] += 1
+        extra -= count[b] == base + 1
+        to.append(b)
+    want = [sorted(order[np.asarray(to, dtype=np.int64) == r].tolist()) for r in range(w)]
+    assert [s.tolist() for s in eval_shards(c, w)] == want

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections import Counter
 from itertools import islice
 from pathlib import Path
 
@@ -301,6 +302,33 @@ def test_resume_after_a_crash_trains_exactly_the_uninterrupted_batches(out: Path
             assert lengths[0] == steps - state["step"]  # len() = the batches that will come
 
 
+def test_a_sampler_reads_the_manifest_once_and_each_epochs_plan_once(
+    out: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lidarshard.loaders import reader
+    from lidarshard.transforms.io import storage
+
+    reads: Counter[str] = Counter()
+    real_json, real_plan = storage.read_json, reader.read_rank_plan
+
+    def read_json(path: str, *args: object, **kwargs: object) -> object:
+        reads[os.path.basename(path)] += 1
+        return real_json(path, *args, **kwargs)
+
+    def read_rank_plan(*args: object, **kwargs: object) -> object:
+        reads["plan"] += 1
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "read_json", read_json)
+    monkeypatch.setattr(reader, "read_rank_plan", read_rank_plan)
+    sampler = BalancedBatchSampler(out, 0, 2)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        assert len(list(sampler)) == len(sampler.scales())
+        sampler.state_dict()
+    assert (reads["_manifest.json"], reads["plan"]) == (1, 2)
+
+
 def test_a_second_pass_over_an_epoch_warns_once_naming_set_epoch(out: Path, tmp_path: Path) -> None:
     sampler = BalancedBatchSampler(out, 0, 2)
     list(sampler)
@@ -329,14 +357,19 @@ def test_batch_sampler_given_as_sampler_names_batch_sampler(out: Path) -> None:
         with pytest.raises(
             TypeError, match=r"pass it as DataLoader\(dataset, batch_sampler=sampler\), not sampler="
         ):
-            next(iter(loader))
+            sampler.check_loader(loader)
+    sampler.check_loader(DataLoader(_Indices(len(SIZES)), batch_sampler=sampler))  # the right way passes
+    with pytest.raises(TypeError, match=r"\['sampler'\] come from the manifest's plan"):
+        PlanLoader(_Indices(len(SIZES)), sampler, sampler=sampler)
 
 
 def test_plan_sampler_refuses_a_dataloader_batch_size_other_than_the_manifests(out: Path) -> None:
     sampler = PlanSampler(out, 0, 2)
     with pytest.raises(ValueError, match=r"batch_size=2 but the manifest was planned with --batch-size 3"):
-        next(iter(DataLoader(_Indices(len(SIZES)), sampler=sampler, batch_size=2)))
-    got = [b.tolist() for b in DataLoader(_Indices(len(SIZES)), sampler=sampler, batch_size=3)]
+        sampler.check_loader(DataLoader(_Indices(len(SIZES)), sampler=sampler, batch_size=2))
+    right = DataLoader(_Indices(len(SIZES)), sampler=sampler, batch_size=3)
+    sampler.check_loader(right)
+    got = [b.tolist() for b in right]
     assert got == _planned(out, 0, 0)
 
 
@@ -344,7 +377,9 @@ def test_state_of_a_plain_prefetching_dataloader_is_refused_not_wrong(out: Path)
     sampler = BalancedBatchSampler(out, 0, 2)
     it = iter(DataLoader(_Indices(len(SIZES)), batch_sampler=sampler, num_workers=2))
     next(it)
-    with pytest.raises(RuntimeError, match=r"num_workers=2 prefetches batches ahead of training.*PlanLoader"):
+    with pytest.raises(
+        RuntimeError, match=r"num_workers > 0\) prefetches batches ahead of training.*PlanLoader"
+    ):
         sampler.state_dict()
     del it
 

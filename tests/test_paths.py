@@ -15,7 +15,8 @@ from lidarshard import schemas
 from lidarshard.loaders import ManifestReader, read_samples
 from lidarshard.pipelines import build as build_cli
 from lidarshard.tools.validate import validate
-from lidarshard.transforms.io.paths import PathResolver, absolute, relative_to
+from lidarshard.transforms.io.base import join
+from lidarshard.transforms.io.paths import PathResolver, absolute, relative_to, resolved
 from tests.helpers import BEAM_TEST_FLAGS
 
 PLAN = ["--nuscenes-version", "v1.0-synth", "--sweeps", "1", "--world-size", "2", "--batch-size", "2"]
@@ -51,6 +52,18 @@ def test_path_resolver_joins_roots_and_maps_prefixes() -> None:
     assert PathResolver("/old", path_map={"/old": "/new"})("a.bin") == "/new/a.bin"
     with pytest.raises(ValueError, match="stored relative but the manifest records no path_root: pass root="):
         PathResolver(None)("a.bin")
+
+
+def test_one_join_for_the_resolver_the_column_join_and_resolved() -> None:
+    for root in ("/d", "/d/", "gs://bkt/data", "gs://bkt/data/"):
+        stored = ["a/b.bin", None, "/full/c.bin"]
+        want = [join(root, "a/b.bin"), None, "/full/c.bin"]
+        assert (
+            resolved(stored, root) == want == [None if p is None else PathResolver(root)(p) for p in stored]
+        )
+        table = pa.table({"label_path": pa.array(stored, pa.string())})
+        assert absolute(table, root).column("label_path").to_pylist() == want
+    assert resolved(["a.bin", None], None) == ["a.bin", None]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lidarshard.transforms.features.buckets import assign_buckets, quantile_edges
-from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, balanced, mixed, plan_epoch, strategy_salt
+from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, balanced, mixed, plan_epoch, seeds
 from lidarshard.transforms.plan.balanced import TOLERANCE
 from lidarshard.transforms.plan.megabatch import MEGABATCH_MULT, megabatch_steps
 from lidarshard.transforms.plan.metrics import (
@@ -150,7 +150,7 @@ def test_random_is_distributed_sampler() -> None:
     costs = np.arange(96, dtype=np.float64)
     w, b, seed, epoch = 4, 3, 7, 2
     plan = plan_epoch("random", costs, w, b, seed=seed, epoch=epoch)
-    perm = np.random.default_rng([seed, epoch, strategy_salt("random")]).permutation(96)
+    perm = np.random.default_rng([seed, epoch, seeds.salt("random")]).permutation(96)
     for r in range(w):
         np.testing.assert_array_equal(plan[:, r, :].ravel(), perm[r::w])
 
@@ -198,8 +198,8 @@ def test_plan_epoch_validates() -> None:
 
 
 def test_strategies_use_distinct_streams() -> None:
-    assert len({strategy_salt(n) for n in NAMES}) == len(NAMES)
-    assert strategy_salt("balanced") == 3262407112  # stable across processes and versions
+    assert len({seeds.salt(n) for n in NAMES}) == len(NAMES)
+    assert seeds.salt("balanced") == 3262407112  # stable across processes and versions
 
 
 def test_mixed_plans_the_same_when_its_steps_are_split_in_chunks(monkeypatch) -> None:

@@ -133,3 +133,18 @@ def test_budget_loss_scale_stays_w_over_n_with_speeds(tmp_path: Path) -> None:
         n = sum(len(b[step]) for b in batches)
         for s in samplers:  # the summed loss of all ranks x W/N averages over the step's samples
             assert s.loss_scale(step) == pytest.approx(4 / n)
+
+
+@pytest.mark.parametrize("text", ["5e-324,1", "1e7,1", "nan,1", "inf,1", "0,1", "-1,1"])
+def test_a_speed_out_of_range_is_refused_where_it_enters(text: str) -> None:
+    from lidarshard.transforms.plan.speeds import parse_rank_speed
+
+    with pytest.raises(ValueError, match=r"finite numbers > 0 \(in 1e-06\.\.1e\+06\)"):
+        parse_rank_speed(text)
+
+
+def test_a_speed_file_that_is_a_directory_is_a_value_error(tmp_path) -> None:
+    from lidarshard.transforms.plan.speeds import parse_rank_speed
+
+    with pytest.raises(ValueError, match="is a directory"):
+        parse_rank_speed(f"@{tmp_path}")

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from lidarshard.transforms.core.epochs import PlanConfig, epoch_pool, plan_samples
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import epoch_pool, plan_samples
 from lidarshard.transforms.core.score import repeat_info
 from lidarshard.transforms.features.buckets import weighted_pool
 from lidarshard.transforms.features.repeat import (
-    WEIGHT_COLUMN,
     Weights,
     WeightSpec,
     check_weights,
@@ -22,7 +22,7 @@ from lidarshard.transforms.features.repeat import (
     label_presence,
     lvis_factors,
     parse_repeat_factors,
-    sample_weights,
+    repeat_counts,
 )
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT
 
@@ -86,23 +86,11 @@ def test_stochastic_rounding_realizes_the_expected_count() -> None:
     assert all(abs(c / w.sum() - 1) < 0.01 for c in counts)
 
 
-def _labelled_table(labels: list[bytes | None]) -> pa.Table:
-    paths = [None if b is None else f"l{i}.bin" for i, b in enumerate(labels)]
-    return pa.table({"sample_id": [f"s{i}" for i in range(len(labels))], "label_path": paths})
-
-
-def test_sample_weights_reads_labels_or_carries_the_column() -> None:
+def test_lvis_factors_from_label_bytes() -> None:
     labels = [bytes([0, 0, 1]), bytes([0, 2]), bytes([0, 2, 2]), bytes([0]), None]
-    files = {f"l{i}.bin": b for i, b in enumerate(labels) if b is not None}
-    table = _labelled_table(labels)
-    same, w = sample_weights(table, WeightSpec(0.5), files.__getitem__)
-    assert same is table and w is not None and w.presence is not None
-    np.testing.assert_allclose(w.values, [np.sqrt(2), 1.0, 1.0, 1.0, 1.0])
-    assert sample_weights(table, WeightSpec(), files.__getitem__) == (table, None)
-    carried = table.append_column(WEIGHT_COLUMN, pa.array([0.5, 1, 2, 3, 4], pa.float64()))
-    dropped, w = sample_weights(carried, WeightSpec(column="cbgs"), files.__getitem__)
-    assert dropped.column_names == table.column_names and w.presence is None
-    assert w.values.tolist() == [0.5, 1, 2, 3, 4]
+    presence, has = label_presence(labels)
+    assert has.tolist() == [True, True, True, True, False] and presence.shape == (5, 256)
+    np.testing.assert_allclose(lvis_factors(presence, has, 0.5), [np.sqrt(2), 1.0, 1.0, 1.0, 1.0])
 
 
 def test_check_weights_refuses_what_would_plan_nothing_or_too_much() -> None:
@@ -208,3 +196,11 @@ def test_an_epoch_pool_too_large_for_the_machine_is_one_line(monkeypatch) -> Non
         epoch_pool(ids, None, 0, cfg)
     monkeypatch.setattr(epochs, "memory_bytes", lambda: 1 << 30)
     assert epoch_pool(ids, None, 0, cfg)[0].size == 500_000
+
+
+def test_repeat_counts_per_class_or_under_all() -> None:
+    presence = np.array([[1, 0, 1], [0, 0, 1], [0, 0, 0]], dtype=bool)
+    copies = np.array([2.0, 0.5, 3.0])
+    assert repeat_counts(presence, copies) == {"0": 2.0, "2": 2.5}
+    assert repeat_counts(None, copies) == {"all": 5.5}
+    assert repeat_counts(None, np.empty(0)) == {"all": 0.0}

@@ -194,7 +194,15 @@ def test_plan_loader_and_elastic_switch_too(runs) -> None:
     np.testing.assert_array_equal(costs, prev_costs)  # epoch 0: the voxel costs that planned it
 
 
-def test_lidarshard_replan_takes_the_previous_flags(runs, tmp_path: Path) -> None:
+def test_lidarshard_replan_takes_the_previous_flags(runs, tmp_path: Path, monkeypatch) -> None:
+    """``lidarshard.replan`` constructs the re-plan's settings from OUT's manifest, read once: the build
+    it runs never reads that manifest again."""
+    from lidarshard.pipelines import replan as replan_settings
+
+    def read_again(path: str) -> None:
+        raise AssertionError(f"the re-plan read {path}'s manifest a second time")
+
+    monkeypatch.setattr(replan_settings, "load_manifest", read_again)
     out = tmp_path / "again"
     lidarshard.replan(str(runs["prev"]), str(out), 1, NEW_MODEL, pipeline_args=BEAM_TEST_FLAGS)
     for e in range(EPOCHS):

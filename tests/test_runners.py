@@ -37,7 +37,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from lidarshard import schemas
 from lidarshard.pipelines import build, runners
-from lidarshard.pipelines.settings import build_settings
+from lidarshard.pipelines.options import BuildOptions
+from lidarshard.pipelines.preflight import build_settings
 from lidarshard.transforms import progress
 
 pytestmark = pytest.mark.slow
@@ -361,7 +362,8 @@ def test_counters_report_every_outcome(dataroot: Path, tmp_path: Path) -> None:
     """Beam counters (namespace ``lidarshard``): what remote runners show while a job runs."""
     args, _ = build.parser().parse([str(dataroot), str(tmp_path / "out"), *PLAN])
     pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
-    build.build_pipeline(pipeline, build_settings(args), str(tmp_path / "staging"))
+    settings = build_settings(BuildOptions.from_namespace(args), args.paths)
+    build.build_pipeline(pipeline, settings, str(tmp_path / "staging"))
     result = pipeline.run()
     result.wait_until_finish()
     counters = result.metrics().query(MetricsFilter().with_namespace("lidarshard"))["counters"]
@@ -371,3 +373,24 @@ def test_counters_report_every_outcome(dataroot: Path, tmp_path: Path) -> None:
     files = sum(1 for _ in (tmp_path / "staging").rglob("*.parquet"))
     planned = sum(json.loads((tmp_path / "staging" / schemas.MANIFEST_FILE).read_text())["counts"]["planned"])
     assert (got["accepted"], got["planned"], got["files_written"]) == (12, planned, files), got
+
+
+@pytest.mark.parametrize(
+    "argv, near",
+    [
+        (["--runner", "DirectRuner"], "DirectRunner"),
+        (["--runner=dsak"], "dask"),
+        (["--runner=Flink"], "FlinkRunner"),
+        (["--runner=local"], None),
+    ],
+)
+def test_a_runner_typo_is_one_line_with_the_nearest_name(argv: list[str], near: str | None) -> None:
+    from lidarshard.pipelines.flags import UsageError
+
+    with pytest.raises(UsageError) as err:
+        runners.resolve_runner(argv)
+    message = str(err.value)
+    assert "\n" not in message and "is not a runner" in message and "DirectRunner" in message
+    assert (f"did you mean {near}?" in message) if near else "did you mean" not in message
+    dotted = "--runner=my_pkg.runners.MyRunner"  # a user's own runner class passes through
+    assert runners.resolve_runner([dotted, "--runner=DataflowRunner"]) == [dotted, "--runner=DataflowRunner"]

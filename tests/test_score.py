@@ -16,9 +16,9 @@ from apache_beam.testing.util import assert_that, equal_to
 from lidarshard import schemas
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.beam.build_transform import BuildJob, BuildManifest
-from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.score import GIVEN, ScoreSettings, Source, prepare, settle_and_score
-from lidarshard.transforms.features.accounting import TooManyRejects
+from lidarshard.transforms.features.accounting import DEDUPE_ORDER, TooManyRejects, dedupe
 from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.plan.caps import Caps
 from tests.helpers import samples_table
@@ -69,6 +69,23 @@ def test_unsorted_sources_are_sorted_once_and_repeats_become_rejects(tmp_path: P
     assert [int(t.keep.sum()) for t in tasks] == [3]
     sorted_source = Source((_write(tmp_path / "sorted.parquet", table.sort_by("sample_id").slice(1)),))
     assert prepare(sorted_source, str(tmp_path / "work2")) == sorted_source  # nothing to do
+
+
+def test_one_duplicate_rule_keeps_the_row_a_scan_shard_keeps_whatever_the_arrival(tmp_path: Path) -> None:
+    """Two rows of one id and one path: the build keeps the first by DEDUPE_ORDER (here fewer points),
+    as a scan shard does, in either arrival order."""
+    table = _samples(["a", "a", "b"], [50, 40, 10], ["/d/a", "/d/a", "/d/b"])
+    kept_by_scan = dedupe(table.sort_by([(k, "ascending") for k in DEDUPE_ORDER]))[0]
+    for i, order in enumerate(([0, 1, 2], [1, 0, 2], [2, 0, 1])):
+        ready = prepare(
+            Source((_write(tmp_path / f"in{i}.parquet", table.take(order)),)), str(tmp_path / f"w{i}")
+        )
+        meta, tasks = settle_and_score(
+            ready, VOXELS, PlanConfig(1, 1), _settings(tmp_path), _written(tmp_path)[1]
+        )
+        points = pq.read_table(ready.files[0]).column("num_points").to_numpy()[tasks[0].keep]
+        assert points.tolist() == kept_by_scan.column("num_points").to_pylist() == [40, 10]
+        assert meta["counts"]["rejected_by_reason"] == {"duplicate_id": 1}
 
 
 def test_caps_given_costs_and_the_reject_fraction(tmp_path: Path) -> None:

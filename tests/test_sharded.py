@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lidarshard.transforms.core import plan_writer as sharded
-from lidarshard.transforms.core.epochs import PlanConfig, plan_samples
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import plan_samples
 from lidarshard.transforms.io.arrow import parquet_bytes
 from lidarshard.transforms.plan.caps import Caps
 from tests.helpers import scored_pool

@@ -323,13 +323,13 @@ def test_pipeline_sizes_read_back_from_files(written):
 
 
 def test_cli_flags_map_to_the_config_and_beam_options():
-    from lidarshard.pipelines.synth import parser, synth_config
+    from lidarshard.pipelines.synth import SynthOptions, parser, synth_config
 
-    args, beam_argv = parser().parse(
+    parsed, beam_argv = parser().parse(
         ["out", "--scenes", "3", "--labels", "--seed=9", "--direct_num_workers=2"]
     )
     assert beam_argv == ["--direct_num_workers=2"]
-    cfg = synth_config(args)
+    cfg = synth_config(SynthOptions.from_namespace(parsed))
     assert (cfg.scenes, cfg.seed, cfg.labels, cfg.keyframes_per_scene, cfg.version) == (
         3,
         9,
@@ -337,8 +337,8 @@ def test_cli_flags_map_to_the_config_and_beam_options():
         10,
         "v1.0-synth",
     )
-    args, _ = parser().parse(["out", "--nuscenes-version", "v1.0-mini"])
-    assert synth_config(args).version == "v1.0-mini"
+    parsed, _ = parser().parse(["out", "--nuscenes-version", "v1.0-mini"])
+    assert synth_config(SynthOptions.from_namespace(parsed)).version == "v1.0-mini"
 
 
 def test_cli_rejects_bad_values_and_prints_help(tmp_path, capsys):

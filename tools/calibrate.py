@@ -29,9 +29,12 @@ import sys
 import numpy as np
 
 from lidarshard.loaders import load_manifest, read_samples
+from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
+from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report import REPORT_DIR, read_plan
 from lidarshard.tools.timings import design, fit_cost, read_timings_at
+from lidarshard.transforms.features.cost import cost_model_from_json
 from lidarshard.transforms.io import storage
 
 __all__ = ["run", "calibrate"]
@@ -47,7 +50,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     manifest = load_manifest(out)
     samples = read_samples(out)
     fit, (obs, timed, raw, keys) = fit_cost(
-        read_timings_at(timings_path), samples, lambda: read_plan(out), epoch
+        read_timings_at(timings_path), samples, lambda: read_plan(out, manifest, samples), epoch
     )
     x, ms = design(obs), obs.column("ms").to_numpy()
     checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
@@ -59,7 +62,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "matched": obs.num_rows,
         "manifest_cost_model": dict(manifest.cost_model),
         "held_out": cal.held_out_fit(x, ms, keys),
-        "linearity": cal.step_linearity(obs, checks) if "world_size" in obs.column_names else [],
+        "linearity": balance.measured_balance(obs, checks) if "world_size" in obs.column_names else [],
     }
     return fit, source, np.stack([fit.predict(x), ms], axis=1)
 
@@ -120,9 +123,15 @@ def run(argv: list[str] | None = None) -> int:
     output = args.output or f"{args.out.rstrip('/')}/{REPORT_DIR}/cost_model.json"
     directory, _, name = output.rpartition("/")
     try:
+        check_output_path(output, "-o")
         fit, source, pairs = calibrate(args.out, args.timings, args.epoch)
     except (ValueError, OSError) as e:
         print(f"lidarshard calibrate: {e}", file=sys.stderr)
+        return 1
+    try:  # never write a model the build would refuse (a fit of absurd timings)
+        cost_model_from_json(fit.to_json("ms")["cost_model"])
+    except ValueError as e:
+        print(f"lidarshard calibrate: the fit is no usable cost model: {e}", file=sys.stderr)
         return 1
     png = _residual_png(fit, pairs, "sample" if source["timed"] == "sample" else "rank-step")
     plot_name = name.removesuffix(".json") + "_residuals.png"

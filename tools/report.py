@@ -7,7 +7,7 @@ it is not listed in ``_manifest.json['files']`` and a rebuild of OUT removes it.
 The random baseline is recomputed, not read: ``lidarshard.transforms.core.epochs.plan_samples`` with
 the manifest's settings (``PlanConfig.from_manifest``) plans each epoch again and gives its
 ``baseline``, the ``random`` plan of the same pool behind the manifest's ``random_linearity``. The
-chosen plan is the plan files' rows as one dense array (``transforms.plan.dense.dense_plan``). Plain
+chosen plan is read by ``loaders.epoch_plan.read_epoch_plan``, the one reader of an epoch's plan. Plain
 Python, no Beam pipeline.
 """
 
@@ -25,14 +25,15 @@ from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest, read_samples
-from lidarshard.loaders.reader import plan_dataset
+from lidarshard.loaders.epoch_plan import EpochRows, read_epoch_plan
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.tools import balance, plots
 from lidarshard.tools import fit as cal
-from lidarshard.tools import plots
+from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.timings import Timings, fit_cost, observe, read_timings_at
-from lidarshard.transforms.core.epochs import PlanConfig, as_planned, plan_samples
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import as_planned, plan_samples
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.metrics import COLUMNS, load_linearity, plan_buys, rank_costs
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
     "ReportData",
     "load",
     "read_plan",
+    "read_epochs",
+    "plan_table",
     "write_report",
     "summarize",
     "plan_in_words",
@@ -50,12 +53,31 @@ __all__ = [
 REPORT_DIR = schemas.REPORT_DIR
 
 
-def read_plan(out: str) -> pa.Table:
-    """Every epoch's and rank's plan rows (epoch, rank from the hive directories), sorted by
+def read_epochs(out: str, m: Manifest, samples: pa.Table) -> list[EpochRows]:
+    """Every epoch's plan (``read_epoch_plan``: the files verified, every sample_id looked up in
+    ``samples``), each with its ``cost`` and ``bucket_id`` columns."""
+    ids = samples.column("sample_id")
+    return [read_epoch_plan(out, m, e, ids, ["cost", "bucket_id"]) for e in range(m.epochs)]
+
+
+def plan_table(epochs: list[EpochRows]) -> pa.Table:
+    """All epochs' plan rows (epoch, step, rank, slot, sample_id, cost, bucket_id), sorted by
     (epoch, step, rank, slot)."""
     cols = ["epoch", "step", "rank", "slot", "sample_id", "cost", "bucket_id"]
-    table = plan_dataset(out).to_table(columns=cols)
+    parts = [
+        r.table.append_column("epoch", pa.array(np.full(r.table.num_rows, r.epoch, np.int64))).select(cols)
+        for r in epochs
+    ]
+    table = pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.int64()) for c in cols})
     return table.sort_by([(k, "ascending") for k in ("epoch", "step", "rank", "slot")])
+
+
+def read_plan(out: str, m: Manifest | None = None, samples: pa.Table | None = None) -> pa.Table:
+    """Every epoch's and rank's plan rows (``plan_table`` of ``read_epochs``); ``m`` and ``samples``
+    are read from ``out`` when not given."""
+    m = load_manifest(out) if m is None else m
+    samples = read_samples(out, ["sample_id"]) if samples is None else samples
+    return plan_table(read_epochs(out, m, samples))
 
 
 @dataclass
@@ -80,27 +102,13 @@ def load(out: str) -> ReportData:
     """
     m = load_manifest(out)
     samples = read_samples(out)
-    plan = read_plan(out)
+    epochs = read_epochs(out, m, samples)
     cfg = PlanConfig.from_manifest(m)
-    found = pc.index_in(plan.column("sample_id"), samples.column("sample_id"))
-    if found.null_count:
-        raise ValueError(
-            f"{out}: a plan row names a sample that is not in the samples; run lidarshard validate"
-        )
-    rows = found.to_numpy()
-    epochs = plan.column("epoch").to_numpy()
     chosen, baseline, plans = [], [], []
-    for e in range(m.epochs):
-        mine = epochs == e  # rank-steps hold a variable number of samples under budget
-        step, rank, slot = (plan.column(k).to_numpy()[mine] for k in ("step", "rank", "slot"))
+    for e, read in enumerate(epochs):
         planned = as_planned(samples, e, cfg)  # the costs that planned epoch e (a re-plan's cost_history)
         costs = planned.column("cost").to_numpy()
-        plans.append(
-            (
-                dense_plan(step, rank, slot, rows[mine], m.steps(e), m.world_size),
-                plan_samples(planned, e, cfg).baseline,
-            )
-        )
+        plans.append((read.plan, plan_samples(planned, e, cfg).baseline))
         chosen.append(rank_costs(plans[-1][0], costs))
         baseline.append(rank_costs(plans[-1][1], costs))
     try:
@@ -108,7 +116,7 @@ def load(out: str) -> ReportData:
         reasons = {str(r["values"]): int(r["counts"]) for r in pc.value_counts(reasons_col).to_pylist()}
     except FileNotFoundError:
         reasons = dict(m.counts.rejected_by_reason)
-    return ReportData(m, samples, plan, chosen, baseline, reasons, plans)
+    return ReportData(m, samples, plan_table(epochs), chosen, baseline, reasons, plans)
 
 
 def cost_unit(m: Manifest) -> str:
@@ -157,10 +165,10 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
                 "predicted": r["predicted"]["linearity"],
                 "max_mean": (r["measured"]["max_mean"], r["predicted"]["max_mean"]),
             }
-            for r in cal.step_linearity(obs, {"predicted": pred})
+            for r in balance.measured_balance(obs, {"predicted": pred})
         ]
     else:
-        rows = cal.plan_linearity(timings, data.plan, data.manifest.batch_size, epoch)
+        rows = balance.plan_linearity(timings, data.plan, data.manifest.batch_size, epoch)
     if not rows and {"step", "rank"} <= set(timings.column_names):
         lines.append("  (no step of this plan is fully timed: the timings come from another plan or sampler)")
     for row in rows:
@@ -370,6 +378,7 @@ def run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     directory = args.output_dir or f"{args.out.rstrip('/')}/{REPORT_DIR}"
     try:
+        check_output_path(directory, "--output-dir", is_dir=True)
         data = load(args.out)
         lines = write_report(data, args.out, directory, args.epoch, args.timings)
     except (ValueError, OSError, ImportError) as e:

@@ -39,14 +39,15 @@ from lidarshard import schemas
 from lidarshard.schemas.jsonsafe import loads, short
 from lidarshard.schemas.manifest import Counts, Manifest
 from lidarshard.tools import validate_data
+from lidarshard.tools.validate_derived import check_repeat_rate
 from lidarshard.tools.validate_files import (
     check_listed,
     check_recorded,
     check_scan_files,
     samples_parts,
 )
-from lidarshard.tools.validate_plan import check_epoch_files, check_repeat_rate
-from lidarshard.tools.validate_repeat import check_weights
+from lidarshard.tools.validate_plan import check_epoch_files
+from lidarshard.tools.validate_repeat import check_sample_weights
 from lidarshard.tools.validate_samples import (
     SamplesView,
     check_samples,
@@ -54,7 +55,8 @@ from lidarshard.tools.validate_samples import (
     cost_model_of,
     release_memory,
 )
-from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, PlanConfig
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_file
 
@@ -263,7 +265,7 @@ def _check_manifest(c: _Checker) -> str:
     if samples is None:
         return "samples unusable"
     check_scored(c.problem, m, samples, bad_model)
-    held = check_weights(c.problems, m, samples)
+    held = check_sample_weights(c.problems, m, samples)
     cfg = _plan_config(c, m)
     if not complete:  # a plan file is missing from the list: per-epoch checks would mislead
         return ""

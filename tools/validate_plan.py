@@ -1,6 +1,7 @@
 """Epoch checks of ``lidarshard validate``: each plan row's sample, the epoch's dense plan, counts, caps,
-the step order (``--heaviest-first``), coverage and balance, and the epoch re-derived from the samples (``plan_samples``, once per epoch).
-One plan file's own structure: ``validate_files.check_plan``.
+the step order (``--heaviest-first``), coverage and balance; the epoch re-derived from the samples
+(``plan_samples``, once per epoch) is checked by ``validate_derived``. One plan file's own structure:
+``validate_files.check_plan``.
 
 Pure pyarrow/numpy. Each check appends ``"<where>: <what>"`` lines to ``problems``; where names the
 file, epoch, rank, step and slot as precisely as the problem allows.
@@ -15,20 +16,21 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.tools.validate_derived import check_replan, derive
 from lidarshard.tools.validate_files import check_plan
 from lidarshard.tools.validate_repeat import check_realized
 from lidarshard.tools.validate_samples import SamplesView, release_memory, row_keys
-from lidarshard.transforms.core.epochs import EpochPlan, PlanConfig, as_planned, plan_samples, repeat_rates
-from lidarshard.transforms.plan.caps import Caps, rank_step_sums
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import EpochPlan, as_planned
+from lidarshard.transforms.plan.caps import Caps, cap_breaches, rank_step_sums
 from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.metrics import balance_summary, balance_value
 from lidarshard.transforms.plan.order import step_peaks
 
 __all__ = [
     "lookup", "rank_rows", "epoch_rows", "check_counts", "check_epoch_files", "check_caps",
-    "check_heaviest_first", "derive", "check_epoch", "check_replan", "check_repeat_rate",
+    "check_heaviest_first", "check_epoch",
 ]  # fmt: skip
 
 
@@ -98,18 +100,13 @@ def check_caps(
 ) -> None:
     """Every rank-step of epoch ``e``'s plan (S, W, M) within the manifest's caps (``file_of``: as in
     ``check_counts``)."""
-    sums: list[tuple[str, float | None, NDArray]] = [("samples", caps.max_samples, (plan >= 0).sum(axis=-1))]
-    sums.append(("cost", caps.max_cost, rank_step_sums(plan, samples.column("cost").to_numpy())))
-    sums.append(("points", caps.max_points, rank_step_sums(plan, samples.column("num_points").to_numpy())))
-    for name, cap, got in sums:
-        bad = np.argwhere(got > cap) if cap is not None else np.empty((0, 2), dtype=np.int64)
-        if bad.size:
-            s, r = (int(v) for v in bad[0])
-            _add(
-                problems,
-                f"{file_of(e, r)}: epoch {e} step {s} rank {r}",
-                f"{got[s, r]:.6g} {name} > --max-{name}-per-rank-step {cap:g} ({len(bad)} rank-steps over)",
-            )
+    costs, points = samples.column("cost").to_numpy(), samples.column("num_points").to_numpy()
+    for b in cap_breaches(plan, caps, costs, points):
+        _add(
+            problems,
+            f"{file_of(e, b.rank)}: epoch {e} step {b.step} rank {b.rank}",
+            f"{b.detail()} ({b.count} rank-steps over)",
+        )
 
 
 def check_heaviest_first(
@@ -253,22 +250,6 @@ def check_epoch_files(
     return rows, derived
 
 
-def derive(
-    problems: list[str], m: Manifest, cfg: PlanConfig | None, e: int, samples: pa.Table
-) -> EpochPlan | None:
-    """Epoch ``e`` planned again from the samples with the recorded settings ``cfg`` (``plan_samples``:
-    the plan, its random baseline, its stats); None when ``cfg`` is None or planning fails (a problem)."""
-    if cfg is None:
-        return None
-    try:
-        return plan_samples(samples, e, cfg)
-    except (ValueError, TypeError, KeyError) as err:
-        _add(
-            problems, f"epoch {e}", f"the plan cannot be recomputed from strategy {short(m.strategy)}: {err}"
-        )
-        return None
-
-
 def check_epoch(
     problems: list[str],
     m: Manifest,
@@ -349,61 +330,3 @@ def check_epoch(
         got = balance_value(recorded, key)  # older 3.x manifests call greedy_reference bound
         if got is None or not abs(got - value) <= 1e-6:
             _add(problems, where, f"balance.{key} recorded {recorded.get(key, got)}, recomputed {value:.6f}")
-
-
-def _trim(plan: NDArray[np.int64]) -> NDArray[np.int64]:
-    """``plan`` (S, W, M) without trailing slot columns that are empty (-1) everywhere."""
-    used = np.flatnonzero((plan >= 0).any(axis=(0, 1)))
-    return plan[:, :, : int(used[-1]) + 1 if used.size else 0]
-
-
-def check_replan(
-    problems: list[str], m: Manifest, e: int, plan: NDArray[np.int64], derived: EpochPlan, samples: pa.Table
-) -> None:
-    """Epoch ``e``'s plan (S, W, M) and its planned/dropped/padded counts equal those the recorded
-    strategy and seed re-derive from the samples (``derived``): catches swapped ranks or steps and a
-    forged strategy or seed, whatever the hashes say."""
-    for key in ("planned", "dropped", "padded"):
-        got = getattr(m.counts, key)[e]
-        if got != derived.stats[key]:
-            _add(problems, f"epoch {e}", f"counts.{key} recorded {got}, re-derived {derived.stats[key]}")
-    want, plan = _trim(derived.plan), _trim(plan)
-    how = f"the plan strategy {m.strategy} with seed {m.seed} recomputes"
-    if want.shape != plan.shape:
-        _add(problems, f"epoch {e}", f"plan shape {plan.shape} differs from {how} {want.shape}")
-        return
-    diff = np.argwhere(want != plan)
-    if diff.size:
-        s, r, k = (int(v) for v in diff[0])
-        sid = samples.column("sample_id")
-        _add(
-            problems,
-            f"{m.plan_file(e, r)}: epoch {e} rank {r} step {s} slot {k}",
-            f"{sid[int(plan[s, r, k])]} differs from {how} ({sid[int(want[s, r, k])]}); {len(diff)} slots differ",
-        )
-
-
-def check_repeat_rate(problems: list[str], m: Manifest, plans: list[EpochPlan | None]) -> None:
-    """``pair_repeat_rate`` against ``repeat_rates`` of epochs 0 and 1 as re-derived (``plans``; None:
-    not derived, reported), within 1e-6; null when the manifest has one epoch."""
-    got = None if m.pair_repeat_rate is None else dict(m.pair_repeat_rate)
-    if m.epochs < 2:
-        if got is not None:
-            _add(
-                problems, "_manifest.json", f"pair_repeat_rate recorded {short(got)}, expected null (1 epoch)"
-            )
-        return
-    first, second = plans
-    if first is None or second is None:
-        _add(
-            problems,
-            "_manifest.json",
-            "pair_repeat_rate cannot be recomputed (epoch 0 or 1 was not re-derived)",
-        )
-        return
-    again = repeat_rates(first, second, m.strategy)
-    same = (
-        got is not None and set(got) == set(again) and all(abs(got[k] - v) <= 1e-6 for k, v in again.items())
-    )
-    if not same:
-        _add(problems, "_manifest.json", f"pair_repeat_rate recorded {short(got)}, recomputed {again}")

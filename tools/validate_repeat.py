@@ -19,24 +19,19 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.buckets import resolve_weights
 from lidarshard.transforms.features.repeat import (
-    class_counts,
     dataset_scale,
     decoded_labels,
     label_presence,
     lvis_factors,
     parse_repeat_factors,
+    repeat_counts,
 )
 from lidarshard.transforms.io import paths, storage
 from lidarshard.transforms.layouts import label_maps_of
 
-__all__ = ["check_weights", "check_realized"]
+__all__ = ["check_sample_weights", "check_realized"]
 
 _WHERE = "_manifest.json"
-
-
-def _named(held: NDArray[np.bool_], copies: NDArray[np.number], per_class: bool) -> dict[str, float]:
-    totals = class_counts(held, copies)
-    return totals if per_class else {"all": totals.get("0", 0.0)}
 
 
 def _same(got: object, want: dict[str, float]) -> bool:
@@ -60,7 +55,7 @@ def _datasets(samples: pa.Table, m: Manifest) -> list:
 def _label_presence(
     problems: list[str], samples: pa.Table, m: Manifest
 ) -> tuple[NDArray[np.bool_], NDArray[np.bool_]] | None:
-    found = paths.absolute(samples.select(["label_path"]), m.path_root).column("label_path").to_pylist()
+    found = paths.resolved(samples.select(["label_path"]).column("label_path").to_pylist(), m.path_root)
     try:
         maps = label_maps_of(m.provenance.get("datasets") or [])
         return label_presence(decoded_labels(found, _datasets(samples, m), maps, storage.read_bytes))
@@ -76,11 +71,11 @@ def _label_presence(
         return None
 
 
-def check_weights(
+def check_sample_weights(
     problems: list[str], m: Manifest, samples: pa.Table
-) -> tuple[NDArray[np.bool_], bool] | None:
-    """The ``weight`` column against ``m.repeat``; returns (held (N, C) booleans the counts are
-    per, per-class?) for :func:`check_realized`, or None when there is nothing (more) to check."""
+) -> tuple[NDArray[np.bool_] | None] | None:
+    """The ``weight`` column against ``m.repeat``; returns (lidarseg presence (N, C), or None when the
+    counts are under ``'all'``) for :func:`check_realized`, or None when there is nothing (more) to check."""
     w = samples.column("weight").to_numpy()
     rep = m.repeat
     if not (np.isfinite(w).all() and (w >= 0).all()):
@@ -109,9 +104,8 @@ def check_weights(
     if not isinstance(mode, str) or not mode.startswith(("lidarseg:", "column:")):
         problems.append(f"{_WHERE}: repeat.mode {short(mode)} is not lidarseg:t=T or column:NAME")
         return None
-    n = samples.num_rows
-    held, per_class = np.ones((n, 1), dtype=bool), mode.startswith("lidarseg:")
-    if per_class:
+    presence = None
+    if mode.startswith("lidarseg:"):
         try:
             t = parse_repeat_factors(mode)
         except ValueError as e:
@@ -120,7 +114,7 @@ def check_weights(
         found = _label_presence(problems, samples, m)
         if found is None:
             return None
-        held = found[0]
+        presence = found[0]
         again = lvis_factors(found[0], found[1], t) * by_dataset
         bad = np.flatnonzero(np.abs(again - w) > 1e-9 * np.maximum(1.0, again))
         if bad.size:
@@ -132,19 +126,20 @@ def check_weights(
         bucket = resolve_weights(m.buckets.weights, m.buckets.k)[ids]
     except (ValueError, IndexError):  # reported by the bucket checks
         return None
-    want = _named(held, w * bucket, per_class)
+    want = repeat_counts(presence, w * bucket)
     if not _same(rep.get("expected"), want):
         problems.append(
             f"{_WHERE}: repeat.expected recorded {short(rep.get('expected'))}, recomputed {short(want)}"
         )
-    return held, per_class
+    return (presence,)
 
 
 def check_realized(problems: list[str], m: Manifest, e: int, plan: NDArray[np.int64], held: tuple) -> None:
-    """``repeat.realized[e]`` equals the copies per class that epoch ``e``'s plan (S, W, M) holds."""
-    presence, per_class = held
-    seen = np.bincount(plan[plan >= 0], minlength=presence.shape[0])
-    want = _named(presence, seen, per_class)
+    """``repeat.realized[e]`` equals the copies per class that epoch ``e``'s plan (S, W, M) holds
+    (``held``: what :func:`check_sample_weights` returned)."""
+    (presence,) = held
+    seen = np.bincount(plan[plan >= 0], minlength=0 if presence is None else presence.shape[0])
+    want = repeat_counts(presence, seen)
     realized = (m.repeat or {}).get("realized")
     got = realized[e] if isinstance(realized, list) and e < len(realized) else None
     if not _same(got, want):

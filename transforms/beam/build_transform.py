@@ -34,14 +34,8 @@ from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.core import plan_writer as sharded
 from lidarshard.transforms.core import previous
 from lidarshard.transforms.core import record as manifest
-from lidarshard.transforms.core.epochs import (
-    COST_FEATURES,
-    EpochPlan,
-    PlanConfig,
-    as_planned,
-    plan_samples,
-    repeat_rates,
-)
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, as_planned, plan_samples, repeat_rates
 from lidarshard.transforms.core.score import ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.io import storage

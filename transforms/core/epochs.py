@@ -1,4 +1,4 @@
-"""What decides a plan (``PlanConfig``) and one epoch's plan in sample space (``plan_samples``). Pure.
+"""One epoch's plan in sample space (``plan_samples``) under a ``PlanConfig`` (``transforms.core.config``). Pure.
 
 The build plans each epoch once, from the numeric columns of the scored samples (``cost``,
 ``bucket_id``, ``num_points``, ``weight``): ``plan_samples`` gives the strategy's plan (its heaviest
@@ -10,9 +10,7 @@ re-derives them independently with the same functions.
 
 from __future__ import annotations
 
-import math
 import os
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,166 +18,31 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from lidarshard import schemas
-from lidarshard.schemas.manifest import Manifest
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.features import buckets
-from lidarshard.transforms.features.cost import CostModel, cost_model_from_json, sample_costs
-from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
-from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, VARIABLE_COUNT, order, plan_epoch
-from lidarshard.transforms.plan.caps import Caps, PoolLimits
+from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.plan import VARIABLE_COUNT, order, plan_epoch, seeds
+from lidarshard.transforms.plan.caps import PoolLimits
 from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
 from lidarshard.transforms.plan.speeds import normalized
 
 __all__ = [
-    "MAX_PLAN_FACTOR",
     "PLAN_ENTRY_BYTES",
     "memory_bytes",
-    "PlanConfig",
     "EpochPlan",
     "COST_FEATURES",
     "as_planned",
-    "score",
     "bucket_costs",
-    "plan_rows",
     "plan_samples",
     "epoch_pool",
     "repeat_rates",
     "bucket_info",
 ]
 
-_POOL_SALT = zlib.crc32(b"pool")
 #: Memory one plan entry (a sample's place in one epoch) takes while its epoch is planned, written and
 #: re-planned by the publish's validation, in bytes: the strategies alone measured 75-155 (2M entries),
 #: the plan rows and their table add more. ``check_plan_size`` refuses a plan that cannot fit with it.
 PLAN_ENTRY_BYTES = 256
-#: Default bound on plan entries per input sample per epoch (``--max-plan-factor``).
-MAX_PLAN_FACTOR = 100.0
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    """Everything that decides a plan besides the samples."""
-
-    world_size: int
-    batch_size: int
-    epochs: int = 1
-    seed: int = 0
-    strategy: str = DEFAULT_STRATEGY
-    policy: str = "drop_last"
-    num_buckets: int | None = None  # None: buckets.default_num_buckets(N)
-    weights: tuple[float, ...] | None = None
-    caps: Caps = Caps()
-    max_plan_factor: float = MAX_PLAN_FACTOR  # plan entries per sample per epoch, at most
-    repeat: WeightSpec = WeightSpec()  # where per-sample weights come from (the manifest's repeat.mode)
-    heaviest_first: str = "off"  # order.HEAVIEST_FIRST: by which rank-step sums put the heaviest step at 0
-    #: ``(until_epoch, model, bucket edges)`` ascending: epochs before ``until_epoch`` (and from the previous
-    #: entry's on) were planned with ``model``'s costs in those buckets, later ones with the samples' own
-    #: ``cost`` and ``bucket_id`` (``build --replan-from``).
-    earlier: tuple[tuple[int, CostModel, tuple[float, ...]], ...] = ()
-    #: ``--rank-speed``: (W,) relative speed of each rank (mixed hardware), None: all equal.
-    rank_speed: tuple[float, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1 or self.batch_size < 1 or self.epochs < 1:
-            raise ValueError("--world-size, --batch-size and --epochs must be >= 1")
-        if self.seed < 0:
-            raise ValueError("--seed must be >= 0")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown --strategy {self.strategy!r}; choose from {sorted(STRATEGIES)}")
-        if self.policy not in buckets.POLICIES:
-            raise ValueError(f"policy must be one of {buckets.POLICIES}")
-        if self.heaviest_first not in order.HEAVIEST_FIRST:
-            raise ValueError(
-                f"unknown --heaviest-first {self.heaviest_first!r}; choose from {list(order.HEAVIEST_FIRST)}"
-            )
-        if self.rank_speed is not None and (
-            len(self.rank_speed) != self.world_size
-            or not all(math.isfinite(v) and v > 0 for v in self.rank_speed)
-        ):
-            raise ValueError(
-                f"--rank-speed gives {len(self.rank_speed)} speeds for --world-size {self.world_size} ranks: "
-                "give one finite speed > 0 per rank"
-            )
-        ends = [e for e, _, _ in self.earlier]
-        if ends != sorted(set(ends)) or any(not 0 < e < self.epochs for e in ends):
-            raise ValueError(
-                f"a re-plan's epochs {ends} must rise and lie in 1..{self.epochs - 1} (the plan has {self.epochs})"
-            )
-
-    def planned_with(self, epoch: int) -> tuple[CostModel, tuple[float, ...]] | None:
-        """(the model, its bucket edges) that planned ``epoch`` when they are not the samples' own costs
-        and buckets (an epoch before a re-plan, ``earlier``), else None."""
-        return next(((model, edges) for end, model, edges in self.earlier if epoch < end), None)
-
-    @property
-    def step_size(self) -> int:
-        """W*B: the samples one step of all ranks holds (the mean under ``budget``)."""
-        return self.world_size * self.batch_size
-
-    def to_json(self) -> dict[str, Any]:
-        """The manifest's plan settings (``Manifest.to_json`` keys); ``heaviest_first`` is recorded beside
-        the caps, in the ``caps`` object, only when it is on (so plans without it keep their bytes)."""
-        first = {} if self.heaviest_first == "off" else {"heaviest_first": self.heaviest_first}
-        history = [
-            {"until_epoch": e, "cost_model": model.to_json(), "bucket_edges": list(edges)}
-            for e, model, edges in self.earlier
-        ]
-        return {
-            "world_size": self.world_size,
-            "batch_size": self.batch_size,
-            "epochs": self.epochs,
-            "seed": self.seed,
-            "strategy": self.strategy,
-            "policy": self.policy,
-            "max_plan_factor": self.max_plan_factor,
-            "caps": self.caps.to_json() | first,
-            **({"cost_history": history} if history else {}),
-            **({"rank_speed": list(self.rank_speed)} if self.rank_speed is not None else {}),
-        }
-
-    @classmethod
-    def from_manifest(cls, m: Manifest, **changes: Any) -> PlanConfig:
-        """The settings a manifest was planned with, as its planner saw them: bucket weights cut to
-        the buckets that hold samples; ``changes`` override fields (``strategy="random"``).
-
-        Raises:
-            ValueError: a setting the manifest records is not a valid one (strategy, caps, repeat mode).
-        """
-        used = [k for k, n in enumerate(m.buckets.counts) if n > 0]
-        k = used[-1] + 1 if used else 1
-        mode = (m.repeat or {}).get("mode")
-        repeat = WeightSpec()
-        if isinstance(mode, str) and mode.startswith("lidarseg:"):
-            repeat = WeightSpec(threshold=parse_repeat_factors(mode))
-        elif isinstance(mode, str) and mode.startswith("column:"):
-            repeat = WeightSpec(column=mode[len("column:") :])
-        scale = (m.repeat or {}).get("datasets")
-        if isinstance(scale, dict) and scale:
-            pairs = tuple(sorted((str(k), float(v)) for k, v in scale.items()))
-            repeat = WeightSpec(repeat.threshold, repeat.column, pairs)
-        first = (m.caps or {}).get("heaviest_first", "off")
-        earlier = tuple(
-            (int(h["until_epoch"]), cost_model_from_json(h["cost_model"]), tuple(h["bucket_edges"]))
-            for h in m.cost_history
-        )
-        weights = tuple(m.buckets.weights[:k])
-        fields: dict[str, Any] = {
-            "world_size": m.world_size,
-            "batch_size": m.batch_size,
-            "epochs": m.epochs,
-            "seed": m.seed,
-            "strategy": m.strategy,
-            "policy": m.policy,
-            "num_buckets": m.buckets.k,
-            "weights": None if all(w == 1.0 for w in weights) else weights,  # None: all 1, any k
-            "caps": Caps.from_json(dict(m.caps) if m.caps is not None else None),
-            "max_plan_factor": MAX_PLAN_FACTOR if m.max_plan_factor is None else m.max_plan_factor,
-            "repeat": repeat,
-            "heaviest_first": first,
-            "earlier": earlier,
-            "rank_speed": m.rank_speed,
-        }
-        return cls(**(fields | changes))
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,38 +59,6 @@ class EpochPlan:
     plan: NDArray[np.int64]
     baseline: NDArray[np.int64] = field(repr=False)
     stats: dict
-
-
-def score(
-    samples: pa.Table,
-    model: CostModel,
-    cfg: PlanConfig,
-    costs: pa.Array | None = None,
-    weights: NDArray[np.float64] | None = None,
-) -> tuple[pa.Table, NDArray[np.float64]]:
-    """Add ``cost``, ``bucket_id`` and ``weight`` to a samples table (sorted by sample_id).
-
-    ``costs`` (N,), when given, are used as they are instead of the model's (``model.name == "given"``);
-    ``weights`` (N,) are the per-sample weights (repeat factors, ``--sample-weights``), None: all 1.
-
-    Returns:
-        (scored table with ``lidarshard.schemas.scored_schema()``, bucket edges (K-1,) in cost units).
-    """
-    base = samples.select([name for name, _, _ in schemas.SAMPLE_FIELDS])
-    if costs is None:
-        costs = sample_costs(base, model)
-    else:
-        costs = np.asarray(costs, dtype=np.float64)
-        if costs.shape != (samples.num_rows,) or not np.isfinite(costs).all() or (costs < 0).any():
-            raise ValueError("cost must hold one finite value >= 0 per sample")
-    ids, edges = bucket_costs(costs, cfg)
-    scored = base.append_column(schemas.scored_schema().field("cost"), pa.array(costs, pa.float64()))
-    scored = scored.append_column(schemas.scored_schema().field("bucket_id"), pa.array(ids, pa.int32()))
-    weight = np.ones(len(costs)) if weights is None else np.asarray(weights, dtype=np.float64)
-    if weight.shape != (len(costs),) or not (np.isfinite(weight) & (weight >= 0)).all():
-        raise ValueError("sample weights must hold one finite value >= 0 per sample")
-    scored = scored.append_column(schemas.scored_schema().field("weight"), pa.array(weight, pa.float64()))
-    return scored.cast(schemas.scored_schema()), edges
 
 
 def bucket_costs(
@@ -416,39 +247,12 @@ def epoch_pool(
             f"{expected * PLAN_ENTRY_BYTES / 2**30:.3g} GiB at ~{PLAN_ENTRY_BYTES} bytes an entry, more than this "
             f"machine's {memory / 2**30:.3g} GiB: lower --bucket-weights/--sample-weights"
         )
-    rng = np.random.default_rng([cfg.seed, epoch, _POOL_SALT])
+    rng = seeds.rng(cfg.seed, epoch, "pool")
     pool = buckets.weighted_pool(ids, weights, rng, sample_weights)
     dropped = padded = 0
     if cfg.strategy not in VARIABLE_COUNT:
         pool, dropped, padded = buckets.fit_pool(pool, cfg.world_size * cfg.batch_size, cfg.policy, rng)
     return pool, dropped, padded, rng
-
-
-def plan_rows(plan: NDArray[np.int64]) -> dict[str, NDArray]:
-    """The plan's rows in rank-major, (step, slot) order: sample index and position columns.
-
-    Args:
-        plan: (S, W, M) int64, ``-1`` = empty slot (each rank-step's samples come first).
-
-    Returns:
-        ``{"row", "step", "rank", "slot", "rank_count", "global_count"}``, each (N,) for the
-        N = ``(plan >= 0).sum()`` planned slots; ``rank_count`` is the samples of that rank at that
-        step, ``global_count`` of all ranks at that step.
-    """
-    s, w, m = plan.shape
-    valid = (plan >= 0).transpose(1, 0, 2)  # (W, S, M)
-    counts = valid.sum(axis=-1)  # (W, S)
-    shape = (w, s, m)
-    step = np.broadcast_to(np.arange(s, dtype=np.int32)[None, :, None], shape)[valid]
-    rank = np.broadcast_to(np.arange(w, dtype=np.int32)[:, None, None], shape)[valid]
-    return {
-        "row": plan.transpose(1, 0, 2)[valid],
-        "step": step,
-        "rank": rank,
-        "slot": np.broadcast_to(np.arange(m, dtype=np.int32), shape)[valid],
-        "rank_count": counts[rank, step].astype(np.int32),
-        "global_count": counts.sum(axis=0)[step].astype(np.int32),
-    }
 
 
 def repeat_rates(first: EpochPlan, second: EpochPlan, strategy: str) -> dict[str, float]:

@@ -20,9 +20,9 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms.core.epochs import plan_rows
 
 __all__ = [
+    "plan_rows",
     "NUMERIC_INPUT",
     "COPIED",
     "ROWS_PER_SHARD",
@@ -45,6 +45,33 @@ _FIXED = ("step", "slot", "rank_count", "global_count")
 _OWN = ("cost", "bucket_id")
 #: The plan file's columns a piece holds: all but the (epoch, rank) key, which ``finish_rank`` adds.
 _KEY = tuple(name for name, _, _ in schemas.PLAN_KEY_FIELDS)
+
+
+def plan_rows(plan: NDArray[np.int64]) -> dict[str, NDArray]:
+    """The plan's rows in rank-major, (step, slot) order: sample index and position columns.
+
+    Args:
+        plan: (S, W, M) int64, ``-1`` = empty slot (each rank-step's samples come first).
+
+    Returns:
+        ``{"row", "step", "rank", "slot", "rank_count", "global_count"}``, each (N,) for the
+        N = ``(plan >= 0).sum()`` planned slots; ``rank_count`` is the samples of that rank at that
+        step, ``global_count`` of all ranks at that step.
+    """
+    s, w, m = plan.shape
+    valid = (plan >= 0).transpose(1, 0, 2)  # (W, S, M)
+    counts = valid.sum(axis=-1)  # (W, S)
+    shape = (w, s, m)
+    step = np.broadcast_to(np.arange(s, dtype=np.int32)[None, :, None], shape)[valid]
+    rank = np.broadcast_to(np.arange(w, dtype=np.int32)[:, None, None], shape)[valid]
+    return {
+        "row": plan.transpose(1, 0, 2)[valid],
+        "step": step,
+        "rank": rank,
+        "slot": np.broadcast_to(np.arange(m, dtype=np.int32), shape)[valid],
+        "rank_count": counts[rank, step].astype(np.int32),
+        "global_count": counts.sum(axis=0)[step].astype(np.int32),
+    }
 
 
 def shard_bounds(n: int, rows: int = ROWS_PER_SHARD) -> list[tuple[int, int]]:

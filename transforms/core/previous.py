@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
+from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing, repeats
 from lidarshard.transforms.io import paths
 from lidarshard.transforms.io.arrow import ParquetStream, row_groups
 
@@ -43,12 +42,12 @@ NUMERIC = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]
 def repeated_ids(file: pq.ParquetFile, *, ordered: bool = False) -> NDArray[np.bool_] | None:
     """(N,) which rows repeat the sample_id of the row before them, reading only the ids a row group
     at a time; None when the ids are not sorted: they must be strictly increasing, or, when
-    ``ordered`` (rows sorted by sample_id then path), non-decreasing.
+    ``ordered`` (rows sorted by ``accounting.DEDUPE_ORDER``), non-decreasing.
 
     Raises:
         ValueError: a null sample_id (one line).
     """
-    repeats, last = [], None
+    groups, last = [], None
     for t in row_groups(file, ["sample_id"]):
         ids = t.column("sample_id")
         if ids.null_count:
@@ -59,12 +58,12 @@ def repeated_ids(file: pq.ParquetFile, *, ordered: bool = False) -> NDArray[np.b
             if first_not_increasing(ids, last) is not None:
                 if not ordered:
                     return None
-                same = _repeats(ids, last)
+                same = repeats(ids, last)
                 if first_not_increasing(ids.filter(pa.array(~same)), last) is not None:
                     return None
             last = ids[-1].as_py()
-        repeats.append(same)
-    return np.concatenate(repeats) if repeats else np.zeros(0, dtype=bool)
+        groups.append(same)
+    return np.concatenate(groups) if groups else np.zeros(0, dtype=bool)
 
 
 def numeric_columns(file: pq.ParquetFile, extras: Sequence[str] = ()) -> pa.Table:
@@ -82,15 +81,6 @@ def numeric_columns(file: pq.ParquetFile, extras: Sequence[str] = ()) -> pa.Tabl
         stored = file.schema_arrow
         return pa.schema([*want, *(stored.field(n) for n in extra)]).empty_table()
     return pa.concat_tables(parts).combine_chunks()
-
-
-def _repeats(ids: pa.Array, last: str | None) -> NDArray[np.bool_]:
-    """(n,) which of ``ids`` equal the id before them (``last`` before the first)."""
-    same = np.zeros(len(ids), dtype=bool)
-    if last is not None:
-        same[0] = ids[0].as_py() == last
-    same[1:] = pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
-    return same
 
 
 def paths_at(file: pq.ParquetFile, rows: NDArray[np.int64], column: str = "path") -> list:

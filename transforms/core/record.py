@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from lidarshard import schemas
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms.core.epochs import PlanConfig
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.io.arrow import sha256_hex
 
 __all__ = ["Write", "write_file", "build_manifest", "Kept", "kept_from"]

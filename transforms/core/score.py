@@ -5,7 +5,7 @@ run's samples, or a table a user handed to ``lidarshard.write_manifest`` written
 inputs rejected so far. ``prepare`` sorts a source that is not (one scratch part); then
 ``settle_and_score`` streams the few numeric columns it needs a row group at a time:
 
-* **settle**: repeated sample ids (all but the first, by path) and samples that alone exceed a cap become
+* **settle**: repeated sample ids (all but the first by ``accounting.DEDUPE_ORDER``) and samples that alone exceed a cap become
   rejects; the counts must add up (scanned = accepted + rejected) and stay under the reject fraction
   (``accounting.counts_or_stop``);
 * **score**: cost (the cost model, or the ``cost`` column a user gave), per-sample weights (a column, or
@@ -26,14 +26,15 @@ from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.transforms.core import previous
-from lidarshard.transforms.core.epochs import PlanConfig, bucket_costs, bucket_info, epoch_pool
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import bucket_costs, bucket_info, epoch_pool
 from lidarshard.transforms.core.record import Write, write_file
 from lidarshard.transforms.core.recorded import check_schema, previous_rejects, previous_root
 from lidarshard.transforms.features import repeat
-from lidarshard.transforms.features.accounting import counts_or_stop
+from lidarshard.transforms.features.accounting import DEDUPE_ORDER, counts_or_stop, duplicate_rejects
 from lidarshard.transforms.features.buckets import resolve_weights
 from lidarshard.transforms.features.cost import CostModel, sample_costs
-from lidarshard.transforms.features.repeat import Weights, class_counts
+from lidarshard.transforms.features.repeat import Weights, repeat_counts
 from lidarshard.transforms.io import paths, storage
 from lidarshard.transforms.io.arrow import parquet_bytes, row_groups
 from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
@@ -106,7 +107,8 @@ def _extras(model: CostModel, cfg: PlanConfig) -> list[str]:
 
 
 def prepare(source: Source, work: str) -> Source:
-    """``source`` when its ids are strictly increasing; else its rows sorted by (sample_id, path) and
+    """``source`` when its ids are strictly increasing; else its rows sorted by the duplicate rule's
+    ``accounting.DEDUPE_ORDER`` and
     written to one scratch part under ``work`` (the only step that holds a whole table: inputs
     lidarshard did not write sorted, e.g. a 2.x samples.parquet edited by hand).
 
@@ -120,7 +122,7 @@ def prepare(source: Source, work: str) -> Source:
             return source
     table = read_parts(list(source.files))
     check_schema("the samples", table)
-    table = table.sort_by([("sample_id", "ascending"), ("path", "ascending")])
+    table = table.sort_by([(k, "ascending") for k in DEDUPE_ORDER if k in table.column_names])
     sorted_part = storage.join(work, PREPARED, schemas.part_name(0))
     storage.write_bytes(sorted_part, parquet_bytes(table))
     return Source((sorted_part,), source.rejects, source.scanned, source.roots, source.reroot_rejects, True)
@@ -151,7 +153,7 @@ def settle_and_score(
         stored = _StoredPaths(file, source)
         keep, rejects = _settle(numeric, repeated, cost, cfg, rejects, stored)
         counts = counts_or_stop(
-            scanned, int(keep.sum()), rejects, settings.max_reject_fraction, settings.rejects_out
+            scanned, int(keep.sum()), rejects, settings.max_reject_fraction, settings.rejects_out, plan=True
         )
         if not keep.any():
             raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
@@ -220,13 +222,8 @@ def _settle(
     added = []
     if repeated.any():
         rows = np.flatnonzero(repeated)
-        ids = stored.ids(rows)
         added.append(
-            {
-                "path": stored.paths(rows),
-                "reason": ["duplicate_id"] * rows.size,
-                "detail": [f"sample_id {s!r} already produced by another input" for s in ids],
-            }
+            pa.Table.from_pylist(duplicate_rejects(stored.paths(rows), stored.ids(rows)), rejects.schema)
         )
     if cfg.caps.active:
         candidates = np.flatnonzero(keep)
@@ -236,10 +233,10 @@ def _settle(
         if bad.size:
             keep[bad] = False
             text = [d for d in details if d]
-            added.append({"path": stored.paths(bad), "reason": ["over_cap"] * bad.size, "detail": text})
+            over = {"path": stored.paths(bad), "reason": ["over_cap"] * bad.size, "detail": text}
+            added.append(pa.Table.from_pydict(over, schema=rejects.schema))
     if added:
-        new = [pa.Table.from_pydict(rows, schema=rejects.schema) for rows in added]
-        rejects = pa.concat_tables([rejects, *new])
+        rejects = pa.concat_tables([rejects, *added])
         rejects = rejects.sort_by([(c, "ascending") for c in ("path", "reason", "detail")])
     return keep, rejects
 
@@ -282,9 +279,7 @@ def _dataset_scale(file, keep: NDArray[np.bool_], scale: Mapping[str, float]) ->
 
 def _labels(file, keep: NDArray[np.bool_], root: str | None, label_maps: Mapping[str, Mapping[int, int]]):
     """The class ids of the kept rows' label files, in order (None: no label file)."""
-    found = _kept(file, keep, "label_path")
-    resolve = paths.PathResolver(root) if root else None
-    full = [p if p is None or resolve is None else resolve(p) for p in found]
+    full = paths.resolved(_kept(file, keep, "label_path"), root)
     return repeat.decoded_labels(full, _kept(file, keep, "dataset"), label_maps, storage.read_bytes)
 
 
@@ -296,18 +291,12 @@ def repeat_info(scored: pa.Table, weights: Weights | None, cfg: PlanConfig) -> d
         return None
     ids = scored.column("bucket_id").to_numpy()
     n = scored.num_rows
-    held = weights.presence if weights.presence is not None else np.ones((n, 1), dtype=bool)
-
-    def named(totals: dict[str, float]) -> dict[str, float]:
-        return totals if weights.presence is not None else {"all": totals.get("0", 0.0)}
-
     k = int(ids.max()) + 1 if n else 1
-    expected = named(class_counts(held, weights.values * resolve_weights(cfg.weights, k)[ids]))
+    expected = repeat_counts(weights.presence, weights.values * resolve_weights(cfg.weights, k)[ids])
     realized = [
-        named(
-            class_counts(
-                held, np.bincount(epoch_pool(ids, weights.values, e, cfg)[0], minlength=n).astype(np.float64)
-            )
+        repeat_counts(
+            weights.presence,
+            np.bincount(epoch_pool(ids, weights.values, e, cfg)[0], minlength=n).astype(np.float64),
         )
         for e in range(cfg.epochs)
     ]

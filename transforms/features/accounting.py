@@ -1,7 +1,12 @@
-"""Accounting of a scan or build: duplicate ids of a scan shard to rejects, scanned = accepted +
-rejected, the reject-fraction limit, and the inputs fingerprint. Pure pyarrow; shared by ``scan``/``build``
-(which enforce it) and ``validate`` (which recomputes it). A build settles its samples in
-``transforms.features.score``."""
+"""Accounting of a scan or build: the one duplicate rule, scanned = accepted + rejected, the
+reject-fraction limit, and the inputs fingerprint. Pure pyarrow; shared by ``scan``/``build`` (which
+enforce it) and ``validate`` (which recomputes it).
+
+The duplicate rule: of the rows that share a ``sample_id``, the first by ``DEDUPE_ORDER`` is kept and
+every other becomes a ``duplicate_id`` reject (``duplicate_rejects``). The order breaks ties on the
+row's content, never on arrival, so the kept row is the same on every runner and worker count. A scan
+shard applies it with ``dedupe`` (``transforms.features.shards``); a build's sorted source with
+``repeats`` a row group at a time (``transforms.core.previous`` and ``score``)."""
 
 from __future__ import annotations
 
@@ -11,9 +16,13 @@ import hashlib
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.typing import NDArray
 
 __all__ = [
     "TooManyRejects",
+    "DEDUPE_ORDER",
+    "repeats",
+    "duplicate_rejects",
     "dedupe",
     "counts_of",
     "counts_or_stop",
@@ -31,29 +40,44 @@ class TooManyRejects(RuntimeError):
         self.rejects = rejects
 
 
-def dedupe(samples: pa.Table) -> tuple[pa.Table, list[dict]]:
-    """Keep the first row per sample_id (table sorted by sample_id); the rest become rejects."""
-    ids = samples.column("sample_id")
-    if samples.num_rows < 2:
-        return samples, []
-    same = pc.equal(ids.slice(1), ids.slice(0, samples.num_rows - 1)).to_numpy(zero_copy_only=False)
-    if not same.any():
-        return samples, []
-    dup = [False, *same.tolist()]
-    dropped = samples.filter(pa.array(dup))
-    rejects = [
+#: Sort keys of the duplicate rule: the id, then columns that tell apart two inputs claiming one id.
+DEDUPE_ORDER = ("sample_id", "path", "format", "file_bytes", "num_points", "num_in_range", "label_path")
+
+
+def repeats(ids: pa.Array, last: str | None = None) -> NDArray[np.bool_]:
+    """(n,) which of the sorted ``ids`` equal the id before them (``last`` before the first)."""
+    same = np.zeros(len(ids), dtype=bool)
+    if len(ids) and last is not None:
+        same[0] = ids[0].as_py() == last
+    if len(ids) > 1:
+        same[1:] = pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)
+    return same
+
+
+def duplicate_rejects(paths: list[str], ids: list[str]) -> list[dict]:
+    """The reject rows (path, reason, detail) of the dropped rows of a repeated id."""
+    return [
         {"path": p, "reason": "duplicate_id", "detail": f"sample_id {s!r} already produced by another input"}
-        for p, s in zip(
-            dropped.column("path").to_pylist(), dropped.column("sample_id").to_pylist(), strict=True
-        )
+        for p, s in zip(paths, ids, strict=True)
     ]
-    return samples.filter(pc.invert(pa.array(dup))), rejects
 
 
-def counts_of(scanned: int, accepted: int, rejects: pa.Table, max_reject_fraction: float = 1.0) -> dict:
+def dedupe(samples: pa.Table) -> tuple[pa.Table, list[dict]]:
+    """Keep the first row per sample_id (table sorted by ``DEDUPE_ORDER``); the rest become rejects."""
+    dup = repeats(samples.column("sample_id").combine_chunks())
+    if not dup.any():
+        return samples, []
+    dropped = samples.filter(pa.array(dup))
+    rejects = duplicate_rejects(dropped.column("path").to_pylist(), dropped.column("sample_id").to_pylist())
+    return samples.filter(pa.array(~dup)), rejects
+
+
+def counts_of(
+    scanned: int, accepted: int, rejects: pa.Table, max_reject_fraction: float = 1.0, plan: bool = False
+) -> dict:
     """Accounting of ``accepted`` samples and the ``rejects`` table: raises when the runner lost or
-    duplicated inputs (scanned != accepted + rejected) or when more than ``max_reject_fraction`` of the
-    inputs were rejected."""
+    duplicated inputs (scanned != accepted + rejected), when more than ``max_reject_fraction`` of the
+    inputs were rejected, or (``plan``: a build, which needs samples) when every input was rejected."""
     rejected = rejects.num_rows
     if scanned != accepted + rejected:
         raise RuntimeError(
@@ -61,8 +85,9 @@ def counts_of(scanned: int, accepted: int, rejects: pa.Table, max_reject_fractio
             f" = {accepted + rejected}; the runner lost or duplicated elements, nothing was written"
         )
     by_reason = collections.Counter(rejects.column("reason").to_pylist())
-    if rejected > max_reject_fraction * scanned:
+    if rejected > max_reject_fraction * scanned or (plan and rejected and not accepted):
         summary = ", ".join(f"{r}: {n}" for r, n in sorted(by_reason.items()))
+        bound = "nothing left to plan" if not accepted else f"> --max-reject-fraction {max_reject_fraction}"
         examples = "; ".join(
             f"{p}: {r} ({d})"
             for p, r, d in zip(
@@ -70,8 +95,7 @@ def counts_of(scanned: int, accepted: int, rejects: pa.Table, max_reject_fractio
             )
         )
         raise TooManyRejects(
-            f"{rejected} of {scanned} inputs rejected (> --max-reject-fraction {max_reject_fraction}): "
-            f"{summary}; first: {examples.split('; ')[0]}",
+            f"{rejected} of {scanned} inputs rejected ({bound}): {summary}; first: {examples.split('; ')[0]}",
             rejects,
         )
     return {
@@ -83,7 +107,12 @@ def counts_of(scanned: int, accepted: int, rejects: pa.Table, max_reject_fractio
 
 
 def counts_or_stop(
-    scanned: int, accepted: int, rejects: pa.Table, max_reject_fraction: float, rejects_out: str
+    scanned: int,
+    accepted: int,
+    rejects: pa.Table,
+    max_reject_fraction: float,
+    rejects_out: str,
+    plan: bool = False,
 ) -> dict:
     """``counts_of``; when too many inputs were rejected, every reject is first written to
     ``rejects_out`` (beside OUT, never published) and the error names it.
@@ -95,7 +124,7 @@ def counts_or_stop(
     from lidarshard.transforms.io.arrow import parquet_bytes
 
     try:
-        return counts_of(scanned, accepted, rejects, max_reject_fraction)
+        return counts_of(scanned, accepted, rejects, max_reject_fraction, plan)
     except TooManyRejects as e:
         storage.write_bytes(rejects_out, parquet_bytes(e.rejects))
         raise TooManyRejects(

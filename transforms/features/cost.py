@@ -57,6 +57,10 @@ class CostModel:
         return out
 
 
+#: The largest cost-model coefficient: c0 + a * points + b * voxels ** q of any sample (2**32 points,
+#: q <= 4) and the plan's sums of squares over a billion samples stay finite in float64.
+MAX_COEFFICIENT = 1e12
+
 _NAMED = {"points": CostModel("points", a=1.0), "voxels": CostModel("voxels", b=1.0)}
 
 
@@ -65,6 +69,10 @@ def _linear(c0: float, a: float, b: float, name: str = "linear", q: float = 1.0)
         raise ValueError(f"cost model coefficients must be finite, got {(c0, a, b, q)}")
     if a < 0 or b < 0 or (a == 0 and b == 0):
         raise ValueError(f"cost model needs a >= 0, b >= 0 and one of them > 0, got a={a}, b={b}")
+    if c0 < 0 or max(c0, a, b) > MAX_COEFFICIENT:  # costs stay > 0 and finite, sums of squares too
+        raise ValueError(
+            f"cost model needs 0 <= c0, a, b <= {MAX_COEFFICIENT:g} (c0: a per-sample overhead), got {(c0, a, b)}"
+        )
     if not Q_RANGE[0] <= q <= Q_RANGE[1]:
         raise ValueError(f"cost model voxel exponent q must be in [{Q_RANGE[0]:g}, {Q_RANGE[1]:g}], got {q}")
     return CostModel(name, float(c0), float(a), float(b), float(q))
@@ -87,6 +95,8 @@ def parse_cost_model(spec: str) -> CostModel:
             obj = storage.read_json(path, what="the file")
         except FileNotFoundError:
             raise ValueError("no such file") from None
+        except OSError as e:  # a directory, a FIFO, unreadable
+            raise ValueError(str(e.strerror or e)) from None
         except ValueError as e:
             raise ValueError(f"{e}; expected {_FILE_SCHEMA}") from None
         model = obj.get("cost_model", obj) if isinstance(obj, dict) else obj

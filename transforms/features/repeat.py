@@ -23,10 +23,10 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 __all__ = [
-    "WEIGHT_COLUMN",
     "WeightSpec",
     "Weights",
     "parse_repeat_factors",
+    "repeat_threshold",
     "label_presence",
     "decoded_labels",
     "dataset_scale",
@@ -34,13 +34,11 @@ __all__ = [
     "column_weights",
     "check_weights",
     "class_counts",
-    "sample_weights",
+    "repeat_counts",
 ]
 
 #: Label values are uint8 (nuScenes lidarseg): at most 256 classes.
 NUM_LABEL_VALUES = 256
-#: Where ``--sample-weights`` travel as the samples table's last column until scoring (never written).
-WEIGHT_COLUMN = "__sample_weight"
 
 
 @dataclass(frozen=True)
@@ -72,9 +70,14 @@ def parse_repeat_factors(spec: str) -> float:
         t = float(m.group(1)) if m else float("nan")
     except ValueError:
         t = float("nan")
-    if not 0 < t <= 1:
-        raise ValueError(f"expected lidarseg:t=T with 0 < T <= 1, got {spec!r}")
-    return t
+    return repeat_threshold(t, spec)
+
+
+def repeat_threshold(t: object, spec: str | None = None) -> float:
+    """``t`` as a repeat-factor threshold (0 < t <= 1); ``spec``: the text it was read from, for errors."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
+        raise ValueError(f"expected lidarseg:t=T with 0 < T <= 1, got {t if spec is None else spec!r}")
+    return float(t)
 
 
 def label_presence(
@@ -172,19 +175,10 @@ class Weights:
     presence: NDArray[np.bool_] | None = None
 
 
-def sample_weights(
-    samples: pa.Table, spec: WeightSpec, read: Callable[[str], bytes]
-) -> tuple[pa.Table, Weights | None]:
-    """(samples without ``WEIGHT_COLUMN``, their weights or None when ``spec`` names none).
-
-    A ``--sample-weights`` column rides along as ``WEIGHT_COLUMN``; lidarseg repeat factors read every
-    ``label_path`` with ``read`` (one file at a time: (N, 256) booleans are kept, not the labels).
-    """
-    if WEIGHT_COLUMN in samples.column_names:
-        values = samples.column(WEIGHT_COLUMN).to_numpy().astype(np.float64)
-        return samples.drop_columns([WEIGHT_COLUMN]), Weights(values)
-    if spec.threshold is None:
-        return samples, None
-    labels = (None if p is None else read(p) for p in samples.column("label_path").to_pylist())
-    presence, has = label_presence(labels)
-    return samples, Weights(lvis_factors(presence, has, spec.threshold), presence)
+def repeat_counts(presence: NDArray[np.bool_] | None, copies: NDArray[np.number]) -> dict[str, float]:
+    """The manifest's ``repeat.expected`` / ``realized[e]`` counts of (N,) ``copies`` per sample, the
+    one count the planner records and ``validate`` recomputes: ``class_counts`` over lidarseg
+    ``presence`` (N, C), or ``{"all": total}`` without it (a column's or the datasets' weights)."""
+    if presence is not None:
+        return class_counts(presence, copies)
+    return {"all": class_counts(np.ones((len(copies), 1), dtype=bool), copies).get("0", 0.0)}

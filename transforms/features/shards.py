@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
-from lidarshard.transforms.features.accounting import dedupe
+from lidarshard.transforms.features.accounting import DEDUPE_ORDER, dedupe
 from lidarshard.transforms.io.arrow import (
     ParquetStream,
     concat_sorted,
@@ -53,9 +53,8 @@ SHARD_GROUP_ROWS = 128
 #: Feature rows (dicts) turned into Arrow at a time when a shard is settled (~2 KB each as Arrow with
 #: 9 sweeps, several times that as Python objects).
 CHUNK_ROWS = 4096
-#: Sort keys of a shard: the id, then columns that tell apart two inputs claiming one id, so the row
-#: ``dedupe`` keeps does not depend on arrival order.
-ORDER = ("sample_id", "path", "format", "file_bytes", "num_points", "num_in_range", "label_path")
+#: Sort keys of a shard: the duplicate rule's, so the row ``dedupe`` keeps does not depend on arrival order.
+ORDER = DEDUPE_ORDER
 
 
 def shard_of(sample_id: str) -> int:

@@ -18,10 +18,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.schemas.jsonsafe import short
 from lidarshard.transforms.errors import RejectError
 
 __all__ = ["LABEL_FORMATS", "label_format", "read_labels", "decode_labels", "parse_learning_map"]
@@ -166,7 +168,7 @@ def parse_learning_map(text: bytes) -> dict[int, int]:
     except ImportError as err:  # pragma: no cover - PyYAML comes with apache-beam
         raise ImportError("reading a learning_map needs PyYAML: pip install 'lidarshard[pipeline]'") from err
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_loader(yaml))  # noqa: S506 - a SafeLoader without aliases, depth-bounded
     except yaml.YAMLError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"label config is not valid YAML: {first}") from None
@@ -179,10 +181,37 @@ def parse_learning_map(text: bytes) -> dict[int, int]:
     for raw, cls in raw_map.items():
         if not _int_in(raw, _MAX_RAW_ID) or not _int_in(cls, _MAX_CLASS):
             raise ValueError(
-                f"label config's learning_map entry {raw!r}: {cls!r} is not int 0..{_MAX_RAW_ID}: int 0..{_MAX_CLASS}"
+                f"label config's learning_map entry {short(raw)}: {short(cls)} is not "
+                f"int 0..{_MAX_RAW_ID}: int 0..{_MAX_CLASS}"
             )
         out[raw] = cls
     return dict(sorted(out.items()))
+
+
+#: How deep a label config may nest (semantic-kitti.yaml nests 2 levels).
+MAX_YAML_DEPTH = 16
+
+
+def _loader(yaml: Any) -> type:
+    """PyYAML's ``SafeLoader`` refusing aliases (``*ref``: a few hundred bytes of them expand to
+    gigabytes once formatted or copied) and nesting deeper than ``MAX_YAML_DEPTH`` (the parser
+    recurses), each as a one-line ``YAMLError``."""
+
+    class StrictLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.YAMLError("aliases (*name) are not allowed in a label config")
+            if self.depth >= MAX_YAML_DEPTH:
+                raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels")
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return StrictLoader
 
 
 def _int_in(value: object, high: int) -> bool:

@@ -10,20 +10,21 @@ Pure pyarrow; no Beam, no torch.
 from __future__ import annotations
 
 import os
-import posixpath
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from lidarshard.transforms.io.base import join
 
 __all__ = [
     "PATH_COLUMNS",
     "PathResolver",
     "absolute",
     "is_relative",
-    "join_root",
     "path_problem",
     "relative_to",
+    "resolved",
 ]
 
 #: Columns of the samples and of the plan that hold paths (string or list<string>).
@@ -35,11 +36,10 @@ def is_relative(path: str) -> bool:
     return not (path.startswith("/") or "://" in path or os.path.isabs(path))
 
 
-def join_root(root: str, rel: str) -> str:
-    """``root`` + ``rel`` with '/' for URIs, the OS separator for local roots."""
-    if "://" in root:
-        return posixpath.join(root.rstrip("/"), rel)
-    return os.path.join(root, *rel.split("/"))
+def _prefix(root: str) -> str:
+    """What the vectorized joins put before a relative path: ``root`` with one trailing ``/`` (the
+    same as ``join(root, rel)`` for a root without trailing slashes, on URIs and POSIX paths)."""
+    return root.rstrip("/") + "/"
 
 
 def _map_strings(arr: pa.Array, fn: Callable[[pa.Array], pa.Array]) -> pa.Array:
@@ -67,7 +67,7 @@ def relative_to(table: pa.Table, root: str | None) -> pa.Table:
     """
     if root is None:
         return table
-    prefix = root.rstrip("/") + "/"
+    prefix = _prefix(root)
 
     def strip(values: pa.Array) -> pa.Array:
         outside = pc.invert(pc.fill_null(pc.starts_with(values, prefix), True))
@@ -86,15 +86,15 @@ def absolute(table: pa.Table, root: str | None) -> pa.Table:
     """``table`` with relative paths joined to ``root`` (None: the paths must already be absolute)."""
     if root is None:
         return table
-    prefix = root.rstrip("/") + "/"
+    prefix = _prefix(root)
 
-    def join(values: pa.Array) -> pa.Array:
+    def under(values: pa.Array) -> pa.Array:
         rel = pc.invert(
             pc.fill_null(pc.or_(pc.starts_with(values, "/"), pc.match_substring(values, "://")), True)
         )
         return pc.if_else(rel, pc.binary_join_element_wise(prefix, values, ""), values)
 
-    return _rewrite(table, join)
+    return _rewrite(table, under)
 
 
 def path_problem(table: pa.Table, root: object) -> str | None:
@@ -149,8 +149,15 @@ class PathResolver:
                 raise ValueError(
                     f"{path} is stored relative but the manifest records no path_root: pass root="
                 )
-            path = join_root(self.base, path)
+            path = join(self.base, path)
         for old, new in self.pairs:
             if path == old or path.startswith(old + "/"):
                 return new + path[len(old) :]
         return path
+
+
+def resolved(stored: Iterable[str | None], root: str | None) -> list[str | None]:
+    """Stored paths (None kept) as paths to open: relative ones joined to ``root`` (``PathResolver``);
+    without a root they stay as stored."""
+    resolve = PathResolver(root) if root else None
+    return [p if p is None or resolve is None else resolve(p) for p in stored]

@@ -12,11 +12,24 @@ import os
 import stat
 from typing import BinaryIO
 
-__all__ = ["NotRegularFile", "is_local", "local_path", "read_local", "size_local"]
+__all__ = [
+    "NotRegularFile",
+    "NotOwnedError",
+    "is_local",
+    "local_path",
+    "open_own",
+    "own_directory",
+    "read_local",
+    "size_local",
+]
 
 
 class NotRegularFile(OSError):
     """The path exists but is not a regular file (after following symlinks)."""
+
+
+class NotOwnedError(PermissionError):
+    """A file or directory in a shared place that this user does not own, or that others may write."""
 
 
 def is_local(path: str) -> bool:
@@ -86,3 +99,69 @@ def open_local(path: str) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def open_own(path: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+    """A descriptor of the regular file at ``path`` that this user owns, for a file lidarshard keeps in
+    a shared or user-writable place (cache entries, locks, timings): the last component is never
+    followed as a link, the open never blocks (a FIFO cannot hang it), and the type and owner are
+    checked on the opened descriptor. ``flags`` may add ``os.O_CREAT``, ``os.O_RDWR`` ...
+
+    Raises:
+        FileNotFoundError: nothing there (without ``O_CREAT``). NotRegularFile: a link, FIFO, socket,
+            device or directory. NotOwnedError: another user's file. OSError: any other failure.
+    """
+    extra = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | extra, mode)
+    except OSError as e:
+        if os.path.islink(path):  # ELOOP (O_NOFOLLOW on a link) says it in other words
+            raise NotRegularFile(f"{path} is a symbolic link, not a regular file") from None
+        raise e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{path} is {_kind(st.st_mode)}, not a regular file")
+        if st.st_uid != os.geteuid():
+            raise NotOwnedError(f"{path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()})")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def own_directory(path: str) -> str:
+    """Create (mode 0700) or check the directory ``path`` that lidarshard keeps files in, as ssh checks
+    its own: not a link, owned by this user, not writable by group or others, inside a directory that
+    others cannot rename it out of (owned by this user or root, or sticky like ``/tmp``). Returns it.
+
+    Raises:
+        NotRegularFile: ``path`` is a link or not a directory. NotOwnedError: another owner, or a place
+            others may write; the message says what to change.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    pst = os.stat(parent)
+    sticky = bool(pst.st_mode & stat.S_ISVTX)
+    if not sticky and (pst.st_mode & 0o022 or pst.st_uid not in (0, os.geteuid())):
+        raise NotOwnedError(
+            f"{parent} may be written by others (mode {stat.S_IMODE(pst.st_mode):o}, uid {pst.st_uid}): "
+            "keep lidarshard's files in a directory of your own"
+        )
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else _kind(st.st_mode)
+        raise NotRegularFile(f"{path} is {what}, not a directory of lidarshard's: remove it")
+    if st.st_uid != os.geteuid():
+        raise NotOwnedError(
+            f"{path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): remove it"
+        )
+    if st.st_mode & 0o022:
+        raise NotOwnedError(
+            f"{path} may be written by others (mode {stat.S_IMODE(st.st_mode):o}): chmod go-w {path}"
+        )
+    return path

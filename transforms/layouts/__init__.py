@@ -11,6 +11,7 @@ INPUTs prefixes each sample_id with its dataset's name and records the datasets 
 from __future__ import annotations
 
 import importlib
+import os
 import posixpath
 from dataclasses import dataclass
 from types import ModuleType
@@ -116,7 +117,50 @@ def detect(root: str, io: LayoutIO) -> str:
     if len(found) > 1:
         what = "; ".join(f"{k}: {v}" for k, v in found.items())
         raise ValueError(f"{root} looks like several layouts ({what}): pass --dataset NAME")
+    if not found:
+        _refuse_a_layout_nearby(root.rstrip("/"), io)
     return next(iter(found), FILES)
+
+
+#: Subfolders of an INPUT that detection looks into for a dataset one level down.
+MAX_PROBED_SUBFOLDERS = 32
+
+
+def _refuse_a_layout_nearby(root: str, io: LayoutIO) -> None:
+    """Raise when ``root`` is no layout itself but plainly meant as one: a subfolder holds a known
+    layout, or it has nuScenes' ``samples/``/``sweeps/`` folders without the tables that pair them.
+    Read as loose files it would give other samples than the user expects; ``--dataset files`` says
+    that is what is wanted."""
+    loose = "or pass --dataset files to read every point-cloud file below it as one sample"
+    nuscenes = [p for p in ("samples/LIDAR_TOP", "sweeps/LIDAR_TOP") if io.glob(f"{root}/{p}/*")]
+    if nuscenes:
+        raise ValueError(
+            f"{root} has nuScenes {' and '.join(nuscenes)} files but no tables (<version>/sample_data.json) "
+            f"to pair keyframes with their sweeps: add the tables, {loose}"
+        )
+    for sub in _subfolders(root):
+        if describe(sub, io):
+            raise ValueError(
+                f"{root} holds no dataset itself, but {sub} holds one: pass {sub} as INPUT, {loose}"
+            )
+    if not storage.is_local(root):  # no folder listing: the layouts' own globs, one level deeper
+        below = describe(f"{root}/*", io)
+        if below:
+            what = "; ".join(below.values())
+            raise ValueError(
+                f"{root} holds no dataset itself, but a folder in it holds {what}: pass that folder, {loose}"
+            )
+
+
+def _subfolders(root: str) -> list[str]:
+    """The first ``MAX_PROBED_SUBFOLDERS`` subfolders of a local ``root``, sorted (none for a URI)."""
+    if not storage.is_local(root) or "*" in root:
+        return []
+    try:
+        names = sorted(e.name for e in os.scandir(storage.local_path(root)) if e.is_dir())
+    except OSError:
+        return []
+    return [f"{root}/{name}" for name in names[:MAX_PROBED_SUBFOLDERS]]
 
 
 def load(layout: str, root: str, opts: LayoutOptions, io: LayoutIO) -> Found:

@@ -1,9 +1,10 @@
 """The Argoverse 2 sensor layout: ``<split>/<log_id>/sensors/lidar/<timestamp_ns>.feather``; one sample per sweep.
 
-ROOT may be the dataset root (holding split folders), one split (holding logs) or one log folder; all three
-are found by globbing ``sensors/lidar/*`` at depths 0, 1 and 2 below ROOT.
+ROOT may be the download root (holding ``sensor/<split>/``), the dataset root (holding split folders), one
+split (holding logs) or one log folder; all four are found by globbing ``sensors/lidar/*`` at depths 0, 1 and
+2 below ROOT and below ``ROOT/sensor/*/*``.
 
-Sample ids: ``<split>/<log_id>/<timestamp_ns>`` from a dataset root, ``<log_id>/<timestamp_ns>`` from a split
+Sample ids: ``<split>/<log_id>/<timestamp_ns>`` from a download or dataset root, ``<log_id>/<timestamp_ns>`` from a split
 or a log folder (a log root contributes its own folder name), so a log scanned from its split or from itself
 gets the same ids. Paths are ROOT + '/' + the path below it.
 
@@ -42,17 +43,20 @@ POSE_TABLE = "city_SE3_egovehicle.feather"
 #: Cap on one pose table read (a real one is ~0.2 MB for a 15 s log).
 MAX_POSE_TABLE_BYTES = 256 << 20
 _LIDAR = "sensors/lidar"
+_DOWNLOAD = "sensor"  # the download root's folder of splits: ROOT/sensor/<split>/<log>/sensors/lidar
 _POSE_COLUMNS = ("timestamp_ns", "qw", "qx", "qy", "qz", "tx_m", "ty_m", "tz_m")
 _STEM = re.compile(r"(0|[1-9][0-9]{0,18})\.feather")
 _INT64_MAX = 2**63 - 1
 
 
 def sweep_files(root: str, io: LayoutIO, pattern: str = "*") -> list[str]:
-    """Sorted full paths matching ``<root>[/*[/*]]/sensors/lidar/<pattern>`` (a log, split or dataset root)."""
+    """Sorted full paths matching ``<root>[/*[/*]]/sensors/lidar/<pattern>`` (a log, split or dataset root)
+    or ``<root>/sensor/*/*/sensors/lidar/<pattern>`` (the download root)."""
     base = root.rstrip("/")
     found: set[str] = set()
     for depth in range(3):
         found.update(io.glob("/".join([base, *["*"] * depth, _LIDAR, pattern])))
+    found.update(io.glob("/".join([base, _DOWNLOAD, "*", "*", _LIDAR, pattern])))
     return sorted(found)
 
 
@@ -190,6 +194,8 @@ def load_tasks(root: str, opts: LayoutOptions, io: LayoutIO) -> Found:
     rejects: list[Reject] = []
     for log, paths in sorted(by_log.items()):
         prefix = log or (own if own not in ("", ".", "..") else "")
+        if log.count("/") == 2 and log.startswith(_DOWNLOAD + "/"):  # sensor/<split>/<log>: as from sensor/
+            prefix = log[len(_DOWNLOAD) + 1 :]
         log_dir = f"{base}/{log}" if log else base
         got, bad = _log_tasks(log_dir, f"{prefix}/" if prefix else "", paths, opts, io)
         tasks += got

@@ -14,13 +14,12 @@ the caps (``lidarshard.transforms.plan.caps``). Balance metrics live in
 from __future__ import annotations
 
 import sys
-import zlib
 from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.plan import balanced, budget, megabatch, mixed, stratified
+from lidarshard.transforms.plan import balanced, budget, megabatch, mixed, seeds, stratified
 from lidarshard.transforms.plan import random as random_
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
 from lidarshard.transforms.plan.speeds import fastest_heaviest
@@ -33,7 +32,6 @@ __all__ = [
     "DEFAULT_STRATEGY",
     "STRATEGY_HELP",
     "plan_epoch",
-    "strategy_salt",
 ]
 
 #: ``plan(costs (P,), world_size, batch_size, rng, bucket_ids (P,) | None, limits | None)
@@ -73,11 +71,6 @@ def _summary(fn: PlanFn) -> str:
 STRATEGY_HELP = "\n".join(f"{name}: {_summary(fn)}" for name, fn in STRATEGIES.items())
 
 
-def strategy_salt(strategy: str) -> int:
-    """Stable per-strategy integer mixed into the seed (CRC-32 of the name, not ``hash()``)."""
-    return zlib.crc32(strategy.encode("utf-8"))
-
-
 def plan_epoch(
     strategy: str,
     costs: NDArray[np.float64],
@@ -99,7 +92,7 @@ def plan_epoch(
         world_size: W >= 1 ranks.
         batch_size: B >= 1 samples per rank per step.
         seed: run seed >= 0; with ``epoch`` and the strategy it seeds
-            ``np.random.default_rng([seed, epoch, strategy_salt(strategy)])``.
+            ``seeds.rng(seed, epoch, strategy)``.
         epoch: epoch index >= 0.
         bucket_ids: optional (P,) bucket ids >= 0 (used by ``stratified``).
         limits: optional caps with the pool's points; honoured by ``budget``, checked for all.
@@ -135,7 +128,7 @@ def plan_epoch(
     shape = (costs.size // step, world_size, batch_size)
     if costs.size == 0:
         return np.empty(shape, dtype=np.int64)
-    rng = np.random.default_rng([seed, epoch, strategy_salt(strategy)])
+    rng = seeds.rng(seed, epoch, strategy)
     if speeds is not None:
         speeds = np.asarray(speeds, dtype=np.float64)
         if speeds.shape != (world_size,) or not (np.isfinite(speeds) & (speeds > 0)).all():

@@ -1,89 +1,24 @@
 """The fill step of ``budget``: items, heaviest first, each to the bin furthest below its target.
 
 Bins are ordered by the tuple ``(key, tie, bin)`` with ``key = load - target``; each item goes to
-the smallest bin (that fits the caps) and raises its key by the item's cost. Two implementations
-give the same assignment:
-
-- ``lpt_rounds`` (no caps): exact and vectorized. The bins are kept sorted; a *round* gives the
-  next ``k`` items to the ``k`` smallest bins in order, ``k`` the longest prefix where every bin
-  is still smaller than each bin already raised in the round (so the heap would choose the same).
-  Then the raised bins are merged back into the sorted order. Rounds are long wherever items are
-  small next to the spread of keys, so an epoch takes tens of rounds, not one heap step per item;
-- ``lpt_capped`` (caps): the rounds up to the first item they would put over a cap (each bin
-  chosen before it fits, so the heap would choose it too), then ``lpt_heap``: the scalar heap,
-  where a bin a cap blocks is parked off the heap until an item small enough for its room comes.
+the smallest bin (that fits the caps) and raises its key by the item's cost: the one LPT of
+``lidarshard.transforms.plan.lpt``. Without caps that is ``lpt_rounds``; with caps, ``lpt_capped``
+runs the rounds up to the first item they would put over a cap (each bin chosen before it fits, so
+the heap would choose it too), then ``lpt_heap`` with ``CapState`` as its room, where a bin a cap
+blocks is parked off the heap until an item small enough for its room comes.
 
 ``Packed`` holds the result per bin (members in insertion order, loads) and repairs empty bins.
 """
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.plan.caps import PoolLimits
+from lidarshard.transforms.plan.lpt import lpt_heap, lpt_rounds
 
-__all__ = ["Packed", "CapState", "fill", "lpt_rounds", "lpt_heap", "lpt_capped"]
-
-_MIN_ROUND = 64  # items tried at least per round: after a short round, the next tries 4x as many
-
-
-def lpt_rounds(
-    key0: NDArray[np.float64], tie: NDArray[np.float64], x: NDArray[np.float64]
-) -> NDArray[np.int64]:
-    """Exact LPT against targets without caps, vectorized in rounds.
-
-    Args:
-        key0: (n,) initial key of each bin (load - target).
-        tie: (n,) tie-break of each bin (then the bin id).
-        x: (K,) key increment of each item, in assignment order.
-
-    Returns:
-        (K,) bin of each item: the same as a heap of ``(key, tie, bin)`` that gives each item to
-        its smallest entry.
-    """
-    n = key0.size
-    if not x.size:
-        return np.empty(0, dtype=np.int64)
-    ids = np.lexsort((tie, key0))  # ascending (key, tie, bin): lexsort is stable
-    key, tie_s = key0[ids], tie[ids]
-    out = np.empty(x.size, dtype=np.int64)
-    j, m = 0, n
-    while j < x.size:
-        m = min(m, n, x.size - j)
-        raised = key[:m] + x[j : j + m]
-        low = np.minimum.accumulate(raised)
-        stop = np.append(key[1:m] >= low[:-1], True)  # a raised bin is as small: the heap may choose it
-        k = min(int(np.argmax(stop)) + 1, m)
-        out[j : j + k] = ids[:k]
-        j += k
-        _merge_front(key, tie_s, ids, raised[:k])
-        m = n if k == m else max(_MIN_ROUND, 4 * k)
-    return out
-
-
-def _merge_front(key: NDArray, tie: NDArray, ids: NDArray, raised: NDArray) -> None:
-    """In place: the first ``k = raised.size`` bins of the sorted arrays take the keys ``raised``;
-    merge them back into the sorted rest (ascending ``(key, tie, bin)``)."""
-    k = raised.size
-    hi = k + int(np.searchsorted(key[k:], raised.max(), side="right"))  # the rest beyond stays
-    t = np.argsort(raised, kind="stable")
-    new = (raised[t], tie[:k][t], ids[:k][t])
-    old = (key[k:hi].copy(), tie[k:hi].copy(), ids[k:hi].copy())
-    left = np.searchsorted(old[0], new[0], side="left")
-    if (np.searchsorted(old[0], new[0], side="right") > left).any() or (new[0][1:] == new[0][:-1]).any():
-        s = np.lexsort(tuple(np.concatenate([a, b]) for a, b in zip(new[::-1], old[::-1], strict=True)))
-        for arr, a, b in zip((key, tie, ids), new, old, strict=True):
-            arr[:hi] = np.concatenate([a, b])[s]  # equal keys: order by tie, then bin
-        return
-    dest = left + np.arange(k)  # raised bin r lands after `left[r]` untouched ones and r raised
-    free = np.ones(hi, dtype=bool)
-    free[dest] = False
-    for arr, a, b in zip((key, tie, ids), new, old, strict=True):
-        arr[:hi][dest] = a
-        arr[:hi][free] = b
+__all__ = ["Packed", "CapState", "fill", "lpt_capped"]
 
 
 def sequential_sums(bins: NDArray[np.int64], values: NDArray[np.float64], n: int) -> list[float]:
@@ -179,46 +114,6 @@ class CapState:
         if self.pt is not None:
             self.pts[b] += self.pt[item]
         return self.max_n is not None and self.counts[b] >= self.max_n
-
-
-def lpt_heap(
-    key0: NDArray[np.float64], tie: NDArray[np.float64], items: NDArray[np.int64], x: NDArray, state: CapState
-) -> NDArray[np.int64] | None:
-    """LPT against targets with caps: each item to the smallest ``(key, tie, bin)`` that fits.
-
-    A bin that a cap blocks for the current item is *parked*, off the heap, under that cap with its
-    room (cap - content); it returns to the heap, key unchanged, once an item small enough for that
-    room comes (a bin full by ``max_samples`` never returns). So each item looks only at bins that
-    may fit it, not at every blocked bin below the one it takes: planning time stays near
-    ``K log n`` where re-scanning the blocked bins for every item grew as ``K * n``; the assignment
-    is the same.
-
-    Args:
-        key0: (n,) initial keys; tie: (n,) tie-breaks; items: (K,) pool indices; x: (K,) their key
-            increments; state: the bins' contents the caps are checked against, updated in place.
-
-    Returns:
-        (K,) bin of each item, or None where an item fits no bin.
-    """
-    heap = list(zip(key0.tolist(), tie.tolist(), range(key0.size), strict=True))
-    heapq.heapify(heap)
-    parked: tuple[list, list] = ([], [])  # by cost room, by points room: (-room, key, tie, bin)
-    out = np.empty(items.size, dtype=np.int64)
-    for i, (item, step) in enumerate(zip(items.tolist(), x.tolist(), strict=True)):
-        for shelf, need in zip(parked, state.needs(item), strict=True):
-            while shelf and -shelf[0][0] >= need:
-                heapq.heappush(heap, heapq.heappop(shelf)[1:])
-        while heap and (blocked := state.blocked(heap[0][2], item)) >= 0:
-            entry = heapq.heappop(heap)
-            if blocked < 2:  # a full bin (max_samples) is dropped for good
-                heapq.heappush(parked[blocked], (-state.room(entry[2], blocked), *entry))
-        if not heap:
-            return None
-        key, t, b = heapq.heappop(heap)
-        out[i] = b
-        if not state.add(b, item):
-            heapq.heappush(heap, (key + step, t, b))
-    return out
 
 
 def lpt_capped(

@@ -9,41 +9,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["partition_steps", "permute_ranks", "lpt_assign"]
+from lidarshard.transforms.plan.lpt import lpt_assign
 
-
-def lpt_assign(step_costs: NDArray[np.float64], world_size: int, batch_size: int) -> NDArray[np.int64]:
-    """Equal-count LPT of every step at once: each rank gets exactly ``batch_size`` items.
-
-    Items are taken heaviest first; each goes to the least-loaded rank that still has a free
-    slot (ties: lowest rank). Within a rank, slot 0 holds its heaviest item.
-
-    Args:
-        step_costs: (S, W*B) cost of each item of each step.
-
-    Returns:
-        (S, W, B) int64 column indices into ``step_costs`` (each row a permutation of 0..W*B-1).
-    """
-    s, n = step_costs.shape
-    w, b = world_size, batch_size
-    order = np.argsort(-step_costs, axis=1, kind="stable")
-    ordered = np.take_along_axis(step_costs, order, axis=1)
-    out = np.empty((s, w, b), dtype=np.int64)
-    if b == 1:  # one item per rank: any one-to-one assignment is the partition
-        out[:, :, 0] = order
-        return out
-    loads = np.zeros((s, w))
-    open_loads = np.zeros((s, w))  # loads, +inf where the rank is full
-    counts = np.zeros((s, w), dtype=np.int64)
-    rows = np.arange(s)
-    for j in range(n):
-        r = np.argmin(open_loads, axis=1)
-        slot = counts[rows, r]
-        out[rows, r, slot] = order[:, j]
-        loads[rows, r] += ordered[:, j]
-        counts[rows, r] = slot + 1
-        open_loads[rows, r] = np.where(slot + 1 < b, loads[rows, r], np.inf)
-    return out
+__all__ = ["partition_steps", "permute_ranks"]
 
 
 def partition_steps(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Caps", "PoolLimits", "over_cap", "rank_step_sums", "check_caps"]
+__all__ = ["Caps", "PoolLimits", "Breach", "over_cap", "rank_step_sums", "cap_breaches", "check_caps"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,45 @@ def rank_step_sums(plan: NDArray[np.int64], values: NDArray) -> NDArray:
     return padded[plan].sum(axis=-1)
 
 
+@dataclass(frozen=True)
+class Breach:
+    """The first rank-step (step, rank) of a plan over one cap, its sum, and how many rank-steps are over."""
+
+    name: str  # "samples", "cost" or "points"
+    step: int
+    rank: int
+    value: float
+    cap: float
+    count: int
+
+    def detail(self) -> str:
+        """``value name > --max-name-per-rank-step cap``."""
+        return f"{self.value:.6g} {self.name} > --max-{self.name}-per-rank-step {self.cap:g}"
+
+
+def cap_breaches(
+    plan: NDArray[np.int64], caps: Caps, costs: NDArray[np.float64], points: NDArray[np.int64] | None
+) -> list[Breach]:
+    """The one caps check: one ``Breach`` per cap that a rank-step of ``plan`` (S, W, M) exceeds, in
+    the order samples, cost, points (``points`` None: the points cap is not checked).
+
+    Args:
+        costs: (P,) costs of what ``plan`` indexes; points: (P,) their points.
+    """
+    sums: list[tuple[str, float | None, NDArray]] = [("samples", caps.max_samples, (plan >= 0).sum(axis=-1))]
+    if caps.max_cost is not None:
+        sums.append(("cost", caps.max_cost, rank_step_sums(plan, costs)))
+    if caps.max_points is not None and points is not None:
+        sums.append(("points", caps.max_points, rank_step_sums(plan, points)))
+    out = []
+    for name, cap, got in sums:
+        bad = np.argwhere(got > cap) if cap is not None else np.empty((0, 2), dtype=np.int64)
+        if bad.size:
+            s, r = (int(v) for v in bad[0])
+            out.append(Breach(name, s, r, float(got[s, r]), cap, len(bad)))  # type: ignore[arg-type]
+    return out
+
+
 def check_caps(
     plan: NDArray[np.int64], limits: PoolLimits | None, costs: NDArray[np.float64], epoch: int
 ) -> None:
@@ -98,23 +137,10 @@ def check_caps(
     """
     if limits is None or not limits.caps.active or plan.size == 0:
         return
-    caps = limits.caps
-    checks: list[tuple[str, float | None, NDArray]] = [
-        ("samples", caps.max_samples, (plan >= 0).sum(axis=-1))
-    ]
-    checks.append(("cost", caps.max_cost, rank_step_sums(plan, costs)))
-    if limits.points is not None:
-        checks.append(("points", caps.max_points, rank_step_sums(plan, limits.points)))
-    elif caps.max_points is not None:
+    if limits.points is None and limits.caps.max_points is not None:
         raise ValueError("--max-points-per-rank-step needs the samples' num_points")
-    for name, cap, sums in checks:
-        if cap is None:
-            continue
-        bad = np.argwhere(sums > cap)
-        if bad.size:
-            s, r = (int(v) for v in bad[0])
-            raise ValueError(
-                f"epoch {epoch} step {s} rank {r}: {sums[s, r]:.6g} {name} > --max-{name}-per-rank-step "
-                f"{cap:g} ({len(bad)} rank-steps over the cap); the strategy cannot honour it: use "
-                "--strategy budget or raise the cap"
-            )
+    for b in cap_breaches(plan, limits.caps, costs, limits.points)[:1]:
+        raise ValueError(
+            f"epoch {epoch} step {b.step} rank {b.rank}: {b.detail()} ({b.count} rank-steps over the cap); "
+            "the strategy cannot honour it: use --strategy budget or raise the cap"
+        )

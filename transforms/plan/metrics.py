@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.plan._partition import lpt_assign
+from lidarshard.transforms.plan.lpt import lpt_assign
 
 __all__ = [
     "load_linearity",

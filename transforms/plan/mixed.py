@@ -34,8 +34,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.plan import balanced
-from lidarshard.transforms.plan._partition import lpt_assign, partition_steps, permute_ranks
+from lidarshard.transforms.plan._partition import partition_steps, permute_ranks
 from lidarshard.transforms.plan.caps import PoolLimits
+from lidarshard.transforms.plan.lpt import lpt_assign
 from lidarshard.transforms.plan.metrics import linearity, step_linearity
 
 __all__ = ["plan", "choose_steps"]

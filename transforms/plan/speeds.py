@@ -13,7 +13,7 @@ Plans are ``(S, W, M)`` int64 indices into ``costs``, ``-1`` = empty slot.
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,11 +21,14 @@ from numpy.typing import NDArray
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.metrics import rank_costs
 
-__all__ = ["parse_rank_speed", "normalized", "fastest_heaviest"]
+__all__ = ["SPEED_RANGE", "parse_rank_speed", "rank_speeds", "normalized", "fastest_heaviest"]
+
+#: Relative rank speeds lidarshard plans for (a 5e-324 speed made every time a NaN).
+SPEED_RANGE = (1e-6, 1e6)
 
 
 def parse_rank_speed(text: str) -> tuple[float, ...]:
-    """``S0,S1,...`` or ``@file.json`` (a list, or ``{"rank_speed": [...]}``): finite speeds > 0.
+    """``S0,S1,...`` or ``@file.json`` (a list, or ``{"rank_speed": [...]}``): speeds in ``SPEED_RANGE``.
 
     Raises:
         ValueError: not such a list (one line).
@@ -35,6 +38,8 @@ def parse_rank_speed(text: str) -> tuple[float, ...]:
             obj = storage.read_json(text[1:], what="the file")
         except FileNotFoundError:
             raise ValueError(f"{text[1:]}: no such file") from None
+        except OSError as e:  # a directory, a FIFO, unreadable: the user's to fix, like a missing file
+            raise ValueError(f"{text[1:]}: {e.strerror or e}") from None
         values = obj.get("rank_speed") if isinstance(obj, dict) else obj
         if not isinstance(values, list):
             raise ValueError(
@@ -42,12 +47,26 @@ def parse_rank_speed(text: str) -> tuple[float, ...]:
             )
     else:
         values = [v.strip() for v in text.split(",")]
+    return rank_speeds(values, text)
+
+
+def rank_speeds(values: Sequence[object], shown: str | None = None) -> tuple[float, ...]:
+    """(W,) speeds of ``values`` (numbers or their text), each in ``SPEED_RANGE``; ``shown`` names them in errors.
+
+    Raises:
+        ValueError: not such a list (one line).
+    """
+    shown = repr(values) if shown is None else shown
     try:
-        speeds = tuple(float(v) for v in values if not isinstance(v, bool))
+        values = list(values)
+        speeds = tuple(float(v) for v in values if not isinstance(v, bool))  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"rank speeds must be numbers, got {text[:80]!r}") from None
-    if len(speeds) != len(values) or not speeds or not all(math.isfinite(s) and s > 0 for s in speeds):
-        raise ValueError(f"rank speeds must be finite numbers > 0, one per rank, got {text[:80]!r}")
+        raise ValueError(f"rank speeds must be numbers, got {shown[:80]!r}") from None
+    lo, hi = SPEED_RANGE
+    if len(speeds) != len(values) or not speeds or not all(lo <= s <= hi for s in speeds):
+        raise ValueError(
+            f"rank speeds must be finite numbers > 0 (in {lo:g}..{hi:g}), one per rank, got {shown[:80]!r}"
+        )
     return speeds
 
 

@@ -1,0 +1,63 @@
+"""The one LPT (transforms/plan/lpt.py): its three runs give the scalar rule's assignment."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lidarshard.transforms.plan.lpt import CountRoom, lpt_assign, lpt_heap, lpt_rounds
+
+
+def _rule(key0: np.ndarray, tie: np.ndarray, x: np.ndarray, size: list[int] | None = None) -> list[int]:
+    """The rule in plain Python: each item to the smallest (key, tie, bin) with a free place."""
+    key, count, out = key0.tolist(), [0] * key0.size, []
+    for step in x.tolist():
+        free = [b for b in range(key0.size) if size is None or count[b] < size[b]]
+        b = min(free, key=lambda b: (key[b], tie[b], b))
+        key[b] += step
+        count[b] += 1
+        out.append(b)
+    return out
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(key0 (n,), tie (n,), x (K,) heaviest first): small integers, so exact ties are common."""
+    n = draw(st.integers(1, 9))
+    k = draw(st.integers(0, 5 * n))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    key0 = -rng.integers(0, 4, n).astype(np.float64) * draw(st.sampled_from([0.0, 1.0]))
+    x = np.sort(rng.integers(0, 5, k).astype(np.float64))[::-1].copy()
+    tie = rng.integers(0, 2, n).astype(np.float64) if draw(st.booleans()) else np.zeros(n)
+    return key0, tie, x
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(case=cases())
+def test_rounds_and_heap_follow_the_rule(case: tuple) -> None:
+    key0, tie, x = case
+    items = np.arange(x.size)
+    assert lpt_rounds(key0, tie, x).tolist() == _rule(key0, tie, x)
+    room = CountRoom(key0.size, max(x.size, 1))
+    assert lpt_heap(key0, tie, items, x, room).tolist() == _rule(key0, tie, x)  # type: ignore[union-attr]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(w=st.integers(1, 5), b=st.integers(1, 4), steps=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
+def test_equal_count_assign_follows_the_rule(w: int, b: int, steps: int, seed: int) -> None:
+    costs = np.random.default_rng(seed).integers(0, 4, (steps, w * b)).astype(np.float64)
+    got = lpt_assign(costs, w, b)
+    for s in range(steps):
+        order = np.argsort(-costs[s], kind="stable")
+        to = _rule(np.zeros(w), np.zeros(w), costs[s][order], [b] * w)
+        heap = lpt_heap(np.zeros(w), np.zeros(w), order, costs[s][order], CountRoom(w, b))
+        assert heap is not None and heap.tolist() == to
+        for r in range(w):
+            assert got[s, r].tolist() == order[np.asarray(to) == r].tolist()  # slot order = item order
+
+
+def test_count_room_gives_the_extra_places_to_the_first_bins_to_fill() -> None:
+    room = CountRoom(3, 1, 1)  # 4 items on 3 bins: one bin takes 2
+    assert [room.add(0, 0), room.add(1, 1), room.add(0, 2)] == [False, False, True]
+    assert room.blocked(1, 3) == 2 and room.blocked(2, 3) == -1  # extras used up: bin 1 is full

@@ -1,0 +1,215 @@
+"""LPT, the one greedy longest-first assignment: every planner, the evaluation shards and the
+elastic re-plan call it.
+
+The rule: bins carry a key (a load, or a load minus a target) and a tie-break; items come in a
+given order (heaviest first), and each goes to the bin with the smallest ``(key, tie, bin)``
+among the bins with room for it, whose key then grows by the item's increment. Three ways to run
+it give the same assignment (``tests/test_lpt.py`` holds them to one scalar reference):
+
+- ``lpt_heap``: the scalar heap; a ``Room`` says which bins an item fits (a count per bin, the
+  caps of ``budget``); bins that are full for good leave the heap;
+- ``lpt_rounds``: no room limit, exact and vectorized in rounds (tens of rounds an epoch instead of
+  one heap step per item): the budget fill and the re-plan's leftover step;
+- ``lpt_assign``: equal counts (each of ``W`` ranks takes ``B`` items of a step, keys start at 0,
+  ties by rank), vectorized across all the steps of an epoch at once: the equal-count planners.
+
+Pure numpy.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["Room", "CountRoom", "lpt_heap", "lpt_rounds", "lpt_assign"]
+
+_MIN_ROUND = 64  # items tried at least per round: after a short round, the next tries 4x as many
+
+
+class Room(Protocol):
+    """What ``lpt_heap`` asks of the bins' contents (updated in place as items go in)."""
+
+    def needs(self, item: int) -> tuple[float, float]:
+        """(cost, points) that ``item`` needs from a bin's room (what unparks a parked bin)."""
+        ...
+
+    def blocked(self, b: int, item: int) -> int:
+        """-1 when bin b takes ``item``; else 0 (cost) or 1 (points: b is parked with its room) or
+        2 (b is full for good)."""
+        ...
+
+    def room(self, b: int, cap: int) -> float:
+        """Bin b's room below cap 0 (cost) or 1 (points)."""
+        ...
+
+    def add(self, b: int, item: int) -> bool:
+        """Put ``item`` into bin b; True when b is now full for good."""
+        ...
+
+
+class CountRoom:
+    """Bins that hold ``base`` items each, and the first ``extra`` bins to reach ``base`` one more.
+
+    ``CountRoom(W, B)`` is the equal-count split of one step; ``CountRoom(W, N // W, N % W)`` spreads
+    N items with counts within one. Full is for good: counts only grow and ``extra`` only shrinks.
+    """
+
+    def __init__(self, n: int, base: int, extra: int = 0) -> None:
+        self.count, self.base, self.extra = [0] * n, base, extra
+
+    def _full(self, b: int) -> bool:
+        return self.count[b] >= self.base + (self.extra > 0)
+
+    def needs(self, item: int) -> tuple[float, float]:
+        return 0.0, 0.0  # no bin is ever parked
+
+    def blocked(self, b: int, item: int) -> int:
+        return 2 if self._full(b) else -1
+
+    def room(self, b: int, cap: int) -> float:
+        raise AssertionError("CountRoom parks no bin")
+
+    def add(self, b: int, item: int) -> bool:
+        self.count[b] += 1
+        if self.count[b] == self.base + 1:
+            self.extra -= 1
+        return self._full(b)
+
+
+def lpt_heap(
+    key0: NDArray[np.float64], tie: NDArray[np.float64], items: NDArray[np.int64], x: NDArray, state: Room
+) -> NDArray[np.int64] | None:
+    """LPT with room: each item to the smallest ``(key, tie, bin)`` that ``state`` lets take it.
+
+    A bin that a cap blocks for the current item is *parked*, off the heap, under that cap with its
+    room (cap - content); it returns to the heap, key unchanged, once an item small enough for that
+    room comes (a bin full for good, by count, never returns). So each item looks only at bins that
+    may fit it, not at every blocked bin below the one it takes: planning time stays near
+    ``K log n`` where re-scanning the blocked bins for every item grew as ``K * n``; the assignment
+    is the same.
+
+    Args:
+        key0: (n,) initial keys; tie: (n,) tie-breaks; items: (K,) pool indices; x: (K,) their key
+            increments; state: the bins' room (``CountRoom``, budget's caps), updated in place.
+
+    Returns:
+        (K,) bin of each item, or None where an item fits no bin.
+    """
+    heap = list(zip(key0.tolist(), tie.tolist(), range(key0.size), strict=True))
+    heapq.heapify(heap)
+    parked: tuple[list, list] = ([], [])  # by cost room, by points room: (-room, key, tie, bin)
+    out = np.empty(items.size, dtype=np.int64)
+    for i, (item, step) in enumerate(zip(items.tolist(), x.tolist(), strict=True)):
+        for shelf, need in zip(parked, state.needs(item), strict=True):
+            while shelf and -shelf[0][0] >= need:
+                heapq.heappush(heap, heapq.heappop(shelf)[1:])
+        while heap and (blocked := state.blocked(heap[0][2], item)) >= 0:
+            entry = heapq.heappop(heap)
+            if blocked < 2:  # a full bin (max_samples) is dropped for good
+                heapq.heappush(parked[blocked], (-state.room(entry[2], blocked), *entry))
+        if not heap:
+            return None
+        key, t, b = heapq.heappop(heap)
+        out[i] = b
+        if not state.add(b, item):
+            heapq.heappush(heap, (key + step, t, b))
+    return out
+
+
+def lpt_rounds(
+    key0: NDArray[np.float64], tie: NDArray[np.float64], x: NDArray[np.float64]
+) -> NDArray[np.int64]:
+    """Exact LPT without a room limit, vectorized in rounds.
+
+    The bins are kept sorted; a *round* gives the next ``k`` items to the ``k`` smallest bins in
+    order, ``k`` the longest prefix where every bin is still smaller than each bin already raised
+    in the round (so the heap would choose the same); then the raised bins are merged back into
+    the sorted order. Rounds are long wherever items are small next to the spread of keys.
+
+    Args:
+        key0: (n,) initial key of each bin (load - target).
+        tie: (n,) tie-break of each bin (then the bin id).
+        x: (K,) key increment of each item, in assignment order.
+
+    Returns:
+        (K,) bin of each item: the same as a heap of ``(key, tie, bin)`` that gives each item to
+        its smallest entry.
+    """
+    n = key0.size
+    if not x.size:
+        return np.empty(0, dtype=np.int64)
+    ids = np.lexsort((tie, key0))  # ascending (key, tie, bin): lexsort is stable
+    key, tie_s = key0[ids], tie[ids]
+    out = np.empty(x.size, dtype=np.int64)
+    j, m = 0, n
+    while j < x.size:
+        m = min(m, n, x.size - j)
+        raised = key[:m] + x[j : j + m]
+        low = np.minimum.accumulate(raised)
+        stop = np.append(key[1:m] >= low[:-1], True)  # a raised bin is as small: the heap may choose it
+        k = min(int(np.argmax(stop)) + 1, m)
+        out[j : j + k] = ids[:k]
+        j += k
+        _merge_front(key, tie_s, ids, raised[:k])
+        m = n if k == m else max(_MIN_ROUND, 4 * k)
+    return out
+
+
+def _merge_front(key: NDArray, tie: NDArray, ids: NDArray, raised: NDArray) -> None:
+    """In place: the first ``k = raised.size`` bins of the sorted arrays take the keys ``raised``;
+    merge them back into the sorted rest (ascending ``(key, tie, bin)``)."""
+    k = raised.size
+    hi = k + int(np.searchsorted(key[k:], raised.max(), side="right"))  # the rest beyond stays
+    t = np.argsort(raised, kind="stable")
+    new = (raised[t], tie[:k][t], ids[:k][t])
+    old = (key[k:hi].copy(), tie[k:hi].copy(), ids[k:hi].copy())
+    left = np.searchsorted(old[0], new[0], side="left")
+    if (np.searchsorted(old[0], new[0], side="right") > left).any() or (new[0][1:] == new[0][:-1]).any():
+        s = np.lexsort(tuple(np.concatenate([a, b]) for a, b in zip(new[::-1], old[::-1], strict=True)))
+        for arr, a, b in zip((key, tie, ids), new, old, strict=True):
+            arr[:hi] = np.concatenate([a, b])[s]  # equal keys: order by tie, then bin
+        return
+    dest = left + np.arange(k)  # raised bin r lands after `left[r]` untouched ones and r raised
+    free = np.ones(hi, dtype=bool)
+    free[dest] = False
+    for arr, a, b in zip((key, tie, ids), new, old, strict=True):
+        arr[:hi][dest] = a
+        arr[:hi][free] = b
+
+
+def lpt_assign(step_costs: NDArray[np.float64], world_size: int, batch_size: int) -> NDArray[np.int64]:
+    """Equal-count LPT of every step at once: each rank gets exactly ``batch_size`` items.
+
+    Items are taken heaviest first (ties: lower column); each goes to the least-loaded rank that
+    still has a free slot (ties: lowest rank): ``lpt_heap`` with ``CountRoom(W, B)``, keys and ties
+    0, run on every step at once. Within a rank, slot 0 holds its heaviest item.
+
+    Args:
+        step_costs: (S, W*B) cost of each item of each step.
+
+    Returns:
+        (S, W, B) int64 column indices into ``step_costs`` (each row a permutation of 0..W*B-1).
+    """
+    s, n = step_costs.shape
+    w, b = world_size, batch_size
+    order = np.argsort(-step_costs, axis=1, kind="stable")
+    ordered = np.take_along_axis(step_costs, order, axis=1)
+    out = np.empty((s, w, b), dtype=np.int64)
+    if b == 1:  # one item per rank: any one-to-one assignment is the partition
+        out[:, :, 0] = order
+        return out
+    loads = np.zeros((s, w))
+    open_loads = np.zeros((s, w))  # loads, +inf where the rank is full
+    counts = np.zeros((s, w), dtype=np.int64)
+    rows = np.arange(s)
+    for j in range(n):
+        r = np.argmin(open_loads, axis=1)
+        slot = counts[rows, r]
+        out[rows, r, slot] = order[:, j]
+        loads[rows, r] += ordered[:, j]
+        counts[rows, r] = slot + 1
+        open_loads[rows, r] = np.where(slot + 1 < b, loads[rows, r], np.inf)
+    return out
