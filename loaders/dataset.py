@@ -18,11 +18,11 @@ from lidarshard import schemas
 from lidarshard.loaders.fetch import Fetcher, File, FileCache
 from lidarshard.loaders.points import Recorded, load_points, moved_hint
 from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
+from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.labels import decode_labels, label_format
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.paths import PathResolver
-from lidarshard.transforms.layouts import label_maps_of
 from lidarshard.transforms.layouts.multisweep import check_close_points, nan_rows, recorded_close_points
 
 try:
@@ -137,7 +137,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
                 table = table.append_column(
                     name, pa.nulls(table.num_rows, schemas.sample_schema().field(name).type)
                 )
-        self._label_maps = label_maps_of(manifest.provenance.get("datasets") or [])
+        self._label_maps = label_maps(manifest.datasets)
         self.close_points = _close_points(manifest.provenance, close_points, labels)
         table = _with_integrity(table.combine_chunks(), verify == "hash")
         problem = _misaligned(table)  # read_samples checked the parts' sha256 and path rules

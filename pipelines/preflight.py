@@ -28,7 +28,7 @@ from lidarshard.pipelines.settings import (
     weights_text,
 )
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms import layouts
+from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.core import recorded
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.features import repeat
@@ -183,13 +183,12 @@ def _recorded_datasets(
 ) -> tuple[tuple[Dataset, ...], dict[str, dict[int, int]]]:
     """The datasets and label maps the run that wrote ``samples`` recorded, weighted by ``--dataset-weights``
     (each of whose names must be one of them); nothing when not looked at."""
-    before = recorded.previous_datasets(samples) if look else []
+    try:
+        before = recorded.previous_datasets(samples) if look else ()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     scale = dict(cfg.repeat.datasets)
-    kept = tuple(
-        Dataset(d["name"], d["root"], d["layout"], scale.get(d["name"], 1.0))
-        for d in before
-        if {"name", "root", "layout"} <= d.keys()
-    )
+    kept = tuple(Dataset(d.name, d.root, d.layout, scale.get(d.name, 1.0)) for d in before)
     unknown = sorted(set(scale) - {d.name for d in kept})
     if unknown and look:
         have = ", ".join(d.name for d in kept) or "none recorded"
@@ -197,10 +196,7 @@ def _recorded_datasets(
         raise UsageError(
             f"--dataset-weights {given}: {samples} holds no dataset named {unknown[0]!r} (datasets: {have})"
         )
-    try:
-        return kept, layouts.label_maps_of(before)
-    except ValueError as e:
-        raise UsageError(f"--from-samples {samples}: {e}") from None
+    return kept, label_maps(before)
 
 
 def table_settings(opts: BuildOptions, output: str, model: CostModel) -> BuildSettings:

@@ -255,7 +255,7 @@ def write_manifest(
         "epochs": epochs,
         "seed": seed,
         "strategy": "budget" if budget else "fixture_sorted_lpt" if balanced else "fixture_random",
-        "cost_model": {"name": "points", "params": {}},
+        "cost_model": {"name": "points", "a": 1.0},
         "buckets": {
             "edges": edges.tolist(),
             "weights": [1.0] * (len(edges) + 1),
