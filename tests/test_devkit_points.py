@@ -11,6 +11,7 @@ A dataroot of the devkit's 13 tables (``transforms.synth.nuscenes_tables``) arou
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def test_devkit_rule_gives_the_devkits_points_lags_and_counts(tmp_path: Path, re
     root = _dataroot(tmp_path / "nuscenes", realdata)
     npz = tmp_path / "devkit.npz"
     done = subprocess.run([str(python), str(REPO / "tests" / "devkit_points.py"), str(root), VERSION, "4", str(npz)],
-                          capture_output=True, text=True, timeout=600, env={"PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
+                          capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     devkit = np.load(npz)
     out = _build(root, tmp_path / "out", "devkit")
