@@ -37,6 +37,7 @@ from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.layouts import FILES, Dataset
+from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS
 
 __all__ = ["cost_model", "scan_settings", "build_settings", "table_settings"]
 
@@ -157,7 +158,24 @@ def _from_samples(
     scan = dataclasses.replace(
         _scan(opts, (), output, fraction, dry_run), input=samples, datasets=datasets, label_maps=maps
     )
+    if look:  # the samples' features were computed under their scan's rule: the loaders must apply it
+        scan = dataclasses.replace(scan, config=_recorded_rule(opts, scan.config, samples))
     return BuildSettings(scan, cfg, model, samples, _path_root(opts, (), samples), kept)
+
+
+def _recorded_rule(opts: BuildOptions, config: ScanConfig, samples: str) -> ScanConfig:
+    """``config`` with the close-point rule the scan of ``samples`` recorded; a different
+    ``--close-points`` is a usage error (the recorded features were not computed under it)."""
+    try:
+        rule = recorded.previous_close_points(samples)
+    except ValueError as e:
+        raise UsageError(f"--from-samples {samples}: {e}") from None
+    if opts.close_points not in (rule, DEFAULT_CLOSE_POINTS):
+        raise UsageError(
+            f"--close-points {opts.close_points}: {samples} was scanned under --close-points {rule}; "
+            "rescan to change the rule"
+        )
+    return dataclasses.replace(config, close_points=rule)
 
 
 def _recorded_datasets(

@@ -20,11 +20,11 @@ and no option (hive names made pandas and ``pq.read_table`` infer dictionary-enc
 
 Versions: a major version changes the layout (4.0: the plan moved to ``plan/epoch-E/rank-R/`` with
 ``epoch`` and ``rank`` as columns of each file); a minor only adds fields (``ADDED_IN``: 4.1 the samples'
-``dataset``, ``frame``, ``sweep_frames``; 4.2 the manifest's ``cost_history`` and ``rank_speed``), so a 4.2
-reader reads 4.0 files as ``sample_schema("4.0")`` describes them. This lidarshard reads 4.x and writes
-4.2; an older output is refused in one line naming its version and the command that rebuilds it from
-its samples (``check_version``; ``build --from-samples`` still reads 3.x samples and a 2.x
-``samples.parquet``, whose fields ``ADDED_IN`` dates).
+``dataset``, ``frame``, ``sweep_frames``; 4.2 the manifest's ``cost_history`` and ``rank_speed``; 4.3 the
+samples' ``sweep_time_lags``), so a 4.3 reader reads 4.0 files as ``sample_schema("4.0")`` describes
+them. This lidarshard reads 4.x and writes 4.3; an older output is refused in one line naming its version
+and the command that rebuilds it from its samples (``check_version``; ``build --from-samples`` still
+reads 3.x samples and a 2.x ``samples.parquet``, whose fields ``ADDED_IN`` dates).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ __all__ = [
     "as_written",
 ]
 
-SCHEMA_VERSION = "4.2"
+SCHEMA_VERSION = "4.3"
 #: {major schema version this lidarshard reads: the newest minor of it}.
 READABLE: dict[str, str] = {"4": SCHEMA_VERSION}
 READABLE_MAJORS = tuple(READABLE)
@@ -193,7 +193,7 @@ SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("label_path", _STR, "lidarseg label file (like path), or null"),
     ("format", _STR, "reader used: nuscenes_bin, kitti_bin, bin, npy, pcd, ply"),
     ("file_bytes", _I64, "bytes of the keyframe file plus all sweep files"),
-    ("num_points", _I64, "points read (keyframe + sweeps after close-point removal)"),
+    ("num_points", _I64, "points the loaders return (close_points applied, NaN x/y/z rows not counted)"),
     ("num_finite", _I64, "points with finite x, y, z"),
     ("num_in_range", _I64, "finite points inside --point-cloud-range"),
     ("x_min", _F32, "m, over in-range points"),
@@ -231,6 +231,12 @@ SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
         "file holds one frame",
     ),
     ("sweep_frames", pa.list_(_I64), "the sweeps' row keys, aligned with sweep_paths; null like frame"),
+    # Added in 4.3: the time-lag channel of multi-sweep detectors.
+    (
+        "sweep_time_lags",
+        pa.list_(_F64),
+        "seconds from each sweep to the keyframe (t_keyframe - t_sweep, > 0), aligned with sweep_paths",
+    ),
 ]
 
 #: The content hash of the ``*_crc32`` columns: CRC-32 as zlib/gzip compute it (``content_hash``), an
@@ -248,6 +254,7 @@ ADDED_IN: dict[str, str] = {
     "epoch": "4.0",
     "rank": "4.0",
     **dict.fromkeys(("dataset", "frame", "sweep_frames"), "4.1"),
+    "sweep_time_lags": "4.3",
 }
 
 

@@ -26,7 +26,8 @@ PROVENANCE_KEYS: dict[str, str] = {
     "nuscenes_version": "tables version in tables mode, else null; 'sweeps': previous sweeps aggregated",
     "max_reject_fraction": "the --max-reject-fraction the scan ran with",
     "scan_config": "the feature options (voxel size, range, formats, limits); 'content_hash': the algorithm of "
-    "the samples' *_crc32 columns (CONTENT_HASH), null under --features stat",
+    "the samples' *_crc32 columns (CONTENT_HASH), null under --features stat; 'close_points': the close-point "
+    "rule the size features were computed under and the loaders apply",
     "part_rows": "int: rows of each samples part (--part-rows), which fixes where the parts are cut",
     "sample_schema": "the samples' fields as JSON (name, type, doc)",
 }

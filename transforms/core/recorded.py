@@ -15,12 +15,14 @@ from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.transforms.io import metadata, storage
 from lidarshard.transforms.io.arrow import row_groups
 from lidarshard.transforms.io.parts import open_parts, samples_files
+from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS, recorded_close_points
 
 __all__ = [
     "previous_datasets",
     "previous_dir",
     "previous_root",
     "recorded_fraction",
+    "previous_close_points",
     "previous_rejects",
     "check_schema",
     "previous_rows",
@@ -55,6 +57,13 @@ def previous_datasets(samples_path: str) -> tuple[DatasetEntry, ...]:
     """The ``datasets`` (INPUTs with their layouts and label maps) the earlier run recorded (empty: none)."""
     recorded = _recorded(samples_path)
     return recorded.datasets if recorded else ()
+
+
+def previous_close_points(samples_path: str) -> str:
+    """The close-point rule the earlier run's size features were computed under
+    (``multisweep.recorded_close_points``: ``"sweeps"`` when none is recorded)."""
+    recorded = _recorded(samples_path)
+    return recorded_close_points(recorded.provenance) if recorded else DEFAULT_CLOSE_POINTS
 
 
 def recorded_fraction(samples_path: str) -> float | None:
