@@ -60,9 +60,9 @@ CLOCK = {"t": 0.0}
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """``StepTimer``'s ``time.perf_counter`` reads ``CLOCK``: step times are exactly 1e-6 s x the batch's points."""
-    import lidarshard.loaders.timing as timing
+    import lidarshard.loaders.clocks as clocks
 
-    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK["t"]))
+    monkeypatch.setattr(clocks, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK["t"]))
 
 
 class PointCountModel(BaseModel):

@@ -265,9 +265,9 @@ def test_a_plan_sampler_checkpoint_resumes_on_two_ranks_with_the_elastic_sampler
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """``StepTimer``'s ``time.perf_counter`` reads ``CLOCK``: step times are exactly 1e-6 s x the batch's points."""
-    import lidarshard.loaders.timing as timing
+    import lidarshard.loaders.clocks as clocks
 
-    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK["t"]))
+    monkeypatch.setattr(clocks, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK["t"]))
 
 
 def _recorded(directory: Path) -> list[tuple[int, int, list[str]]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import yaw_tf
+from tests.helpers import yaw_tf
 
 torch = pytest.importorskip("torch")
 
@@ -82,7 +82,7 @@ def test_misaligned_lags_are_refused(tmp_path: Path) -> None:
 
 def test_a_scan_records_the_lags_of_its_layout(tmp_path: Path) -> None:
     """A synthetic SemanticKITTI sequence (10 Hz): lags 0.1 s a scan, aligned with sweep_paths."""
-    from helpers import BEAM_TEST_FLAGS
+    from tests.helpers import BEAM_TEST_FLAGS
 
     import lidarshard
     from lidarshard.pipelines.synth import run
