@@ -12,7 +12,7 @@ import sys
 import apache_beam as beam
 
 from lidarshard import schemas
-from lidarshard.pipelines import launch
+from lidarshard.pipelines import launch, understood
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
 from lidarshard.pipelines.options import ScanOptions, declare
@@ -93,7 +93,9 @@ def _empty_ok(settings: ScanSettings) -> bool:
 def print_summary(out: str) -> None:
     meta = storage.read_json(storage.join(out, schemas.SCAN_FILE))
     c = meta["counts"]
-    print(f"scanned {c['scanned']}: accepted {c['accepted']}, rejected {c['rejected']}")
+    for line in understood.input_lines(meta):
+        print(line)
+    print(understood.counts_line(c["scanned"], c["accepted"], c["rejected"]))
     for reason, n in sorted(c["rejected_by_reason"].items()):
         print(f"  rejected {reason}: {n}")
     print(f"wrote {out}")
@@ -110,6 +112,8 @@ def run(argv: list[str] | None = None) -> int:
             check_locations(beam_argv)
     except UsageError as e:
         p.fail(str(e))
+    if not dry_run:
+        understood.warn_live(settings.output, "scan")
     if launch.launch(
         lambda pipeline, staging: build_scan(pipeline, settings, staging), beam_argv, settings.output
     ):
