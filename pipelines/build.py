@@ -158,6 +158,9 @@ def print_summary(out: str) -> None:
         print(
             f"rank speeds {speeds}: linearity of the ranks' times (cost / speed) per epoch "
             + ", ".join(f"{b.get('speed_linearity', float('nan')):.4f}" for b in m.balance)
+            + " (random "
+            + ", ".join(f"{b.get('random_speed_linearity', float('nan')):.4f}" for b in m.balance)
+            + ")"
         )
     for line in filter(None, map(plan_buys, m.balance)):
         print(line)

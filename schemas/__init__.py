@@ -383,7 +383,8 @@ MANIFEST_KEYS: dict[str, str] = {
     "strategy": "name of the planning strategy",
     "cost_model": "{'name': 'points'|'voxels'|'linear', 'c0', 'a', 'b'[, 'q']}: cost = c0 + a*points + b*voxels^q",
     "rank_speed": "[W floats > 0] (4.2, absent when not given): each rank's relative speed (--rank-speed); balance "
-    "entries then add 'speed_linearity', the linearity of the ranks' times cost / speed",
+    "entries then add 'speed_linearity', the linearity of the ranks' times cost / speed, and 'random_speed_linearity', "
+    "that of the random plan (absent in manifests written before it)",
     "cost_history": "[{'until_epoch': E, 'cost_model': {...}}] (4.2, absent when empty): the models that planned "
     "the epochs before each re-plan (build --replan-from), rising; later epochs were planned with cost_model",
     "buckets": "{'edges': [K-1 floats, cost units], 'weights': [K floats], 'counts': [K ints]}",

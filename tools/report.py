@@ -248,6 +248,7 @@ def summarize(data: ReportData) -> list[str]:
         f"plan {m.strategy}: world size {m.world_size}, batch {m.batch_size}, "
         f"{m.epochs} epoch(s) of {list(m.steps_per_epoch)} steps",
     ]
+    speeds = np.asarray(m.rank_speed or 1.0, dtype=np.float64)  # the ranks' times: cost / speed
     for e, (ch, rnd) in enumerate(zip(data.chosen, data.baseline, strict=True)):
         worst = (ch.max(axis=1) / np.maximum(ch.mean(axis=1), 1e-300)).max(initial=1.0)
         worst_r = (rnd.max(axis=1) / np.maximum(rnd.mean(axis=1), 1e-300)).max(initial=1.0)
@@ -255,7 +256,9 @@ def summarize(data: ReportData) -> list[str]:
             f"epoch {e}: linearity {load_linearity(ch):.3f} (random {load_linearity(rnd):.3f}); worst step max/mean "
             f"{worst:.2f} (random {worst_r:.2f}); rank totals within {_spread(ch):.1f}% "
             f"(random {_spread(rnd):.1f}%)"
-        )
+            + ("" if m.rank_speed is None else f"; at the ranks' speeds {load_linearity(ch / speeds):.3f} "
+               f"(random {load_linearity(rnd / speeds):.3f})")
+        )  # fmt: skip
     rep = m.repeat
     if rep:
         ids = data.samples.column("bucket_id").to_numpy()
