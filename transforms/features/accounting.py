@@ -90,7 +90,9 @@ def counts_of(
         bound = "nothing left to plan" if not accepted else f"> --max-reject-fraction {max_reject_fraction}"
         path, reason, detail = (rejects.column(c)[0].as_py() for c in ("path", "reason", "detail"))
         first = f"{path}: {reason}" + (f" ({detail})" if detail else "")  # whole: a detail may hold "; "
-        raise TooManyRejects(f"{rejected} of {scanned} inputs rejected ({bound}): {summary}; first: {first}", rejects)
+        raise TooManyRejects(
+            f"{rejected} of {scanned} inputs rejected ({bound}): {summary}; first: {first}", rejects
+        )
     return {
         "scanned": scanned,
         "accepted": accepted,
