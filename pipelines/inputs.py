@@ -113,6 +113,11 @@ def _layout(path: str, forced: str | None, version: str | None, look: bool) -> s
     except (OSError, ValueError) as e:
         raise UsageError(f"INPUT {path}: {getattr(e, 'strerror', None) or e}") from None
     if forced == "nuscenes" and version and "nuscenes" not in found:
+        if found:  # another layout: the flag cannot be honoured
+            raise UsageError(
+                f"--nuscenes-version {version}: INPUT {path} is {'; '.join(found.values())}, not a nuScenes "
+                "dataroot; leave the flag out"
+            )
         return forced  # a one-INPUT --nuscenes-version: check_nuscenes names the folders there are
     if forced not in found:
         seen = "; ".join(found.values()) or "no dataset layout"

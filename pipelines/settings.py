@@ -21,6 +21,7 @@ from lidarshard.pipelines import inputs
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import DEFAULT_REJECT_FRACTION, BuildOptions, ScanOptions
 from lidarshard.pipelines.publish import sibling
+from lidarshard.pipelines.understood import sweeps_of
 from lidarshard.schemas.manifest import MAX_EPOCH_ENTRIES
 from lidarshard.transforms.beam.build_transform import BuildJob
 from lidarshard.transforms.core.config import PlanConfig
@@ -72,7 +73,8 @@ class ScanSettings:
     output: str
     config: ScanConfig = field(default_factory=ScanConfig)
     nuscenes_version: str | None = None
-    sweeps: int = 0
+    #: previous sweeps per sample: N for every INPUT, or sorted (name, N) pairs (an INPUT not named: 0)
+    sweeps: int | tuple[tuple[str, int], ...] = 0
     part_rows: int = 1
     max_reject_fraction: float = DEFAULT_REJECT_FRACTION
     created_by: str = f"lidarshard {__version__}"
@@ -86,8 +88,17 @@ class ScanSettings:
         return rejects_path(self.output)
 
     @property
-    def layout_options(self) -> LayoutOptions:
-        return LayoutOptions(self.sweeps, self.nuscenes_version)
+    def recorded_sweeps(self) -> int | dict[str, int]:
+        """``sweeps`` as ``_scan.json`` records it: N, or {INPUT name: N}."""
+        return self.sweeps if isinstance(self.sweeps, int) else dict(self.sweeps)
+
+    @property
+    def layout_options(self) -> dict[str, LayoutOptions]:
+        """{INPUT name: what shapes its layout's tasks}."""
+        return {
+            d.name: LayoutOptions(sweeps_of(self.recorded_sweeps, d.name), self.nuscenes_version)
+            for d in self.datasets
+        }
 
     def meta(self) -> dict:
         """Provenance recorded in ``_scan.json`` / ``_manifest.json``."""
@@ -97,7 +108,7 @@ class ScanSettings:
             "input": self.input,
             "datasets": inputs.dataset_json(self.datasets, self.label_maps),
             "nuscenes_version": self.nuscenes_version,
-            "sweeps": self.sweeps,
+            "sweeps": self.recorded_sweeps,
             "max_reject_fraction": self.max_reject_fraction,
             "scan_config": {k: v for k, v in vars(self.config).items() if k != "extra"},
             "part_rows": self.part_rows,
