@@ -173,11 +173,6 @@ def _from_samples(
     if look:
         rows, recorded_fraction = checks.check_from_samples(samples)
         fraction = recorded_fraction if fraction is None else fraction
-        if rows < cfg.step_size and cfg.policy == "drop_last" and not cfg.weights:
-            raise UsageError(
-                f"--world-size {cfg.world_size} x --batch-size {cfg.batch_size} = {cfg.step_size} samples "
-                f"per step, but {samples} holds {rows}; use --pad or a smaller --world-size/--batch-size"
-            )
     kept = None
     if opts.replan_from is not None:
         cfg, kept = replan_settings(cfg, samples, opts.replan_from, previous)

@@ -255,7 +255,8 @@ def check_plan_size(
     * With ``rows`` known (``--from-samples``): one epoch plans about ``rows`` x the mean bucket weight
       (x the mean ``sample_weight``) entries, at most ``--max-plan-factor`` x ``rows``; planned, written
       and validated in one process at ~``PLAN_ENTRY_BYTES`` each, they must fit this machine's memory
-      (``memory_bytes``) and ``MAX_EPOCH_ENTRIES``. (A scan's row count is known only after Beam: the
+      (``memory_bytes``) and ``MAX_EPOCH_ENTRIES``; an unweighted equal-count plan under ``--drop-last``
+      needs ``rows`` to fill one step of W*B (``_check_pool``). (A scan's row count is known only after Beam: the
       planner checks its own pool then.)
 
     Raises:
@@ -270,6 +271,7 @@ def check_plan_size(
         )
     if rows is None:
         return
+    _check_pool(cfg, rows, where, sample_weight)
     factor = sum(cfg.weights) / len(cfg.weights) if cfg.weights else 1.0
     factor = min(factor * (1.0 if sample_weight is None else sample_weight), cfg.max_plan_factor)
     pad = 0 if cfg.strategy in VARIABLE_COUNT else cfg.step_size
@@ -287,3 +289,17 @@ def check_plan_size(
             f"this machine's {memory / 2**30:.3g} GiB: lower --bucket-weights/--sample-weights, or plan on a "
             "machine with more memory"
         )
+
+
+def _check_pool(cfg: PlanConfig, rows: int, where: str, sample_weight: float | None) -> None:
+    """Refuse a batch larger than the pool before Beam: ``rows`` unweighted samples that do not fill one
+    step of W*B of an equal-count plan under ``--drop-last`` would all be dropped (weights may repeat
+    samples, ``--pad`` repeats them, ``budget`` plans every sample: those are left to the planner)."""
+    repeat = cfg.repeat
+    weighted = cfg.weights or sample_weight is not None or repeat.threshold is not None or repeat.datasets
+    if rows >= cfg.step_size or cfg.policy != "drop_last" or weighted or cfg.strategy in VARIABLE_COUNT:
+        return
+    raise UsageError(
+        f"--world-size {cfg.world_size} x --batch-size {cfg.batch_size} = {cfg.step_size} samples per step, "
+        f"but {where} holds {rows}: every sample would be dropped; use --pad or a smaller --world-size/--batch-size"
+    )

@@ -127,3 +127,41 @@ def test_a_live_out_is_named_before_it_is_replaced(built: Path, tmp_path: Path, 
     err = capsys.readouterr().err
     assert err.startswith(f"lidarshard build: warning: OUT {built} holds a published manifest: ")
     assert "replaces it atomically" in err and "never a mix" in err and len(err.splitlines()) == 1
+
+
+def test_a_batch_larger_than_a_known_pool_is_refused_before_beam(built: Path, tmp_path: Path, capsys) -> None:
+    """``--from-samples`` and a table know their row count: 40 samples, W*B = 200, one line, no Beam."""
+    import numpy as np
+    import pyarrow as pa
+
+    import lidarshard
+    from lidarshard.pipelines.flags import UsageError
+    from lidarshard.pipelines.options import BuildOptions
+    from lidarshard.pipelines.settings import check_plan_size, plan_config
+
+    out = tmp_path / "again"
+    argv = ["build", str(out), "--from-samples", str(built / schemas.SAMPLES_DIR), "--world-size", "1"]
+    assert main([*argv, "--batch-size", "200"]) == 2
+    (line,) = [e for e in capsys.readouterr().err.splitlines() if "error:" in e]
+    assert line.endswith(
+        f"--world-size 1 x --batch-size 200 = 200 samples per step, but --from-samples {built / 'samples'} holds "
+        "40: every sample would be dropped; use --pad or a smaller --world-size/--batch-size"
+    )
+    table = pa.table(
+        {
+            "sample_id": [f"s{i}" for i in range(40)],
+            "path": [f"/d/{i}.bin" for i in range(40)],
+            "cost": np.ones(40),
+        }
+    )
+    with pytest.raises(UsageError, match="but the table holds 40: every sample would be dropped"):
+        lidarshard.write_manifest(table, str(out), 4, 50)
+    assert not out.exists()
+    for flags in (
+        {"pad": True},
+        {"strategy": "budget"},
+        {"bucket_weights": (1.0, 3.0)},
+    ):  # the planner's call
+        check_plan_size(
+            plan_config(BuildOptions.from_keywords({"world_size": 1, "batch_size": 200} | flags)), 40
+        )
