@@ -120,7 +120,7 @@ def print_summary(out: str) -> None:
     --help`` says what each means), what the plan buys in plain words, and where the manifest is."""
     m = Manifest.from_json(storage.read_json(storage.join(out, schemas.MANIFEST_FILE)))
     c = m.counts
-    for line in understood.input_lines(m.provenance):
+    for line in understood.input_lines(m.provenance, understood.accepted_by_input(out)):
         print(line)
     print(
         understood.counts_line(c.scanned, c.accepted, c.rejected, c.dropped, c.padded)

@@ -93,7 +93,7 @@ def _empty_ok(settings: ScanSettings) -> bool:
 def print_summary(out: str) -> None:
     meta = storage.read_json(storage.join(out, schemas.SCAN_FILE))
     c = meta["counts"]
-    for line in understood.input_lines(meta):
+    for line in understood.input_lines(meta, understood.accepted_by_input(out)):
         print(line)
     print(understood.counts_line(c["scanned"], c["accepted"], c["rejected"]))
     for reason, n in sorted(c["rejected_by_reason"].items()):

@@ -11,11 +11,21 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pyarrow.compute as pc
+
 from lidarshard import schemas
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts import FILES
 
-__all__ = ["TITLES", "sweeps_of", "input_lines", "counts_line", "live_output", "warn_live"]
+__all__ = [
+    "TITLES",
+    "sweeps_of",
+    "accepted_by_input",
+    "input_lines",
+    "counts_line",
+    "live_output",
+    "warn_live",
+]
 
 #: What each layout reads, as a person would say it.
 TITLES = {
@@ -35,9 +45,26 @@ def sweeps_of(sweeps: int | Mapping[str, int] | None, name: str) -> int:
     return int(sweeps or 0)
 
 
-def input_lines(meta: Mapping[str, Any]) -> list[str]:
-    """One line per INPUT of a run's metadata (``_scan.json`` or a manifest's provenance):
-    ``INPUT nusc: nuScenes dataroot, tables v1.0-mini, keyframe + 9 previous sweeps (/data/nuscenes)``."""
+def accepted_by_input(out: str) -> dict[str, int]:
+    """{INPUT name: samples accepted} of the published scan or manifest ``out`` (its samples' ``dataset``
+    column; empty when the samples name none, e.g. a ``write_manifest`` table)."""
+    from lidarshard.transforms.io.parts import read_parts, samples_files
+
+    try:
+        files = samples_files(storage.join(out, schemas.SAMPLES_DIR))
+        names = read_parts(files, ["dataset"]).column("dataset") if files else None
+    except (OSError, ValueError, KeyError):  # no samples folder, or samples of before the column
+        return {}
+    if names is None or names.null_count == len(names):
+        return {}
+    counts = pc.value_counts(names.drop_null()).to_pylist()
+    return {c["values"]: c["counts"] for c in counts}
+
+
+def input_lines(meta: Mapping[str, Any], accepted: Mapping[str, int] | None = None) -> list[str]:
+    """One line per INPUT of a run's metadata (``_scan.json`` or a manifest's provenance), with its
+    ``accepted`` count when given: ``INPUT nusc: nuScenes dataroot, tables v1.0-mini, keyframe + 9
+    previous sweeps (/data/nuscenes): 404 samples accepted``."""
     lines = []
     for d in meta.get("datasets") or []:
         layout = d.get("layout", FILES)
@@ -50,7 +77,11 @@ def input_lines(meta: Mapping[str, Any]) -> list[str]:
         weight = d.get("weight", 1.0)
         if weight != 1.0:
             what += f", weight {weight:g}"
-        lines.append(f"INPUT {d.get('name')}: {what} ({d.get('root')})")
+        line = f"INPUT {d.get('name')}: {what} ({d.get('root')})"
+        if accepted:  # empty: not known
+            n = accepted.get(d.get("name"), 0)
+            line += f": {n} sample{'s' * (n != 1)} accepted"
+        lines.append(line)
     return lines
 
 

@@ -89,7 +89,10 @@ def test_the_summary_names_each_input_and_what_was_dropped(built: Path, capsys) 
     lines = capsys.readouterr().out.splitlines()
     m = json.loads((built / schemas.MANIFEST_FILE).read_text())
     (d,) = m["datasets"]
-    assert lines[0] == f"INPUT {d['name']}: point-cloud files, one sample each ({d['root']})"
+    assert (
+        lines[0]
+        == f"INPUT {d['name']}: point-cloud files, one sample each ({d['root']}): 40 samples accepted"
+    )
     dropped = m["counts"]["dropped"]
     assert set(dropped) == {40 - 6 * 6}  # 40 samples, 6 a step (W=3 x B=2): 6 steps, 4 left out
     c = m["counts"]
@@ -114,6 +117,8 @@ def test_input_lines_say_layout_tables_sweeps_and_weight() -> None:
         "INPUT nusc: nuScenes dataroot, tables v1.0-mini, keyframe + 9 previous sweeps (/d/nusc)",
         "INPUT kitti: SemanticKITTI sequences, no sweeps, weight 2 (/d/kitti)",
     ]
+    assert input_lines(meta, {"nusc": 404})[0].endswith("(/d/nusc): 404 samples accepted")
+    assert input_lines(meta, {"nusc": 404})[1].endswith("(/d/kitti): 0 samples accepted")
     assert counts_line(5, 4, 1, (0, 0), (2, 3)) == (
         "scanned 5: accepted 4, rejected 1; 2-3 per epoch repeated to fill the last step (--pad)"
     )
