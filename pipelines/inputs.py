@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-from lidarshard.pipelines import checks
+from lidarshard.pipelines import checks, understood
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.transforms import layouts
 from lidarshard.transforms.io import storage
@@ -34,13 +34,7 @@ __all__ = [
 #: Layout access before Beam: the one over ``storage`` the pipeline uses too.
 LAYOUT_IO = layouts.STORAGE_IO
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
-_TITLES = {
-    "nuscenes": "a nuScenes dataroot",
-    "av2": "Argoverse 2 sensor logs",
-    "semantickitti": "SemanticKITTI sequences",
-    "waymo_v2": "Waymo Open v2 components",
-    FILES: "point-cloud files",
-}
+_TITLES = understood.TITLES | {"nuscenes": "a nuScenes dataroot"}
 
 
 def split_input(spec: str) -> tuple[str | None, str]:

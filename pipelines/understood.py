@@ -33,7 +33,7 @@ TITLES = {
     "av2": "Argoverse 2 sensor logs",
     "semantickitti": "SemanticKITTI sequences",
     "waymo_v2": "Waymo Open v2 components",
-    FILES: "point-cloud files, one sample each",
+    FILES: "point-cloud files",
 }
 
 
@@ -68,7 +68,7 @@ def input_lines(meta: Mapping[str, Any], accepted: Mapping[str, int] | None = No
     lines = []
     for d in meta.get("datasets") or []:
         layout = d.get("layout", FILES)
-        what = TITLES.get(layout, layout)
+        what = TITLES.get(layout, layout) + (", one sample each" if layout == FILES else "")
         if layout == "nuscenes" and meta.get("nuscenes_version"):
             what += f", tables {meta['nuscenes_version']}"
         if layout != FILES:
