@@ -106,7 +106,7 @@ def continued_from(current: Manifest, new: Manifest, here: object, there: object
         raise ValueError(
             f"{there} is not a re-plan (no cost_history): build it with --from-samples {here}/samples --replan-from E"
         )
-    start = int(new.cost_history[-1]["until_epoch"])
+    start = new.cost_history[-1].until_epoch
     for what in ("world_size", "batch_size", "seed", "strategy", "inputs_fingerprint"):
         mine, theirs = getattr(current, what), getattr(new, what)
         if mine != theirs:

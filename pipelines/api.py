@@ -43,6 +43,7 @@ from lidarshard.transforms.core.score import GIVEN, PREPARED, Source
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
+from lidarshard.transforms.io.metadata import load_manifest
 from lidarshard.transforms.io.paths import path_problem
 
 __all__ = ["build", "replan", "write_manifest", "summary"]
@@ -50,7 +51,7 @@ __all__ = ["build", "replan", "write_manifest", "summary"]
 
 def summary(out: str) -> dict:
     """The numbers of a written manifest: out, counts, steps_per_epoch, buckets, balance per epoch."""
-    m = Manifest.from_json(storage.read_json(storage.join(out, schemas.MANIFEST_FILE)))
+    m = load_manifest(out)
     return {
         "out": out,
         "world_size": m.world_size,
@@ -131,7 +132,6 @@ def replan(
     Raises:
         UsageError: ``out`` is not a committed manifest, ``from_epoch`` is outside its epochs, a bad model.
     """
-    from lidarshard.loaders.reader import load_manifest
     from lidarshard.pipelines.replan import replan_options
 
     try:
