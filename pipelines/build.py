@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import apache_beam as beam
 
 from lidarshard import schemas
-from lidarshard.pipelines import launch
+from lidarshard.pipelines import launch, understood
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
 from lidarshard.pipelines.options import BuildOptions, declare
@@ -120,8 +120,10 @@ def print_summary(out: str) -> None:
     --help`` says what each means), what the plan buys in plain words, and where the manifest is."""
     m = load_manifest(out)
     c = m.counts
+    for line in understood.input_lines(m.provenance, understood.accepted_by_input(out)):
+        print(line)
     print(
-        f"scanned {c.scanned}: accepted {c.accepted}, rejected {c.rejected}"
+        understood.counts_line(c.scanned, c.accepted, c.rejected, c.dropped, c.padded)
         + "".join(f"\n  rejected {r}: {n}" for r, n in sorted(c.rejected_by_reason.items()))
     )
     print(
@@ -156,6 +158,9 @@ def print_summary(out: str) -> None:
         print(
             f"rank speeds {speeds}: linearity of the ranks' times (cost / speed) per epoch "
             + ", ".join(f"{b.get('speed_linearity', float('nan')):.4f}" for b in m.balance)
+            + " (random "
+            + ", ".join(f"{b.get('random_speed_linearity', float('nan')):.4f}" for b in m.balance)
+            + ")"
         )
     for line in filter(None, map(plan_buys, m.balance)):
         print(line)
@@ -173,6 +178,8 @@ def run(argv: list[str] | None = None) -> int:
             check_locations(beam_argv)
     except UsageError as e:
         p.fail(str(e))
+    if not dry_run:
+        understood.warn_live(settings.output, "build")
     if launch_build(settings, beam_argv):
         print_summary(settings.output)
     else:

@@ -62,6 +62,8 @@ def one_line(exc: BaseException) -> str:
     text = str(exc)
     found = _ERROR_LINE.findall(text)
     line = found[-1][1] if found else (text.strip().splitlines() or [type(exc).__name__])[0]
+    while (inner := _ERROR_LINE.match(line)) is not None:  # Beam re-raises as "RuntimeError: pkg.Name: ..."
+        line = inner[2]
     return re.sub(r" \[while running '[^']*'\]", "", line).strip()
 
 

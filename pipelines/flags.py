@@ -26,7 +26,7 @@ import math
 import numbers
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lidarshard.pipelines import DEBUG_ENV
@@ -41,6 +41,7 @@ __all__ = [
     "float_in",
     "float_list",
     "parsed_by",
+    "per_name",
 ]
 
 
@@ -188,6 +189,40 @@ class parsed_by(Check):  # noqa: N801
             return self._typed(value)
         except (TypeError, ValueError) as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class per_name(Check):  # noqa: N801
+    """One value for everything, or ``NAME=V,...`` one per name (``--sweeps 9`` or ``nusc=9,kitti=0``): the
+    value as ``each`` checks it, or sorted (name, value) pairs; the Python API may give a mapping."""
+
+    def __init__(self, each: Check) -> None:
+        self.each, self.__name__ = each, each.__name__
+
+    def __call__(self, text: str) -> Any:
+        if "=" not in text:
+            return self.each(text)
+        pairs = [item.partition("=") for item in text.split(",")]
+        if not all(name and eq and value for name, eq, value in pairs):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected a value, or NAME=VALUE pairs separated by commas"
+            )
+        names = [name for name, _, _ in pairs]
+        if len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(f"{text!r}: a NAME is given twice")
+        return self.typed({name: value for name, _, value in pairs})
+
+    def typed(self, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return self.each.value(value)
+        out = []
+        for name, one in value.items():
+            if not isinstance(name, str) or not name:
+                raise argparse.ArgumentTypeError(f"{name!r} is not a NAME")
+            try:
+                out.append((name, self.each.value(one)))
+            except argparse.ArgumentTypeError as e:
+                raise argparse.ArgumentTypeError(f"{name}: {e}") from None
+        return tuple(sorted(out))
 
 
 def flag(

@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-from lidarshard.pipelines import checks
+from lidarshard.pipelines import checks, understood
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.transforms import layouts
 from lidarshard.transforms.io import storage
@@ -34,13 +34,7 @@ __all__ = [
 #: Layout access before Beam: the one over ``storage`` the pipeline uses too.
 LAYOUT_IO = layouts.STORAGE_IO
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
-_TITLES = {
-    "nuscenes": "a nuScenes dataroot",
-    "av2": "Argoverse 2 sensor logs",
-    "semantickitti": "SemanticKITTI sequences",
-    "waymo_v2": "Waymo Open v2 components",
-    FILES: "point-cloud files",
-}
+_TITLES = understood.TITLES | {"nuscenes": "a nuScenes dataroot"}
 
 
 def split_input(spec: str) -> tuple[str | None, str]:
@@ -113,6 +107,11 @@ def _layout(path: str, forced: str | None, version: str | None, look: bool) -> s
     except (OSError, ValueError) as e:
         raise UsageError(f"INPUT {path}: {getattr(e, 'strerror', None) or e}") from None
     if forced == "nuscenes" and version and "nuscenes" not in found:
+        if found:  # another layout: the flag cannot be honoured
+            raise UsageError(
+                f"--nuscenes-version {version}: INPUT {path} is {'; '.join(found.values())}, not a nuScenes "
+                "dataroot; leave the flag out"
+            )
         return forced  # a one-INPUT --nuscenes-version: check_nuscenes names the folders there are
     if forced not in found:
         seen = "; ".join(found.values()) or "no dataset layout"

@@ -20,7 +20,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
-from lidarshard.pipelines.flags import Check, UsageError, flag, float_in, float_list, int_in, parsed_by
+from lidarshard.pipelines.flags import (
+    Check,
+    UsageError,
+    flag,
+    float_in,
+    float_list,
+    int_in,
+    parsed_by,
+    per_name,
+)
 from lidarshard.transforms.core.config import MAX_PLAN_FACTOR
 from lidarshard.transforms.features.cost import COST_MODEL_HELP
 from lidarshard.transforms.features.repeat import parse_repeat_factors, repeat_threshold
@@ -191,8 +200,10 @@ class ScanOptions(Options):
     dataset_weights: str | None = option(
         "NAME=W,...: expected copies per epoch of each sample of INPUT NAME (x its repeat factor)", "scan", None,
         shown="1 each", metavar="NAME=W")  # fmt: skip
-    sweeps: int = option("previous sweeps (frames) aggregated into each sample, through the layout's poses",
-                         "scan", 0, check=int_in(0, 1000), metavar="N")  # fmt: skip
+    sweeps: int | tuple[tuple[str, int], ...] = option(
+        "previous sweeps (frames) aggregated into each sample, through the layout's poses: N for every INPUT, or "
+        "NAME=N,... per INPUT (an INPUT not named: 0); only dataset layouts have sweeps", "scan", 0,
+        check=per_name(int_in(0, 1000)), metavar="N|NAME=N")  # fmt: skip
     format: str | None = option("override extension-based format detection", "scan", None, choices=FORMATS,
                                 shown="by extension")  # fmt: skip
     point_dims: int | None = option("float32 values per point of headerless .bin files", "scan", None,

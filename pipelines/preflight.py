@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from lidarshard import __version__
-from lidarshard.pipelines import checks, inputs
+from lidarshard.pipelines import checks, inputs, understood
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import DEFAULT_REJECT_FRACTION, BuildOptions, ScanOptions
 from lidarshard.pipelines.replan import replan_settings
@@ -27,6 +27,7 @@ from lidarshard.pipelines.settings import (
     scan_config,
     weights_text,
 )
+from lidarshard.pipelines.understood import sweeps_of
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.core import recorded
@@ -83,6 +84,8 @@ def _scan(
 ) -> ScanSettings:
     """The scan options of checked INPUTs as settings (``fraction`` None: the default)."""
     look = not dry_run or all(storage.is_local(d.root) for d in datasets)
+    if look:
+        _check_layout_flags(opts, datasets)
     return ScanSettings(
         input=datasets[0].root if datasets else None,
         output=output,
@@ -94,6 +97,33 @@ def _scan(
         datasets=datasets,
         label_maps=inputs.label_maps(datasets, look),
     )
+
+
+def _check_layout_flags(opts: ScanOptions, datasets: Sequence[Dataset]) -> None:
+    """A flag no INPUT's layout can honour is a usage error, not a value recorded and ignored:
+    ``--sweeps`` of loose point-cloud files (they have no sweeps) or naming no INPUT, and
+    ``--nuscenes-version`` where no INPUT is a nuScenes dataroot."""
+    names = [d.name for d in datasets]
+    if not datasets:  # --from-samples (checked in build_settings) or a table
+        return
+    sweeps = opts.sweeps if isinstance(opts.sweeps, int) else dict(opts.sweeps)
+    shown = sweeps if isinstance(sweeps, int) else ",".join(f"{k}={v}" for k, v in sweeps.items())
+    unknown = sorted(set(sweeps) - set(names)) if isinstance(sweeps, dict) else []
+    if unknown:
+        raise UsageError(f"--sweeps {shown}: no INPUT is named {unknown[0]!r} (INPUTs: {', '.join(names)})")
+    for d in datasets:
+        if d.layout == FILES and sweeps_of(sweeps, d.name):
+            other = "; give sweeps per INPUT: --sweeps NAME=N,..." if len(datasets) > 1 else ""
+            raise UsageError(
+                f"--sweeps {shown}: INPUT {d.name} is loose point-cloud files, one sample each, with no sweeps "
+                f"to aggregate (sweeps need a dataset layout's poses: nuScenes, Argoverse 2, SemanticKITTI, "
+                f"Waymo v2){other}"
+            )
+    if opts.nuscenes_version and not any(d.layout == "nuscenes" for d in datasets):
+        found = ", ".join(f"{d.name} ({understood.TITLES[d.layout]})" for d in datasets)
+        raise UsageError(
+            f"--nuscenes-version {opts.nuscenes_version}: no INPUT is a nuScenes dataroot ({found}); leave it out"
+        )
 
 
 def build_settings(
@@ -108,6 +138,8 @@ def build_settings(
     plan options and the manifest beside ``--from-samples``."""
     if (len(paths) != 1) if opts.from_samples else (len(paths) < 2):
         raise UsageError("expected OUT with --from-samples" if opts.from_samples else "expected INPUT OUT")
+    if opts.from_samples and opts.sweeps:
+        raise UsageError("--sweeps: --from-samples re-plans samples scanned already, with their sweeps")
     if opts.replan_from is not None and not opts.from_samples:
         raise UsageError(
             f"--replan-from {opts.replan_from} re-plans a manifest: add --from-samples PREV/samples"
@@ -142,11 +174,6 @@ def _from_samples(
     if look:
         rows, recorded_fraction = checks.check_from_samples(samples)
         fraction = recorded_fraction if fraction is None else fraction
-        if rows < cfg.step_size and cfg.policy == "drop_last" and not cfg.weights:
-            raise UsageError(
-                f"--world-size {cfg.world_size} x --batch-size {cfg.batch_size} = {cfg.step_size} samples "
-                f"per step, but {samples} holds {rows}; use --pad or a smaller --world-size/--batch-size"
-            )
     kept = None
     if opts.replan_from is not None:
         cfg, kept = replan_settings(cfg, samples, opts.replan_from, previous)

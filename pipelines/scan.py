@@ -12,7 +12,7 @@ import sys
 import apache_beam as beam
 
 from lidarshard import schemas
-from lidarshard.pipelines import launch
+from lidarshard.pipelines import launch, understood
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
 from lidarshard.pipelines.options import ScanOptions, declare
@@ -92,8 +92,11 @@ def _empty_ok(settings: ScanSettings) -> bool:
 
 
 def print_summary(out: str) -> None:
-    c = load_scan(out).counts
-    print(f"scanned {c.scanned}: accepted {c.accepted}, rejected {c.rejected}")
+    scan = load_scan(out)
+    c = scan.counts
+    for line in understood.input_lines(scan.provenance, understood.accepted_by_input(out)):
+        print(line)
+    print(understood.counts_line(c.scanned, c.accepted, c.rejected))
     for reason, n in sorted(c.rejected_by_reason.items()):
         print(f"  rejected {reason}: {n}")
     print(f"wrote {out}")
@@ -110,6 +113,8 @@ def run(argv: list[str] | None = None) -> int:
             check_locations(beam_argv)
     except UsageError as e:
         p.fail(str(e))
+    if not dry_run:
+        understood.warn_live(settings.output, "scan")
     if launch.launch(
         lambda pipeline, staging: build_scan(pipeline, settings, staging), beam_argv, settings.output
     ):

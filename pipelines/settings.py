@@ -21,6 +21,7 @@ from lidarshard.pipelines import inputs
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import DEFAULT_REJECT_FRACTION, BuildOptions, ScanOptions
 from lidarshard.pipelines.publish import sibling
+from lidarshard.pipelines.understood import sweeps_of
 from lidarshard.schemas.manifest import MAX_EPOCH_ENTRIES
 from lidarshard.transforms.beam.build_transform import BuildJob
 from lidarshard.transforms.core.config import PlanConfig
@@ -72,7 +73,8 @@ class ScanSettings:
     output: str
     config: ScanConfig = field(default_factory=ScanConfig)
     nuscenes_version: str | None = None
-    sweeps: int = 0
+    #: previous sweeps per sample: N for every INPUT, or sorted (name, N) pairs (an INPUT not named: 0)
+    sweeps: int | tuple[tuple[str, int], ...] = 0
     part_rows: int = 1
     max_reject_fraction: float = DEFAULT_REJECT_FRACTION
     created_by: str = f"lidarshard {__version__}"
@@ -86,8 +88,17 @@ class ScanSettings:
         return rejects_path(self.output)
 
     @property
-    def layout_options(self) -> LayoutOptions:
-        return LayoutOptions(self.sweeps, self.nuscenes_version)
+    def recorded_sweeps(self) -> int | dict[str, int]:
+        """``sweeps`` as ``_scan.json`` records it: N, or {INPUT name: N}."""
+        return self.sweeps if isinstance(self.sweeps, int) else dict(self.sweeps)
+
+    @property
+    def layout_options(self) -> dict[str, LayoutOptions]:
+        """{INPUT name: what shapes its layout's tasks}."""
+        return {
+            d.name: LayoutOptions(sweeps_of(self.recorded_sweeps, d.name), self.nuscenes_version)
+            for d in self.datasets
+        }
 
     def meta(self) -> dict:
         """Provenance recorded in ``_scan.json`` / ``_manifest.json``."""
@@ -97,7 +108,7 @@ class ScanSettings:
             "input": self.input,
             "datasets": inputs.dataset_json(self.datasets, self.label_maps),
             "nuscenes_version": self.nuscenes_version,
-            "sweeps": self.sweeps,
+            "sweeps": self.recorded_sweeps,
             "max_reject_fraction": self.max_reject_fraction,
             "scan_config": {k: v for k, v in vars(self.config).items() if k != "extra"},
             "part_rows": self.part_rows,
@@ -245,7 +256,8 @@ def check_plan_size(
     * With ``rows`` known (``--from-samples``): one epoch plans about ``rows`` x the mean bucket weight
       (x the mean ``sample_weight``) entries, at most ``--max-plan-factor`` x ``rows``; planned, written
       and validated in one process at ~``PLAN_ENTRY_BYTES`` each, they must fit this machine's memory
-      (``memory_bytes``) and ``MAX_EPOCH_ENTRIES``. (A scan's row count is known only after Beam: the
+      (``memory_bytes``) and ``MAX_EPOCH_ENTRIES``; an unweighted equal-count plan under ``--drop-last``
+      needs ``rows`` to fill one step of W*B (``_check_pool``). (A scan's row count is known only after Beam: the
       planner checks its own pool then.)
 
     Raises:
@@ -260,6 +272,7 @@ def check_plan_size(
         )
     if rows is None:
         return
+    _check_pool(cfg, rows, where, sample_weight)
     factor = sum(cfg.weights) / len(cfg.weights) if cfg.weights else 1.0
     factor = min(factor * (1.0 if sample_weight is None else sample_weight), cfg.max_plan_factor)
     pad = 0 if cfg.strategy in VARIABLE_COUNT else cfg.step_size
@@ -277,3 +290,17 @@ def check_plan_size(
             f"this machine's {memory / 2**30:.3g} GiB: lower --bucket-weights/--sample-weights, or plan on a "
             "machine with more memory"
         )
+
+
+def _check_pool(cfg: PlanConfig, rows: int, where: str, sample_weight: float | None) -> None:
+    """Refuse a batch larger than the pool before Beam: ``rows`` unweighted samples that do not fill one
+    step of W*B of an equal-count plan under ``--drop-last`` would all be dropped (weights may repeat
+    samples, ``--pad`` repeats them, ``budget`` plans every sample: those are left to the planner)."""
+    repeat = cfg.repeat
+    weighted = cfg.weights or sample_weight is not None or repeat.threshold is not None or repeat.datasets
+    if rows >= cfg.step_size or cfg.policy != "drop_last" or weighted or cfg.strategy in VARIABLE_COUNT:
+        return
+    raise UsageError(
+        f"--world-size {cfg.world_size} x --batch-size {cfg.batch_size} = {cfg.step_size} samples per step, "
+        f"but {where} holds {rows}: every sample would be dropped; use --pad or a smaller --world-size/--batch-size"
+    )

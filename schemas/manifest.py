@@ -95,7 +95,8 @@ class Manifest:
     )
     rank_speed: tuple[float, ...] | None = _key(
         "[W floats > 0] (4.2, absent when not given): each rank's relative speed (--rank-speed); balance "
-        "entries then add 'speed_linearity', the linearity of the ranks' times cost / speed",
+        "entries then add 'speed_linearity', the linearity of the ranks' times cost / speed, and "
+        "'random_speed_linearity', that of the random plan (absent in manifests written before it)",
         None,
         omit=True,
     )

@@ -99,3 +99,15 @@ def test_a_build_with_every_input_rejected_keeps_its_reasons(tmp_path) -> None:
     with pytest.raises(TooManyRejects, match=r"2 of 2 inputs rejected \(nothing left to plan\)") as err:
         counts_or_stop(2, 0, rejects, 1.0, str(out), plan=True)
     assert str(out) in str(err.value) and pq.read_table(out).num_rows == 2
+
+
+def test_too_many_rejects_names_the_first_reject_whole() -> None:
+    """A detail holding "; " is not cut in half (the message's parentheses stay balanced)."""
+    rejects = _rejects(
+        [("/d/a.bin", "bad_table", "row 3; column x (a float) is null"), ("/d/b.bin", "x", "")]
+    )
+    with pytest.raises(TooManyRejects) as e:
+        counts_of(2, 0, rejects, max_reject_fraction=0.5)
+    text = str(e.value)
+    assert text.endswith("first: /d/a.bin: bad_table (row 3; column x (a float) is null)")
+    assert text.count("(") == text.count(")")

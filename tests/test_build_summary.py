@@ -81,3 +81,92 @@ def test_readme_explains_the_summary_columns() -> None:
     table = "\n".join(rows)
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert table in readme, f"README's table of the build summary's columns differs; paste:\n{table}"
+
+
+def test_the_summary_names_each_input_and_what_was_dropped(built: Path, capsys) -> None:
+    """Each INPUT with its layout; the samples left out to fill whole steps beside accepted/rejected."""
+    build_cli.print_summary(str(built))
+    lines = capsys.readouterr().out.splitlines()
+    m = json.loads((built / schemas.MANIFEST_FILE).read_text())
+    (d,) = m["datasets"]
+    assert (
+        lines[0]
+        == f"INPUT {d['name']}: point-cloud files, one sample each ({d['root']}): 40 samples accepted"
+    )
+    dropped = m["counts"]["dropped"]
+    assert set(dropped) == {40 - 6 * 6}  # 40 samples, 6 a step (W=3 x B=2): 6 steps, 4 left out
+    c = m["counts"]
+    assert lines[1] == (
+        f"scanned {c['scanned']}: accepted 40, rejected {c['rejected']}; 4 dropped to fill whole steps "
+        "(--pad keeps them)"
+    )
+
+
+def test_input_lines_say_layout_tables_sweeps_and_weight() -> None:
+    from lidarshard.pipelines.understood import counts_line, input_lines
+
+    meta = {
+        "nuscenes_version": "v1.0-mini",
+        "sweeps": {"nusc": 9, "kitti": 0},
+        "datasets": [
+            {"name": "nusc", "root": "/d/nusc", "layout": "nuscenes", "weight": 1.0},
+            {"name": "kitti", "root": "/d/kitti", "layout": "semantickitti", "weight": 2.0},
+        ],
+    }
+    assert input_lines(meta) == [
+        "INPUT nusc: nuScenes dataroot, tables v1.0-mini, keyframe + 9 previous sweeps (/d/nusc)",
+        "INPUT kitti: SemanticKITTI sequences, no sweeps, weight 2 (/d/kitti)",
+    ]
+    assert input_lines(meta, {"nusc": 404})[0].endswith("(/d/nusc): 404 samples accepted")
+    assert input_lines(meta, {"nusc": 404})[1].endswith("(/d/kitti): 0 samples accepted")
+    assert counts_line(5, 4, 1, (0, 0), (2, 3)) == (
+        "scanned 5: accepted 4, rejected 1; 2-3 per epoch repeated to fill the last step (--pad)"
+    )
+
+
+def test_a_live_out_is_named_before_it_is_replaced(built: Path, tmp_path: Path, capsys) -> None:
+    from lidarshard.pipelines.understood import live_output, warn_live
+
+    assert live_output(str(tmp_path)) is None and live_output(str(tmp_path / "new")) is None
+    warn_live(str(built), "build")
+    err = capsys.readouterr().err
+    assert err.startswith(f"lidarshard build: warning: OUT {built} holds a published manifest: ")
+    assert "replaces it atomically" in err and "never a mix" in err and len(err.splitlines()) == 1
+
+
+def test_a_batch_larger_than_a_known_pool_is_refused_before_beam(built: Path, tmp_path: Path, capsys) -> None:
+    """``--from-samples`` and a table know their row count: 40 samples, W*B = 200, one line, no Beam."""
+    import numpy as np
+    import pyarrow as pa
+
+    import lidarshard
+    from lidarshard.pipelines.flags import UsageError
+    from lidarshard.pipelines.options import BuildOptions
+    from lidarshard.pipelines.settings import check_plan_size, plan_config
+
+    out = tmp_path / "again"
+    argv = ["build", str(out), "--from-samples", str(built / schemas.SAMPLES_DIR), "--world-size", "1"]
+    assert main([*argv, "--batch-size", "200"]) == 2
+    (line,) = [e for e in capsys.readouterr().err.splitlines() if "error:" in e]
+    assert line.endswith(
+        f"--world-size 1 x --batch-size 200 = 200 samples per step, but --from-samples {built / 'samples'} holds "
+        "40: every sample would be dropped; use --pad or a smaller --world-size/--batch-size"
+    )
+    table = pa.table(
+        {
+            "sample_id": [f"s{i}" for i in range(40)],
+            "path": [f"/d/{i}.bin" for i in range(40)],
+            "cost": np.ones(40),
+        }
+    )
+    with pytest.raises(UsageError, match="but the table holds 40: every sample would be dropped"):
+        lidarshard.write_manifest(table, str(out), 4, 50)
+    assert not out.exists()
+    for flags in (
+        {"pad": True},
+        {"strategy": "budget"},
+        {"bucket_weights": (1.0, 3.0)},
+    ):  # the planner's call
+        check_plan_size(
+            plan_config(BuildOptions.from_keywords({"world_size": 1, "batch_size": 200} | flags)), 40
+        )

@@ -297,3 +297,15 @@ def test_beam_root_logger_records_follow_the_beam_level() -> None:
     assert debug.filter(record("root", beam_file, logging.WARNING))
     assert quiet.filter(record("root", "/work/train.py", logging.WARNING))  # a user's own root records stay
     assert quiet.filter(record("lidarshard", beam_file, logging.INFO))
+
+
+def test_one_line_drops_the_class_paths_beam_wraps_around_an_error() -> None:
+    from lidarshard.pipelines.cli import one_line
+
+    wrapped = RuntimeError(
+        "Traceback (most recent call last):\n  File x\n"
+        "RuntimeError: lidarshard.transforms.features.accounting.TooManyRejects: 2 of 2 inputs rejected "
+        "(nothing left to plan): truncated: 2 [while running 'Build/Settle']"
+    )
+    assert one_line(wrapped) == "2 of 2 inputs rejected (nothing left to plan): truncated: 2"
+    assert one_line(ValueError("plain words: kept")) == "plain words: kept"

@@ -75,7 +75,11 @@ def test_a_default_build_prints_its_summary_and_nothing_else(dataroot: Path, no_
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""  # no worker, Beam or progress line (stderr is not a terminal)
     lines = r.stdout.splitlines()
-    assert lines[0] == "scanned 4: accepted 4, rejected 0"
+    assert (
+        lines[0]
+        == f"INPUT dataroot: nuScenes dataroot, tables v1.0-synth, no sweeps ({dataroot}): 4 samples accepted"
+    )
+    assert lines[1] == "scanned 4: accepted 4, rejected 0"
     assert "a random plan's" in lines[-2] and lines[-1] == f"wrote {dataroot.parent / 'ok'}"
 
 

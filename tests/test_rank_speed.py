@@ -148,3 +148,48 @@ def test_a_speed_file_that_is_a_directory_is_a_value_error(tmp_path) -> None:
 
     with pytest.raises(ValueError, match="is a directory"):
         parse_rank_speed(f"@{tmp_path}")
+
+
+def test_plain_words_use_the_measure_a_speed_plan_optimised(tmp_path: Path, capsys) -> None:
+    """Issue 36: for ``--strategy budget --rank-speed 1,1,0.6,0.6`` the build's summary and the report say
+    "predicted time ...x a random plan's" on the ranks' times (speed_linearity against the random plan's
+    random_speed_linearity, both recorded and re-derived by validate), every number as the manifest holds it."""
+    from lidarshard.pipelines.build import print_summary
+    from lidarshard.tools.report import load, summarize
+
+    out = tmp_path / "m"
+    lidarshard.write_manifest(_table(), str(out), 4, 4, epochs=2, strategy="budget", rank_speed="1,1,0.6,0.6")
+    raw = json.loads((out / "_manifest.json").read_text())
+    assert validate(str(out))[0] == []
+    print_summary(str(out))
+    printed = capsys.readouterr().out.splitlines()
+    reported = summarize(load(str(out)))
+    for b in raw["balance"]:
+        lin, rnd = b["speed_linearity"], b["random_speed_linearity"]
+        assert lin > b["linearity"] and rnd < lin  # the plan balanced the times, not the costs
+        ratio = rnd / lin
+        line = (
+            f"epoch {b['epoch']}: predicted time at the ranks' speeds {ratio:.2f}x a random plan's "
+            f"({round(100 * (1 - ratio))}% less time): ranks wait {100 * (1 - lin):.1f}% of it instead of "
+            f"{100 * (1 - rnd):.1f}%"
+        )
+        assert line in printed and line in reported
+        (row,) = [r for r in reported if r.startswith(f"epoch {b['epoch']}: linearity ")]
+        assert row.endswith(f"; at the ranks' speeds {lin:.3f} (random {rnd:.3f})")
+    speeds = [r for r in printed if r.startswith("rank speeds 1,1,0.6,0.6: ")]
+    lins = ", ".join(f"{b['speed_linearity']:.4f}" for b in raw["balance"])
+    rnds = ", ".join(f"{b['random_speed_linearity']:.4f}" for b in raw["balance"])
+    assert speeds == [
+        f"rank speeds 1,1,0.6,0.6: linearity of the ranks' times (cost / speed) per epoch {lins} (random {rnds})"
+    ]
+    # a forged random_speed_linearity is caught by validate; a manifest written before it was recorded
+    # is worded on the speed-blind numbers and still validates
+    raw["balance"][0]["random_speed_linearity"] = 0.5
+    (out / "_manifest.json").write_text(json.dumps(raw))
+    assert "balance.random_speed_linearity" in " ".join(validate(str(out))[0])
+    for b in raw["balance"]:
+        del b["random_speed_linearity"]
+    (out / "_manifest.json").write_text(json.dumps(raw))
+    assert [p for p in validate(str(out))[0] if "random_speed" in p] == []
+    print_summary(str(out))
+    assert "at the ranks' speeds" not in capsys.readouterr().out

@@ -125,3 +125,32 @@ def test_report_with_recorder_files_shows_measured_idle_and_max_mean(
     found = re.search(r"this plan ([0-9.]+)% idle, a random plan ([0-9.]+)%", line)
     assert found and float(found[1]) < float(found[2]), line  # balance bought time on the measured model too
     assert (dest / "idle.png").read_bytes()[:8] == PNG
+
+
+def test_every_epoch_is_plotted_and_no_empty_rejects_panel(tmp_path: Path, capsys) -> None:
+    """Issue 39: the per-step figures of every epoch (or of --epoch alone), each captioned with its
+    epoch; a manifest without rejects gets no rejects figure."""
+    import pyarrow as pa
+
+    import lidarshard
+
+    n = 48
+    ids = [f"s{i:02d}" for i in range(n)]
+    costs = np.random.default_rng(3).lognormal(0.0, 0.6, n)
+    table = pa.table({"sample_id": ids, "path": [f"/d/{i}.bin" for i in ids], "cost": costs})
+    out = tmp_path / "m"
+    lidarshard.write_manifest(table, str(out), 2, 2, epochs=3)
+    assert cli_main(["report", str(out)]) == 0
+    folder = out / report.REPORT_DIR
+    names = {p.name for p in folder.iterdir()}
+    per_epoch = {
+        f"{stem}{tail}.png" for stem in ("step_balance", "buckets") for tail in ("", "-epoch-1", "-epoch-2")
+    }
+    assert per_epoch <= names and "rejects.png" not in names
+    page = (folder / "report.html").read_text()
+    assert all(f'src="{name}"' in page for name in per_epoch) and 'src="rejects.png"' not in page
+    assert "<figcaption>Epoch 2: Slowest and mean rank load" in page
+    assert cli_main(["report", str(out), "--epoch", "1", "--output-dir", str(tmp_path / "one")]) == 0
+    one = {p.name for p in (tmp_path / "one").iterdir()}
+    assert {"step_balance.png", "buckets.png"} <= one and not any("-epoch-" in name for name in one)
+    capsys.readouterr()

@@ -155,7 +155,12 @@ def rank_totals(chosen: NDArray[np.float64], baseline: NDArray[np.float64], stra
                     pos, dev, "x", color=f"C{i}", mew=2, label=f"random, epoch {i}: within ±{spread:.1f}%"
                 )
     ax.axhline(0.0, color="black", lw=0.8)
-    ax.set_xticks(x, [str(r) for r in x] if w <= 32 else None)
+    if w <= 32:
+        ax.set_xticks(x, [str(r) for r in x])
+    else:  # a label per rank would overlap: a few integer ticks
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("rank")
     ax.set_ylabel("epoch total vs mean rank (%)")
     ax.set_title("Per-rank total load per epoch (predicted cost)")

@@ -14,7 +14,6 @@ Python, no Beam pipeline.
 from __future__ import annotations
 
 import argparse
-import html
 import sys
 from dataclasses import dataclass, field
 
@@ -30,11 +29,12 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools import balance, plots
 from lidarshard.tools import fit as cal
 from lidarshard.tools.outputs import check_output_path
+from lidarshard.tools.report_page import epoch_figure, page
 from lidarshard.tools.timings import Timings, fit_cost, observe, read_timings_at
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned, plan_samples
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.plan.metrics import COLUMNS, load_linearity, plan_buys, rank_costs
+from lidarshard.transforms.plan.metrics import load_linearity, plan_buys, rank_costs
 
 __all__ = [
     "run",
@@ -248,6 +248,7 @@ def summarize(data: ReportData) -> list[str]:
         f"plan {m.strategy}: world size {m.world_size}, batch {m.batch_size}, "
         f"{m.epochs} epoch(s) of {list(m.steps_per_epoch)} steps",
     ]
+    speeds = np.asarray(m.rank_speed or 1.0, dtype=np.float64)  # the ranks' times: cost / speed
     for e, (ch, rnd) in enumerate(zip(data.chosen, data.baseline, strict=True)):
         worst = (ch.max(axis=1) / np.maximum(ch.mean(axis=1), 1e-300)).max(initial=1.0)
         worst_r = (rnd.max(axis=1) / np.maximum(rnd.mean(axis=1), 1e-300)).max(initial=1.0)
@@ -255,7 +256,9 @@ def summarize(data: ReportData) -> list[str]:
             f"epoch {e}: linearity {load_linearity(ch):.3f} (random {load_linearity(rnd):.3f}); worst step max/mean "
             f"{worst:.2f} (random {worst_r:.2f}); rank totals within {_spread(ch):.1f}% "
             f"(random {_spread(rnd):.1f}%)"
-        )
+            + ("" if m.rank_speed is None else f"; at the ranks' speeds {load_linearity(ch / speeds):.3f} "
+               f"(random {load_linearity(rnd / speeds):.3f})")
+        )  # fmt: skip
     rep = m.repeat
     if rep:
         ids = data.samples.column("bucket_id").to_numpy()
@@ -269,63 +272,12 @@ def summarize(data: ReportData) -> list[str]:
     return lines
 
 
-_FIGURES = [
-    ("sizes.png", "Predicted cost per sample, coloured by bucket; dashed lines are the bucket edges."),
-    (
-        "step_balance.png",
-        "Slowest and mean rank load at every step (top) and their ratio (bottom): the chosen plan "
-        "vs a random plan of the same pool. DDP waits for the slowest rank, so a ratio of 1.0 is "
-        "ideal; a cheap step weighs little in the linearity.",
-    ),
-    ("rank_totals.png", "Each rank's total predicted cost per epoch relative to the mean rank."),
-    ("buckets.png", "How many samples of each cost bucket every step holds (all ranks together)."),
-    ("rejects.png", "Inputs left out of the manifest, by reason (details in rejects.parquet)."),
-    (
-        "repeat.png",
-        "Repeat factors / sample weights: expected copies per epoch of the samples holding each lidarseg "
-        "class (or of all samples), and the copies each epoch's seeded stochastic rounding realized.",
-    ),
-    (
-        "predicted_vs_measured.png",
-        "Predicted cost vs measured time from the timings CSV: a straight, "
-        "tight cloud means the cost model ranks samples the way the hardware does.",
-    ),
-]
-
-
-#: The report's own numbers (beside the build's, ``metrics.COLUMNS``): name as printed -> meaning.
-REPORT_COLUMNS = {
-    "worst step max/mean": "the slowest rank's cost / the mean rank's at the most uneven step of the epoch",
-    "rank totals within": "the largest difference of one rank's total cost over the epoch from the mean rank's",
-}
-
-
-def _html(out: str, lines: list[str], names: set[str], lead: int) -> bytes:
-    """The page: the first ``lead`` lines (what the plan buys) as its opening paragraph, the rest of the
-    summary, the figures, and what each number means."""
-    m = html.escape
-    figs = "".join(
-        f'<figure><img src="{name}" alt="{m(name)}"><figcaption>{m(cap)}</figcaption></figure>\n'
-        for name, cap in _FIGURES
-        if name in names
-    )
-    words = "".join(f"<dt>{m(k)}</dt><dd>{m(v)}</dd>" for k, v in (COLUMNS | REPORT_COLUMNS).items())
-    body = (
-        "<!doctype html>\n<html><head><meta charset='utf-8'><title>lidarshard report</title>\n"
-        "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}"
-        "pre{background:#f4f4f4;padding:1em;white-space:pre-wrap}img{max-width:100%}"
-        "figure{margin:2em 0}figcaption{color:#555;font-size:90%}dt{font-weight:bold}"
-        "dd{margin:0 0 .6em 1.5em}#buys{font-size:110%}</style></head><body>\n"
-        f"<h1>lidarshard report</h1>\n<p id='buys'>{'<br>'.join(map(m, lines[:lead]))}</p>\n"
-        f"<p>{m(out)}</p>\n<pre>{m(chr(10).join(lines[lead:]))}</pre>\n{figs}"
-        f"<h2>What the numbers mean</h2>\n<dl>{words}</dl>\n</body></html>\n"
-    )
-    return body.encode()
-
-
-def write_report(data: ReportData, out: str, directory: str, epoch: int, timings: str | None) -> list[str]:
-    """Render every figure and the HTML page into ``directory``; returns the summary lines."""
-    if not 0 <= epoch < len(data.chosen):
+def write_report(
+    data: ReportData, out: str, directory: str, epoch: int | None, timings: str | None
+) -> list[str]:
+    """Render every figure and the HTML page into ``directory``; returns the summary lines. ``epoch``: the
+    epoch of the per-step figures (None: every epoch, up to ``plots.MAX_EPOCH_BARS``)."""
+    if epoch is not None and not 0 <= epoch < len(data.chosen):
         raise ValueError(f"--epoch {epoch} not in 0..{len(data.chosen) - 1}")
     m = data.manifest
     unit = cost_unit(m)
@@ -337,25 +289,33 @@ def write_report(data: ReportData, out: str, directory: str, epoch: int, timings
             np.asarray(m.buckets.edges, dtype=np.float64),
             unit,
         ),
-        "step_balance.png": plots.step_balance(
-            data.chosen[epoch], data.baseline[epoch], m.strategy, epoch, unit
-        ),
         "rank_totals.png": plots.rank_totals(
             np.stack([c.sum(axis=0) for c in data.chosen]),
             np.stack([c.sum(axis=0) for c in data.baseline]),
             m.strategy,
         ),
-        "buckets.png": plots.bucket_composition(_step_buckets(data, epoch), epoch),
-        "rejects.png": plots.rejects_by_reason(data.reasons),
     }
+    if data.reasons:  # no empty panel when nothing was rejected (the summary says "0 rejected")
+        files["rejects.png"] = plots.rejects_by_reason(data.reasons)
+    shown = range(min(len(data.chosen), plots.MAX_EPOCH_BARS)) if epoch is None else [epoch]
+    for e in shown:  # every epoch's per-step figures (or --epoch's): the first as step_balance.png
+        at = e == shown[0]
+        files[epoch_figure("step_balance.png", e, at)] = plots.step_balance(
+            data.chosen[e], data.baseline[e], m.strategy, e, unit
+        )
+        files[epoch_figure("buckets.png", e, at)] = plots.bucket_composition(_step_buckets(data, e), e)
+    if len(shown) < len(data.chosen):
+        lines.append(
+            f"per-step figures of epochs 0-{shown[-1]} of {len(data.chosen)}: --epoch E shows another"
+        )
     if m.repeat:
         rep = m.repeat
         files["repeat.png"] = plots.repeat_counts(rep.expected, rep.realized, rep.mode)
     if timings:
-        figs, more = _timings(data, timings, epoch)
+        figs, more = _timings(data, timings, shown[0])
         files |= figs
         lines += more
-    files["report.html"] = _html(out, lines, set(files), len(plan_in_words(m)))
+    files["report.html"] = page(out, lines, set(files), len(plan_in_words(m)))
     for name, content in files.items():
         storage.write_bytes(storage.join(directory, name), content)
     return lines
@@ -371,7 +331,12 @@ def run(argv: list[str] | None = None) -> int:
         help="the training recorder's timings-rank-*.parquet (a directory or one file), or a CSV of "
         "measured ms (sample_id and/or step, rank): adds predicted vs measured and the measured linearity",
     )
-    parser.add_argument("--epoch", type=int, default=0, help="epoch for the per-step plots (0)")
+    parser.add_argument(
+        "--epoch",
+        type=int,
+        default=None,
+        help="the one epoch of the per-step plots (default: every epoch, up to 8)",
+    )
     parser.add_argument("--output-dir", help=f"where to write (default OUT/{REPORT_DIR})")
     args = parser.parse_args(argv)
     directory = args.output_dir or f"{args.out.rstrip('/')}/{REPORT_DIR}"

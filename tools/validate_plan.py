@@ -322,10 +322,11 @@ def check_epoch(
     again = balance_summary(
         in_pool, costs, w, b, baseline=np.empty((0, w, b), np.int64), epoch=e, speeds=m.rank_speed
     )
-    del again["random_linearity"]  # of the empty baseline
-    if derived is not None:
-        again["random_linearity"] = derived.stats["random_linearity"]
     recorded = m.balance[e]
+    for key in ("random_linearity", "random_speed_linearity"):  # of the empty baseline: the derived one's
+        again.pop(key, None)
+        if derived is not None and key in derived.stats and (key in recorded or key == "random_linearity"):
+            again[key] = derived.stats[key]  # absent from manifests written before it was
     for key, value in again.items():
         got = balance_value(recorded, key)  # older 3.x manifests call greedy_reference bound
         if got is None or not abs(got - value) <= 1e-6:

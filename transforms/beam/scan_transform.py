@@ -276,10 +276,11 @@ class ScanSamples(beam.PTransform):
     rows sorted by sample_id as samples parts ``parts_dir/part-NNNNN.parquet`` of about ``part_rows``
     rows, written in parallel from hash-shard scratch files under ``work_dir`` (``shard_path``; the
     caller removes them); the rejects table. With several INPUTs each sample_id is prefixed with its
-    dataset's name."""
+    dataset's name. ``opts`` shapes every layout INPUT's tasks, or is {INPUT name: options}."""
 
     def __init__(
-        self, datasets: Sequence[Dataset], opts: LayoutOptions, cfg: ScanConfig, work_dir: str, parts_dir: str,
+        self, datasets: Sequence[Dataset], opts: LayoutOptions | Mapping[str, LayoutOptions], cfg: ScanConfig,
+        work_dir: str, parts_dir: str,
         part_rows: int, label_maps: Mapping[str, Mapping[int, int]] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
@@ -290,10 +291,11 @@ class ScanSamples(beam.PTransform):
     def _found(self, pbegin: beam.pvalue.PBegin, d: Dataset, step: str) -> tuple:
         """(tasks, rejects) of one INPUT."""
         if d.layout != layouts.FILES:
+            opts = self._opts[d.name] if isinstance(self._opts, Mapping) else self._opts  # one per INPUT
             found = (
                 pbegin
                 | f"{step}Root" >> beam.Create([d.root.rstrip("/")])
-                | f"{step}Load" >> beam.ParDo(_LoadLayout(d.layout, self._opts))
+                | f"{step}Load" >> beam.ParDo(_LoadLayout(d.layout, opts))
                 | f"{step}SplitFound" >> SplitTags("tasks", "rejects")
             )
             return found["tasks"], found["rejects"]

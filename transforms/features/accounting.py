@@ -88,15 +88,10 @@ def counts_of(
     if rejected > max_reject_fraction * scanned or (plan and rejected and not accepted):
         summary = ", ".join(f"{r}: {n}" for r, n in sorted(by_reason.items()))
         bound = "nothing left to plan" if not accepted else f"> --max-reject-fraction {max_reject_fraction}"
-        examples = "; ".join(
-            f"{p}: {r} ({d})"
-            for p, r, d in zip(
-                *(rejects.column(c).to_pylist()[:3] for c in ("path", "reason", "detail")), strict=True
-            )
-        )
+        path, reason, detail = (rejects.column(c)[0].as_py() for c in ("path", "reason", "detail"))
+        first = f"{path}: {reason}" + (f" ({detail})" if detail else "")  # whole: a detail may hold "; "
         raise TooManyRejects(
-            f"{rejected} of {scanned} inputs rejected ({bound}): {summary}; first: {examples.split('; ')[0]}",
-            rejects,
+            f"{rejected} of {scanned} inputs rejected ({bound}): {summary}; first: {first}", rejects
         )
     return {
         "scanned": scanned,

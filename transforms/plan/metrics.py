@@ -202,7 +202,7 @@ def balance_summary(
     ``spearman_step_cost``, ``worst_step_linearity`` (min over steps of mean/max rank cost),
     ``rank_total_cv`` (coefficient of variation of per-rank epoch totals), ``mean_count`` and
     ``max_count`` (samples per rank-step); with rank ``speeds`` (W,) also ``speed_linearity``, the
-    linearity of the ranks' times ``cost / speed``. With variable counts (``-1`` pads, any pool size) the
+    linearity of the ranks' times ``cost / speed``, and ``random_speed_linearity``, that of ``baseline``. With variable counts (``-1`` pads, any pool size) the
     equal-count ``greedy_reference`` and ``random_linearity`` use the pool's first ``P - P % (W*B)`` entries.
     """
     rc = rank_costs(plan, costs)
@@ -222,6 +222,7 @@ def balance_summary(
     }
     if speeds is not None:
         values["speed_linearity"] = speed_linearity(plan, costs, speeds)
+        values["random_speed_linearity"] = speed_linearity(baseline, fitted, speeds)
     counts = (plan >= 0).sum(axis=-1)
     out: dict[str, float | int] = {"epoch": int(epoch), "steps": int(plan.shape[0])}
     out["max_count"] = int(counts.max(initial=0))
@@ -248,10 +249,14 @@ def plan_buys(entry: Mapping[str, Any]) -> str | None:
 
     Time for the same work is proportional to ``1 / linearity``, so the ratio is
     ``random_linearity / linearity``: ``"epoch 0: predicted time 0.86x a random plan's (14% less time):
-    ranks wait 4.2% of it instead of 17.7%"``.
+    ranks wait 4.2% of it instead of 17.7%"``. A plan of ``--rank-speed`` is worded on the measure it
+    optimised, the ranks' times ``cost / speed`` (``speed_linearity`` against ``random_speed_linearity``),
+    and says so ("at the ranks' speeds").
     """
+    speeds = "speed_linearity" in entry and "random_speed_linearity" in entry
+    keys = ("speed_linearity", "random_speed_linearity") if speeds else ("linearity", "random_linearity")
     try:
-        lin, rnd = balance_value(entry, "linearity"), balance_value(entry, "random_linearity")
+        lin, rnd = (balance_value(entry, k) for k in keys)
     except (TypeError, ValueError):
         return None
     if lin is None or rnd is None or lin <= 0:
@@ -264,7 +269,10 @@ def plan_buys(entry: Mapping[str, Any]) -> str | None:
         how = f"{ratio:.2f}x a random plan's ({abs(change)}% {'less' if change > 0 else 'more'} time)"
     wait, random_wait = 100 * (1 - lin), 100 * (1 - rnd)
     epoch = entry.get("epoch", "?")
-    return f"epoch {epoch}: predicted time {how}: ranks wait {wait:.1f}% of it instead of {random_wait:.1f}%"
+    at = " at the ranks' speeds" if speeds else ""
+    return (
+        f"epoch {epoch}: predicted time{at} {how}: ranks wait {wait:.1f}% of it instead of {random_wait:.1f}%"
+    )
 
 
 #: What each number of the build's summary (and the report) means: name as printed -> meaning.
@@ -288,5 +296,6 @@ COLUMNS: dict[str, str] = {
     "again in epoch 1; random's rate is the floor (about (W*B-1)/(N-1)), higher = batches repeat "
     "between epochs",
     "predicted time": "random linearity / linearity: the plan's predicted training time for the same "
-    "work as a multiple of a random plan's; ranks wait 1 - linearity of it",
+    "work as a multiple of a random plan's; ranks wait 1 - linearity of it. With --rank-speed both "
+    "linearities are of the ranks' times (cost / speed), the measure such a plan optimises",
 }

@@ -1,0 +1,121 @@
+"""What a run understood, in plain words: each INPUT's layout and sweeps, the counts with what the
+plan dropped or repeated, and a warning before a run replaces a live manifest.
+
+``scan`` and ``build`` print these lines; they are computed from what the run recorded (``_scan.json``,
+the manifest's provenance and counts), so what is printed is what was done.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow.compute as pc
+
+from lidarshard import schemas
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.layouts import FILES
+
+__all__ = [
+    "TITLES",
+    "sweeps_of",
+    "accepted_by_input",
+    "input_lines",
+    "counts_line",
+    "live_output",
+    "warn_live",
+]
+
+#: What each layout reads, as a person would say it.
+TITLES = {
+    "nuscenes": "nuScenes dataroot",
+    "av2": "Argoverse 2 sensor logs",
+    "semantickitti": "SemanticKITTI sequences",
+    "waymo_v2": "Waymo Open v2 components",
+    FILES: "point-cloud files",
+}
+
+
+def sweeps_of(sweeps: int | Mapping[str, int] | None, name: str) -> int:
+    """Previous sweeps aggregated for INPUT ``name``: ``sweeps`` is one count for every INPUT or
+    {name: count} (``--sweeps nusc=9,kitti=0``; an INPUT not named gets 0)."""
+    if isinstance(sweeps, Mapping):
+        return int(sweeps.get(name, 0))
+    return int(sweeps or 0)
+
+
+def accepted_by_input(out: str) -> dict[str, int]:
+    """{INPUT name: samples accepted} of the published scan or manifest ``out`` (its samples' ``dataset``
+    column; empty when the samples name none, e.g. a ``write_manifest`` table)."""
+    from lidarshard.transforms.io.parts import read_parts, samples_files
+
+    try:
+        files = samples_files(storage.join(out, schemas.SAMPLES_DIR))
+        names = read_parts(files, ["dataset"]).column("dataset") if files else None
+    except (OSError, ValueError, KeyError):  # no samples folder, or samples of before the column
+        return {}
+    if names is None or names.null_count == len(names):
+        return {}
+    counts = pc.value_counts(names.drop_null()).to_pylist()
+    return {c["values"]: c["counts"] for c in counts}
+
+
+def input_lines(meta: Mapping[str, Any], accepted: Mapping[str, int] | None = None) -> list[str]:
+    """One line per INPUT of a run's metadata (``_scan.json`` or a manifest's provenance), with its
+    ``accepted`` count when given: ``INPUT nusc: nuScenes dataroot, tables v1.0-mini, keyframe + 9
+    previous sweeps (/data/nuscenes): 404 samples accepted``."""
+    lines = []
+    for d in meta.get("datasets") or []:
+        layout = d.get("layout", FILES)
+        what = TITLES.get(layout, layout) + (", one sample each" if layout == FILES else "")
+        if layout == "nuscenes" and meta.get("nuscenes_version"):
+            what += f", tables {meta['nuscenes_version']}"
+        if layout != FILES:
+            n = sweeps_of(meta.get("sweeps"), d.get("name", ""))
+            what += f", keyframe + {n} previous sweep{'s' * (n != 1)}" if n else ", no sweeps"
+        weight = d.get("weight", 1.0)
+        if weight != 1.0:
+            what += f", weight {weight:g}"
+        line = f"INPUT {d.get('name')}: {what} ({d.get('root')})"
+        if accepted:  # empty: not known
+            n = accepted.get(d.get("name"), 0)
+            line += f": {n} sample{'s' * (n != 1)} accepted"
+        lines.append(line)
+    return lines
+
+
+def counts_line(
+    scanned: int, accepted: int, rejected: int, dropped: Sequence[int] = (), padded: Sequence[int] = ()
+) -> str:
+    """``scanned 3: accepted 3, rejected 0; 1 dropped to fill whole steps (--pad keeps them)``;
+    ``dropped`` / ``padded``: samples per epoch the plan left out / repeated to fill whole steps."""
+    line = f"scanned {scanned}: accepted {accepted}, rejected {rejected}"
+    if any(dropped):
+        line += f"; {_per_epoch(dropped)} dropped to fill whole steps (--pad keeps them)"
+    if any(padded):
+        line += f"; {_per_epoch(padded)} repeated to fill the last step (--pad)"
+    return line
+
+
+def _per_epoch(values: Sequence[int]) -> str:
+    """``3`` when every epoch has 3, else ``2-4 per epoch``."""
+    lo, hi = min(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo}-{hi} per epoch"
+
+
+def live_output(out: str) -> str | None:
+    """The warning for an OUT that holds a published manifest or scan (None: nothing published there)."""
+    if not storage.exists(storage.join(out, schemas.SUCCESS_FILE)):
+        return None
+    return (
+        f"OUT {out} holds a published manifest: this run replaces it atomically when it succeeds "
+        "(a reader sees wholly the old or the new one, never a mix) and leaves it as it is when it fails"
+    )
+
+
+def warn_live(out: str, command: str) -> None:
+    """Print ``live_output``'s warning (if any) on stderr, before the run starts."""
+    warning = live_output(out)
+    if warning:
+        print(f"lidarshard {command}: warning: {warning}", file=sys.stderr)
