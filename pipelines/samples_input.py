@@ -61,7 +61,9 @@ def _check_counts(table: pa.Table) -> None:
             given = np.ones(values.shape, bool)
         i = _first(given & (values < 0))
         if i is not None:
-            raise UsageError(f"samples: {_row(table, i)} has {name} {int(values[i])}: a count, never negative")
+            raise UsageError(
+                f"samples: {_row(table, i)} has {name} {int(values[i])}: a count, never negative"
+            )
 
 
 def _model_columns(table: pa.Table, model: CostModel) -> list[str]:
