@@ -86,19 +86,25 @@ ROWS: dict[str, tuple[Callable[[list[dict]], list[dict]], str | None, str]] = {
 }
 
 
+@pytest.fixture
+def no_beam(monkeypatch) -> None:
+    """The case must be refused before the build launches Beam."""
+
+    def launched(*args, **kwargs):
+        raise AssertionError("Beam started")
+
+    monkeypatch.setattr(build_cmd, "launch_build", launched)
+
+
 def _one_line(text: str) -> str:
     assert text and "\n" not in text and "Traceback" not in text and "[while running" not in text, text
     return text
 
 
 @pytest.mark.parametrize("case", sorted(ROWS))
-def test_bad_rows_are_one_line_naming_the_row_before_beam(tmp_path: Path, capfd, monkeypatch, case) -> None:
+def test_bad_rows_are_one_line_naming_the_row_before_beam(tmp_path: Path, capfd, no_beam, case) -> None:
     edit, model, says = ROWS[case]
 
-    def no_beam(*args, **kwargs):
-        raise AssertionError("Beam started")
-
-    monkeypatch.setattr(build_cmd, "launch_build", no_beam)
     rows = edit(_rows())
     samples = rows
     if case == "empty_table":
@@ -217,13 +223,9 @@ PLAN = ["--world-size", "1", "--batch-size", "1", "--max-reject-fraction", "0.5"
 
 
 @pytest.mark.parametrize("case", sorted(INPUTS))
-def test_bad_inputs_are_one_usage_line_before_beam(inputs: Path, capfd, monkeypatch, case) -> None:
+def test_bad_inputs_are_one_usage_line_before_beam(inputs: Path, capfd, monkeypatch, no_beam, case) -> None:
     given, flags, says = INPUTS[case]
 
-    def no_beam(*args, **kwargs):
-        raise AssertionError("Beam started")
-
-    monkeypatch.setattr(build_cmd, "launch_build", no_beam)
     monkeypatch.chdir(inputs)
     assert cli_main(["build", *given, "out", *flags, *PLAN]) == 2
     err = capfd.readouterr().err.splitlines()
