@@ -122,7 +122,7 @@ def _beam_output_held() -> Iterator[None]:
     Raises:
         UsageError: as raised inside (a check before Beam).
         Exception: the run failed: the same type with the one line (``RuntimeError`` when that type
-            takes no message).
+            does not show the line as given).
     """
     beam, root = logging.getLogger("apache_beam"), logging.getLogger()
     held, hidden, propagate = _HeldBeamRecords(), BeamRootRecords(logging.CRITICAL + 1), beam.propagate
@@ -157,9 +157,10 @@ def _one_line_error(e: Exception) -> Exception:
     """``e`` with its message cut to the one line a person needs (``cli.one_line``)."""
     line = one_line(e)
     try:
-        return type(e)(line)
+        same = type(e)(line)
     except Exception:
         return RuntimeError(line)
+    return same if str(same) == line else RuntimeError(line)  # BeamIOError appends its exceptions
 
 
 def _run(
