@@ -21,12 +21,7 @@ Needs Apache Beam (``pip install "lidarshard[pipeline]"``); ``import lidarshard`
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,8 +31,8 @@ import pyarrow.compute as pc
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cmd
 from lidarshard.pipelines import launch
+from lidarshard.pipelines.api_output import beam_output_held
 from lidarshard.pipelines.checks import check_locations
-from lidarshard.pipelines.cli import BeamRootRecords, one_line
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import BuildOptions, table_keys
 from lidarshard.pipelines.preflight import build_settings, table_settings
@@ -102,67 +97,6 @@ def build(
     return _run(opts, [*inputs, out], runner, pipeline_args)
 
 
-class _HeldBeamRecords(logging.Handler):
-    """Beam's log records of one API run, re-logged at DEBUG on ``lidarshard.beam``."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        _BEAM_LOG.debug("%s: %s", record.name, record.getMessage(), exc_info=record.exc_info)
-
-
-_BEAM_LOG = logging.getLogger("lidarshard.beam")
-
-
-@contextmanager
-def _beam_output_held() -> Iterator[None]:
-    """Around one API run: nothing of Beam's reaches the caller's stderr. Beam's logger (and its records on
-    the root logger, ``BeamRootRecords``) and file descriptor 2 (what worker processes and the SDK harness
-    write, as ``cli.running`` hides it for the command) go to the ``lidarshard.beam`` logger at DEBUG;
-    a failed run raises its innermost error as one line (``cli.one_line``), the original logged there too.
-
-    Raises:
-        UsageError: as raised inside (a check before Beam).
-        Exception: the run failed: the same type with the one line (``RuntimeError`` when that type
-            does not show the line as given).
-    """
-    beam, root = logging.getLogger("apache_beam"), logging.getLogger()
-    held, hidden, propagate = _HeldBeamRecords(), BeamRootRecords(logging.CRITICAL + 1), beam.propagate
-    beam.addHandler(held)
-    beam.propagate = False
-    root.addFilter(hidden)
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            yield
-        except UsageError:
-            raise
-        except Exception as e:
-            _BEAM_LOG.debug("the run failed", exc_info=e)
-            raise _one_line_error(e) from None
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            root.removeFilter(hidden)
-            beam.propagate = propagate
-            beam.removeHandler(held)
-            caught.seek(0)
-            text = caught.read().decode("utf-8", "replace")
-            if text:
-                _BEAM_LOG.debug("stderr of the run:\n%s", text)
-
-
-def _one_line_error(e: Exception) -> Exception:
-    """``e`` with its message cut to the one line a person needs (``cli.one_line``)."""
-    line = one_line(e)
-    try:
-        same = type(e)(line)
-    except Exception:
-        return RuntimeError(line)
-    return same if str(same) == line else RuntimeError(line)  # BeamIOError appends its exceptions
-
-
 def _run(
     opts: BuildOptions,
     paths: list[str],
@@ -176,7 +110,7 @@ def _run(
     settings = build_settings(opts, paths, dry_run, replan)
     if not dry_run:  # a dry run works offline
         check_locations(beam_argv)
-    with _beam_output_held():
+    with beam_output_held():
         built = build_cmd.launch_build(settings, beam_argv)
     if not built:
         return {"out": settings.output, "dry_run": True}
@@ -274,7 +208,7 @@ def write_manifest(
         storage.write_bytes(path, parquet_bytes(table))
         return Source((path,), rejects, ordered=True)
 
-    with _beam_output_held():
+    with beam_output_held():
         build_cmd.launch_build(settings, [], stage, launch.LOCAL_RUNNER)
     return summary(settings.output)
 

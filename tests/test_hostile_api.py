@@ -10,6 +10,7 @@ several INPUTs of one build, through ``lidarshard.pipelines.cli.main`` and ``lid
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -20,6 +21,7 @@ import pytest
 
 import lidarshard
 from lidarshard.pipelines import build as build_cmd
+from lidarshard.pipelines.api_output import BEAM_LOGGER
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.transforms.formats.discover import walk_local
@@ -183,6 +185,27 @@ def test_a_tampered_manifest_given_to_replan_is_one_line_and_nothing_on_stderr(
         lidarshard.replan(str(bad), str(tmp_path / "x"), 2, "linear:0,1,0", pipeline_args=flags)
     assert says in _one_line(str(e.value))
     assert capfd.readouterr().err == "" and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("flags", [BEAM_TEST_FLAGS, []], ids=["in_process", "worker_processes"])
+def test_what_beam_said_is_kept_at_debug_on_lidarshard_beam(
+    replanned: Path, tmp_path: Path, caplog, flags
+) -> None:
+    """Nothing of Beam's reaches stderr, and nothing is thrown away: its records, the worker processes'
+    stderr and the original error are on the ``lidarshard.beam`` logger at DEBUG."""
+    bad = tmp_path / "bad"
+    shutil.copytree(replanned, bad)
+    m = json.loads((bad / "_manifest.json").read_text())
+    _history_b(m)
+    (bad / "_manifest.json").write_text(json.dumps(m))
+    with (
+        caplog.at_level(logging.DEBUG, logger=BEAM_LOGGER),
+        pytest.raises((ValueError, RuntimeError), match="cannot be kept"),
+    ):
+        lidarshard.replan(str(bad), str(tmp_path / "x"), 2, "linear:0,1,0", pipeline_args=flags)
+    kept = [r for r in caplog.records if r.name == BEAM_LOGGER]
+    assert kept and all(r.levelno == logging.DEBUG for r in kept)
+    assert any(r.exc_info and "cannot be kept" in str(r.exc_info[1]) for r in kept)
 
 
 def test_replan_takes_an_untampered_copy(replanned: Path, tmp_path: Path) -> None:
