@@ -21,7 +21,7 @@ RELINK := $(MODULES) | cmp -s - $(VENV)/.modules || { echo "module files changed
 # package and `mypy -p lidarshard` would check lidarshard/__init__.py alone.
 MYPY := cd $(VENV) && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/pyproject.toml -p lidarshard
 
-.PHONY: setup demo test lint bench wheel clean
+.PHONY: setup demo test test-slow lint bench wheel clean
 
 # What the demo needs: the Beam pipeline and the report plots (no torch, no cloud SDKs).
 $(VENV)/.installed: pyproject.toml
@@ -70,12 +70,23 @@ lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff format --check .
 	$(MYPY)
 
+# Two lanes, each in TEST_WORKERS processes (pytest-xdist; --dist loadfile keeps a test module on one
+# worker, so its module-scoped fixtures, the Beam builds, are made once; TEST_WORKERS=0: one process).
+# `make test`: lint, then every test not marked slow (minutes). `make test-slow`: the tests marked slow
+# (trainer subprocesses under load, every Beam runner, clean installs of the wheel). .ci/run runs both.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+
 test: $(VENV)/.test-installed $(VENV)/.oracles
 	@$(RELINK)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(MYPY)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PYTEST) -m "not slow"
+
+test-slow: $(VENV)/.test-installed $(VENV)/.oracles
+	@$(RELINK)
+	$(PYTEST) -m slow
 
 # Every benchmark's smoke run first (tests/test_benchmarks.py, slow lane included: about 3 minutes), then
 # the figures of docs/BENCHMARKS.md at their sizes (about 10 minutes on 2 idle cores). A benchmark whose

@@ -18,11 +18,12 @@ from lidarshard import schemas
 from lidarshard.loaders.fetch import Fetcher, File, FileCache
 from lidarshard.loaders.points import Recorded, load_points, moved_hint
 from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
+from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.labels import decode_labels, label_format
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.paths import PathResolver
-from lidarshard.transforms.layouts import label_maps_of
+from lidarshard.transforms.layouts.multisweep import check_close_points, nan_rows, recorded_close_points
 
 try:
     import torch
@@ -39,8 +40,9 @@ VERIFY = ("size", "hash")
 #: Batches a worker reads ahead by default when the data is remote (local files: 0, no prefetch).
 REMOTE_PREFETCH = 4
 _COLUMNS = ["sample_id", "path", "sweep_paths", "sweep_transforms", "format", "label_path"]
-#: Columns schema 4.1 added: the sample's dataset (its label map) and row keys of multi-frame files.
-_LAYOUT_COLUMNS = ("dataset", "frame", "sweep_frames")
+#: Columns schema 4.1 added: the sample's dataset (its label map) and row keys of multi-frame files;
+#: 4.3: the sweeps' time lags.
+_LAYOUT_COLUMNS = ("dataset", "frame", "sweep_frames", "sweep_time_lags")
 
 
 class PointCloudDataset(Dataset[dict[str, Any]]):
@@ -78,6 +80,17 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         cache: a ``loaders.fetch.FileCache`` (a size-bounded local directory shared by the workers and
             ranks of a host) that remote files are kept in; an entry is used only when it matches the
             scan's record.
+        close_points: None (default) applies the close-point rule the scan recorded
+            (``scan_config.close_points``, ``multisweep.CLOSE_POINTS``), under which its size features
+            were computed; naming another rule is refused. Under ``"devkit"`` the keyframe loses rows,
+            so ``labels=True`` is refused (its labels would no longer line up).
+        time_lag: append the time-lag channel, the last column of ``points``: float32 seconds before
+            the keyframe (its rows 0, each sweep's rows its ``sweep_time_lags``), the fifth input of
+            multi-sweep detectors (CenterPoint, mmdet3d's nuScenes configs); every sample with sweeps
+            must record its lags (schema 4.3 scans).
+        keep_nan: keep the rows with a NaN in x, y or z (organised PCDs' no-return pixels, AV2 nulls).
+            Default: they are dropped, as open3d's ``remove_nan_points`` does (with their labels), and
+            ``points`` holds the rows the scan's ``num_points`` counts.
 
     Raises:
         ValueError: a samples part edited after the build (``read_samples``), sweep records not
@@ -101,6 +114,9 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         verify: str = "size",
         prefetch: int | None = None,
         cache: FileCache | None = None,
+        close_points: str | None = None,
+        time_lag: bool = False,
+        keep_nan: bool = False,
     ) -> None:
         if verify not in VERIFY:
             raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
@@ -121,7 +137,8 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
                 table = table.append_column(
                     name, pa.nulls(table.num_rows, schemas.sample_schema().field(name).type)
                 )
-        self._label_maps = label_maps_of(manifest.provenance.get("datasets") or [])
+        self._label_maps = label_maps(manifest.datasets)
+        self.close_points = _close_points(manifest.provenance, close_points, labels)
         table = _with_integrity(table.combine_chunks(), verify == "hash")
         problem = _misaligned(table)  # read_samples checked the parts' sha256 and path rules
         if problem:
@@ -142,6 +159,10 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
                 f'verify="hash": {unhashed} samples have no recorded {schemas.CONTENT_HASH} (first: {first}; '
                 'a --features stat scan, a 3.0 manifest or a table given to write_manifest); use verify="size"'
             )
+        if time_lag and sweeps:
+            _check_lags(table)
+        self.time_lag = time_lag
+        self.keep_nan = keep_nan
         self._ids = _column(table, "sample_id")
         # Per-sample paths, sizes and matrices stay in Arrow buffers: compact, and no Python objects
         # whose refcounts would un-share forked DataLoader workers' memory page by page.
@@ -234,17 +255,50 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
             [r for _, r in points_files],
             read=self._fetcher.read,
             frames=frames,
+            close_points=self.close_points,
+            time_lags=self._lags(i),
+            drop_nan=False,  # below, with the labels' rows
         )
-        item = {"index": int(i), "sample_id": self._ids[i].as_py(), "points": torch.from_numpy(points)}
+        labels = None
         if self._labels is not None:
             data = self._fetcher.read(*files[-1])
             label_map = self._label_maps.get(c["dataset"][i].as_py() or "")
-            item["labels"] = torch.from_numpy(_keyframe_labels(files[-1][0], data, len(points), label_map))
+            labels = _keyframe_labels(files[-1][0], data, len(points), label_map)
+        if not self.keep_nan:
+            nan = nan_rows(points)
+            if nan.any():
+                points = points[~nan]
+                labels = labels[~nan] if labels is not None else None
+        item = {"index": int(i), "sample_id": self._ids[i].as_py(), "points": torch.from_numpy(points)}
+        if labels is not None:
+            item["labels"] = torch.from_numpy(labels)
         return item
+
+    def _lags(self, i: int) -> list[float] | None:
+        """Sample ``i``'s sweep time lags (s) when the time-lag channel is asked for, else None."""
+        if not self.time_lag:
+            return None
+        return (self._cols["sweep_time_lags"][i].as_py() or []) if self.sweeps else []
 
 
 #: The columns ``__getitem__`` reads, kept as Arrow arrays.
 _KEPT = ("path", "format", "sweep_paths", *schemas.INTEGRITY_FIELDS)
+
+
+def _close_points(provenance: Mapping[str, Any], given: str | None, labels: bool) -> str:
+    """The close-point rule to apply: the one the scan recorded; ``given`` must be that one (or None)."""
+    rule = recorded_close_points(provenance)
+    if given is not None and check_close_points(given) != rule:
+        raise ValueError(
+            f"close_points={given!r}: this manifest's size features were computed under {rule!r} "
+            f"(scan_config.close_points); rebuild with --close-points {given}, or leave close_points unset"
+        )
+    if labels and rule == "devkit":
+        raise ValueError(
+            "labels=True: under close_points 'devkit' the keyframe loses its close points, so its lidarseg "
+            "labels no longer line up; rebuild with --close-points sweeps (or none) to train on labels"
+        )
+    return rule
 
 
 def _column(table: pa.Table, name: str) -> pa.Array:
@@ -269,7 +323,7 @@ def _with_integrity(table: pa.Table, hashes: bool) -> pa.Table:
 def _misaligned(table: pa.Table) -> str | None:
     """The first sample whose recorded sweep sizes or hashes are not one per sweep path, as a problem."""
     paths = pc.list_value_length(table["sweep_paths"])
-    for name in ("sweep_bytes", "sweep_crc32"):
+    for name in ("sweep_bytes", "sweep_crc32", "sweep_time_lags"):
         values = table[name]
         bad = pc.and_kleene(pc.is_valid(values), pc.not_equal(pc.list_value_length(values), paths))
         bad = pc.fill_null(bad, True)  # a null list of sweep paths with recorded values
@@ -277,6 +331,20 @@ def _misaligned(table: pa.Table) -> str | None:
             first = table["sample_id"].filter(bad)[0].as_py()
             return f"sample {first!r}: {name} does not hold one value per sweep path"
     return None
+
+
+def _check_lags(table: pa.Table) -> None:
+    """ValueError naming the first sample with sweeps but no recorded ``sweep_time_lags``."""
+    missing = pc.and_(
+        pc.greater(pc.list_value_length(table["sweep_paths"]), 0), table["sweep_time_lags"].is_null()
+    )
+    count = pc.sum(missing).as_py() or 0
+    if count:
+        first = table["sample_id"].filter(missing)[0].as_py()
+        raise ValueError(
+            f"time_lag=True: {count} samples with sweeps record no sweep_time_lags (first: {first}; a manifest "
+            "written before schema 4.3, or a table given to write_manifest); rescan to record them"
+        )
 
 
 def _keyframe_labels(

@@ -57,8 +57,8 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
             records (``steps_per_epoch``, ``counts.planned``, every slot filled once; one line).
     """
     manifest = load_manifest(out_dir)
-    caps = Caps.from_json(dict(manifest.caps) if manifest.caps else None)
-    heaviest = (manifest.caps or {}).get("heaviest_first", "off")
+    caps = Caps.from_record(manifest.caps)
+    heaviest = manifest.caps.heaviest_first if manifest.caps is not None else "off"
     extra = ["num_points"] if caps.max_points is not None or heaviest == "points" else []
     samples = read_samples(out_dir, ["sample_id", "cost", "bucket_id", *extra])
     read = read_epoch_plan(os.fspath(out_dir), manifest, epoch, samples["sample_id"], ["cost", "bucket_id"])

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, misplaced_key, plan_dir_names
+from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, PLAN_DIR_NAMES, misplaced_key
 from lidarshard.schemas.manifest import FileEntry, Manifest
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_file
@@ -38,8 +38,7 @@ def listed_plan_files(out: str, m: Manifest) -> list[str]:
     not read).
 
     Raises:
-        ValueError: a file under ``OUT/plan`` that is not ``plan/epoch-E/rank-R/part-NNNNN.parquet`` (3.x:
-            ``epoch=E/rank=R``) or that the manifest does not list (a stray note, a copy such as
+        ValueError: a file under ``OUT/plan`` that is not ``plan/epoch-E/rank-R/part-NNNNN.parquet`` or that the manifest does not list (a stray note, a copy such as
             ``plan/epoch-00``), or whose
             size differs from the recorded one, naming it: the plan directory is the contract.
         FileNotFoundError: a listed plan file is missing, or the manifest lists none.
@@ -49,9 +48,9 @@ def listed_plan_files(out: str, m: Manifest) -> list[str]:
     present = storage.list_files(storage.join(out, PLAN_DIR))
     for rel, info in sorted(present.items()):
         path, entry = f"{base}/{PLAN_DIR}/{rel}", listed.get(f"{PLAN_DIR}/{rel}")
-        if not is_plan_path(f"{PLAN_DIR}/{rel}", m.schema_version):
+        if not is_plan_path(f"{PLAN_DIR}/{rel}"):
             raise ValueError(
-                f"{path}: not a plan file (only {_shape(m.schema_version)} may live in {PLAN_DIR}/); move it "
+                f"{path}: not a plan file (only {_SHAPE} may live in {PLAN_DIR}/); move it "
                 "out of the manifest directory"
             )
         if entry is None:
@@ -69,19 +68,16 @@ def listed_plan_files(out: str, m: Manifest) -> list[str]:
             f"{base}/{missing[0]}: listed in {MANIFEST_FILE} but missing; rebuild the manifest"
         )
     if not listed:
-        raise FileNotFoundError(f"{out} holds no plan files ({_shape(m.schema_version)})")
+        raise FileNotFoundError(f"{out} holds no plan files ({_SHAPE})")
     return [f"{base}/{rel}" for rel in sorted(listed)]
 
 
-def _shape(version: str) -> str:
-    e, r = plan_dir_names(version)
-    return f"{PLAN_DIR}/{e}E/{r}R/part-NNNNN.parquet"
+_SHAPE = f"{PLAN_DIR}/{PLAN_DIR_NAMES[0]}E/{PLAN_DIR_NAMES[1]}R/part-NNNNN.parquet"
 
 
-def is_plan_path(rel: str, version: str) -> bool:
-    """True when ``rel`` (relative to OUT) has the shape ``plan/epoch-E/rank-R/part-*.parquet`` as
-    schema ``version`` names plan files (3.x: ``plan/epoch=E/rank=R/...``)."""
-    e, r = plan_dir_names(version)
+def is_plan_path(rel: str) -> bool:
+    """True when ``rel`` (relative to OUT) has the shape ``plan/epoch-E/rank-R/part-*.parquet``."""
+    e, r = PLAN_DIR_NAMES
     parts = rel.split("/")
     return (
         len(parts) == 4
@@ -146,11 +142,10 @@ def read_plan_file(
                     f"{path}: not a readable plan file ({rows} rows, more than the {max_rows} entries its "
                     "epoch plans); rebuild the manifest"
                 )
-            keyed = key if {"epoch", "rank"} <= set(f.schema_arrow.names) else None  # 3.x: none
-            extra = [c for c in ("epoch", "rank") if keyed is not None and c not in columns]
+            extra = [c for c in ("epoch", "rank") if key is not None and c not in columns]
             table = f.read(columns=[*columns, *extra], use_threads=False)
-            if keyed is not None:
-                _check_key(path, table, keyed)
+            if key is not None:
+                _check_key(path, table, key)
             return table.drop_columns(extra)
     except (pa.ArrowInvalid, OSError, KeyError) as e:
         if isinstance(e, FileNotFoundError):
@@ -189,7 +184,7 @@ def read_rank_plan(
         raise FileNotFoundError(f"the manifest has no plan for epoch {epoch} rank {rank}")
     files = [(storage.join(rank_dir, rel), rel) for rel in sorted(storage.list_files(rank_dir))]
     for path, rel in files:
-        if not is_plan_path(f"{rel_dir}/{rel}", m.schema_version):
+        if not is_plan_path(f"{rel_dir}/{rel}"):
             raise ValueError(
                 f"{path}: not a plan file (only part-NNNNN.parquet may live in a rank directory); "
                 "move it out of the manifest directory"

@@ -25,7 +25,7 @@ from lidarshard.transforms.formats.readers import detect_format, read_points
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.base import FileTooLargeError
 from lidarshard.transforms.layouts.geometry import sweep_matrices
-from lidarshard.transforms.layouts.multisweep import aggregate
+from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS, aggregate, drop_nan_rows
 from lidarshard.transforms.layouts.task import FRAMES_FORMAT
 
 #: The largest file size a manifest may record (1 TiB): a larger number is a corrupt record.
@@ -137,6 +137,9 @@ def load_points(
     recorded: Sequence[Recorded | None] | None = None,
     read: Callable[[str, Recorded | None], bytes] | None = None,
     frames: Sequence[int] | None = None,
+    close_points: str = DEFAULT_CLOSE_POINTS,
+    time_lags: Sequence[float] | None = None,
+    drop_nan: bool = True,
 ) -> NDArray[np.float32]:
     """One sample's points: the keyframe plus its sweeps moved into the keyframe's sensor frame.
 
@@ -153,33 +156,59 @@ def load_points(
         frames: 1 + S row keys (keyframe, then each sweep) when the files hold many frames (the
             samples' ``frame`` / ``sweep_frames``; format ``waymo_v2``): each frame is read by row
             group (``transforms.layouts.waymo_v2.read_frame``), each file checked on its size.
+        close_points: which clouds lose their close points (``multisweep.CLOSE_POINTS``): the rule the
+            scan recorded (``multisweep.recorded_close_points``), so the points are those it counted.
+        time_lags: S lags (s, the samples' ``sweep_time_lags``): append the time-lag channel (0 on
+            the keyframe's rows); None: no such column.
+        drop_nan: drop the rows with a NaN in x, y or z (``multisweep.drop_nan_rows``, open3d's
+            ``remove_nan_points``: organised clouds' no-return pixels), as the scan's ``num_points``.
 
     Returns:
-        (N + sum M', C) float32, xyz first (keyframe only when ``sweep_paths`` is empty).
+        (N' + sum M', C) float32, xyz first (the keyframe only when ``sweep_paths`` is empty); C + 1
+        columns with ``time_lags``, the lag last.
 
     Raises:
         FileChangedError: a file is not the one recorded (naming it).
     """
+    points = _load(
+        path, fmt, sweep_paths, sweep_transforms, point_dims, recorded, read, frames, close_points, time_lags
+    )
+    return drop_nan_rows(points) if drop_nan else points
+
+
+def _load(
+    path: str,
+    fmt: str | None,
+    sweep_paths: Sequence[str],
+    sweep_transforms: Sequence[float] | NDArray[np.float64] | None,
+    point_dims: int | None,
+    recorded: Sequence[Recorded | None] | None,
+    read: Callable[[str, Recorded | None], bytes] | None,
+    frames: Sequence[int] | None,
+    close_points: str,
+    time_lags: Sequence[float] | None,
+) -> NDArray[np.float32]:
+    """``load_points`` but the NaN rows."""
     files = [path, *sweep_paths]
     checks: list[Recorded | None] = list(recorded) if recorded is not None else [None] * len(files)
     if len(checks) != len(files):
         raise ValueError(f"{path}: {len(checks)} recorded files for a keyframe and {len(sweep_paths)} sweeps")
     if fmt == FRAMES_FORMAT:
-        return _load_frames(files, frames, checks, sweep_transforms)
+        return _load_frames(files, frames, checks, sweep_transforms, close_points, time_lags)
     read = read or read_recorded
     fmt = fmt or detect_format(path)
     # With sweeps, aggregate copies each kept row once, into the one array it returns: the files'
     # points are only read there, so fixed-record files are decoded as views of their bytes.
-    copy = not sweep_paths
+    copy = not sweep_paths and close_points != "devkit" and time_lags is None
     keyframe = read_points(read(path, checks[0]), fmt, point_dims=point_dims, copy=copy)
-    if not sweep_paths:
+    if copy:
         return np.ascontiguousarray(keyframe, dtype=np.float32)
     mats = sweep_matrices(sweep_transforms, len(sweep_paths), path)
     sweeps = [
         read_points(read(p, c), fmt, point_dims=point_dims, copy=copy)
         for p, c in zip(sweep_paths, checks[1:], strict=True)
     ]
-    return aggregate(keyframe, sweeps, list(mats))
+    return aggregate(keyframe, sweeps, list(mats), close_points=close_points, time_lags=time_lags)
 
 
 def _load_frames(
@@ -187,9 +216,12 @@ def _load_frames(
     frames: Sequence[int] | None,
     checks: list[Recorded | None],
     sweep_transforms: Sequence[float] | NDArray[np.float64] | None,
+    close_points: str,
+    time_lags: Sequence[float] | None,
 ) -> NDArray[np.float32]:
     """Points of a sample whose files hold many frames (Waymo v2): each file checked on its recorded
-    size, each frame read by row group, sweeps moved into the keyframe's frame."""
+    size, each frame read by row group, sweeps moved into the keyframe's frame under ``close_points``
+    (with ``time_lags``: the time-lag channel appended)."""
     from lidarshard.transforms.layouts.waymo_v2 import read_frame
 
     if frames is None or len(frames) != len(files):
@@ -207,10 +239,10 @@ def _load_frames(
             clouds.append(read_frame(storage.open_read, path, int(frame), _MAX_POINTS))
         except RejectError as e:
             raise ValueError(f"{path} frame {frame}: {e.reason}: {e.detail}") from None
-    if len(clouds) == 1:
+    if len(clouds) == 1 and close_points != "devkit" and time_lags is None:
         return clouds[0]
     mats = sweep_matrices(sweep_transforms, len(clouds) - 1, files[0])
-    return aggregate(clouds[0], clouds[1:], list(mats))
+    return aggregate(clouds[0], clouds[1:], list(mats), close_points=close_points, time_lags=time_lags)
 
 
 #: Most points one frame of a multi-frame file may hold when read for training (the scan's default cap).

@@ -5,13 +5,12 @@ ties to its plan (:func:`plan_keys`, :func:`saved_shape`) and a re-plan's contin
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from lidarshard.loaders.reader import check_int
 from lidarshard.loaders.reshard import Switch
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.schemas.records import HistoryEntry
 
 __all__ = ["PlannedBatch", "plan_keys", "saved_shape", "continued_from"]
 
@@ -108,7 +107,7 @@ def continued_from(current: Manifest, new: Manifest, here: object, there: object
         raise ValueError(
             f"{there} is not a re-plan (no cost_history): build it with --from-samples {here}/samples --replan-from E"
         )
-    start = int(new.cost_history[-1]["until_epoch"])
+    start = new.cost_history[-1].until_epoch
     if new.epochs == current.epochs and all(
         new.plan_fingerprint(e) == current.plan_fingerprint(e) for e in range(new.epochs)
     ):
@@ -129,7 +128,7 @@ def continued_from(current: Manifest, new: Manifest, here: object, there: object
         raise ValueError(
             f"{there} does not continue {here}: its epoch {differs} is another plan (it re-plans from epoch {start})"
         )
-    if [_planned(h) for h in new.cost_history] != _history_until(current, start):
+    if list(new.cost_history) != _history_until(current, start):
         raise ValueError(
             f"{there} does not continue {here}: its cost_history does not record the cost models that planned "
             f"{here}'s epochs 0..{start - 1}"
@@ -137,16 +136,9 @@ def continued_from(current: Manifest, new: Manifest, here: object, there: object
     return start
 
 
-def _planned(entry: Mapping[str, Any]) -> tuple[int, str, tuple[float, ...]]:
-    """A ``cost_history`` entry as (until_epoch, cost model as sorted JSON, bucket edges)."""
-    edges = tuple(float(x) for x in entry["bucket_edges"])
-    return int(entry["until_epoch"]), json.dumps(dict(entry["cost_model"]), sort_keys=True), edges
-
-
-def _history_until(m: Manifest, start: int) -> list[tuple[int, str, tuple[float, ...]]]:
+def _history_until(m: Manifest, start: int) -> list[HistoryEntry]:
     """The ``cost_history`` a re-plan of ``m`` from epoch ``start`` records: ``m``'s entries before ``start``,
     then (``start``, the model and bucket edges that planned ``m``'s epoch ``start - 1``)."""
-    kept = [_planned(h) for h in m.cost_history]
-    then = next((h for h in kept if h[0] >= start), None)
-    model = then[1:] if then else (json.dumps(dict(m.cost_model), sort_keys=True), tuple(m.buckets.edges))
-    return [*(h for h in kept if h[0] < start), (start, *model)]
+    then = next((h for h in m.cost_history if h.until_epoch >= start), None)
+    model, edges = (then.cost_model, then.bucket_edges) if then else (m.cost_model, tuple(m.buckets.edges))
+    return [*(h for h in m.cost_history if h.until_epoch < start), HistoryEntry(start, model, edges)]

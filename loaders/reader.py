@@ -24,17 +24,13 @@ from lidarshard.loaders.planfiles import listed_plan_files, modified_message, re
 from lidarshard.loaders.planfiles import read_plan_file as read_plan_file  # re-exported; home: planfiles
 from lidarshard.schemas import (
     MANIFEST_FILE,
-    PLAN_DIR,
     SAMPLES_DIR,
-    SUCCESS_FILE,
-    check_version,
-    is_before,
-    partition_schema,
     plan_schema,
 )
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_file
+from lidarshard.transforms.io.metadata import load_manifest as load_manifest  # re-exported; the one reader
 from lidarshard.transforms.io.parts import listed_parts
 from lidarshard.transforms.io.paths import PATH_COLUMNS, PathResolver, path_problem
 
@@ -94,33 +90,6 @@ def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     if hi is not None and not lo <= value <= hi:
         raise ValueError(f"{name} {value} is outside {lo}..{hi}")
     return int(value)
-
-
-def load_manifest(out_dir: PathLike) -> Manifest:
-    """The checked ``_manifest.json`` of a committed manifest directory (``lidarshard.schemas.manifest``).
-
-    Raises:
-        FileNotFoundError: ``_SUCCESS`` is missing (the build did not finish, or not a manifest dir).
-        ValueError: the writer's schema major version differs from this reader's (the message names
-            both and the rebuild command), a key is missing or malformed (named), or the plan numbers
-            cannot describe a real plan (``Manifest.bounds_problem``: checked before any sizes a read).
-    """
-    base = os.fspath(out_dir)
-    if not storage.exists(storage.join(base, SUCCESS_FILE)):
-        raise FileNotFoundError(
-            f"{os.fspath(out_dir)} is not a committed lidarshard manifest: {SUCCESS_FILE} is missing "
-            "(the build did not finish, or this is not a manifest directory)"
-        )
-    where = os.fspath(out_dir).rstrip("/")
-    raw = storage.read_json(storage.join(base, MANIFEST_FILE), what=f"{where}/{MANIFEST_FILE}")
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}/{MANIFEST_FILE} is not a JSON object")
-    check_version(raw.get("schema_version", ""), where, raw)
-    manifest = Manifest.from_json(raw, f"{where}/{MANIFEST_FILE}")
-    problem = manifest.bounds_problem()
-    if problem:
-        raise ValueError(f"{problem}; refusing to read it (rebuild the manifest)")
-    return manifest
 
 
 def read_samples(
@@ -200,22 +169,13 @@ def plan_dataset(out_dir: PathLike) -> ds.Dataset:
     ``plan_dataset(out).to_table(filter=(ds.field("epoch") == 0) & (ds.field("rank") == 1))`` reads one
     rank's plan. Any Parquet reader can do the same from ``OUT/plan`` alone; this one also checks the
     manifest is committed and of a schema version this lidarshard reads, and that the plan tree holds
-    exactly the files ``_manifest.json`` lists, at their recorded sizes (``plan_files``). A 3.x plan
-    (keys in hive directory names, not in the files) reads as the same columns.
+    exactly the files ``_manifest.json`` lists, at their recorded sizes (``plan_files``).
     """
     import pyarrow.dataset as ds
 
     manifest = load_manifest(out_dir)
-    fs, base = storage.arrow_filesystem(os.fspath(out_dir))
-    hive = is_before(manifest.schema_version, "4.0")
-    return ds.dataset(
-        plan_files(out_dir, manifest),
-        schema=plan_schema(),
-        filesystem=fs,
-        format="parquet",
-        partitioning=ds.partitioning(partition_schema(), flavor="hive") if hive else None,
-        partition_base_dir=f"{base}/{PLAN_DIR}" if hive else None,
-    )
+    fs, _ = storage.arrow_filesystem(os.fspath(out_dir))
+    return ds.dataset(plan_files(out_dir, manifest), schema=plan_schema(), filesystem=fs, format="parquet")
 
 
 class ManifestReader:

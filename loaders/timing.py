@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,7 +47,8 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lidarshard.loaders.reader import check_int, needs_torch
+from lidarshard.loaders.clocks import clock_for
+from lidarshard.loaders.reader import check_int
 from lidarshard.loaders.timing_files import (
     MAX_STEP_S,
     METHODS,
@@ -101,90 +101,6 @@ def _lock_rank(directory: str, rank: int) -> int | None:
             "(StepTimer(rank=...), or make the timer after torch.distributed.init_process_group)"
         ) from None
     return fd
-
-
-class _HostClock:
-    """``time.perf_counter`` marks (seconds)."""
-
-    device = "cpu"
-
-    def now(self) -> float:
-        return time.perf_counter()
-
-    def ready(self, mark: Any) -> bool:
-        return True
-
-    def seconds(self, a: Any, b: Any) -> float:
-        return float(b - a)
-
-
-class _EventClock:
-    """Timing events on the current stream of the current accelerator (``torch.Event``)."""
-
-    def __init__(self, event_type: Any, device: str) -> None:
-        self._event, self.device = event_type, device
-
-    def now(self) -> Any:
-        event = self._event(enable_timing=True)
-        event.record()
-        return event
-
-    def ready(self, mark: Any) -> bool:
-        return bool(mark.query())
-
-    def seconds(self, a: Any, b: Any) -> float:
-        b.synchronize()
-        return float(a.elapsed_time(b)) / 1000.0  # elapsed_time is in ms
-
-
-def _accelerator(torch: Any) -> tuple[str, int] | None:
-    """(type, index) of the accelerator torch can really use now ("cuda", "npu", ...), else None.
-
-    ``torch.accelerator`` (torch >= 2.6) names the build's accelerator even where none is usable (the
-    CUDA wheel on a CPU node), so its ``is_available()`` decides; an older torch (2.1-2.5) is asked
-    through its device modules (``torch.cuda``, and ``torch.npu`` once torch_npu is imported)."""
-    accel = getattr(torch, "accelerator", None)
-    if accel is not None and callable(getattr(accel, "is_available", None)):
-        found = accel.current_accelerator() if accel.is_available() else None
-        return None if found is None else (str(found.type), int(accel.current_device_index()))
-    for name in _DEVICE_MODULES:
-        module = getattr(torch, name, None)
-        if module is not None and callable(getattr(module, "is_available", None)) and module.is_available():
-            return name, int(module.current_device())
-    return None
-
-
-#: Device modules an older torch exposes its accelerators through (torch_npu adds ``torch.npu``).
-_DEVICE_MODULES = ("cuda", "npu", "xpu", "mlu")
-
-
-def _clock(device: str) -> _HostClock | _EventClock:
-    """The clock for ``device``: "auto" = the usable accelerator's events if any, else the host.
-
-    Events come from the device module (``torch.cuda.Event``, ``torch.npu.Event``: every torch >= 2.1),
-    else ``torch.Event``; an accelerator step is never timed by the host clock without an error saying
-    so (on an asynchronous device a host clock measures kernel launches, not compute).
-    """
-    if device == "cpu":
-        return _HostClock()
-    try:
-        import torch
-    except ImportError as e:
-        if device == "auto":
-            return _HostClock()
-        raise needs_torch(__name__) from e
-    found = _accelerator(torch)
-    if found is None:
-        if device == "auto":
-            return _HostClock()
-        raise ValueError(f"device={device!r}, but torch finds no usable accelerator here: pass device='cpu'")
-    kind, index = found
-    if device not in ("auto", "accelerator", kind):
-        raise ValueError(f"device={device!r}, but the current accelerator is {kind!r}")
-    event = getattr(getattr(torch, kind, None), "Event", None) or getattr(torch, "Event", None)
-    if event is None:
-        raise ValueError(f"{kind}: this torch has no timing events (torch.{kind}.Event); pass device='cpu'")
-    return _EventClock(event, f"{kind}:{index}")
 
 
 def _dist_rank() -> tuple[int, int]:
@@ -240,7 +156,7 @@ class StepTimer:
         self.rank = check_int("rank", found_rank if rank is None else rank, 0, self.world_size - 1)
         self.flush_every = check_int("flush_every", flush_every, 1)
         self.directory = str(directory)
-        self._clock = _clock(device)
+        self._clock = clock_for(device)
         self._lock = _lock_rank(self.directory, self.rank)  # last: nothing after it can fail
         self.device = self._clock.device
         self._open: _Open | None = None

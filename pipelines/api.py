@@ -46,6 +46,7 @@ from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
+from lidarshard.transforms.io.metadata import load_manifest
 from lidarshard.transforms.io.paths import path_problem
 
 __all__ = ["build", "replan", "write_manifest", "summary"]
@@ -53,7 +54,7 @@ __all__ = ["build", "replan", "write_manifest", "summary"]
 
 def summary(out: str) -> dict:
     """The numbers of a written manifest: out, counts, steps_per_epoch, buckets, balance per epoch."""
-    m = Manifest.from_json(storage.read_json(storage.join(out, schemas.MANIFEST_FILE)))
+    m = load_manifest(out)
     return {
         "out": out,
         "world_size": m.world_size,
@@ -138,7 +139,6 @@ def replan(
             a re-plan keeps the epochs before it; ``lidarshard.build`` plans every epoch anew) or is outside
             its epochs, a bad model.
     """
-    from lidarshard.loaders.reader import load_manifest
     from lidarshard.pipelines.replan import replan_options
 
     try:

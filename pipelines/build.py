@@ -26,11 +26,11 @@ from lidarshard.pipelines.options import BuildOptions, declare
 from lidarshard.pipelines.preflight import build_settings
 from lidarshard.pipelines.scan import scan_samples
 from lidarshard.pipelines.settings import BuildSettings
-from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.beam.build_transform import BuildManifest
 from lidarshard.transforms.beam.scan_transform import scan_results
 from lidarshard.transforms.core.score import Source, previous_source
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.metadata import load_manifest
 from lidarshard.transforms.plan.metrics import COLUMNS, REFERENCE_KEY, balance_value, plan_buys
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
@@ -118,7 +118,7 @@ def launch_build(
 def print_summary(out: str) -> None:
     """The build's summary: counts, the plan, a row of balance numbers per epoch (``lidarshard build
     --help`` says what each means), what the plan buys in plain words, and where the manifest is."""
-    m = Manifest.from_json(storage.read_json(storage.join(out, schemas.MANIFEST_FILE)))
+    m = load_manifest(out)
     c = m.counts
     print(
         f"scanned {c.scanned}: accepted {c.accepted}, rejected {c.rejected}"
@@ -126,7 +126,7 @@ def print_summary(out: str) -> None:
     )
     print(
         f"plan: {m.strategy}, world size {m.world_size}, batch {m.batch_size}, "
-        f"{m.buckets.k} buckets, cost model {m.cost_model['name']} (columns: lidarshard build --help)"
+        f"{m.buckets.k} buckets, cost model {m.cost_model.name} (columns: lidarshard build --help)"
     )
     print("epoch  steps  linearity  random  greedy_reference  spearman  samples/rank-step mean max")
     for b in m.balance:
@@ -138,13 +138,13 @@ def print_summary(out: str) -> None:
         )
     if m.repeat:
         rep = m.repeat
-        scale = ",".join(f"{k}={v:g}" for k, v in sorted((rep.get("datasets") or {}).items()))
-        mode = " x ".join(w for w in (rep["mode"], scale and f"datasets {scale}") if w)
+        scale = ",".join(f"{k}={v:g}" for k, v in sorted((rep.datasets or {}).items()))
+        mode = " x ".join(w for w in (rep.mode, scale and f"datasets {scale}") if w)
         print(
             f"weights {mode}: copies per epoch expected/realized (mean of epochs), per class: "
             + ", ".join(
-                f"{k} {v:.1f}/{sum(r.get(k, 0.0) for r in rep['realized']) / len(rep['realized']):.1f}"
-                for k, v in sorted(rep["expected"].items(), key=lambda kv: (len(kv[0]), kv[0]))
+                f"{k} {v:.1f}/{sum(r.get(k, 0.0) for r in rep.realized) / len(rep.realized):.1f}"
+                for k, v in sorted(rep.expected.items(), key=lambda kv: (len(kv[0]), kv[0]))
             )
         )
     if m.pair_repeat_rate:

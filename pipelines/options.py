@@ -28,6 +28,7 @@ from lidarshard.transforms.features.sample import FEATURE_MODES
 from lidarshard.transforms.formats.readers import FORMATS
 from lidarshard.transforms.io.parts import PART_ROWS
 from lidarshard.transforms.layouts import LAYOUT_NAMES
+from lidarshard.transforms.layouts.multisweep import CLOSE_POINTS, DEFAULT_CLOSE_POINTS
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST
 from lidarshard.transforms.plan.speeds import parse_rank_speed, rank_speeds
@@ -204,6 +205,10 @@ class ScanOptions(Options):
     features: str = option("'stat' sizes fixed-record files from their byte count, unread", "scan", "full",
                            choices=FEATURE_MODES)  # fmt: skip
     backend: str = option("reader for .pcd/.ply", "scan", "numpy", choices=("numpy", "open3d"))
+    close_points: str = option(
+        "which clouds lose their points within 1 m of the sensor (|x|, |y| < 1 m): 'sweeps' (mmdet3d), 'devkit' "
+        "(every cloud, the keyframe too: nuScenes from_file_multisweep), 'none'; size features and loaders use "
+        "the same rule", "scan", DEFAULT_CLOSE_POINTS, choices=CLOSE_POINTS)  # fmt: skip
     max_file_bytes: int = option("larger files are rejected as too_large before reading", "scan", 2 << 30,
                                  check=int_in(1), shown="2 GiB", metavar="BYTES")  # fmt: skip
     max_points: int = option("larger clouds are rejected as too_large before allocation", "scan", 50_000_000,

@@ -31,7 +31,7 @@ from lidarshard.schemas import (
     part_index,
 )
 from lidarshard.schemas.manifest import relpath_problem
-from lidarshard.transforms.io import storage
+from lidarshard.transforms.io import metadata, storage
 from lidarshard.transforms.io.storage import FileTooLargeError, is_local, join, local_path
 
 __all__ = [
@@ -105,15 +105,13 @@ def owned_files(out: str) -> Owned:
         if not storage.exists(path):
             continue
         try:
-            meta = storage.read_json(path, META_MAX_BYTES, what=name)
+            meta = metadata.read_object(path, name, META_MAX_BYTES)
         except FileTooLargeError:
             raise _refuse(out, f"its {name} is larger than {META_MAX_BYTES} bytes") from None
         except (ValueError, OSError) as e:
             raise _refuse(
                 out, f"its {name} cannot be read ({str(e).splitlines()[0] if str(e) else e!r})"
             ) from None
-        if not isinstance(meta, dict):
-            raise _refuse(out, f"its {name} is not a JSON object")
         if name == SCAN_FILE:
             return Owned(frozenset({REJECTS_FILE}), scan_parts=True)
         files = meta.get("files", {})  # none listed: only the metadata itself may go

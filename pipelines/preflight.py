@@ -28,7 +28,7 @@ from lidarshard.pipelines.settings import (
     weights_text,
 )
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms import layouts
+from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.core import recorded
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.features import repeat
@@ -37,6 +37,7 @@ from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.layouts import FILES, Dataset
+from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS
 
 __all__ = ["cost_model", "scan_settings", "build_settings", "table_settings"]
 
@@ -157,7 +158,24 @@ def _from_samples(
     scan = dataclasses.replace(
         _scan(opts, (), output, fraction, dry_run), input=samples, datasets=datasets, label_maps=maps
     )
+    if look:  # the samples' features were computed under their scan's rule: the loaders must apply it
+        scan = dataclasses.replace(scan, config=_recorded_rule(opts, scan.config, samples))
     return BuildSettings(scan, cfg, model, samples, _path_root(opts, (), samples), kept)
+
+
+def _recorded_rule(opts: BuildOptions, config: ScanConfig, samples: str) -> ScanConfig:
+    """``config`` with the close-point rule the scan of ``samples`` recorded; a different
+    ``--close-points`` is a usage error (the recorded features were not computed under it)."""
+    try:
+        rule = recorded.previous_close_points(samples)
+    except ValueError as e:
+        raise UsageError(f"--from-samples {samples}: {e}") from None
+    if opts.close_points not in (rule, DEFAULT_CLOSE_POINTS):
+        raise UsageError(
+            f"--close-points {opts.close_points}: {samples} was scanned under --close-points {rule}; "
+            "rescan to change the rule"
+        )
+    return dataclasses.replace(config, close_points=rule)
 
 
 def _recorded_datasets(
@@ -165,13 +183,12 @@ def _recorded_datasets(
 ) -> tuple[tuple[Dataset, ...], dict[str, dict[int, int]]]:
     """The datasets and label maps the run that wrote ``samples`` recorded, weighted by ``--dataset-weights``
     (each of whose names must be one of them); nothing when not looked at."""
-    before = recorded.previous_datasets(samples) if look else []
+    try:
+        before = recorded.previous_datasets(samples) if look else ()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     scale = dict(cfg.repeat.datasets)
-    kept = tuple(
-        Dataset(d["name"], d["root"], d["layout"], scale.get(d["name"], 1.0))
-        for d in before
-        if {"name", "root", "layout"} <= d.keys()
-    )
+    kept = tuple(Dataset(d.name, d.root, d.layout, scale.get(d.name, 1.0)) for d in before)
     unknown = sorted(set(scale) - {d.name for d in kept})
     if unknown and look:
         have = ", ".join(d.name for d in kept) or "none recorded"
@@ -179,10 +196,7 @@ def _recorded_datasets(
         raise UsageError(
             f"--dataset-weights {given}: {samples} holds no dataset named {unknown[0]!r} (datasets: {have})"
         )
-    try:
-        return kept, layouts.label_maps_of(before)
-    except ValueError as e:
-        raise UsageError(f"--from-samples {samples}: {e}") from None
+    return kept, label_maps(before)
 
 
 def table_settings(opts: BuildOptions, output: str, model: CostModel) -> BuildSettings:

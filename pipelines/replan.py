@@ -16,14 +16,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from lidarshard.loaders.reader import load_manifest
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import BuildOptions
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.record import Kept, kept_from
 from lidarshard.transforms.core.recorded import previous_dir
-from lidarshard.transforms.features.cost import cost_model_from_json
+from lidarshard.transforms.features.cost import checked_model
+from lidarshard.transforms.io.metadata import load_manifest
 
 __all__ = ["replan_settings", "KEPT_SETTINGS", "replan_options"]
 
@@ -80,7 +80,7 @@ def replan_settings(
         before = PlanConfig.from_manifest(m)
     except (ValueError, TypeError) as e:
         raise UsageError(f"--replan-from: {prev}'s plan settings cannot be used ({e})") from None
-    if m.cost_model.get("name") == "given":
+    if m.cost_model.name == "given":
         raise UsageError(
             f"--replan-from: {prev}'s costs were given with its samples: no cost model re-plans them"
         )
@@ -96,7 +96,7 @@ def replan_settings(
             "--replan-from with --bucket-weights: the buckets are cost quantiles and move with the cost model; "
             "re-plan without bucket weights"
         )
-    then = before.planned_with(epoch - 1) or (cost_model_from_json(dict(m.cost_model)), m.buckets.edges)
+    then = before.planned_with(epoch - 1) or (checked_model(m.cost_model), m.buckets.edges)
     earlier = (*(h for h in before.earlier if h[0] < epoch), (epoch, *then))
     try:
         cfg = dataclasses.replace(cfg, earlier=earlier)
@@ -123,7 +123,7 @@ def replan_options(
         UsageError: a bad ``epoch``, ``cost_model`` or ``epochs`` (the flags' messages), or plan
             settings of ``m`` that cannot be used.
     """
-    fraction = m.provenance.get("max_reject_fraction")
+    fraction = m.max_reject_fraction
     given: dict[str, Any] = {
         "world_size": m.world_size,
         "batch_size": m.batch_size,

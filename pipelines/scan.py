@@ -23,6 +23,7 @@ from lidarshard.transforms.core.previous import fingerprint_kept
 from lidarshard.transforms.features.accounting import counts_or_stop
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
+from lidarshard.transforms.io.metadata import load_scan
 from lidarshard.transforms.io.parts import open_parts
 from lidarshard.transforms.layouts import FILES
 
@@ -91,10 +92,9 @@ def _empty_ok(settings: ScanSettings) -> bool:
 
 
 def print_summary(out: str) -> None:
-    meta = storage.read_json(storage.join(out, schemas.SCAN_FILE))
-    c = meta["counts"]
-    print(f"scanned {c['scanned']}: accepted {c['accepted']}, rejected {c['rejected']}")
-    for reason, n in sorted(c["rejected_by_reason"].items()):
+    c = load_scan(out).counts
+    print(f"scanned {c.scanned}: accepted {c.accepted}, rejected {c.rejected}")
+    for reason, n in sorted(c.rejected_by_reason.items()):
         print(f"  rejected {reason}: {n}")
     print(f"wrote {out}")
 

@@ -150,6 +150,7 @@ def scan_config(args: ScanOptions) -> ScanConfig:
         max_file_bytes=args.max_file_bytes,
         max_points=args.max_points,
         backend=args.backend,
+        close_points=args.close_points,
     )
 
 

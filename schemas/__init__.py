@@ -5,7 +5,7 @@ plain data (name, Arrow type, doc) and are stored as JSON, never pickled.
 
 Layout of an output directory ``OUT``::
 
-    OUT/_manifest.json            run metadata (see ``MANIFEST_KEYS``)
+    OUT/_manifest.json            run metadata (see ``manifest.MANIFEST_KEYS``)
     OUT/samples/part-00000.parquet   accepted samples (``SAMPLE_FIELDS`` + cost, bucket_id, weight),
                                      sorted by sample_id across consecutive parts (``samples_part``)
     OUT/rejects.parquet           one row per rejected input (``REJECT_FIELDS``)
@@ -18,21 +18,13 @@ Layout of an output directory ``OUT``::
 pyarrow.dataset, DuckDB, polars, Spark) returns the whole plan with plain integer ``epoch`` and ``rank``
 and no option (hive names made pandas and ``pq.read_table`` infer dictionary-encoded categoricals).
 
-Version history: 1.x kept ``epoch`` and ``rank`` both as columns and as directories directly under OUT
-(readers pointed at a directory failed to merge the two); 2.0 moved the plan under ``OUT/plan``;
-2.1 added samples.parquet's ``weight`` (repeat factors) and the manifest's ``repeat``;
-3.0 split samples.parquet into ``OUT/samples/part-NNNNN.parquet`` (written in parallel, one task a
-part): part k holds the k-th run of the rows sorted by sample_id, so reading the parts in name order
-(or pointing any Parquet reader at ``OUT/samples``) gives the old single table;
-3.1 added each referenced file's size and CRC-32 to the samples (``INTEGRITY_FIELDS``): the loaders
-refuse a file of another size, ``lidarshard validate OUT --data`` checks them all. A minor version only
-adds fields (``ADDED_IN``): a 3.1 reader reads 3.0 files as ``sample_schema("3.0")`` describes them;
-4.0 moved the plan from hive directories ``plan/epoch=E/rank=R/`` (keys in the names only) to
-``plan/epoch-E/rank-R/`` with ``epoch`` and ``rank`` as columns of each file (``plan_file``);
-4.1 added the samples' ``dataset`` (several INPUTs in one plan) and ``frame`` / ``sweep_frames`` (samples
-that are rows of a multi-frame file, Waymo v2); 4.2 added the manifest's ``cost_history`` (the epochs before
-a ``build --replan-from`` keep the plan and the cost model that planned them) and ``rank_speed`` (mixed hardware). This lidarshard reads 3.x
-(``READABLE_MAJORS``) and 4.x; it writes 4.2.
+Versions: a major version changes the layout (4.0: the plan moved to ``plan/epoch-E/rank-R/`` with
+``epoch`` and ``rank`` as columns of each file); a minor only adds fields (``ADDED_IN``: 4.1 the samples'
+``dataset``, ``frame``, ``sweep_frames``; 4.2 the manifest's ``cost_history`` and ``rank_speed``; 4.3 the
+samples' ``sweep_time_lags``), so a 4.3 reader reads 4.0 files as ``sample_schema("4.0")`` describes
+them. This lidarshard reads 4.x and writes 4.3; an older output is refused in one line naming its version
+and the command that rebuilds it from its samples (``check_version``; ``build --from-samples`` still
+reads 3.x samples and a 2.x ``samples.parquet``, whose fields ``ADDED_IN`` dates).
 """
 
 from __future__ import annotations
@@ -49,7 +41,6 @@ __all__ = [
     "CONTENT_HASH",
     "INTEGRITY_FIELDS",
     "content_hash",
-    "MANIFEST_KEYS",
     "REJECT_REASONS",
     "SAMPLE_FIELDS",
     "SCORED_FIELDS",
@@ -72,7 +63,7 @@ __all__ = [
     "plan_file",
     "plan_key",
     "misplaced_key",
-    "plan_dir_names",
+    "PLAN_DIR_NAMES",
     "PLAN_KEY_FIELDS",
     "READABLE",
     "READABLE_MAJORS",
@@ -80,20 +71,19 @@ __all__ = [
     "WORK_DIR",
     "META_FILES",
     "REPORT_DIR",
-    "partition_schema",
+    "VARIABLE_COUNT",
     "check_version",
     "is_before",
     "is_readable",
     "as_written",
 ]
 
-SCHEMA_VERSION = "4.2"
-#: {major schema version this lidarshard reads: the newest minor of it}; the previous major too (see
-#: the version history): 3.1 was the last 3.x.
-READABLE: dict[str, str] = {"3": "3.1", "4": SCHEMA_VERSION}
+SCHEMA_VERSION = "4.3"
+#: {major schema version this lidarshard reads: the newest minor of it}.
+READABLE: dict[str, str] = {"4": SCHEMA_VERSION}
 READABLE_MAJORS = tuple(READABLE)
 
-#: The single samples file of schema 2.x (``build --from-samples`` still reads it).
+#: The single samples file of schema 2.x (named in its rebuild command; ``build --from-samples`` reads it).
 SAMPLES_FILE = "samples.parquet"
 SAMPLES_DIR = "samples"
 REJECTS_FILE = "rejects.parquet"
@@ -127,23 +117,18 @@ def part_index(name: str) -> int | None:
     return int(stem)
 
 
-def plan_dir_names(version: str = SCHEMA_VERSION) -> tuple[str, str]:
-    """The prefixes of a plan's epoch and rank directory names as schema ``version`` wrote them:
-    ``("epoch-", "rank-")`` from 4.0, the hive ``("epoch=", "rank=")`` before."""
-    return ("epoch=", "rank=") if is_before(version, "4.0") else ("epoch-", "rank-")
+#: The prefixes of a plan's epoch and rank directory names (``plan/epoch-E/rank-R``).
+PLAN_DIR_NAMES = ("epoch-", "rank-")
 
 
-def plan_file(epoch: int, rank: int, version: str = SCHEMA_VERSION) -> str:
-    """Relative path of rank ``rank``'s plan for ``epoch`` under ``PLAN_DIR``, as schema ``version``
-    names it (``plan/epoch-E/rank-R/part-00000.parquet``; 3.x: ``plan/epoch=E/rank=R/...``)."""
-    e, r = plan_dir_names(version)
-    return f"{PLAN_DIR}/{e}{epoch}/{r}{rank}/part-00000.parquet"
+def plan_file(epoch: int, rank: int) -> str:
+    """Relative path of rank ``rank``'s plan for ``epoch`` (``plan/epoch-E/rank-R/part-00000.parquet``)."""
+    return f"{PLAN_DIR}/epoch-{epoch}/rank-{rank}/part-00000.parquet"
 
 
 def misplaced_key(table: pa.Table, epoch: int, rank: int) -> tuple[str, int] | None:
-    """``(column, expected value)`` when a plan file's ``epoch`` or ``rank`` column (schema 4) is not
-    ``epoch`` / ``rank`` on every row (a null counts as wrong), else None; a table without the column
-    (a 3.x file) passes."""
+    """``(column, expected value)`` when a plan file's ``epoch`` or ``rank`` column is not ``epoch`` /
+    ``rank`` on every row (a null counts as wrong), else None; a table read without the column passes."""
     for name, want in (("epoch", epoch), ("rank", rank)):
         if name in table.column_names:
             col = table.column(name)
@@ -152,15 +137,19 @@ def misplaced_key(table: pa.Table, epoch: int, rank: int) -> tuple[str, int] | N
     return None
 
 
-def plan_key(rel: str, version: str = SCHEMA_VERSION) -> tuple[int, int] | None:
-    """(epoch, rank) when ``rel`` is exactly ``plan_file(epoch, rank, version)``, else None (a copy
-    such as ``epoch-00``, a second part or another layout's name)."""
+def plan_key(rel: str) -> tuple[int, int] | None:
+    """(epoch, rank) when ``rel`` is exactly ``plan_file(epoch, rank)``, else None (a copy such as
+    ``epoch-00``, a second part or another layout's name)."""
     nums = re.findall(r"[0-9]{1,18}", rel)[:2]
     if len(nums) != 2:
         return None
     e, r = int(nums[0]), int(nums[1])
-    return (e, r) if plan_file(e, r, version) == rel else None
+    return (e, r) if plan_file(e, r) == rel else None
 
+
+#: Strategies whose plan files hold a variable ``rank_count`` per step (``--strategy budget``); the
+#: planner's registry (``lidarshard.transforms.plan``) reads this list, so the contract names no planner.
+VARIABLE_COUNT = frozenset({"budget"})
 
 #: Fixed vocabulary of reject reasons; ``detail`` carries the specifics.
 REJECT_REASONS: dict[str, str] = {
@@ -204,7 +193,7 @@ SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("label_path", _STR, "lidarseg label file (like path), or null"),
     ("format", _STR, "reader used: nuscenes_bin, kitti_bin, bin, npy, pcd, ply"),
     ("file_bytes", _I64, "bytes of the keyframe file plus all sweep files"),
-    ("num_points", _I64, "points read (keyframe + sweeps after close-point removal)"),
+    ("num_points", _I64, "points the loaders return (close_points applied, NaN x/y/z rows not counted)"),
     ("num_finite", _I64, "points with finite x, y, z"),
     ("num_in_range", _I64, "finite points inside --point-cloud-range"),
     ("x_min", _F32, "m, over in-range points"),
@@ -242,6 +231,12 @@ SAMPLE_FIELDS: list[tuple[str, pa.DataType, str]] = [
         "file holds one frame",
     ),
     ("sweep_frames", pa.list_(_I64), "the sweeps' row keys, aligned with sweep_paths; null like frame"),
+    # Added in 4.3: the time-lag channel of multi-sweep detectors.
+    (
+        "sweep_time_lags",
+        pa.list_(_F64),
+        "seconds from each sweep to the keyframe (t_keyframe - t_sweep, > 0), aligned with sweep_paths",
+    ),
 ]
 
 #: The content hash of the ``*_crc32`` columns: CRC-32 as zlib/gzip compute it (``content_hash``), an
@@ -252,12 +247,14 @@ CONTENT_HASH = "crc32"
 #: stat under ``--features stat``), CRC-32s of the files it read.
 INTEGRITY_FIELDS = ("path_bytes", "path_crc32", "sweep_bytes", "sweep_crc32", "label_bytes", "label_crc32")
 
-#: {field name: the schema version that added it}; a field not named here is in every 3.x file.
+#: {field name: the schema version that added it}; a field not named here is in every file since 3.0
+#: (the 3.x samples ``build --from-samples`` reads lack the later ones).
 ADDED_IN: dict[str, str] = {
     **dict.fromkeys(INTEGRITY_FIELDS, "3.1"),
     "epoch": "4.0",
     "rank": "4.0",
     **dict.fromkeys(("dataset", "frame", "sweep_frames"), "4.1"),
+    "sweep_time_lags": "4.3",
 }
 
 
@@ -309,8 +306,8 @@ REJECT_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("detail", _STR, "human-readable specifics"),
 ]
 
-#: Which plan a plan file holds: columns of every 4.x file (one value each, that of its directory
-#: names ``epoch-E/rank-R``); in 3.x the hive directory names ``epoch=E/rank=R`` only.
+#: Which plan a plan file holds: columns of every file (one value each, that of its directory names
+#: ``epoch-E/rank-R``).
 PLAN_KEY_FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("epoch", pa.int32(), "epoch index, 0-based (the file's epoch-E directory)"),
     ("rank", pa.int32(), "data-parallel rank (the file's rank-R directory)"),
@@ -358,53 +355,8 @@ def reject_schema() -> pa.Schema:
 
 
 def plan_schema(version: str = SCHEMA_VERSION) -> pa.Schema:
-    """Arrow schema of every ``plan_file`` (as schema ``version`` wrote them: 3.x without ``epoch``,
-    ``rank``)."""
+    """Arrow schema of every ``plan_file`` (as schema ``version`` wrote them)."""
     return _schema(PLAN_FIELDS, version)
-
-
-def partition_schema() -> pa.Schema:
-    """Arrow schema of a 3.x plan's hive directory keys (``epoch``, ``rank``: int32)."""
-    return _schema(PLAN_KEY_FIELDS)
-
-
-#: Keys of ``_manifest.json`` (JSON object) and what they hold.
-MANIFEST_KEYS: dict[str, str] = {
-    "schema_version": "SCHEMA_VERSION of the writer",
-    "created_by": "lidarshard version",
-    "world_size": "int W: ranks planned for",
-    "batch_size": "int B: samples per rank per step (the mean per rank-step under --strategy budget)",
-    "repeat": "{'mode': 'lidarseg:t=T' | 'column:NAME', 'expected': {class: copies}, 'realized': [E "
-    "{class: copies}]} or null without weights (lidarseg class indices; else totals under key 'all')",
-    "caps": "{'max_points_per_rank_step', 'max_cost_per_rank_step', 'max_samples_per_rank_step'}: int/float or "
-    "null; 'heaviest_first': 'points'|'cost' when each epoch's step 0 holds its heaviest rank-step (absent: off)",
-    "epochs": "int E: epochs planned",
-    "seed": "int: the plan's seed",
-    "strategy": "name of the planning strategy",
-    "cost_model": "{'name': 'points'|'voxels'|'linear', 'c0', 'a', 'b'[, 'q']}: cost = c0 + a*points + b*voxels^q",
-    "rank_speed": "[W floats > 0] (4.2, absent when not given): each rank's relative speed (--rank-speed); balance "
-    "entries then add 'speed_linearity', the linearity of the ranks' times cost / speed",
-    "cost_history": "[{'until_epoch': E, 'cost_model': {...}}] (4.2, absent when empty): the models that planned "
-    "the epochs before each re-plan (build --replan-from), rising; later epochs were planned with cost_model",
-    "buckets": "{'edges': [K-1 floats, cost units], 'weights': [K floats], 'counts': [K ints]}",
-    "policy": "'drop_last' or 'pad': how a pool that is not a multiple of W*B is fitted",
-    "steps_per_epoch": "[E ints]: steps in each epoch (weights < 1 thin randomly, so epochs may differ)",
-    "counts": "{'scanned', 'accepted', 'rejected': int, 'planned', 'dropped', 'padded': [E ints]}",
-    "balance": "[E objects]: {'epoch', 'linearity', 'greedy_reference' (3.0 manifests: 'bound'), 'random_linearity', 'spearman_step_cost', ...}",
-    "inputs_fingerprint": "sha256 hex over the sorted (sample_id, file_bytes) of accepted inputs",
-    "pair_repeat_rate": "{strategy: rate, 'random': rate}: share of epoch-0 step-mates that share a step in epoch 1",
-    "input": "INPUT as given (absolute for local paths); 'from_samples' when re-planned from earlier samples",
-    "nuscenes_version": "tables version in tables mode, else null; 'sweeps': previous sweeps aggregated",
-    "datasets": "[{'name', 'root', 'layout', 'weight', 'label_map'}]: the INPUTs scanned (4.1); label_map "
-    "{raw label id: class id} (SemanticKITTI's learning_map) or null",
-    "scan_config": "the feature options (voxel size, range, formats, limits); 'max_reject_fraction' too; "
-    "'content_hash': the algorithm of the samples' *_crc32 columns (CONTENT_HASH), null under --features stat",
-    "part_rows": "int: rows of each samples part (--part-rows), which fixes where the parts are cut",
-    "sample_schema": "the samples' fields as JSON (name, type, doc); 'plan_schema' likewise",
-    "path_root": "ROOT that relative sample paths resolve against (build --relative-to), or null: absolute paths",
-    "files": "{relative path: {'bytes': int, 'sha256': hex}} for every data file (the samples parts numbered from 0), "
-    "recorded at commit",
-}
 
 
 def schema_to_json(schema: pa.Schema) -> list[dict[str, str]]:

@@ -82,7 +82,7 @@ def plan_manifest(
         "schema_version": SCHEMA_VERSION,
         "created_by": "tests/elastic_fixture.py",
         **cfg.to_json(),
-        "cost_model": {"name": "given", "params": {}},
+        "cost_model": {"name": "given"},
         "buckets": {
             "edges": edges.tolist(),
             "weights": list(weights) if weights else [1.0] * (len(edges) + 1),

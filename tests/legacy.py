@@ -1,5 +1,5 @@
 """Test helper: rewrite an output of this lidarshard as an earlier schema version wrote it, to test that
-the readers of the previous version keep working (``schemas.READABLE_MAJORS``)."""
+an older output is refused in one line and rebuilds from its samples (``build --from-samples``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def as_written_by(out: Path, version: str) -> Path:
             t = t.select(schemas.scored_schema(version).names)
         elif key is not None:
             t = t.select(schemas.plan_schema(version).names)
-            new = schemas.plan_file(*key, version)
+            e, r = key
+            new = f"{schemas.PLAN_DIR}/epoch={e}/rank={r}/part-00000.parquet" if version < "4" else rel
             (out / rel).unlink()
         (out / new).parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(t.replace_schema_metadata({"lidarshard.schema_version": version}), out / new)

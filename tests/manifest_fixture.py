@@ -161,7 +161,7 @@ def _scored_table(
             arrays.append(pa.array(defaults[field.name], type=field.type))
         elif field.name in INTEGRITY_FIELDS:  # sizes and hashes not recorded: loaders read unchecked
             arrays.append(pa.nulls(n, field.type))
-        elif field.name in ("dataset", "frame", "sweep_frames"):  # one dataset, one frame per file
+        elif field.name in ("dataset", "frame", "sweep_frames", "sweep_time_lags"):  # one dataset, no lags
             arrays.append(pa.nulls(n, field.type))
         else:  # spatial stats (float32 m): not needed by the loaders
             arrays.append(pa.array(np.zeros(n, np.float32), type=field.type))
@@ -255,7 +255,7 @@ def write_manifest(
         "epochs": epochs,
         "seed": seed,
         "strategy": "budget" if budget else "fixture_sorted_lpt" if balanced else "fixture_random",
-        "cost_model": {"name": "points", "params": {}},
+        "cost_model": {"name": "points", "a": 1.0},
         "buckets": {
             "edges": edges.tolist(),
             "weights": [1.0] * (len(edges) + 1),

@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from lidarshard.schemas.records import CapsRecord
 from lidarshard.tools.validate_plan import check_caps as validate_caps
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.caps import (
@@ -21,8 +22,8 @@ from lidarshard.transforms.plan.caps import (
 def test_caps_validate_and_round_trip() -> None:
     caps = Caps(max_points=100, max_cost=2.5, max_samples=3)
     assert caps.active and not Caps().active
-    assert Caps.from_json(caps.to_json()) == caps
-    assert Caps.from_json(None) == Caps()
+    assert Caps.from_record(CapsRecord(**caps.to_json())) == caps
+    assert Caps.from_record(None) == Caps()
     for bad in (dict(max_points=0), dict(max_samples=1.5), dict(max_cost=-1.0), dict(max_cost=float("inf"))):
         with pytest.raises(ValueError, match="per-rank-step"):
             Caps(**bad)

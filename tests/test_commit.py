@@ -206,6 +206,7 @@ def _start(inp: Path, out: Path, log: Path, crash: str | None = None) -> subproc
         )
 
 
+@pytest.mark.slow  # 8 launcher subprocesses, killed at moments spread over a run
 def test_sigkill_at_any_moment_leaves_the_previous_or_the_new_manifest(tmp_path: Path) -> None:
     inp = make_bins(tmp_path / "in", n=40)
     out, log = tmp_path / "out", tmp_path / "log"

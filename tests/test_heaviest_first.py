@@ -95,7 +95,7 @@ def _manifest_of(cfg: PlanConfig) -> Manifest:
     obj = {
         "schema_version": schemas.SCHEMA_VERSION,
         **cfg.to_json(),
-        "cost_model": {"name": "given", "params": {}},
+        "cost_model": {"name": "given"},
         "buckets": {"edges": [], "weights": [1.0], "counts": [8]},
         "steps_per_epoch": [1],
         "counts": {"scanned": 8, "accepted": 8, "rejected": 0, "planned": [8], "dropped": [0], "padded": [0]},
@@ -122,9 +122,12 @@ def test_an_unknown_setting_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown --heaviest-first 'largest'"):
         PlanConfig(4, 2, heaviest_first="largest")
     m = _manifest_of(PlanConfig(4, 2, heaviest_first="cost"))
-    forged = Manifest.from_json(m.to_json() | {"caps": dict(m.caps or {}) | {"heaviest_first": None}})
-    with pytest.raises(ValueError, match="unknown --heaviest-first None"):
-        PlanConfig.from_manifest(forged)
+    assert m.caps is not None
+    forged = m.to_json() | {"caps": m.caps.to_json() | {"heaviest_first": "largest"}}
+    with pytest.raises(ValueError, match="unknown --heaviest-first 'largest'"):
+        PlanConfig.from_manifest(Manifest.from_json(forged))
+    with pytest.raises(ValueError, match="caps: heaviest_first must be a string"):  # typed at the one read
+        Manifest.from_json(m.to_json() | {"caps": m.caps.to_json() | {"heaviest_first": None}})
 
 
 # ------------------------------------------------------------------------------------------ the CLI

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,6 @@ from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.tools.validate import validate
 from tests.adversarial import TABLES_VERSION, good_cloud, write_tables_corpus
 from tests.helpers import BEAM_TEST_FLAGS
-from tests.legacy import as_written_by
 
 LOOSE = ["--max-reject-fraction", "1", *BEAM_TEST_FLAGS]
 TABLE_FLAGS = ["--nuscenes-version", TABLES_VERSION, *LOOSE]
@@ -215,14 +215,38 @@ def test_from_samples_of_garbage_is_refused(tmp_path: Path, capsys) -> None:
 # ------------------------------------------------------------------------ glob characters in names
 
 
+GLOB_NAMES = ["a*.bin", "a?.bin", "a[A].bin", "br[1].bin", "x[!y].bin", "a[*].bin"]
+
+
+@pytest.fixture(scope="module")
+def glob_scans(tmp_path_factory) -> Callable[[str], tuple[dict[str, dict], dict]]:
+    """features -> (samples, rejects) of one scan (made once a module) of ``in/<i>/<GLOB_NAMES[i]>``,
+    each name in its own folder beside the decoys a glob would find instead."""
+    made: dict[str, tuple[dict[str, dict], dict]] = {}
+
+    def scan(features: str) -> tuple[dict[str, dict], dict]:
+        if features not in made:
+            inp = tmp_path_factory.mktemp(f"glob-{features}") / "in"
+            for i, name in enumerate(GLOB_NAMES):
+                _cloud(inp / str(i) / name, 100)
+                _cloud(inp / str(i) / "aA.bin", 5000, seed=1)  # what a glob would find instead
+                _cloud(inp / str(i) / "b1.bin", 5000, seed=2)
+            _, samples, rejects = _scan(inp, inp.parent / "out", "--features", features)
+            made[features] = samples, rejects
+        return made[features]
+
+    return scan
+
+
 @pytest.mark.parametrize("features", ["full", "stat"])
-@pytest.mark.parametrize("name", ["a*.bin", "a?.bin", "a[A].bin", "br[1].bin", "x[!y].bin", "a[*].bin"])
-def test_glob_characters_in_file_names_are_literal(tmp_path: Path, name: str, features: str) -> None:
-    inp = tmp_path / "in"
-    _cloud(inp / name, 100)
-    _cloud(inp / "aA.bin", 5000, seed=1)  # what a glob would find instead
-    _cloud(inp / "b1.bin", 5000, seed=2)
-    _, samples, rejects = _scan(inp, tmp_path / "out", "--features", features)
+@pytest.mark.parametrize("name", GLOB_NAMES)
+def test_glob_characters_in_file_names_are_literal(glob_scans, name: str, features: str) -> None:
+    found, rejects = glob_scans(features)
+    samples = {
+        sid.split("/", 1)[1]: row
+        for sid, row in found.items()
+        if sid.startswith(f"{GLOB_NAMES.index(name)}/")
+    }
     assert rejects == {}
     assert samples[name]["num_points"] == 100 and samples[name]["file_bytes"] == 1600
 
@@ -282,29 +306,57 @@ def _special(path: Path, kind: str) -> None:
 SPECIAL = ["fifo", "dev_zero", "dev_null", "dev_urandom", "dir", "link_to_fifo"]
 
 
+@pytest.fixture(scope="module")
+def special_scans(tmp_path_factory) -> Callable[[str], tuple[Path, dict[str, dict], dict]]:
+    """features -> (input folder, samples, rejects) of one scan (made once a module) of ``in/*.bin``:
+    ``ok.bin`` and one ``<kind>.bin`` of every special kind."""
+    made: dict[str, tuple[Path, dict[str, dict], dict]] = {}
+
+    def scan(features: str) -> tuple[Path, dict[str, dict], dict]:
+        if features not in made:
+            tmp = tmp_path_factory.mktemp(f"special-{features}")
+            _cloud(tmp / "in" / "ok.bin", 100)
+            for kind in SPECIAL:
+                _special(tmp / "in" / f"{kind}.bin", kind)
+            _, samples, rejects = _scan(f"{tmp}/in/*.bin", tmp / "out", "--features", features)
+            made[features] = tmp / "in", samples, rejects
+        return made[features]
+
+    return scan
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("features", ["full", "stat"])
 @pytest.mark.parametrize("kind", SPECIAL)
-def test_special_files_through_a_glob_are_rejected_unread(tmp_path: Path, kind: str, features: str) -> None:
-    _cloud(tmp_path / "in" / "ok.bin", 100)
-    _special(tmp_path / "in" / "bad.bin", kind)
-    counts, samples, rejects = _scan(f"{tmp_path}/in/*.bin", tmp_path / "out", "--features", features)
+def test_special_files_through_a_glob_are_rejected_unread(special_scans, kind: str, features: str) -> None:
+    inp, samples, rejects = special_scans(features)
     assert list(samples) == ["ok.bin"]
     if kind != "dir":  # Beam's match lists no directories
-        reason, detail = rejects[f"{tmp_path}/in/bad.bin"]
+        reason, detail = rejects[f"{inp}/{kind}.bin"]
         assert reason == "unreadable" and "not a regular file" in detail
+
+
+@pytest.fixture(scope="module")
+def special_tables(tmp_path_factory) -> tuple[Path, dict[str, dict], dict]:
+    """(root, samples, rejects) of one scan (made once a module) of a tables corpus whose keyframe
+    ``good<i>`` is made the special kind ``SPECIAL[i]``; the last keyframe stays a sound file."""
+    root = tmp_path_factory.mktemp("special-tables") / "root"
+    write_tables_corpus(root, good=len(SPECIAL) + 1)
+    for i, kind in enumerate(SPECIAL):
+        key = root / f"samples/LIDAR_TOP/good{i:02d}.pcd.bin"
+        key.unlink()
+        _special(key, kind)
+    _, samples, rejects = _scan(root, root.parent / "out", *TABLE_FLAGS)
+    return root, samples, rejects
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", SPECIAL)
-def test_special_files_named_by_tables_are_rejected_unread(tmp_path: Path, kind: str) -> None:
-    root = tmp_path / "root"
-    write_tables_corpus(root, good=2)
-    key = root / "samples/LIDAR_TOP/good00.pcd.bin"
-    key.unlink()
-    _special(key, kind)
-    _, samples, rejects = _scan(root, tmp_path / "out", *TABLE_FLAGS)
-    assert "s_good00" not in samples and "s_good01" in samples
+def test_special_files_named_by_tables_are_rejected_unread(special_tables, kind: str) -> None:
+    root, samples, rejects = special_tables
+    i = SPECIAL.index(kind)
+    key = root / f"samples/LIDAR_TOP/good{i:02d}.pcd.bin"
+    assert f"s_good{i:02d}" not in samples and f"s_good{len(SPECIAL):02d}" in samples
     reason, detail = rejects[str(key)]
     assert reason == "unreadable" and "not a regular file" in detail
 
@@ -462,14 +514,6 @@ def test_swapped_ranks_fail_validate_even_with_matching_hashes(built: Path, tmp_
     _rehash(out, schemas.plan_file(0, 0), schemas.plan_file(0, 1))
     problems, _ = validate(str(out))
     assert any("column rank is not 0 on every row" in p for p in problems), problems  # 4.0: the key
-    old = as_written_by(_copy(built, tmp_path / "old"), "3.1")  # 3.x: keys in the names only
-    a, b = (old / schemas.plan_file(0, r, "3.1") for r in (0, 1))
-    data_a, data_b = a.read_bytes(), b.read_bytes()
-    a.write_bytes(data_b)
-    b.write_bytes(data_a)
-    _rehash(old, schemas.plan_file(0, 0, "3.1"), schemas.plan_file(0, 1, "3.1"))
-    problems, _ = validate(str(old))
-    assert any("differs from the plan" in p and "recomputes" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Data integrity from scan to training (schema 3.1): the scan records each file's size and CRC-32,
 ``lidarshard validate OUT --data`` checks every file, the loaders refuse a changed file or a path that
-leaves ``path_root``; schema 3.0 outputs still validate and load."""
+leaves ``path_root``; a schema 3.0 output is refused in one line and rebuilds from its samples."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
+from lidarshard.loaders import load_manifest
 from lidarshard.loaders.points import FileChangedError, Recorded, load_points, read_recorded
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import scan as scan_cli
@@ -120,7 +121,7 @@ def test_the_scan_records_every_files_size_and_crc32(built: Path, dataroot: Path
             assert (size, crc) == (len(data), zlib.crc32(data)), rel
         assert r["file_bytes"] == r["path_bytes"] + sum(r["sweep_bytes"])
     m = json.loads((built / schemas.MANIFEST_FILE).read_text())
-    assert m["schema_version"] == schemas.SCHEMA_VERSION == "4.2"
+    assert m["schema_version"] == schemas.SCHEMA_VERSION == "4.3"
     assert m["scan_config"]["content_hash"] == schemas.CONTENT_HASH == "crc32"
     assert set(schemas.INTEGRITY_FIELDS) <= {f["name"] for f in m["sample_schema"]}
     assert pq.read_schema(built / schemas.samples_part(0)).names == schemas.scored_schema().names
@@ -456,7 +457,7 @@ def test_real_nuscenes_files_recorded_validated_and_a_truncated_copy_refused(
         dataset[dataset.sample_ids.index(big)]
 
 
-# ------------------------------------------------------------------------------ schema 3.0 still reads
+# ----------------------------------------------------------------- schema 3.0: refused, rebuilt from samples
 
 
 def _as_schema_3_0(out: Path) -> Path:
@@ -464,24 +465,20 @@ def _as_schema_3_0(out: Path) -> Path:
     return as_written_by(out, "3.0")
 
 
-def test_schema_3_0_outputs_validate_and_load(built: Path, moved: Path, tmp_path: Path, capsys) -> None:
+def test_schema_3_0_outputs_are_refused_in_one_line(built: Path, moved: Path, tmp_path: Path, capsys) -> None:
     old = _as_schema_3_0(Path(shutil.copytree(built, tmp_path / "old")))
     assert pq.read_schema(old / schemas.samples_part(0)).names == schemas.scored_schema("3.0").names
     rc, text = _validate(capsys, old, "--data", "--root", moved)
-    files = sum(2 + len(r["sweep_paths"]) for r in _rows(old))
-    assert rc == 0 and f"{files} of them only checked to exist (schema 3.0 recorded none: rescan" in text, (
-        text
+    problems = text.splitlines()[1:]
+    assert rc == 1 and problems[1:] == ["  --data: files not checked (the problems above come first)"], text
+    assert (
+        "written with manifest schema 3.0" in problems[0] and f"--from-samples {old}/samples" in problems[0]
     )
-    (moved / _rows(old)[0]["label_path"]).unlink()
-    assert _validate(capsys, old, "--data", "--root", moved)[0] == 1
-    pytest.importorskip("torch")
-    from lidarshard.loaders.torch import PointCloudDataset
-
-    np.zeros((7, 5), np.float32).tofile(moved / _rows(old)[0]["path"])
-    loaded = PointCloudDataset(old, root=str(moved), sweeps=False)[0]["points"]
-    assert loaded.shape == (7, 5)  # nothing recorded: read unchecked
-    with pytest.raises(ValueError, match=r'verify="hash": 4 samples have no recorded crc32'):
-        PointCloudDataset(old, verify="hash")
+    with pytest.raises(
+        ValueError, match=r"written with manifest schema 3\.0; this lidarshard reads 4\.x"
+    ) as info:
+        load_manifest(old)
+    assert "\n" not in str(info.value)
 
 
 def test_validate_checks_each_file_against_its_own_versions_contract(
@@ -490,9 +487,9 @@ def test_validate_checks_each_file_against_its_own_versions_contract(
     out = Path(shutil.copytree(built, tmp_path / "out"))
     t = pq.read_table(out / schemas.samples_part(0))
     for version, needle in (
-        ("3.0", "schema differs from the contract: extra ['path_bytes'"),  # 3.1 columns under a 3.0 label
-        ("3.2", "written with schema version '3.2', expected '4.2' (or an earlier minor)"),  # no 3.2 exists
-        ("4.3", "written with schema version '4.3', expected '4.2' (or an earlier minor)"),
+        ("3.0", "written with schema version '3.0', expected '4.3' (or an earlier minor)"),  # 3.x: not read
+        ("3.2", "written with schema version '3.2', expected '4.3' (or an earlier minor)"),  # no 3.2 exists
+        ("4.4", "written with schema version '4.4', expected '4.3' (or an earlier minor)"),
         ("2.1", "written with schema version '2.1'"),
     ):
         _rewrite(
@@ -521,8 +518,8 @@ def test_schema_versions_and_the_content_hash() -> None:
     assert schemas.sample_schema("3.1").names[-len(schemas.INTEGRITY_FIELDS) :] == list(
         schemas.INTEGRITY_FIELDS
     )
-    readable = [schemas.is_readable(v) for v in ("3.0", "3.1", "3.2", "2.1", "", "4.0", "4.3", "5.0")]
-    assert readable == [1, 1, 0, 0, 0, 1, 0, 0]
+    readable = [schemas.is_readable(v) for v in ("3.0", "3.1", "3.2", "2.1", "", "4.0", "4.4", "5.0")]
+    assert readable == [0, 0, 0, 0, 0, 1, 0, 0]
     assert schemas.is_before("3.9", "3.10") and not schemas.is_before("3.1", "3.1")
     data = os.urandom(5000)
     assert schemas.content_hash(data[1234:], schemas.content_hash(data[:1234])) == zlib.crc32(data)

@@ -91,3 +91,28 @@ def test_importing_every_module_outside_the_beam_layer_loads_no_beam() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_contract_imports_only_itself() -> None:
+    """``lidarshard.schemas`` is the contract every other folder reads: it imports nothing else of lidarshard."""
+    mods = _modules()
+    contract = {
+        n: p for n, p in mods.items() if n == "lidarshard.schemas" or n.startswith("lidarshard.schemas.")
+    }
+    assert len(contract) >= 2
+    offenders = {
+        name: sorted(
+            m
+            for m in _imports(path)
+            if m.split(".")[0] == "lidarshard" and not m.startswith("lidarshard.schemas")
+        )
+        for name, path in contract.items()
+    }
+    assert not any(offenders.values()), f"schemas imports beyond itself: {offenders}"
+
+
+def test_the_planner_and_the_contract_agree_on_variable_count_strategies() -> None:
+    from lidarshard import schemas
+    from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT
+
+    assert VARIABLE_COUNT is schemas.VARIABLE_COUNT and VARIABLE_COUNT <= set(STRATEGIES)

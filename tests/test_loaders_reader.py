@@ -74,7 +74,7 @@ def test_refuses_a_v1_manifest_naming_both_versions_and_the_rebuild(out: Path) -
     meta["schema_version"] = "1.0"
     (out / MANIFEST_FILE).write_text(json.dumps(meta))
     want = (
-        rf"{out} was written with manifest schema 1\.0; this lidarshard reads 3\.x and 4\.x \(writes {re.escape(SCHEMA_VERSION)}\): rebuild it "
+        rf"{out} was written with manifest schema 1\.0; this lidarshard reads 4\.x \(writes {re.escape(SCHEMA_VERSION)}\): rebuild it "
         rf"without rescanning with `lidarshard build NEW_OUT --from-samples {out}/samples\.parquet "
         r"--world-size 2 --batch-size 2 --epochs 2 --seed 0 --strategy fixture_sorted_lpt`"
     )

@@ -208,6 +208,7 @@ def test_dataset_on_real_nuscenes_sweeps(tmp_path: Path, realdata: Path) -> None
     assert len(pts) > 34688
 
 
+@pytest.mark.slow  # starts examples/train_ddp.py: 2 gloo ranks, torch imported per process
 @pytest.mark.timeout(120)
 def test_train_ddp_two_gloo_ranks(tmp_path: Path) -> None:
     """A real 2-process gloo run of the example on a tiny fixture, with per-sample timings."""
@@ -399,6 +400,7 @@ def test_sampler_rank_epoch_and_state_must_be_ints(out: Path, bad: object) -> No
         PlanLoader(_Indices(3), sampler, batch_size=3)
 
 
+@pytest.mark.slow  # starts examples/train_ddp.py: 2 gloo ranks, torch imported per process
 @pytest.mark.timeout(120)
 def test_train_ddp_lidarseg_with_validation(tmp_path: Path) -> None:
     """The example on lidarseg labels: validation before and after every epoch, counted per class."""

@@ -386,6 +386,7 @@ def _ddp_worker(rank: int, rendezvous: str, out: str, work_dir: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 2 spawned torch processes training through mmengine
 def test_timing_hook_under_ddp_ends_compute_at_the_first_gradient_bucket(tmp_path: Path) -> None:
     """2 gloo ranks through a real Runner: every rank-step is timed by the DDP comm hook
     (``method`` "ddp_first_bucket") and holds that rank's planned samples."""

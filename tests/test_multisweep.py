@@ -83,6 +83,26 @@ def test_aggregate_keeps_keyframe_whole_and_filters_sweeps_in_their_own_frame() 
     np.testing.assert_array_equal(out[2], [12.0, 0.0, 1.0, 10, 3])
 
 
+def test_aggregate_close_point_rules() -> None:
+    """ "sweeps" keeps the keyframe whole, "devkit" filters every cloud, "none" no cloud."""
+    key = _pts([[0.1, 0.1, 0.0, 7, 0], [5.0, 0.0, 0.0, 8, 1]])
+    sweep = _pts([[0.5, 0.0, 0.0, 9, 2], [2.0, 0.0, 1.0, 10, 3]])
+    shift = yaw_tf(0.0, (10.0, 0.0, 0.0))
+    moved = _pts([[10.5, 0.0, 0.0, 9, 2], [12.0, 0.0, 1.0, 10, 3]])
+    np.testing.assert_array_equal(
+        aggregate(key, [sweep], [shift], close_points="sweeps"), np.vstack([key, moved[1:]])
+    )
+    np.testing.assert_array_equal(
+        aggregate(key, [sweep], [shift], close_points="devkit"), np.vstack([key[1:], moved[1:]])
+    )
+    np.testing.assert_array_equal(
+        aggregate(key, [sweep], [shift], close_points="none"), np.vstack([key, moved])
+    )
+    np.testing.assert_array_equal(aggregate(key, [], [], close_points="devkit"), key[1:])  # no sweeps: still
+    with pytest.raises(ValueError, match="close_points must be one of sweeps, devkit, none, got 'all'"):
+        aggregate(key, [], [], close_points="all")
+
+
 def test_aggregate_rotates_xyz_only() -> None:
     key = _pts([[3.0, 3.0, 3.0, 1, 1]])
     sweep = _pts([[2.0, 0.0, 0.5, 42, 17]])

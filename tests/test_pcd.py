@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import time
 
 import lzf
 import numpy as np
@@ -216,10 +215,8 @@ def test_bad_header_lines(line, new, reason, detail):
 @pytest.mark.timeout(5)
 def test_trillion_points_rejected_at_once():
     data = _edit("POINTS", "POINTS 1000000000000", _edit("WIDTH", "WIDTH 1000000000000"))
-    start = time.perf_counter()
-    assert _reason(data).reason == "too_large"
+    assert _reason(data).reason == "too_large"  # no allocation: the timeout(5) above guards it
     assert _reason(data, max_points=10**13).reason == "truncated"
-    assert time.perf_counter() - start < 1.0  # a sanity bound on "no allocation", not a benchmark
     comp = make_pcd(_XYZ, "binary_compressed")
     big = _edit("POINTS", "POINTS 1000000000000", _edit("WIDTH", "WIDTH 1000000000000", comp))
     assert _reason(big, max_points=10**13).reason == "bad_header"  # uncompressed size != claim

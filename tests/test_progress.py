@@ -112,7 +112,9 @@ def test_ctrl_c_gives_the_terminal_back_before_the_handler_runs(monkeypatch, cap
     try:
         with cli.running():
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.1)
+            deadline = time.monotonic() + 30
+            while not said and time.monotonic() < deadline:  # poll: the handler runs between bytecodes
+                time.sleep(0.01)
             with pytest.raises(KeyboardInterrupt):  # the default SIGINT handler still raises
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(1)
@@ -130,9 +132,12 @@ def test_the_progress_line_sums_the_workers_and_cleans_up(monkeypatch, capfd) ->
         code = "from lidarshard.transforms import progress\nt = progress.Tally('inputs read')\n"
         code += "[t.add(total=4) for _ in range(4)]\nt.flush()"
         subprocess.run([sys.executable, "-c", code], check=True)  # a worker of the run
-        time.sleep(0.3)
+        seen, deadline = "", time.monotonic() + 60  # poll until the drawing thread shows the sum
+        while "all 4 inputs read" not in seen and time.monotonic() < deadline:
+            seen += capfd.readouterr().err
+            time.sleep(0.01)
     assert progress.ENV not in os.environ and not os.path.exists(directory)
-    err = capfd.readouterr().err.splitlines()  # stderr is no terminal here: whole lines
+    err = (seen + capfd.readouterr().err).splitlines()  # stderr is no terminal here: whole lines
     assert err[0].startswith("lidarshard test: ")
     assert err[-1].startswith("lidarshard test: all 4 inputs read in ") and "finishing" in err[-1]
 

@@ -67,12 +67,12 @@ def test_the_epochs_before_e_are_kept_byte_for_byte_and_the_rest_replanned(runs)
     assert _epoch_bytes(newer, 1) == _epoch_bytes(new, 1)
     assert _epoch_bytes(newer, 2) != _epoch_bytes(new, 2)
     m, mp = load_manifest(new), load_manifest(prev)
-    assert [h["until_epoch"] for h in m.cost_history] == [1]
-    assert m.cost_history[0]["cost_model"] == dict(mp.cost_model)
-    assert m.cost_history[0]["bucket_edges"] == list(mp.buckets.edges)
-    assert m.balance[0] == mp.balance[0] and m.cost_model["q"] == 2.0
+    assert [h.until_epoch for h in m.cost_history] == [1]
+    assert m.cost_history[0].cost_model == mp.cost_model
+    assert m.cost_history[0].bucket_edges == mp.buckets.edges
+    assert m.balance[0] == mp.balance[0] and m.cost_model.q == 2.0
     history = load_manifest(newer).cost_history
-    assert [(h["until_epoch"], h["cost_model"]["name"]) for h in history] == [(1, "voxels"), (2, "linear")]
+    assert [(h.until_epoch, h.cost_model.name) for h in history] == [(1, "voxels"), (2, "linear")]
     for out in (new, newer):
         assert validate(str(out))[0] == [], out
     assert not mp.cost_history and "cost_history" not in json.loads((prev / "_manifest.json").read_text())

@@ -158,6 +158,7 @@ def test_dataset_reads_points_from_s3_also_with_latency(s3: S3Server, built: Bui
     )
 
 
+@pytest.mark.slow  # per layout: synth, upload, and two builds through the S3 server
 @pytest.mark.parametrize("layout", ["av2", "waymo_v2"])
 def test_a_layout_is_recognised_built_and_read_on_s3(s3: S3Server, tmp_path: Path, layout: str) -> None:
     """A synthetic AV2 log / Waymo v2 segment on s3://: the layout is recognised through the store's

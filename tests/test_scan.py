@@ -120,6 +120,19 @@ def test_featurize_aggregates_sweeps_and_checks_labels() -> None:
         featurize(task, *mem_io(files | {"l.bin": bytes(50)}), ScanConfig())
 
 
+@pytest.mark.parametrize(("rule", "points"), [("sweeps", 50 + 49), ("devkit", 49 + 49), ("none", 50 + 50)])
+def test_featurize_counts_points_under_the_close_point_rule(rule: str, points: int) -> None:
+    key = np.zeros((50, 5), np.float32)
+    key[:, 0] = np.arange(50)  # one point (x = 0) inside the |x|<1, |y|<1 box of each cloud
+    files = {"k.pcd.bin": key.tobytes(), "s.pcd.bin": key.tobytes()}
+    task = ScanTask("tok", "k.pcd.bin", (SweepRef("s.pcd.bin", IDENTITY, 0.05),), None)
+    assert featurize(task, *mem_io(files), ScanConfig(close_points=rule))["num_points"] == points
+    alone = featurize(ScanTask("tok", "k.pcd.bin", (), None), *mem_io(files), ScanConfig(close_points=rule))
+    assert alone["num_points"] == (49 if rule == "devkit" else 50)  # "devkit" filters a lone keyframe too
+    with pytest.raises(ValueError, match="close_points must be one of sweeps, devkit, none, got 'all'"):
+        ScanConfig(close_points="all")
+
+
 def test_too_large_files_are_never_read() -> None:
     def read(_: str, limit: int | None = None) -> bytes:
         raise AssertionError("read a file that should have been refused by its size")

@@ -162,7 +162,6 @@ def test_accelerator_events_time_steps_without_waiting_on_the_host(tmp_path: Pat
     monkeypatch.setattr(_FakeEvent, "made", [])
     timer = StepTimer(str(tmp_path), rank=0, world_size=2, flush_every=10)
     assert timer.device == "npu:1"
-    host = time.perf_counter()
     for step, (compute, wall) in enumerate([(0.25, 0.5), (0.125, 0.75)]):
         base = _FakeEvent.now
         timer.start(0, step, [str(step)])
@@ -175,7 +174,7 @@ def test_accelerator_events_time_steps_without_waiting_on_the_host(tmp_path: Pat
     rows = read_timing_files(str(tmp_path)).to_pylist()
     assert [(r["compute_s"], r["wall_s"]) for r in rows] == [(0.25, 0.5), (0.125, 0.75)]
     assert {(r["device"], r["method"]) for r in rows} == {("npu:1", "mark")}
-    assert len(_FakeEvent.made) == 6 and time.perf_counter() - host < 60
+    assert len(_FakeEvent.made) == 6
     timer.close()  # one process records a rank: the next timer of rank 0 may start now
     with pytest.raises(ValueError, match="current accelerator is 'npu'"):
         StepTimer(str(tmp_path), rank=0, world_size=1, device="cuda")
@@ -247,6 +246,7 @@ def _ddp_worker(rank: int, rendezvous: str, directory: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 2 spawned torch processes under DDP
 def test_ddp_hook_shows_the_slow_rank_that_wall_time_hides(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     import torch.multiprocessing as mp

@@ -218,7 +218,7 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "schema version": (
         _manifest_edit(lambda m: m.update(schema_version="1.0")),
-        f"written with manifest schema 1.0; this lidarshard reads 3.x and 4.x (writes {schemas.SCHEMA_VERSION}): "
+        f"written with manifest schema 1.0; this lidarshard reads 4.x (writes {schemas.SCHEMA_VERSION}): "
         "rebuild it "
         "without rescanning with `lidarshard build NEW_OUT --from-samples",
     ),
@@ -253,7 +253,7 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "caps not a number": (
         _manifest_edit(lambda m: m["caps"].update(max_samples_per_rank_step="x")),
-        "caps {'max_samples_per_rank_step': 'x'}) cannot be used",
+        "_manifest.json: caps: max_samples_per_rank_step must be an int >= 1, got 'x'",  # typed at the read
     ),
     "pair repeat rate": (
         _manifest_edit(lambda m: m["pair_repeat_rate"].update(random=0.5)),

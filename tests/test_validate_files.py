@@ -22,23 +22,19 @@ def _check(
     return complete, parts, problems
 
 
-def test_plan_key_takes_only_the_exact_plan_file_name_of_its_version() -> None:
+def test_plan_key_takes_only_the_exact_plan_file_name() -> None:
     assert schemas.plan_file(3, 12) == "plan/epoch-3/rank-12/part-00000.parquet"
     assert plan_key(schemas.plan_file(3, 12)) == (3, 12)
     assert plan_key("plan/epoch-03/rank-12/part-00000.parquet") is None  # not how lidarshard names it
     assert plan_key("plan/epoch-3/rank-12/other.parquet") is None and plan_key("rejects.parquet") is None
-    old = "plan/epoch=3/rank=12/part-00000.parquet"  # a 3.x name: its own version's, not 4.0's
-    assert plan_key(old) is None and plan_key(old, "3.1") == (3, 12) == plan_key(old, "3.0")
-    assert plan_key(schemas.plan_file(3, 12), "3.1") is None
+    assert plan_key("plan/epoch=3/rank=12/part-00000.parquet") is None  # a 3.x name: not read
 
 
-def test_a_3_x_list_is_checked_with_its_own_names() -> None:
+def test_a_3_x_list_is_all_stray_names() -> None:
     files = {schemas.samples_part(0): {}, schemas.REJECTS_FILE: {}}
-    files |= {schemas.plan_file(e, r, "3.1"): {} for e in range(2) for r in range(3)}
+    files |= {f"plan/epoch={e}/rank={r}/part-00000.parquet": {} for e in range(2) for r in range(3)}
     problems: list[tuple[str, str]] = []
-    complete, _ = check_listed(lambda *p: problems.append(p), files, 3, 2, 200, "3.1")
-    assert complete and not problems
-    complete, _ = check_listed(lambda *p: problems.append(p), files, 3, 2, 200)  # read as 4.0: all stray
+    complete, _ = check_listed(lambda *p: problems.append(p), files, 3, 2, 200)
     assert not complete and len(problems) == 6 + 6, problems  # 6 stray names, 6 missing
 
 

@@ -29,12 +29,13 @@ import sys
 import numpy as np
 
 from lidarshard.loaders import load_manifest, read_samples
+from lidarshard.schemas.records import CostModel
 from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report import REPORT_DIR, read_plan
 from lidarshard.tools.timings import design, fit_cost, read_timings_at
-from lidarshard.transforms.features.cost import cost_model_from_json
+from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
 
 __all__ = ["run", "calibrate"]
@@ -60,7 +61,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "timed": timed,
         "rows": raw.num_rows,
         "matched": obs.num_rows,
-        "manifest_cost_model": dict(manifest.cost_model),
+        "manifest_cost_model": manifest.cost_model.to_json(),
         "held_out": cal.held_out_fit(x, ms, keys),
         "linearity": balance.measured_balance(obs, checks) if "world_size" in obs.column_names else [],
     }
@@ -129,7 +130,7 @@ def run(argv: list[str] | None = None) -> int:
         print(f"lidarshard calibrate: {e}", file=sys.stderr)
         return 1
     try:  # never write a model the build would refuse (a fit of absurd timings)
-        cost_model_from_json(fit.to_json("ms")["cost_model"])
+        checked_model(CostModel("linear", fit.c0, fit.a, fit.b, fit.q))
     except ValueError as e:
         print(f"lidarshard calibrate: the fit is no usable cost model: {e}", file=sys.stderr)
         return 1

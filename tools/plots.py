@@ -8,7 +8,7 @@ backend switch, safe in headless workers and threads.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -230,7 +230,9 @@ def rejects_by_reason(reasons: Mapping[str, int]) -> bytes:
 MAX_EPOCH_BARS = 8
 
 
-def repeat_counts(expected: Mapping[str, float], realized: list[Mapping[str, float]], mode: str) -> bytes:
+def repeat_counts(
+    expected: Mapping[str, float], realized: Sequence[Mapping[str, float]], mode: str | None
+) -> bytes:
     """Grouped bars per class: expected copies per epoch (black) beside the realized copies of the
     first ``MAX_EPOCH_BARS`` epochs."""
     names = sorted(expected, key=lambda c: (len(c), c))  # class indices in numeric order

@@ -121,7 +121,7 @@ def load(out: str) -> ReportData:
 
 def cost_unit(m: Manifest) -> str:
     """Axis label for the manifest's cost units."""
-    return {"points": "points", "voxels": "occupied voxels"}.get(m.cost_model["name"], "linear-model units")
+    return {"points": "points", "voxels": "occupied voxels"}.get(m.cost_model.name, "linear-model units")
 
 
 def _step_buckets(data: ReportData, epoch: int) -> NDArray[np.int64]:
@@ -244,7 +244,7 @@ def summarize(data: ReportData) -> list[str]:
     rej = ", ".join(f"{r} {n}" for r, n in sorted(data.reasons.items()))
     lines = plan_in_words(m) + [
         f"{c.accepted} samples accepted, {c.rejected} rejected{f' ({rej})' if rej else ''}; "
-        f"{m.buckets.k} buckets over cost model {m.cost_model['name']}",
+        f"{m.buckets.k} buckets over cost model {m.cost_model.name}",
         f"plan {m.strategy}: world size {m.world_size}, batch {m.batch_size}, "
         f"{m.epochs} epoch(s) of {list(m.steps_per_epoch)} steps",
     ]
@@ -260,11 +260,9 @@ def summarize(data: ReportData) -> list[str]:
     if rep:
         ids = data.samples.column("bucket_id").to_numpy()
         expected = data.samples.column("weight").to_numpy() * np.asarray(m.buckets.weights)[ids]
-        ratio = [
-            np.mean([r.get(k, 0.0) for r in rep["realized"]]) / v for k, v in rep["expected"].items() if v > 0
-        ]
+        ratio = [np.mean([r.get(k, 0.0) for r in rep.realized]) / v for k, v in rep.expected.items() if v > 0]
         lines.append(
-            f"weights {rep['mode']}: {expected.sum():.1f} sample copies expected per epoch, planned "
+            f"weights {rep.mode}: {expected.sum():.1f} sample copies expected per epoch, planned "
             f"{', '.join(str(p) for p in c.planned)}; realized/expected per class "
             f"{min(ratio, default=1.0):.3f}..{max(ratio, default=1.0):.3f} (repeat.png)"
         )
@@ -352,7 +350,7 @@ def write_report(data: ReportData, out: str, directory: str, epoch: int, timings
     }
     if m.repeat:
         rep = m.repeat
-        files["repeat.png"] = plots.repeat_counts(rep["expected"], rep["realized"], rep["mode"])
+        files["repeat.png"] = plots.repeat_counts(rep.expected, rep.realized, rep.mode)
     if timings:
         figs, more = _timings(data, timings, epoch)
         files |= figs

@@ -14,7 +14,7 @@ ceil(bucket weight x sample weight) copies); the sample weights and the manifest
 Each epoch is re-derived once from the samples and the recorded settings (``PlanConfig.from_manifest``,
 ``plan_samples``) and must equal the plan files; epochs 0 and 1's re-derived plans give
 ``pair_repeat_rate``. A scan directory (``_scan.json``) gets the samples/rejects/counts checks. Files of
-an earlier 3.x schema are checked against the contract as that version wrote it (``schemas.ADDED_IN``).
+an earlier 4.x minor are checked against the contract as that version wrote it (``schemas.ADDED_IN``).
 With ``--data`` [``--root DIR``], every keyframe, sweep and label file the samples name must also be
 the one scanned: size and CRC-32 (``validate_data``).
 
@@ -27,17 +27,20 @@ OUT``. Vectorized with pyarrow/numpy (1M plan rows in a few seconds). Reads loca
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from lidarshard import schemas
-from lidarshard.schemas.jsonsafe import loads, short
-from lidarshard.schemas.manifest import Counts, Manifest
+from lidarshard.schemas.jsonsafe import short
+from lidarshard.schemas.manifest import Manifest
+from lidarshard.schemas.records import ScanCounts
+from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.tools import validate_data
 from lidarshard.tools.validate_derived import check_repeat_rate
 from lidarshard.tools.validate_files import (
@@ -57,7 +60,7 @@ from lidarshard.tools.validate_samples import (
 )
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan
-from lidarshard.transforms.io import storage
+from lidarshard.transforms.io import metadata, storage
 from lidarshard.transforms.io.arrow import parquet_file
 
 __all__ = ["run", "validate"]
@@ -67,14 +70,7 @@ _MAX_SHOWN = 5  # list items shown in one message
 MAX_PROBLEMS = 200
 
 
-class _ScanCounts(NamedTuple):
-    """``_scan.json``'s counts as recorded (a scan directory has no typed manifest: a forged value is
-    reported by the comparisons, never trusted)."""
-
-    scanned: object
-    accepted: object
-    rejected: object
-    rejected_by_reason: object
+_Record = TypeVar("_Record", Manifest, ScanRecord)
 
 
 class Invalid(Exception):
@@ -103,7 +99,7 @@ def _type(t: pa.DataType) -> str:
 
 def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
     """What is wrong with ``table``'s columns against ``want`` (a current contract) as the version the
-    file names wrote it (``schemas.as_written``: a 3.0 file has no 3.1 columns)."""
+    file names wrote it (``schemas.as_written``: a 4.0 file has no 4.1 columns)."""
     version = (table.schema.metadata or {}).get(b"lidarshard.schema_version", b"").decode()
     if not schemas.is_readable(version):
         return f"written with schema version {version!r}, expected {schemas.SCHEMA_VERSION!r} (or an earlier minor)"
@@ -189,7 +185,7 @@ class _Checker:
         files = [storage.join(self.store.root, p) for p in parts]
         return check_samples(files, accepted, fingerprint, root, self.problem, model_cost, keep)
 
-    def rejects(self, usable: bool, counts: Counts | _ScanCounts) -> None:
+    def rejects(self, usable: bool, counts: ScanCounts) -> None:
         """rejects.parquet (read when ``usable``) against the recorded ``counts``, and
         scanned = accepted + rejected."""
         rel = schemas.REJECTS_FILE
@@ -207,34 +203,25 @@ class _Checker:
                     rel, f"reasons {by_reason} != counts.rejected_by_reason {counts.rejected_by_reason}"
                 )
         accepted, rejected = counts.accepted, counts.rejected
-        if counts.scanned != (accepted if type(accepted) is int else 0) + (
-            rejected if type(rejected) is int else 0
-        ):
+        if counts.scanned != accepted + rejected:
             self.problem("counts", f"scanned {counts.scanned} != accepted {accepted} + rejected {rejected}")
 
 
-def _load_json(c: _Checker, rel: str) -> dict:
+def _read(c: _Checker, load: Callable[..., _Record], rel: str) -> _Record:
+    """``rel`` read once by the one metadata reader into its typed record; any failure stops validation
+    with its one line ("_manifest.json: <key> must be ...")."""
     try:
-        obj = loads(c.store.read(rel), rel)
+        return load(c.store.root, where=rel)
     except OSError as e:
         raise Invalid(f"{rel}: cannot be read ({e})") from None
     except ValueError as e:
         raise Invalid(str(e)) from None
-    if not isinstance(obj, dict):
-        raise Invalid(f"{rel}: not a JSON object")
-    try:
-        schemas.check_version(obj.get("schema_version", ""), c.store.root, obj)
-    except ValueError as e:
-        raise Invalid(f"{rel}: {e}") from None
-    return obj
 
 
 def _read_manifest(c: _Checker) -> Manifest:
-    """``_manifest.json`` read once into the typed ``Manifest`` (after the JSON and version checks)."""
-    try:
-        return Manifest.from_json(_load_json(c, schemas.MANIFEST_FILE), schemas.MANIFEST_FILE)
-    except ValueError as e:  # one line naming the key: "_manifest.json: <key> must be ..."
-        raise Invalid(str(e)) from None
+    """``_manifest.json`` read once into the typed ``Manifest`` (not required to be committed: every
+    number is compared with the files below)."""
+    return _read(c, functools.partial(metadata.load_manifest, committed=False), schemas.MANIFEST_FILE)
 
 
 def _plan_config(c: _Checker, m: Manifest) -> PlanConfig | None:
@@ -242,7 +229,9 @@ def _plan_config(c: _Checker, m: Manifest) -> PlanConfig | None:
     try:
         return PlanConfig.from_manifest(m)
     except (ValueError, TypeError) as err:
-        caps = {k: v for k, v in (m.caps or {}).items() if v is not None}  # the caps set
+        caps = {
+            k: v for k, v in (m.caps.to_json() if m.caps else {}).items() if v is not None
+        }  # the caps set
         c.problem(
             schemas.MANIFEST_FILE,
             f"the plan settings (strategy {short(m.strategy)}, caps {short(caps)}) cannot be used ({err}); "
@@ -253,7 +242,7 @@ def _plan_config(c: _Checker, m: Manifest) -> PlanConfig | None:
 
 def _check_manifest(c: _Checker) -> str:
     m = _read_manifest(c)
-    complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS, m.schema_version)
+    complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS)
     good = check_recorded(c.problem, c.store.root, c.store.sizes(), m.files)
     model_cost, bad_model = cost_model_of(m)
     samples = c.samples(
@@ -292,13 +281,11 @@ def _check_manifest(c: _Checker) -> str:
 
 
 def _check_scan(c: _Checker) -> str:
-    meta = _load_json(c, schemas.SCAN_FILE)  # a scan's own metadata, not a manifest: read as JSON
-    raw = meta.get("counts")
-    raw = raw if isinstance(raw, dict) else {}
-    counts = _ScanCounts(*(raw.get(k) for k in _ScanCounts._fields))
+    scan = _read(c, metadata.load_scan, schemas.SCAN_FILE)
+    counts = scan.counts
     present = c.store.sizes()
     parts = samples_parts(c.problem, check_scan_files(c.problem, present))
-    c.samples(parts, schemas.sample_schema(), counts.accepted, meta.get("inputs_fingerprint", ""))
+    c.samples(parts, schemas.sample_schema(), counts.accepted, scan.inputs_fingerprint)
     c.rejects(schemas.REJECTS_FILE in present, counts)
     return f"scan: {counts.scanned} scanned, {counts.accepted} accepted, {counts.rejected} rejected"
 

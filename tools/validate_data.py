@@ -10,8 +10,8 @@ of threads checks the files in order with at most ``WINDOW_PER_WORKER`` files in
 each hashed in ``BLOCK``-byte reads (``zlib.crc32`` releases the GIL, so threads hash in parallel).
 A file two samples name is checked twice: remembering every path would not stay bounded.
 
-A schema 3.0 manifest recorded no sizes or hashes: its files are only checked to exist (the summary
-says so). Reads local paths and URIs through ``lidarshard.transforms.io.storage``.
+A file whose size was not recorded (a table given to ``write_manifest``) is only checked to exist (the
+summary says so). Reads local paths and URIs through ``lidarshard.transforms.io.storage``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from lidarshard import schemas
 from lidarshard.loaders.points import Recorded, difference
-from lidarshard.loaders.reader import load_manifest
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import row_groups
+from lidarshard.transforms.io.metadata import load_manifest, load_scan
 from lidarshard.transforms.io.parts import listed_parts, open_parts, part_files
 from lidarshard.transforms.io.paths import PathResolver
 
@@ -97,9 +97,8 @@ def _samples(out: str) -> tuple[list[str], str, str | None]:
     if storage.exists(storage.join(out, schemas.MANIFEST_FILE)):
         m = load_manifest(out)
         return [storage.join(out, rel) for rel in listed_parts(m.files)], m.schema_version, m.path_root
-    meta = storage.read_json(storage.join(out, schemas.SCAN_FILE))
-    version = meta.get("schema_version", "") if isinstance(meta, dict) else ""
-    return part_files(storage.join(out, schemas.SAMPLES_DIR)), str(version), None  # a scan: full paths
+    version = load_scan(out).schema_version
+    return part_files(storage.join(out, schemas.SAMPLES_DIR)), version, None  # a scan: full paths
 
 
 def _files(parts: list[str], version: str, resolve: PathResolver, problem: Problem) -> Iterator[_File]:
@@ -161,15 +160,16 @@ def check_data(out: str, root: str | None, problem: Problem, workers: int = DEFA
         tally.unhashed += file.recorded.crc32 is None
         if what:
             problem(file.path, f"{file.what} of sample {file.sample_id!r}: {what}")
-    return _summary(tally, version)
+    return _summary(tally)
 
 
-def _summary(t: _Tally, version: str) -> str:
+def _summary(t: _Tally) -> str:
     """The summary of a check that found no problem."""
     line = f"data: {t.files} files as recorded ({t.bytes / 1e9:.2f} GB hashed)"
     if t.unsized:
-        why = f"schema {version} recorded none" if schemas.is_before(version, "3.1") else "none recorded"
-        line += f"; {t.unsized} of them only checked to exist ({why}: rescan to record sizes and hashes)"
+        line += (
+            f"; {t.unsized} of them only checked to exist (none recorded: rescan to record sizes and hashes)"
+        )
     elif t.unhashed:
         line += f"; {t.unhashed} of them by size only (no {schemas.CONTENT_HASH} recorded: --features stat)"
     return line

@@ -43,16 +43,15 @@ def check_listed(
     w: int,
     epochs: int,
     enumerate_up_to: int,
-    version: str = schemas.SCHEMA_VERSION,
 ) -> tuple[bool, list[str] | None]:
     """The files ``_manifest.json`` lists are exactly the samples parts, rejects and one plan file
-    per (epoch, rank) named as schema ``version`` names them (``schemas.plan_key``); missing plan files
+    per (epoch, rank) (``schemas.plan_key``); missing plan files
     are named one by one when at most ``enumerate_up_to``.
     Returns (whether the list is complete, the samples parts in order or None: ``samples_parts``).
     """
     plans: set[tuple[int, int]] = set()
     for rel in sorted(files):
-        key = schemas.plan_key(rel, version)
+        key = schemas.plan_key(rel)
         if key is not None and key[0] < epochs and key[1] < w:
             plans.add(key)
         elif rel != schemas.REJECTS_FILE and not rel.startswith(schemas.SAMPLES_DIR + "/"):
@@ -61,9 +60,7 @@ def check_listed(
     parts = samples_parts(problem, list(files))
     gap = w * epochs - len(plans)
     if 0 < gap <= enumerate_up_to:  # then w * epochs <= len(files) + enumerate_up_to: cheap to enumerate
-        missing += [
-            schemas.plan_file(e, r, version) for e in range(epochs) for r in range(w) if (e, r) not in plans
-        ]
+        missing += [schemas.plan_file(e, r) for e in range(epochs) for r in range(w) if (e, r) not in plans]
     elif gap:
         problem(
             "_manifest.json",

@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from lidarshard.schemas import ADDED_IN, is_before
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.buckets import resolve_weights
 from lidarshard.transforms.features.repeat import (
@@ -27,7 +28,6 @@ from lidarshard.transforms.features.repeat import (
     repeat_counts,
 )
 from lidarshard.transforms.io import paths, storage
-from lidarshard.transforms.layouts import label_maps_of
 
 __all__ = ["check_sample_weights", "check_realized"]
 
@@ -57,7 +57,7 @@ def _label_presence(
 ) -> tuple[NDArray[np.bool_], NDArray[np.bool_]] | None:
     found = paths.resolved(samples.select(["label_path"]).column("label_path").to_pylist(), m.path_root)
     try:
-        maps = label_maps_of(m.provenance.get("datasets") or [])
+        maps = label_maps(m.datasets)
         return label_presence(decoded_labels(found, _datasets(samples, m), maps, storage.read_bytes))
     except ValueError as e:
         problems.append(f"{_WHERE}: datasets: {e}; the weights were not re-derived")
@@ -87,13 +87,7 @@ def check_sample_weights(
             problems.append(f"samples: {samples.column('sample_id')[i]} has weight {w[i]:g} but the "
                             "manifest records no repeat factors or sample weights")  # fmt: skip
         return None
-    mode = rep.get("mode")
-    scale = rep.get("datasets")
-    if not isinstance(scale, dict) or not all(isinstance(v, (int, float)) for v in scale.values()):
-        if scale is not None:
-            problems.append(f"{_WHERE}: repeat.datasets {short(scale)} is not an object of weights")
-            return None
-        scale = {}
+    mode, scale = rep.mode, rep.datasets or {}
     by_dataset = dataset_scale(_datasets(samples, m), scale)
     if mode is None and scale:  # only --dataset-weights
         if not np.allclose(w, by_dataset, rtol=1e-12, atol=0):
@@ -101,7 +95,7 @@ def check_sample_weights(
             problems.append(f"samples: {samples.column('sample_id')[i]} has weight {w[i]:g} but its dataset's "
                             f"--dataset-weights give {by_dataset[i]:g}")  # fmt: skip
         mode = "column:"  # the counts below are per 'all', as for a column's weights
-    if not isinstance(mode, str) or not mode.startswith(("lidarseg:", "column:")):
+    if mode is None or not mode.startswith(("lidarseg:", "column:")):
         problems.append(f"{_WHERE}: repeat.mode {short(mode)} is not lidarseg:t=T or column:NAME")
         return None
     presence = None
@@ -127,9 +121,9 @@ def check_sample_weights(
     except (ValueError, IndexError):  # reported by the bucket checks
         return None
     want = repeat_counts(presence, w * bucket)
-    if not _same(rep.get("expected"), want):
+    if not _same(rep.expected, want):
         problems.append(
-            f"{_WHERE}: repeat.expected recorded {short(rep.get('expected'))}, recomputed {short(want)}"
+            f"{_WHERE}: repeat.expected recorded {short(dict(rep.expected))}, recomputed {short(want)}"
         )
     return (presence,)
 
@@ -140,7 +134,7 @@ def check_realized(problems: list[str], m: Manifest, e: int, plan: NDArray[np.in
     (presence,) = held
     seen = np.bincount(plan[plan >= 0], minlength=0 if presence is None else presence.shape[0])
     want = repeat_counts(presence, seen)
-    realized = (m.repeat or {}).get("realized")
-    got = realized[e] if isinstance(realized, list) and e < len(realized) else None
+    realized = m.repeat.realized if m.repeat is not None else ()
+    got = realized[e] if e < len(realized) else None
     if not _same(got, want):
         problems.append(f"epoch {e}: repeat.realized recorded {short(got)}, the plan holds {short(want)}")

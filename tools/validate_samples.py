@@ -25,7 +25,7 @@ from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
-from lidarshard.transforms.features.cost import cost_model_from_json, sample_costs
+from lidarshard.transforms.features.cost import checked_model, sample_costs
 from lidarshard.transforms.io import paths, storage
 from lidarshard.transforms.io.arrow import parquet_file, read_rows, row_groups
 from lidarshard.transforms.io.parts import ParquetParts, open_parts, read_parts
@@ -303,9 +303,9 @@ def cost_model_of(m: Manifest) -> tuple[Callable[[pa.Table], np.ndarray] | None,
     """(row group -> costs under the recorded cost model, or None for "given" costs; the reason the
     model cannot be applied, or None)."""
     try:
-        model = cost_model_from_json(dict(m.cost_model), given_ok=True)  # the one reading of a recorded model
+        model = checked_model(m.cost_model, given_ok=True)  # the one reading of a recorded model
     except ValueError as e:
-        return None, f"cost_model {short(dict(m.cost_model))} cannot be applied ({e})"
+        return None, f"cost_model {short(m.cost_model.to_json())} cannot be applied ({e})"
     # "given": costs came with the samples (lidarshard.write_manifest), nothing to re-derive
     return (None if model.name == "given" else lambda t: sample_costs(t, model)), None
 

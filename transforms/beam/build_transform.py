@@ -149,7 +149,7 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
 
 
 def _piece_path(work: str, epoch: int, rank: int, start: int) -> str:
-    e, r = schemas.plan_dir_names()
+    e, r = schemas.PLAN_DIR_NAMES
     return storage.join(work, f"{e}{epoch}", f"{r}{rank}", f"{start:012d}.parquet")
 
 

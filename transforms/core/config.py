@@ -11,7 +11,7 @@ from typing import Any
 
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.features import buckets
-from lidarshard.transforms.features.cost import CostModel, cost_model_from_json
+from lidarshard.transforms.features.cost import CostModel, checked_model
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, order
 from lidarshard.transforms.plan.caps import Caps
@@ -113,21 +113,18 @@ class PlanConfig:
         """
         used = [k for k, n in enumerate(m.buckets.counts) if n > 0]
         k = used[-1] + 1 if used else 1
-        mode = (m.repeat or {}).get("mode")
+        mode = m.repeat.mode if m.repeat is not None else None
         repeat = WeightSpec()
-        if isinstance(mode, str) and mode.startswith("lidarseg:"):
+        if mode is not None and mode.startswith("lidarseg:"):
             repeat = WeightSpec(threshold=parse_repeat_factors(mode))
-        elif isinstance(mode, str) and mode.startswith("column:"):
+        elif mode is not None and mode.startswith("column:"):
             repeat = WeightSpec(column=mode[len("column:") :])
-        scale = (m.repeat or {}).get("datasets")
-        if isinstance(scale, dict) and scale:
+        scale = m.repeat.datasets if m.repeat is not None else None
+        if scale:
             pairs = tuple(sorted((str(k), float(v)) for k, v in scale.items()))
             repeat = WeightSpec(repeat.threshold, repeat.column, pairs)
-        first = (m.caps or {}).get("heaviest_first", "off")
-        earlier = tuple(
-            (int(h["until_epoch"]), cost_model_from_json(h["cost_model"]), tuple(h["bucket_edges"]))
-            for h in m.cost_history
-        )
+        first = m.caps.heaviest_first if m.caps is not None else "off"
+        earlier = tuple((h.until_epoch, checked_model(h.cost_model), h.bucket_edges) for h in m.cost_history)
         weights = tuple(m.buckets.weights[:k])
         fields: dict[str, Any] = {
             "world_size": m.world_size,
@@ -138,7 +135,7 @@ class PlanConfig:
             "policy": m.policy,
             "num_buckets": m.buckets.k,
             "weights": None if all(w == 1.0 for w in weights) else weights,  # None: all 1, any k
-            "caps": Caps.from_json(dict(m.caps) if m.caps is not None else None),
+            "caps": Caps.from_record(m.caps),
             "max_plan_factor": MAX_PLAN_FACTOR if m.max_plan_factor is None else m.max_plan_factor,
             "repeat": repeat,
             "heaviest_first": first,

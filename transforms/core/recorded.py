@@ -10,15 +10,19 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lidarshard import schemas
-from lidarshard.transforms.io import storage
+from lidarshard.schemas.records import DatasetEntry
+from lidarshard.schemas.scan_record import ScanRecord
+from lidarshard.transforms.io import metadata, storage
 from lidarshard.transforms.io.arrow import row_groups
 from lidarshard.transforms.io.parts import open_parts, samples_files
+from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS, recorded_close_points
 
 __all__ = [
     "previous_datasets",
     "previous_dir",
     "previous_root",
     "recorded_fraction",
+    "previous_close_points",
     "previous_rejects",
     "check_schema",
     "previous_rows",
@@ -30,43 +34,42 @@ def previous_dir(samples_path: str) -> str:
     return samples_path.rsplit("/", 1)[0] if "/" in samples_path else "."
 
 
-def _recorded(samples_path: str) -> list[dict]:
-    """The ``_manifest.json`` and ``_scan.json`` beside an earlier run's samples that can be read, in
-    that order (lidarshard writes one of them)."""
-    found = []
-    for name in (schemas.MANIFEST_FILE, schemas.SCAN_FILE):
-        try:
-            obj = storage.read_json(storage.join(previous_dir(samples_path), name))
-        except Exception:  # noqa: BLE001 - absent or unreadable (stores raise their own types)
-            continue
-        if isinstance(obj, dict):
-            found.append(obj)
-    return found
+def _recorded(samples_path: str) -> ScanRecord | None:
+    """What the earlier run recorded of its scan beside its samples (``metadata.previous_record``: its
+    ``_manifest.json``, else its ``_scan.json``); None when there is neither.
+
+    Raises:
+        ValueError: the file is there but cannot be read or is malformed (one line naming it).
+    """
+    try:
+        return metadata.previous_record(previous_dir(samples_path))
+    except OSError as e:
+        raise ValueError(f"--from-samples {samples_path}: {e}") from None
 
 
 def previous_root(samples_path: str) -> str | None:
     """The ``path_root`` recorded next to an earlier run's samples (None: full paths)."""
     recorded = _recorded(samples_path)
-    root = recorded[0].get("path_root") if recorded else None
-    return root if isinstance(root, str) else None
+    return recorded.path_root if recorded else None
 
 
-def previous_datasets(samples_path: str) -> list[dict]:
-    """The ``datasets`` (INPUTs with their layouts and label maps) the earlier run recorded ([]: none)."""
-    for m in _recorded(samples_path):
-        found = m.get("datasets")
-        if isinstance(found, list) and all(isinstance(d, dict) for d in found):
-            return found
-    return []
+def previous_datasets(samples_path: str) -> tuple[DatasetEntry, ...]:
+    """The ``datasets`` (INPUTs with their layouts and label maps) the earlier run recorded (empty: none)."""
+    recorded = _recorded(samples_path)
+    return recorded.datasets if recorded else ()
+
+
+def previous_close_points(samples_path: str) -> str:
+    """The close-point rule the earlier run's size features were computed under
+    (``multisweep.recorded_close_points``: ``"sweeps"`` when none is recorded)."""
+    recorded = _recorded(samples_path)
+    return recorded_close_points(recorded.provenance) if recorded else DEFAULT_CLOSE_POINTS
 
 
 def recorded_fraction(samples_path: str) -> float | None:
     """The ``--max-reject-fraction`` the earlier run recorded (None: none recorded)."""
-    for m in _recorded(samples_path):
-        value = m.get("max_reject_fraction")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return None
+    recorded = _recorded(samples_path)
+    return recorded.max_reject_fraction if recorded else None
 
 
 def previous_rejects(samples_path: str) -> pa.Table:

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from lidarshard.schemas.records import CostModel
 from lidarshard.transforms.io import storage
 
 __all__ = [
     "CostModel",
     "parse_cost_model",
-    "cost_model_from_json",
+    "checked_model",
     "sample_costs",
     "COST_MODEL_HELP",
     "Q_RANGE",
@@ -37,24 +37,6 @@ _FILE_SCHEMA = (
 )
 #: The voxel exponents a cost model may hold (calibrate's grid lies inside).
 Q_RANGE = (0.25, 4.0)
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """``cost = c0 + a * points + b * voxels ** q`` (units: whatever the fit used, e.g. ms)."""
-
-    name: str
-    c0: float = 0.0
-    a: float = 0.0
-    b: float = 0.0
-    q: float = 1.0
-
-    def to_json(self) -> dict:
-        """The manifest's ``cost_model`` (``q`` only when it is not 1: older manifests keep their bytes)."""
-        out = asdict(self)
-        if self.q == 1.0:
-            del out["q"]
-        return out
 
 
 #: The largest cost-model coefficient: c0 + a * points + b * voxels ** q of any sample (2**32 points,
@@ -119,30 +101,19 @@ def parse_cost_model(spec: str) -> CostModel:
     raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")
 
 
-def cost_model_from_json(obj: object, *, given_ok: bool = False) -> CostModel:
-    """A manifest's recorded ``cost_model`` object (``CostModel.to_json``) as a model, its numbers checked.
-    ``given_ok``: a "given" model (costs that came with the samples) is returned as it is, not refused.
+def checked_model(model: CostModel, *, given_ok: bool = False) -> CostModel:
+    """``model`` (a manifest's typed ``cost_model``) when it can be applied: finite coefficients, a >= 0,
+    b >= 0, one of them > 0, q in ``Q_RANGE``. ``given_ok``: a "given" model (costs that came with the
+    samples) is returned as it is, not refused.
 
     Raises:
-        ValueError: not a model lidarshard writes (one line), or "given" costs, which no model recomputes.
+        ValueError: one line; "given" costs, which no model recomputes, unless ``given_ok``.
     """
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        raise ValueError(f"a cost model must be an object with a name, got {json.dumps(obj)[:60]}")
-    values = [obj.get(k, 1.0 if k == "q" else 0.0) for k in ("c0", "a", "b", "q")]
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values) or set(obj) - {
-        "name",
-        "c0",
-        "a",
-        "b",
-        "q",
-    }:
-        raise ValueError(f"cost model {json.dumps(obj)[:80]} is not one lidarshard writes")
-    c0, a, b, q = (float(v) for v in values)
-    if obj["name"] == "given":
+    if model.name == "given":
         if given_ok:
-            return CostModel("given", c0, a, b, q)
+            return model
         raise ValueError("the costs were given with the samples: no cost model recomputes them")
-    return _linear(c0, a, b, name=obj["name"], q=q)
+    return _linear(model.c0, model.a, model.b, name=model.name, q=model.q)
 
 
 def _column(samples: pa.Table, name: str) -> NDArray[np.float64]:

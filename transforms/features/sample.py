@@ -25,7 +25,7 @@ from lidarshard.transforms.formats import readers
 from lidarshard.transforms.formats.labels import label_format, read_labels
 from lidarshard.transforms.io.storage import FileTooLargeError
 from lidarshard.transforms.io.storage import NotRegularFileError as NotRegularFile
-from lidarshard.transforms.layouts.multisweep import aggregate
+from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS, aggregate, check_close_points
 from lidarshard.transforms.layouts.task import FRAMES_FORMAT, ScanTask
 
 __all__ = ["ScanConfig", "featurize", "file_task", "FEATURE_MODES"]
@@ -50,6 +50,8 @@ class ScanConfig:
     max_points: int = 50_000_000
     max_abs_coord: float = MAX_ABS_COORD  # m
     backend: str = "numpy"  # or "open3d" for .pcd/.ply
+    #: Which clouds lose their close points (``multisweep.CLOSE_POINTS``); the loaders apply the same rule.
+    close_points: str = DEFAULT_CLOSE_POINTS
     extra: dict[str, str] = field(default_factory=dict)
     #: The algorithm of the rows' ``*_crc32`` columns (``schemas.CONTENT_HASH``); None under
     #: ``--features stat``, which reads no file and records sizes only. Derived, not a flag.
@@ -63,6 +65,7 @@ class ScanConfig:
             raise ValueError(f"--voxel-size must be > 0, got {self.voxel_size}")
         if self.point_cloud_range is not None and len(self.point_cloud_range) != 6:
             raise ValueError("--point-cloud-range needs 6 numbers: x0,y0,z0,x1,y1,z1")
+        check_close_points(self.close_points)
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,7 @@ def featurize(
         "sweep_transforms": [float(v) for s in task.sweeps for v in s.sensor_to_ref],
         "frame": task.frame,
         "sweep_frames": [s.frame for s in task.sweeps] if frames else None,
+        "sweep_time_lags": [float(s.time_lag_s) for s in task.sweeps],
         "label_path": task.label_path,
         "format": fmt,
         "num_sweeps": len(task.sweeps),
@@ -273,7 +277,8 @@ def featurize(
             sweeps.append(_points(sweep_data, fmt, cfg))
             transforms.append(np.asarray(ref.sensor_to_ref, dtype=np.float64).reshape(4, 4))
         row |= {"file_bytes": row["path_bytes"] + sum(sizes), "sweep_bytes": sizes, "sweep_crc32": hashes}
-    points = aggregate(key, sweeps, transforms) if sweeps else key
+    rule = cfg.close_points
+    points = aggregate(key, sweeps, transforms, close_points=rule) if sweeps or rule == "devkit" else key
     if points.shape[0] > cfg.max_points:
         raise RejectError("too_large", f"{points.shape[0]} points > --max-points {cfg.max_points}")
     feats = compute_features(

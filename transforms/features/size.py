@@ -8,6 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.errors import RejectError
+from lidarshard.transforms.layouts.multisweep import nan_rows
 
 __all__ = [
     "compute_features",
@@ -101,7 +102,13 @@ def compute_features(
             raise RejectError(
                 "empty_after_filter", f"0 of {num_finite} finite points inside {list(point_cloud_range)}"
             )
-    out: dict[str, int | float] = {"num_points": n, "num_finite": num_finite, "num_in_range": int(len(xyz))}
+    # The loaders drop rows with a NaN in x, y or z (multisweep.drop_nan_rows): num_points counts the rest.
+    points_kept = n - int(np.count_nonzero(nan_rows(points))) if num_finite < n else n
+    out: dict[str, int | float] = {
+        "num_points": points_kept,
+        "num_finite": num_finite,
+        "num_in_range": int(len(xyz)),
+    }
     mins, maxs = xyz.min(axis=0), xyz.max(axis=0)
     pcts = np.percentile(xyz, [1.0, 99.0], axis=0)
     for i, a in enumerate(_AXES):

@@ -22,7 +22,6 @@ from lidarshard.transforms.layouts.task import Found, LayoutIO, LayoutOptions
 __all__ = [
     "LAYOUTS",
     "STORAGE_IO",
-    "label_maps_of",
     "module",
     "FILES",
     "LAYOUT_NAMES",
@@ -68,26 +67,6 @@ class Dataset:
 
     def to_json(self) -> dict:
         return {"name": self.name, "root": self.root, "layout": self.layout, "weight": self.weight}
-
-
-def label_maps_of(recorded: list[dict]) -> dict[str, dict[int, int]]:
-    """{dataset name: label map} from a manifest's ``datasets`` (keys back to ints); malformed -> ValueError."""
-    out = {}
-    for d in recorded:
-        found = d.get("label_map")
-        if found is None:
-            continue
-        if not isinstance(found, dict) or not isinstance(d.get("name"), str):
-            raise ValueError(
-                f"datasets: label_map of {d.get('name')!r} must be an object, got {found!r}"[:200]
-            )
-        try:
-            out[d["name"]] = {int(k): int(v) for k, v in found.items()}
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"datasets: label_map of {d['name']!r} must map integer ids to integers"
-            ) from None
-    return out
 
 
 def dataset_name(root: str) -> str:

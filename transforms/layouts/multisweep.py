@@ -4,14 +4,24 @@
 ``lidarshard.transforms.layouts.nuscenes_tasks.load_tasks``), so ``--sweeps 9`` gives 10 frames: the devkit's
 ``LidarPointCloud.from_file_multisweep(..., nsweeps=10)``.
 
-Difference from the devkit (nuscenes-devkit ``PointCloud.from_file_multisweep``): the devkit calls
-``remove_close(min_distance)`` on every frame it aggregates, the keyframe included. lidarshard removes
-close points from the previous sweeps only and keeps the keyframe whole by default. The keyframe's point
-count then equals the length of its lidarseg label file, and ``num_points`` counts exactly the points a
-labelled model sees. ``filter_keyframe=True`` gives the devkit's rule (the synthetic generator's size
-table uses it). As in the devkit, the filter runs in each sweep's own sensor frame, before the transform.
-The devkit also drops the ring column and returns a time-lag row; here extra columns pass through
-untouched and time lags live in ``SweepRef.time_lag_s``.
+Close points (returns from the ego vehicle, inside the box |x| < 1 m and |y| < 1 m of each cloud's own
+sensor frame, before the transform) are removed by a named rule, ``close_points`` (``CLOSE_POINTS``):
+
+- ``"sweeps"`` (default): from the previous sweeps only, as mmdet3d's
+  ``LoadPointsFromMultiSweeps(remove_close=True)``; the keyframe stays whole, so its point count equals
+  the length of its lidarseg label file.
+- ``"devkit"``: from every cloud, the keyframe included (also a sample without sweeps), as the nuScenes
+  devkit's ``LidarPointCloud.from_file_multisweep(nsweeps=N+1, min_distance=1.0)``.
+- ``"none"``: from no cloud.
+
+The scan computes ``num_points`` and the other size features under the rule it records
+(``scan_config.close_points``) and the loaders apply that same rule. The devkit also drops the ring
+column and returns a time-lag row; here extra columns pass through untouched and time lags live in
+``SweepRef.time_lag_s`` (appended as a column with ``time_lags``).
+
+Rows with a NaN in x, y or z (the no-return pixels of organised PCDs, AV2 nulls) are not points: the
+loaders drop them (``drop_nan_rows``, open3d's ``remove_nan_points``) and the scan's ``num_points``
+does not count them.
 
 This module never imports ``apache_beam``.
 """
@@ -19,17 +29,32 @@ This module never imports ``apache_beam``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.errors import RejectError, RejectValueError
 
-__all__ = ["CLOSE_RADIUS_M", "remove_close", "aggregate", "check_labels"]
+__all__ = [
+    "CLOSE_RADIUS_M",
+    "CLOSE_POINTS",
+    "DEFAULT_CLOSE_POINTS",
+    "check_close_points",
+    "recorded_close_points",
+    "remove_close",
+    "nan_rows",
+    "drop_nan_rows",
+    "aggregate",
+    "check_labels",
+]
 
 #: Half-width (m) of the box around the sensor that ``remove_close`` empties (devkit ``min_distance``).
 CLOSE_RADIUS_M = 1.0
+#: The close-point rules: which clouds of a sample lose the points inside the ``CLOSE_RADIUS_M`` box.
+CLOSE_POINTS = ("sweeps", "devkit", "none")
+DEFAULT_CLOSE_POINTS = "sweeps"
 _F32_MAX = float(np.finfo(np.float32).max)
 #: Largest float64 scratch (bytes, 2 x 3 x 8 a point) ``aggregate`` keeps per thread between calls.
 _SCRATCH_KEEP_BYTES = 16 << 20
@@ -39,6 +64,28 @@ _SCRATCH = threading.local()
 def _check_points(points: NDArray[np.float32], what: str) -> None:
     if points.ndim != 2 or points.shape[1] < 3:
         raise ValueError(f"{what} must be (N, C>=3) with x, y, z first, got shape {points.shape}")
+
+
+def check_close_points(rule: object) -> str:
+    """``rule`` if it names a close-point rule (``CLOSE_POINTS``), else ValueError in one line."""
+    if rule not in CLOSE_POINTS:
+        raise ValueError(f"close_points must be one of {', '.join(CLOSE_POINTS)}, got {rule!r}")
+    return str(rule)
+
+
+def recorded_close_points(provenance: Mapping[str, Any]) -> str:
+    """The close-point rule a scan recorded in its provenance (``_scan.json`` / ``_manifest.json``:
+    ``scan_config.close_points``); ``"sweeps"`` when none is recorded (the only rule before it was named).
+
+    Raises:
+        ValueError: a recorded value that names no rule.
+    """
+    config = provenance.get("scan_config")
+    rule = config.get("close_points", DEFAULT_CLOSE_POINTS) if isinstance(config, Mapping) else None
+    try:
+        return check_close_points(rule or DEFAULT_CLOSE_POINTS)
+    except ValueError as e:
+        raise ValueError(f"scan_config.close_points: {e}") from None
 
 
 def remove_close(points: NDArray[np.float32], radius: float = CLOSE_RADIUS_M) -> NDArray[np.float32]:
@@ -59,6 +106,22 @@ def remove_close(points: NDArray[np.float32], radius: float = CLOSE_RADIUS_M) ->
     out = np.empty((int(np.count_nonzero(keep)), points.shape[1]), points.dtype)
     _take_rows(points, keep, out)
     return out
+
+
+def nan_rows(points: NDArray[np.floating]) -> NDArray[np.bool_]:
+    """(N,) bool: the rows of (N, >=3) ``points`` with a NaN in x, y or z."""
+    nan = np.isnan(points[:, 0])
+    nan |= np.isnan(points[:, 1])
+    nan |= np.isnan(points[:, 2])
+    return nan
+
+
+def drop_nan_rows(points: NDArray[np.float32]) -> NDArray[np.float32]:
+    """(M, C) ``points`` without the rows that have a NaN in x, y or z (open3d's ``remove_nan_points``;
+    inf rows stay); ``points`` itself when there is none."""
+    _check_points(points, "points")
+    nan = nan_rows(points)
+    return points[~nan] if nan.any() else points
 
 
 def _outside(points: NDArray[np.float32], radius: float) -> NDArray[np.bool_]:
@@ -88,13 +151,14 @@ def aggregate(
     sweeps: Sequence[NDArray[np.float32]],
     transforms: Sequence[NDArray[np.float64]],
     *,
-    filter_keyframe: bool = False,
+    close_points: str = DEFAULT_CLOSE_POINTS,
+    time_lags: Sequence[float] | None = None,
 ) -> NDArray[np.float32]:
     """Stack a keyframe and its previous sweeps in the keyframe's sensor frame.
 
-    The keyframe is kept as is (``filter_keyframe``: it loses its close points too, as in the devkit).
-    Each sweep first loses its close points (``remove_close``, in its own
-    sensor frame), then its x, y, z go through its 4x4 transform. The maths runs in float64 and is cast
+    Each cloud the ``close_points`` rule names first loses its close points (``remove_close``, in its
+    own sensor frame: the keyframe under ``"devkit"``, the sweeps under ``"devkit"`` and ``"sweeps"``),
+    then each sweep's x, y, z go through its 4x4 transform. The maths runs in float64 and is cast
     back to float32, as in the devkit. Columns past z (intensity, ring, ...) pass through untouched.
 
     One pass sizes the result (a close-point mask per sweep), then each sweep's kept rows are copied
@@ -107,21 +171,29 @@ def aggregate(
         sweeps: M_i x C float32 arrays, newest first, each in its own sensor frame.
         transforms: one (4, 4) float64 per sweep, sweep sensor frame -> keyframe sensor frame
             (``SweepRef.sensor_to_ref`` reshaped).
-        filter_keyframe: also ``remove_close`` the keyframe.
+        close_points: the close-point rule, one of ``CLOSE_POINTS``.
+        time_lags: one lag per sweep (s, t_keyframe - t_sweep): append the time-lag channel, 0 on the
+            keyframe's rows, as the devkit's ``from_file_multisweep`` times and mmdet3d's
+            ``LoadPointsFromMultiSweeps`` (``ts - sweep_ts``); None: no such column.
 
     Returns:
-        (N + sum M_i', C) float32: keyframe rows first, then each filtered sweep in the given order.
+        (N' + sum M_i', C) float32: keyframe rows first, then each filtered sweep in the given order;
+        (N' + sum M_i', C + 1) with ``time_lags``, the lag (float32 s) last.
 
     Raises:
         RejectValueError: ``sweep_columns`` when a sweep's column count differs from the keyframe's (bad
             input: mixed files or headers); ``absurd_coordinates`` when a sweep point with finite x, y, z
             would leave float32 range (or become NaN) in the keyframe frame: it is refused rather than
             cast to inf and dropped later without a word.
-        ValueError: on mismatched counts or transform shapes (a caller bug, not bad input).
+        ValueError: on mismatched counts or transform shapes, or an unknown rule (a caller bug, not bad
+            input).
     """
     _check_points(keyframe, "keyframe")
+    check_close_points(close_points)
     if len(sweeps) != len(transforms):
         raise ValueError(f"{len(sweeps)} sweeps but {len(transforms)} transforms")
+    if time_lags is not None and len(time_lags) != len(sweeps):
+        raise ValueError(f"{len(sweeps)} sweeps but {len(time_lags)} time lags")
     mats = []
     for i, (sweep, tf) in enumerate(zip(sweeps, transforms, strict=True)):
         _check_points(sweep, f"sweep {i}")
@@ -132,8 +204,11 @@ def aggregate(
         if tf.shape != (4, 4):
             raise ValueError(f"transform {i} must be (4, 4), got {tf.shape}")
         mats.append(tf)
-    key_keep = _outside(keyframe, CLOSE_RADIUS_M) if filter_keyframe else None
-    keeps = [_outside(sweep, CLOSE_RADIUS_M) for sweep in sweeps]
+    key_keep = _outside(keyframe, CLOSE_RADIUS_M) if close_points == "devkit" else None
+    keeps = [
+        _outside(sweep, CLOSE_RADIUS_M) if close_points != "none" else np.ones(len(sweep), np.bool_)
+        for sweep in sweeps
+    ]
     counts = [int(np.count_nonzero(keep)) for keep in keeps]
     n_key = keyframe.shape[0] if key_keep is None else int(np.count_nonzero(key_keep))
     out = np.empty((n_key + sum(counts), keyframe.shape[1]), np.float32)
@@ -147,7 +222,10 @@ def aggregate(
         rows = out[row : row + count]
         _move(_take_rows(sweep, keep, rows), tf, i, rows, scratch[:, :count])
         row += count
-    return out
+    if time_lags is None:
+        return out
+    lags = np.repeat(np.asarray([0.0, *time_lags], np.float64), [n_key, *counts]).astype(np.float32)
+    return np.concatenate([out, lags[:, None]], axis=1)
 
 
 def _scratch(rows: int) -> NDArray[np.float64]:
@@ -210,7 +288,7 @@ def check_labels(label_bytes: bytes, num_points: int) -> None:
 
     Args:
         label_bytes: the whole ``*_lidarseg.bin`` file (uint8 class indices, pcd.bin point order).
-        num_points: points in the keyframe .pcd.bin (before any filtering; the keyframe is never filtered).
+        num_points: points in the keyframe .pcd.bin as read (before any close-point removal).
 
     Raises:
         RejectError: ``label_mismatch`` with both counts in the detail.

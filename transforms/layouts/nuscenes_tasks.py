@@ -237,7 +237,8 @@ class _Tables:
                 )
             except RejectError as err:
                 raise RejectError(err.reason, f"sweep chain of {token}: {err.detail}") from None
-            refs.append(SweepRef(sweep_path, tuple(tf.ravel().tolist()), (t_ref - t_prev) * 1e-6))
+            lag = 1e-6 * t_ref - 1e-6 * t_prev  # the devkit's from_file_multisweep arithmetic, to the bit
+            refs.append(SweepRef(sweep_path, tuple(tf.ravel().tolist()), lag))
             cur, t_cur = rec, t_prev
         return ScanTask(record["sample_token"], path, tuple(refs), self._label_path(token))
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard import schemas
 from lidarshard.transforms.plan import balanced, budget, megabatch, mixed, seeds, stratified
 from lidarshard.transforms.plan import random as random_
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
@@ -50,8 +51,8 @@ STRATEGIES: dict[str, PlanFn] = {
     "mixed": mixed.plan,
 }
 
-#: Strategies whose rank-steps hold a variable number of samples (``-1`` pads the plan).
-VARIABLE_COUNT = frozenset({"budget"})
+#: Strategies whose rank-steps hold a variable number of samples (``-1`` pads the plan): the contract's list.
+VARIABLE_COUNT = schemas.VARIABLE_COUNT
 
 #: Strategies that plan for per-rank speeds themselves: ``fn(costs, W, B, rng, bucket_ids, limits, speeds)``
 #: with (W,) speeds of mean 1, each rank's load at a step ~ its speed; the others are reordered per step.

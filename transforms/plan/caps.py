@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.schemas.records import CapsRecord
+
 __all__ = ["Caps", "PoolLimits", "Breach", "over_cap", "rank_step_sums", "cap_breaches", "check_caps"]
 
 
@@ -48,14 +50,11 @@ class Caps:
         }
 
     @classmethod
-    def from_json(cls, obj: dict | None) -> Caps:
-        """Inverse of ``to_json`` (a missing object means no caps)."""
-        obj = obj or {}
-        return cls(
-            obj.get("max_points_per_rank_step"),
-            obj.get("max_cost_per_rank_step"),
-            obj.get("max_samples_per_rank_step"),
-        )
+    def from_record(cls, rec: CapsRecord | None) -> Caps:
+        """A manifest's typed ``caps`` (None: no caps), checked as ``__post_init__`` checks flags."""
+        if rec is None:
+            return cls()
+        return cls(rec.max_points_per_rank_step, rec.max_cost_per_rank_step, rec.max_samples_per_rank_step)
 
 
 @dataclass(frozen=True)

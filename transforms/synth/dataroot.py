@@ -162,7 +162,7 @@ def multisweep(
     calib: tuple[Sequence[float], Sequence[float]],
 ) -> NDArray[np.float32]:
     """Aggregate sweeps into the first one's sensor frame, like the devkit's ``from_file_multisweep``:
-    the scanner's ``aggregate`` with ``filter_keyframe=True`` (every cloud loses its close points).
+    the scanner's ``aggregate`` with ``close_points="devkit"`` (every cloud loses its close points).
 
     Args:
         clouds: (N_i, >=3) point arrays in their own sensor frame, reference (keyframe) first.
@@ -176,7 +176,7 @@ def multisweep(
     tfs = [sweep_transform(cs, ref, cs, pose_record(*pose)) for pose in poses[1:]]
     key = np.asarray(clouds[0], dtype=np.float32)[:, :3]
     sweeps = [np.asarray(c, dtype=np.float32)[:, :3] for c in clouds[1:]]
-    return aggregate(key, sweeps, tfs, filter_keyframe=True)
+    return aggregate(key, sweeps, tfs, close_points="devkit")
 
 
 def count_voxels(xyz: NDArray[np.floating], size: float = 0.05) -> int:
