@@ -165,7 +165,7 @@ RUNS: dict[str, tuple[Callable[[dict], None], list[str], str]] = {
     "history_model_on_worker_processes": (_history_b, [], "the epochs before --replan-from cannot be kept"),
     "history_until": (_history_until, BEAM_TEST_FLAGS, "the epochs before --replan-from cannot be kept"),
     "history_edges": (_edges, BEAM_TEST_FLAGS, "cost_history must be"),
-    "history_nan": (_history_nan, BEAM_TEST_FLAGS, "cannot be used"),
+    "history_nan": (_history_nan, BEAM_TEST_FLAGS, "cost_history must be"),
     "seed": (_seed, BEAM_TEST_FLAGS, "the epochs before --replan-from cannot be kept"),
 }
 
