@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from lidarshard.loaders.reader import check_int
 from lidarshard.loaders.reshard import Switch
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.schemas.records import HistoryEntry
 
 __all__ = ["PlannedBatch", "plan_keys", "saved_shape", "continued_from"]
 
@@ -107,6 +108,10 @@ def continued_from(current: Manifest, new: Manifest, here: object, there: object
             f"{there} is not a re-plan (no cost_history): build it with --from-samples {here}/samples --replan-from E"
         )
     start = new.cost_history[-1].until_epoch
+    if new.epochs == current.epochs and all(
+        new.plan_fingerprint(e) == current.plan_fingerprint(e) for e in range(new.epochs)
+    ):
+        raise ValueError(f"{there} is the plan {here} already replays: nothing to switch to")
     for what in ("world_size", "batch_size", "seed", "strategy", "inputs_fingerprint"):
         mine, theirs = getattr(current, what), getattr(new, what)
         if mine != theirs:
@@ -123,4 +128,17 @@ def continued_from(current: Manifest, new: Manifest, here: object, there: object
         raise ValueError(
             f"{there} does not continue {here}: its epoch {differs} is another plan (it re-plans from epoch {start})"
         )
+    if list(new.cost_history) != _history_until(current, start):
+        raise ValueError(
+            f"{there} does not continue {here}: its cost_history does not record the cost models that planned "
+            f"{here}'s epochs 0..{start - 1}"
+        )
     return start
+
+
+def _history_until(m: Manifest, start: int) -> list[HistoryEntry]:
+    """The ``cost_history`` a re-plan of ``m`` from epoch ``start`` records: ``m``'s entries before ``start``,
+    then (``start``, the model and bucket edges that planned ``m``'s epoch ``start - 1``)."""
+    then = next((h for h in m.cost_history if h.until_epoch >= start), None)
+    model, edges = (then.cost_model, then.bucket_edges) if then else (m.cost_model, tuple(m.buckets.edges))
+    return [*(h for h in m.cost_history if h.until_epoch < start), HistoryEntry(start, model, edges)]

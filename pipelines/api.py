@@ -31,16 +31,19 @@ import pyarrow.compute as pc
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cmd
 from lidarshard.pipelines import launch
+from lidarshard.pipelines.api_output import beam_output_held
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import BuildOptions, table_keys
 from lidarshard.pipelines.preflight import build_settings, table_settings
 from lidarshard.pipelines.preflight import cost_model as parse_cost_model
+from lidarshard.pipelines.samples_input import check_rows
 from lidarshard.pipelines.settings import check_plan_size
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.score import GIVEN, PREPARED, Source
 from lidarshard.transforms.features import repeat
+from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
 from lidarshard.transforms.io.metadata import load_manifest
@@ -108,7 +111,9 @@ def _run(
     settings = build_settings(opts, paths, dry_run, replan)
     if not dry_run:  # a dry run works offline
         check_locations(beam_argv)
-    if not build_cmd.launch_build(settings, beam_argv):
+    with beam_output_held():
+        built = build_cmd.launch_build(settings, beam_argv)
+    if not built:
         return {"out": settings.output, "dry_run": True}
     return summary(settings.output)
 
@@ -130,7 +135,9 @@ def replan(
     moves to ``new_out`` with ``switch_plan(new_out)``. Returns :func:`summary`.
 
     Raises:
-        UsageError: ``out`` is not a committed manifest, ``from_epoch`` is outside its epochs, a bad model.
+        UsageError: ``out`` is not a committed manifest, ``from_epoch`` is not an int (None is refused:
+            a re-plan keeps the epochs before it; ``lidarshard.build`` plans every epoch anew) or is outside
+            its epochs, a bad model.
     """
     from lidarshard.pipelines.replan import replan_options
 
@@ -138,6 +145,11 @@ def replan(
         m = load_manifest(out)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(f"replan: {e}") from None
+    if isinstance(from_epoch, bool) or not isinstance(from_epoch, (int, np.integer)):
+        raise UsageError(
+            f"replan: from_epoch must be the first epoch to re-plan, an int >= 1 (the epochs before "
+            f"it keep {out}'s plan), not {from_epoch!r}; to plan every epoch anew use lidarshard.build"
+        )
     samples = storage.join(out, schemas.SAMPLES_DIR)
     opts, cfg = replan_options(m, samples, from_epoch, cost_model, epochs)
     return _run(opts, [new_out], runner, pipeline_args, (cfg, m))
@@ -181,11 +193,10 @@ def write_manifest(
     given = cost_model is None and "cost" in samples.column_names
     size = {"world_size": world_size, "batch_size": batch_size, "cost_model": cost_model}
     args = BuildOptions.from_keywords(size | flags)
-    settings = table_settings(args, out, GIVEN if given else parse_cost_model(args.cost_model))
-    table = _samples_table(samples, args)
+    model = GIVEN if given else parse_cost_model(args.cost_model)
+    settings = table_settings(args, out, model)
+    table = _samples_table(samples, args, None if given else model)
     check_plan_size(settings.cfg, table.num_rows, "the table")
-    if not given and "cost" in table.column_names:
-        table = table.drop_columns(["cost"])
     if given and pc.count_distinct(table.column("sample_id")).as_py() != table.num_rows:
         raise UsageError("samples: sample_id must be unique when a cost column is given")
     rejects = (
@@ -197,7 +208,8 @@ def write_manifest(
         storage.write_bytes(path, parquet_bytes(table))
         return Source((path,), rejects, ordered=True)
 
-    build_cmd.launch_build(settings, [], stage, launch.LOCAL_RUNNER)
+    with beam_output_held():
+        build_cmd.launch_build(settings, [], stage, launch.LOCAL_RUNNER)
     return summary(settings.output)
 
 
@@ -228,6 +240,14 @@ def _as_table(samples: Any) -> pa.Table:
     )
 
 
+def _given_cost(table: pa.Table) -> pa.ChunkedArray:
+    """The given ``cost`` column as float64 (N,)."""
+    try:
+        return table.column("cost").cast(pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise UsageError(f"samples: column cost ({table.column('cost').type}) is not a number: {e}") from None
+
+
 def _check_ids(table: pa.Table) -> None:
     """The samples have ``sample_id`` and ``path``, and the ids are not numbers: ids are strings sorted as
     text, so integer ids (id 2 after id 12) are refused rather than converted."""
@@ -244,9 +264,12 @@ def _check_ids(table: pa.Table) -> None:
         )
 
 
-def _samples_table(table: pa.Table, args: BuildOptions) -> pa.Table:
+def _samples_table(table: pa.Table, args: BuildOptions, model: CostModel | None) -> pa.Table:
     """The samples -> the samples schema (plus ``cost`` and the ``sample_weights`` column when given),
-    sorted by (sample_id, path)."""
+    sorted by (sample_id, path); each row checked first (``samples_input.check_rows``: ``model`` None
+    when the costs are the given ``cost`` column)."""
+    if table.num_rows == 0:
+        raise UsageError("samples: no rows: a manifest plans at least one sample")
     _check_ids(table)
     n = table.num_rows
     want = schemas.sample_schema()
@@ -268,17 +291,19 @@ def _samples_table(table: pa.Table, args: BuildOptions) -> pa.Table:
         else:
             cols.append(defaults.get(f.name, pa.nulls(n, f.type)))
     out = pa.Table.from_arrays(cols, schema=want)
+    cost = _given_cost(table) if model is None else None
+    check_rows(out, cost, model)
     problem = path_problem(out, None)  # write_manifest records no path_root: the paths are stored as given
     if problem:
         raise UsageError(f"samples: {problem}: pass full paths or URIs (e.g. os.path.abspath)")
-    if "cost" in table.column_names:
-        out = out.append_column("cost", table.column("cost").cast(pa.float64()))
+    if cost is not None:
+        out = out.append_column("cost", cost)
     if args.sample_weights is not None:
         try:
             w = repeat.check_weights(table, args.sample_weights, args.max_plan_factor)
         except ValueError as e:
             raise UsageError(f"sample_weights {e}") from None
-        if args.sample_weights in out.column_names:
+        if args.sample_weights in [*out.column_names, "cost"]:
             raise UsageError(f"sample_weights {args.sample_weights}: a samples column, not a weight column")
         out = out.append_column(args.sample_weights, pa.array(w, pa.float64()))
     if args.repeat_factors is not None and out.column("label_path").null_count == n:

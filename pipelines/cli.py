@@ -58,13 +58,15 @@ _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Rejects|Failed))
 
 def one_line(exc: BaseException) -> str:
     """The one line a person needs from a failed run: the innermost error message, without the
-    tracebacks Beam's runners wrap around it (``[while running 'Step']`` dropped)."""
+    tracebacks Beam's runners wrap around it (``[while running 'Step']`` and the `` with exceptions None``
+    each re-raise of a ``BeamIOError`` appends dropped)."""
     text = str(exc)
     found = _ERROR_LINE.findall(text)
     line = found[-1][1] if found else (text.strip().splitlines() or [type(exc).__name__])[0]
     while (inner := _ERROR_LINE.match(line)) is not None:  # Beam re-raises as "RuntimeError: pkg.Name: ..."
         line = inner[2]
-    return re.sub(r" \[while running '[^']*'\]", "", line).strip()
+    line = re.sub(r" \[while running '[^']*'\]", "", line).strip()
+    return re.sub(r"(?: with exceptions None)+$", "", line)
 
 
 #: subcommand -> (module with ``run(argv) -> int``, one-line help)

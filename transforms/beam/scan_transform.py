@@ -311,7 +311,8 @@ class ScanSamples(beam.PTransform):
         pattern, root = _file_pattern(d.root)
         tasks = (
             pbegin
-            | f"{step}Match" >> fileio.MatchFiles(pattern)
+            | f"{step}Match"
+            >> fileio.MatchFiles(pattern, fileio.EmptyMatchTreatment.DISALLOW)  # gone since the check
             | f"{step}NoMarkers" >> beam.Filter(lambda m: not m.path.endswith("/"))  # "folder/" objects
             | f"{step}ToTask" >> beam.Map(lambda m, r: file_task(_relative(m.path, r), m.path), root)
         )

@@ -18,6 +18,10 @@ def walk_local(root: str) -> Iterator[tuple[str, str | None]]:
     Symlinks to files and directories are followed; a directory already visited (a directory
     symlink loop or a second link to it) is skipped, since it holds no new input. Entries come in
     sorted order, depth first.
+
+    Raises:
+        FileNotFoundError: ``root`` itself cannot be listed (gone or replaced since INPUT was checked):
+            a whole INPUT is no one sample's reject.
     """
     stack, seen = [root], set()
     while stack:
@@ -29,6 +33,10 @@ def walk_local(root: str) -> Iterator[tuple[str, str | None]]:
             seen.add((st.st_dev, st.st_ino))
             entries = sorted(os.scandir(folder), key=lambda e: e.name, reverse=True)
         except OSError as e:
+            if folder == root:
+                raise FileNotFoundError(
+                    f"INPUT {root} cannot be listed at the scan: {e.strerror or e} (it was a directory at the check)"
+                ) from None
             yield folder, f"cannot list directory: {e.strerror or e}"
             continue
         for entry in entries:
