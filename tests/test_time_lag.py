@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from tests.helpers import yaw_tf
 
 torch = pytest.importorskip("torch")
@@ -82,10 +83,9 @@ def test_misaligned_lags_are_refused(tmp_path: Path) -> None:
 
 def test_a_scan_records_the_lags_of_its_layout(tmp_path: Path) -> None:
     """A synthetic SemanticKITTI sequence (10 Hz): lags 0.1 s a scan, aligned with sweep_paths."""
-    from tests.helpers import BEAM_TEST_FLAGS
-
     import lidarshard
     from lidarshard.pipelines.synth import run
+    from tests.helpers import BEAM_TEST_FLAGS
 
     root = tmp_path / "kitti"
     flags = ["--layout", "semantickitti", "--scenes", "1", "--keyframes-per-scene", "3"]
