@@ -137,7 +137,7 @@ def _random_true(oracle_out: str) -> float:
     """The random plan's linearity on the true costs: the oracle manifest's recorded baseline for epoch 1."""
     from lidarshard.loaders import load_manifest
 
-    return float(load_manifest(oracle_out).balance[1]["random_linearity"])
+    return float(load_manifest(oracle_out).balance[1].random_linearity)
 
 
 if __name__ == "__main__":

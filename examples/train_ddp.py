@@ -395,7 +395,7 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
         "points_linearity": linearity(allg[2]),
         "cost_linearity": linearity(allg[3]),
         "wall_s_per_epoch": sum(e["wall_s"] for e in per_epoch) / max(len(per_epoch), 1),
-        "planned_linearity": [b.get("linearity") for b in manifest.balance],
+        "planned_linearity": [b.linearity for b in manifest.balance],
         "val_initial": initial,
     }
 

@@ -64,7 +64,7 @@ def summary(out: str) -> dict:
         "counts": m.counts.to_json(),
         "steps_per_epoch": list(m.steps_per_epoch),
         "buckets": m.buckets.to_json(),
-        "balance": [dict(b) for b in m.balance],
+        "balance": [b.to_json() for b in m.balance],
     }
 
 

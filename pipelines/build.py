@@ -31,7 +31,7 @@ from lidarshard.transforms.beam.scan_transform import scan_results
 from lidarshard.transforms.core.score import Source, previous_source
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.metadata import load_manifest
-from lidarshard.transforms.plan.metrics import COLUMNS, REFERENCE_KEY, balance_value, plan_buys
+from lidarshard.transforms.plan.metrics import COLUMNS, plan_buys
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
 
@@ -132,11 +132,10 @@ def print_summary(out: str) -> None:
     )
     print("epoch  steps  linearity  random  greedy_reference  spearman  samples/rank-step mean max")
     for b in m.balance:
-        reference = balance_value(b, REFERENCE_KEY)
         print(
-            f"{b['epoch']:>5}  {b['steps']:>5}  {b['linearity']:>9.4f}  {b['random_linearity']:>6.4f}  "
-            f"{'-' if reference is None else f'{reference:.4f}':>16}  {b['spearman_step_cost']:>+8.3f}  "
-            f"{b.get('mean_count', m.batch_size):>22.3f} {b.get('max_count', m.batch_size):>3}"
+            f"{b.epoch:>5}  {b.steps:>5}  {b.linearity:>9.4f}  {b.random_linearity:>6.4f}  "
+            f"{b.greedy_reference:>16.4f}  {b.spearman_step_cost:>+8.3f}  "
+            f"{b.mean_count:>22.3f} {b.max_count:>3}"
         )
     if m.repeat:
         rep = m.repeat
@@ -157,14 +156,18 @@ def print_summary(out: str) -> None:
         speeds = ",".join(f"{v:g}" for v in m.rank_speed)
         print(
             f"rank speeds {speeds}: linearity of the ranks' times (cost / speed) per epoch "
-            + ", ".join(f"{b.get('speed_linearity', float('nan')):.4f}" for b in m.balance)
+            + ", ".join(f"{_or_nan(b.speed_linearity):.4f}" for b in m.balance)
             + " (random "
-            + ", ".join(f"{b.get('random_speed_linearity', float('nan')):.4f}" for b in m.balance)
+            + ", ".join(f"{_or_nan(b.random_speed_linearity):.4f}" for b in m.balance)
             + ")"
         )
     for line in filter(None, map(plan_buys, m.balance)):
         print(line)
     print(f"wrote {out}")
+
+
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value
 
 
 def run(argv: list[str] | None = None) -> int:

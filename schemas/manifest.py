@@ -19,6 +19,7 @@ from typing import Any
 from lidarshard.schemas import VARIABLE_COUNT, plan_file, plan_key
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.records import (
+    BalanceEntry,
     Buckets,
     CapsRecord,
     CostModel,
@@ -115,7 +116,7 @@ class Manifest:
     counts: Counts = _key(
         "{'scanned', 'accepted', 'rejected': int, 'rejected_by_reason', 'planned', 'dropped', 'padded': [E ints]}"
     )
-    balance: tuple[Mapping[str, Any], ...] = _key(
+    balance: tuple[BalanceEntry, ...] = _key(
         "[E objects]: {'epoch', 'linearity', 'greedy_reference', 'random_linearity', 'spearman_step_cost', ...}"
     )
     pair_repeat_rate: Mapping[str, float] | None = _key(
@@ -151,12 +152,9 @@ class Manifest:
         if policy not in POLICIES:
             raise r.fail("policy", f"one of {POLICIES}", policy)
         balance = obj.get("balance")
-        if (
-            not isinstance(balance, list)
-            or len(balance) != epochs
-            or not all(isinstance(b, dict) for b in balance)
-        ):
+        if not isinstance(balance, list) or len(balance) != epochs:
             raise r.fail("balance", f"a list of {epochs} objects", balance)
+        entries = tuple(BalanceEntry.parse(b, f"{where}: balance[{e}]") for e, b in enumerate(balance))
         return cls(
             where=where,
             schema_version=str(r.str_("schema_version")),
@@ -172,7 +170,7 @@ class Manifest:
             cost_model=CostModel.parse(obj["cost_model"], f"{where}: cost_model"),
             caps=CapsRecord.parse(r),
             repeat=RepeatRecord.parse(r),
-            balance=tuple(balance),
+            balance=entries,
             pair_repeat_rate=_rates(r),
             inputs_fingerprint=str(r.str_("inputs_fingerprint")),
             path_root=r.str_("path_root", optional=True),

@@ -228,3 +228,17 @@ def mem_io(files: dict[str, bytes]):
         return len(files[p])
 
     return read, size
+
+
+def balance_entry(epoch: int = 0, steps: int = 1, max_count: int = 1, **numbers: float) -> dict:
+    """A complete manifest ``balance`` entry for hand-made manifests (``schemas.records.BalanceEntry``):
+    ``numbers`` over 1.0 linearities, 0 spread and ``max_count`` samples a rank-step."""
+    from lidarshard.schemas.records import BALANCE_NUMBERS
+
+    values = dict.fromkeys(BALANCE_NUMBERS, 1.0) | {"spearman_step_cost": 0.0, "rank_total_cv": 0.0}
+    return (
+        {"epoch": epoch, "steps": steps, "max_count": max_count}
+        | values
+        | {"mean_count": float(max_count)}
+        | numbers
+    )

@@ -37,6 +37,7 @@ from lidarshard.schemas import (
 from lidarshard.transforms.core.plan_writer import plan_rows
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import rank_costs
+from tests.helpers import balance_entry
 
 __all__ = [
     "random_cloud",
@@ -238,13 +239,13 @@ def write_manifest(
         planned.append(int((plan >= 0).sum()))
         random_plan = _plan_epoch(cost, world_size, batch_size, seed, e, False)
         balance.append(
-            {
-                "epoch": e,
-                "linearity": _linearity(rank_costs(plan, cost)),
-                "greedy_reference": 1.0,
-                "random_linearity": _linearity(cost[random_plan].sum(2)),
-                "spearman_step_cost": 0.0,
-            }
+            balance_entry(
+                e,
+                steps,
+                batch_size,
+                linearity=_linearity(rank_costs(plan, cost)),
+                random_linearity=_linearity(cost[random_plan].sum(2)),
+            )
         )
         files += write_plan_files(out, e, plan, (ids, paths, sweeps, cost, buckets))
     manifest = {

@@ -66,7 +66,7 @@ def test_load_epoch_plan_is_the_manifest(built: Path) -> None:
     for r in range(W):
         planned = [s for b in ManifestReader(built, r, W, 1) for s in b.sample_ids]
         assert [ids[i] for i in p.rows[:, r].ravel()] == planned
-    assert p.balance()["linearity"] == pytest.approx(load_manifest(built).balance[1]["linearity"], abs=1e-6)
+    assert p.balance()["linearity"] == pytest.approx(load_manifest(built).balance[1].linearity, abs=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
 from lidarshard.transforms.plan import STRATEGIES
 from lidarshard.transforms.plan.caps import Caps
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST, heaviest_first, heaviest_step, step_peaks
-from tests.helpers import BEAM_TEST_FLAGS, make_bins, scored_pool
+from tests.helpers import BEAM_TEST_FLAGS, balance_entry, make_bins, scored_pool
 
 FLAGS = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]
 COLUMN = {"points": "num_points", "cost": "cost"}
@@ -99,7 +99,7 @@ def _manifest_of(cfg: PlanConfig) -> Manifest:
         "buckets": {"edges": [], "weights": [1.0], "counts": [8]},
         "steps_per_epoch": [1],
         "counts": {"scanned": 8, "accepted": 8, "rejected": 0, "planned": [8], "dropped": [0], "padded": [0]},
-        "balance": [{}],
+        "balance": [balance_entry()],
         "inputs_fingerprint": "0" * 64,
         "files": {},
     }

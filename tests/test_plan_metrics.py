@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
+from lidarshard.schemas.records import BALANCE_NUMBERS, BalanceEntry
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import (
     COLUMNS,
     REFERENCE_KEY,
     balance_summary,
-    balance_value,
     greedy_reference_linearity,
     linearity,
     load_linearity,
@@ -54,13 +54,22 @@ def test_greedy_reference_linearity() -> None:
         greedy_reference_linearity(np.ones(10), 4, 2)
 
 
-def test_balance_values_read_the_former_name_of_the_reference() -> None:
-    assert balance_value({"greedy_reference": 0.97}, REFERENCE_KEY) == 0.97
-    assert balance_value({"bound": 0.96}, REFERENCE_KEY) == 0.96  # a 3.x manifest written before the rename
-    assert balance_value({"linearity": 1}, "linearity") == 1.0
-    assert balance_value({}, REFERENCE_KEY) is None
-    with pytest.raises(ValueError):
-        balance_value({"linearity": "high"}, "linearity")  # a malformed manifest, as validate reports it
+def _entry(**numbers: float) -> BalanceEntry:
+    """A balance entry of ``numbers`` (the rest 0.5; epoch 0, 10 steps, 2 a rank-step)."""
+    values = dict.fromkeys(BALANCE_NUMBERS, 0.5) | {"epoch": 0, "steps": 10, "max_count": 2} | numbers
+    return BalanceEntry.parse(values, "balance[0]")
+
+
+def test_balance_entries_are_typed_and_checked() -> None:
+    e = _entry(greedy_reference=0.97, linearity=1)
+    assert (
+        e.value(REFERENCE_KEY) == 0.97 and e.value("linearity") == 1.0 and e.value("speed_linearity") is None
+    )
+    assert BalanceEntry.parse(e.to_json(), "again") == e
+    with pytest.raises(ValueError, match="greedy_reference"):
+        BalanceEntry.parse({k: v for k, v in e.to_json().items() if k != REFERENCE_KEY}, "balance[0]")
+    with pytest.raises(ValueError, match="linearity"):
+        _entry(linearity="high")  # a malformed manifest, refused where it is read
 
 
 @pytest.mark.parametrize(
@@ -81,10 +90,9 @@ def test_balance_values_read_the_former_name_of_the_reference() -> None:
     ],
 )
 def test_plan_buys_in_plain_words(linearity_: float, random_: float, words: str) -> None:
-    line = plan_buys({"epoch": 0, "linearity": linearity_, "random_linearity": random_})
+    line = plan_buys(_entry(linearity=linearity_, random_linearity=random_))
     assert line is not None and words in line
-    assert plan_buys({"epoch": 0, "linearity": 0.9}) is None  # nothing to compare with
-    assert plan_buys({"epoch": 0, "linearity": "high", "random_linearity": 0.8}) is None
+    assert plan_buys(_entry(linearity=0.0, random_linearity=0.8)) is None  # nothing to compare with
 
 
 def test_every_printed_column_is_explained() -> None:

@@ -48,10 +48,10 @@ def test_recomputed_random_baseline_matches_the_manifest(built: Path) -> None:
     data = report.load(str(built))
     m = data.manifest
     for e, bal in enumerate(m.balance):
-        assert data.chosen[e].shape == data.baseline[e].shape == (bal["steps"], m.world_size)
+        assert data.chosen[e].shape == data.baseline[e].shape == (bal.steps, m.world_size)
         for loads, key in ((data.chosen[e], "linearity"), (data.baseline[e], "random_linearity")):
             lin = loads.mean(axis=1).sum() / loads.max(axis=1).sum()
-            assert lin == pytest.approx(bal[key], abs=1e-6)
+            assert lin == pytest.approx(bal.value(key), abs=1e-6)
         assert data.chosen[e].sum() == pytest.approx(data.baseline[e].sum())  # same pool
     assert data.reasons == {"truncated": 1}
 

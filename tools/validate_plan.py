@@ -25,7 +25,7 @@ from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import EpochPlan, as_planned
 from lidarshard.transforms.plan.caps import Caps, cap_breaches, rank_step_sums
 from lidarshard.transforms.plan.dense import dense_plan
-from lidarshard.transforms.plan.metrics import balance_summary, balance_value
+from lidarshard.transforms.plan.metrics import balance_summary
 from lidarshard.transforms.plan.order import step_peaks
 
 __all__ = [
@@ -325,9 +325,10 @@ def check_epoch(
     recorded = m.balance[e]
     for key in ("random_linearity", "random_speed_linearity"):  # of the empty baseline: the derived one's
         again.pop(key, None)
-        if derived is not None and key in derived.stats and (key in recorded or key == "random_linearity"):
+        known = key == "random_linearity" or recorded.value(key) is not None
+        if derived is not None and key in derived.stats and known:
             again[key] = derived.stats[key]  # absent from manifests written before it was
     for key, value in again.items():
-        got = balance_value(recorded, key)  # older 3.x manifests call greedy_reference bound
+        got = recorded.value(key) if key not in ("epoch", "steps", "max_count") else getattr(recorded, key)
         if got is None or not abs(got - value) <= 1e-6:
-            _add(problems, where, f"balance.{key} recorded {recorded.get(key, got)}, recomputed {value:.6f}")
+            _add(problems, where, f"balance.{key} recorded {got}, recomputed {value:.6f}")

@@ -10,12 +10,12 @@ the numbers are put in plain words (the build's summary and the report), ``COLUM
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.schemas.records import BalanceEntry
 from lidarshard.transforms.plan.lpt import lpt_assign
 
 __all__ = [
@@ -27,7 +27,6 @@ __all__ = [
     "equal_count_pool",
     "greedy_reference_linearity",
     "REFERENCE_KEY",
-    "balance_value",
     "plan_buys",
     "COLUMNS",
     "spearman_step_cost",
@@ -100,9 +99,8 @@ def greedy_reference_linearity(costs: NDArray[np.float64], world_size: int, batc
     return step_linearity(np.sort(costs).reshape(-1, step), world_size, batch_size)
 
 
-#: The ``balance`` key of ``greedy_reference_linearity``; older 3.x manifests call it ``bound``.
+#: The ``balance`` key of ``greedy_reference_linearity``.
 REFERENCE_KEY = "greedy_reference"
-_FORMER_KEYS = {REFERENCE_KEY: "bound"}
 
 
 def _average_ranks(x: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -231,21 +229,10 @@ def balance_summary(
     return out
 
 
-def balance_value(entry: Mapping[str, Any], key: str) -> float | None:
-    """``entry[key]`` of a manifest's per-epoch ``balance`` entry as a float, read under its former name
-    in manifests written before the rename (``bound`` for ``greedy_reference``); None when absent.
-
-    Raises:
-        ValueError, TypeError: the value is not a number (a malformed manifest).
-    """
-    value = entry.get(key, entry.get(_FORMER_KEYS.get(key, key)))
-    return None if value is None else float(value)
-
-
-def plan_buys(entry: Mapping[str, Any]) -> str | None:
+def plan_buys(entry: BalanceEntry) -> str | None:
     """One manifest ``balance`` entry in plain words: the epoch's predicted training time against a
     random plan of the same samples, and the share of it the ranks wait (``1 - linearity``); None when
-    the entry lacks a number or holds something else.
+    the entry lacks a number.
 
     Time for the same work is proportional to ``1 / linearity``, so the ratio is
     ``random_linearity / linearity``: ``"epoch 0: predicted time 0.86x a random plan's (14% less time):
@@ -253,12 +240,9 @@ def plan_buys(entry: Mapping[str, Any]) -> str | None:
     optimised, the ranks' times ``cost / speed`` (``speed_linearity`` against ``random_speed_linearity``),
     and says so ("at the ranks' speeds").
     """
-    speeds = "speed_linearity" in entry and "random_speed_linearity" in entry
+    speeds = entry.speed_linearity is not None and entry.random_speed_linearity is not None
     keys = ("speed_linearity", "random_speed_linearity") if speeds else ("linearity", "random_linearity")
-    try:
-        lin, rnd = (balance_value(entry, k) for k in keys)
-    except (TypeError, ValueError):
-        return None
+    lin, rnd = (entry.value(k) for k in keys)
     if lin is None or rnd is None or lin <= 0:
         return None
     ratio = rnd / lin
@@ -268,7 +252,7 @@ def plan_buys(entry: Mapping[str, Any]) -> str | None:
     else:
         how = f"{ratio:.2f}x a random plan's ({abs(change)}% {'less' if change > 0 else 'more'} time)"
     wait, random_wait = 100 * (1 - lin), 100 * (1 - rnd)
-    epoch = entry.get("epoch", "?")
+    epoch = entry.epoch
     at = " at the ranks' speeds" if speeds else ""
     return (
         f"epoch {epoch}: predicted time{at} {how}: ranks wait {wait:.1f}% of it instead of {random_wait:.1f}%"
@@ -286,7 +270,7 @@ COLUMNS: dict[str, str] = {
     "greedy_reference": "the linearity of a simple equal-count reference plan: sort all costs, cut them "
     "into consecutive steps of W*B, give each step's samples, largest first, to the least loaded rank "
     "with room (B each). A reference, not a bound: balanced and mixed (the default) plan within 0.005 "
-    "of it and may beat it; budget (unequal counts) often does. Older manifests call it bound",
+    "of it and may beat it; budget (unequal counts) often does.",
     "spearman": "rank correlation, in [-1, 1], of a step's position in the epoch with its mean cost: "
     "near 0 = big and small scenes spread over the whole epoch; near +1 (-1) = the epoch runs from small "
     "to big scenes (big to small), a size curriculum you may not want",
