@@ -17,9 +17,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from lidarshard.schemas import VARIABLE_COUNT, plan_file, plan_key
+from lidarshard.schemas.balance_entry import BalanceEntry
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.records import (
-    BalanceEntry,
     Buckets,
     CapsRecord,
     CostModel,

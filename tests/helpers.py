@@ -233,7 +233,7 @@ def mem_io(files: dict[str, bytes]):
 def balance_entry(epoch: int = 0, steps: int = 1, max_count: int = 1, **numbers: float) -> dict:
     """A complete manifest ``balance`` entry for hand-made manifests (``schemas.records.BalanceEntry``):
     ``numbers`` over 1.0 linearities, 0 spread and ``max_count`` samples a rank-step."""
-    from lidarshard.schemas.records import BALANCE_NUMBERS
+    from lidarshard.schemas.balance_entry import BALANCE_NUMBERS
 
     values = dict.fromkeys(BALANCE_NUMBERS, 1.0) | {"spearman_step_cost": 0.0, "rank_total_cv": 0.0}
     return (

@@ -13,7 +13,7 @@ import pytest
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.cli import main
-from lidarshard.schemas.records import BalanceEntry
+from lidarshard.schemas.balance_entry import BalanceEntry
 from lidarshard.transforms.plan.metrics import COLUMNS, REFERENCE_KEY, plan_buys
 from tests.helpers import build_bins_manifest
 

@@ -70,3 +70,13 @@ def test_no_two_modules_share_a_file_name() -> None:
         if path.name != "__init__.py":
             names[path.name].append(str(path.relative_to(REPO)))
     assert not {n: p for n, p in names.items() if len(p) > 1}
+
+
+def test_no_product_module_is_over_400_lines() -> None:
+    """Small surfaces (STYLE.md 8): a module past 400 lines holds more than one job; split it by job."""
+    long = {
+        str(p.relative_to(REPO)): n
+        for p in _modules().values()
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert not long, f"modules over 400 lines: {long}"

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from lidarshard.schemas.records import BALANCE_NUMBERS, BalanceEntry
+from lidarshard.schemas.balance_entry import BALANCE_NUMBERS, BalanceEntry
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import (
     COLUMNS,

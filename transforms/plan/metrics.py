@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.schemas.records import BalanceEntry
+from lidarshard.schemas.balance_entry import BalanceEntry
 from lidarshard.transforms.plan.lpt import lpt_assign
 
 __all__ = [
