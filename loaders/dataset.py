@@ -57,7 +57,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
     Every file read is checked against what the scan recorded of it (``schemas.INTEGRITY_FIELDS``):
     its size always (a file of another size raises ``loaders.points.FileChangedError`` naming it,
     after reading at most one byte more than recorded), its CRC-32 too with ``verify="hash"``. Files
-    whose size was not recorded (a schema 3.0 manifest, a table given to ``write_manifest``) are read
+    whose size was not recorded (a table given to ``write_manifest``) are read
     unchecked. The samples parts themselves are checked by ``read_samples`` (sha256, and paths inside
     ``path_root``, no ``..``, as the plan's).
 
@@ -157,7 +157,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
             first = table["sample_id"].filter(table["path_crc32"].is_null())[0].as_py()
             raise ValueError(
                 f'verify="hash": {unhashed} samples have no recorded {schemas.CONTENT_HASH} (first: {first}; '
-                'a --features stat scan, a 3.0 manifest or a table given to write_manifest); use verify="size"'
+                'a --features stat scan or a table given to write_manifest); use verify="size"'
             )
         if time_lag and sweeps:
             _check_lags(table)

@@ -52,10 +52,6 @@ def _previous(from_samples: str, epoch: int, m: Manifest | None) -> tuple[str, M
             raise UsageError(
                 f"--replan-from {epoch} continues the manifest beside --from-samples: {e}"
             ) from None
-    if not m.schema_version.startswith("4."):
-        raise UsageError(
-            f"--replan-from: {prev} was written with schema {m.schema_version}; rebuild it with this lidarshard first"
-        )
     return prev, m
 
 
