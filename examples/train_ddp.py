@@ -160,7 +160,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--targets", choices=["height", "lidarseg"], default="height")
     p.add_argument("--val-manifest", type=Path, default=None, help="evaluate on its samples every epoch")
     p.add_argument(
-        "--voxel-size", type=float, default=None, help="m; default 0.05 (mlp: build's occupied_voxels), 0.1 (spconv)"
+        "--voxel-size",
+        type=float,
+        default=None,
+        help="m; default 0.05 (mlp: build's occupied_voxels), 0.1 (spconv)",
     )
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="sgd: momentum 0.9")
@@ -319,7 +322,9 @@ def _compute(
 
 
 @torch.no_grad()
-def _evaluate(model: nn.Module, val: PointCloudDataset, classes: int, rank: int, world: int) -> dict[str, Any]:
+def _evaluate(
+    model: nn.Module, val: PointCloudDataset, classes: int, rank: int, world: int
+) -> dict[str, Any]:
     """Loss and mIoU on ``val``: rank r takes samples r, r+W, ...; results summed over ranks."""
     conf = torch.zeros(classes, classes, dtype=torch.float64)
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of point losses, labelled points)
