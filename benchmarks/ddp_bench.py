@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +306,7 @@ def _print_plain(
 def main(argv: list[str] | None = None) -> int:
     """Run the samplers on one manifest dir, print the comparison, return the exit status."""
     args = _parse(argv)
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ddp_bench-") as tmp:
         work = (args.workdir or Path(tmp)).resolve()
         work.mkdir(parents=True, exist_ok=True)
@@ -331,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         result = {"summary": plain, "runs": runs, "speedup": speedup}
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(result, indent=1))
+    print(
+        f"total wall time {time.perf_counter() - start:.0f} s (manifest, {len(modes)} x {args.repeats} trainings)"
+    )
     return 1 if args.strict and not ok else 0
 
 
