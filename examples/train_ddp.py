@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import os
 import sys
@@ -196,26 +197,25 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         args.voxel_size = 0.1 if args.backbone == "spconv" else 0.05
     if args.backbone == "spconv":
         try:
-            _sparse_unet().require_spconv()
+            _sibling("sparse_unet").require_spconv()
         except ImportError as e:
             sys.exit(f"train_ddp.py: error: {e}")  # one line, before any rank starts
     return args
 
 
-def _sparse_unet() -> Any:
-    """``examples/sparse_unet.py`` (the spconv UNet's one home), imported from this script's folder."""
+def _sibling(name: str) -> Any:
+    """The module ``name`` of this script's folder (``sparse_unet``: the spconv UNet's one home,
+    ``drivingsdk_sampler``), imported however this script was loaded."""
     here = str(Path(__file__).resolve().parent)
     if here not in sys.path:
         sys.path.insert(0, here)
-    import sparse_unet
-
-    return sparse_unet
+    return importlib.import_module(name)
 
 
 def _model(args: argparse.Namespace, in_dims: int, classes: int) -> nn.Module:
     """The ``--backbone``: (N, C) points, (N,) sample index -> (N, classes) per-point logits."""
     if args.backbone == "spconv":
-        return _sparse_unet().SparseSegNet(classes, args.voxel_size)
+        return _sibling("sparse_unet").SparseSegNet(classes, args.voxel_size)
     return SegNet(in_dims, args.width, classes, args.voxel_size)
 
 
@@ -237,15 +237,10 @@ def _loader(
 
 def _drivingsdk(args: argparse.Namespace, rank: int, world: int, batch: int) -> Any:
     """The DrivingSDK-style sorted buckets over the manifest's voxel counts (points without them)."""
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    from drivingsdk_sampler import BucketBatchSampler
-
     samples = read_samples(args.manifest, ["occupied_voxels", "num_points"])
     voxels = samples.column("occupied_voxels")  # null when the manifest was planned without a scan
     sizes = voxels if voxels.null_count == 0 else samples.column("num_points")
-    return BucketBatchSampler(sizes.to_numpy(), rank, world, batch, args.seed)
+    return _sibling("drivingsdk_sampler").BucketBatchSampler(sizes.to_numpy(), rank, world, batch, args.seed)
 
 
 def _replan(args: argparse.Namespace, timer: StepTimer, rank: int) -> str:
