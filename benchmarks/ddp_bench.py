@@ -1,6 +1,7 @@
 """DDP scaling linearity: PyTorch's DistributedSampler vs lidarshard manifests, same data, same model.
 
-Runs ``examples/train_ddp.py`` (2 gloo ranks on CPU, one thread each) twice on the same manifest
+Runs ``examples/train_ddp.py`` (2 gloo ranks on CPU, one thread each, each pinned to its own core;
+``--backbone mlp`` the example's point-voxel net, ``spconv`` its sparse-conv UNet) twice on the same manifest
 directory: once with ``--sampler distributed`` (the baseline: random, size-blind batches) and once
 with ``--sampler lidarshard`` (the manifest's balanced plan). Prints, per run, the wall time per epoch
 and the measured linearity (sum_steps mean_rank compute / sum_steps max_rank compute), then the ratios.
@@ -9,6 +10,15 @@ compute times (the target's measure), ``cpu_lin`` the same from thread CPU time 
 processes on the host), ``points_lin`` / ``cost_lin`` the same ratio over points and over the manifest's
 predicted costs of the batches each run actually trained on.
 
+``--closed-loop`` runs five samplers on the same manifest and compares the epochs after epoch 0:
+``distributed`` (DistributedSampler), ``drivingsdk`` (DrivingSDK-style sorted buckets,
+``examples/drivingsdk_sampler.py``), ``default`` (the plan as built), ``calibrated`` (epoch 0 recorded,
+then calibrate -> re-plan -> ``switch_plan``, no restart) and ``identical`` (every rank rank 0's batches:
+the noise floor). Per sampler: measured linearity, predicted linearity (the cost model's for the batches
+trained: the manifest's, the re-plan's for ``calibrated``), seconds per epoch, and pair repeat (how often
+two samples that share a step share one again the next epoch, as a multiple of a random plan's rate;
+``transforms.plan.metrics.pair_repeat_rate``); then the issue's targets as PASS/MISS lines.
+
 Manifest source, one of:
     --manifest OUT      an existing ``lidarshard build`` output;
     (default)           ``lidarshard synth`` + ``lidarshard build`` into a temp dir (``--scenes``, ...);
@@ -16,11 +26,13 @@ Manifest source, one of:
                         pipeline, no scan; the pipeline's planner on their point counts).
 
     python benchmarks/ddp_bench.py --manifest OUT [--epochs 1] [--repeats 1]
+    python benchmarks/ddp_bench.py --backbone spconv --closed-loop --batch-size 1 --json-out b1.json
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -28,14 +40,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lidarshard.loaders import load_manifest
+from lidarshard.transforms.plan.metrics import load_linearity, pair_repeat_rate
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "train_ddp.py"
 SAMPLERS = ("distributed", "lidarshard")
+#: ``--closed-loop``'s samplers, in the order they run (the keys of its ``--json-out``).
+LOOP = ("distributed", "drivingsdk", "default", "calibrated", "identical")
 
 __all__ = ["main"]
 
@@ -57,19 +75,24 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fixture-samples", type=int, default=64)
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: all planned)")
     p.add_argument("--repeats", type=int, default=1, help="runs per sampler, alternating; medians reported")
+    p.add_argument("--backbone", choices=["mlp", "spconv"], default="mlp", help="train_ddp.py --backbone")
     p.add_argument("--train-args", default="", help="extra flags for train_ddp.py (e.g. '--width 128')")
     p.add_argument("--json-out", type=Path, default=None)
     p.add_argument("--strict", action="store_true", help="exit 1 when the target is missed")
     p.add_argument(
         "--closed-loop",
         action="store_true",
-        help="also run 'calibrated': epoch 0 on the manifest's cost model with the StepTimer recording, then "
-        "calibrate + re-plan epochs 1.. (train_ddp.py --replan-after 1), and 'identical' (every rank the same "
-        "batches: the machine's noise floor); compares epochs 1.. of all four",
+        help="five samplers: distributed, drivingsdk, default, 'calibrated' (epoch 0 on the manifest's cost "
+        "model with the StepTimer recording, then calibrate + re-plan epochs 1.., train_ddp.py --replan-after 1) "
+        "and 'identical' (every rank the same batches: the machine's noise floor); compares epochs 1..",
     )
     args = p.parse_args(argv)
-    if args.closed_loop and args.plan_epochs < 2:
-        args.plan_epochs = 3  # epoch 0 measures, epochs 1.. are compared
+    if args.closed_loop and args.plan_epochs < 3:
+        args.plan_epochs = 3  # epoch 0 measures, epochs 1.. are compared (two of them: the pair repeat)
+    if args.closed_loop and args.epochs is not None and args.epochs < 3:
+        p.error("--closed-loop compares epochs 1.. and their pair repeat: --epochs must be at least 3")
+    if args.backbone == "spconv" and importlib.util.find_spec("spconv") is None:
+        p.error("--backbone spconv needs spconv, which is not installed: pip install spconv")
     return args
 
 
@@ -145,73 +168,123 @@ def _fixture(args: argparse.Namespace, work: Path) -> Path:
 
 def _train(manifest: Path, mode: str, args: argparse.Namespace, work: Path, i: int) -> dict[str, Any]:
     out = work / f"run-{mode}-{i}.json"
-    sampler = "distributed" if mode == "distributed" else "lidarshard"
-    cmd = [sys.executable, str(TRAIN), "--manifest", str(manifest), "--sampler", sampler]
-    cmd += ["--json-out", str(out)] + (["--identical"] if mode == "identical" else [])
+    sampler = mode if mode in ("distributed", "drivingsdk") else "lidarshard"
+    cmd = [sys.executable, str(TRAIN), "--manifest", str(manifest), "--sampler", sampler, "--pin-cores"]
+    cmd += ["--backbone", args.backbone, "--json-out", str(out)] + (
+        ["--identical"] if mode == "identical" else []
+    )
     if mode == "calibrated":
         cmd += ["--replan-after", "1", "--timings", str(work / f"timings-{i}")]
     if args.epochs is not None:
         cmd += ["--epochs", str(args.epochs)]
     subprocess.run(cmd + shlex.split(args.train_args), check=True, env=_env())
-    run = json.loads(out.read_text())
-    if args.closed_loop:  # compare the epochs after the calibration only, for every mode
-        later = run["epochs"][1:]
-        compute = [np.asarray(e["compute_s"], dtype=np.float64) for e in later]  # (W, steps) each
-        run["linearity"] = float(sum(c.mean(0).sum() for c in compute) / sum(c.max(0).sum() for c in compute))
-        run["wall_s_per_epoch"] = float(np.mean([e["wall_s"] for e in later]))
-        planned = [b["linearity"] for b in _manifest_balance(mode, manifest, work, i)[1:]]
-        run["planned_linearity_later"] = float(np.mean(planned)) if planned else float("nan")
-    return run
-
-
-def _manifest_balance(mode: str, manifest: Path, work: Path, i: int) -> list[dict]:
-    """The balance the plan a mode trained on predicts per epoch (the re-plan's for ``calibrated``)."""
-    if mode in ("distributed", "identical"):
-        return []
-    out = work / f"timings-{i}" / "replan" if mode == "calibrated" else manifest
-    return json.loads((out / "_manifest.json").read_text())["balance"]
+    return json.loads(out.read_text())
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:
     return float(statistics.median(r[key] for r in runs))
 
 
-def _print_loop(summary: dict[str, dict[str, float]], runs: dict[str, list[dict[str, Any]]]) -> None:
-    """The closed loop's table: epochs 1.. of each mode, measured vs the plan's predicted linearity."""
-    print("\nclosed loop, epochs 1.. (after one calibration on epoch 0's recorded step times):")
-    print(f"{'mode':<12} {'wall s/epoch':>12} {'measured':>9} {'predicted':>10} {'gap':>7}")
-    for mode, r in summary.items():
-        predicted = _median(runs[mode], "planned_linearity_later")  # nan: no plan of its own
-        print(f"{mode:<12} {r['wall_s_per_epoch']:>12.3f} {r['linearity']:>9.4f} {predicted:>10.4f} "
-              f"{predicted - r['linearity']:>+7.4f}")  # fmt: skip
+def _plan(samples: list[list[list[int]]]) -> np.ndarray:
+    """(S, W, n) dataset indices, -1 padded, from one epoch's ``samples`` (W ranks x S steps x n)."""
+    steps, world = len(samples[0]), len(samples)
+    wide = max((len(b) for rank in samples for b in rank), default=0)
+    plan = np.full((steps, world, wide), -1, dtype=np.int64)
+    for r, rank in enumerate(samples):
+        for s, batch in enumerate(rank):
+            plan[s, r, : len(batch)] = batch
+    return plan
+
+
+def _random_repeat(plan: np.ndarray, pool: int) -> float:
+    """What a uniformly random plan repeats: the chance that a pair sharing a step shares one of
+    ``plan``'s steps too, ``sum_steps C(n_s, 2) / C(P, 2)`` (``(W*B - 1) / (P - 1)`` for whole epochs)."""
+    n = (plan.reshape(plan.shape[0], -1) >= 0).sum(axis=1)
+    return float((n * (n - 1)).sum() / (pool * (pool - 1)))
+
+
+def pair_repeat(epochs: list[dict[str, Any]], pool: int) -> float | None:
+    """Mean over consecutive epochs of ``pair_repeat_rate`` as a multiple of a random plan's rate; None
+    when a step holds a sample twice (``identical``) or there are fewer than two epochs."""
+    plans = [_plan(e["samples"]) for e in epochs]
+    if len(plans) < 2 or any(len(np.unique(p[p >= 0])) < (p >= 0).sum() for p in plans):
+        return None
+    rates = [pair_repeat_rate(a, b) / _random_repeat(b, pool) for a, b in zip(plans, plans[1:], strict=False)]
+    return float(np.mean(rates))
+
+
+def loop_stats(run: dict[str, Any], pool: int) -> dict[str, Any]:
+    """One closed-loop run over its epochs 1..: measured and predicted linearity, s/epoch, pair repeat."""
+    later = run["epochs"][1:]
+    stack = lambda key: np.concatenate([np.asarray(e[key], dtype=np.float64).T for e in later])  # noqa: E731
+    return {
+        "measured_linearity": load_linearity(stack("compute_s")),  # (steps, W) over the compared epochs
+        "predicted_linearity": load_linearity(stack("costs")),
+        "epoch_s": float(np.mean([e["wall_s"] for e in later])),
+        "pair_repeat": pair_repeat(later, pool),
+        "cpu_linearity": load_linearity(stack("cpu_s")),
+        "steps_per_epoch": int(np.mean([e["steps"] for e in later])),
+    }
+
+
+def _med(values: list[Any]) -> Any:
+    return None if any(v is None for v in values) else float(statistics.median(values))
+
+
+def loop_summary(runs: dict[str, list[dict[str, Any]]], pool: int) -> dict[str, dict[str, Any]]:
+    """{sampler: medians over the repeats of ``loop_stats``}: the ``--closed-loop --json-out`` object."""
+    out = {}
+    for mode, done in runs.items():
+        stats = [loop_stats(r, pool) for r in done]
+        out[mode] = {k: _med([s[k] for s in stats]) for k in stats[0]}
+    return out
+
+
+def loop_targets(s: dict[str, dict[str, Any]]) -> list[tuple[bool, str]]:
+    """The issue's targets for ``calibrated`` as (met, line)."""
+    cal, floor, dis, peer = s["calibrated"], s["identical"], s["distributed"], s["drivingsdk"]
+    low = " (the floor itself is below 0.98)" if floor["measured_linearity"] < 0.98 else ""
+    gap = cal["predicted_linearity"] - cal["measured_linearity"]
+    speed = dis["epoch_s"] / max(cal["epoch_s"], 1e-12)
+    rep, peer_rep = cal["pair_repeat"], peer["pair_repeat"]
+    fewer = rep is not None and peer_rep is not None and rep < peer_rep
+    return [
+        (cal["measured_linearity"] >= 0.97, f"calibrated measured {cal['measured_linearity']:.4f} >= 0.97"),
+        (
+            cal["measured_linearity"] >= floor["measured_linearity"] - 0.01,
+            f"calibrated within 0.01 of the identical-work floor {floor['measured_linearity']:.4f}{low}",
+        ),
+        (gap <= 0.02, f"calibrated predicted - measured = {gap:+.4f} <= 0.02"),
+        (speed >= 1.2, f"epoch {speed:.3f}x faster than distributed (>= 1.2x)"),
+        (
+            cal["measured_linearity"] >= peer["measured_linearity"] and fewer,
+            f"linearity >= drivingsdk's {peer['measured_linearity']:.4f} with a lower pair repeat "
+            f"({rep if rep is None else round(rep, 2)}x vs {peer_rep if peer_rep is None else round(peer_rep, 2)}x)",
+        ),
+    ]
+
+
+def _print_loop(s: dict[str, dict[str, Any]], args: argparse.Namespace) -> bool:
+    """The closed loop's table and targets; True when every target is met."""
+    print(f"\nclosed loop, backbone {args.backbone}, B={args.batch_size}, epochs 1.. (2 gloo ranks, 1 thread each, "
+          f"pinned; medians of {args.repeats} run(s)):")  # fmt: skip
     print(
-        "identical: every rank trains the same batches, so its linearity is the noise floor of this machine's "
-        "step times, the most any plan can measure here"
+        f"{'sampler':<12} {'s/epoch':>8} {'steps':>6} {'measured':>9} {'predicted':>10} {'cpu_lin':>8} {'pair rep':>9}"
     )
-    print("targets: calibrated measured >= 0.97 at B=2 (0.95 at B=1), predicted - measured <= 0.02")
+    for mode, r in s.items():
+        rep = "-" if r["pair_repeat"] is None else f"{r['pair_repeat']:.2f}x"
+        print(f"{mode:<12} {r['epoch_s']:>8.2f} {int(r['steps_per_epoch']):>6} {r['measured_linearity']:>9.4f} "
+              f"{r['predicted_linearity']:>10.4f} {r['cpu_linearity']:>8.4f} {rep:>9}")  # fmt: skip
+    results = loop_targets(s)
+    for met, line in results:
+        print(f"{'PASS' if met else 'MISS'} {line}")
+    return all(met for met, _ in results)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run both samplers on one manifest dir, print the comparison, return the exit status."""
-    args = _parse(argv)
-    with tempfile.TemporaryDirectory(prefix="ddp_bench-") as tmp:
-        work = (args.workdir or Path(tmp)).resolve()
-        work.mkdir(parents=True, exist_ok=True)
-        if args.manifest is not None:
-            manifest = args.manifest
-        elif args.fixture:
-            manifest = _fixture(args, work)
-        else:
-            manifest = _synth_build(args, work)
-        modes = (*SAMPLERS, "calibrated", "identical") if args.closed_loop else SAMPLERS
-        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in modes}
-        for i in range(args.repeats):
-            for s in modes if i % 2 == 0 else modes[::-1]:
-                runs[s].append(_train(manifest, s, args, work, i))
-    keys = ("wall_s_per_epoch", "linearity", "cpu_linearity", "points_linearity", "cost_linearity")
-    summary = {s: {k: _median(runs[s], k) for k in keys} for s in modes}
-    if args.closed_loop:
-        _print_loop(summary, runs)
+def _print_plain(
+    summary: dict[str, dict[str, float]], manifest: Path, args: argparse.Namespace
+) -> tuple[bool, float]:
+    """The two-sampler table and its target: (met, wall ratio distributed / lidarshard)."""
     base, ours = summary["distributed"], summary["lidarshard"]
     print(f"\nmanifest: {manifest}  (2 gloo ranks, 1 thread each; medians of {args.repeats} run(s))")
     print(
@@ -227,8 +300,42 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wall ratio distributed/lidarshard = {speedup:.3f}x; linearity ratio = "
           f"{ours['linearity'] / max(base['linearity'], 1e-12):.3f}; gain = {gain:+.4f}  "
           f"[target >= 0.95 and >= +0.10: {'met' if ok else 'MISSED'}]")  # fmt: skip
+    return ok, speedup
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the samplers on one manifest dir, print the comparison, return the exit status."""
+    args = _parse(argv)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ddp_bench-") as tmp:
+        work = (args.workdir or Path(tmp)).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        if args.manifest is not None:
+            manifest = args.manifest
+        elif args.fixture:
+            manifest = _fixture(args, work)
+        else:
+            manifest = _synth_build(args, work)
+        modes = LOOP if args.closed_loop else SAMPLERS
+        runs: dict[str, list[dict[str, Any]]] = {s: [] for s in modes}
+        for i in range(args.repeats):
+            for s in modes if i % 2 == 0 else modes[::-1]:
+                runs[s].append(_train(manifest, s, args, work, i))
+        pool = load_manifest(manifest).counts.accepted  # the samples every sampler draws from
+    if args.closed_loop:
+        summary: dict[str, Any] = loop_summary(runs, pool)
+        ok = _print_loop(summary, args)
+        result: dict[str, Any] = summary
+    else:
+        keys = ("wall_s_per_epoch", "linearity", "cpu_linearity", "points_linearity", "cost_linearity")
+        plain = {s: {k: _median(runs[s], k) for k in keys} for s in modes}
+        ok, speedup = _print_plain(plain, manifest, args)
+        result = {"summary": plain, "runs": runs, "speedup": speedup}
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps({"summary": summary, "runs": runs, "speedup": speedup}, indent=1))
+        args.json_out.write_text(json.dumps(result, indent=1))
+    print(
+        f"total wall time {time.perf_counter() - start:.0f} s (manifest, {len(modes)} x {args.repeats} trainings)"
+    )
     return 1 if args.strict and not ok else 0
 
 

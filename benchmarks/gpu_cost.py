@@ -8,9 +8,10 @@ Prints R^2 of the fit, and the Spearman rank correlation with measured time of (
 
 Backbones (``--backbone``):
     spconv    spconv 2.x SubMConv3d / SparseConv3d / SparseInverseConv3d (``pip install spconv`` for the
-              CPU build, ``spconv-cu12x`` on a GPU host; NOT a lidarshard dependency). The CPU build calls
-              ``torch.cuda.current_stream()`` even for CPU tensors, which a CPU-only torch refuses; this
-              script then passes stream 0 (CPU ops ignore it).
+              CPU build, ``spconv-cu12x`` on a GPU host; NOT a lidarshard dependency): the UNet of
+              ``examples/sparse_unet.py``, which ``train_ddp.py --backbone spconv`` trains too. The CPU
+              build calls ``torch.cuda.current_stream()`` even for CPU tensors, which a CPU-only torch
+              refuses; ``sparse_unet.patch_cpu_stream`` then passes stream 0 (CPU ops ignore it).
     scatter   fallback from plain torch ops: the same UNet shape with each sparse conv replaced by a
               voxel MLP + neighbour max over the 6 face neighbours (hash join via ``torch.searchsorted``).
     auto      spconv when importable, else scatter (default).
@@ -45,8 +46,10 @@ from lidarshard.loaders.torch import PointCloudDataset
 from lidarshard.tools.calibrate import calibrate
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples"))  # the spconv UNet's one home: examples/sparse_unet.py
+from sparse_unet import SpconvUNet, voxelize_batch  # noqa: E402
 
-__all__ = ["main", "spearman", "ScatterUNet", "SpconvUNet"]
+__all__ = ["main", "spearman", "ScatterUNet"]
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -55,19 +58,10 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def voxelize(points: torch.Tensor, voxel: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """((V, 3) int32 voxel coords >= 0, (V, 4) float mean x, y, z, intensity of each voxel's points)."""
-    c = torch.floor(points[:, :3] / voxel).long()
-    c = c - c.min(0).values
-    uniq, inverse = torch.unique(c, dim=0, return_inverse=True)
-    feats = torch.zeros(len(uniq), 4).index_add_(0, inverse, points[:, :4])
-    feats /= torch.bincount(inverse, minlength=len(uniq)).clamp_min(1)[:, None]
-    return uniq.int(), feats
-
-
 class ScatterUNet(nn.Module):
     """Sparse-UNet stand-in from torch ops: per level, voxel MLP + max over the 6 face neighbours;
-    stride-2 pooling down, gather back up, skip connections. Cost ~ voxels at each level."""
+    stride-2 pooling down, gather back up, skip connections. Cost ~ voxels at each level. Takes the
+    coords of one sample, (V, 4) [0, x, y, z] as ``voxelize_batch`` gives them, like ``SpconvUNet``."""
 
     def __init__(self, widths: tuple[int, ...] = (16, 32, 64), classes: int = 16) -> None:
         super().__init__()
@@ -96,7 +90,7 @@ class ScatterUNet(nn.Module):
         return torch.where(out > -1e8, out, torch.zeros_like(out))
 
     def forward(self, coords: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        coords = coords.long()
+        coords = coords[:, 1:].long()
         levels, inverses = [], []
         x = feats / 50.0
         for i, lin in enumerate(self.down):
@@ -109,53 +103,6 @@ class ScatterUNet(nn.Module):
         for i in reversed(range(len(self.up))):
             x = F.relu(self.up[i](torch.cat([levels[i], x[inverses[i]]], dim=1)))
         return self.head(x)
-
-
-def SpconvUNet(classes: int = 16) -> nn.Module:  # noqa: N802 - builds a class lazily (spconv is optional)
-    """A 3-level spconv UNet: SubM blocks, stride-2 SparseConv down, SparseInverseConv up, skips."""
-    import spconv.pytorch as sp
-
-    if not torch.cuda.is_available():  # CPU-only torch: spconv asks for a CUDA stream it will not use
-        from spconv.pytorch import cppcore, ops
-        from spconv.pytorch import hash as sphash
-
-        for module in (cppcore, ops, sphash):
-            module.get_current_stream = lambda: 0
-
-    def block(cin: int, cout: int, key: str) -> Any:
-        return sp.SparseSequential(
-            sp.SubMConv3d(cin, cout, 3, indice_key=key, bias=False),
-            nn.BatchNorm1d(cout),
-            nn.ReLU(),
-            sp.SubMConv3d(cout, cout, 3, indice_key=key, bias=False),
-            nn.BatchNorm1d(cout),
-            nn.ReLU(),
-        )
-
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.enc1, self.enc2, self.enc3 = block(4, 16, "s1"), block(32, 32, "s2"), block(64, 64, "s3")
-            self.down1 = sp.SparseConv3d(16, 32, 3, stride=2, indice_key="d1", bias=False)
-            self.down2 = sp.SparseConv3d(32, 64, 3, stride=2, indice_key="d2", bias=False)
-            self.up2 = sp.SparseInverseConv3d(64, 32, 3, indice_key="d2", bias=False)
-            self.up1 = sp.SparseInverseConv3d(32, 16, 3, indice_key="d1", bias=False)
-            self.dec2, self.dec1 = block(64, 32, "s2"), block(32, 16, "s1")
-            self.head = nn.Linear(16, classes)
-
-        def forward(self, coords: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-            shape = (coords.max(0).values + 1).tolist()
-            idx = torch.cat([torch.zeros(len(coords), 1, dtype=torch.int32, device=coords.device), coords], 1)
-            x1 = self.enc1(sp.SparseConvTensor(feats / 50.0, idx, shape, 1))
-            x2 = self.enc2(self.down1(x1))
-            x3 = self.enc3(self.down2(x2))
-            u2 = self.up2(x3)
-            u2 = self.dec2(u2.replace_feature(torch.cat([u2.features, x2.features], 1)))
-            u1 = self.up1(u2)
-            u1 = self.dec1(u1.replace_feature(torch.cat([u1.features, x1.features], 1)))
-            return self.head(u1.features)
-
-    return Net()
 
 
 def _backbone(name: str) -> tuple[str, nn.Module]:
@@ -254,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         other: list[float] = []  # the clock not fitted
         for i, r in enumerate(rows):
             pts = dataset[i]["points"]
-            coords, feats = voxelize(pts, args.voxel_size)
+            coords, feats, _ = voxelize_batch(pts, torch.zeros(len(pts), dtype=torch.long), args.voxel_size)
             coords, feats = coords.to(device), feats.to(device)
             if i == 0:
                 _step_ms(model, coords, feats, device)  # warm-up (allocators, kernels), untimed

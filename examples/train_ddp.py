@@ -1,10 +1,14 @@
 """Train a small point-cloud segmentation model with torch.distributed (gloo, CPU) on a lidarshard manifest.
 
-Each rank runs one thread (``torch.set_num_threads(1)``) and reads the manifest directly:
-``BalancedBatchSampler`` + ``PointCloudDataset`` (``--sampler lidarshard``, default) or, as the baseline,
-PyTorch's ``DistributedSampler`` over the same samples (``--sampler distributed``). The model is a small
-point-voxel net: per-point MLP, voxel max-pooling (``torch.scatter_reduce``), voxel MLP, per-point head,
-so its cost grows with points and occupied voxels like a real sparse backbone. Targets are synthesized
+Each rank runs one thread (``torch.set_num_threads(1)``; ``--pin-cores``: each rank on its own core) and
+reads the manifest directly: ``BalancedBatchSampler`` + ``PointCloudDataset`` (``--sampler lidarshard``,
+default) or, as baselines over the same samples, PyTorch's ``DistributedSampler`` (``--sampler
+distributed``) or the DrivingSDK-style sorted buckets (``--sampler drivingsdk``,
+``examples/drivingsdk_sampler.py``). The model (``--backbone mlp``, default) is a small point-voxel net:
+per-point MLP, voxel max-pooling (``torch.scatter_reduce``), voxel MLP, per-point head, so its cost grows
+with points and occupied voxels like a real sparse backbone; ``--backbone spconv`` trains a real one, the
+SubM/SparseConv UNet of ``examples/sparse_unet.py`` on the voxelized keyframe + sweeps (needs ``pip
+install spconv``; each point gets its voxel's logits). Targets are synthesized
 height classes (the default: the run measures compute, not accuracy) or, with ``--targets lidarseg``, the
 samples' lidarseg labels (keyframe points; aggregated sweep points are inputs only). ``--val-manifest V``
 evaluates on V's samples after every epoch (split across ranks, outside the timed epoch): loss and mIoU
@@ -31,13 +35,14 @@ rate, ETA; ``lidarshard.transforms.progress``, the line ``lidarshard build`` dra
 writes it when stderr is not a terminal (a line every 10 s and at the end of each epoch).
 
     python examples/train_ddp.py --manifest OUT [--sampler distributed] [--epochs 1] [--json-out r.json]
-        [--targets lidarseg --val-manifest VAL] [--progress]
+        [--backbone spconv] [--pin-cores] [--targets lidarseg --val-manifest VAL] [--progress]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import importlib
 import json
 import os
 import sys
@@ -145,15 +150,22 @@ def miou(confusion: torch.Tensor) -> tuple[float, dict[int, float]]:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--manifest", required=True, help="committed lidarshard manifest directory")
-    p.add_argument("--sampler", choices=["lidarshard", "distributed"], default="lidarshard")
+    p.add_argument("--sampler", choices=["lidarshard", "distributed", "drivingsdk"], default="lidarshard")
+    p.add_argument("--backbone", choices=["mlp", "spconv"], default="mlp", help="spconv: the sparse UNet")
+    p.add_argument("--pin-cores", action="store_true", help="pin rank r to the r-th allowed core (mod count)")
     p.add_argument("--epochs", type=int, default=None, help="default: the epochs the manifest planned")
     p.add_argument("--max-steps", type=int, default=None, help="cap steps per epoch (quick runs)")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
-    p.add_argument("--width", type=int, default=32, help="voxel MLP width")
+    p.add_argument("--width", type=int, default=32, help="voxel MLP width (--backbone mlp)")
     p.add_argument("--classes", type=int, default=4, help="height bands (--targets height)")
     p.add_argument("--targets", choices=["height", "lidarseg"], default="height")
     p.add_argument("--val-manifest", type=Path, default=None, help="evaluate on its samples every epoch")
-    p.add_argument("--voxel-size", type=float, default=0.05, help="m (0.05: build's occupied_voxels)")
+    p.add_argument(
+        "--voxel-size",
+        type=float,
+        default=None,
+        help="m; default 0.05 (mlp: build's occupied_voxels), 0.1 (spconv)",
+    )
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="sgd: momentum 0.9")
     p.add_argument("--seed", type=int, default=0)
@@ -181,7 +193,30 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.replan_after is not None and (args.timings is None or args.sampler != "lidarshard"):
         p.error("--replan-after needs --timings DIR and --sampler lidarshard")
+    if args.voxel_size is None:
+        args.voxel_size = 0.1 if args.backbone == "spconv" else 0.05
+    if args.backbone == "spconv":
+        try:
+            _sibling("sparse_unet").require_spconv()
+        except ImportError as e:
+            sys.exit(f"train_ddp.py: error: {e}")  # one line, before any rank starts
     return args
+
+
+def _sibling(name: str) -> Any:
+    """The module ``name`` of this script's folder (``sparse_unet``: the spconv UNet's one home,
+    ``drivingsdk_sampler``), imported however this script was loaded."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
+
+
+def _model(args: argparse.Namespace, in_dims: int, classes: int) -> nn.Module:
+    """The ``--backbone``: (N, C) points, (N,) sample index -> (N, classes) per-point logits."""
+    if args.backbone == "spconv":
+        return _sibling("sparse_unet").SparseSegNet(classes, args.voxel_size)
+    return SegNet(in_dims, args.width, classes, args.voxel_size)
 
 
 def _loader(
@@ -193,8 +228,19 @@ def _loader(
         # rank and world size from torch.distributed; --identical: every rank replays rank 0's batches
         sampler: Any = BalancedBatchSampler(args.manifest, 0 if args.identical else rank, world)
         return PlanLoader(dataset, sampler, **opts), sampler  # state_dict() counts trained batches
+    if args.sampler == "drivingsdk":
+        sampler = _drivingsdk(args, rank, world, batch)
+        return DataLoader(dataset, batch_sampler=sampler, **opts), sampler
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed, drop_last=True)
     return DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch, drop_last=True), **opts), sampler
+
+
+def _drivingsdk(args: argparse.Namespace, rank: int, world: int, batch: int) -> Any:
+    """The DrivingSDK-style sorted buckets over the manifest's voxel counts (points without them)."""
+    samples = read_samples(args.manifest, ["occupied_voxels", "num_points"])
+    voxels = samples.column("occupied_voxels")  # null when the manifest was planned without a scan
+    sizes = voxels if voxels.null_count == 0 else samples.column("num_points")
+    return _sibling("drivingsdk_sampler").BucketBatchSampler(sizes.to_numpy(), rank, world, batch, args.seed)
 
 
 def _replan(args: argparse.Namespace, timer: StepTimer, rank: int) -> str:
@@ -245,7 +291,7 @@ def _rank_weight(sampler: Any, step: int, n: int, world: int) -> float:
 
 
 def _compute(
-    model: SegNet, batch: dict[str, Any], classes: int, per_sample: bool, weight: float = 1.0
+    model: nn.Module, batch: dict[str, Any], classes: int, per_sample: bool, weight: float = 1.0
 ) -> tuple[float, float, float, list[tuple[str, float, int]]]:
     """Forward + backward of one batch, the loss times ``weight`` (``_rank_weight``): (wall s, thread
     CPU s, loss (unweighted), per-sample [(sample_id, ms, points)])."""
@@ -271,7 +317,9 @@ def _compute(
 
 
 @torch.no_grad()
-def _evaluate(model: SegNet, val: PointCloudDataset, classes: int, rank: int, world: int) -> dict[str, Any]:
+def _evaluate(
+    model: nn.Module, val: PointCloudDataset, classes: int, rank: int, world: int
+) -> dict[str, Any]:
     """Loss and mIoU on ``val``: rank r takes samples r, r+W, ...; results summed over ranks."""
     conf = torch.zeros(classes, classes, dtype=torch.float64)
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of point losses, labelled points)
@@ -309,7 +357,7 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
     timer = StepTimer(args.timings, rank=rank, world_size=world) if args.replan_after is not None else None
     torch.manual_seed(args.seed)
     probe = dataset[0]["points"]
-    model = SegNet(probe.shape[1], args.width, classes, args.voxel_size)
+    model = _model(args, probe.shape[1], classes)
     params = list(model.parameters())
     for p in params:
         dist.broadcast(p.data, src=0)
@@ -330,7 +378,7 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
         sampler.set_epoch(epoch)
         steps = min(len(loader), args.max_steps if args.max_steps is not None else len(loader))
         shown.start(f"train_ddp epoch {epoch + 1} of {epochs}", steps)
-        wall_c, cpu_c, pts_c, cost_c, loss_c = [], [], [], [], []
+        wall_c, cpu_c, pts_c, cost_c, loss_c, drawn = [], [], [], [], [], []
         dist.barrier()
         t0 = time.perf_counter()
         batches = loader if timer is None else timer.steps(loader)
@@ -349,6 +397,7 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
             loss_c.append(loss)
             pts_c.append(float(batch["num_points"].sum()))
             cost_c.append(float(predicted[batch["index"]].sum()))
+            drawn.append(batch["index"].tolist())
             timings += [(sid, step, rank, f"{ms:.4f}", n) for sid, ms, n in rows]
             shown.update(step + 1)
         shown.end(len(wall_c))
@@ -358,6 +407,8 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
         gathered = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(gathered, local)
         g = torch.stack(gathered, 1)  # (5, W, steps)
+        samples: list[Any] = [None] * world
+        dist.all_gather_object(samples, drawn)
         per_epoch.append(
             {
                 "epoch": epoch,
@@ -372,6 +423,8 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
                 "compute_s": g[0].tolist(),
                 "cpu_s": g[1].tolist(),
                 "points": g[2].tolist(),  # (W, steps)
+                "costs": g[3].tolist(),  # (W, steps) predicted cost of each rank-step's batch
+                "samples": samples,  # (W, steps, n) dataset indices each rank trained
                 "train_loss": float(g[4].mean()) if g[4].numel() else float("nan"),
                 "_g": g[:4],
             }
@@ -386,6 +439,7 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
     allg = torch.cat([e.pop("_g") for e in per_epoch], dim=2)
     return {
         "sampler": args.sampler,
+        "backbone": args.backbone,
         "manifest": str(args.manifest),
         "world_size": world,
         "batch_size": manifest.batch_size,
@@ -410,6 +464,9 @@ def _write_timings(path: Path, rows: list[tuple]) -> None:
 
 def _worker(rank: int, world: int, store: str, args: argparse.Namespace, result: str) -> None:
     torch.set_num_threads(1)
+    if args.pin_cores:  # one core per rank: the other rank's work no longer shares its core
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     # A FileStore rendezvous: no TCP port to pick, so no race with other jobs on the host.
     dist.init_process_group("gloo", init_method=Path(store).as_uri(), rank=rank, world_size=world)
     code = 0
@@ -454,7 +511,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"sampler={summary['sampler']} world_size={world} epochs={len(summary['epochs'])} "
         f"wall_s/epoch={summary['wall_s_per_epoch']:.3f} linearity={summary['linearity']:.4f} "
         f"cpu_linearity={summary['cpu_linearity']:.4f} points_linearity={summary['points_linearity']:.4f} "
-        f"cost_linearity={summary['cost_linearity']:.4f}"
+        f"cost_linearity={summary['cost_linearity']:.4f} backbone={summary['backbone']}"
     )
     return summary
 

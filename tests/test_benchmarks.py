@@ -8,6 +8,8 @@ optional package that is absent (torch, dask) is skipped, naming it.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -155,6 +157,31 @@ def test_ddp_bench(tmp_path: Path) -> None:
     for sampler in ("distributed", "lidarshard"):
         lin = floats(rf"sampler={sampler} world_size=2 epochs=1 \S+ linearity=([\d.]+)", out)
         assert all(0.0 < v <= 1.0 for v in lin)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("batch", ["1", "2"])
+def test_ddp_bench_closed_loop(tmp_path: Path, batch: str) -> None:
+    """The five samplers of ``--closed-loop`` on 8 samples (B=1: spconv's UNet at 1 m voxels when it is
+    installed, else the example's MLP; B=2: the MLP): the JSON holds them all, each figure is a share,
+    the DrivingSDK-style fixed buckets repeat every pair (B=1: P - 1 times random's rate), identical
+    work predicts 1.0."""
+    pytest.importorskip("torch")
+    spconv = batch == "1" and importlib.util.find_spec("spconv") is not None
+    backbone = ["--backbone", "spconv", "--train-args", "--voxel-size 1.0"] if spconv else []
+    args = ("--fixture", "--fixture-samples", "8", "--closed-loop", "--batch-size", batch, *backbone)
+    out = bench("ddp_bench", *args, "--json-out", str(tmp_path / "r.json"), cwd=tmp_path, timeout=880)
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert list(result) == ["distributed", "drivingsdk", "default", "calibrated", "identical"]
+    for r in result.values():
+        assert 0.0 < r["measured_linearity"] <= 1.0 and 0.0 < r["predicted_linearity"] <= 1.0
+        assert r["epoch_s"] > 0 and r["steps_per_epoch"] == 8 // (2 * int(batch))
+    assert result["identical"]["pair_repeat"] is None
+    assert result["identical"]["predicted_linearity"] == pytest.approx(1.0)
+    if batch == "1":  # a step holds one bucket, and buckets never change: every pair repeats
+        assert result["drivingsdk"]["pair_repeat"] == pytest.approx(8 - 1)
+    assert len(re.findall(r"^(?:PASS|MISS) ", out, re.M)) == 5, out
 
 
 @pytest.mark.slow
