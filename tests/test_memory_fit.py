@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
-from lidarshard.loaders.timing import StepTimer
+from lidarshard.loaders.timing import StepTimer, read_timing_files
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.transforms.plan import STRATEGIES
-from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, REPO, build_bins_manifest, make_bins
 
 BASE, PER_POINT = 2.0e9, 40_000.0  # the "device": 2 GB per step plus 40 kB a point
 
@@ -126,3 +126,20 @@ def test_every_strategy_plans_within_the_cap_or_refuses(
     assert cli_main(["validate", str(out)]) != 0
     err = capsys.readouterr().err
     assert "> --max-step-memory" in err, err
+
+
+def test_the_device_check_stops_on_cpu_saying_so(built: Path, tmp_path: Path, capsys) -> None:
+    """``examples/memory_cap.py`` (the GPU check of docs/GUIDE.md) records every rank's epoch 0 here on the host
+    clock: no peak, so it stops after the fit with exit 2 and the reason, never a made-up model."""
+    pytest.importorskip("torch")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memory_cap", REPO / "examples" / "memory_cap.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--manifest", str(built), "--work", str(tmp_path / "w"), "--width", "8"]) == 2
+    assert "recorded on cpu: no recorded step has peak_bytes" in capsys.readouterr().err
+    rows = read_timing_files(str(tmp_path / "w" / "timings")).to_pylist()
+    assert {r["rank"] for r in rows} == {0, 1} and all(r["peak_bytes"] is None for r in rows)
+    assert json.loads((tmp_path / "w" / "fit.json").read_text())["memory_model"] is None
