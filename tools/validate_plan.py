@@ -105,7 +105,7 @@ def check_caps(
     memory = None
     if caps.memory is not None:
         try:
-            memory = caps.memory.model.sample_bytes(samples)  # type: ignore[arg-type]
+            memory = caps.memory.model.sample_bytes(samples)
         except (ValueError, KeyError) as err:
             _add(problems, f"epoch {e}", f"the memory cap cannot be checked: {err}")
     for b in cap_breaches(plan, caps, costs, points, memory):
@@ -134,7 +134,7 @@ def check_heaviest_first(
     if mode == "memory":
         if model is None:
             return  # a manifest without a memory cap cannot ask for it: PlanConfig refuses it
-        values = model.sample_bytes(samples)  # type: ignore[arg-type]
+        values = model.sample_bytes(samples)
     else:
         values = samples.column("num_points" if mode == "points" else "cost").to_numpy()
     peaks = step_peaks(plan, values)
