@@ -108,7 +108,7 @@ bench: $(VENV)/.test-installed
 # this is not part of `make test` or .ci/run; torch 2.1 was built against numpy 1.x: numpy<2, pyarrow<22.
 TORCH_MIN ?= 2.1.2
 TORCH_MIN_VENV ?= $(HOME)/.cache/lidarshard/venv-torch-$(TORCH_MIN)
-TORCH_MIN_TESTS := test_timing test_hostile_recorder test_peak_memory test_loaders_torch test_loaders_evaluation \
+TORCH_MIN_TESTS := test_timing test_hostile_recorder test_loaders_torch test_loaders_evaluation \
 	test_epoch_plan test_points_fast test_nan_points test_devkit_points test_hostile_cache test_exit
 test-torch-min:
 	test -x $(TORCH_MIN_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_MIN_VENV)
