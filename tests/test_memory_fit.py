@@ -143,3 +143,28 @@ def test_the_device_check_stops_on_cpu_saying_so(built: Path, tmp_path: Path, ca
     rows = read_timing_files(str(tmp_path / "w" / "timings")).to_pylist()
     assert {r["rank"] for r in rows} == {0, 1} and all(r["peak_bytes"] is None for r in rows)
     assert json.loads((tmp_path / "w" / "fit.json").read_text())["memory_model"] is None
+
+
+def test_an_elastic_restart_keeps_the_memory_cap(built: Path, tmp_path: Path) -> None:
+    """A budget plan under the cap, continued on 3 ranks after 2 steps (``replan_remaining``): the manifest's
+    memory cap and model are read back, every re-planned rank-step is under the cap, the heaviest first."""
+    from lidarshard.loaders.elastic import replan_remaining
+    from lidarshard.transforms.plan.caps import cap_breaches
+    from lidarshard.transforms.plan.order import step_peaks
+
+    body = _calibrate(built, tmp_path)
+    make_bins(tmp_path / "in", n=48)
+    model = body["memory_model"]
+    s = np.sort(pq.read_table(built / schemas.SAMPLES_DIR).column("num_in_range").to_numpy()).astype(float)
+    cap = int(
+        model["base_bytes"] + (model["bytes_per_point"] + model["bytes_per_voxel"]) * (s[-1] + s[-2]) * 1.01
+    )
+    code, out = _build(tmp_path, tmp_path / "fit.json", "budget", f"{cap}B", "--heaviest-first", "memory")
+    assert code == 0
+    plan = replan_remaining(out, 0, 2, 3)
+    assert plan.limits is not None and plan.limits.caps.memory is not None
+    assert plan.limits.caps.memory.max_bytes == cap and plan.limits.memory is not None
+    assert plan.rows.shape[1] == 3
+    assert cap_breaches(plan.rows, plan.limits.caps, plan.costs, None, plan.limits.memory) == []
+    peaks = step_peaks(plan.rows, plan.limits.memory)
+    assert peaks[0] == peaks.max()
