@@ -104,7 +104,8 @@ def test_every_strategy_plans_within_the_cap_or_refuses(
     # else any batch of the two largest samples fits
     cap = int(model["base_bytes"] + per * (s[-2] * 1.2 if tight else (s[-1] + s[-2]) * 1.01))
     code, out = _build(tmp_path, fit, strategy, f"{cap}B", "--heaviest-first", "memory")
-    err = capsys.readouterr().err
+    said = capsys.readouterr()
+    err = said.err
     if code != 0:  # a strategy that does not plan for the cap refuses in one line, never publishes
         assert tight and strategy != "budget", err
         assert "--max-step-memory" in err and "use --strategy budget or raise the cap" in err
@@ -112,6 +113,7 @@ def test_every_strategy_plans_within_the_cap_or_refuses(
         return
     peaks = _peaks(out)
     assert max(peaks) <= cap
+    assert "memory cap " in said.out and "per rank-step: predicted peak = " in said.out  # the summary says so
     rejects = pq.read_table(out / schemas.REJECTS_FILE).to_pydict()
     over = [d for r, d in zip(rejects["reason"], rejects["detail"], strict=True) if r == "over_cap"]
     assert bool(over) == tight and all("> --max-step-memory" in d for d in over)
