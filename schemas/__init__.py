@@ -164,7 +164,7 @@ REJECT_REASONS: dict[str, str] = {
     "label_mismatch": "the label file does not hold exactly one valid label per keyframe point (lidarseg uint8, "
     "SemanticKITTI uint32 through its learning_map)",
     "too_large": "the file or its claimed point count exceeds --max-file-bytes / --max-points",
-    "over_cap": "the sample alone exceeds --max-points-per-rank-step or --max-cost-per-rank-step",
+    "over_cap": "the sample alone exceeds --max-points-per-rank-step, --max-cost-per-rank-step or --max-step-memory",
     "outside_root": "a path in the tables resolves outside the dataroot",
     "duplicate_id": "another input already produced this sample_id",
     "absurd_coordinates": "finite coordinates beyond MAX_ABS_COORD metres from the sensor (often a wrong --point-dims)",
