@@ -21,7 +21,7 @@ RELINK := $(MODULES) | cmp -s - $(VENV)/.modules || { echo "module files changed
 # package and `mypy -p lidarshard` would check lidarshard/__init__.py alone.
 MYPY := cd $(VENV) && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/pyproject.toml -p lidarshard
 
-.PHONY: setup demo test test-slow lint bench wheel clean
+.PHONY: setup demo test test-slow test-torch-min lint bench wheel clean
 
 # What the demo needs: the Beam pipeline and the report plots (no torch, no cloud SDKs).
 $(VENV)/.installed: pyproject.toml
@@ -103,6 +103,26 @@ bench: $(VENV)/.test-installed
 	$(PY) benchmarks/merge_bench.py --sizes 1000000
 	$(PY) benchmarks/loader_bench.py
 	$(PY) benchmarks/layout_bench.py
+
+# The loaders at the lowest torch they declare (pyproject: torch>=2.1), installed as a trainer installs them:
+# `pip install .` without extras (no Beam) + torch $(TORCH_MIN), in a venv outside the repository
+# ($(TORCH_MIN_VENV)), the Beam-free tests run from a copy (the repository's lidarshard/ folder would shadow
+# the installed package). PyPI has only the CUDA build of torch 2.1 (~2.5 GB with its nvidia-* wheels), so
+# this is not part of `make test` or .ci/run; torch 2.1 was built against numpy 1.x: numpy<2, pyarrow<22.
+TORCH_MIN ?= 2.1.2
+TORCH_MIN_VENV ?= $(HOME)/.cache/lidarshard/venv-torch-$(TORCH_MIN)
+TORCH_MIN_TESTS := test_timing test_hostile_recorder test_loaders_torch test_loaders_evaluation \
+	test_epoch_plan test_points_fast test_nan_points test_devkit_points test_hostile_cache test_exit
+test-torch-min:
+	test -x $(TORCH_MIN_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_MIN_VENV)
+	$(TORCH_MIN_VENV)/bin/python -m pip -q --disable-pip-version-check install "torch==$(TORCH_MIN)" "numpy<2" \
+		"pyarrow>=14,<22" "pytest>=7" "pytest-timeout>=2.2" "hypothesis>=6.90" python-neo-lzf
+	$(TORCH_MIN_VENV)/bin/python -m pip -q --disable-pip-version-check install --no-deps --force-reinstall .
+	! $(TORCH_MIN_VENV)/bin/python -c "import apache_beam" 2>/dev/null  # the trainer's install has no Beam
+	rm -rf $(TORCH_MIN_VENV)/run && mkdir -p $(TORCH_MIN_VENV)/run
+	cp -r tests examples benchmarks pyproject.toml $(TORCH_MIN_VENV)/run/
+	cd $(TORCH_MIN_VENV)/run && ../bin/python -c "import torch; print('torch', torch.__version__)" && \
+		../bin/python -m pytest -q -p no:cacheprovider $(TORCH_MIN_TESTS:%=tests/%.py)
 
 # The wheel to install into your own training environment: pip install dist/lidarshard-*.whl
 wheel: setup

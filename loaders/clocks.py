@@ -11,13 +11,14 @@ from typing import Any
 
 from lidarshard.loaders.reader import needs_torch
 
-__all__ = ["HostClock", "EventClock", "accelerator", "clock_for", "DEVICE_MODULES"]
+__all__ = ["HostClock", "EventClock", "DevicePeak", "accelerator", "clock_for", "DEVICE_MODULES"]
 
 
 class HostClock:
-    """``time.perf_counter`` marks (seconds)."""
+    """``time.perf_counter`` marks (seconds). The host reports no per-step peak memory (``peak`` None)."""
 
     device = "cpu"
+    peak: DevicePeak | None = None
 
     def now(self) -> float:
         return time.perf_counter()
@@ -29,11 +30,36 @@ class HostClock:
         return float(b - a)
 
 
-class EventClock:
-    """Timing events on the current stream of the current accelerator (``torch.Event``)."""
+class DevicePeak:
+    """One accelerator's peak allocated memory per step (bytes), through its device module
+    (``torch.cuda``, ``torch.npu``): ``reset_peak_memory_stats`` at a step's start,
+    ``max_memory_allocated`` at its end. Both read the caching allocator's host-side counters, which
+    allocations update when they are issued, so neither waits for the device."""
 
-    def __init__(self, event_type: Any, device: str) -> None:
-        self._event, self.device = event_type, device
+    def __init__(self, module: Any, index: int) -> None:
+        self._module, self._index = module, index
+
+    @classmethod
+    def of(cls, module: Any, index: int) -> DevicePeak | None:
+        """The probe of ``module``, or None when it does not report peaks (no such functions)."""
+        names = ("reset_peak_memory_stats", "max_memory_allocated")
+        return cls(module, index) if all(callable(getattr(module, n, None)) for n in names) else None
+
+    def reset(self) -> None:
+        """Start a new peak at the memory allocated now."""
+        self._module.reset_peak_memory_stats(self._index)
+
+    def read(self) -> int:
+        """The peak allocated bytes since the last ``reset``."""
+        return int(self._module.max_memory_allocated(self._index))
+
+
+class EventClock:
+    """Timing events on the current stream of the current accelerator (the device module's ``Event``);
+    ``peak``: its per-step peak memory, None when the device module reports none."""
+
+    def __init__(self, event_type: Any, device: str, peak: DevicePeak | None = None) -> None:
+        self._event, self.device, self.peak = event_type, device, peak
 
     def now(self) -> Any:
         event = self._event(enable_timing=True)
@@ -73,8 +99,9 @@ def clock_for(device: str) -> HostClock | EventClock:
     """The clock for ``device``: "auto" = the usable accelerator's events if any, else the host.
 
     Events come from the device module (``torch.cuda.Event``, ``torch.npu.Event``: every torch >= 2.1),
-    else ``torch.Event``; an accelerator step is never timed by the host clock without an error saying
-    so (on an asynchronous device a host clock measures kernel launches, not compute).
+    else ``torch.Event``; peak memory from the same module (``DevicePeak``). An accelerator step is never
+    timed by the host clock without an error saying so (on an asynchronous device a host clock measures
+    kernel launches, not compute).
     """
     if device == "cpu":
         return HostClock()
@@ -92,7 +119,8 @@ def clock_for(device: str) -> HostClock | EventClock:
     kind, index = found
     if device not in ("auto", "accelerator", kind):
         raise ValueError(f"device={device!r}, but the current accelerator is {kind!r}")
-    event = getattr(getattr(torch, kind, None), "Event", None) or getattr(torch, "Event", None)
+    module = getattr(torch, kind, None)
+    event = getattr(module, "Event", None) or getattr(torch, "Event", None)
     if event is None:
         raise ValueError(f"{kind}: this torch has no timing events (torch.{kind}.Event); pass device='cpu'")
-    return EventClock(event, f"{kind}:{index}")
+    return EventClock(event, f"{kind}:{index}", DevicePeak.of(module, index))

@@ -57,9 +57,11 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
             records (``steps_per_epoch``, ``counts.planned``, every slot filled once; one line).
     """
     manifest = load_manifest(out_dir)
-    caps = Caps.from_record(manifest.caps)
+    caps = Caps.from_record(manifest.caps, manifest.memory_cap)
     heaviest = manifest.caps.heaviest_first if manifest.caps is not None else "off"
     extra = ["num_points"] if caps.max_points is not None or heaviest == "points" else []
+    if caps.memory is not None:  # the features the memory model reads
+        extra = ["num_points", "num_in_range", "occupied_voxels"]
     samples = read_samples(out_dir, ["sample_id", "cost", "bucket_id", *extra])
     read = read_epoch_plan(os.fspath(out_dir), manifest, epoch, samples["sample_id"], ["cost", "bucket_id"])
     plan, at, rows = read.table, read.at, read.plan
@@ -70,6 +72,7 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
     points = (
         samples["num_points"].to_numpy().astype(np.int64) if "num_points" in samples.column_names else None
     )
+    memory = None if caps.memory is None else caps.memory.model.sample_bytes(samples)
     return ElasticPlan(
         rows=rows,
         costs=costs,
@@ -79,8 +82,8 @@ def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
         strategy=manifest.strategy,
         batch=manifest.batch_size,
         bucket_ids=bucket_ids,
-        limits=PoolLimits(caps, points) if caps.active else None,
-        heavy={"points": points, "cost": costs}.get(heaviest),
+        limits=PoolLimits(caps, points, memory) if caps.active else None,
+        heavy={"points": points, "cost": costs, "memory": memory}.get(heaviest),
     )
 
 

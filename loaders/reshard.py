@@ -99,7 +99,11 @@ def replan_pool(
 
     def plan(entries: NDArray[np.int64]) -> NDArray[np.int64]:
         sub = (
-            PoolLimits(limits.caps, None if limits.points is None else limits.points[entries])
+            PoolLimits(
+                limits.caps,
+                None if limits.points is None else limits.points[entries],
+                None if limits.memory is None else limits.memory[entries],
+            )
             if limits
             else None
         )

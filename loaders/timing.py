@@ -15,8 +15,10 @@ hides the imbalance being measured, so the compute time ends *before* any commun
 On an accelerator (CUDA, Ascend NPU via torch_npu, ...) times come from its events (the device
 module's ``Event``, torch 2.1 on), resolved lazily so the host never waits for the device; on CPU from
 ``time.perf_counter``. ``device="auto"`` uses events only where torch can really use the accelerator
-(the CUDA wheel on a CPU node times with the host clock). One process records one rank of a directory
-(a lock file per rank). Files (``TIMING_FIELDS``)::
+(the CUDA wheel on a CPU node times with the host clock). Where the device module reports memory
+(``torch.cuda``, ``torch.npu``) each step's peak allocated bytes are recorded too (``peak_bytes``: reset at
+the step's start, read at its end; null on CPU). One process records one rank of a directory (a lock
+file per rank). Files (``TIMING_SCHEMA``)::
 
     DIR/timings-rank-00003-part-00000.parquet   rank 3's rows of one flush (every ``flush_every`` steps,
                                                  at each new epoch and at close); a restarted run adds
@@ -128,6 +130,7 @@ class _Open:
     start: Any
     mark: Any = None
     method: str = "step"
+    peak: int | None = None  # the device's peak allocated bytes over the step, where it reports one
 
 
 class StepTimer:
@@ -161,7 +164,7 @@ class StepTimer:
         self.device = self._clock.device
         self._open: _Open | None = None
         self._pending: list[tuple[_Open, Any]] = []  # (step, end mark) not yet resolved
-        self._rows: dict[str, list[Any]] = {name: [] for name, _, _ in TIMING_FIELDS}
+        self._rows: dict[str, list[Any]] = {name: [] for name in TIMING_SCHEMA.names}
         self._part: int | None = None  # next part number, found at the first flush
         self._epoch: int | None = None
 
@@ -178,6 +181,8 @@ class StepTimer:
                 f"step {self._open.step} of epoch {self._open.epoch} is still open: stop() it first"
             )
         self._begin(epoch, step)
+        if self._clock.peak is not None:
+            self._clock.peak.reset()
         self._open = _Open(epoch, step, [str(s) for s in sample_ids], self._clock.now())
 
     def mark_compute_done(self) -> None:
@@ -188,21 +193,33 @@ class StepTimer:
         """End the open step; its row is written at the next flush (events: once the device reached it)."""
         if self._open is None:
             raise RuntimeError("stop() without start()")
+        if self._clock.peak is not None:
+            self._open.peak = self._clock.peak.read()
         self._pending.append((self._open, self._clock.now()))
         self._open = None
         self._resolve(wait=False)
         self._flush_if_full()
 
     def record(
-        self, epoch: int, step: int, sample_ids: Sequence[str], compute_s: float, wall_s: float | None = None
+        self,
+        epoch: int,
+        step: int,
+        sample_ids: Sequence[str],
+        compute_s: float,
+        wall_s: float | None = None,
+        peak_bytes: int | None = None,
     ) -> None:
         """Add a step timed elsewhere (a profiler, a simulation): ``compute_s`` and ``wall_s`` in seconds
-        (``wall_s`` defaults to ``compute_s``); written like timed steps, ``method`` "given"."""
+        (``wall_s`` defaults to ``compute_s``), ``peak_bytes`` its peak device memory (None: not known);
+        written like timed steps, ``method`` "given"."""
         wall = compute_s if wall_s is None else wall_s
         if not 0 <= compute_s <= wall <= MAX_STEP_S:  # what read_timing_files takes back
             raise ValueError(f"need 0 <= compute_s <= wall_s <= {MAX_STEP_S:g}, got {compute_s} and {wall}")
+        if peak_bytes is not None:
+            check_int("peak_bytes", peak_bytes, 0, 2**63 - 1)
+        given = _Open(epoch, step, [str(s) for s in sample_ids], None, None, "given", peak_bytes)
         self._begin(epoch, step)
-        self._append(_Open(epoch, step, [str(s) for s in sample_ids], None, None, "given"), compute_s, wall)
+        self._append(given, compute_s, wall)
         self._flush_if_full()
 
     @contextmanager
@@ -306,7 +323,7 @@ class StepTimer:
     def _append(self, opened: _Open, own: float, wall: float) -> None:
         """One finished step into the row buffers."""
         values = (opened.epoch, opened.step, self.rank, self.world_size, own, wall, opened.ids, self.device)
-        for name, value in zip(self._rows, (*values, opened.method), strict=True):
+        for name, value in zip(self._rows, (*values, opened.method, opened.peak), strict=True):
             self._rows[name].append(value)
 
     def _mark(self, method: str) -> None:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from lidarshard.transforms.io import storage
 
-__all__ = ["TIMING_FIELDS", "TIMING_SCHEMA", "METHODS", "timing_file", "read_timing_files"]
+__all__ = ["TIMING_FIELDS", "PEAK_FIELD", "TIMING_SCHEMA", "METHODS", "timing_file", "read_timing_files"]
 
 #: The recorder's file schema: (name, Arrow type, meaning).
 TIMING_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
@@ -28,10 +28,20 @@ TIMING_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("method", pa.string(), "where compute_s ends: one of METHODS"),
 )
 
+#: The one nullable column, written since timings 1.1: the step's peak device memory. Files without it
+#: read as all null.
+PEAK_FIELD: tuple[str, pa.DataType, str] = (
+    "peak_bytes",
+    pa.int64(),
+    "peak memory allocated on the device during the step (bytes: the device module's max_memory_allocated "
+    "after reset_peak_memory_stats at the step's start); null where the device reports none (CPU, given)",
+)
+
 #: Arrow schema of a timings file (field docs in the field metadata).
 TIMING_SCHEMA = pa.schema(
-    [pa.field(n, t, nullable=False, metadata={"doc": d}) for n, t, d in TIMING_FIELDS],
-    metadata={"lidarshard": "timings 1"},
+    [pa.field(n, t, nullable=False, metadata={"doc": d}) for n, t, d in TIMING_FIELDS]
+    + [pa.field(PEAK_FIELD[0], PEAK_FIELD[1], nullable=True, metadata={"doc": PEAK_FIELD[2]})],
+    metadata={"lidarshard": "timings 1.1"},
 )
 
 #: Where ``compute_s`` ends: the first DDP gradient bucket ready, ``mark_compute_done()``, the step's end,
@@ -47,8 +57,8 @@ MAX_STEP_S = 1e6
 
 
 def _check_seconds(path: str, table: pa.Table) -> None:
-    """Every row's ``0 <= compute_s <= wall_s <= MAX_STEP_S`` (what ``StepTimer`` writes); ValueError
-    naming the file and the first row that is not."""
+    """Every row's ``0 <= compute_s <= wall_s <= MAX_STEP_S`` and ``peak_bytes`` null or >= 0 (what
+    ``StepTimer`` writes); ValueError naming the file and the first row that is not."""
     compute, wall = (table.column(c).to_numpy() for c in ("compute_s", "wall_s"))
     bad = np.flatnonzero(~((compute >= 0) & (compute <= wall) & (wall <= MAX_STEP_S)))
     if bad.size:
@@ -57,6 +67,10 @@ def _check_seconds(path: str, table: pa.Table) -> None:
             f"{path}: row {i} times compute_s {compute[i]!r}, wall_s {wall[i]!r}; a timings file holds "
             f"0 <= compute_s <= wall_s <= {MAX_STEP_S:g} (not written by lidarshard's StepTimer?)"
         )
+    peak = table.column(PEAK_FIELD[0]).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(peak < 0)  # nulls read as NaN (float) or None (all null): never < 0
+    if bad.size:
+        raise ValueError(f"{path}: row {int(bad[0])} records peak_bytes {int(peak[bad[0]])}, below 0")
 
 
 def timing_file(directory: str, rank: int, part: int) -> str:
@@ -68,7 +82,7 @@ def read_timing_files(path: str) -> pa.Table:
     """Every row of the timings files at ``path`` (a directory of them, or one file), ``TIMING_SCHEMA``.
 
     A step recorded twice (a restarted run replayed it) keeps the record of the later part. Rows are
-    sorted by (epoch, step, rank).
+    sorted by (epoch, step, rank). A file written before ``peak_bytes`` existed reads with it all null.
 
     Raises:
         ValueError: no timings file there, or a file without the recorder's columns.
@@ -79,9 +93,11 @@ def read_timing_files(path: str) -> pa.Table:
     tables, order = [], []
     for p in paths:
         t = storage.read_parquet(p)
-        missing = sorted(set(TIMING_SCHEMA.names) - set(t.column_names))
+        missing = sorted({n for n, _, _ in TIMING_FIELDS} - set(t.column_names))
         if missing:
             raise ValueError(f"{p}: not a lidarshard timings file (no {', '.join(missing)})")
+        if PEAK_FIELD[0] not in t.column_names:
+            t = t.append_column(PEAK_FIELD[0], pa.nulls(t.num_rows, PEAK_FIELD[1]))
         t = t.select(TIMING_SCHEMA.names).cast(TIMING_SCHEMA)
         _check_seconds(p, t)
         tables.append(t)

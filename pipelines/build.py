@@ -31,6 +31,7 @@ from lidarshard.transforms.beam.scan_transform import scan_results
 from lidarshard.transforms.core.score import Source, previous_source
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.metadata import load_manifest
+from lidarshard.transforms.plan.memory import format_bytes
 from lidarshard.transforms.plan.metrics import COLUMNS, plan_buys
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
@@ -160,6 +161,12 @@ def print_summary(out: str) -> None:
             + " (random "
             + ", ".join(f"{_or_nan(b.random_speed_linearity):.4f}" for b in m.balance)
             + ")"
+        )
+    if m.memory_cap is not None:
+        cap, mm = m.memory_cap, m.memory_cap.model
+        print(
+            f"memory cap {format_bytes(cap.max_step_bytes)} per rank-step: predicted peak = "
+            f"{format_bytes(mm.base_bytes)} + {mm.bytes_per_point:.4g} B/point + {mm.bytes_per_voxel:.4g} B/voxel"
         )
     for line in filter(None, map(plan_buys, m.balance)):
         print(line)

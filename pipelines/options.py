@@ -39,6 +39,13 @@ from lidarshard.transforms.io.parts import PART_ROWS
 from lidarshard.transforms.layouts import LAYOUT_NAMES
 from lidarshard.transforms.layouts.multisweep import CLOSE_POINTS, DEFAULT_CLOSE_POINTS
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP
+from lidarshard.transforms.plan.memory import (
+    MemoryModel,
+    checked_bytes,
+    load_memory_model,
+    memory_model_of,
+    parse_bytes,
+)
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST
 from lidarshard.transforms.plan.speeds import parse_rank_speed, rank_speeds
 
@@ -278,9 +285,18 @@ class BuildOptions(ScanOptions):
     max_samples_per_rank_step: int | None = option(
         "hard cap on samples one rank gets at one step", "plan", None, check=int_in(1), metavar="N")  # fmt: skip
     heaviest_first: str = option(
-        "off | points | cost: fail fast on memory: each epoch's step 0 is the step holding its heaviest rank-step "
-        "by points (num_points) or predicted cost, the sums the caps bound; only the order of the steps changes",
+        "off | points | cost | memory: fail fast on memory: each epoch's step 0 is the step holding its heaviest "
+        "rank-step by points (num_points), predicted cost or predicted peak memory (needs --max-step-memory), the "
+        "sums the caps bound; only the order of the steps changes",
         "plan", "off", choices=HEAVIEST_FIRST)  # fmt: skip
+    max_step_memory: int | None = option(
+        "SIZE, e.g. 20GiB (B, KiB, MiB, GiB, TiB): hard cap on every rank-step's predicted peak device memory, "
+        "by the --memory-model" + _CAPS, "plan", None, check=parsed_by(parse_bytes, checked_bytes),
+        metavar="SIZE")  # fmt: skip
+    memory_model: MemoryModel | None = option(
+        "FILE: lidarshard calibrate's JSON whose memory_model (fitted to the recorder's peak_bytes) predicts a "
+        "rank-step's peak; needed by --max-step-memory and recorded in the manifest", "plan", None,
+        check=parsed_by(load_memory_model, lambda v: memory_model_of(v, "memory_model")), metavar="FILE")  # fmt: skip
     rank_speed: tuple[float, ...] | None = option(
         "S0,S1,.. or @file.json: each rank's relative speed (mixed hardware, e.g. 1,1,0.6,0.6): budget gives "
         "each rank work in proportion at every step; other strategies hand each step's heaviest batch to the "

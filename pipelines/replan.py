@@ -34,7 +34,7 @@ KEPT_SETTINGS = (
     ("seed", "--seed"),
     ("strategy", "--strategy"),
     ("policy", "--drop-last/--pad"),
-    ("caps", "--max-*-per-rank-step"),
+    ("caps", "--max-*-per-rank-step/--max-step-memory/--memory-model"),
     ("repeat", "--repeat-factors/--sample-weights/--dataset-weights"),
     ("heaviest_first", "--heaviest-first"),
     ("max_plan_factor", "--max-plan-factor"),

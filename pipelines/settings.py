@@ -36,6 +36,7 @@ from lidarshard.transforms.layouts import Dataset
 from lidarshard.transforms.layouts.task import LayoutOptions
 from lidarshard.transforms.plan import VARIABLE_COUNT
 from lidarshard.transforms.plan.caps import Caps
+from lidarshard.transforms.plan.memory import MemoryCap
 
 __all__ = [
     "ScanSettings",
@@ -193,11 +194,33 @@ def plan_config(args: BuildOptions) -> PlanConfig:
         num_buckets=k,
         weights=weights,
         max_plan_factor=args.max_plan_factor,
-        caps=Caps(args.max_points_per_rank_step, args.max_cost_per_rank_step, args.max_samples_per_rank_step),
+        caps=Caps(
+            args.max_points_per_rank_step,
+            args.max_cost_per_rank_step,
+            args.max_samples_per_rank_step,
+            _memory_cap(args),
+        ),
         repeat=WeightSpec(args.repeat_factors, args.sample_weights, dataset_weights(args.dataset_weights)),
         heaviest_first=args.heaviest_first,
         rank_speed=_rank_speed(args),
     )
+
+
+def _memory_cap(args: BuildOptions) -> MemoryCap | None:
+    """``--max-step-memory`` with its ``--memory-model`` (each needs the other)."""
+    if args.max_step_memory is None and args.memory_model is None:
+        return None
+    if args.memory_model is None:
+        raise UsageError(
+            "--max-step-memory needs --memory-model FILE: the JSON of lidarshard calibrate over timings "
+            "recorded on the device (its memory_model)"
+        )
+    if args.max_step_memory is None:
+        raise UsageError("--memory-model is used by --max-step-memory: give the cap too (e.g. 20GiB)")
+    try:
+        return MemoryCap(args.max_step_memory, args.memory_model)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _rank_speed(args: BuildOptions) -> tuple[float, ...] | None:

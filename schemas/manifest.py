@@ -19,6 +19,7 @@ from typing import Any
 from lidarshard.schemas import VARIABLE_COUNT, plan_file, plan_key
 from lidarshard.schemas.balance_entry import BalanceEntry
 from lidarshard.schemas.jsonsafe import short
+from lidarshard.schemas.memory_cap import MemoryCapRecord
 from lidarshard.schemas.records import (
     Buckets,
     CapsRecord,
@@ -101,6 +102,13 @@ class Manifest:
         None,
         omit=True,
     )
+    memory_cap: MemoryCapRecord | None = _key(
+        "{'max_step_bytes', 'model': {'base_bytes', 'bytes_per_point', 'bytes_per_voxel'}} (4.4, absent when "
+        "not given): every rank-step's predicted peak memory, base_bytes + bytes_per_point * its points + "
+        "bytes_per_voxel * its voxels, is at most max_step_bytes (build --max-step-memory)",
+        None,
+        omit=True,
+    )
     repeat: RepeatRecord | None = _key(
         "the repeat factors / sample weights (records.RepeatRecord) or null", None
     )
@@ -169,6 +177,7 @@ class Manifest:
             buckets=Buckets.parse(r.sub("buckets")),
             cost_model=CostModel.parse(obj["cost_model"], f"{where}: cost_model"),
             caps=CapsRecord.parse(r),
+            memory_cap=MemoryCapRecord.parse(r),
             repeat=RepeatRecord.parse(r),
             balance=entries,
             pair_repeat_rate=_rates(r),

@@ -20,7 +20,8 @@ from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import publish as _output
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.io import storage
-from tests.helpers import BEAM_TEST_FLAGS, REPO, MemoryObjectStore, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, REPO, make_bins
+from tests.object_store import MemoryObjectStore
 
 
 class _Crash(BaseException):

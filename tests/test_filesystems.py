@@ -1,6 +1,6 @@
 """INPUT and OUT as object-store URIs go through Beam ``FileSystems`` end to end.
 
-``memobj://`` is ``tests.helpers.MemoryObjectStore``, an in-memory object store registered with Beam. It behaves like
+``memobj://`` is ``tests.object_store.MemoryObjectStore``, an in-memory object store registered with Beam. It behaves like
 gs:// and s3:// where local disks differ: a flat key space with no directories (``exists`` of a
 "directory" is False, ``rename`` and ``copy`` move single objects, a trailing '/' on ``delete``
 removes a prefix), so code that only works on local paths fails here as it would on GCS. It lives
@@ -21,7 +21,8 @@ from apache_beam.io.filesystems import FileSystems
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import scan as scan_cli
-from tests.helpers import BEAM_TEST_FLAGS, SCHEME, MemoryObjectStore, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, make_bins
+from tests.object_store import SCHEME, MemoryObjectStore
 
 PLAN = ["--world-size", "4", "--batch-size", "2", "--cost-model", "points", "--max-reject-fraction", "0.1"]
 

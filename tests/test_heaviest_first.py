@@ -23,6 +23,7 @@ from lidarshard.transforms.core.epochs import bucket_costs, plan_samples
 from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
 from lidarshard.transforms.plan import STRATEGIES
 from lidarshard.transforms.plan.caps import Caps
+from lidarshard.transforms.plan.memory import MemoryCap, MemoryModel
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST, heaviest_first, heaviest_step, step_peaks
 from tests.helpers import BEAM_TEST_FLAGS, balance_entry, make_bins, scored_pool
 
@@ -108,7 +109,8 @@ def _manifest_of(cfg: PlanConfig) -> Manifest:
 
 @pytest.mark.parametrize("mode", HEAVIEST_FIRST)
 def test_the_setting_round_trips_through_the_manifest(mode: str) -> None:
-    cfg = PlanConfig(4, 2, heaviest_first=mode, caps=Caps(max_points=10))
+    memory = MemoryCap(1 << 30, MemoryModel(1e6, 10.0, 0.0)) if mode == "memory" else None  # its model
+    cfg = PlanConfig(4, 2, heaviest_first=mode, caps=Caps(max_points=10, memory=memory))
     caps = cfg.to_json()["caps"]
     if mode == "off":  # recorded only when on: manifests without it keep their bytes
         assert caps == Caps(max_points=10).to_json()

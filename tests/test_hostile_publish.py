@@ -45,7 +45,8 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.io import storage
-from tests.helpers import BEAM_TEST_FLAGS, MemoryObjectStore, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, make_bins
+from tests.object_store import MemoryObjectStore
 
 PLAN = ["--world-size", "2", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.5"]
 CASES: Counter[str] = Counter()  # family -> generated cases run

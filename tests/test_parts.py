@@ -23,7 +23,8 @@ from lidarshard.transforms.io.parts import (
     read_parts,
     samples_files,
 )
-from tests.helpers import SCHEME, MemoryObjectStore, scored_pool, write_samples
+from tests.helpers import scored_pool, write_samples
+from tests.object_store import SCHEME, MemoryObjectStore
 
 #: Rows of each part of ``_parted`` (one empty) and rows per row group.
 SIZES, GROUP = (30, 0, 45, 25), 10

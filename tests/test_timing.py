@@ -153,12 +153,13 @@ class _FakeEvent:
 
 def test_accelerator_events_time_steps_without_waiting_on_the_host(tmp_path: Path, monkeypatch) -> None:
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(
-        torch.accelerator, "current_accelerator", lambda *a, **k: SimpleNamespace(type="npu")
-    )  # torch_npu's
-    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 1)
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    monkeypatch.setattr(torch, "Event", _FakeEvent)
+    accelerator = SimpleNamespace(  # torch_npu's; torch.accelerator is absent before torch 2.6
+        current_accelerator=lambda *a, **k: SimpleNamespace(type="npu"),
+        current_device_index=lambda: 1,
+        is_available=lambda: True,
+    )
+    monkeypatch.setattr(torch, "accelerator", accelerator, raising=False)
+    monkeypatch.setattr(torch, "Event", _FakeEvent, raising=False)  # torch.Event: torch >= 2.3
     monkeypatch.setattr(_FakeEvent, "made", [])
     timer = StepTimer(str(tmp_path), rank=0, world_size=2, flush_every=10)
     assert timer.device == "npu:1"

@@ -18,7 +18,8 @@ from lidarshard.pipelines import scan as scan_cli
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.tools import validate as validate_cli
 from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
-from tests.helpers import BEAM_TEST_FLAGS, MemoryObjectStore, make_bins, write_samples
+from tests.helpers import BEAM_TEST_FLAGS, make_bins, write_samples
+from tests.object_store import MemoryObjectStore
 
 FLAGS = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]
 PLAN = schemas.plan_file(1, 2)

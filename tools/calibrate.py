@@ -10,12 +10,18 @@ voxels`` (non-negative least squares, see ``lidarshard.tools.fit``) is written a
 
     {"cost_model": {"name": "linear", "c0": ..., "a": ..., "b": ...}, "r2": ..., "rmse": ...,
      "n": ..., "units": "ms", "dropped_terms": [...], "residual_plot": "cost_model_residuals.png",
-     "held_out": {"train", "test", "r2", "rmse", ...}, "linearity": [...], "source": {...}}
+     "held_out": {"train", "test", "r2", "rmse", ...}, "linearity": [...], "source": {...},
+     "memory_model": {"base_bytes", "bytes_per_point", "bytes_per_voxel", "r2", ...} | null,
+     "memory_note": "..."}
 
 ``held_out``: the fit refitted on ~80% of the steps (or samples) and scored on the rest
 (``tools.fit.held_out_fit``). ``linearity`` (recorder files only): per epoch, over
 the steps every rank recorded, the measured ``linearity`` and mean per-step ``max_mean`` next to those
 the manifest's cost model (``predicted``) and the fit (``fitted``) give the same steps.
+
+``memory_model`` (``tools.memory_fit``): peak bytes of a rank-step against its points and voxels, fitted to
+the recorder's ``peak_bytes`` (null, with ``memory_note`` saying why, without them); ``build
+--max-step-memory SIZE --memory-model FILE`` reads it.
 
 Default output: ``OUT/report/cost_model.json`` (``report/`` is outside the manifest contract).
 """
@@ -30,7 +36,7 @@ import numpy as np
 
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.schemas.records import CostModel
-from lidarshard.tools import balance
+from lidarshard.tools import balance, memory_fit
 from lidarshard.tools import fit as cal
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report import REPORT_DIR, read_plan
@@ -50,8 +56,9 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     """
     manifest = load_manifest(out)
     samples = read_samples(out)
+    timings = read_timings_at(timings_path)
     fit, (obs, timed, raw, keys) = fit_cost(
-        read_timings_at(timings_path), samples, lambda: read_plan(out, manifest, samples), epoch
+        timings, samples, lambda: read_plan(out, manifest, samples), epoch
     )
     x, ms = design(obs), obs.column("ms").to_numpy()
     checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
@@ -64,6 +71,7 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "manifest_cost_model": manifest.cost_model.to_json(),
         "held_out": cal.held_out_fit(x, ms, keys),
         "linearity": balance.measured_balance(obs, checks) if "world_size" in obs.column_names else [],
+        "memory": memory_fit.memory_model(timings, samples),
     }
     return fit, source, np.stack([fit.predict(x), ms], axis=1)
 
@@ -137,7 +145,10 @@ def run(argv: list[str] | None = None) -> int:
     png = _residual_png(fit, pairs, "sample" if source["timed"] == "sample" else "rank-step")
     plot_name = name.removesuffix(".json") + "_residuals.png"
     checks = {k: source.pop(k) for k in ("held_out", "linearity")}
-    body = fit.to_json("ms") | checks | {"residual_plot": plot_name if png else None, "source": source}
+    memory = source.pop("memory")
+    body = (
+        fit.to_json("ms") | checks | memory | {"residual_plot": plot_name if png else None, "source": source}
+    )
     files = {name: (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()}
     if png:
         files[plot_name] = png
@@ -150,6 +161,7 @@ def run(argv: list[str] | None = None) -> int:
         + (f"; dropped (negative when fitted): {', '.join(fit.dropped)}" if fit.dropped else "")
     )
     print("\n".join(_check_lines(checks)))
+    print(memory_fit.memory_line(memory))
     if fit.r2 < 0.5:
         print(
             f"warning: R^2 {fit.r2:.3f} is low; the timings may be too noisy to rank samples", file=sys.stderr

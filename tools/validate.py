@@ -248,7 +248,7 @@ def _check_manifest(c: _Checker) -> str:
     samples = c.samples(
         parts if parts is not None and set(parts) <= good else None, schemas.scored_schema(),
         m.counts.accepted, m.inputs_fingerprint, m.path_root, model_cost if bad_model is None else None,
-        COST_FEATURES if m.cost_history else (),
+        COST_FEATURES if m.cost_history or m.memory_cap is not None else (),
     )  # fmt: skip
     c.rejects(schemas.REJECTS_FILE in good, m.counts)
     if samples is None:

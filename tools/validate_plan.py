@@ -25,6 +25,7 @@ from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import EpochPlan, as_planned
 from lidarshard.transforms.plan.caps import Caps, cap_breaches, rank_step_sums
 from lidarshard.transforms.plan.dense import dense_plan
+from lidarshard.transforms.plan.memory import MemoryModel
 from lidarshard.transforms.plan.metrics import balance_summary
 from lidarshard.transforms.plan.order import step_peaks
 
@@ -98,10 +99,16 @@ def check_caps(
     samples: pa.Table,
     file_of: Callable[[int, int], str] = schemas.plan_file,
 ) -> None:
-    """Every rank-step of epoch ``e``'s plan (S, W, M) within the manifest's caps (``file_of``: as in
-    ``check_counts``)."""
+    """Every rank-step of epoch ``e``'s plan (S, W, M) within the manifest's caps, its predicted peak
+    memory included (``file_of``: as in ``check_counts``)."""
     costs, points = samples.column("cost").to_numpy(), samples.column("num_points").to_numpy()
-    for b in cap_breaches(plan, caps, costs, points):
+    memory = None
+    if caps.memory is not None:
+        try:
+            memory = caps.memory.model.sample_bytes(samples)
+        except (ValueError, KeyError) as err:
+            _add(problems, f"epoch {e}", f"the memory cap cannot be checked: {err}")
+    for b in cap_breaches(plan, caps, costs, points, memory):
         _add(
             problems,
             f"{file_of(e, b.rank)}: epoch {e} step {b.step} rank {b.rank}",
@@ -116,13 +123,20 @@ def check_heaviest_first(
     plan: NDArray[np.int64],
     samples: pa.Table,
     file_of: Callable[[int, int], str] = schemas.plan_file,
+    model: MemoryModel | None = None,
 ) -> None:
-    """With ``mode`` ``points`` or ``cost`` (the manifest's ``heaviest_first``), step 0 of epoch ``e``'s plan
-    (S, W, M) holds its heaviest rank-step by that sum (``order.step_peaks``; cost sums within a relative
-    1e-9, as summation order may round them); ``off``: nothing to check (``file_of``: as in ``check_counts``)."""
-    if mode not in ("points", "cost") or plan.shape[0] < 2:
+    """With ``mode`` ``points``, ``cost`` or ``memory`` (the manifest's ``heaviest_first``), step 0 of epoch
+    ``e``'s plan (S, W, M) holds its heaviest rank-step by that sum (``order.step_peaks``; cost and memory
+    sums within a relative 1e-9, as summation order may round them); ``off``: nothing to check
+    (``file_of``: as in ``check_counts``; ``memory``: the bytes of ``model``, the manifest's memory model)."""
+    if mode not in ("points", "cost", "memory") or plan.shape[0] < 2:
         return
-    values = samples.column("num_points" if mode == "points" else "cost").to_numpy()
+    if mode == "memory":
+        if model is None:
+            return  # a manifest without a memory cap cannot ask for it: PlanConfig refuses it
+        values = model.sample_bytes(samples)
+    else:
+        values = samples.column("num_points" if mode == "points" else "cost").to_numpy()
     peaks = step_peaks(plan, values)
     k = int(np.argmax(peaks))
     top, first = float(peaks[k]), float(peaks[0])
@@ -240,7 +254,8 @@ def check_epoch_files(
         return rows, derived
     if cfg is not None:
         check_caps(problems, e, cfg.caps, plan, samples, m.plan_file)
-        check_heaviest_first(problems, e, cfg.heaviest_first, plan, samples, m.plan_file)
+        model = None if cfg.caps.memory is None else cfg.caps.memory.model
+        check_heaviest_first(problems, e, cfg.heaviest_first, plan, samples, m.plan_file, model)
     check_epoch(problems, m, e, plan, samples, derived)
     release_memory()
     if derived is not None:

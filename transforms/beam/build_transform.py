@@ -128,7 +128,10 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
     epoch, scored = task
     parts = _parts(scored, job.staging)
     earlier = job.cfg.planned_with(epoch) is not None
-    columns = sharded.NUMERIC_INPUT + [c for c in COST_FEATURES if earlier and c not in sharded.NUMERIC_INPUT]
+    features = earlier or job.cfg.caps.memory is not None  # costs of an earlier model, or the memory model
+    columns = sharded.NUMERIC_INPUT + [
+        c for c in COST_FEATURES if features and c not in sharded.NUMERIC_INPUT
+    ]
     numeric = as_planned(read_parts(parts, columns=columns), epoch, job.cfg)
     planned = plan_samples(numeric, epoch, job.cfg)
     Metrics.counter(NAMESPACE, "planned").inc(planned.stats["planned"])

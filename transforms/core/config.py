@@ -58,6 +58,8 @@ class PlanConfig:
             raise ValueError(
                 f"unknown --heaviest-first {self.heaviest_first!r}; choose from {list(order.HEAVIEST_FIRST)}"
             )
+        if self.heaviest_first == "memory" and self.caps.memory is None:
+            raise ValueError("--heaviest-first memory needs the memory model of --max-step-memory")
         if self.rank_speed is not None and (
             len(self.rank_speed) != self.world_size
             or not all(math.isfinite(v) and v > 0 for v in self.rank_speed)
@@ -99,6 +101,9 @@ class PlanConfig:
             "policy": self.policy,
             "max_plan_factor": self.max_plan_factor,
             "caps": self.caps.to_json() | first,
+            **(
+                {"memory_cap": self.caps.memory.to_record().to_json()} if self.caps.memory is not None else {}
+            ),
             **({"cost_history": history} if history else {}),
             **({"rank_speed": list(self.rank_speed)} if self.rank_speed is not None else {}),
         }
@@ -135,7 +140,7 @@ class PlanConfig:
             "policy": m.policy,
             "num_buckets": m.buckets.k,
             "weights": None if all(w == 1.0 for w in weights) else weights,  # None: all 1, any k
-            "caps": Caps.from_record(m.caps),
+            "caps": Caps.from_record(m.caps, m.memory_cap),
             "max_plan_factor": MAX_PLAN_FACTOR if m.max_plan_factor is None else m.max_plan_factor,
             "repeat": repeat,
             "heaviest_first": first,

@@ -177,7 +177,10 @@ def _plan_pool(
     points = None
     if cfg.caps.active or cfg.heaviest_first == "points":
         points = scored.column("num_points").to_numpy()[pool] if "num_points" in scored.column_names else None
-    limits = PoolLimits(cfg.caps, points) if cfg.caps.active else None
+    memory = None  # (P,) bytes each entry adds to its rank-step's predicted peak
+    if cfg.caps.memory is not None:
+        memory = cfg.caps.memory.model.sample_bytes(scored)[pool]
+    limits = PoolLimits(cfg.caps, points, memory) if cfg.caps.active else None
     pooled = costs[pool]
     speeds = None if cfg.rank_speed is None else normalized(cfg.rank_speed)
     plan = plan_epoch(
@@ -197,6 +200,10 @@ def _plan_pool(
         plan = order.heaviest_first(plan, points)
     elif cfg.heaviest_first == "cost":
         plan = order.heaviest_first(plan, pooled)
+    elif cfg.heaviest_first == "memory":
+        if memory is None:
+            raise ValueError("--heaviest-first memory needs a memory model: give --max-step-memory")
+        plan = order.heaviest_first(plan, memory)
     return plan, pool, pooled, dropped, padded
 
 

@@ -228,7 +228,8 @@ def _settle(
     if cfg.caps.active:
         candidates = np.flatnonzero(keep)
         points = numeric.column("num_points").to_numpy(zero_copy_only=False)[candidates]
-        details = over_cap(cost[candidates], points, cfg.caps)
+        memory = None if cfg.caps.memory is None else cfg.caps.memory.model.sample_bytes(numeric)[candidates]
+        details = over_cap(cost[candidates], points, cfg.caps, memory)
         bad = candidates[[bool(d) for d in details]] if len(details) else candidates[:0]
         if bad.size:
             keep[bad] = False

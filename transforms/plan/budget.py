@@ -34,13 +34,16 @@ With ``B == 1`` every bin would hold exactly one item; so when a plan misses ``T
 strategy retries with fewer steps, raising the mean count per rank-step by up to 5%
 (``SLACK_LADDER``), and keeps the first plan that reaches ``TARGET`` (else the best one).
 Caps (``PoolLimits``) are honoured by construction: a bin never takes an item that would push it
-over a cap, and the number of steps is raised until the caps leave room for every item.
+over a cap, and the number of steps is raised until the caps leave room for every item. The memory
+cap is planned through the points room (``_memory_as_points``), so it cannot be combined with a points cap.
 
 The plan is ``(S, W, M)`` int64 pool indices, ``M`` the largest count, ``-1`` padding the rest;
 every rank-step holds at least one sample.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 from numpy.typing import NDArray
@@ -217,6 +220,22 @@ def _times(loads: NDArray[np.float64], speeds: NDArray[np.float64] | None) -> ND
     return loads if speeds is None else loads / speeds[None, :]
 
 
+def _memory_as_points(limits: PoolLimits) -> PoolLimits:
+    """``limits`` with the memory cap planned as a points cap: each entry's bytes rounded up to whole
+    bytes, the room the cap leaves above the model's base rounded down, so a fill within that points
+    room is within the memory cap (``plan_epoch`` still checks the plan against the caps as given)."""
+    mem = limits.caps.memory
+    if mem is None or limits.memory is None:
+        return limits
+    if limits.caps.max_points is not None:
+        raise ValueError(
+            "budget plans within --max-step-memory or --max-points-per-rank-step, not both: drop one"
+        )
+    room = max(int(np.floor(mem.max_bytes - mem.model.base)), 1)
+    caps = dataclasses.replace(limits.caps, max_points=room, memory=None)
+    return PoolLimits(caps, np.ceil(limits.memory).astype(np.int64))
+
+
 def _min_steps(costs: NDArray[np.float64], w: int, limits: PoolLimits) -> int:
     """Fewest steps the caps allow (a necessary condition: total / (W * cap))."""
     c, need = limits.caps, 1
@@ -301,7 +320,7 @@ def plan(
     w, p = world_size, costs.size
     if p < w:
         raise ValueError(f"budget needs at least W = {w} samples per epoch, the pool holds {p}")
-    limits = limits or PoolLimits(Caps())
+    limits = _memory_as_points(limits or PoolLimits(Caps()))
     u, tie = rng.uniform(-1.0, 1.0, p), rng.random(p)
     logc = log_cost(costs)
 

@@ -1,10 +1,12 @@
-"""Hard per-rank-step caps (points, cost, samples) and the check every plan must pass.
+"""Hard per-rank-step caps (points, cost, samples, predicted peak memory) and the check every plan must pass.
 
 A user sets caps from GPU memory: no rank may ever receive, at one step, more than ``max_points``
 points, ``max_cost`` predicted cost or ``max_samples`` samples. ``budget`` plans within them; every
 other strategy is checked against them, and a plan that exceeds one is an error before anything
 is published. A single sample above a cap can never be planned: ``over_cap`` finds those so the
-pipeline rejects them (reason ``over_cap``) instead of failing or dropping them silently.
+pipeline rejects them (reason ``over_cap``) instead of failing or dropping them silently. The memory
+cap (``--max-step-memory``, ``lidarshard.transforms.plan.memory``) bounds ``base + sum`` of the samples'
+predicted bytes.
 
 Plans are ``(S, W, M)`` int64 pool indices where ``-1`` marks an empty slot (variable counts).
 """
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.schemas.memory_cap import MemoryCapRecord
 from lidarshard.schemas.records import CapsRecord
+from lidarshard.transforms.plan.memory import MemoryCap, format_bytes
 
 __all__ = ["Caps", "PoolLimits", "Breach", "over_cap", "rank_step_sums", "cap_breaches", "check_caps"]
 
@@ -28,6 +32,7 @@ class Caps:
     max_points: int | None = None
     max_cost: float | None = None
     max_samples: int | None = None
+    memory: MemoryCap | None = None  # --max-step-memory with its memory model
 
     def __post_init__(self) -> None:
         for name, value in (("points", self.max_points), ("samples", self.max_samples)):
@@ -39,10 +44,10 @@ class Caps:
     @property
     def active(self) -> bool:
         """True when at least one cap is set."""
-        return any(v is not None for v in (self.max_points, self.max_cost, self.max_samples))
+        return any(v is not None for v in (self.max_points, self.max_cost, self.max_samples, self.memory))
 
     def to_json(self) -> dict[str, float | int | None]:
-        """The manifest's ``caps`` object."""
+        """The manifest's ``caps`` object (the memory cap is its own key, ``memory_cap``)."""
         return {
             "max_points_per_rank_step": self.max_points,
             "max_cost_per_rank_step": self.max_cost,
@@ -50,26 +55,37 @@ class Caps:
         }
 
     @classmethod
-    def from_record(cls, rec: CapsRecord | None) -> Caps:
-        """A manifest's typed ``caps`` (None: no caps), checked as ``__post_init__`` checks flags."""
+    def from_record(cls, rec: CapsRecord | None, memory: MemoryCapRecord | None = None) -> Caps:
+        """A manifest's typed ``caps`` and ``memory_cap`` (None: none), checked as the flags are."""
+        mem = MemoryCap.from_record(memory)
         if rec is None:
-            return cls()
-        return cls(rec.max_points_per_rank_step, rec.max_cost_per_rank_step, rec.max_samples_per_rank_step)
+            return cls(memory=mem)
+        return cls(
+            rec.max_points_per_rank_step, rec.max_cost_per_rank_step, rec.max_samples_per_rank_step, mem
+        )
 
 
 @dataclass(frozen=True)
 class PoolLimits:
-    """Caps bound to one epoch's pool: ``points`` (P,) int64 per pool entry (needed for max_points)."""
+    """Caps bound to one epoch's pool: ``points`` (P,) int64 per pool entry (needed for max_points),
+    ``memory`` (P,) float64 bytes each entry adds to its rank-step's peak (needed for the memory cap)."""
 
     caps: Caps
     points: NDArray[np.int64] | None = None
+    memory: NDArray[np.float64] | None = None
 
 
-def over_cap(costs: NDArray[np.float64], points: NDArray[np.int64] | None, caps: Caps) -> list[str]:
+def over_cap(
+    costs: NDArray[np.float64],
+    points: NDArray[np.int64] | None,
+    caps: Caps,
+    memory: NDArray[np.float64] | None = None,
+) -> list[str]:
     """One detail string per sample (index order) that alone exceeds a cap, "" where it fits.
 
     Args:
-        costs: (N,) predicted costs; points: (N,) points per sample, or None (no points cap check).
+        costs: (N,) predicted costs; points: (N,) points per sample, or None (no points cap check);
+        memory: (N,) bytes per sample (``MemoryModel.sample_bytes``), or None (no memory cap check).
     """
     out = [""] * len(costs)
     if caps.max_cost is not None:
@@ -78,6 +94,10 @@ def over_cap(costs: NDArray[np.float64], points: NDArray[np.int64] | None, caps:
     if caps.max_points is not None and points is not None:
         for i in np.flatnonzero(np.asarray(points) > caps.max_points):
             out[i] = f"{int(points[i])} points > --max-points-per-rank-step {caps.max_points}"
+    if caps.memory is not None and memory is not None:
+        peaks = caps.memory.peaks(memory)
+        for i in np.flatnonzero(peaks > caps.memory.max_bytes):
+            out[i] = caps.memory.detail(float(peaks[i]))
     return out
 
 
@@ -91,7 +111,7 @@ def rank_step_sums(plan: NDArray[np.int64], values: NDArray) -> NDArray:
 class Breach:
     """The first rank-step (step, rank) of a plan over one cap, its sum, and how many rank-steps are over."""
 
-    name: str  # "samples", "cost" or "points"
+    name: str  # "samples", "cost", "points" or "memory" (value and cap in bytes)
     step: int
     rank: int
     value: float
@@ -99,24 +119,33 @@ class Breach:
     count: int
 
     def detail(self) -> str:
-        """``value name > --max-name-per-rank-step cap``."""
+        """``value name > --max-name-per-rank-step cap`` (memory: ``predicted peak X GiB > ...``)."""
+        if self.name == "memory":
+            return f"predicted peak {format_bytes(self.value)} > --max-step-memory {format_bytes(self.cap)}"
         return f"{self.value:.6g} {self.name} > --max-{self.name}-per-rank-step {self.cap:g}"
 
 
 def cap_breaches(
-    plan: NDArray[np.int64], caps: Caps, costs: NDArray[np.float64], points: NDArray[np.int64] | None
+    plan: NDArray[np.int64],
+    caps: Caps,
+    costs: NDArray[np.float64],
+    points: NDArray[np.int64] | None,
+    memory: NDArray[np.float64] | None = None,
 ) -> list[Breach]:
     """The one caps check: one ``Breach`` per cap that a rank-step of ``plan`` (S, W, M) exceeds, in
-    the order samples, cost, points (``points`` None: the points cap is not checked).
+    the order samples, cost, points, memory (``points`` / ``memory`` None: that cap is not checked).
 
     Args:
-        costs: (P,) costs of what ``plan`` indexes; points: (P,) their points.
+        costs: (P,) costs of what ``plan`` indexes; points: (P,) their points; memory: (P,) the bytes
+            each adds to its rank-step's predicted peak (``caps.memory.model``).
     """
     sums: list[tuple[str, float | None, NDArray]] = [("samples", caps.max_samples, (plan >= 0).sum(axis=-1))]
     if caps.max_cost is not None:
         sums.append(("cost", caps.max_cost, rank_step_sums(plan, costs)))
     if caps.max_points is not None and points is not None:
         sums.append(("points", caps.max_points, rank_step_sums(plan, points)))
+    if caps.memory is not None and memory is not None:
+        sums.append(("memory", caps.memory.max_bytes, caps.memory.peaks(rank_step_sums(plan, memory))))
     out = []
     for name, cap, got in sums:
         bad = np.argwhere(got > cap) if cap is not None else np.empty((0, 2), dtype=np.int64)
@@ -138,7 +167,9 @@ def check_caps(
         return
     if limits.points is None and limits.caps.max_points is not None:
         raise ValueError("--max-points-per-rank-step needs the samples' num_points")
-    for b in cap_breaches(plan, limits.caps, costs, limits.points)[:1]:
+    if limits.memory is None and limits.caps.memory is not None:
+        raise ValueError("--max-step-memory needs the samples' points and voxels")
+    for b in cap_breaches(plan, limits.caps, costs, limits.points, limits.memory)[:1]:
         raise ValueError(
             f"epoch {epoch} step {b.step} rank {b.rank}: {b.detail()} ({b.count} rank-steps over the cap); "
             "the strategy cannot honour it: use --strategy budget or raise the cap"

@@ -1,7 +1,8 @@
 """Step order of a planned epoch: ``--heaviest-first`` puts the epoch's heaviest rank-step at step 0. Pure.
 
 The steps of a plan may run in any order without changing a rank batch or the balance. Moving the step
-that holds the heaviest rank-step (most points, or most predicted cost: the sums the caps bound) to the
+that holds the heaviest rank-step (most points, most predicted cost or the highest predicted peak memory:
+the sums the caps bound) to the
 front makes a rank that cannot fit it in memory fail at the first step, not hours in (Hugging Face's
 length-grouped sampler puts its longest batch first for the same reason). The build applies it once per
 epoch, after the strategy (``lidarshard.transforms.core.epochs.plan_samples``); ``lidarshard validate``
@@ -20,8 +21,9 @@ from lidarshard.transforms.plan.caps import rank_step_sums
 __all__ = ["HEAVIEST_FIRST", "step_peaks", "heaviest_step", "heaviest_first"]
 
 #: ``--heaviest-first`` values: leave the order (``off``), or order by the rank-step sum of ``num_points``
-#: (``points``) or of predicted ``cost`` (``cost``).
-HEAVIEST_FIRST = ("off", "points", "cost")
+#: (``points``), of predicted ``cost`` (``cost``) or of predicted bytes (``memory``: the memory model of
+#: ``--max-step-memory``, whose base is the same for every rank-step).
+HEAVIEST_FIRST = ("off", "points", "cost", "memory")
 
 
 def step_peaks(plan: NDArray[np.int64], values: NDArray) -> NDArray:
