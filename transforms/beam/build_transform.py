@@ -129,6 +129,8 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
     parts = _parts(scored, job.staging)
     earlier = job.cfg.planned_with(epoch) is not None
     columns = sharded.NUMERIC_INPUT + [c for c in COST_FEATURES if earlier and c not in sharded.NUMERIC_INPUT]
+    if job.cfg.groups(scored["counts"]["accepted"]) > 1:
+        columns.append("sample_id")  # the key each sample is dealt into a step group by
     numeric = as_planned(read_parts(parts, columns=columns), epoch, job.cfg)
     planned = plan_samples(numeric, epoch, job.cfg)
     Metrics.counter(NAMESPACE, "planned").inc(planned.stats["planned"])
