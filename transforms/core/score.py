@@ -301,7 +301,8 @@ def repeat_info(
     k = int(ids.max()) + 1 if n else 1
     expected = repeat_counts(weights.presence, weights.values * resolve_weights(cfg.weights, k)[ids])
     realized = [
-        repeat_counts(weights.presence, pool_copies(ids, weights.values, keys, e, cfg)) for e in range(cfg.epochs)
+        repeat_counts(weights.presence, pool_copies(ids, weights.values, keys, e, cfg))
+        for e in range(cfg.epochs)
     ]
     info = {"mode": cfg.repeat.mode, "expected": expected, "realized": realized}
     return info | ({"datasets": dict(cfg.repeat.datasets)} if cfg.repeat.datasets else {})
