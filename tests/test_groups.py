@@ -209,3 +209,26 @@ def test_an_elastic_restart_replans_a_grouped_epoch(grouped) -> None:
     p = replan_remaining(grouped["g3"], 1, 3, 1, None)
     both = Counter(p.consumed.tolist()) + Counter(p.rows[p.rows >= 0].tolist())
     assert both == Counter(base.rows[base.rows >= 0].tolist())
+
+
+def _tree(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_the_group_path_is_the_same_on_every_runner_and_shard_size(grouped, tmp_path, monkeypatch) -> None:
+    """Many shards and parts (16-row shards, 7-row parts): the groups' rows meet in several shard tasks; the
+    DirectRunner with 2 threads writes the bytes of the FnApiRunner, and validate re-derives them."""
+    from lidarshard.transforms.core import plan_writer
+
+    monkeypatch.setattr(plan_writer, "ROWS_PER_SHARD", 16)
+    data = grouped["g3"].parent / "in"
+    flags = {"plan_groups": 3, "heaviest_first": "cost", "part_rows": 7, **PLAN}
+    outs = []
+    for name, beam in (("fn", BEAM_TEST_FLAGS), ("dr", ["--runner=DirectRunner", "--direct_num_workers=2",
+                                                        "--direct_running_mode=multi_threading"])):  # fmt: skip
+        outs.append(tmp_path / name)
+        lidarshard.build(str(data), str(outs[-1]), pipeline_args=beam, **flags)
+    assert _tree(outs[0]) == _tree(outs[1])
+    assert validate(str(outs[0]))[0] == []
+    m = load_manifest(outs[0])
+    assert sum(1 for rel in m.files if rel.startswith("samples/")) > 3

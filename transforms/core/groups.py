@@ -29,12 +29,16 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import epoch_pool, plan_pool, to_samples
-from lidarshard.transforms.plan import VARIABLE_COUNT, order, plan_epoch, seeds
+from lidarshard.transforms.plan import order, plan_epoch, seeds
 from lidarshard.transforms.plan.group_stats import GroupSums, combine, group_sums
 from lidarshard.transforms.plan.metrics import equal_count_pool
 
 __all__ = [
+    "GroupSummary",
     "GroupPlan",
+    "step_labels",
+    "epoch_stats",
+    "interleaved",
     "sample_keys",
     "keys_of",
     "deal",
@@ -51,6 +55,20 @@ __all__ = [
 GROUP_COLUMNS = ("cost", "bucket_id", "num_points", "weight")
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupSummary:
+    """What the epoch needs of one planned group besides its rows (a few numbers: what a group's worker
+    sends on): its steps, the heaviest rank-step of its step 0 by the ``--heaviest-first`` values (0.0
+    when off), its balance sums and its pool accounting."""
+
+    steps: int
+    peak: float
+    sums: GroupSums
+    planned: int
+    dropped: int
+    padded: int
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class GroupPlan:
     """One group of one epoch planned alone.
@@ -59,18 +77,12 @@ class GroupPlan:
         plan: (S_g, W, M_g) int64 sample row indices (of the whole table), ``-1`` = empty slot; its
             heaviest rank-step at step 0 under ``--heaviest-first``.
         baseline: (S'_g, W, B) int64 sample row indices of the ``random`` reference on the group's pool.
-        sums: the group's balance sums (``group_stats.GroupSums``).
-        peak: the heaviest rank-step of its step 0 by the ``--heaviest-first`` values (0.0 when off).
-        planned, dropped, padded: the group's pool accounting.
+        summary: its ``GroupSummary``.
     """
 
     plan: NDArray[np.int64]
     baseline: NDArray[np.int64]
-    sums: GroupSums
-    peak: float
-    planned: int
-    dropped: int
-    padded: int
+    summary: GroupSummary
 
 
 def sample_keys(sample_ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> NDArray[np.uint64]:
@@ -158,15 +170,32 @@ def plan_group(table: Any, rows: NDArray[np.int64], epoch: int, group: int, cfg:
         values = costs if cfg.heaviest_first == "cost" else table.column("num_points").to_numpy()[pool]
         peak = float(order.step_peaks(plan[:1], values)[0])
     global_pool = rows[pool]
-    return GroupPlan(
-        to_samples(plan, global_pool),
-        to_samples(reference, global_pool),
-        sums,
-        peak,
-        int(pool.size),
-        dropped,
-        padded,
-    )
+    summary = GroupSummary(int(plan.shape[0]), peak, sums, int(pool.size), dropped, padded)
+    return GroupPlan(to_samples(plan, global_pool), to_samples(reference, global_pool), summary)
+
+
+def step_labels(summaries: Sequence[GroupSummary], epoch: int, cfg: PlanConfig) -> NDArray[np.int32]:
+    """(S,) the group of each step of the epoch (``interleave`` of the groups' summaries, in group order)."""
+    peaks = [p.peak for p in summaries] if cfg.heaviest_first != "off" else None
+    return interleave([p.steps for p in summaries], peaks, cfg.seed, epoch)
+
+
+def epoch_stats(summaries: Sequence[GroupSummary], epoch: int, cfg: PlanConfig) -> dict:
+    """The epoch's stats (``EpochPlan.stats``) from its groups' summaries, in group order."""
+    stats = combine([p.sums for p in summaries], epoch, cfg.rank_speed is not None)
+    return stats | {k: int(sum(getattr(p, k) for p in summaries)) for k in ("planned", "dropped", "padded")}
+
+
+def interleaved(
+    plans: Sequence[NDArray[np.int64]], labels: NDArray[np.int32], world_size: int
+) -> NDArray[np.int64]:
+    """The epoch's (S, W, M) plan from its groups' plans (in group order) and ``step_labels``: group g's
+    k-th step at its k-th label; M the widest group's (``-1`` pads the others)."""
+    m = max((p.shape[2] for p in plans), default=0)
+    plan = np.full((labels.size, world_size, m), -1, dtype=np.int64)
+    for g, part in enumerate(plans):
+        plan[labels == g, :, : part.shape[2]] = part
+    return plan
 
 
 def assemble(
@@ -174,16 +203,10 @@ def assemble(
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], dict]:
     """The epoch from its groups (in group order): (plan (S, W, M) sample rows in the interleaved step
     order, baseline (S', W, B) the groups' references one after another, the epoch's stats)."""
-    peaks = [p.peak for p in parts] if cfg.heaviest_first != "off" else None
-    labels = interleave([p.plan.shape[0] for p in parts], peaks, cfg.seed, epoch)
-    m = max(p.plan.shape[2] for p in parts) if cfg.strategy in VARIABLE_COUNT else cfg.batch_size
-    plan = np.full((labels.size, cfg.world_size, m), -1, dtype=np.int64)
-    for g, part in enumerate(parts):
-        plan[labels == g, :, : part.plan.shape[2]] = part.plan
+    summaries = [p.summary for p in parts]
+    plan = interleaved([p.plan for p in parts], step_labels(summaries, epoch, cfg), cfg.world_size)
     baseline = np.concatenate([p.baseline for p in parts], axis=0)
-    stats = combine([p.sums for p in parts], epoch, cfg.rank_speed is not None)
-    stats |= {k: int(sum(getattr(p, k) for p in parts)) for k in ("planned", "dropped", "padded")}
-    return plan, baseline, stats
+    return plan, baseline, epoch_stats(summaries, epoch, cfg)
 
 
 def plan_hierarchical(
