@@ -192,3 +192,10 @@ def test_accuracy_bench(tmp_path: Path) -> None:
     final = dict(re.findall(r"^(distributed|mixed)\s+([\d.]+) ± [\d.]+\s", out, re.M))
     assert set(final) == {"distributed", "mixed"}, out  # a final mIoU for each sampler run
     assert all(0.0 <= float(v) <= 1.0 for v in final.values())
+
+
+def test_plan_bench_compares_step_groups(tmp_path: Path) -> None:
+    args = ("--sizes", "2000", "--baseline", "0", "--runners", "fnapi", "--plan-groups", "1,3")
+    out = bench("plan_bench", *args, cwd=tmp_path)
+    assert "fnapi/g1 samples written 2000 of 2000: True" in out and "fnapi/g3 samples written 2000 of 2000: True" in out
+    assert re.search(r"fnapi/g3/fnapi/g1: time [\d.]+x, largest process [\d.]+x, tree [\d.]+x; output of another G", out)
