@@ -357,7 +357,11 @@ def _one_size(
             f"largest process {ms[other]['max_rss'] / ms[first]['max_rss']:.2f}x, "
             f"tree {ms[other]['tree_rss'] / ms[first]['tree_rss']:.2f}x; "
             "output "
-            + (("byte-identical" if same else "DIFFERS") if _same_g(other, runners) == first else "of another G"),
+            + (
+                ("byte-identical" if same else "DIFFERS")
+                if _same_g(other, runners) == first
+                else "of another G"
+            ),
             flush=True,
         )
     return ok and same
@@ -372,7 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--runners", default="direct", help="comma-separated: direct, dask, fnapi (default direct)"
     )
-    ap.add_argument("--plan-groups", default="", help="comma-separated --plan-groups values (default: the build's)")
+    ap.add_argument(
+        "--plan-groups", default="", help="comma-separated --plan-groups values (default: the build's)"
+    )
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per build before it is killed")
     ap.add_argument("--workdir", help="keep inputs/outputs here (default: a temp dir, removed)")
     ap.add_argument(

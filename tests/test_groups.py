@@ -232,3 +232,35 @@ def test_the_group_path_is_the_same_on_every_runner_and_shard_size(grouped, tmp_
     assert validate(str(outs[0]))[0] == []
     m = load_manifest(outs[0])
     assert sum(1 for rel in m.files if rel.startswith("samples/")) > 3
+
+
+def test_a_sampler_replays_a_grouped_epoch_resumes_and_restarts_on_fewer_ranks(grouped) -> None:
+    from lidarshard.loaders.elastic import ElasticBatchSampler
+
+    out = str(grouped["g3"])
+    base = load_epoch_plan(grouped["g3"], 0)
+    for rank in range(2):
+        batches = [list(b) for b in ElasticBatchSampler(out, rank, 2)]
+        want = [[int(i) for i in step[step >= 0]] for step in base.rows[:, rank]]
+        assert batches == want  # the default index is the samples' row order
+        saved = ElasticBatchSampler(out, rank, 2)
+        it = iter(saved)
+        next(it)
+        resumed = ElasticBatchSampler(out, rank, 2)
+        resumed.load_state_dict(saved.state_dict())
+        assert [list(b) for b in resumed] == batches[1:]
+    alone = Counter(i for b in ElasticBatchSampler(out, 0, 1) for i in b)
+    assert alone == Counter(base.rows[base.rows >= 0].tolist())  # one rank trains the whole epoch once
+
+
+def test_the_report_reads_a_grouped_manifest(grouped) -> None:
+    from lidarshard.tools.report import load
+
+    data = load(str(grouped["g3"]))
+    m = data.manifest
+    for e, (chosen, baseline) in enumerate(zip(data.chosen, data.baseline, strict=True)):
+        assert chosen.shape == (m.steps(e), m.world_size)
+        # the random reference of every group's pool: the groups' linearity sums as recorded
+        assert baseline.mean(axis=1).sum() / baseline.max(axis=1).sum() == pytest.approx(
+            m.balance[e].value("random_linearity"), abs=2e-6
+        )
