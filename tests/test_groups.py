@@ -264,3 +264,40 @@ def test_the_report_reads_a_grouped_manifest(grouped) -> None:
         assert baseline.mean(axis=1).sum() / baseline.max(axis=1).sum() == pytest.approx(
             m.balance[e].value("random_linearity"), abs=2e-6
         )
+
+
+@pytest.mark.parametrize("strategy", ["mixed", "budget"])
+def test_the_pair_repeat_rate_from_shards_and_buckets_is_the_assembled_plans(strategy, monkeypatch) -> None:
+    """The build's pair repeat rate without a gather (group_rows.pair_*), on 100-row shards, equals
+    ``repeat_rates`` of the assembled epochs (weights up to 2.3: samples planned twice)."""
+    from lidarshard.transforms.core import group_rows, plan_writer
+    from lidarshard.transforms.core.epochs import repeat_rates
+
+    monkeypatch.setattr(plan_writer, "ROWS_PER_SHARD", 100)
+    table = scored_pool(3000, 5)
+    cfg = PlanConfig(4, 8, epochs=2, strategy=strategy, plan_groups=3)
+    keys = groups.sample_keys(table.column("sample_id"))
+    by_shard: dict[int, dict] = {}
+    for e in (0, 1):
+        dealt = groups.deal(keys, cfg.seed, e, 3)
+        for g in range(3):
+            rows = np.flatnonzero(dealt == g).astype(np.int64)
+            gp = groups.plan_group(groups._table(table, rows), rows, e, g, cfg)
+            for kind, plan in (("plan", gp.plan), ("base", gp.baseline)):
+                for start, r, s in group_rows.pair_entries(plan, g, 3):
+                    by_shard.setdefault(start, {}).setdefault((kind, e), []).append((r, s))
+    buckets: dict[tuple[str, int], list] = {}
+    for found in by_shard.values():
+        for kind in ("plan", "base"):
+            for b, piece in group_rows.pair_buckets(
+                found.get((kind, 0), []), found.get((kind, 1), [])
+            ).items():
+                buckets.setdefault((kind, b), []).append(piece)
+    sums = {"plan": [0, 0], "base": [0, 0]}
+    for (kind, _), pieces in buckets.items():
+        pairs, shared = group_rows.pair_counts(pieces)
+        sums[kind][0] += pairs
+        sums[kind][1] += shared
+    want = repeat_rates(plan_samples(table, 0, cfg), plan_samples(table, 1, cfg), strategy)
+    assert round(sums["plan"][1] / sums["plan"][0], 6) == want[strategy]
+    assert round(sums["base"][1] / sums["base"][0], 6) == want["random"]

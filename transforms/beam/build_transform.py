@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
@@ -209,10 +208,11 @@ def _write_manifest(gathered: dict[str, list], job: BuildJob) -> dict:
     (scored,) = gathered["samples"]
     pairs = sorted(gathered.get("pair", []), key=lambda p: p[0])
     stats = gathered.get("stats", [])
-    if gathered.get("summary"):  # a plan of step groups: its epochs from their groups (groups.assemble)
-        stats, pairs = _grouped(gathered["summary"], gathered.get("gpair", []), job.cfg)
     rates = None
-    if len(pairs) == len(PLANNED_PAIRS):
+    if gathered.get("summary"):  # a plan of step groups: its epochs from their groups (groups.assemble)
+        stats = _grouped(gathered["summary"], job.cfg)
+        rates = _pair_rates(gathered.get("gpair", []), job.cfg) if job.cfg.epochs > 1 else None
+    elif len(pairs) == len(PLANNED_PAIRS):
         first, second = (EpochPlan(plan, baseline, {}) for _, plan, baseline in pairs)
         rates = repeat_rates(first, second, job.cfg.strategy)
     meta = job.meta | {"part_rows": job.settle.part_rows}
@@ -227,9 +227,8 @@ def _write_manifest(gathered: dict[str, list], job: BuildJob) -> dict:
     return written
 
 
-def _grouped(summaries: list, gpairs: list, cfg: PlanConfig) -> tuple[list[dict], list[tuple]]:
-    """(each epoch's stats, the pair-repeat epochs' (epoch, plan, baseline)) from the groups' summaries
-    ``(epoch, group, GroupSummary)`` and pair plans ``(epoch, group, plan, baseline)``, any order."""
+def _grouped(summaries: list, cfg: PlanConfig) -> list[dict]:
+    """Each epoch's stats from its groups' summaries ``(epoch, group, GroupSummary)``, any order."""
     by_epoch: dict[int, list] = {}
     for epoch, g, summary in sorted(summaries, key=lambda s: s[:2]):
         if g != len(by_epoch.setdefault(epoch, [])):
@@ -237,14 +236,17 @@ def _grouped(summaries: list, gpairs: list, cfg: PlanConfig) -> tuple[list[dict]
                 f"epoch {epoch}: step group {g} was planned out of turn (twice, or one is missing)"
             )
         by_epoch[epoch].append(summary)
-    stats = [groups.epoch_stats(found, epoch, cfg) for epoch, found in sorted(by_epoch.items())]
-    pairs = []
-    for epoch in sorted({p[0] for p in gpairs}):
-        mine = sorted((p for p in gpairs if p[0] == epoch), key=lambda p: p[1])
-        labels = groups.step_labels(by_epoch[epoch], epoch, cfg)
-        plan = groups.interleaved([p[2] for p in mine], labels, cfg.world_size)
-        pairs.append((epoch, plan, np.concatenate([p[3] for p in mine], axis=0)))
-    return stats, pairs
+    return [groups.epoch_stats(found, epoch, cfg) for epoch, found in sorted(by_epoch.items())]
+
+
+def _pair_rates(counted: list[tuple[str, int, int]], cfg: PlanConfig) -> dict[str, float]:
+    """``repeat_rates`` from the buckets' ``(kind, pairs, shared)`` sums (``group_transform``)."""
+    rates = {}
+    for kind, name in (("plan", cfg.strategy), ("random", "random")):
+        pairs = sum(p for k, p, _ in counted if k == kind)
+        shared = sum(s for k, _, s in counted if k == kind)
+        rates[name] = round(float(shared / pairs), 6) if pairs else 0.0
+    return rates
 
 
 class BuildManifest(beam.PTransform):

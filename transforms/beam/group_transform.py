@@ -8,6 +8,8 @@ pure function of ``transforms.core.group_rows``)::
     PlanGroups    plan_group       one group planned alone (its members sorted by row first)
     ByShard       GroupByKey       key (epoch, shard start): every group's plan rows of that shard
     MergeShards   merge_entries    -> the build's WritePieces; each group's (steps, peak) -> each rank writer
+    PairShards    pair_buckets     epochs 0 and 1 of each shard's samples: which steps they share
+    PairBuckets   pair_counts      the pair repeat rate's two sums, per bucket of epoch-0 steps
 
 No element holds more than one group or one shard of samples; the epoch's step order needs only the G
 (steps, peak) pairs. Results do not depend on the order elements arrive in: every gathered list is
@@ -55,8 +57,8 @@ def _plan(
 ) -> Iterator[tuple[str, object]]:
     """One group planned alone: ``("entries", ((epoch, shard start), ("entries", group, rows)))`` per
     shard it has rows in, ``("rank", ((epoch, rank), ("count", group, steps, peak)))`` per rank,
-    ``("summary", (epoch, group, GroupSummary))`` and, for the pair-repeat epochs, ``("pair", (epoch,
-    group, plan, baseline))``."""
+    ``("summary", (epoch, group, GroupSummary))`` and, for the pair-repeat epochs, ``("pair", (shard
+    start, (kind, 0 | 1, group, rows, step ids)))`` of its plan (``"plan"``) and random reference."""
     (epoch, g, groups), members = grouped
     rows, table = group_rows.group_members(members)
     planned = plan_group(table, rows, epoch, g, cfg)
@@ -69,7 +71,26 @@ def _plan(
         yield "rank", ((epoch, rank), ("count", g, s.steps, s.peak))
     yield "summary", (epoch, g, s)
     if cfg.epochs > 1 and epoch in pairs:
-        yield "pair", (epoch, g, planned.plan, planned.baseline)
+        for kind, plan in (("plan", planned.plan), ("random", planned.baseline)):
+            for start, rows_, steps in group_rows.pair_entries(plan, g, groups):
+                yield "pair", (start, (kind, pairs.index(epoch), g, rows_, steps))
+
+
+def _pair_shard(grouped: tuple[int, Iterable]) -> Iterator[tuple[tuple[str, int], object]]:
+    """One shard's (kind, which epoch, group, rows, step ids) of both pair epochs -> ((kind, bucket), piece)."""
+    _, values = grouped
+    values = sorted(values, key=lambda v: v[:3])
+    for kind in ("plan", "random"):
+        first = [(v[3], v[4]) for v in values if v[0] == kind and v[1] == 0]
+        second = [(v[3], v[4]) for v in values if v[0] == kind and v[1] == 1]
+        for bucket, piece in group_rows.pair_buckets(first, second).items():
+            yield (kind, bucket), piece
+
+
+def _pair_bucket(grouped: tuple[tuple[str, int], Iterable]) -> tuple[str, int, int]:
+    """One bucket's pieces -> (kind, pairs sharing an epoch-0 step, those sharing an epoch-1 step too)."""
+    (kind, _), pieces = grouped
+    return (kind, *group_rows.pair_counts(list(pieces)))
 
 
 def _merge(grouped: tuple[tuple[int, int], Iterable]) -> Iterator[tuple]:
@@ -88,7 +109,8 @@ def _merge(grouped: tuple[tuple[int, int], Iterable]) -> Iterator[tuple]:
 
 class PlanGroups(beam.PTransform):
     """PCollection of shard tasks (start, stop, holding, G) -> ``{"shard", "rank", "summary", "pair"}``:
-    WritePieces' tasks, the rank writers' step counts, the groups' summaries and pair-repeat plans."""
+    WritePieces' tasks, the rank writers' step counts, the groups' summaries and the pair repeat rate's
+    sums ``(kind, pairs, shared)`` per bucket."""
 
     def __init__(self, cfg: PlanConfig, pairs: tuple[int, ...]) -> None:
         super().__init__()
@@ -114,9 +136,11 @@ class PlanGroups(beam.PTransform):
             | "ByShard" >> beam.GroupByKey()
             | "MergeShards" >> beam.FlatMap(_merge)
         )
-        return {
-            "shard": shards,
-            "rank": planned["rank"],
-            "summary": planned["summary"],
-            "pair": planned["pair"],
-        }
+        counted = (
+            planned["pair"]
+            | "PairsByShard" >> beam.GroupByKey()
+            | "PairShards" >> beam.FlatMap(_pair_shard)
+            | "PairsByBucket" >> beam.GroupByKey()
+            | "PairBuckets" >> beam.Map(_pair_bucket)
+        )
+        return {"shard": shards, "rank": planned["rank"], "summary": planned["summary"], "pair": counted}

@@ -27,7 +27,17 @@ from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned
 from lidarshard.transforms.core.groups import GROUP_COLUMNS, GroupPlan, deal, interleave, sample_keys
 
-__all__ = ["deal_shard", "group_members", "group_entries", "merge_entries", "global_steps"]
+__all__ = [
+    "deal_shard",
+    "group_members",
+    "group_entries",
+    "merge_entries",
+    "global_steps",
+    "PAIR_BUCKETS",
+    "pair_entries",
+    "pair_buckets",
+    "pair_counts",
+]
 
 #: One group's members in one shard: (first sample row of the shard, (n,) their rows, {column: (n,)}).
 Members = tuple[int, NDArray[np.int64], dict[str, NDArray]]
@@ -105,3 +115,60 @@ def global_steps(
     enc = np.asarray(encoded, dtype=np.int64)
     g = len(counts)
     return positions[first[enc % g] + enc // g].astype(np.int32)
+
+
+#: Buckets of epoch-0 step ids the pair-repeat counts meet in (``pair_buckets``): tasks of ~N/64 entries.
+PAIR_BUCKETS = 64
+
+
+def pair_entries(plan: NDArray[np.int64], group: int, groups: int) -> list[tuple[int, NDArray, NDArray]]:
+    """One group's plan (S_g, W, M) sample rows as (shard start, rows, step ids ``local * G + group``) per
+    shard of the samples: what the pair repeat rate needs of an epoch (which samples share a step)."""
+    steps = np.broadcast_to(np.arange(plan.shape[0], dtype=np.int64)[:, None, None], plan.shape)
+    valid = plan >= 0
+    rows, ids = plan[valid], steps[valid] * groups + group
+    order = np.argsort(rows, kind="stable")
+    rows, ids = rows[order], ids[order]
+    shard = rows // plan_writer.ROWS_PER_SHARD
+    cuts = np.flatnonzero(np.diff(shard)) + 1
+    return [
+        (int(shard[a]) * plan_writer.ROWS_PER_SHARD, rows[a:b], ids[a:b])
+        for a, b in zip(np.r_[0, cuts], np.r_[cuts, rows.size], strict=True)
+        if b > a
+    ]
+
+
+def pair_buckets(
+    first: Sequence[tuple[NDArray, NDArray]], second: Sequence[tuple[NDArray, NDArray]]
+) -> dict[int, NDArray[np.int64]]:
+    """One shard's (rows, step ids) of epoch 0 (``first``) and epoch 1 (``second``), from every group ->
+    {bucket: (n, 2) [epoch-0 step, epoch-1 step of the same sample or -1]}, bucketed by the epoch-0 step.
+    A sample's epoch-1 step is its last one (``metrics.pair_repeat_rate``: a sample is in one group of an
+    epoch, so its latest step there is its largest step id)."""
+    a_rows = np.concatenate([r for r, _ in first]) if first else np.empty(0, np.int64)
+    a_steps = np.concatenate([s for _, s in first]) if first else np.empty(0, np.int64)
+    b_rows = np.concatenate([r for r, _ in second]) if second else np.empty(0, np.int64)
+    b_steps = np.concatenate([s for _, s in second]) if second else np.empty(0, np.int64)
+    if b_rows.size:
+        order = np.lexsort((b_steps, b_rows))  # by row, then step: the last of a row is its largest step
+        rows, steps = b_rows[order], b_steps[order]
+        ends = np.r_[np.flatnonzero(np.diff(rows)), rows.size - 1]
+        found = np.searchsorted(rows[ends], a_rows)
+        found = np.minimum(found, ends.size - 1)
+        hit = rows[ends][found] == a_rows
+        partner = np.where(hit, steps[ends][found], -1)
+    else:
+        partner = np.full(a_rows.size, -1, np.int64)
+    both = np.stack([a_steps, partner], axis=1).astype(np.int64)
+    bucket = a_steps % PAIR_BUCKETS
+    return {int(k): both[bucket == k] for k in np.unique(bucket).tolist()}
+
+
+def pair_counts(pieces: Sequence[NDArray[np.int64]]) -> tuple[int, int]:
+    """One bucket's (n, 2) [epoch-0 step, epoch-1 step] rows from every shard -> (pairs sharing an epoch-0
+    step, those of them sharing an epoch-1 step too), the two sums of ``metrics.pair_repeat_rate``."""
+    both = np.concatenate(pieces) if pieces else np.empty((0, 2), np.int64)
+    _, n_a = np.unique(both[:, 0], return_counts=True)
+    kept = both[both[:, 1] >= 0]
+    _, k = np.unique(kept, axis=0, return_counts=True) if kept.size else (None, np.empty(0, np.int64))
+    return int((n_a * (n_a - 1) // 2).sum()), int((k * (k - 1) // 2).sum())
