@@ -301,3 +301,16 @@ def test_the_pair_repeat_rate_from_shards_and_buckets_is_the_assembled_plans(str
     want = repeat_rates(plan_samples(table, 0, cfg), plan_samples(table, 1, cfg), strategy)
     assert round(sums["plan"][1] / sums["plan"][0], 6) == want[strategy]
     assert round(sums["base"][1] / sums["base"][0], 6) == want["random"]
+
+
+def test_a_grouped_budget_build_with_speeds_and_weights_validates(grouped, tmp_path: Path) -> None:
+    """Variable counts (groups of unequal slot widths), rank speeds and bucket weights through the engine."""
+    out = tmp_path / "budget"
+    flags = PLAN | {"strategy": "budget", "rank_speed": (1.0, 0.5), "bucket_weights": (1.0, 2.0, 0.5, 1.0)}
+    lidarshard.build(None, str(out), pipeline_args=BEAM_TEST_FLAGS, from_samples=str(grouped["g3"] / "samples"),
+                     plan_groups=2, **flags)  # fmt: skip
+    assert validate(str(out))[0] == []
+    m = load_manifest(out)
+    assert (
+        m.groups == 2 and m.pair_repeat_rate is not None and m.balance[0].value("speed_linearity") is not None
+    )
