@@ -30,7 +30,7 @@ from lidarshard.pipelines.flags import (
     parsed_by,
     per_name,
 )
-from lidarshard.transforms.core.config import MAX_PLAN_FACTOR
+from lidarshard.transforms.core.config import AUTO_RULE, MAX_PLAN_FACTOR, parse_plan_groups, plan_groups_value
 from lidarshard.transforms.features.cost import COST_MODEL_HELP
 from lidarshard.transforms.features.repeat import parse_repeat_factors, repeat_threshold
 from lidarshard.transforms.features.sample import FEATURE_MODES
@@ -310,6 +310,11 @@ class BuildOptions(ScanOptions):
         "per-sample weights (CBGS, your own) from this numeric column of the --from-samples table; fractional "
         "weights are realized per epoch by seeded stochastic rounding", "plan", None, metavar="COLUMN",
         exclusive="repeat")  # fmt: skip
+    plan_groups: int | None = option(
+        "advanced: plan each epoch in G step groups (samples dealt by a stable hash of sample_id, seed and epoch; "
+        "each group planned alone, the steps interleaved), so no process plans the whole epoch; 1 is one pool",
+        "plan", None, check=parsed_by(parse_plan_groups, plan_groups_value), shown=AUTO_RULE,
+        metavar="auto|G")  # fmt: skip
 
 
 def declare(parser: argparse.ArgumentParser, cls: type[Options]) -> None:

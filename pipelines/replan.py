@@ -39,6 +39,7 @@ KEPT_SETTINGS = (
     ("heaviest_first", "--heaviest-first"),
     ("max_plan_factor", "--max-plan-factor"),
     ("rank_speed", "--rank-speed"),
+    ("plan_groups", "--plan-groups"),
 )
 
 

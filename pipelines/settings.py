@@ -203,6 +203,7 @@ def plan_config(args: BuildOptions) -> PlanConfig:
         repeat=WeightSpec(args.repeat_factors, args.sample_weights, dataset_weights(args.dataset_weights)),
         heaviest_first=args.heaviest_first,
         rank_speed=_rank_speed(args),
+        plan_groups=args.plan_groups,
     )
 
 

@@ -20,6 +20,7 @@ from lidarshard.schemas import VARIABLE_COUNT, plan_file, plan_key
 from lidarshard.schemas.balance_entry import BalanceEntry
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.memory_cap import MemoryCapRecord
+from lidarshard.schemas.plan_groups import PlanGroups
 from lidarshard.schemas.records import (
     Buckets,
     CapsRecord,
@@ -109,6 +110,12 @@ class Manifest:
         None,
         omit=True,
     )
+    plan_groups: PlanGroups | None = _key(
+        "{'groups': G, 'rule': text} (4.4, absent before: one group): each epoch was planned in G step groups "
+        "dealt by a stable hash of (sample_id, seed, epoch), their steps interleaved; rule: the auto rule or 'forced'",
+        None,
+        omit=True,
+    )
     repeat: RepeatRecord | None = _key(
         "the repeat factors / sample weights (records.RepeatRecord) or null", None
     )
@@ -188,6 +195,7 @@ class Manifest:
             plan_schema=obj.get("plan_schema") if isinstance(obj.get("plan_schema"), list) else None,
             cost_history=HistoryEntry.parse_all(r, epochs),
             rank_speed=_speeds(r),
+            plan_groups=PlanGroups.parse(r),
             datasets=DatasetEntry.parse_all(r),
             max_reject_fraction=r.number("max_reject_fraction", optional=True),
             provenance={k: v for k, v in obj.items() if k not in _WRITTEN},
@@ -206,6 +214,11 @@ class Manifest:
         return out
 
     # ------------------------------------------------------------------------------------- queries
+
+    @property
+    def groups(self) -> int:
+        """G: the step groups each epoch was planned in (1 before 4.4)."""
+        return self.plan_groups.groups if self.plan_groups is not None else 1
 
     @property
     def variable_count(self) -> bool:

@@ -219,3 +219,35 @@ def test_accuracy_bench(tmp_path: Path) -> None:
     final = dict(re.findall(r"^(distributed|mixed)\s+([\d.]+) ± [\d.]+\s", out, re.M))
     assert set(final) == {"distributed", "mixed"}, out  # a final mIoU for each sampler run
     assert all(0.0 <= float(v) <= 1.0 for v in final.values())
+
+
+def test_plan_bench_compares_step_groups(tmp_path: Path) -> None:
+    args = ("--sizes", "2000", "--baseline", "0", "--runners", "fnapi", "--plan-groups", "1,3")
+    out = bench("plan_bench", *args, cwd=tmp_path)
+    assert (
+        "fnapi/g1 samples written 2000 of 2000: True" in out
+        and "fnapi/g3 samples written 2000 of 2000: True" in out
+    )
+    assert re.search(
+        r"fnapi/g3/fnapi/g1: time [\d.]+x, largest process [\d.]+x, tree [\d.]+x; output of another G", out
+    )
+
+
+def test_groups_bench(tmp_path: Path) -> None:
+    args = (
+        "--n",
+        "20000",
+        "--groups",
+        "1,4",
+        "--strategies",
+        "mixed",
+        "--world-size",
+        "8",
+        "--batch-size",
+        "2",
+    )
+    out = bench("groups_bench", *args, "--group-size", "4096", cwd=tmp_path)
+    assert out.count(": True") == 4 and ": False" not in out  # every plan holds its pools' samples once
+    assert re.search(r"^\s+mixed\s+1\s.*\+0\.0000 \+0\.00000\s+0$", out, re.M)  # G=1 is its own reference
+    assert floats(r"target .* worst ([\d.]+) (?:MET|MISSED)", out)[0] >= 0
+    assert floats(r"one group of 4,096 samples \(mixed\): ([\d.]+) s", out)[0] > 0

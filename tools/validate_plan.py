@@ -26,7 +26,7 @@ from lidarshard.transforms.core.epochs import EpochPlan, as_planned
 from lidarshard.transforms.plan.caps import Caps, cap_breaches, rank_step_sums
 from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.memory import MemoryModel
-from lidarshard.transforms.plan.metrics import balance_summary
+from lidarshard.transforms.plan.metrics import REFERENCE_KEY, balance_summary
 from lidarshard.transforms.plan.order import step_peaks
 
 __all__ = [
@@ -280,7 +280,8 @@ def check_epoch(
     each at least once and planned = accepted + padded. Other weights: no sample beyond
     ceil(bucket weight x sample weight) copies (+1 under pad). Every ``balance`` number is recomputed
     from the plan's costs (within 1e-6), but ``random_linearity``: the files hold no random plan, so it
-    is the re-derived epoch's (``derived``; not checked when None).
+    is the re-derived epoch's (``derived``; not checked when None); so are ``greedy_reference`` and
+    ``spearman_step_cost`` of a plan of several step groups (its groups' numbers, ``group_stats``).
     """
     n, where = samples.num_rows, f"epoch {e}"
     planned, dropped, padded = m.counts.planned[e], m.counts.dropped[e], m.counts.padded[e]
@@ -338,9 +339,12 @@ def check_epoch(
         in_pool, costs, w, b, baseline=np.empty((0, w, b), np.int64), epoch=e, speeds=m.rank_speed
     )
     recorded = m.balance[e]
-    for key in ("random_linearity", "random_speed_linearity"):  # of the empty baseline: the derived one's
+    derived_keys = ["random_linearity", "random_speed_linearity"]  # of the empty baseline: the derived one's
+    if m.groups > 1:  # the groups' references and orders (transforms.plan.group_stats): as re-derived
+        derived_keys += [REFERENCE_KEY, "spearman_step_cost"]
+    for key in derived_keys:
         again.pop(key, None)
-        known = key == "random_linearity" or recorded.value(key) is not None
+        known = key != "random_speed_linearity" or recorded.value(key) is not None
         if derived is not None and key in derived.stats and known:
             again[key] = derived.stats[key]  # absent from manifests written before it was
     for key, value in again.items():

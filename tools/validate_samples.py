@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.transforms.core.groups import sample_keys
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import checked_model, sample_costs
@@ -137,6 +138,7 @@ class SamplesView:
         self.numeric, self._ids = numeric, ids
         self._row_key: NDArray[np.uint64] | None = row_key
         self.cost_mismatch = cost_mismatch
+        self._group_keys: NDArray[np.uint64] | None = None
         order = np.argsort(id_key, kind="stable")
         self._order: NDArray[np.integer] | None = order.astype(np.int32) if id_key.size < 2**31 else order
         del order
@@ -146,6 +148,14 @@ class SamplesView:
 
     def column(self, name: str):
         return self._ids if name == "sample_id" else self.numeric.column(name)
+
+    def group_keys(self) -> NDArray[np.uint64]:
+        """(N,) the key each sample is dealt into a step group by (``groups.sample_keys``), read part by
+        part from the files once (8 bytes a sample), for a plan of several step groups."""
+        if self._group_keys is None:
+            keys = [sample_keys(read_parts([f], columns=["sample_id"]).column(0)) for f in self._ids.files]
+            self._group_keys = np.concatenate(keys) if keys else np.empty(0, np.uint64)
+        return self._group_keys
 
     def select(self, names: list[str]) -> pa.Table:
         """Other columns, read from the file when asked (e.g. ``label_path`` to re-derive repeat factors)."""

@@ -12,6 +12,7 @@ Steps (each a thin wrapper of a pure function)::
     WriteSamples   previous.write_part        the new samples parts, in parallel
     SamplesWritten                            every part written once, together the accepted samples
     PlanEpoch      epochs.plan_samples        each epoch planned once, from the numeric columns
+    PlanInGroups   group_transform            or, with G > 1 step groups, each (epoch, group) alone
     WritePieces    sharded.rank_pieces        each rank's rows of a range of samples (scratch files)
     WriteRanks     sharded.finish_rank        each (epoch, rank) plan file
     WriteManifest  manifest.build_manifest    ``_manifest.json``; the scratch directory goes
@@ -26,13 +27,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import apache_beam as beam
+import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
+from lidarshard.transforms.beam.group_transform import PlanGroups
 from lidarshard.transforms.beam.scan_transform import NAMESPACE
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
+from lidarshard.transforms.core import group_rows, groups, previous
 from lidarshard.transforms.core import plan_writer as sharded
-from lidarshard.transforms.core import previous
 from lidarshard.transforms.core import record as manifest
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, as_planned, plan_samples, repeat_rates
@@ -119,6 +122,21 @@ def _parts(scored: dict, staging: str) -> list[str]:
     return [storage.join(staging, rel) for rel in listed_parts(f["path"] for f in scored["files"])]
 
 
+def _epoch_tasks(scored: dict, job: BuildJob) -> Iterator[tuple[str, object]]:
+    """The plan's tasks: ``("epoch", (epoch, scored))`` per epoch of one pool, or with G > 1 step groups
+    (``PlanConfig.groups``) ``("deal", (start, stop, holding, G))`` per shard of the samples
+    (``group_transform.PlanGroups``: no task plans an epoch)."""
+    n = scored["counts"]["accepted"]
+    groups = job.cfg.groups(n)
+    if groups == 1:
+        for epoch in range(job.cfg.epochs):
+            yield "epoch", (epoch, scored)
+        return
+    parts = _parts(scored, job.staging)
+    for start, stop in sharded.shard_bounds(n, sharded.ROWS_PER_SHARD):
+        yield "deal", (start, stop, parts_holding(parts, scored["part_rows"], start, stop), groups)
+
+
 def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, object]]:
     """Plan epoch ``task[0]`` once from the numeric columns of the written samples (``task[1]``: their
     metadata): ``("stats", stats)``, ``("pair", (epoch, plan, baseline))`` for ``PLANNED_PAIRS``, one
@@ -167,11 +185,22 @@ def _write_pieces(shard: tuple, work: str) -> Iterator[tuple[tuple[int, int], in
         yield (epoch, rank), start
 
 
-def _write_rank(grouped: tuple[tuple[int, int], list[int]], job: BuildJob) -> dict:
+def _global_steps(piece: pa.Table, counts: list, epoch: int, cfg: PlanConfig) -> pa.Table:
+    """``piece`` with its encoded steps (``group_rows.group_entries``) as the epoch's steps."""
+    steps = group_rows.global_steps(piece.column("step").to_numpy(), counts, epoch, cfg)
+    return piece.set_column(piece.schema.get_field_index("step"), piece.schema.field("step"), pa.array(steps))
+
+
+def _write_rank(grouped: tuple[tuple[int, int], list], job: BuildJob) -> dict:
     """Rank ``rank``'s plan file of epoch ``epoch`` from its pieces (``grouped``: ((epoch, rank), piece
-    starts)); its ``files`` entry."""
-    (epoch, rank), starts = grouped
-    pieces = [storage.read_parquet(_piece_path(job.work, epoch, rank, s)) for s in sorted(set(starts) - {-1})]
+    starts, and with step groups each group's ``("count", group, steps, peak)``); its ``files`` entry."""
+    (epoch, rank), values = grouped
+    values = list(values)
+    starts = sorted({v for v in values if isinstance(v, int)} - {-1})
+    counts = [tuple(v[1:]) for v in values if isinstance(v, tuple)]  # ("count", group, steps, peak)
+    pieces = [storage.read_parquet(_piece_path(job.work, epoch, rank, s)) for s in starts]
+    if counts:  # a plan of step groups: its pieces' steps are local * G + group
+        pieces = [_global_steps(p, counts, epoch, job.cfg) for p in pieces]
     data = parquet_bytes(sharded.finish_rank(pieces, epoch, rank))
     return manifest.write_file(writer(job.staging), schemas.plan_file(epoch, rank), data)
 
@@ -181,13 +210,17 @@ def _write_manifest(gathered: dict[str, list], job: BuildJob) -> dict:
     (returned as written); then the scratch directory goes."""
     (scored,) = gathered["samples"]
     pairs = sorted(gathered.get("pair", []), key=lambda p: p[0])
+    stats = gathered.get("stats", [])
     rates = None
-    if len(pairs) == len(PLANNED_PAIRS):
+    if gathered.get("summary"):  # a plan of step groups: its epochs from their groups (groups.assemble)
+        stats = _grouped(gathered["summary"], job.cfg)
+        rates = _pair_rates(gathered.get("gpair", []), job.cfg) if job.cfg.epochs > 1 else None
+    elif len(pairs) == len(PLANNED_PAIRS):
         first, second = (EpochPlan(plan, baseline, {}) for _, plan, baseline in pairs)
         rates = repeat_rates(first, second, job.cfg.strategy)
     meta = job.meta | {"part_rows": job.settle.part_rows}
     files = [*scored["files"], *gathered.get("files", [])]
-    built = manifest.build_manifest(meta, job.cfg, scored, files, gathered.get("stats", []), rates)
+    built = manifest.build_manifest(meta, job.cfg, scored, files, stats, rates)
     problem = job.kept.problem(built) if job.kept is not None else None
     if problem:
         raise ValueError(problem)
@@ -195,6 +228,28 @@ def _write_manifest(gathered: dict[str, list], job: BuildJob) -> dict:
     storage.write_json(storage.join(job.staging, schemas.MANIFEST_FILE), written)
     storage.remove_tree(job.work)
     return written
+
+
+def _grouped(summaries: list, cfg: PlanConfig) -> list[dict]:
+    """Each epoch's stats from its groups' summaries ``(epoch, group, GroupSummary)``, any order."""
+    by_epoch: dict[int, list] = {}
+    for epoch, g, summary in sorted(summaries, key=lambda s: s[:2]):
+        if g != len(by_epoch.setdefault(epoch, [])):
+            raise RuntimeError(
+                f"epoch {epoch}: step group {g} was planned out of turn (twice, or one is missing)"
+            )
+        by_epoch[epoch].append(summary)
+    return [groups.epoch_stats(found, epoch, cfg) for epoch, found in sorted(by_epoch.items())]
+
+
+def _pair_rates(counted: list[tuple[str, int, int]], cfg: PlanConfig) -> dict[str, float]:
+    """``repeat_rates`` from the buckets' ``(kind, pairs, shared)`` sums (``group_transform``)."""
+    rates = {}
+    for kind, name in (("plan", cfg.strategy), ("random", "random")):
+        pairs = sum(p for k, p, _ in counted if k == kind)
+        shared = sum(s for k, _, s in counted if k == kind)
+        rates[name] = round(float(shared / pairs), 6) if pairs else 0.0
+    return rates
 
 
 class BuildManifest(beam.PTransform):
@@ -223,20 +278,24 @@ class BuildManifest(beam.PTransform):
             | "GatherSamples" >> GatherTagged()
             | "SamplesWritten" >> beam.Map(_samples_written)
         )
+        tasks = (
+            samples | "Epochs" >> beam.FlatMap(_epoch_tasks, job) | "SplitTasks" >> SplitTags("epoch", "deal")
+        )
         planned = (
-            samples
-            | "Epochs" >> beam.FlatMap(lambda s, n: [(e, s) for e in range(n)], job.cfg.epochs)
+            tasks["epoch"]
             | "SpreadEpochs" >> beam.Reshuffle()
             | "PlanEpoch" >> beam.FlatMap(_plan_epoch, job)
             | "SplitPlan" >> SplitTags("stats", "pair", "shard", "rank")
         )
+        grouped = tasks["deal"] | "PlanInGroups" >> PlanGroups(job.cfg, PLANNED_PAIRS)
         pieces = (
-            planned["shard"]
+            (planned["shard"], grouped["shard"])
+            | "AllShards" >> beam.Flatten()
             | "SpreadShards" >> beam.Reshuffle()
             | "WritePieces" >> beam.FlatMap(_write_pieces, job.work)
         )
         files = (
-            (planned["rank"], pieces)
+            (planned["rank"], pieces, grouped["rank"])
             | "AllPieces" >> beam.Flatten()
             | "ByRank" >> beam.GroupByKey()
             | "WriteRanks" >> beam.Map(_write_rank, job)
@@ -246,5 +305,7 @@ class BuildManifest(beam.PTransform):
             tag(files, "files"),
             tag(planned["stats"], "stats"),
             tag(planned["pair"], "pair"),
+            tag(grouped["summary"], "summary"),
+            tag(grouped["pair"], "gpair"),
         )
         return gathered | "GatherAll" >> GatherTagged() | "WriteManifest" >> beam.Map(_write_manifest, job)

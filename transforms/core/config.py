@@ -10,16 +10,56 @@ from dataclasses import dataclass
 from typing import Any
 
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.schemas.plan_groups import MAX_PLAN_GROUPS
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, checked_model
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, order
 from lidarshard.transforms.plan.caps import Caps
 
-__all__ = ["MAX_PLAN_FACTOR", "PlanConfig"]
+__all__ = [
+    "MAX_PLAN_FACTOR",
+    "GROUP_SAMPLES",
+    "AUTO_RULE",
+    "auto_groups",
+    "parse_plan_groups",
+    "plan_groups_value",
+    "PlanConfig",
+]
 
 #: Default bound on plan entries per input sample per epoch (``--max-plan-factor``).
 MAX_PLAN_FACTOR = 100.0
+#: Samples per step group of a hierarchical plan (``transforms.core.groups``): the auto rule plans N
+#: accepted samples in ``G = max(1, N // GROUP_SAMPLES)`` groups, so each group holds 2^20 to 2^21 samples
+#: on average (a pool whose balance matches one pool's) and N < 2^21 is one group, today's plan.
+GROUP_SAMPLES = 1 << 20
+#: How the manifest names the auto rule (``plan_groups.rule``); a forced G (``--plan-groups N``) is "forced".
+AUTO_RULE = "auto: G = max(1, N // 1048576)"
+
+
+def auto_groups(n: int) -> int:
+    """G of the auto rule for ``n`` accepted samples."""
+    return max(1, n // GROUP_SAMPLES)
+
+
+def plan_groups_value(value: int | None) -> int | None:
+    """``--plan-groups`` as given to the API: None (auto) or an int in 1..MAX_PLAN_GROUPS."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PLAN_GROUPS
+    ):
+        raise ValueError(f"{value!r} is not auto or an integer in [1, {MAX_PLAN_GROUPS}]")
+    return value
+
+
+def parse_plan_groups(text: str) -> int | None:
+    """``--plan-groups`` text: ``auto`` (None) or an int in 1..MAX_PLAN_GROUPS."""
+    if text.strip() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not auto or an integer in [1, {MAX_PLAN_GROUPS}]") from None
+    return plan_groups_value(value)
 
 
 @dataclass(frozen=True)
@@ -44,6 +84,8 @@ class PlanConfig:
     earlier: tuple[tuple[int, CostModel, tuple[float, ...]], ...] = ()
     #: ``--rank-speed``: (W,) relative speed of each rank (mixed hardware), None: all equal.
     rank_speed: tuple[float, ...] | None = None
+    #: ``--plan-groups``: step groups G of each epoch's plan (``transforms.core.groups``); None: ``auto_groups``.
+    plan_groups: int | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.batch_size < 1 or self.epochs < 1:
@@ -68,6 +110,8 @@ class PlanConfig:
                 f"--rank-speed gives {len(self.rank_speed)} speeds for --world-size {self.world_size} ranks: "
                 "give one finite speed > 0 per rank"
             )
+        if self.plan_groups is not None and not 1 <= self.plan_groups <= MAX_PLAN_GROUPS:
+            raise ValueError(f"--plan-groups must be auto or in 1..{MAX_PLAN_GROUPS}, got {self.plan_groups}")
         ends = [e for e, _, _ in self.earlier]
         if ends != sorted(set(ends)) or any(not 0 < e < self.epochs for e in ends):
             raise ValueError(
@@ -78,6 +122,14 @@ class PlanConfig:
         """(the model, its bucket edges) that planned ``epoch`` when they are not the samples' own costs
         and buckets (an epoch before a re-plan, ``earlier``), else None."""
         return next(((model, edges) for end, model, edges in self.earlier if epoch < end), None)
+
+    def groups(self, n: int) -> int:
+        """G, the step groups each epoch of ``n`` accepted samples is planned in: forced or ``auto_groups``."""
+        return self.plan_groups if self.plan_groups is not None else auto_groups(n)
+
+    def groups_record(self, n: int) -> dict[str, Any]:
+        """The manifest's ``plan_groups`` object for ``n`` accepted samples: ``{"groups": G, "rule": ...}``."""
+        return {"groups": self.groups(n), "rule": "forced" if self.plan_groups is not None else AUTO_RULE}
 
     @property
     def step_size(self) -> int:
@@ -146,5 +198,13 @@ class PlanConfig:
             "heaviest_first": first,
             "earlier": earlier,
             "rank_speed": m.rank_speed,
+            "plan_groups": _recorded_groups(m),
         }
         return cls(**(fields | changes))
+
+
+def _recorded_groups(m: Manifest) -> int | None:
+    """``plan_groups`` of the plan ``m`` records: None (auto) when the auto rule still gives its G, else its G."""
+    g = m.plan_groups.groups if m.plan_groups is not None else 1
+    auto = m.plan_groups is None or m.plan_groups.rule == AUTO_RULE
+    return None if auto and auto_groups(m.counts.accepted) == g else g

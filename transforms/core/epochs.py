@@ -34,6 +34,8 @@ __all__ = [
     "as_planned",
     "bucket_costs",
     "plan_samples",
+    "plan_pool",
+    "to_samples",
     "epoch_pool",
     "repeat_rates",
     "bucket_info",
@@ -138,28 +140,38 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig, *, baseline: boo
 
     Equal-count strategies plan a pool fitted to whole steps (``cfg.policy``); variable-count ones
     (``budget``) plan the whole pool, nothing dropped or padded. With caps the table needs
-    ``num_points``. ``baseline=False`` skips the ``random`` reference and the stats (an empty
+    ``num_points``. With G > 1 step groups (``cfg.groups``) the epoch is planned group by group
+    (``transforms.core.groups``; the table then needs ``sample_id``). ``baseline=False`` skips the ``random`` reference and the stats (an empty
     baseline and ``{}``): what a check that only compares plans needs.
     """
-    plan, pool, costs, dropped, padded = _plan_pool(as_planned(scored, epoch, cfg), epoch, cfg)
+    groups = cfg.groups(scored.num_rows)
+    if groups > 1:
+        from lidarshard.transforms.core import groups as grouped  # it builds on this module
+
+        keys = grouped.keys_of(scored)
+        plan_, reference_, stats_ = grouped.plan_hierarchical(
+            as_planned(scored, epoch, cfg), keys, epoch, cfg, groups
+        )
+        return EpochPlan(plan_, reference_ if baseline else reference_[:0], stats_ if baseline else {})
+    plan, pool, costs, dropped, padded = plan_pool(as_planned(scored, epoch, cfg), epoch, cfg)
     if not baseline:
-        return EpochPlan(_to_samples(plan, pool), np.empty((0, cfg.world_size, cfg.batch_size), np.int64), {})
+        return EpochPlan(to_samples(plan, pool), np.empty((0, cfg.world_size, cfg.batch_size), np.int64), {})
     w, b = cfg.world_size, cfg.batch_size
     reference = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=cfg.seed, epoch=epoch)
     stats = balance_summary(plan, costs, w, b, baseline=reference, epoch=epoch, speeds=cfg.rank_speed)
     stats |= {"planned": int(pool.size), "dropped": int(dropped), "padded": int(padded)}
     del costs
-    return EpochPlan(_to_samples(plan, pool), _to_samples(reference, pool), stats)
+    return EpochPlan(to_samples(plan, pool), to_samples(reference, pool), stats)
 
 
-def _to_samples(plan: NDArray[np.int64], pool: NDArray[np.int64]) -> NDArray[np.int64]:
+def to_samples(plan: NDArray[np.int64], pool: NDArray[np.int64]) -> NDArray[np.int64]:
     """(S, W, M) pool indices -> sample indices (``-1`` stays), one plan-sized array."""
     out = pool[plan]  # -1 reads the last entry; reset below
     out[plan < 0] = -1
     return out
 
 
-def _plan_pool(
+def plan_pool(
     scored: pa.Table, epoch: int, cfg: PlanConfig
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64], int, int]:
     """(plan (S, W, M) in pool space, pool (P,) sample indices, pool costs (P,), dropped, padded)."""

@@ -53,6 +53,7 @@ def build_manifest(
         | plan
         | {
             "max_plan_factor": cfg.max_plan_factor,
+            "plan_groups": cfg.groups_record(counts["accepted"]),
             "repeat": scored["repeat"],
             "cost_model": scored["model"],
             "buckets": scored["buckets"],

@@ -27,7 +27,8 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.transforms.core import previous
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import bucket_costs, bucket_info, epoch_pool
+from lidarshard.transforms.core.epochs import bucket_costs, bucket_info
+from lidarshard.transforms.core.groups import pool_copies, sample_keys
 from lidarshard.transforms.core.record import Write, write_file
 from lidarshard.transforms.core.recorded import check_schema, previous_rejects, previous_root
 from lidarshard.transforms.features import repeat
@@ -163,6 +164,9 @@ def settle_and_score(
         ids, edges = bucket_costs(cost, cfg)
         tasks = previous.part_tasks(file, files, keep, cost, ids, weight, source.roots, settings.part_rows)
         digest = previous.fingerprint_kept(file, keep)
+        keys = None
+        if weights is not None and cfg.groups(cost.size) > 1:
+            keys = sample_keys(stored.ids(np.flatnonzero(keep)))
     scored = pa.table(
         {
             "cost": cost,
@@ -177,7 +181,7 @@ def settle_and_score(
         "model": model.to_json(),
         "buckets": bucket_info(scored, edges, cfg),
         "fingerprint": digest,
-        "repeat": repeat_info(scored, weights, cfg),
+        "repeat": repeat_info(scored, weights, cfg, keys),
     }
     return meta, tasks
 
@@ -284,10 +288,13 @@ def _labels(file, keep: NDArray[np.bool_], root: str | None, label_maps: Mapping
     return repeat.decoded_labels(full, _kept(file, keep, "dataset"), label_maps, storage.read_bytes)
 
 
-def repeat_info(scored: pa.Table, weights: Weights | None, cfg: PlanConfig) -> dict | None:
+def repeat_info(
+    scored: pa.Table, weights: Weights | None, cfg: PlanConfig, keys: NDArray[np.uint64] | None = None
+) -> dict | None:
     """The manifest's ``repeat`` object (None without sample weights): expected copies per epoch of
     the samples holding each lidarseg class (bucket weight x sample weight), and the copies each
-    epoch's pool holds; a column's weights count all samples under ``'all'``."""
+    epoch's pool holds (``groups.pool_copies``; ``keys``: the samples' ``groups.sample_keys``, needed
+    with step groups); a column's weights count all samples under ``'all'``."""
     if weights is None:
         return None
     ids = scored.column("bucket_id").to_numpy()
@@ -295,10 +302,7 @@ def repeat_info(scored: pa.Table, weights: Weights | None, cfg: PlanConfig) -> d
     k = int(ids.max()) + 1 if n else 1
     expected = repeat_counts(weights.presence, weights.values * resolve_weights(cfg.weights, k)[ids])
     realized = [
-        repeat_counts(
-            weights.presence,
-            np.bincount(epoch_pool(ids, weights.values, e, cfg)[0], minlength=n).astype(np.float64),
-        )
+        repeat_counts(weights.presence, pool_copies(ids, weights.values, keys, e, cfg))
         for e in range(cfg.epochs)
     ]
     info = {"mode": cfg.repeat.mode, "expected": expected, "realized": realized}

@@ -23,6 +23,7 @@ __all__ = [
     "rank_costs",
     "linearity",
     "step_linearity",
+    "step_loads",
     "speed_linearity",
     "equal_count_pool",
     "greedy_reference_linearity",
@@ -66,12 +67,17 @@ def step_linearity(step_costs: NDArray[np.float64], world_size: int, batch_size:
     Args:
         step_costs: (S, W*B) item costs per step.
     """
-    s = step_costs.shape[0]
-    if s == 0:
+    if step_costs.shape[0] == 0:
         return 1.0
+    return load_linearity(step_loads(step_costs, world_size, batch_size))
+
+
+def step_loads(step_costs: NDArray[np.float64], world_size: int, batch_size: int) -> NDArray[np.float64]:
+    """(S, W) rank loads of (S, W*B) item costs per step split across ranks by ``lpt_assign``."""
+    s = step_costs.shape[0]
     cols = lpt_assign(step_costs, world_size, batch_size).reshape(s, -1)
     items = np.take_along_axis(step_costs, cols, axis=1)
-    return load_linearity(items.reshape(s, world_size, batch_size).sum(-1))
+    return items.reshape(s, world_size, batch_size).sum(-1)
 
 
 def equal_count_pool(costs: NDArray[np.float64], world_size: int, batch_size: int) -> NDArray[np.float64]:

@@ -3,17 +3,20 @@
 A seed is a tuple of parts: ints >= 0 (the manifest's seed, an epoch, a switch history) and names
 (a strategy, a purpose such as ``"pool"``) that enter as the CRC-32 of their UTF-8 (never Python's
 ``hash()``, which is salted per process). numpy's ``SeedSequence`` mixes the parts: ``rng`` gives
-the generator, ``derive`` a 63-bit int seed to hand on to another seeded step. Same parts, same
-numbers, on every rank, process and platform.
+the generator, ``derive`` a 63-bit int seed to hand on to another seeded step, ``spread`` a stable
+hash of many keys at once (splitmix64 keyed by ``derive``: the groups a hierarchical plan deals
+samples into). Same parts, same numbers, on every rank, process and platform.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterable
 
 import numpy as np
+from numpy.typing import NDArray
 
-__all__ = ["salt", "entropy", "rng", "derive"]
+__all__ = ["salt", "salts", "entropy", "rng", "derive", "spread"]
 
 Part = int | str
 
@@ -40,3 +43,21 @@ def derive(*parts: Part) -> int:
     """A 63-bit int seed from ``parts`` (the first 64-bit word ``SeedSequence`` makes of them, halved)."""
     word = np.random.SeedSequence(entropy(*parts)).generate_state(1, np.uint64)[0]
     return int(word) >> 1
+
+
+def salts(names: Iterable[str]) -> NDArray[np.uint64]:
+    """(n,) ``salt`` of each name, as uint64 (a sample_id column's stable keys)."""
+    return np.fromiter((zlib.crc32(n.encode("utf-8")) for n in names), dtype=np.uint64)
+
+
+_GAMMA, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def spread(keys: NDArray[np.uint64], *parts: Part) -> NDArray[np.uint64]:
+    """(n,) uint64 hashes of ``keys`` (n,) under ``parts``: splitmix64's finalizer of ``key + derive(*parts)``.
+    Uniform over 64 bits; ``spread(k, *parts) % G`` deals keys into G groups, the same on every platform."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(keys, dtype=np.uint64) + np.uint64(derive(*parts)) + _GAMMA
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))

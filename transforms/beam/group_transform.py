@@ -1,0 +1,146 @@
+"""The build's plan of step groups (``transforms.core.groups``) on the engine: no task holds an epoch.
+
+``BuildManifest`` routes each epoch here when it has G > 1 step groups. Steps (each a thin wrapper of a
+pure function of ``transforms.core.group_rows``)::
+
+    DealShards    deal_shard       one task a shard of the samples: its rows dealt into every epoch's groups
+    ByGroup       GroupByKey       key (epoch, group, G): the group's members, in any order
+    PlanGroups    plan_group       one group planned alone (its members sorted by row first)
+    ByShard       GroupByKey       key (epoch, shard start): every group's plan rows of that shard
+    MergeShards   merge_entries    -> the build's WritePieces; each group's (steps, peak) -> each rank writer
+    PairShards    pair_buckets     epochs 0 and 1 of each shard's samples: which steps they share
+    PairBuckets   pair_counts      the pair repeat rate's two sums, per bucket of epoch-0 steps
+
+No element holds more than one group or one shard of samples; the epoch's step order needs only the G
+(steps, peak) pairs. Results do not depend on the order elements arrive in: every gathered list is
+sorted (by group, by shard start) before use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from lidarshard.transforms.beam.scan_transform import NAMESPACE
+from lidarshard.transforms.beam.tagged import SplitTags
+from lidarshard.transforms.core import group_rows
+from lidarshard.transforms.core import plan_writer as sharded
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.epochs import COST_FEATURES
+from lidarshard.transforms.core.groups import plan_group
+from lidarshard.transforms.io.arrow import read_rows
+from lidarshard.transforms.io.parts import open_parts
+
+__all__ = ["PlanGroups"]
+
+
+def _deal(task: tuple, cfg: PlanConfig) -> Iterator[tuple[str, object]]:
+    """Shard ``task`` = (start, stop, (parts holding it, their first row), G) dealt into every epoch's
+    groups: ``("member", ((epoch, group, G), members))`` and ``("hold", ((epoch, start), ("hold", stop,
+    holding)))`` (so the shard's writer knows where its rows are)."""
+    start, stop, holding, groups = task
+    parts, first = holding
+    columns = ["sample_id", *sharded.NUMERIC_INPUT]
+    columns += [c for c in COST_FEATURES if cfg.earlier and c not in columns]
+    with open_parts(parts) as file:
+        chunk = read_rows(file, start - first, stop - first, columns)
+    for epoch in range(cfg.epochs):
+        for g, members in group_rows.deal_shard(chunk, start, epoch, cfg, groups).items():
+            yield "member", ((epoch, g, groups), members)
+        yield "hold", ((epoch, start), ("hold", stop, holding))
+
+
+def _plan(
+    grouped: tuple[tuple[int, int, int], Iterable], cfg: PlanConfig, pairs: tuple[int, ...]
+) -> Iterator[tuple[str, object]]:
+    """One group planned alone: ``("entries", ((epoch, shard start), ("entries", group, rows)))`` per
+    shard it has rows in, ``("rank", ((epoch, rank), ("count", group, steps, peak)))`` per rank,
+    ``("summary", (epoch, group, GroupSummary))`` and, for the pair-repeat epochs, ``("pair", (shard
+    start, (kind, 0 | 1, group, rows, step ids)))`` of its plan (``"plan"``) and random reference."""
+    (epoch, g, groups), members = grouped
+    rows, table = group_rows.group_members(members)
+    planned = plan_group(table, rows, epoch, g, cfg)
+    Metrics.counter(NAMESPACE, "planned").inc(planned.summary.planned)
+    costs = cfg.planned_with(epoch) is not None
+    for start, entries in group_rows.group_entries(planned, rows, table, g, groups, costs):
+        yield "entries", ((epoch, start), ("entries", g, entries))
+    s = planned.summary
+    for rank in range(cfg.world_size):
+        yield "rank", ((epoch, rank), ("count", g, s.steps, s.peak))
+    yield "summary", (epoch, g, s)
+    if cfg.epochs > 1 and epoch in pairs:
+        for kind, plan in (("plan", planned.plan), ("random", planned.baseline)):
+            for start, rows_, steps in group_rows.pair_entries(plan, g, groups):
+                yield "pair", (start, (kind, pairs.index(epoch), g, rows_, steps))
+
+
+def _pair_shard(grouped: tuple[int, Iterable]) -> Iterator[tuple[tuple[str, int], object]]:
+    """One shard's (kind, which epoch, group, rows, step ids) of both pair epochs -> ((kind, bucket), piece)."""
+    _, values = grouped
+    values = sorted(values, key=lambda v: v[:3])
+    for kind in ("plan", "random"):
+        first = [(v[3], v[4]) for v in values if v[0] == kind and v[1] == 0]
+        second = [(v[3], v[4]) for v in values if v[0] == kind and v[1] == 1]
+        for bucket, piece in group_rows.pair_buckets(first, second).items():
+            yield (kind, bucket), piece
+
+
+def _pair_bucket(grouped: tuple[tuple[str, int], Iterable]) -> tuple[str, int, int]:
+    """One bucket's pieces -> (kind, pairs sharing an epoch-0 step, those sharing an epoch-1 step too)."""
+    (kind, _), pieces = grouped
+    return (kind, *group_rows.pair_counts(list(pieces)))
+
+
+def _merge(grouped: tuple[tuple[int, int], Iterable]) -> Iterator[tuple]:
+    """One shard's rows of every group -> ``(epoch, start, stop, entries, holding)`` (WritePieces' task),
+    none when no group planned a row of it."""
+    (epoch, start), values = grouped
+    values = list(values)
+    hold = [v for v in values if v[0] == "hold"]
+    entries = [(v[1], v[2]) for v in values if v[0] == "entries"]
+    if len(hold) != 1:
+        raise RuntimeError(f"epoch {epoch}: shard {start} was dealt {len(hold)} times, not once")
+    if entries:
+        _, stop, holding = hold[0]
+        yield epoch, start, stop, group_rows.merge_entries(entries), holding
+
+
+class PlanGroups(beam.PTransform):
+    """PCollection of shard tasks (start, stop, holding, G) -> ``{"shard", "rank", "summary", "pair"}``:
+    WritePieces' tasks, the rank writers' step counts, the groups' summaries and the pair repeat rate's
+    sums ``(kind, pairs, shared)`` per bucket."""
+
+    def __init__(self, cfg: PlanConfig, pairs: tuple[int, ...]) -> None:
+        super().__init__()
+        self._cfg, self._pairs = cfg, pairs
+
+    def expand(self, tasks: beam.PCollection) -> dict[str, beam.PCollection]:
+        cfg, pairs = self._cfg, self._pairs
+        dealt = (
+            tasks
+            | "SpreadDeal" >> beam.Reshuffle()
+            | "DealShards" >> beam.FlatMap(_deal, cfg)
+            | "SplitDealt" >> SplitTags("member", "hold")
+        )
+        planned = (
+            dealt["member"]
+            | "ByGroup" >> beam.GroupByKey()
+            | "PlanGroups" >> beam.FlatMap(_plan, cfg, pairs)
+            | "SplitGroups" >> SplitTags("entries", "rank", "summary", "pair")
+        )
+        shards = (
+            (dealt["hold"], planned["entries"])
+            | "ShardRows" >> beam.Flatten()
+            | "ByShard" >> beam.GroupByKey()
+            | "MergeShards" >> beam.FlatMap(_merge)
+        )
+        counted = (
+            planned["pair"]
+            | "PairsByShard" >> beam.GroupByKey()
+            | "PairShards" >> beam.FlatMap(_pair_shard)
+            | "PairsByBucket" >> beam.GroupByKey()
+            | "PairBuckets" >> beam.Map(_pair_bucket)
+        )
+        return {"shard": shards, "rank": planned["rank"], "summary": planned["summary"], "pair": counted}
