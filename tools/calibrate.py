@@ -32,8 +32,10 @@ from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.schemas.records import CostModel
 from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
+from lidarshard.tools.epoch_seconds import step_overhead_ms
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report import REPORT_DIR, read_plan
+from lidarshard.tools.speeds_fit import learn_speeds, speed_lines
 from lidarshard.tools.timings import design, fit_cost, read_timings_at
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
@@ -50,9 +52,8 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     """
     manifest = load_manifest(out)
     samples = read_samples(out)
-    fit, (obs, timed, raw, keys) = fit_cost(
-        read_timings_at(timings_path), samples, lambda: read_plan(out, manifest, samples), epoch
-    )
+    timings = read_timings_at(timings_path)
+    fit, (obs, timed, raw, keys) = fit_cost(timings, samples, lambda: read_plan(out, manifest, samples), epoch)
     x, ms = design(obs), obs.column("ms").to_numpy()
     checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
     source = {
@@ -64,6 +65,8 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "manifest_cost_model": manifest.cost_model.to_json(),
         "held_out": cal.held_out_fit(x, ms, keys),
         "linearity": balance.measured_balance(obs, checks) if "world_size" in obs.column_names else [],
+        "step_ms": step_overhead_ms(raw) if timings.recorded else None,
+        "rank_speeds": learn_speeds(obs, fit.predict(x)) if timings.recorded else None,
     }
     return fit, source, np.stack([fit.predict(x), ms], axis=1)
 
@@ -86,6 +89,19 @@ def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | 
 def _power(fit: cal.LinearFit) -> str:
     """``^q`` of a fit whose voxel exponent is not 1, else nothing."""
     return f"^{fit.q:g}" if fit.q != 1.0 else ""
+
+
+def _timed(model: dict, step_ms: float | None, speeds: dict | None) -> dict:
+    """The JSON keys of the time a step takes: the model in ``units`` ms with its ``step_ms`` (from recorder
+    files), and the ranks' learned speeds (``rank_speeds``; ``rank_speed`` only when they tell the ranks
+    apart: what ``--rank-speed @FILE`` reads)."""
+    model = model | {"units": "ms"} | ({"step_ms": step_ms} if step_ms is not None else {})
+    out: dict = {"cost_model": model}
+    if speeds is not None:
+        out["rank_speeds"] = speeds
+        if speeds["distinguished"]:
+            out["rank_speed"] = speeds["speed"]
+    return out
 
 
 def _check_lines(checks: dict) -> list[str]:
@@ -138,6 +154,7 @@ def run(argv: list[str] | None = None) -> int:
     plot_name = name.removesuffix(".json") + "_residuals.png"
     checks = {k: source.pop(k) for k in ("held_out", "linearity")}
     body = fit.to_json("ms") | checks | {"residual_plot": plot_name if png else None, "source": source}
+    body |= _timed(body["cost_model"], source.pop("step_ms"), source.pop("rank_speeds"))
     files = {name: (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()}
     if png:
         files[plot_name] = png
@@ -150,6 +167,8 @@ def run(argv: list[str] | None = None) -> int:
         + (f"; dropped (negative when fitted): {', '.join(fit.dropped)}" if fit.dropped else "")
     )
     print("\n".join(_check_lines(checks)))
+    if body.get("rank_speeds"):
+        print("\n".join(speed_lines(body["rank_speeds"])))
     if fit.r2 < 0.5:
         print(
             f"warning: R^2 {fit.r2:.3f} is low; the timings may be too noisy to rank samples", file=sys.stderr

@@ -28,6 +28,7 @@ from lidarshard.loaders.epoch_plan import EpochRows, read_epoch_plan
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools import balance, plots
 from lidarshard.tools import fit as cal
+from lidarshard.tools.epoch_seconds import epoch_lines
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report_page import epoch_figure, page
 from lidarshard.tools.timings import Timings, fit_cost, observe, read_timings_at
@@ -186,6 +187,7 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
         f"epoch {r['epoch']} linearity: predicted {r['predicted']:.3f}, measured {r['measured']:.3f}"
         for r in rows[:4]
     )
+    lines += epoch_lines(data.manifest, data.chosen, timings if read.recorded else None)
     figs = {"predicted_vs_measured.png": plots.predicted_vs_measured(pred, ms, unit, what, note)}
     if "world_size" in obs.column_names and rows:
         idle = _what_if(data, read, epoch, [r["epoch"] for r in rows])
