@@ -77,14 +77,16 @@ def epoch_lines(m: Manifest, loads: list[NDArray[np.float64]], rows: pa.Table | 
             continue
         step_ms = model.step_ms or 0.0
         whole = epoch_ms(load, factors, step_ms) / 1000.0
-        line = f"epoch {e}: predicted {whole:.3f} s for {load.shape[0]} steps"
+        line = f"epoch {e}: predicted {whole:.5g} s for {load.shape[0]} steps"
         if e in measured:
             steps, wall, _ = measured[e]
             steps = steps[steps < load.shape[0]]
             pred = epoch_ms(load[steps], factors, step_ms) / 1000.0
             got = float(wall[: steps.size].sum())
             error = 100.0 * (pred - got) / got if got > 0 else float("nan")
-            line += f"; over the {steps.size} recorded steps predicted {pred:.3f} s, measured {got:.3f} s ({error:+.1f}%)"
+            if steps.size < load.shape[0]:
+                line += f"; over the {steps.size} steps recorded predicted {pred:.5g} s"
+            line += f", measured {got:.5g} s ({error:+.1f}%)"
         if model.step_ms is None:
             line += " (no per-step overhead recorded: compute only)"
         lines.append(line)

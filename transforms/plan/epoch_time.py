@@ -33,9 +33,10 @@ def time_factors(speeds: Sequence[float] | None, world_size: int) -> NDArray[np.
     """
     if speeds is None:
         return np.ones(world_size)
-    inverse = 1.0 / np.asarray(speeds, dtype=np.float64)
-    if inverse.shape != (world_size,) or not np.isfinite(inverse).all() or (inverse <= 0).any():
+    given = np.asarray(speeds, dtype=np.float64)
+    if given.shape != (world_size,) or not (np.isfinite(given).all() and (given > 0).all()):
         raise ValueError(f"need {world_size} rank speeds > 0, got {list(speeds)}")
+    inverse = 1.0 / given
     return inverse / inverse.mean()
 
 
