@@ -1,8 +1,9 @@
 """Each rank's relative speed learned from the training recorder's files, for ``--rank-speed @fit.json``. Pure.
 
 With the cost model fitted to every rank's timings (``tools.timings.fit_cost``), each recorded rank-step
-has a ratio ``measured ms / predicted ms``; a rank's *factor* is the median of its ratios (robust to a
-stalled step), the factors scaled to mean 1. A slower rank takes longer than predicted at every step, so
+has a measured and a predicted ms; a rank's *factor* is the sum of its measured ms over the sum of its
+predicted ms (the least-squares factor when a step's noise grows with its size: small steps, whose
+relative noise is largest, weigh least), the factors scaled to mean 1. A slower rank takes longer than predicted at every step, so
 its factor is above 1; its speed is ``1 / factor``, written with the fastest rank at 1 (the planner only
 uses the ratios). The uncertainty is a 95% bootstrap interval: each rank's steps resampled
 ``BOOTSTRAP`` times (a fixed seed: the same files give the same numbers), the factors of each resample
@@ -30,18 +31,22 @@ MIN_SPREAD = 0.02
 BOOTSTRAP = 200
 
 
-def _factors(ratios: list[NDArray[np.float64]]) -> NDArray[np.float64]:
-    """(W,) each rank's median ratio, scaled to mean 1."""
-    medians = np.array([np.median(r) for r in ratios])
-    return medians / medians.mean()
+Pairs = list[tuple[NDArray[np.float64], NDArray[np.float64]]]  # per rank: (measured, predicted) ms
 
 
-def _draws(ratios: list[NDArray[np.float64]]) -> NDArray[np.float64]:
+def _factors(pairs: Pairs) -> NDArray[np.float64]:
+    """(W,) each rank's measured / predicted ms totals, scaled to mean 1."""
+    ratios = np.array([m.sum() / p.sum() for m, p in pairs])
+    return ratios / ratios.mean()
+
+
+def _draws(pairs: Pairs) -> NDArray[np.float64]:
     """(BOOTSTRAP, W) the factors of each bootstrap resample of every rank's steps."""
     rng = np.random.default_rng(0)
-    draws = np.empty((BOOTSTRAP, len(ratios)))
+    draws = np.empty((BOOTSTRAP, len(pairs)))
     for b in range(BOOTSTRAP):
-        draws[b] = _factors([r[rng.integers(0, r.size, r.size)] for r in ratios])
+        picks = [rng.integers(0, p.size, p.size) for _, p in pairs]
+        draws[b] = _factors([(m[i], p[i]) for (m, p), i in zip(pairs, picks, strict=True)])
     return draws
 
 
@@ -65,9 +70,9 @@ def learn_speeds(obs: pa.Table, predicted: NDArray[np.float64]) -> dict:
     rank = obs.column("rank").to_numpy()
     world = int(obs.column("world_size").to_numpy().max()) if obs.num_rows else 0
     ms = obs.column("ms").to_numpy()
-    ok = np.asarray(predicted) > 0
-    ratios = [ms[ok & (rank == r)] / np.asarray(predicted)[ok & (rank == r)] for r in range(world)]
-    steps = [int(r.size) for r in ratios]
+    predicted = np.asarray(predicted, dtype=np.float64)
+    pairs = [(ms[(rank == r) & (predicted > 0)], predicted[(rank == r) & (predicted > 0)]) for r in range(world)]
+    steps = [int(p.size) for _, p in pairs]
     out: dict = {"world_size": world, "steps": steps, "distinguished": False}
     empty = dict.fromkeys(("factor", "factor_low", "factor_high", "speed", "speed_low", "speed_high"), [])
     if world < 2:
@@ -78,7 +83,7 @@ def learn_speeds(obs: pa.Table, predicted: NDArray[np.float64]) -> dict:
             "note": f"cannot tell the ranks' speeds apart: rank {r} recorded {steps[r]} steps, "
             f"fewer than {MIN_STEPS}"
         }
-    factor, draws = _factors(ratios), _draws(ratios)
+    factor, draws = _factors(pairs), _draws(pairs)
     low, high = _interval(draws)
     speed_low, speed_high = _interval(draws.min(axis=1, keepdims=True) / draws)  # each draw's fastest = 1
     fastest = factor.min()
