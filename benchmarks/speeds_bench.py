@@ -9,7 +9,9 @@ rank 1's core, so rank 1 gets about half a core: a slower rank, with no sleep an
    model and, from the same files, each rank's speed) and epoch 1 trains the calibrated re-plan, which
    knows the cost but not the speeds;
 2. the bench re-plans with what calibrate learned: ``write_manifest(..., cost_model="@fit.json",
-   rank_speed="@fit.json")``, printing each epoch's predicted seconds (``lidarshard.tools.epoch_seconds``);
+   rank_speed="@fit.json", strategy="budget")`` (budget gives each rank work in proportion to its speed;
+   without distinguished speeds the calibrated model alone), and predicts each epoch's seconds
+   (``lidarshard.transforms.plan.epoch_time``, as the report and the build's summary do);
 3. run B trains that plan for ``--after-epochs`` epochs, pinned and burned the same way.
 
 Prints the learned speeds with their 95% intervals and the measured linearity of the ranks' compute times
@@ -47,7 +49,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--after-epochs", type=int, default=1, help="epochs run B trains on the speed-aware plan")
     p.add_argument("--max-steps", type=int, default=None, help="cap steps per epoch (smoke runs)")
     p.add_argument("--cores", default="0,1", help="the two cores: rank r on core r, the burner on the second")
-    p.add_argument("--no-burner", action="store_true", help="equal ranks (the learned speeds should be 'cannot tell')")
+    p.add_argument(
+        "--no-burner", action="store_true", help="equal ranks (the learned speeds should be 'cannot tell')"
+    )
     p.add_argument("--train-args", default="", help="extra flags for train_ddp.py (e.g. '--width 64')")
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--json-out", type=Path, default=None)
@@ -144,8 +148,9 @@ def _measured(epoch: dict) -> float:
     return float(c.mean(0).sum() / c.max(0).sum()) if c.size else 1.0
 
 
-def _predicted_seconds(out: Path) -> list[float]:
-    """Each epoch's predicted seconds of a manifest with a calibrated ms model (the report's function)."""
+def _predicted_seconds(out: Path, max_steps: int | None) -> list[float]:
+    """Each epoch's predicted seconds (its first ``max_steps`` steps) of a manifest with a calibrated ms
+    model: the function the report and the build's summary use."""
     from lidarshard.loaders import load_manifest, read_samples
     from lidarshard.tools.epoch_seconds import plan_loads
     from lidarshard.transforms.plan.epoch_time import epoch_ms, time_factors
@@ -153,7 +158,8 @@ def _predicted_seconds(out: Path) -> list[float]:
     m = load_manifest(str(out))
     factors = time_factors(m.rank_speed, m.world_size)
     step_ms = m.cost_model.step_ms or 0.0
-    return [epoch_ms(load, factors, step_ms) / 1000 for load in plan_loads(str(out), m, read_samples(str(out)))]
+    loads = plan_loads(str(out), m, read_samples(str(out)))
+    return [epoch_ms(load[:max_steps], factors, step_ms) / 1000 for load in loads]
 
 
 def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -169,10 +175,11 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     body = json.loads(fit.read_text())
     learned = body["rank_speeds"]
     aware = work / "aware"
-    speeds = {"rank_speed": f"@{fit}"} if learned["distinguished"] else {}
+    # budget gives each rank work in proportion to its speed; an equal-count plan cannot (README)
+    speeds = {"rank_speed": f"@{fit}", "strategy": "budget"} if learned["distinguished"] else {}
     lidarshard.write_manifest(samples, str(aware), 2, args.batch_size, epochs=args.after_epochs,
                               cost_model=f"@{fit}", **speeds)  # fmt: skip
-    predicted = _predicted_seconds(aware)
+    predicted = _predicted_seconds(aware, args.max_steps)
     _train([*base, "--manifest", str(aware), "--json-out", str(work / "b.json")], args.cores)
     a, b = (json.loads((work / n).read_text()) for n in ("a.json", "b.json"))
     return {
@@ -183,21 +190,25 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "speed_aware": [_measured(e) for e in b["epochs"]],
         "predicted_s": predicted,
         "measured_s": [e["wall_s"] for e in b["epochs"]],
-        "planned_speed_linearity": [e.get("speed_linearity") for e in json.loads((aware / "_manifest.json").read_text())["balance"]],
+        "planned_speed_linearity": [
+            e.get("speed_linearity") for e in json.loads((aware / "_manifest.json").read_text())["balance"]
+        ],
     }
 
 
 def _print(r: dict[str, Any], burner: bool) -> None:
     learned = r["learned"]
     print("learned speeds (fastest = 1; 95% bootstrap interval):")
-    for k, (s, lo, hi) in enumerate(zip(learned["speed"], learned["speed_low"], learned["speed_high"], strict=False)):
+    for k, (s, lo, hi) in enumerate(
+        zip(learned["speed"], learned["speed_low"], learned["speed_high"], strict=False)
+    ):
         print(f"  rank {k}: {s:.3f} ({lo:.3f}..{hi:.3f}) over {learned['steps'][k]} steps")
     print(f"  {learned['note']}")
     print("measured linearity of the ranks' compute times (speed-aware):")
     print(f"  run A epoch 0, default plan (points model):      {r['default']:.4f}")
     print(f"  run A epoch 1, calibrated re-plan, speed-blind:  {r['calibrated']:.4f}")
     for e, lin in enumerate(r["speed_aware"]):
-        print(f"  run B epoch {e}, calibrated with learned speeds: {lin:.4f}")
+        print(f"  run B epoch {e}, calibrated, learned speeds:     {lin:.4f}")
     for e, (p, m) in enumerate(zip(r["predicted_s"], r["measured_s"], strict=False)):
         print(f"run B epoch {e}: predicted {p:.3f} s, measured {m:.3f} s ({100 * (p - m) / m:+.1f}%; the measured "
               "wall includes data loading the recorder does not time)")  # fmt: skip
@@ -205,7 +216,9 @@ def _print(r: dict[str, Any], burner: bool) -> None:
     in_range = all(0 < s <= 1 for s in speeds) and len(speeds) in (0, 2)
     print(f"check: learned speeds in (0, 1] with the fastest at 1: {'ok' if in_range else 'FAILED'}")
     print(f"check: every rank recorded its steps: {'ok' if len(steps) == 2 and min(steps) > 0 else 'FAILED'}")
-    print(f"check: one prediction per trained epoch: {'ok' if len(r['predicted_s']) == len(r['measured_s']) else 'FAILED'}")
+    print(
+        f"check: one prediction per trained epoch: {'ok' if len(r['predicted_s']) == len(r['measured_s']) else 'FAILED'}"
+    )
     if burner and learned["distinguished"]:
         print(f"slower rank found: rank {int(np.argmin(speeds))} (the burner shares rank 1's core)")
 

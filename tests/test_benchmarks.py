@@ -192,3 +192,17 @@ def test_accuracy_bench(tmp_path: Path) -> None:
     final = dict(re.findall(r"^(distributed|mixed)\s+([\d.]+) ± [\d.]+\s", out, re.M))
     assert set(final) == {"distributed", "mixed"}, out  # a final mIoU for each sampler run
     assert all(0.0 <= float(v) <= 1.0 for v in final.values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_speeds_bench(tmp_path: Path) -> None:
+    """Equal ranks (no burner: the suite's other tests share the cores), the smallest plan: the learned
+    speeds, the three linearities and run B's predicted against measured seconds are printed and consistent."""
+    pytest.importorskip("torch")
+    args = ("--samples", "24", "--batch-size", "1", "--no-burner", "--train-args", "--width 8")
+    out = bench("speeds_bench", *args, "--json-out", str(tmp_path / "r.json"), cwd=tmp_path, timeout=600)
+    checks = re.findall(r"^check: (.*): (\S+)$", out, re.M)
+    assert len(checks) == 3 and all(v == "ok" for _, v in checks), out
+    assert len(floats(r"^  run [AB] epoch \d, .*?([\d.]+)$", out)) == 3
+    assert re.search(r"^run B epoch 0: predicted [\d.]+ s, measured [\d.]+ s", out, re.M), out

@@ -82,13 +82,32 @@ def test_build_and_report_predict_each_epoch_from_the_calibrated_model(
     assert cli_main(["calibrate", str(built), "--timings", str(tmp_path / "t"), "-o", str(fit)]) == 0
     assert json.loads(fit.read_text())["cost_model"]["step_ms"] == pytest.approx(5.0)
     # the voxels model of the first build predicts no time, and says why
-    assert cli_main(["report", str(built), "--timings", str(tmp_path / "t"), "--output-dir", str(tmp_path / "r0")]) == 0
+    assert (
+        cli_main(
+            ["report", str(built), "--timings", str(tmp_path / "t"), "--output-dir", str(tmp_path / "r0")]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "epoch 0: no predicted time: cost model voxels is not in ms" in printed
     re_out = tmp_path / "re"
     flags = ["--world-size", "2", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]
     samples = str(built / schemas.SAMPLES_DIR)
-    assert cli_main(["build", str(re_out), "--from-samples", samples, "--cost-model", f"@{fit}", *flags, *BEAM_TEST_FLAGS]) == 0
+    assert (
+        cli_main(
+            [
+                "build",
+                str(re_out),
+                "--from-samples",
+                samples,
+                "--cost-model",
+                f"@{fit}",
+                *flags,
+                *BEAM_TEST_FLAGS,
+            ]
+        )
+        == 0
+    )
     summary = capsys.readouterr().out
     for e in range(2):
         hand = _hand_predicted(re_out, e, 5.0)
@@ -96,7 +115,12 @@ def test_build_and_report_predict_each_epoch_from_the_calibrated_model(
         assert got is not None and float(got.group(1)) == pytest.approx(hand, rel=1e-4)
     # train the calibrated plan: measured beside predicted, the error in %
     _record(re_out, tmp_path / "t2", overhead_s=0.005)
-    assert cli_main(["report", str(re_out), "--timings", str(tmp_path / "t2"), "--output-dir", str(tmp_path / "r1")]) == 0
+    assert (
+        cli_main(
+            ["report", str(re_out), "--timings", str(tmp_path / "t2"), "--output-dir", str(tmp_path / "r1")]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     for e in range(2):
         got = re.search(

@@ -114,7 +114,9 @@ def test_a_malformed_record_is_one_line_naming_the_key(obj: dict, message: str) 
     ],
 )
 def test_a_cost_model_lidarshard_does_not_write_is_refused(model: object) -> None:
-    with pytest.raises(ValueError, match=r"^m must be \{'name', 'c0', 'a', 'b'\[, 'q', 'units', 'step_ms'\]\}"):
+    with pytest.raises(
+        ValueError, match=r"^m must be \{'name', 'c0', 'a', 'b'\[, 'q', 'units', 'step_ms'\]\}"
+    ):
         CostModel.parse(model, "m")
 
 

@@ -93,7 +93,9 @@ def _calibrate(out: Path, timings: Path, fit: Path, capsys) -> tuple[dict, str]:
     return json.loads(fit.read_text()), capsys.readouterr().out
 
 
-def test_calibrate_learns_a_slower_rank_and_the_build_plans_for_it(built: Path, tmp_path: Path, capsys) -> None:
+def test_calibrate_learns_a_slower_rank_and_the_build_plans_for_it(
+    built: Path, tmp_path: Path, capsys
+) -> None:
     _record(built, tmp_path / "t", (1.0, 0.6))
     body, printed = _calibrate(built, tmp_path / "t", tmp_path / "fit.json", capsys)
     learned = body["rank_speeds"]
@@ -105,7 +107,12 @@ def test_calibrate_learns_a_slower_rank_and_the_build_plans_for_it(built: Path, 
     re, fit = tmp_path / "re", f"@{tmp_path / 'fit.json'}"
     flags = ["--world-size", "2", "--batch-size", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]
     samples = str(built / schemas.SAMPLES_DIR)
-    assert cli_main(["build", str(re), "--from-samples", samples, "--cost-model", fit, "--rank-speed", fit, *flags]) == 0
+    assert (
+        cli_main(
+            ["build", str(re), "--from-samples", samples, "--cost-model", fit, "--rank-speed", fit, *flags]
+        )
+        == 0
+    )
     m = json.loads((re / schemas.MANIFEST_FILE).read_text())
     assert m["rank_speed"] == pytest.approx(learned["speed"])
     assert m["cost_model"]["units"] == "ms" and m["cost_model"]["step_ms"] == pytest.approx(4.0)
@@ -116,14 +123,19 @@ def test_equal_ranks_write_no_speeds_and_the_build_says_why(built: Path, tmp_pat
     body, printed = _calibrate(built, tmp_path / "t", tmp_path / "fit.json", capsys)
     assert "rank_speed" not in body and not body["rank_speeds"]["distinguished"]
     assert "cannot tell the ranks' speeds apart" in printed
-    with pytest.raises(ValueError, match=r"gives no rank speeds: cannot tell the ranks' speeds apart.*; plan without"):
+    with pytest.raises(
+        ValueError, match=r"gives no rank speeds: cannot tell the ranks' speeds apart.*; plan without"
+    ):
         parse_rank_speed(f"@{tmp_path / 'fit.json'}")
 
 
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"rank_speed": [1.0, 0.5], "rank_speeds": {"world_size": 3}}, "holds 2 speeds but its timings had 3 ranks"),
+        (
+            {"rank_speed": [1.0, 0.5], "rank_speeds": {"world_size": 3}},
+            "holds 2 speeds but its timings had 3 ranks",
+        ),
         ({"rank_speed": [1.0, 1e7], "rank_speeds": {"world_size": 2}}, "in 1e-06..1e\\+06"),
         ({"rank_speed": [1.0, 0.0], "rank_speeds": {"world_size": 2}}, "finite numbers > 0"),
         ({"rank_speed": None, "rank_speeds": {"note": "x" * 5000}}, "gives no rank speeds: x+; plan without"),

@@ -53,7 +53,9 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     manifest = load_manifest(out)
     samples = read_samples(out)
     timings = read_timings_at(timings_path)
-    fit, (obs, timed, raw, keys) = fit_cost(timings, samples, lambda: read_plan(out, manifest, samples), epoch)
+    fit, (obs, timed, raw, keys) = fit_cost(
+        timings, samples, lambda: read_plan(out, manifest, samples), epoch
+    )
     x, ms = design(obs), obs.column("ms").to_numpy()
     checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
     source = {

@@ -23,7 +23,9 @@ from lidarshard.transforms.plan.metrics import rank_costs
 __all__ = ["complete_steps", "step_overhead_ms", "plan_loads", "epoch_lines"]
 
 
-def complete_steps(rows: pa.Table) -> dict[int, tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]]:
+def complete_steps(
+    rows: pa.Table,
+) -> dict[int, tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]]:
     """``{epoch: (steps, wall_s, compute_s)}`` of the recorder's ``rows`` (``TIMING_FIELDS``): the steps
     every rank recorded, each with its slowest rank's ``wall_s`` and largest ``compute_s``."""
     cols = {k: rows.column(k).to_numpy() for k in ("epoch", "step", "world_size", "wall_s", "compute_s")}

@@ -187,7 +187,9 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
         f"epoch {r['epoch']} linearity: predicted {r['predicted']:.3f}, measured {r['measured']:.3f}"
         for r in rows[:4]
     )
-    lines += ["  " + line for line in epoch_lines(data.manifest, data.chosen, timings if read.recorded else None)]
+    lines += [
+        "  " + line for line in epoch_lines(data.manifest, data.chosen, timings if read.recorded else None)
+    ]
     figs = {"predicted_vs_measured.png": plots.predicted_vs_measured(pred, ms, unit, what, note)}
     if "world_size" in obs.column_names and rows:
         idle = _what_if(data, read, epoch, [r["epoch"] for r in rows])

@@ -71,18 +71,26 @@ def learn_speeds(obs: pa.Table, predicted: NDArray[np.float64]) -> dict:
     world = int(obs.column("world_size").to_numpy().max()) if obs.num_rows else 0
     ms = obs.column("ms").to_numpy()
     predicted = np.asarray(predicted, dtype=np.float64)
-    pairs = [(ms[(rank == r) & (predicted > 0)], predicted[(rank == r) & (predicted > 0)]) for r in range(world)]
+    pairs = [
+        (ms[(rank == r) & (predicted > 0)], predicted[(rank == r) & (predicted > 0)]) for r in range(world)
+    ]
     steps = [int(p.size) for _, p in pairs]
     out: dict = {"world_size": world, "steps": steps, "distinguished": False}
-    empty = dict.fromkeys(("factor", "factor_low", "factor_high", "speed", "speed_low", "speed_high"), [])
+    empty: dict[str, list[float]] = {
+        k: [] for k in ("factor", "factor_low", "factor_high", "speed", "speed_low", "speed_high")
+    }
     if world < 2:
         return out | empty | {"note": "cannot tell the ranks' speeds apart: the timings hold one rank"}
     if min(steps) < MIN_STEPS:
         r = int(np.argmin(steps))
-        return out | empty | {
-            "note": f"cannot tell the ranks' speeds apart: rank {r} recorded {steps[r]} steps, "
-            f"fewer than {MIN_STEPS}"
-        }
+        return (
+            out
+            | empty
+            | {
+                "note": f"cannot tell the ranks' speeds apart: rank {r} recorded {steps[r]} steps, "
+                f"fewer than {MIN_STEPS}"
+            }
+        )
     factor, draws = _factors(pairs), _draws(pairs)
     low, high = _interval(draws)
     speed_low, speed_high = _interval(draws.min(axis=1, keepdims=True) / draws)  # each draw's fastest = 1
@@ -97,7 +105,9 @@ def learn_speeds(obs: pa.Table, predicted: NDArray[np.float64]) -> dict:
     }
     spread = float(factor.max() / fastest - 1)
     if all(lo <= 1 <= hi for lo, hi in zip(low, high, strict=True)):
-        return out | {"note": "cannot tell the ranks' speeds apart: every rank's 95% interval includes the mean"}
+        return out | {
+            "note": "cannot tell the ranks' speeds apart: every rank's 95% interval includes the mean"
+        }
     if spread < MIN_SPREAD:
         return out | {
             "note": f"cannot tell the ranks' speeds apart: they differ by {100 * spread:.1f}%, "
@@ -114,4 +124,6 @@ def speed_lines(speeds: dict) -> list[str]:
             zip(speeds["speed"], speeds["speed_low"], speeds["speed_high"], speeds["steps"], strict=False)
         )
     ]
-    return lines + [speeds["note"] + ("; plan for them with --rank-speed @FILE" if speeds["distinguished"] else "")]
+    return lines + [
+        speeds["note"] + ("; plan for them with --rank-speed @FILE" if speeds["distinguished"] else "")
+    ]

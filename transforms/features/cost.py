@@ -129,7 +129,9 @@ def _timed(model: CostModel, units: object, step_ms: object) -> CostModel:
     """``model`` with ``units`` (None or "ms") and ``step_ms`` (None or a number in 0..``MAX_STEP_MS``,
     ms only), checked: one ValueError line."""
     if units is not None and units != TIME_UNITS:
-        raise ValueError(f"cost model units must be {TIME_UNITS!r} (as calibrate writes) or absent, got {units!r}")
+        raise ValueError(
+            f"cost model units must be {TIME_UNITS!r} (as calibrate writes) or absent, got {units!r}"
+        )
     if step_ms is not None and (
         units is None
         or isinstance(step_ms, bool)
