@@ -12,7 +12,9 @@ rank 1's core, so rank 1 gets about half a core: a slower rank, with no sleep an
    rank_speed="@fit.json", strategy="budget")`` (budget gives each rank work in proportion to its speed;
    without distinguished speeds the calibrated model alone), and predicts each epoch's seconds
    (``lidarshard.transforms.plan.epoch_time``, as the report and the build's summary do);
-3. run B trains that plan for ``--after-epochs`` epochs, pinned and burned the same way.
+3. run B trains that plan, pinned and burned the same way: epoch 0 records (the speeds already planned
+   for), epochs 1.. train its own re-calibration (the speeds kept); ``lidarshard report AWARE --timings``
+   then prints epoch 0's predicted against the recorder's measured seconds.
 
 Prints the learned speeds with their 95% intervals and the measured linearity of the ranks' compute times
 (what a speed-aware plan evens out) of run A's epochs 0 (default) and 1 (calibrated, speed-blind) and run
@@ -46,7 +48,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=96, help="synthetic clouds (log-uniform sizes)")
     p.add_argument("--batch-size", type=int, default=2, help="samples per rank per step")
-    p.add_argument("--after-epochs", type=int, default=1, help="epochs run B trains on the speed-aware plan")
+    p.add_argument("--after-epochs", type=int, default=2, help="epochs run B trains (>= 2: epoch 0 records)")
     p.add_argument("--max-steps", type=int, default=None, help="cap steps per epoch (smoke runs)")
     p.add_argument("--cores", default="0,1", help="the two cores: rank r on core r, the burner on the second")
     p.add_argument(
@@ -59,6 +61,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args.cores = [int(c) for c in args.cores.split(",")]
     if len(args.cores) != 2:
         p.error("--cores needs two cores")
+    if args.after_epochs < 2:
+        p.error("--after-epochs must be >= 2 (run B records epoch 0 for the report and re-plans from 1)")
     return args
 
 
@@ -179,17 +183,32 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     speeds = {"rank_speed": f"@{fit}", "strategy": "budget"} if learned["distinguished"] else {}
     lidarshard.write_manifest(samples, str(aware), 2, args.batch_size, epochs=args.after_epochs,
                               cost_model=f"@{fit}", **speeds)  # fmt: skip
-    predicted = _predicted_seconds(aware, args.max_steps)
-    _train([*base, "--manifest", str(aware), "--json-out", str(work / "b.json")], args.cores)
+    again = work / "timings-b"
+    _train([*base, "--manifest", str(aware), "--replan-after", "1", "--timings", str(again),
+            "--json-out", str(work / "b.json")], args.cores)  # fmt: skip
+    report = subprocess.run(
+        [sys.executable, "-m", "lidarshard.pipelines.cli", "report", str(aware), "--timings", str(again),
+         "--output-dir", str(work / "report")],
+        env=_env(), capture_output=True, text=True, check=True,
+    )  # fmt: skip
     a, b = (json.loads((work / n).read_text()) for n in ("a.json", "b.json"))
+    # epoch 0 trained AWARE's plan, epochs 1.. the re-plan run B calibrated after it (the speeds kept)
+    predicted = (
+        _predicted_seconds(aware, args.max_steps)[:1]
+        + _predicted_seconds(again / "replan", args.max_steps)[1:]
+    )
     return {
         "learned": learned,
+        "speeds_planned": bool(learned["distinguished"]),
         "step_ms": body["cost_model"].get("step_ms"),
         "default": _measured(a["epochs"][0]),
         "calibrated": _measured(a["epochs"][1]),
         "speed_aware": [_measured(e) for e in b["epochs"]],
         "predicted_s": predicted,
         "measured_s": [e["wall_s"] for e in b["epochs"]],
+        "calibrated_predicted_s": _predicted_seconds(timings / "replan", args.max_steps)[1],
+        "calibrated_measured_s": a["epochs"][1]["wall_s"],
+        "report": [line.strip() for line in report.stdout.splitlines() if " s for " in line],
         "planned_speed_linearity": [
             e.get("speed_linearity") for e in json.loads((aware / "_manifest.json").read_text())["balance"]
         ],
@@ -208,10 +227,15 @@ def _print(r: dict[str, Any], burner: bool) -> None:
     print(f"  run A epoch 0, default plan (points model):      {r['default']:.4f}")
     print(f"  run A epoch 1, calibrated re-plan, speed-blind:  {r['calibrated']:.4f}")
     for e, lin in enumerate(r["speed_aware"]):
-        print(f"  run B epoch {e}, calibrated, learned speeds:     {lin:.4f}")
+        how = "learned speeds, budget" if r["speeds_planned"] else "no speeds told apart "
+        print(f"  run B epoch {e}, calibrated, {how}:  {lin:.4f}")
+    p, m = r["calibrated_predicted_s"], r["calibrated_measured_s"]
+    print(f"run A epoch 1: predicted {p:.3f} s, measured {m:.3f} s ({100 * (p - m) / m:+.1f}%)")
+    print("lidarshard report AWARE --timings (the recorder's steps; data loading not in them):")
+    print("\n".join("  " + line for line in r["report"]))
     for e, (p, m) in enumerate(zip(r["predicted_s"], r["measured_s"], strict=False)):
-        print(f"run B epoch {e}: predicted {p:.3f} s, measured {m:.3f} s ({100 * (p - m) / m:+.1f}%; the measured "
-              "wall includes data loading the recorder does not time)")  # fmt: skip
+        print(f"run B epoch {e}: predicted {p:.3f} s, measured {m:.3f} s ({100 * (p - m) / m:+.1f}%; train_ddp's epoch "
+              "wall, data loading included)")  # fmt: skip
     speeds, steps = learned["speed"], learned["steps"]
     in_range = all(0 < s <= 1 for s in speeds) and len(speeds) in (0, 2)
     print(f"check: learned speeds in (0, 1] with the fastest at 1: {'ok' if in_range else 'FAILED'}")

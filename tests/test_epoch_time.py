@@ -15,7 +15,7 @@ from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.schemas.records import CostModel
 from lidarshard.transforms.plan.epoch_time import epoch_ms, time_factors, untimed
-from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
+from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest, record_plan_timings
 
 
 def test_a_step_lasts_as_long_as_its_slowest_rank_plus_the_overhead() -> None:
@@ -52,17 +52,7 @@ def _rank_steps(out: Path, epoch: int, rank: int) -> dict[int, list[str]]:
 
 def _record(out: Path, directory: Path, overhead_s: float) -> None:
     """Every epoch's rank-steps: 1 us a point (+3% noise) of compute, ``overhead_s`` more of wall."""
-    from lidarshard.loaders.timing import StepTimer
-
-    s = pq.read_table(out / schemas.SAMPLES_DIR).to_pydict()
-    points = dict(zip(s["sample_id"], s["num_in_range"], strict=True))
-    rng = np.random.default_rng(0)
-    for rank in range(2):
-        with StepTimer(str(directory), rank=rank, world_size=2, device="cpu") as timer:
-            for epoch in range(2):
-                for step, ids in sorted(_rank_steps(out, epoch, rank).items()):
-                    own = 1e-6 * sum(points[i] for i in ids) * (1 + 0.03 * rng.normal())
-                    timer.record(epoch, step, ids, own, own + overhead_s)
+    record_plan_timings(out, directory, 2, (1.0, 1.0), overhead_s)
 
 
 def _hand_predicted(out: Path, epoch: int, step_ms: float) -> float:

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.tools.speeds_fit import MIN_STEPS, learn_speeds
 from lidarshard.transforms.plan.speeds import parse_rank_speed
-from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
+from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest, record_plan_timings
 
 
 def _obs(speeds: list[float], steps: int, noise: float, seed: int = 0) -> tuple[pa.Table, np.ndarray]:
@@ -72,20 +71,8 @@ def built(tmp_path_factory) -> Path:
 
 
 def _record(out: Path, directory: Path, speeds: tuple[float, float]) -> None:
-    """Every epoch's rank-steps through StepTimer.record: 1 us a point / the rank's speed, +3% noise."""
-    from lidarshard.loaders.timing import StepTimer
-
-    s = pq.read_table(out / schemas.SAMPLES_DIR).to_pydict()
-    points = dict(zip(s["sample_id"], s["num_in_range"], strict=True))
-    rng = np.random.default_rng(0)
-    for rank in range(2):
-        with StepTimer(str(directory), rank=rank, world_size=2, device="cpu") as timer:
-            for epoch in range(3):
-                t = pq.read_table(out / schemas.plan_file(epoch, rank)).to_pydict()
-                for step in sorted(set(t["step"])):
-                    ids = [i for i, st in zip(t["sample_id"], t["step"], strict=True) if st == step]
-                    own = 1e-6 * sum(points[i] for i in ids) / speeds[rank] * (1 + 0.03 * rng.normal())
-                    timer.record(epoch, step, ids, own, own + 0.004)
+    """Every epoch's rank-steps: 1 us a point / the rank's speed, +3% noise, 4 ms of wall beyond."""
+    record_plan_timings(out, directory, 3, speeds, overhead_s=0.004)
 
 
 def _calibrate(out: Path, timings: Path, fit: Path, capsys) -> tuple[dict, str]:

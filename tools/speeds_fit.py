@@ -1,10 +1,10 @@
 """Each rank's relative speed learned from the training recorder's files, for ``--rank-speed @fit.json``. Pure.
 
 With the cost model fitted to every rank's timings (``tools.timings.fit_cost``), each recorded rank-step
-has a measured and a predicted ms; a rank's *factor* is the sum of its measured ms over the sum of its
-predicted ms (the least-squares factor when a step's noise grows with its size: small steps, whose
-relative noise is largest, weigh least), the factors scaled to mean 1. A slower rank takes longer than predicted at every step, so
-its factor is above 1; its speed is ``1 / factor``, written with the fastest rank at 1 (the planner only
+has a ratio ``measured ms / predicted ms``; a rank's *factor* is the median of its ratios weighted by the
+predicted ms (a stalled step moves it no more than any other step; small steps, whose relative noise
+is largest, weigh least), the factors scaled to mean 1. A slower rank takes longer than predicted at
+every step, so its factor is above 1; its speed is ``1 / factor``, written with the fastest rank at 1 (the planner only
 uses the ratios). The uncertainty is a 95% bootstrap interval: each rank's steps resampled
 ``BOOTSTRAP`` times (a fixed seed: the same files give the same numbers), the factors of each resample
 scaled to mean 1 again (their interval) and its speeds to its fastest rank at 1 (theirs).
@@ -34,9 +34,16 @@ BOOTSTRAP = 200
 Pairs = list[tuple[NDArray[np.float64], NDArray[np.float64]]]  # per rank: (measured, predicted) ms
 
 
+def _weighted_median(ratio: NDArray[np.float64], weight: NDArray[np.float64]) -> float:
+    """The ratio at which half the weight lies below (the lower one on a tie)."""
+    order = np.argsort(ratio, kind="stable")
+    cum = np.cumsum(weight[order])
+    return float(ratio[order][np.searchsorted(cum, 0.5 * cum[-1])])
+
+
 def _factors(pairs: Pairs) -> NDArray[np.float64]:
-    """(W,) each rank's measured / predicted ms totals, scaled to mean 1."""
-    ratios = np.array([m.sum() / p.sum() for m, p in pairs])
+    """(W,) each rank's predicted-ms-weighted median of measured / predicted, scaled to mean 1."""
+    ratios = np.array([_weighted_median(m / p, p) for m, p in pairs])
     return ratios / ratios.mean()
 
 
