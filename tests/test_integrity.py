@@ -518,7 +518,7 @@ def test_schema_versions_and_the_content_hash() -> None:
     assert schemas.sample_schema("3.1").names[-len(schemas.INTEGRITY_FIELDS) :] == list(
         schemas.INTEGRITY_FIELDS
     )
-    readable = [schemas.is_readable(v) for v in ("3.0", "3.1", "3.2", "2.1", "", "4.0", "4.4", "5.0")]
+    readable = [schemas.is_readable(v) for v in ("3.0", "3.1", "3.2", "2.1", "", "4.0", "4.5", "5.0")]
     assert readable == [0, 0, 0, 0, 0, 1, 0, 0]
     assert schemas.is_before("3.9", "3.10") and not schemas.is_before("3.1", "3.1")
     data = os.urandom(5000)

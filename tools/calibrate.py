@@ -17,6 +17,12 @@ voxels`` (non-negative least squares, see ``lidarshard.tools.fit``) is written a
 the steps every rank recorded, the measured ``linearity`` and mean per-step ``max_mean`` next to those
 the manifest's cost model (``predicted``) and the fit (``fitted``) give the same steps.
 
+The ``cost_model`` holds ``"units": "ms"`` and, from recorder files, ``step_ms``: the mean ms a step lasts
+beyond its slowest rank's compute (``tools.epoch_seconds``), so a plan of it predicts each epoch's seconds.
+From recorder files also ``rank_speeds`` (``tools.speeds_fit.learn_speeds``: each rank's speed, fastest
+1, with its 95% interval, and whether the timings tell the ranks apart) and, only when they do,
+``rank_speed``: the list ``build --rank-speed @FILE`` reads.
+
 Default output: ``OUT/report/cost_model.json`` (``report/`` is outside the manifest contract).
 """
 
