@@ -92,7 +92,8 @@ def test_calibrate_learns_a_slower_rank_and_the_build_plans_for_it(
     assert "--rank-speed @FILE" in printed
     assert body["cost_model"]["units"] == "ms" and body["cost_model"]["step_ms"] == pytest.approx(4.0)
     re, fit = tmp_path / "re", f"@{tmp_path / 'fit.json'}"
-    flags = ["--world-size", "2", "--batch-size", "2", "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]
+    flags = ["--world-size", "2", "--batch-size", "2", "--epochs", "3", "--strategy", "budget"]
+    flags += ["--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]
     samples = str(built / schemas.SAMPLES_DIR)
     assert (
         cli_main(
@@ -103,6 +104,18 @@ def test_calibrate_learns_a_slower_rank_and_the_build_plans_for_it(
     m = json.loads((re / schemas.MANIFEST_FILE).read_text())
     assert m["rank_speed"] == pytest.approx(learned["speed"])
     assert m["cost_model"]["units"] == "ms" and m["cost_model"]["step_ms"] == pytest.approx(4.0)
+    # trained on that plan (rank 1 gets less work, so raw times barely grow with the plan's costs): the fit
+    # is of the mean rank's times, the speeds are learned again from the raw ones
+    _record(re, tmp_path / "t2", (1.0, 0.6))
+    again, _ = _calibrate(re, tmp_path / "t2", tmp_path / "fit2.json", capsys)
+    model = again["cost_model"]
+    assert model["a"] + model["b"] == pytest.approx(1e-3 * np.mean([1, 1 / 0.6]), rel=0.15)  # ms a point
+    assert again["rank_speeds"]["speed"][1] == pytest.approx(0.6, abs=0.05)
+    assert (
+        cli_main(["report", str(re), "--timings", str(tmp_path / "t2"), "--output-dir", str(tmp_path / "r")])
+        == 0
+    )
+    assert "epoch 0: predicted" in capsys.readouterr().out
 
 
 def test_equal_ranks_write_no_speeds_and_the_build_says_why(built: Path, tmp_path: Path, capsys) -> None:

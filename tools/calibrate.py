@@ -33,8 +33,10 @@ import json
 import sys
 
 import numpy as np
+import pyarrow as pa
 
 from lidarshard.loaders import load_manifest, read_samples
+from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import CostModel
 from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
@@ -42,9 +44,10 @@ from lidarshard.tools.epoch_seconds import step_overhead_ms
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report import REPORT_DIR, read_plan
 from lidarshard.tools.speeds_fit import learn_speeds, speed_lines
-from lidarshard.tools.timings import design, fit_cost, read_timings_at
+from lidarshard.tools.timings import at_mean_speed, design, fit_cost, read_timings_at
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.plan.epoch_time import time_factors
 
 __all__ = ["run", "calibrate"]
 
@@ -59,8 +62,9 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     manifest = load_manifest(out)
     samples = read_samples(out)
     timings = read_timings_at(timings_path)
+    mean_rank = at_mean_speed(timings, manifest.rank_speed)  # a plan of --rank-speed: one model fits
     fit, (obs, timed, raw, keys) = fit_cost(
-        timings, samples, lambda: read_plan(out, manifest, samples), epoch
+        mean_rank, samples, lambda: read_plan(out, manifest, samples), epoch
     )
     x, ms = design(obs), obs.column("ms").to_numpy()
     checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
@@ -73,10 +77,22 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "manifest_cost_model": manifest.cost_model.to_json(),
         "held_out": cal.held_out_fit(x, ms, keys),
         "linearity": balance.measured_balance(obs, checks) if "world_size" in obs.column_names else [],
-        "step_ms": step_overhead_ms(raw) if timings.recorded else None,
-        "rank_speeds": learn_speeds(obs, fit.predict(x)) if timings.recorded else None,
+        "step_ms": step_overhead_ms(timings.rows) if timings.recorded else None,
+        "rank_speeds": learn_speeds(_as_measured(obs, manifest), fit.predict(x))
+        if timings.recorded
+        else None,
     }
     return fit, source, np.stack([fit.predict(x), ms], axis=1)
+
+
+def _as_measured(obs: pa.Table, manifest: Manifest) -> pa.Table:
+    """Recorded observations with ``ms`` as measured: ``at_mean_speed`` undone on a plan of ``--rank-speed``
+    (the speeds are learned afresh from the raw times)."""
+    if manifest.rank_speed is None:
+        return obs
+    factors = time_factors(manifest.rank_speed, manifest.world_size)
+    ms = obs.column("ms").to_numpy() * factors[obs.column("rank").to_numpy()]
+    return obs.set_column(obs.column_names.index("ms"), "ms", pa.array(ms))
 
 
 def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | None:

@@ -31,7 +31,7 @@ from lidarshard.tools import fit as cal
 from lidarshard.tools.epoch_seconds import epoch_lines
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report_page import epoch_figure, page
-from lidarshard.tools.timings import Timings, fit_cost, observe, read_timings_at
+from lidarshard.tools.timings import Timings, at_mean_speed, fit_cost, observe, read_timings_at
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned, plan_samples
 from lidarshard.transforms.io import storage
@@ -144,7 +144,7 @@ def _spread(loads: NDArray[np.float64]) -> float:
 
 def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes], list[str]]:
     """Predicted-vs-measured figure and summary lines for timings (recorder files or a CSV)."""
-    read = read_timings_at(path)
+    read = at_mean_speed(read_timings_at(path), data.manifest.rank_speed)  # the model is the mean rank's
     timed = observe(read, data.samples, lambda: data.plan, epoch)
     obs, timings = timed.obs, timed.raw
     if obs.num_rows == 0:
