@@ -67,7 +67,9 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         mean_rank, samples, lambda: read_plan(out, manifest, samples), epoch
     )
     x, ms = design(obs), obs.column("ms").to_numpy()
-    checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
+    at = _rank_factors(obs, manifest)  # a rank-step takes its mean-rank time x its rank's factor
+    measured = obs.set_column(obs.column_names.index("ms"), "ms", pa.array(ms * at))  # as measured
+    checks = {"predicted": obs.column("cost").to_numpy() * at, "fitted": fit.predict(x) * at}
     source = {
         "manifest": out,
         "timings": timings_path,
@@ -76,23 +78,19 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "matched": obs.num_rows,
         "manifest_cost_model": manifest.cost_model.to_json(),
         "held_out": cal.held_out_fit(x, ms, keys),
-        "linearity": balance.measured_balance(obs, checks) if "world_size" in obs.column_names else [],
+        "linearity": balance.measured_balance(measured, checks) if "world_size" in obs.column_names else [],
         "step_ms": step_overhead_ms(timings.rows) if timings.recorded else None,
-        "rank_speeds": learn_speeds(_as_measured(obs, manifest), fit.predict(x))
-        if timings.recorded
-        else None,
+        "rank_speeds": learn_speeds(measured, fit.predict(x)) if timings.recorded else None,
     }
     return fit, source, np.stack([fit.predict(x), ms], axis=1)
 
 
-def _as_measured(obs: pa.Table, manifest: Manifest) -> pa.Table:
-    """Recorded observations with ``ms`` as measured: ``at_mean_speed`` undone on a plan of ``--rank-speed``
-    (the speeds are learned afresh from the raw times)."""
-    if manifest.rank_speed is None:
-        return obs
-    factors = time_factors(manifest.rank_speed, manifest.world_size)
-    ms = obs.column("ms").to_numpy() * factors[obs.column("rank").to_numpy()]
-    return obs.set_column(obs.column_names.index("ms"), "ms", pa.array(ms))
+def _rank_factors(obs: pa.Table, manifest: Manifest) -> np.ndarray:
+    """(n,) the time factor (``epoch_time.time_factors``) of each observation's rank: ones without
+    ``--rank-speed`` or ranks (``at_mean_speed`` divided the times by it before the fit)."""
+    if manifest.rank_speed is None or "rank" not in obs.column_names:
+        return np.ones(obs.num_rows)
+    return time_factors(manifest.rank_speed, manifest.world_size)[obs.column("rank").to_numpy()]
 
 
 def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | None:
