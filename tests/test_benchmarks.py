@@ -204,5 +204,6 @@ def test_speeds_bench(tmp_path: Path) -> None:
     out = bench("speeds_bench", *args, "--json-out", str(tmp_path / "r.json"), cwd=tmp_path, timeout=600)
     checks = re.findall(r"^check: (.*): (\S+)$", out, re.M)
     assert len(checks) == 3 and all(v == "ok" for _, v in checks), out
-    assert len(floats(r"^  run [AB] epoch \d, .*?([\d.]+)$", out)) == 3
+    linearities = [float(v) for v in re.findall(r"^  run [AB] epoch \d, .*: +([\d.]+)$", out, re.M)]
+    assert len(linearities) == 4 and all(0.0 < v <= 1.0 for v in linearities), out  # A: 0, 1; B: 0, 1
     assert re.search(r"^run B epoch 0: predicted [\d.]+ s, measured [\d.]+ s", out, re.M), out
