@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -122,3 +124,29 @@ def test_build_and_report_predict_each_epoch_from_the_calibrated_model(
         assert pred == pytest.approx(_hand_predicted(re_out, e, 5.0), rel=1e-4)
         assert error == pytest.approx(100 * (pred - measured) / measured, abs=0.2)
         assert abs(error) < 10  # the same 1 us a point that was fitted, +3% noise
+
+
+def test_a_partly_recorded_epoch_is_predicted_over_the_steps_recorded(built: Path, tmp_path: Path) -> None:
+    """Timings of the first 5 steps (a --max-steps run): predicted and measured over those 5 alone."""
+    from lidarshard.loaders import load_manifest, read_samples
+    from lidarshard.loaders.epoch_plan import read_epoch_plan
+    from lidarshard.loaders.timing import read_timing_files
+    from lidarshard.tools.epoch_seconds import epoch_lines
+    from lidarshard.transforms.plan.metrics import rank_costs
+
+    _record(built, tmp_path / "t", overhead_s=0.002)
+    rows = read_timing_files(str(tmp_path / "t"))
+    rows = rows.filter(pc.less(rows.column("step"), 5))
+    m = load_manifest(str(built))
+    timed = CostModel("linear", 0.0, 1e-3, 0.0, units="ms", step_ms=2.0)
+    m = dataclasses.replace(m, cost_model=timed)
+    samples = read_samples(str(built))
+    points = samples.column("num_in_range").to_numpy().astype(np.float64)
+    ids = samples.column("sample_id")
+    loads = [rank_costs(read_epoch_plan(str(built), m, e, ids).plan, 1e-3 * points) for e in range(2)]
+    line = epoch_lines(m, loads, rows)[0]
+    wall = rows.filter(pc.equal(rows.column("epoch"), 0)).group_by("step").aggregate([("wall_s", "max")])
+    measured = float(np.sum(wall.column("wall_s_max").to_numpy()))
+    predicted = (loads[0][:5].max(axis=1).sum() + 5 * 2.0) / 1000
+    assert f"predicted {loads[0].max(axis=1).sum() / 1000 + 12 * 0.002:.5g} s for 12 steps" in line
+    assert f"over the 5 steps recorded predicted {predicted:.5g} s, measured {measured:.5g} s" in line
