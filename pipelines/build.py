@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import apache_beam as beam
 
 from lidarshard import schemas
+from lidarshard.loaders.reader import read_samples
 from lidarshard.pipelines import launch, understood
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
@@ -26,12 +27,14 @@ from lidarshard.pipelines.options import BuildOptions, declare
 from lidarshard.pipelines.preflight import build_settings
 from lidarshard.pipelines.scan import scan_samples
 from lidarshard.pipelines.settings import BuildSettings
+from lidarshard.tools.epoch_seconds import epoch_lines, plan_loads
 from lidarshard.transforms.beam.build_transform import BuildManifest
 from lidarshard.transforms.beam.scan_transform import scan_results
 from lidarshard.transforms.core.score import Source, previous_source
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.metadata import load_manifest
 from lidarshard.transforms.plan.memory import format_bytes
+from lidarshard.transforms.plan.epoch_time import untimed
 from lidarshard.transforms.plan.metrics import COLUMNS, plan_buys
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
@@ -170,6 +173,8 @@ def print_summary(out: str) -> None:
         )
     for line in filter(None, map(plan_buys, m.balance)):
         print(line)
+    if untimed(m.cost_model) is None:  # a calibrated ms model: each epoch's seconds before it runs
+        print("\n".join(epoch_lines(m, plan_loads(out, m, read_samples(out)))))
     print(f"wrote {out}")
 
 

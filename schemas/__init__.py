@@ -21,8 +21,8 @@ and no option (hive names made pandas and ``pq.read_table`` infer dictionary-enc
 Versions: a major version changes the layout (4.0: the plan moved to ``plan/epoch-E/rank-R/`` with
 ``epoch`` and ``rank`` as columns of each file); a minor only adds fields (``ADDED_IN``: 4.1 the samples'
 ``dataset``, ``frame``, ``sweep_frames``; 4.2 the manifest's ``cost_history`` and ``rank_speed``; 4.3 the
-samples' ``sweep_time_lags``; 4.4 the manifest's ``memory_cap`` and ``plan_groups``), so a 4.4 reader reads 4.0 files as
-``sample_schema("4.0")`` describes them. This lidarshard reads 4.x and writes 4.4; an older output is refused in one line naming its version
+samples' ``sweep_time_lags``; 4.4 the manifest's ``memory_cap`` and ``plan_groups`` and the cost model's ``units``
+and ``step_ms``), so a 4.4 reader reads 4.0 files as ``sample_schema("4.0")`` describes them. This lidarshard reads 4.x and writes 4.4; an older output is refused in one line naming its version
 and the command that rebuilds it from its samples (``check_version``; ``build --from-samples`` still
 reads 3.x samples and a 2.x ``samples.parquet``, whose fields ``ADDED_IN`` dates).
 """

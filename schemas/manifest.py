@@ -119,7 +119,10 @@ class Manifest:
     repeat: RepeatRecord | None = _key(
         "the repeat factors / sample weights (records.RepeatRecord) or null", None
     )
-    cost_model: CostModel = _key("{'name', 'c0', 'a', 'b'[, 'q']}: cost = c0 + a*points + b*voxels^q")
+    cost_model: CostModel = _key(
+        "{'name', 'c0', 'a', 'b'[, 'q', 'units', 'step_ms']}: cost = c0 + a*points + b*voxels^q; 'units' 'ms' "
+        "and 'step_ms' (4.4, absent when unknown): a calibrated model's ms and per-step overhead"
+    )
     cost_history: tuple[HistoryEntry, ...] = _key(
         "[{'until_epoch', 'cost_model', 'bucket_edges'}] (4.2, absent when empty): the models that planned the "
         "epochs before each re-plan (build --replan-from), rising; later epochs were planned with cost_model",

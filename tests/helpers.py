@@ -129,3 +129,23 @@ def balance_entry(epoch: int = 0, steps: int = 1, max_count: int = 1, **numbers:
         | {"mean_count": float(max_count)}
         | numbers
     )
+
+
+def record_plan_timings(
+    out: Path, directory: Path, epochs: int, speeds: tuple[float, ...], overhead_s: float = 0.0
+) -> None:
+    """The recorder's files of training manifest ``out``'s first ``epochs`` epochs (``StepTimer.record``):
+    a rank-step computes 1 us a point / the rank's speed (+3% noise, seed 0), its wall ``overhead_s`` more."""
+    from lidarshard.loaders.timing import StepTimer
+
+    s = pq.read_table(out / schemas.SAMPLES_DIR).to_pydict()
+    points = dict(zip(s["sample_id"], s["num_in_range"], strict=True))
+    rng = np.random.default_rng(0)
+    for rank, speed in enumerate(speeds):
+        with StepTimer(str(directory), rank=rank, world_size=len(speeds), device="cpu") as timer:
+            for epoch in range(epochs):
+                t = pq.read_table(out / schemas.plan_file(epoch, rank)).to_pydict()
+                for step in sorted(set(t["step"])):
+                    ids = [i for i, st in zip(t["sample_id"], t["step"], strict=True) if st == step]
+                    own = 1e-6 * sum(points[i] for i in ids) / speed * (1 + 0.03 * rng.normal())
+                    timer.record(epoch, step, ids, own, own + overhead_s)

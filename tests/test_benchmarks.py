@@ -251,3 +251,18 @@ def test_groups_bench(tmp_path: Path) -> None:
     assert re.search(r"^\s+mixed\s+1\s.*\+0\.0000 \+0\.00000\s+0$", out, re.M)  # G=1 is its own reference
     assert floats(r"target .* worst ([\d.]+) (?:MET|MISSED)", out)[0] >= 0
     assert floats(r"one group of 4,096 samples \(mixed\): ([\d.]+) s", out)[0] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_speeds_bench(tmp_path: Path) -> None:
+    """Equal ranks (no burner: the suite's other tests share the cores), the smallest plan: the learned
+    speeds, the three linearities and run B's predicted against measured seconds are printed and consistent."""
+    pytest.importorskip("torch")
+    args = ("--samples", "24", "--batch-size", "1", "--no-burner", "--train-args", "--width 8")
+    out = bench("speeds_bench", *args, "--json-out", str(tmp_path / "r.json"), cwd=tmp_path, timeout=600)
+    checks = re.findall(r"^check: (.*): (\S+)$", out, re.M)
+    assert len(checks) == 3 and all(v == "ok" for _, v in checks), out
+    linearities = [float(v) for v in re.findall(r"^  run [AB] epoch \d, .*: +([\d.]+)$", out, re.M)]
+    assert len(linearities) == 4 and all(0.0 < v <= 1.0 for v in linearities), out  # A: 0, 1; B: 0, 1
+    assert re.search(r"^run B epoch 0: predicted [\d.]+ s, measured [\d.]+ s", out, re.M), out

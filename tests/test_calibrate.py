@@ -198,7 +198,11 @@ def test_calibrate_then_rebuild_records_the_fitted_model(built: Path, tmp_path: 
         cli_main(["build", str(re), "--from-samples", samples, "--cost-model", f"@{fit_path}", *flags]) == 0
     )
     recorded = json.loads((re / schemas.MANIFEST_FILE).read_text())["cost_model"]
-    assert recorded == {"name": "linear", **{k: pytest.approx(fit[k]) for k in ("c0", "a", "b")}}
+    assert recorded == {
+        "name": "linear",
+        **{k: pytest.approx(fit[k]) for k in ("c0", "a", "b")},
+        "units": "ms",
+    }
     t = pq.read_table(re / schemas.SAMPLES_DIR)
     expect = (
         fit["c0"]

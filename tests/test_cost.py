@@ -81,3 +81,29 @@ def test_a_cost_model_out_of_range_is_refused_where_it_enters(spec: str) -> None
 def test_a_cost_model_file_that_is_a_directory_is_a_value_error(tmp_path) -> None:
     with pytest.raises(ValueError, match="is a directory"):
         parse_cost_model(f"@{tmp_path}")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"units": "s"}, "units must be 'ms'"),
+        ({"units": ["ms"]}, "units must be 'ms'"),
+        ({"step_ms": 4.0}, "step_ms must be a number of ms in 0..1e\\+09 beside units 'ms'"),
+        ({"units": "ms", "step_ms": -1.0}, "step_ms must be a number"),
+        ({"units": "ms", "step_ms": True}, "step_ms must be a number"),
+        ({"units": "ms", "step_ms": 1e300}, "step_ms must be a number"),
+        ({"units": "ms", "step_ms": "4"}, "step_ms must be a number"),
+    ],
+)
+def test_a_calibration_file_with_bad_time_units_is_refused(tmp_path, extra: dict, message: str) -> None:
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"cost_model": {"c0": 0.0, "a": 1e-3, "b": 0.0} | extra}))
+    with pytest.raises(ValueError, match=message) as info:
+        parse_cost_model(f"@{path}")
+    assert "\n" not in str(info.value)
+
+
+def test_a_calibration_file_keeps_its_time_units(tmp_path) -> None:
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"cost_model": {"c0": 0.5, "a": 1e-3, "b": 0.0, "units": "ms", "step_ms": 4}}))
+    assert parse_cost_model(f"@{path}") == CostModel("linear", 0.5, 1e-3, 0.0, units="ms", step_ms=4.0)

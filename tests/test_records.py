@@ -108,11 +108,24 @@ def test_a_malformed_record_is_one_line_naming_the_key(obj: dict, message: str) 
         {"a": 1.0},
         [1],
         {"name": "x", "b": float("nan")},
+        {"name": "linear", "b": 1.0, "units": 3},
+        {"name": "linear", "b": 1.0, "units": "ms", "step_ms": None},
+        {"name": "linear", "b": 1.0, "units": "ms", "step_ms": float("inf")},
     ],
 )
 def test_a_cost_model_lidarshard_does_not_write_is_refused(model: object) -> None:
-    with pytest.raises(ValueError, match=r"^m must be \{'name', 'c0', 'a', 'b'\[, 'q'\]\}"):
+    with pytest.raises(
+        ValueError, match=r"^m must be \{'name', 'c0', 'a', 'b'\[, 'q', 'units', 'step_ms'\]\}"
+    ):
         CostModel.parse(model, "m")
+
+
+def test_a_calibrated_cost_model_keeps_its_units_and_step_overhead() -> None:
+    """4.4: ``units`` and ``step_ms`` round-trip; a model without them keeps its 4.3 bytes."""
+    timed = {"name": "linear", "c0": 1.0, "a": 0.0, "b": 2.0, "units": "ms", "step_ms": 12.5}
+    assert CostModel.parse(timed, "m").to_json() == timed
+    assert CostModel.parse(timed, "m").step_ms == 12.5
+    assert CostModel("voxels", b=1.0).to_json() == {"name": "voxels", "c0": 0.0, "a": 0.0, "b": 1.0}
 
 
 def test_a_cost_history_out_of_order_is_refused() -> None:

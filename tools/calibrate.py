@@ -23,6 +23,12 @@ the manifest's cost model (``predicted``) and the fit (``fitted``) give the same
 the recorder's ``peak_bytes`` (null, with ``memory_note`` saying why, without them); ``build
 --max-step-memory SIZE --memory-model FILE`` reads it.
 
+The ``cost_model`` holds ``"units": "ms"`` and, from recorder files, ``step_ms``: the mean ms a step lasts
+beyond its slowest rank's compute (``tools.epoch_seconds``), so a plan of it predicts each epoch's seconds.
+From recorder files also ``rank_speeds`` (``tools.speeds_fit.learn_speeds``: each rank's speed, fastest
+1, with its 95% interval, and whether the timings tell the ranks apart) and, only when they do,
+``rank_speed``: the list ``build --rank-speed @FILE`` reads.
+
 Default output: ``OUT/report/cost_model.json`` (``report/`` is outside the manifest contract).
 """
 
@@ -33,16 +39,21 @@ import json
 import sys
 
 import numpy as np
+import pyarrow as pa
 
 from lidarshard.loaders import load_manifest, read_samples
+from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import CostModel
 from lidarshard.tools import balance, memory_fit
 from lidarshard.tools import fit as cal
+from lidarshard.tools.epoch_seconds import step_overhead_ms
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report import REPORT_DIR, read_plan
-from lidarshard.tools.timings import design, fit_cost, read_timings_at
+from lidarshard.tools.speeds_fit import learn_speeds, speed_lines
+from lidarshard.tools.timings import at_mean_speed, design, fit_cost, read_timings_at
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.plan.epoch_time import time_factors
 
 __all__ = ["run", "calibrate"]
 
@@ -57,11 +68,14 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     manifest = load_manifest(out)
     samples = read_samples(out)
     timings = read_timings_at(timings_path)
+    mean_rank = at_mean_speed(timings, manifest.rank_speed)  # a plan of --rank-speed: one model fits
     fit, (obs, timed, raw, keys) = fit_cost(
-        timings, samples, lambda: read_plan(out, manifest, samples), epoch
+        mean_rank, samples, lambda: read_plan(out, manifest, samples), epoch
     )
     x, ms = design(obs), obs.column("ms").to_numpy()
-    checks = {"predicted": obs.column("cost").to_numpy(), "fitted": fit.predict(x)}
+    at = _rank_factors(obs, manifest)  # a rank-step takes its mean-rank time x its rank's factor
+    measured = obs.set_column(obs.column_names.index("ms"), "ms", pa.array(ms * at))  # as measured
+    checks = {"predicted": obs.column("cost").to_numpy() * at, "fitted": fit.predict(x) * at}
     source = {
         "manifest": out,
         "timings": timings_path,
@@ -70,10 +84,20 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "matched": obs.num_rows,
         "manifest_cost_model": manifest.cost_model.to_json(),
         "held_out": cal.held_out_fit(x, ms, keys),
-        "linearity": balance.measured_balance(obs, checks) if "world_size" in obs.column_names else [],
+        "linearity": balance.measured_balance(measured, checks) if "world_size" in obs.column_names else [],
         "memory": memory_fit.memory_model(timings, samples),
+        "step_ms": step_overhead_ms(timings.rows) if timings.recorded else None,
+        "rank_speeds": learn_speeds(measured, fit.predict(x)) if timings.recorded else None,
     }
     return fit, source, np.stack([fit.predict(x), ms], axis=1)
+
+
+def _rank_factors(obs: pa.Table, manifest: Manifest) -> np.ndarray:
+    """(n,) the time factor (``epoch_time.time_factors``) of each observation's rank: ones without
+    ``--rank-speed`` or ranks (``at_mean_speed`` divided the times by it before the fit)."""
+    if manifest.rank_speed is None or "rank" not in obs.column_names:
+        return np.ones(obs.num_rows)
+    return time_factors(manifest.rank_speed, manifest.world_size)[obs.column("rank").to_numpy()]
 
 
 def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | None:
@@ -94,6 +118,19 @@ def _residual_png(fit: cal.LinearFit, pairs: np.ndarray, timed: str) -> bytes | 
 def _power(fit: cal.LinearFit) -> str:
     """``^q`` of a fit whose voxel exponent is not 1, else nothing."""
     return f"^{fit.q:g}" if fit.q != 1.0 else ""
+
+
+def _timed(model: dict, step_ms: float | None, speeds: dict | None) -> dict:
+    """The JSON keys of the time a step takes: the model in ``units`` ms with its ``step_ms`` (from recorder
+    files), and the ranks' learned speeds (``rank_speeds``; ``rank_speed`` only when they tell the ranks
+    apart: what ``--rank-speed @FILE`` reads)."""
+    model = model | {"units": "ms"} | ({"step_ms": step_ms} if step_ms is not None else {})
+    out: dict = {"cost_model": model}
+    if speeds is not None:
+        out["rank_speeds"] = speeds
+        if speeds["distinguished"]:
+            out["rank_speed"] = speeds["speed"]
+    return out
 
 
 def _check_lines(checks: dict) -> list[str]:
@@ -149,6 +186,7 @@ def run(argv: list[str] | None = None) -> int:
     body = (
         fit.to_json("ms") | checks | memory | {"residual_plot": plot_name if png else None, "source": source}
     )
+    body |= _timed(body["cost_model"], source.pop("step_ms"), source.pop("rank_speeds"))
     files = {name: (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()}
     if png:
         files[plot_name] = png
@@ -162,6 +200,8 @@ def run(argv: list[str] | None = None) -> int:
     )
     print("\n".join(_check_lines(checks)))
     print(memory_fit.memory_line(memory))
+    if body.get("rank_speeds"):
+        print("\n".join(speed_lines(body["rank_speeds"])))
     if fit.r2 < 0.5:
         print(
             f"warning: R^2 {fit.r2:.3f} is low; the timings may be too noisy to rank samples", file=sys.stderr

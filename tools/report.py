@@ -28,12 +28,14 @@ from lidarshard.loaders.epoch_plan import EpochRows, read_epoch_plan
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools import balance, plots
 from lidarshard.tools import fit as cal
+from lidarshard.tools.epoch_seconds import epoch_lines
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report_page import epoch_figure, page
-from lidarshard.tools.timings import Timings, fit_cost, observe, read_timings_at
+from lidarshard.tools.timings import Timings, at_mean_speed, fit_cost, observe, read_timings_at
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned, plan_samples
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.plan.epoch_time import time_factors
 from lidarshard.transforms.plan.metrics import load_linearity, plan_buys, rank_costs
 
 __all__ = [
@@ -156,6 +158,7 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
         f"timings: {obs.num_rows} of {timings.num_rows} rows matched ({what}); "
         f"predicted vs measured r^2 {r2:.3f}"
     ]
+    factors = time_factors(data.manifest.rank_speed, data.manifest.world_size)  # a rank-step: cost x factor
     if "world_size" in obs.column_names:  # recorder: the steps every rank recorded, any plan
         rows = [
             {
@@ -165,7 +168,9 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
                 "predicted": r["predicted"]["linearity"],
                 "max_mean": (r["measured"]["max_mean"], r["predicted"]["max_mean"]),
             }
-            for r in balance.measured_balance(obs, {"predicted": pred})
+            for r in balance.measured_balance(
+                obs, {"predicted": pred * factors[obs.column("rank").to_numpy()]}
+            )
         ]
     else:
         rows = balance.plan_linearity(timings, data.plan, data.manifest.batch_size, epoch)
@@ -186,9 +191,14 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
         f"epoch {r['epoch']} linearity: predicted {r['predicted']:.3f}, measured {r['measured']:.3f}"
         for r in rows[:4]
     )
+    lines += [
+        "  " + line for line in epoch_lines(data.manifest, data.chosen, timings if read.recorded else None)
+    ]
     figs = {"predicted_vs_measured.png": plots.predicted_vs_measured(pred, ms, unit, what, note)}
     if "world_size" in obs.column_names and rows:
-        idle = _what_if(data, read, epoch, [r["epoch"] for r in rows])
+        idle = _what_if(
+            data, at_mean_speed(read, data.manifest.rank_speed), epoch, [r["epoch"] for r in rows]
+        )
         for (e, plan_idle, random_idle), row in zip(idle, rows, strict=True):
             lines.append(
                 f"  epoch {e}: {100 * (1 - row['measured']):.1f}% idle measured; on the measured model (the "
@@ -219,15 +229,15 @@ def _what_if(
             axis=1,
         )
     )
-    out = []
+    factors, out = time_factors(data.manifest.rank_speed, data.manifest.world_size), []
     for e in epochs:
         if 0 <= e < len(data.plans):
             chosen, random = data.plans[e]
             out.append(
                 (
                     e,
-                    1 - load_linearity(rank_costs(chosen, per_sample)),
-                    1 - load_linearity(rank_costs(random, per_sample)),
+                    1 - load_linearity(rank_costs(chosen, per_sample) * factors),
+                    1 - load_linearity(rank_costs(random, per_sample) * factors),
                 )
             )
     return out

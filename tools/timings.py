@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -18,12 +18,14 @@ from numpy.typing import NDArray
 from lidarshard.loaders.timing import read_timing_files
 from lidarshard.tools import fit as cal
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.plan.epoch_time import time_factors
 
 __all__ = [
     "Timings",
     "Timed",
     "is_recorded",
     "read_timings_at",
+    "at_mean_speed",
     "observe",
     "fit_cost",
     "design",
@@ -59,6 +61,24 @@ def read_timings_at(timings_path: str) -> Timings:
     if is_recorded(timings_path):
         return Timings(timings_path, True, read_timing_files(timings_path))
     return Timings(timings_path, False, cal.read_timings(storage.read_bytes(timings_path)))
+
+
+def at_mean_speed(timings: Timings, speeds: Sequence[float] | None) -> Timings:
+    """``timings`` with each rank's times (``compute_s``, a CSV's ``ms``) divided by its time factor
+    (``epoch_time.time_factors``: 1 / speed scaled to mean 1): the mean rank's times, which one cost model
+    fits on a plan of ``--rank-speed`` (its slower ranks get less work, so raw times barely grow with it).
+    Unchanged without speeds or a ``rank`` column; a rank outside the speeds keeps its times."""
+    if speeds is None or "rank" not in timings.rows.column_names:
+        return timings
+    factors = time_factors(speeds, len(speeds))
+    name = "compute_s" if timings.recorded else "ms"
+    rank = timings.rows.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    known = (rank >= 0) & (rank < len(speeds))
+    scale = np.where(known, factors[np.where(known, rank, 0)], 1.0)
+    column = timings.rows.column(name)
+    scaled = pa.array(column.to_numpy(zero_copy_only=False) / scale, column.type)
+    rows = timings.rows.set_column(timings.rows.column_names.index(name), name, scaled)
+    return Timings(timings.path, timings.recorded, rows)
 
 
 def observe(

@@ -9,6 +9,7 @@ sees after the range filter; ``num_points`` under ``--features stat``) and ``vox
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -26,6 +27,7 @@ __all__ = [
     "sample_costs",
     "COST_MODEL_HELP",
     "Q_RANGE",
+    "TIME_UNITS",
 ]
 
 COST_MODEL_HELP = (
@@ -97,7 +99,8 @@ def parse_cost_model(spec: str) -> CostModel:
                 f"{', '.join(bad)} must be numbers, got {', '.join(repr(model[k]) for k in bad)}"
             )
         power = float(model.get("q", 1.0))
-        return _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear", q=power)
+        fitted = _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear", q=power)
+        return _timed(fitted, model.get("units"), model.get("step_ms"))
     raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")
 
 
@@ -113,7 +116,32 @@ def checked_model(model: CostModel, *, given_ok: bool = False) -> CostModel:
         if given_ok:
             return model
         raise ValueError("the costs were given with the samples: no cost model recomputes them")
-    return _linear(model.c0, model.a, model.b, name=model.name, q=model.q)
+    return _timed(_linear(model.c0, model.a, model.b, name=model.name, q=model.q), model.units, model.step_ms)
+
+
+#: The one unit a cost model's ``units`` may name: calibrate fits measured milliseconds.
+TIME_UNITS = "ms"
+#: The longest per-step overhead a cost model may hold (ms; 1e9 ms is 11.6 days).
+MAX_STEP_MS = 1e9
+
+
+def _timed(model: CostModel, units: object, step_ms: object) -> CostModel:
+    """``model`` with ``units`` (None or "ms") and ``step_ms`` (None or a number in 0..``MAX_STEP_MS``,
+    ms only), checked: one ValueError line."""
+    if units is not None and units != TIME_UNITS:
+        raise ValueError(
+            f"cost model units must be {TIME_UNITS!r} (as calibrate writes) or absent, got {units!r}"
+        )
+    if step_ms is not None and (
+        units is None
+        or isinstance(step_ms, bool)
+        or not isinstance(step_ms, (int, float))
+        or not 0 <= step_ms <= MAX_STEP_MS
+    ):
+        raise ValueError(
+            f"cost model step_ms must be a number of ms in 0..{MAX_STEP_MS:g} beside units 'ms', got {step_ms!r}"
+        )
+    return dataclasses.replace(model, units=units, step_ms=None if step_ms is None else float(step_ms))
 
 
 def _column(samples: pa.Table, name: str) -> NDArray[np.float64]:

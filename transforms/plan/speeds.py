@@ -28,7 +28,8 @@ SPEED_RANGE = (1e-6, 1e6)
 
 
 def parse_rank_speed(text: str) -> tuple[float, ...]:
-    """``S0,S1,...`` or ``@file.json`` (a list, or ``{"rank_speed": [...]}``): speeds in ``SPEED_RANGE``.
+    """``S0,S1,...`` or ``@file.json`` (a list, or ``{"rank_speed": [...]}`` as ``lidarshard calibrate``
+    writes it when the timings tell the ranks apart): speeds in ``SPEED_RANGE``.
 
     Raises:
         ValueError: not such a list (one line).
@@ -41,6 +42,9 @@ def parse_rank_speed(text: str) -> tuple[float, ...]:
         except OSError as e:  # a directory, a FIFO, unreadable: the user's to fix, like a missing file
             raise ValueError(f"{text[1:]}: {e.strerror or e}") from None
         values = obj.get("rank_speed") if isinstance(obj, dict) else obj
+        learned = obj.get("rank_speeds") if isinstance(obj, dict) else None
+        if isinstance(learned, dict):  # lidarshard calibrate's output: its learned speeds
+            values = _learned(text[1:], values, learned)
         if not isinstance(values, list):
             raise ValueError(
                 f'{text[1:]} must hold a list of speeds or {{"rank_speed": [...]}}, got {json.dumps(obj)[:60]}'
@@ -48,6 +52,20 @@ def parse_rank_speed(text: str) -> tuple[float, ...]:
     else:
         values = [v.strip() for v in text.split(",")]
     return rank_speeds(values, text)
+
+
+def _learned(path: str, values: object, learned: dict) -> object:
+    """The speeds of a calibrate output (``rank_speed`` beside its ``rank_speeds`` record): ValueError
+    (one line, calibrate's own note) when calibrate could not tell the ranks apart, or the record's world
+    size is not the number of speeds."""
+    if values is None:
+        note = learned.get("note")
+        why = note if isinstance(note, str) else "it holds no rank_speed"
+        raise ValueError(f"{path} gives no rank speeds: {why[:200]}; plan without --rank-speed")
+    world = learned.get("world_size")
+    if isinstance(values, list) and isinstance(world, int) and world != len(values):
+        raise ValueError(f"{path}: rank_speed holds {len(values)} speeds but its timings had {world} ranks")
+    return values
 
 
 def rank_speeds(values: Sequence[object], shown: str | None = None) -> tuple[float, ...]:
