@@ -33,8 +33,8 @@ from lidarshard.transforms.beam.scan_transform import scan_results
 from lidarshard.transforms.core.score import Source, previous_source
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.metadata import load_manifest
-from lidarshard.transforms.plan.memory import format_bytes
 from lidarshard.transforms.plan.epoch_time import untimed
+from lidarshard.transforms.plan.memory import format_bytes
 from lidarshard.transforms.plan.metrics import COLUMNS, plan_buys
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
