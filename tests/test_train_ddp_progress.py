@@ -13,9 +13,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from manifest_fixture import make_fixture  # noqa: E402
-
 from tests.helpers import REPO  # noqa: E402
+from tests.manifest_fixture import make_fixture  # noqa: E402
 
 
 def _train(out: Path, *flags: str) -> subprocess.CompletedProcess:
