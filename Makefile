@@ -54,7 +54,8 @@ demo: setup
 	$(VENV)/bin/lidarshard report $(DEMO)/manifest
 
 # Optional oracles for the tests: open3d (cross-checks our PCD/PLY readers), nuscenes-devkit
-# (loads the synthetic dataroot) in its own venv because it pins numpy 1.26, and headless Chromium
+# (loads the synthetic dataroot) in its own venv .venv-devkit because it pins numpy 1.26, made here
+# rather than inside the first devkit test (minutes of pip, not a test), and headless Chromium
 # from the Debian packages (opens the HTML report: tests/test_report_browser.py). All skip cleanly if
 # they cannot be installed (the system packages only as root, with apt-get).
 $(VENV)/.oracles: $(VENV)/.test-installed
@@ -65,6 +66,8 @@ $(VENV)/.oracles: $(VENV)/.test-installed
 			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs >/dev/null || \
 			echo "could not install$$pkgs: the tests that need them skip"; fi; fi
 	-$(PIP) install open3d-cpu || $(PIP) install open3d || echo "open3d not installable: cross-check tests skip"
+	-$(PY) -c "from tests.test_synth_devkit import _devkit_python; _devkit_python()" || \
+		echo "could not make .venv-devkit: the devkit tests try again or skip"
 	touch $@
 
 lint: $(VENV)/.test-installed

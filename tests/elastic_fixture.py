@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
-from manifest_fixture import _scored_table, _sha, write_plan_files
 
 from lidarshard.schemas import (
     MANIFEST_FILE,
@@ -29,6 +28,7 @@ from lidarshard.schemas import (
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import plan_samples
 from lidarshard.transforms.plan.caps import Caps
+from tests.manifest_fixture import _scored_table, _sha, write_plan_files
 
 __all__ = ["plan_manifest"]
 

@@ -20,13 +20,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_synth_devkit import _devkit_python  # noqa: E402
-
 import lidarshard  # noqa: E402
 from lidarshard.loaders import read_samples  # noqa: E402
 from lidarshard.loaders.torch import PointCloudDataset  # noqa: E402
 from lidarshard.transforms.synth import nuscenes_tables as tb  # noqa: E402
 from lidarshard.transforms.synth import scene as sc  # noqa: E402
+from tests.test_synth_devkit import _devkit_python  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION = "v1.0-mini"

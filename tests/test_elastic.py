@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from elastic_fixture import plan_manifest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +27,7 @@ from lidarshard.loaders.elastic import (
 from lidarshard.loaders.reshard import check_exact, replan_pool
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import linearity
+from tests.elastic_fixture import plan_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 W, B = 8, 2  # the manifest's plan; 197 samples -> 12 steps of 16 per epoch, 5 dropped

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from elastic_fixture import plan_manifest
 
 from lidarshard import schemas
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.epoch_plan import read_epoch_plan
+from tests.elastic_fixture import plan_manifest
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,6 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from elastic_fixture import plan_manifest  # noqa: E402
-from manifest_fixture import make_fixture  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
 from lidarshard.loaders.elastic import ElasticBatchSampler  # noqa: E402
@@ -29,7 +27,9 @@ from lidarshard.loaders.position import PlannedBatch  # noqa: E402
 from lidarshard.loaders.torch import BalancedBatchSampler, PlanLoader, PointCloudDataset  # noqa: E402
 from lidarshard.transforms.io import storage  # noqa: E402
 from lidarshard.transforms.io.base import FileInfo  # noqa: E402
+from tests.elastic_fixture import plan_manifest  # noqa: E402
 from tests.helpers import build_bins_manifest  # noqa: E402
+from tests.manifest_fixture import make_fixture  # noqa: E402
 
 SIZES = [50 + 13 * i for i in range(26)]
 

@@ -211,7 +211,10 @@ def test_what_beam_said_is_kept_at_debug_on_lidarshard_beam(
 def test_replan_takes_an_untampered_copy(replanned: Path, tmp_path: Path) -> None:
     """The control: the copy each case above tampers with re-plans."""
     shutil.copytree(replanned, tmp_path / "copy")
-    summary = lidarshard.replan(str(tmp_path / "copy"), str(tmp_path / "x"), 2, "linear:0,1,0")
+    flags = BEAM_TEST_FLAGS  # in process; test_build runs a whole build on worker processes
+    summary = lidarshard.replan(
+        str(tmp_path / "copy"), str(tmp_path / "x"), 2, "linear:0,1,0", pipeline_args=flags
+    )
     assert summary["epochs"] == 3
 
 

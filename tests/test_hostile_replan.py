@@ -17,6 +17,7 @@ import pytest
 
 import lidarshard
 from lidarshard.loaders.elastic import ElasticBatchSampler
+from tests.helpers import BEAM_TEST_FLAGS
 
 torch = pytest.importorskip("torch")
 from lidarshard.loaders.torch import BalancedBatchSampler, PlanLoader  # noqa: E402
@@ -57,7 +58,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hostile_replan")
     out = _write(root / "out")
     new = root / "new"
-    lidarshard.replan(str(out), str(new), 1, MODEL)
+    lidarshard.replan(str(out), str(new), 1, MODEL, pipeline_args=BEAM_TEST_FLAGS)
     found = {"out": out, "new": new, "fresh": _write(root / "fresh", cost_model=MODEL), "self": out}
     for name, flags in {
         "seed": {"seed": 7},
@@ -65,7 +66,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         "strategy": {"strategy": "random"},
     }.items():
         other = _write(root / name, **flags)  # re-planned: what differs is the plan setting alone
-        lidarshard.replan(str(other), str(root / f"{name}_new"), 1, MODEL)
+        lidarshard.replan(str(other), str(root / f"{name}_new"), 1, MODEL, pipeline_args=BEAM_TEST_FLAGS)
         found[f"other_{name}"] = root / f"{name}_new"
 
     def history(m: dict) -> None:
@@ -77,7 +78,9 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     found["tampered_history"] = _edit(new, root / "tampered", history)
     found["moved_until"] = _edit(new, root / "until", until)
     # a re-plan from 1 of a manifest whose epoch 0 another cost model planned: same samples, seed, W, B
-    lidarshard.replan(str(found["fresh"]), str(root / "fresh_new"), 1, "voxels")
+    lidarshard.replan(
+        str(found["fresh"]), str(root / "fresh_new"), 1, "voxels", pipeline_args=BEAM_TEST_FLAGS
+    )
     found["epoch_before_changed"] = root / "fresh_new"
     changed = shutil.copytree(new, root / "changed")  # NEW's epoch-0 files swapped behind its manifest
     first = sorted((changed / "plan" / "epoch-0").rglob("*.parquet"))

@@ -93,7 +93,10 @@ def _previous(out: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    "sig, code",  # the same path for both signals: SIGINT's launcher subprocess runs in the slow lane
+    [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow), (signal.SIGTERM, 143)],
+)
 def test_a_signal_stops_the_run_and_its_workers_and_keeps_out(
     inp: Path, tmp_path: Path, sig, code: int
 ) -> None:

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from manifest_fixture import make_fixture  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 from lidarshard.loaders import read_samples  # noqa: E402
 from lidarshard.loaders.evaluation import EvalSampler, eval_costs, eval_shards  # noqa: E402
+from tests.manifest_fixture import make_fixture  # noqa: E402
 
 SIZES = [40 + 97 * ((7 * i) % 23) for i in range(23)]  # 23 samples of uneven size
 

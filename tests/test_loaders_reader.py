@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from manifest_fixture import make_fixture, sweep_offset
 
 from lidarshard import schemas
 from lidarshard.loaders import ManifestReader, load_manifest, load_points, plan_dataset, read_samples
 from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, PLAN_FIELDS, SCHEMA_VERSION, SUCCESS_FILE, plan_file
+from tests.manifest_fixture import make_fixture, sweep_offset
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [100 + 37 * i for i in range(23)]  # 23 samples, W*B = 4 -> 5 steps, 3 dropped

@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
-from manifest_fixture import make_fixture, write_clouds, write_manifest  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from lidarshard.loaders import ManifestReader, read_samples  # noqa: E402
@@ -36,6 +35,7 @@ from lidarshard.loaders.torch import (  # noqa: E402
 )
 from lidarshard.transforms.formats.readers import read_points  # noqa: E402
 from lidarshard.transforms.layouts.multisweep import aggregate  # noqa: E402
+from tests.manifest_fixture import make_fixture, write_clouds, write_manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [50 + 13 * i for i in range(26)]  # W*B = 6 -> 4 steps, 2 dropped

@@ -13,7 +13,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from manifest_fixture import make_fixture  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from lidarshard.loaders import ManifestReader, read_samples  # noqa: E402
@@ -24,6 +23,7 @@ from lidarshard.loaders.pointcept import (  # noqa: E402
     offset_collate,
 )
 from lidarshard.loaders.torch import PointCloudDataset  # noqa: E402
+from tests.manifest_fixture import make_fixture  # noqa: E402
 
 SIZES = [40 + 11 * i for i in range(14)]  # world size 1, batch 3 -> 4 steps, 2 dropped
 

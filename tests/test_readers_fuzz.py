@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_pcd import make_pcd
 
 from lidarshard.schemas import REJECT_REASONS
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.readers import FORMATS, read_points
+from tests.test_pcd import make_pcd
 
 FUZZ = settings(
     max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]

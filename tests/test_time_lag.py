@@ -12,12 +12,11 @@ from tests.helpers import yaw_tf
 
 torch = pytest.importorskip("torch")
 
-from manifest_fixture import write_clouds, write_manifest  # noqa: E402
-
 from lidarshard.loaders import read_samples  # noqa: E402
 from lidarshard.loaders.points import load_points  # noqa: E402
 from lidarshard.loaders.torch import PointCloudDataset  # noqa: E402
 from lidarshard.transforms.layouts.multisweep import aggregate  # noqa: E402
+from tests.manifest_fixture import write_clouds, write_manifest  # noqa: E402
 
 LAGS = [0.05, 0.1]
 

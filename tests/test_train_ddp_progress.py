@@ -13,9 +13,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from manifest_fixture import make_fixture  # noqa: E402
-
 from tests.helpers import REPO  # noqa: E402
+from tests.manifest_fixture import make_fixture  # noqa: E402
 
 
 def _train(out: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -32,6 +31,7 @@ def _train(out: Path, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=110, env=env)
 
 
+@pytest.mark.slow  # starts examples/train_ddp.py twice: 2 gloo ranks, torch imported per process
 @pytest.mark.timeout(240)
 def test_rank_0_draws_the_progress_line_when_asked(tmp_path: Path) -> None:
     out = make_fixture(

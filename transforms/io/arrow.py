@@ -60,7 +60,8 @@ def merge_sorted(sources: Sequence[Iterator[pa.Table]], key: str) -> Iterator[pa
     heads = [h for h in (_Head(it, key) for it in sources) if h.table.num_rows]
     while heads:
         bound = min((h.keys[-1] for h in heads if not h.done), default=None)
-        taken = [t for t in (h.take_through(bound) for h in heads) if t.num_rows]
+        ready = [h for h in heads if bound is None or h.keys[0] <= bound]  # the others give nothing
+        taken = [t for t in (h.take_through(bound) for h in ready) if t.num_rows]
         heads = [h for h in heads if h.table.num_rows]
         table = pa.concat_tables(taken).combine_chunks()  # one take over whole arrays is faster
         yield table.take(pc.sort_indices(table.column(key)))
