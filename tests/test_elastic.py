@@ -565,9 +565,8 @@ def _python_blocks(doc: str, section: str) -> list[str]:
 def test_the_elastic_doc_block_runs_and_trains_the_rest_of_the_epoch(tmp_path: Path) -> None:
     """docs/FRAMEWORKS.md "Elastic world size": its loop, restarted on half the ranks of a checkpoint."""
     pytest.importorskip("torch")
-    from manifest_fixture import make_fixture
-
     from lidarshard.loaders.torch import BalancedBatchSampler
+    from tests.manifest_fixture import make_fixture
 
     out = make_fixture(tmp_path, [40 + 7 * i for i in range(16)], world_size=2, batch_size=2, epochs=1)
     first = BalancedBatchSampler(out, 0, 2)

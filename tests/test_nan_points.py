@@ -50,7 +50,7 @@ def test_an_organised_pcd_gives_the_trainer_the_rows_the_scan_counted(tmp_path: 
 
 def test_labels_lose_the_rows_their_points_lose(tmp_path: Path) -> None:
     """A labelled SemanticKITTI-style scan with NaN rows: each kept point keeps its own label."""
-    from manifest_fixture import write_manifest
+    from tests.manifest_fixture import write_manifest
 
     pts = np.arange(40, dtype=np.float32).reshape(10, 4) + 2.0
     pts[[2, 7], 1] = np.nan

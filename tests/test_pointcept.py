@@ -240,9 +240,8 @@ def test_a_plan_sampler_checkpoint_resumes_on_two_ranks_with_the_elastic_sampler
     ranks (a re-plan: 3 samples per step do not split over 2) trains every planned sample once."""
     from collections import Counter
 
-    from elastic_fixture import plan_manifest
-
     from lidarshard.loaders.elastic import ElasticBatchSampler, load_epoch_plan
+    from tests.elastic_fixture import plan_manifest
 
     costs = np.array(SIZES, dtype=np.float64)
     out = plan_manifest(tmp_path / "out", costs, world_size=1, batch_size=3, epochs=2, strategy="balanced")

@@ -184,9 +184,8 @@ def test_accelerator_events_time_steps_without_waiting_on_the_host(tmp_path: Pat
 
 def test_steps_over_a_plan_loader_take_epoch_step_and_sample_ids(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from manifest_fixture import make_fixture
-
     from lidarshard.loaders.torch import BalancedBatchSampler, PlanLoader, PointCloudDataset, collate
+    from tests.manifest_fixture import make_fixture
 
     out = make_fixture(tmp_path, [50 + 13 * i for i in range(12)], world_size=2, batch_size=2, epochs=2)
     sampler = BalancedBatchSampler(out, 1, 2)
