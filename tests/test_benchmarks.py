@@ -2,8 +2,8 @@
 end (exit 0) and its own consistency checks hold (the "same ..." / "identical" lines, counts that must
 match). No timing is asserted: the figures a smoke run prints mean little at these sizes.
 
-The benchmarks that train a model or start a Dask cluster are marked ``slow``; one that needs an
-optional package that is absent (torch, dask) is skipped, naming it.
+All are in the slow lane (``make test-slow``, and ``make bench`` first); one that needs an optional
+package that is absent (torch, dask) is skipped, naming it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -147,10 +149,9 @@ def test_timing_bench_records_every_step(tmp_path: Path) -> None:
     assert re.search(r"^recorded 5 rows", out, re.M), out
 
 
-# ------------------------------------------------------------------ training and Dask (slow lane)
+# ------------------------------------------------------------------ training and Dask
 
 
-@pytest.mark.slow
 def test_ddp_bench(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = bench("ddp_bench", "--fixture", "--fixture-samples", "16", "--epochs", "1", cwd=tmp_path)
@@ -159,7 +160,6 @@ def test_ddp_bench(tmp_path: Path) -> None:
         assert all(0.0 < v <= 1.0 for v in lin)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("batch", ["1", "2"])
 def test_ddp_bench_closed_loop(tmp_path: Path, batch: str) -> None:
@@ -184,7 +184,6 @@ def test_ddp_bench_closed_loop(tmp_path: Path, batch: str) -> None:
     assert len(re.findall(r"^(?:PASS|MISS) ", out, re.M)) == 5, out
 
 
-@pytest.mark.slow
 def test_gpu_cost_scatter_backbone(tmp_path: Path) -> None:
     """The plain-torch backbone (spconv is not a dependency: ``--backbone spconv`` is not run here)."""
     pytest.importorskip("torch")
@@ -193,7 +192,6 @@ def test_gpu_cost_scatter_backbone(tmp_path: Path) -> None:
     assert re.search(r"R\^2", out), out
 
 
-@pytest.mark.slow
 def test_dask_multi_output_repro(tmp_path: Path) -> None:
     """The reference runner gets both outputs and both sinks right; the verdict matches the exit code
     (1 while apache-beam's DaskRunner still has the bugs lidarshard works around)."""
@@ -209,7 +207,6 @@ def test_dask_multi_output_repro(tmp_path: Path) -> None:
     assert r.returncode == (0 if agrees else 1)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_accuracy_bench(tmp_path: Path) -> None:
     pytest.importorskip("torch")
@@ -253,7 +250,6 @@ def test_groups_bench(tmp_path: Path) -> None:
     assert floats(r"one group of 4,096 samples \(mixed\): ([\d.]+) s", out)[0] > 0
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_speeds_bench(tmp_path: Path) -> None:
     """Equal ranks (no burner: the suite's other tests share the cores), the smallest plan: the learned

@@ -28,6 +28,8 @@ from lidarshard.pipelines.options import BuildOptions, ScanOptions
 from lidarshard.pipelines.preflight import build_settings, scan_settings
 from tests.helpers import PACKAGES, make_bins
 
+pytestmark = pytest.mark.slow  # wheel builds and Dataflow job graphs
+
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 240
 GS = "gs://lidarshard-fake-bucket"

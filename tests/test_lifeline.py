@@ -16,7 +16,10 @@ import pytest
 from lidarshard import schemas
 from lidarshard.pipelines._lifeline import POLL_S, _descendants
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+pytestmark = [
+    pytest.mark.slow,  # signals to launched builds and their worker processes
+    pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc"),
+]
 
 
 def _alive(pid: int) -> bool:
@@ -95,7 +98,7 @@ def _previous(out: Path) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "sig, code",  # the same path for both signals: SIGINT's launcher subprocess runs in the slow lane
-    [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow), (signal.SIGTERM, 143)],
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
 )
 def test_a_signal_stops_the_run_and_its_workers_and_keeps_out(
     inp: Path, tmp_path: Path, sig, code: int

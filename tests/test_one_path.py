@@ -21,6 +21,8 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.transforms.plan import STRATEGIES
 from tests.helpers import BEAM_TEST_FLAGS, samples_table
 
+pytestmark = pytest.mark.slow  # three full builds, one per entry point, compared byte for byte
+
 
 def _samples(n: int, seed: int) -> pa.Table:
     """``n`` samples with full paths and sizes spread over two orders of magnitude."""

@@ -27,6 +27,8 @@ from lidarshard.transforms.io import storage  # noqa: E402
 from tests.helpers import BEAM_TEST_FLAGS  # noqa: E402
 from tests.s3_server import LatencyProxy, S3Server, upload  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a moto S3 server and builds through it
+
 pytest_plugins = ["tests.s3_server"]
 
 VERSION = "v1.0-synth"

@@ -26,6 +26,15 @@ VENV = REPO / ".venv-devkit"
 _READY = ".lidarshard-devkit-ok"  # written once the devkit imports, so half-built venvs are redone
 
 
+def _installer(python: Path) -> list[str]:
+    """The command that installs the devkit into ``python``'s venv: uv beside ours (``make test`` puts it
+    there; seconds), else that venv's pip."""
+    uv = Path(sys.executable).with_name("uv")
+    if uv.exists():
+        return [str(uv), "pip", "install", "-q", "--python", str(python), DEVKIT]
+    return [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", DEVKIT]
+
+
 def _devkit_python() -> Path:
     """Python of a venv with the devkit, creating ``.venv-devkit`` if needed; skips on failure."""
     if os.environ.get("LIDARSHARD_DEVKIT_PYTHON"):
@@ -37,7 +46,7 @@ def _devkit_python() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     steps = [
         [sys.executable, "-m", "venv", str(tmp)],
-        [str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", DEVKIT],
+        _installer(tmp / "bin" / "python"),
         [str(tmp / "bin" / "python"), "-c", "import nuscenes.nuscenes, nuscenes.utils.data_classes"],
     ]
     for cmd in steps:
