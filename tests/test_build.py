@@ -122,6 +122,7 @@ def _tree_bytes(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow  # every local runner, worker processes included
 def test_byte_identical_reruns_and_runners(built, tmp_path: Path) -> None:
     inp, out, _ = built
     flags = ["--world-size", "4", "--batch-size", "2", "--epochs", "3", "--cost-model", "points"]

@@ -327,6 +327,7 @@ def manifests(tmp_path_factory) -> dict:
 _HOP = st.tuples(st.floats(0, 1), st.integers(1, 9), st.sampled_from([None, 1, 2, 3]))
 
 
+@pytest.mark.slow  # 30 crash-and-resume runs, some through DataLoader worker processes
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     strategy=st.sampled_from(STRATEGIES),

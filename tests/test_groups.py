@@ -215,6 +215,7 @@ def _tree(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow  # every local runner, worker processes included
 def test_the_group_path_is_the_same_on_every_runner_and_shard_size(grouped, tmp_path, monkeypatch) -> None:
     """Many shards and parts (16-row shards, 7-row parts): the groups' rows meet in several shard tasks; the
     DirectRunner with 2 threads writes the bytes of the FnApiRunner, and validate re-derives them."""

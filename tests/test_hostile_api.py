@@ -170,7 +170,10 @@ RUNS: dict[str, tuple[Callable[[dict], None], list[str], str]] = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(RUNS))
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=pytest.mark.slow) if c.endswith("worker_processes") else c for c in sorted(RUNS)],
+)  # the default runner's worker processes: the slow lane
 def test_a_tampered_manifest_given_to_replan_is_one_line_and_nothing_on_stderr(
     replanned: Path, tmp_path: Path, capfd, case
 ) -> None:
@@ -187,7 +190,11 @@ def test_a_tampered_manifest_given_to_replan_is_one_line_and_nothing_on_stderr(
     assert capfd.readouterr().err == "" and not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("flags", [BEAM_TEST_FLAGS, []], ids=["in_process", "worker_processes"])
+@pytest.mark.parametrize(
+    "flags",
+    [BEAM_TEST_FLAGS, pytest.param([], marks=pytest.mark.slow)],
+    ids=["in_process", "worker_processes"],
+)
 def test_what_beam_said_is_kept_at_debug_on_lidarshard_beam(
     replanned: Path, tmp_path: Path, caplog, flags
 ) -> None:

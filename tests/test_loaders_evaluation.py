@@ -126,6 +126,7 @@ with open(result, "w") as f:
 """
 
 
+@pytest.mark.slow  # two gloo ranks in subprocesses
 @pytest.mark.timeout(180)
 def test_more_ranks_than_samples_two_gloo_ranks_finish_the_documented_loop(tmp_path: Path) -> None:
     """1 validation sample on 2 gloo ranks: rank 1 gets none and says so; the documented loop (no

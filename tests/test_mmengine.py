@@ -290,6 +290,7 @@ def _plan_rows(out: Path, epochs: range) -> list[tuple[int, int, list[str]]]:
     return [(e, b.step, b.sample_ids) for e in epochs for b in ManifestReader(out, 0, 1, e)]
 
 
+@pytest.mark.slow  # trains two epochs through mmengine's Runner, checkpoints, then calibrates
 def test_timing_hook_records_the_planned_steps_beside_the_checkpoints_and_calibrate_fits_them(
     manifest: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_clock: None
 ) -> None:

@@ -128,6 +128,7 @@ def test_ctrl_c_gives_the_terminal_back_before_the_handler_runs(monkeypatch, cap
     assert capfd.readouterr().err == "stopped; nothing was published\n"
 
 
+@pytest.mark.slow  # the default runner's worker processes
 def test_the_progress_line_sums_the_workers_and_cleans_up(monkeypatch, capfd) -> None:
     monkeypatch.setattr(cli, "_state", cli.Console("lidarshard test", quiet=True, progress=True))
     monkeypatch.setattr(cli, "PROGRESS_EVERY_S", 0.05)
