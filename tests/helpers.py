@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from numpy.typing import NDArray
 
 from lidarshard import schemas
@@ -22,6 +23,13 @@ PACKAGES = ("lidarshard", "pipelines", "transforms", "schemas", "loaders", "tool
 BEAM_TEST_FLAGS = ["--runner=FnApiRunner"]
 
 IDENTITY_Q = [1.0, 0.0, 0.0, 0.0]
+
+
+def slow_after(keep: int, values: list) -> list:
+    """``values`` for ``parametrize`` with all but the first ``keep`` in the slow lane: the fast lane runs
+    the end-to-end path once (or ``keep`` times), ``make test-slow`` runs every case."""
+    return [v if i < keep else pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
+            for i, v in enumerate(values)]  # fmt: skip
 
 
 def yaw_q(theta: float) -> list[float]:

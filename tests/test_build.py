@@ -17,7 +17,7 @@ from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.transforms.plan import DEFAULT_STRATEGY
-from tests.helpers import BEAM_TEST_FLAGS, make_bins, write_samples
+from tests.helpers import BEAM_TEST_FLAGS, make_bins, slow_after, write_samples
 
 
 def _build(inp: Path, out: Path, *flags: str) -> dict:
@@ -288,7 +288,9 @@ def labelled(tmp_path_factory) -> Path:
 LABELLED = ["--nuscenes-version", "v1.0-synth", "--world-size", "2", "--batch-size", "1", "--epochs", "3"]
 
 
-@pytest.mark.parametrize("strategy", sorted({DEFAULT_STRATEGY, "balanced", "budget"}))
+@pytest.mark.parametrize(
+    "strategy", slow_after(1, [DEFAULT_STRATEGY, *sorted({"balanced", "budget"} - {DEFAULT_STRATEGY})])
+)
 def test_repeat_factors_from_lidarseg_labels(labelled: Path, tmp_path: Path, strategy: str) -> None:
     from lidarshard.tools.validate import validate
     from lidarshard.transforms.features.repeat import label_presence, lvis_factors

@@ -18,7 +18,7 @@ from lidarshard.pipelines.inputs import LAYOUT_IO, common_root, split_input
 from lidarshard.tools.validate import validate
 from lidarshard.transforms import layouts
 from lidarshard.transforms.layouts.task import LayoutOptions
-from tests.helpers import BEAM_TEST_FLAGS, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, make_bins, slow_after
 
 torch = pytest.importorskip("torch")
 from lidarshard.loaders.torch import PointCloudDataset  # noqa: E402
@@ -209,7 +209,8 @@ def synth_root(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("layout", "columns", "labels"), [("av2", 4, False), ("semantickitti", 4, True), ("waymo_v2", 5, False)]
+    ("layout", "columns", "labels"),
+    slow_after(1, [("semantickitti", 4, True), ("av2", 4, False), ("waymo_v2", 5, False)]),
 )
 def test_each_synthetic_layout_builds_validates_and_reads_back(
     synth_root: Path, tmp_path: Path, layout: str, columns: int, labels: bool

@@ -35,6 +35,7 @@ from lidarshard.loaders.torch import (  # noqa: E402
 )
 from lidarshard.transforms.formats.readers import read_points  # noqa: E402
 from lidarshard.transforms.layouts.multisweep import aggregate  # noqa: E402
+from tests.helpers import slow_after  # noqa: E402
 from tests.manifest_fixture import make_fixture, write_clouds, write_manifest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -283,7 +284,9 @@ LOADERS = [{"num_workers": 0}] + [
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 4 workers on a 2-core runner
-@pytest.mark.parametrize("loader_kw", LOADERS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+@pytest.mark.parametrize(
+    "loader_kw", slow_after(2, LOADERS), ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items())
+)
 def test_resume_after_a_crash_trains_exactly_the_uninterrupted_batches(out: Path, loader_kw: dict) -> None:
     """Crash after step k (mid epoch 0 and mid epoch 1 on rank 0, at the epoch boundary on rank 1),
     resume from the last checkpoint: trained + resumed == the plan, whatever the workers prefetched."""

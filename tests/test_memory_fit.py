@@ -15,7 +15,7 @@ from lidarshard import schemas
 from lidarshard.loaders.timing import StepTimer, read_timing_files
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.transforms.plan import STRATEGIES
-from tests.helpers import BEAM_TEST_FLAGS, REPO, build_bins_manifest, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, REPO, build_bins_manifest, make_bins, slow_after
 
 BASE, PER_POINT = 2.0e9, 40_000.0  # the "device": 2 GB per step plus 40 kB a point
 
@@ -90,7 +90,7 @@ def _peaks(out: Path) -> list[float]:
 
 
 @pytest.mark.parametrize("tight", [False, True], ids=["any-batch-fits", "tight"])
-@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("strategy", slow_after(1, sorted(STRATEGIES, key=lambda s: s != "budget")))
 def test_every_strategy_plans_within_the_cap_or_refuses(
     built: Path, tmp_path: Path, strategy: str, tight: bool, capsys
 ) -> None:

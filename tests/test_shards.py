@@ -20,7 +20,7 @@ import pytest
 from lidarshard import schemas
 from lidarshard.transforms.features import shards
 from lidarshard.transforms.io.arrow import parquet_bytes, rows_to_table
-from tests.helpers import REPO
+from tests.helpers import REPO, slow_after
 
 
 def _rows(n: int, seed: int) -> list[dict]:
@@ -74,7 +74,7 @@ def _write_parts(paths: list[str], part_rows: int, stride: int) -> list[tuple[in
     return parts
 
 
-@pytest.mark.parametrize("count", [1, 7, shards.SCAN_SHARDS])
+@pytest.mark.parametrize("count", slow_after(1, [7, 1, shards.SCAN_SHARDS]))
 def test_parts_are_the_sorted_table_whatever_the_shard_count(tmp_path: Path, count: int) -> None:
     """1,500 rows (several row groups per shard below 256 shards) cut into parts: each part is the
     file of its slice of the sorted table, byte for byte, so every row is in exactly one part. With
