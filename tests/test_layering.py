@@ -66,13 +66,12 @@ def test_the_module_walk_sees_both_layers() -> None:
 def test_no_module_outside_the_beam_layer_imports_beam() -> None:
     """Statically: no import of apache_beam, nor of a Beam-layer module, anywhere in the file."""
     offenders = {}
-    for name, path in sorted(_modules().items()):
+    modules = _modules()
+    for name, path in sorted(modules.items()):
         if _beam_layer(name):
             continue
         bad = sorted(
-            m
-            for m in _imports(path)
-            if m.split(".")[0] == "apache_beam" or (m in _modules() and _beam_layer(m))
+            m for m in _imports(path) if m.split(".")[0] == "apache_beam" or (m in modules and _beam_layer(m))
         )
         if bad:
             offenders[name] = bad
