@@ -42,7 +42,7 @@ from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, as_plann
 from lidarshard.transforms.core.score import ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.io.arrow import parquet_bytes, parquet_file, read_rows
+from lidarshard.transforms.io.arrow import parquet_bytes, parquet_file, read_rows, release_memory
 from lidarshard.transforms.io.parts import listed_parts, open_parts, parts_holding, read_parts
 
 __all__ = ["BuildJob", "BuildManifest", "writer", "PLANNED_PAIRS"]
@@ -84,8 +84,9 @@ def _settle_and_score(source: Source, job: BuildJob) -> Iterator[tuple[str, obje
     """``("scored", metadata)`` (with the number of parts) and one ``("part", PartTask)`` per part."""
     meta, tasks = settle_and_score(source, job.model, job.cfg, job.settle, writer(job.staging))
     yield "scored", meta | {"parts": len(tasks)}
-    for task in tasks:
-        yield "part", task
+    while tasks:
+        yield "part", tasks.pop(0)
+    release_memory()
 
 
 def _write_part(task: previous.PartTask, staging: str) -> tuple[int, int, dict]:
@@ -95,6 +96,7 @@ def _write_part(task: previous.PartTask, staging: str) -> tuple[int, int, dict]:
         out = previous.write_part(parquet_file(f), task, sink)
     Metrics.counter(NAMESPACE, "files_written").inc()
     Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
+    release_memory()
     return task.part, int(task.keep.sum()), {"path": rel, "bytes": out.bytes, "sha256": out.sha256}
 
 
@@ -165,6 +167,8 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
         if entries["row"].size:
             holding = parts_holding(parts, scored["part_rows"], start, stop)
             yield "shard", (epoch, start, stop, entries, holding)
+    del part, numeric
+    release_memory()
     for rank in range(job.cfg.world_size):
         yield "rank", ((epoch, rank), -1)
 
@@ -183,6 +187,7 @@ def _write_pieces(shard: tuple, work: str) -> Iterator[tuple[tuple[int, int], in
     for rank, piece in sharded.rank_pieces(rows, start, entries).items():
         storage.write_bytes(_piece_path(work, epoch, rank, start), parquet_bytes(piece))
         yield (epoch, rank), start
+    release_memory()
 
 
 def _global_steps(piece: pa.Table, counts: list, epoch: int, cfg: PlanConfig) -> pa.Table:
@@ -202,7 +207,10 @@ def _write_rank(grouped: tuple[tuple[int, int], list], job: BuildJob) -> dict:
     if counts:  # a plan of step groups: its pieces' steps are local * G + group
         pieces = [_global_steps(p, counts, epoch, job.cfg) for p in pieces]
     data = parquet_bytes(sharded.finish_rank(pieces, epoch, rank))
-    return manifest.write_file(writer(job.staging), schemas.plan_file(epoch, rank), data)
+    del pieces
+    written = manifest.write_file(writer(job.staging), schemas.plan_file(epoch, rank), data)
+    release_memory()
+    return written
 
 
 def _write_manifest(gathered: dict[str, list], job: BuildJob) -> dict:

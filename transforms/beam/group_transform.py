@@ -30,7 +30,7 @@ from lidarshard.transforms.core import plan_writer as sharded
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES
 from lidarshard.transforms.core.groups import plan_group
-from lidarshard.transforms.io.arrow import read_rows
+from lidarshard.transforms.io.arrow import read_rows, release_memory
 from lidarshard.transforms.io.parts import open_parts
 
 __all__ = ["PlanGroups"]
@@ -50,6 +50,7 @@ def _deal(task: tuple, cfg: PlanConfig) -> Iterator[tuple[str, object]]:
         for g, members in group_rows.deal_shard(chunk, start, epoch, cfg, groups).items():
             yield "member", ((epoch, g, groups), members)
         yield "hold", ((epoch, start), ("hold", stop, holding))
+    release_memory()
 
 
 def _plan(
@@ -74,6 +75,8 @@ def _plan(
         for kind, plan in (("plan", planned.plan), ("random", planned.baseline)):
             for start, rows_, steps in group_rows.pair_entries(plan, g, groups):
                 yield "pair", (start, (kind, pairs.index(epoch), g, rows_, steps))
+    del planned, rows, table
+    release_memory()
 
 
 def _pair_shard(grouped: tuple[int, Iterable]) -> Iterator[tuple[tuple[str, int], object]]:
