@@ -18,7 +18,8 @@ Steps (each a thin wrapper of a pure function)::
     WriteManifest  manifest.build_manifest    ``_manifest.json``; the scratch directory goes
 
 No step holds the samples' paths. What a step needs from several others arrives as its main input
-(``GatherTagged``), never as a side input, so every runner computes each step once.
+(``GatherTagged``), never as a side input, so every runner computes each step once. Plan rows never
+pass through a shuffle: a shard task names the scratch file of its entries (``transforms.io.scratch``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
-from lidarshard.transforms.beam.group_transform import PlanGroups
+from lidarshard.transforms.beam.group_transform import PlanGroups, shard_entries_path
 from lidarshard.transforms.beam.scan_transform import NAMESPACE
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.core import group_rows, groups, previous
@@ -44,6 +45,7 @@ from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes, parquet_file, read_rows, release_memory
 from lidarshard.transforms.io.parts import listed_parts, open_parts, parts_holding, read_parts
+from lidarshard.transforms.io.scratch import read_columns, write_columns
 
 __all__ = ["BuildJob", "BuildManifest", "writer", "PLANNED_PAIRS"]
 
@@ -142,8 +144,8 @@ def _epoch_tasks(scored: dict, job: BuildJob) -> Iterator[tuple[str, object]]:
 def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, object]]:
     """Plan epoch ``task[0]`` once from the numeric columns of the written samples (``task[1]``: their
     metadata): ``("stats", stats)``, ``("pair", (epoch, plan, baseline))`` for ``PLANNED_PAIRS``, one
-    ``("shard", (epoch, start, stop, entries, (parts holding it, their first row)))`` per range of
-    samples holding planned entries and one ``("rank", ((epoch, rank), -1))`` per rank (so every rank's
+    ``("shard", (epoch, start, stop, entries' scratch file, (parts holding it, their first row)))`` per
+    range of samples holding planned entries and one ``("rank", ((epoch, rank), -1))`` per rank (so every rank's
     file is written)."""
     epoch, scored = task
     parts = _parts(scored, job.staging)
@@ -166,7 +168,8 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
         entries = sharded.slice_rows(part, start, stop)
         if entries["row"].size:
             holding = parts_holding(parts, scored["part_rows"], start, stop)
-            yield "shard", (epoch, start, stop, entries, holding)
+            path = write_columns(shard_entries_path(job.work, epoch, start), entries)
+            yield "shard", (epoch, start, stop, path, holding)
     del part, numeric
     release_memory()
     for rank in range(job.cfg.world_size):
@@ -181,7 +184,8 @@ def _piece_path(work: str, epoch: int, rank: int, start: int) -> str:
 def _write_pieces(shard: tuple, work: str) -> Iterator[tuple[tuple[int, int], int]]:
     """Rows [start, stop) of the samples -> each rank's plan rows from them, in a scratch file:
     ``((epoch, rank), start)`` per file written."""
-    epoch, start, stop, entries, (parts, first) = shard
+    epoch, start, stop, path, (parts, first) = shard
+    entries = read_columns(path)
     with open_parts(parts) as file:
         rows = read_rows(file, start - first, stop - first, sharded.COPIED)
     for rank, piece in sharded.rank_pieces(rows, start, entries).items():
@@ -295,7 +299,7 @@ class BuildManifest(beam.PTransform):
             | "PlanEpoch" >> beam.FlatMap(_plan_epoch, job)
             | "SplitPlan" >> SplitTags("stats", "pair", "shard", "rank")
         )
-        grouped = tasks["deal"] | "PlanInGroups" >> PlanGroups(job.cfg, PLANNED_PAIRS)
+        grouped = tasks["deal"] | "PlanInGroups" >> PlanGroups(job.cfg, PLANNED_PAIRS, job.work)
         pieces = (
             (planned["shard"], grouped["shard"])
             | "AllShards" >> beam.Flatten()
