@@ -26,7 +26,7 @@ from lidarshard.transforms.features.accounting import fingerprint_update, first_
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import checked_model, sample_costs
 from lidarshard.transforms.io import paths, storage
-from lidarshard.transforms.io.arrow import parquet_file, read_rows, release_memory, row_groups
+from lidarshard.transforms.io.arrow import joined, parquet_file, read_rows, release_memory, row_groups
 from lidarshard.transforms.io.parts import ParquetParts, open_parts, read_parts
 
 __all__ = [
@@ -217,20 +217,12 @@ def read_samples(
     # one column at a time, each freed as it is joined: the peak is the result plus one column
     schema = file.schema_arrow
     numeric = pa.Table.from_arrays(
-        [_joined(parts.pop(n), schema.field(n).type) for n in numeric_names], names=numeric_names
+        [joined(parts.pop(n), schema.field(n).type) for n in numeric_names], names=numeric_names
     )
     row_key = _joined_keys(row_parts)
     view = SamplesView(numeric, _LazyIds(files, file), _joined_keys(id_parts), row_key, mismatch)
     release_memory()
     return view, h.hexdigest(), path_bad
-
-
-def _joined(chunks: list[pa.Array], type_: pa.DataType) -> pa.Array:
-    """One contiguous array of ``chunks`` (emptied: the caller's list no longer holds them)."""
-    out = pa.chunked_array(chunks, type_).combine_chunks()
-    chunks.clear()
-    release_memory()
-    return out
 
 
 def _joined_keys(parts: list[NDArray[np.uint64]]) -> NDArray[np.uint64]:
