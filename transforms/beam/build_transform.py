@@ -14,7 +14,7 @@ Steps (each a thin wrapper of a pure function)::
     PlanEpoch      epochs.plan_samples        each epoch planned once, from the numeric columns
     PlanInGroups   group_transform            or, with G > 1 step groups, each (epoch, group) alone
     WritePieces    sharded.rank_pieces        each rank's rows of a range of samples (scratch files)
-    WriteRanks     sharded.finish_rank        each (epoch, rank) plan file
+    WriteRanks     sharded.rank_batches       each (epoch, rank) plan file, a row group at a time
     WriteManifest  manifest.build_manifest    ``_manifest.json``; the scratch directory goes
 
 No step holds the samples' paths. What a step needs from several others arrives as its main input
@@ -43,7 +43,13 @@ from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, as_plann
 from lidarshard.transforms.core.score import ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.io.arrow import parquet_bytes, parquet_file, read_rows, release_memory
+from lidarshard.transforms.io.arrow import (
+    ParquetStream,
+    parquet_bytes,
+    parquet_file,
+    read_rows,
+    release_memory,
+)
 from lidarshard.transforms.io.parts import listed_parts, open_parts, parts_holding, read_parts
 from lidarshard.transforms.io.scratch import read_columns, write_columns
 
@@ -91,15 +97,20 @@ def _settle_and_score(source: Source, job: BuildJob) -> Iterator[tuple[str, obje
     release_memory()
 
 
+def _streamed(rel: str, out: ParquetStream) -> dict:
+    """The ``files`` entry of ``rel``, written through the closed ``out``, counted in the run's metrics."""
+    Metrics.counter(NAMESPACE, "files_written").inc()
+    Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
+    release_memory()
+    return {"path": rel, "bytes": out.bytes, "sha256": out.sha256}
+
+
 def _write_part(task: previous.PartTask, staging: str) -> tuple[int, int, dict]:
     """Write samples part ``task.part`` into the staging directory: ``(k, rows, files entry)``."""
     rel = schemas.samples_part(task.part)
     with storage.open_read(task.path) as f, storage.open_write(storage.join(staging, rel)) as sink:
         out = previous.write_part(parquet_file(f), task, sink)
-    Metrics.counter(NAMESPACE, "files_written").inc()
-    Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
-    release_memory()
-    return task.part, int(task.keep.sum()), {"path": rel, "bytes": out.bytes, "sha256": out.sha256}
+    return task.part, int(task.keep.sum()), _streamed(rel, out)
 
 
 def _samples_written(gathered: dict[str, list]) -> dict:
@@ -202,7 +213,8 @@ def _global_steps(piece: pa.Table, counts: list, epoch: int, cfg: PlanConfig) ->
 
 def _write_rank(grouped: tuple[tuple[int, int], list], job: BuildJob) -> dict:
     """Rank ``rank``'s plan file of epoch ``epoch`` from its pieces (``grouped``: ((epoch, rank), piece
-    starts, and with step groups each group's ``("count", group, steps, peak)``); its ``files`` entry."""
+    starts, and with step groups each group's ``("count", group, steps, peak)``), written a row group
+    at a time (``plan_writer.rank_batches``); its ``files`` entry."""
     (epoch, rank), values = grouped
     values = list(values)
     starts = sorted({v for v in values if isinstance(v, int)} - {-1})
@@ -210,11 +222,13 @@ def _write_rank(grouped: tuple[tuple[int, int], list], job: BuildJob) -> dict:
     pieces = [storage.read_parquet(_piece_path(job.work, epoch, rank, s)) for s in starts]
     if counts:  # a plan of step groups: its pieces' steps are local * G + group
         pieces = [_global_steps(p, counts, epoch, job.cfg) for p in pieces]
-    data = parquet_bytes(sharded.finish_rank(pieces, epoch, rank))
+    rel = schemas.plan_file(epoch, rank)
+    with storage.open_write(storage.join(job.staging, rel)) as sink:
+        with ParquetStream(sink, schemas.plan_schema()) as out:
+            for batch in sharded.rank_batches(pieces, epoch, rank):
+                out.write(batch)
     del pieces
-    written = manifest.write_file(writer(job.staging), schemas.plan_file(epoch, rank), data)
-    release_memory()
-    return written
+    return _streamed(rel, out)
 
 
 def _write_manifest(gathered: dict[str, list], job: BuildJob) -> dict:
