@@ -88,12 +88,18 @@ def writer(staging: str) -> manifest.Write:
     return write
 
 
+def _scores_path(work: str, part: int) -> str:
+    return storage.join(work, "scores", f"part-{part:05d}")
+
+
 def _settle_and_score(source: Source, job: BuildJob) -> Iterator[tuple[str, object]]:
-    """``("scored", metadata)`` (with the number of parts) and one ``("part", PartTask)`` per part."""
+    """``("scored", metadata)`` (with the number of parts) and one ``("part", PartTask)`` per part, its
+    arrays parked in the scratch directory (``previous.park``: the shuffle carries no row's scores)."""
     meta, tasks = settle_and_score(source, job.model, job.cfg, job.settle, writer(job.staging))
     yield "scored", meta | {"parts": len(tasks)}
     while tasks:
-        yield "part", tasks.pop(0)
+        task = tasks.pop(0)
+        yield "part", previous.park(task, _scores_path(job.work, task.part))
     release_memory()
 
 
@@ -105,9 +111,11 @@ def _streamed(rel: str, out: ParquetStream) -> dict:
     return {"path": rel, "bytes": out.bytes, "sha256": out.sha256}
 
 
-def _write_part(task: previous.PartTask, staging: str) -> tuple[int, int, dict]:
-    """Write samples part ``task.part`` into the staging directory: ``(k, rows, files entry)``."""
-    rel = schemas.samples_part(task.part)
+def _write_part(task: previous.PartTask, job: BuildJob) -> tuple[int, int, dict]:
+    """Write samples part ``task.part`` (parked: ``previous.unpark``) into the staging directory: ``(k,
+    rows, files entry)``."""
+    task = previous.unpark(task, _scores_path(job.work, task.part))
+    rel, staging = schemas.samples_part(task.part), job.staging
     with storage.open_read(task.path) as f, storage.open_write(storage.join(staging, rel)) as sink:
         out = previous.write_part(parquet_file(f), task, sink)
     return task.part, int(task.keep.sum()), _streamed(rel, out)
@@ -295,9 +303,7 @@ class BuildManifest(beam.PTransform):
             | "SplitScored" >> SplitTags("scored", "part")
         )
         written = (
-            scored["part"]
-            | "SpreadParts" >> beam.Reshuffle()
-            | "WriteSamples" >> beam.Map(_write_part, job.staging)
+            scored["part"] | "SpreadParts" >> beam.Reshuffle() | "WriteSamples" >> beam.Map(_write_part, job)
         )
         samples = (
             (tag(scored["scored"], "scored"), tag(written, "written"))
