@@ -235,6 +235,49 @@ def test_the_group_path_is_the_same_on_every_runner_and_shard_size(grouped, tmp_
     assert sum(1 for rel in m.files if rel.startswith("samples/")) > 3
 
 
+def _arrays(value: object) -> int:
+    """The numpy arrays inside a (nested) Beam element."""
+    if isinstance(value, np.ndarray):
+        return 1
+    if isinstance(value, tuple | list):
+        return sum(_arrays(v) for v in value)
+    return sum(_arrays(v) for v in value.values()) if isinstance(value, dict) else 0
+
+
+def test_the_group_path_shuffles_scratch_names_not_rows(grouped, tmp_path, monkeypatch) -> None:
+    """What passes through ByGroup, ByShard and SpreadShards names files under the scratch directory (a
+    local runner holds a shuffle in one process): DealShards, PlanGroups and MergeShards one after another
+    on 16-row shards; the merged shards hold each epoch's planned rows once."""
+    from lidarshard.transforms.beam import group_transform as gt
+    from lidarshard.transforms.core import plan_writer
+    from lidarshard.transforms.io.parts import parts_holding
+    from lidarshard.transforms.io.scratch import read_columns
+
+    monkeypatch.setattr(plan_writer, "ROWS_PER_SHARD", 16)
+    m = load_manifest(grouped["g3"])
+    cfg, work = PlanConfig.from_manifest(m), str(tmp_path)
+    parts = sorted(str(p) for p in (grouped["g3"] / "samples").glob("*.parquet"))
+    rows = [pq.read_metadata(p).num_rows for p in parts]
+    tasks = [(a, b, parts_holding(parts, rows, a, b), 3) for a, b in plan_writer.shard_bounds(sum(rows), 16)]
+    dealt = [e for task in tasks for e in gt._deal(task, cfg, work)]
+    members: dict[tuple, list] = {}
+    for _, (key, value) in (e for e in dealt if e[0] == "member"):
+        members.setdefault(key, []).append(value)
+    planned = [
+        e for key, starts in sorted(members.items()) for e in gt._plan((key, starts), cfg, (0, 1), work)
+    ]
+    shards: dict[tuple, list] = {}
+    for _, (key, value) in (e for e in [*dealt, *planned] if e[0] in ("hold", "entries")):
+        shards.setdefault(key, []).append(value)
+    merged = [t for key, values in sorted(shards.items()) for t in gt._merge((key, values), work)]
+    assert len(members) == 3 * m.epochs and len(merged) == len(tasks) * m.epochs
+    assert _arrays([dealt, [e for e in planned if e[0] != "pair"], merged]) == 0
+    for e in range(m.epochs):
+        got = np.concatenate([read_columns(t[3])["row"] for t in merged if t[0] == e])
+        want = load_epoch_plan(grouped["g3"], e).rows
+        assert Counter(got.tolist()) == Counter(want[want >= 0].tolist())
+
+
 def test_a_sampler_replays_a_grouped_epoch_resumes_and_restarts_on_fewer_ranks(grouped) -> None:
     from lidarshard.loaders.elastic import ElasticBatchSampler
 

@@ -54,6 +54,35 @@ def test_numeric_columns_need_strictly_increasing_ids(built: Path) -> None:
     ]
 
 
+def test_numeric_columns_join_a_column_at_a_time_keeping_types_and_nulls(built: Path) -> None:
+    """The settle step's columns: one chunk each (joined column by column, not the table copied), the
+    schema's types for ``NUMERIC``, extras as stored, nulls kept."""
+    samples = pq.read_table(built / schemas.SAMPLES_DIR).select(schemas.sample_schema().names)
+    points = samples.column("num_points").to_pylist()
+    points[3] = None
+    holey = samples.set_column(samples.schema.get_field_index("num_points"), "num_points", pa.array(points))
+    got = previous.numeric_columns(_file(holey, row_group_size=7), ["sample_id", "num_points"])
+    assert got.column_names == [*previous.NUMERIC, "sample_id"]
+    assert all(got.column(n).num_chunks == 1 for n in got.column_names)
+    assert got.schema.field("sample_id").type == pa.string()
+    assert got.column("num_points").to_pylist() == points and got.column("num_points").null_count == 1
+    assert got.column("sample_id").to_pylist() == samples.column("sample_id").to_pylist()
+
+
+def test_a_parked_part_task_carries_no_rows_and_unparks_whole(tmp_path: Path) -> None:
+    """What the build's SpreadParts shuffle carries of a part task: its numbers, its arrays in scratch."""
+    keep = np.array([True, False, True, True])
+    task = previous.PartTask(3, "in.parquet", (0, 2), keep, np.array([1.5, 2.0, 3.25]),
+                             np.array([0, 2, 1], np.int32), np.ones(3), ("/a", None))  # fmt: skip
+    parked = previous.park(task, str(tmp_path / "part-00003"))
+    assert (parked.keep.size, parked.cost.size, parked.bucket_id.size, parked.weight.size) == (0, 0, 0, 0)
+    assert (parked.part, parked.path, parked.groups, parked.roots) == (3, "in.parquet", (0, 2), ("/a", None))
+    back = previous.unpark(parked, str(tmp_path / "part-00003"))
+    for name in ("keep", "cost", "bucket_id", "weight"):
+        got, want = getattr(back, name), getattr(task, name)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
 def _build(src: Path, out: Path, *flags: str) -> None:
     args = ["build", str(out), "--from-samples", str(src), "--world-size", "2", "--batch-size", "2"]
     assert main([*args, "--epochs", "2", "--strategy", "budget", *flags, *BEAM_TEST_FLAGS]) == 0

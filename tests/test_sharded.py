@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lidarshard import schemas
 from lidarshard.transforms.core import plan_writer as sharded
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import plan_samples
-from lidarshard.transforms.io.arrow import parquet_bytes
+from lidarshard.transforms.io.arrow import ParquetStream, parquet_bytes
 from lidarshard.transforms.plan.caps import Caps
 from tests.helpers import scored_pool
 from tests.plan_oracle import plan_tables
 
 
-def _sharded_tables(
-    scored: pa.Table, epoch: int, cfg: PlanConfig, rows: int, reverse: bool
-) -> list[pa.Table]:
+def _pieces(scored: pa.Table, epoch: int, cfg: PlanConfig, rows: int) -> dict[int, list[pa.Table]]:
     part = sharded.assignment(plan_samples(scored.select(sharded.NUMERIC_INPUT), epoch, cfg).plan)
     pieces: dict[int, list[pa.Table]] = {}
     for start, stop in sharded.shard_bounds(scored.num_rows, rows):
@@ -28,6 +29,13 @@ def _sharded_tables(
         )
         for rank, piece in got.items():
             pieces.setdefault(rank, []).append(piece)
+    return pieces
+
+
+def _sharded_tables(
+    scored: pa.Table, epoch: int, cfg: PlanConfig, rows: int, reverse: bool
+) -> list[pa.Table]:
+    pieces = _pieces(scored, epoch, cfg, rows)
     return [
         sharded.finish_rank(pieces.get(r, [])[:: -1 if reverse else 1], epoch, r)
         for r in range(cfg.world_size)
@@ -68,6 +76,24 @@ def test_pieces_round_trip_through_parquet_keep_the_schema() -> None:
     for r in range(3):
         table = sharded.finish_rank([pq.read_table(back[r])], 0, r)
         assert parquet_bytes(table) == parquet_bytes(want[r])
+
+
+def test_rank_batches_stream_the_rank_file_a_row_group_at_a_time() -> None:
+    """The rank writer's batches (any piece order, 16 rows each), streamed, are the one-process file."""
+    scored = scored_pool(300, 1)
+    cfg = PlanConfig(world_size=3, batch_size=2, strategy="mixed")
+    want, _ = plan_tables(scored, 0, cfg)
+    pieces = _pieces(scored, 0, cfg, 37)
+    for r in range(3):
+        batches = list(sharded.rank_batches(pieces[r][::-1], 0, r, rows=16))
+        assert len(batches) > 1 and max(b.num_rows for b in batches) == 16
+        sink = io.BytesIO()
+        with ParquetStream(sink, schemas.plan_schema()) as out:
+            for batch in batches:
+                out.write(batch)
+        assert sink.getvalue() == parquet_bytes(want[r])
+    (empty,) = sharded.rank_batches([], 0, 0)
+    assert empty.num_rows == 0 and empty.schema == schemas.plan_schema()
 
 
 def test_slice_rows_and_bounds() -> None:

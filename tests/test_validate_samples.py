@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
-from lidarshard.tools.validate_samples import id_keys, read_samples, release_memory, row_keys
-from lidarshard.transforms.io.arrow import parquet_bytes
+from lidarshard.tools.validate_samples import id_keys, read_samples, row_keys
+from lidarshard.transforms.io.arrow import parquet_bytes, release_memory
 from lidarshard.transforms.io.parts import ParquetParts, open_parts
 from tests.helpers import scored_pool
 

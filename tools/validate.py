@@ -56,12 +56,11 @@ from lidarshard.tools.validate_samples import (
     check_samples,
     check_scored,
     cost_model_of,
-    release_memory,
 )
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan
 from lidarshard.transforms.io import metadata, storage
-from lidarshard.transforms.io.arrow import parquet_file
+from lidarshard.transforms.io.arrow import parquet_file, release_memory
 
 __all__ = ["run", "validate"]
 

@@ -20,9 +20,10 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_derived import check_replan, derive
 from lidarshard.tools.validate_files import check_plan
 from lidarshard.tools.validate_repeat import check_realized
-from lidarshard.tools.validate_samples import SamplesView, release_memory, row_keys
+from lidarshard.tools.validate_samples import SamplesView, row_keys
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import EpochPlan, as_planned
+from lidarshard.transforms.io.arrow import release_memory
 from lidarshard.transforms.plan.caps import Caps, cap_breaches, rank_step_sums
 from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.memory import MemoryModel

@@ -10,8 +10,6 @@ case of two ids sharing a key is detected and reported as a problem of the valid
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 from collections.abc import Callable, Sequence
 
@@ -28,7 +26,7 @@ from lidarshard.transforms.features.accounting import fingerprint_update, first_
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import checked_model, sample_costs
 from lidarshard.transforms.io import paths, storage
-from lidarshard.transforms.io.arrow import parquet_file, read_rows, row_groups
+from lidarshard.transforms.io.arrow import joined, parquet_file, read_rows, release_memory, row_groups
 from lidarshard.transforms.io.parts import ParquetParts, open_parts, read_parts
 
 __all__ = [
@@ -38,7 +36,6 @@ __all__ = [
     "id_keys",
     "row_keys",
     "read_samples",
-    "release_memory",
     "cost_model_of",
     "check_scored",
 ]
@@ -46,25 +43,6 @@ __all__ = [
 #: Sample columns kept whole (those absent from a scan's samples are skipped): what plans are
 #: checked and re-planned from, 28 bytes a sample.
 NUMERIC = ["cost", "bucket_id", "num_points", "weight"]
-
-
-def release_memory() -> None:
-    """Hand memory freed by a streaming pass back to the OS (Arrow's pool and glibc's heap keep it
-    otherwise: at 3M samples ~0.3 GB of the validator's RSS after reading the samples)."""
-    pa.default_memory_pool().release_unused()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _glibc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _glibc()
 
 
 def _digests(values: pa.Array) -> NDArray[np.uint64]:
@@ -239,20 +217,12 @@ def read_samples(
     # one column at a time, each freed as it is joined: the peak is the result plus one column
     schema = file.schema_arrow
     numeric = pa.Table.from_arrays(
-        [_joined(parts.pop(n), schema.field(n).type) for n in numeric_names], names=numeric_names
+        [joined(parts.pop(n), schema.field(n).type) for n in numeric_names], names=numeric_names
     )
     row_key = _joined_keys(row_parts)
     view = SamplesView(numeric, _LazyIds(files, file), _joined_keys(id_parts), row_key, mismatch)
     release_memory()
     return view, h.hexdigest(), path_bad
-
-
-def _joined(chunks: list[pa.Array], type_: pa.DataType) -> pa.Array:
-    """One contiguous array of ``chunks`` (emptied: the caller's list no longer holds them)."""
-    out = pa.chunked_array(chunks, type_).combine_chunks()
-    chunks.clear()
-    release_memory()
-    return out
 
 
 def _joined_keys(parts: list[NDArray[np.uint64]]) -> NDArray[np.uint64]:

@@ -14,11 +14,12 @@ Steps (each a thin wrapper of a pure function)::
     PlanEpoch      epochs.plan_samples        each epoch planned once, from the numeric columns
     PlanInGroups   group_transform            or, with G > 1 step groups, each (epoch, group) alone
     WritePieces    sharded.rank_pieces        each rank's rows of a range of samples (scratch files)
-    WriteRanks     sharded.finish_rank        each (epoch, rank) plan file
+    WriteRanks     sharded.rank_batches       each (epoch, rank) plan file, a row group at a time
     WriteManifest  manifest.build_manifest    ``_manifest.json``; the scratch directory goes
 
 No step holds the samples' paths. What a step needs from several others arrives as its main input
-(``GatherTagged``), never as a side input, so every runner computes each step once.
+(``GatherTagged``), never as a side input, so every runner computes each step once. Plan rows never
+pass through a shuffle: a shard task names the scratch file of its entries (``transforms.io.scratch``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
-from lidarshard.transforms.beam.group_transform import PlanGroups
+from lidarshard.transforms.beam.group_transform import PlanGroups, shard_entries_path
 from lidarshard.transforms.beam.scan_transform import NAMESPACE
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.core import group_rows, groups, previous
@@ -42,8 +43,15 @@ from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, as_plann
 from lidarshard.transforms.core.score import ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.io.arrow import parquet_bytes, parquet_file, read_rows
+from lidarshard.transforms.io.arrow import (
+    ParquetStream,
+    parquet_bytes,
+    parquet_file,
+    read_rows,
+    release_memory,
+)
 from lidarshard.transforms.io.parts import listed_parts, open_parts, parts_holding, read_parts
+from lidarshard.transforms.io.scratch import read_columns, write_columns
 
 __all__ = ["BuildJob", "BuildManifest", "writer", "PLANNED_PAIRS"]
 
@@ -80,22 +88,37 @@ def writer(staging: str) -> manifest.Write:
     return write
 
 
+def _scores_path(work: str, part: int) -> str:
+    return storage.join(work, "scores", f"part-{part:05d}")
+
+
 def _settle_and_score(source: Source, job: BuildJob) -> Iterator[tuple[str, object]]:
-    """``("scored", metadata)`` (with the number of parts) and one ``("part", PartTask)`` per part."""
+    """``("scored", metadata)`` (with the number of parts) and one ``("part", PartTask)`` per part, its
+    arrays parked in the scratch directory (``previous.park``: the shuffle carries no row's scores)."""
     meta, tasks = settle_and_score(source, job.model, job.cfg, job.settle, writer(job.staging))
     yield "scored", meta | {"parts": len(tasks)}
-    for task in tasks:
-        yield "part", task
+    while tasks:
+        task = tasks.pop(0)
+        yield "part", previous.park(task, _scores_path(job.work, task.part))
+    release_memory()
 
 
-def _write_part(task: previous.PartTask, staging: str) -> tuple[int, int, dict]:
-    """Write samples part ``task.part`` into the staging directory: ``(k, rows, files entry)``."""
-    rel = schemas.samples_part(task.part)
-    with storage.open_read(task.path) as f, storage.open_write(storage.join(staging, rel)) as sink:
-        out = previous.write_part(parquet_file(f), task, sink)
+def _streamed(rel: str, out: ParquetStream) -> dict:
+    """The ``files`` entry of ``rel``, written through the closed ``out``, counted in the run's metrics."""
     Metrics.counter(NAMESPACE, "files_written").inc()
     Metrics.counter(NAMESPACE, "bytes_written").inc(out.bytes)
-    return task.part, int(task.keep.sum()), {"path": rel, "bytes": out.bytes, "sha256": out.sha256}
+    release_memory()
+    return {"path": rel, "bytes": out.bytes, "sha256": out.sha256}
+
+
+def _write_part(task: previous.PartTask, job: BuildJob) -> tuple[int, int, dict]:
+    """Write samples part ``task.part`` (parked: ``previous.unpark``) into the staging directory: ``(k,
+    rows, files entry)``."""
+    task = previous.unpark(task, _scores_path(job.work, task.part))
+    rel, staging = schemas.samples_part(task.part), job.staging
+    with storage.open_read(task.path) as f, storage.open_write(storage.join(staging, rel)) as sink:
+        out = previous.write_part(parquet_file(f), task, sink)
+    return task.part, int(task.keep.sum()), _streamed(rel, out)
 
 
 def _samples_written(gathered: dict[str, list]) -> dict:
@@ -140,8 +163,8 @@ def _epoch_tasks(scored: dict, job: BuildJob) -> Iterator[tuple[str, object]]:
 def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, object]]:
     """Plan epoch ``task[0]`` once from the numeric columns of the written samples (``task[1]``: their
     metadata): ``("stats", stats)``, ``("pair", (epoch, plan, baseline))`` for ``PLANNED_PAIRS``, one
-    ``("shard", (epoch, start, stop, entries, (parts holding it, their first row)))`` per range of
-    samples holding planned entries and one ``("rank", ((epoch, rank), -1))`` per rank (so every rank's
+    ``("shard", (epoch, start, stop, entries' scratch file, (parts holding it, their first row)))`` per
+    range of samples holding planned entries and one ``("rank", ((epoch, rank), -1))`` per rank (so every rank's
     file is written)."""
     epoch, scored = task
     parts = _parts(scored, job.staging)
@@ -164,7 +187,10 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
         entries = sharded.slice_rows(part, start, stop)
         if entries["row"].size:
             holding = parts_holding(parts, scored["part_rows"], start, stop)
-            yield "shard", (epoch, start, stop, entries, holding)
+            path = write_columns(shard_entries_path(job.work, epoch, start), entries)
+            yield "shard", (epoch, start, stop, path, holding)
+    del part, numeric
+    release_memory()
     for rank in range(job.cfg.world_size):
         yield "rank", ((epoch, rank), -1)
 
@@ -177,12 +203,14 @@ def _piece_path(work: str, epoch: int, rank: int, start: int) -> str:
 def _write_pieces(shard: tuple, work: str) -> Iterator[tuple[tuple[int, int], int]]:
     """Rows [start, stop) of the samples -> each rank's plan rows from them, in a scratch file:
     ``((epoch, rank), start)`` per file written."""
-    epoch, start, stop, entries, (parts, first) = shard
+    epoch, start, stop, path, (parts, first) = shard
+    entries = read_columns(path)
     with open_parts(parts) as file:
         rows = read_rows(file, start - first, stop - first, sharded.COPIED)
     for rank, piece in sharded.rank_pieces(rows, start, entries).items():
         storage.write_bytes(_piece_path(work, epoch, rank, start), parquet_bytes(piece))
         yield (epoch, rank), start
+    release_memory()
 
 
 def _global_steps(piece: pa.Table, counts: list, epoch: int, cfg: PlanConfig) -> pa.Table:
@@ -193,7 +221,8 @@ def _global_steps(piece: pa.Table, counts: list, epoch: int, cfg: PlanConfig) ->
 
 def _write_rank(grouped: tuple[tuple[int, int], list], job: BuildJob) -> dict:
     """Rank ``rank``'s plan file of epoch ``epoch`` from its pieces (``grouped``: ((epoch, rank), piece
-    starts, and with step groups each group's ``("count", group, steps, peak)``); its ``files`` entry."""
+    starts, and with step groups each group's ``("count", group, steps, peak)``), written a row group
+    at a time (``plan_writer.rank_batches``); its ``files`` entry."""
     (epoch, rank), values = grouped
     values = list(values)
     starts = sorted({v for v in values if isinstance(v, int)} - {-1})
@@ -201,8 +230,13 @@ def _write_rank(grouped: tuple[tuple[int, int], list], job: BuildJob) -> dict:
     pieces = [storage.read_parquet(_piece_path(job.work, epoch, rank, s)) for s in starts]
     if counts:  # a plan of step groups: its pieces' steps are local * G + group
         pieces = [_global_steps(p, counts, epoch, job.cfg) for p in pieces]
-    data = parquet_bytes(sharded.finish_rank(pieces, epoch, rank))
-    return manifest.write_file(writer(job.staging), schemas.plan_file(epoch, rank), data)
+    rel = schemas.plan_file(epoch, rank)
+    with storage.open_write(storage.join(job.staging, rel)) as sink:
+        with ParquetStream(sink, schemas.plan_schema()) as out:
+            for batch in sharded.rank_batches(pieces, epoch, rank):
+                out.write(batch)
+    del pieces
+    return _streamed(rel, out)
 
 
 def _write_manifest(gathered: dict[str, list], job: BuildJob) -> dict:
@@ -269,9 +303,7 @@ class BuildManifest(beam.PTransform):
             | "SplitScored" >> SplitTags("scored", "part")
         )
         written = (
-            scored["part"]
-            | "SpreadParts" >> beam.Reshuffle()
-            | "WriteSamples" >> beam.Map(_write_part, job.staging)
+            scored["part"] | "SpreadParts" >> beam.Reshuffle() | "WriteSamples" >> beam.Map(_write_part, job)
         )
         samples = (
             (tag(scored["scored"], "scored"), tag(written, "written"))
@@ -287,7 +319,7 @@ class BuildManifest(beam.PTransform):
             | "PlanEpoch" >> beam.FlatMap(_plan_epoch, job)
             | "SplitPlan" >> SplitTags("stats", "pair", "shard", "rank")
         )
-        grouped = tasks["deal"] | "PlanInGroups" >> PlanGroups(job.cfg, PLANNED_PAIRS)
+        grouped = tasks["deal"] | "PlanInGroups" >> PlanGroups(job.cfg, PLANNED_PAIRS, job.work)
         pieces = (
             (planned["shard"], grouped["shard"])
             | "AllShards" >> beam.Flatten()

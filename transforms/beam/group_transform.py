@@ -4,16 +4,19 @@
 pure function of ``transforms.core.group_rows``)::
 
     DealShards    deal_shard       one task a shard of the samples: its rows dealt into every epoch's groups
-    ByGroup       GroupByKey       key (epoch, group, G): the group's members, in any order
+    ByGroup       GroupByKey       key (epoch, group, G): the shard starts holding the group's members
     PlanGroups    plan_group       one group planned alone (its members sorted by row first)
-    ByShard       GroupByKey       key (epoch, shard start): every group's plan rows of that shard
+    ByShard       GroupByKey       key (epoch, shard start): the groups with plan rows in that shard
     MergeShards   merge_entries    -> the build's WritePieces; each group's (steps, peak) -> each rank writer
     PairShards    pair_buckets     epochs 0 and 1 of each shard's samples: which steps they share
     PairBuckets   pair_counts      the pair repeat rate's two sums, per bucket of epoch-0 steps
 
-No element holds more than one group or one shard of samples; the epoch's step order needs only the G
-(steps, peak) pairs. Results do not depend on the order elements arrive in: every gathered list is
-sorted (by group, by shard start) before use.
+No element holds more than one group or one shard of samples, and no shuffle carries the rows: a
+group's members and its plan rows are parked in the build's scratch directory, one file per (epoch,
+group, shard) (``transforms.io.scratch``), and the shuffles carry their names (a local runner holds
+what passes through a shuffle in one process). The epoch's step order needs only the G (steps, peak)
+pairs. Results do not depend on the order elements arrive in: every gathered list is sorted (by group,
+by shard start) before use.
 """
 
 from __future__ import annotations
@@ -30,16 +33,33 @@ from lidarshard.transforms.core import plan_writer as sharded
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES
 from lidarshard.transforms.core.groups import plan_group
-from lidarshard.transforms.io.arrow import read_rows
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import read_rows, release_memory
 from lidarshard.transforms.io.parts import open_parts
+from lidarshard.transforms.io.scratch import read_columns, write_columns
 
-__all__ = ["PlanGroups"]
+__all__ = ["PlanGroups", "shard_entries_path"]
 
 
-def _deal(task: tuple, cfg: PlanConfig) -> Iterator[tuple[str, object]]:
+def shard_entries_path(work: str, epoch: int, start: int) -> str:
+    """The scratch file of one shard's plan entries of one epoch (``plan_writer.slice_rows`` columns),
+    which WritePieces reads: a shard task carries this name, not the rows."""
+    return storage.join(work, "entries", f"epoch-{epoch}", f"{start:012d}.parquet")
+
+
+def _members_path(work: str, epoch: int, group: int, start: int) -> str:
+    return storage.join(work, "deal", f"epoch-{epoch}", f"group-{group}", f"{start:012d}.parquet")
+
+
+def _entries_path(work: str, epoch: int, start: int, group: int) -> str:
+    return storage.join(work, "entries", f"epoch-{epoch}", f"{start:012d}", f"group-{group}.parquet")
+
+
+def _deal(task: tuple, cfg: PlanConfig, work: str) -> Iterator[tuple[str, object]]:
     """Shard ``task`` = (start, stop, (parts holding it, their first row), G) dealt into every epoch's
-    groups: ``("member", ((epoch, group, G), members))`` and ``("hold", ((epoch, start), ("hold", stop,
-    holding)))`` (so the shard's writer knows where its rows are)."""
+    groups, each group's members written to a scratch file: ``("member", ((epoch, group, G), start))``
+    and ``("hold", ((epoch, start), ("hold", stop, holding)))`` (so the shard's writer knows where its
+    rows are)."""
     start, stop, holding, groups = task
     parts, first = holding
     columns = ["sample_id", *sharded.NUMERIC_INPUT]
@@ -47,25 +67,36 @@ def _deal(task: tuple, cfg: PlanConfig) -> Iterator[tuple[str, object]]:
     with open_parts(parts) as file:
         chunk = read_rows(file, start - first, stop - first, columns)
     for epoch in range(cfg.epochs):
-        for g, members in group_rows.deal_shard(chunk, start, epoch, cfg, groups).items():
-            yield "member", ((epoch, g, groups), members)
+        for g, (_, rows, values) in group_rows.deal_shard(chunk, start, epoch, cfg, groups).items():
+            write_columns(_members_path(work, epoch, g, start), {"row": rows, **values})
+            yield "member", ((epoch, g, groups), start)
         yield "hold", ((epoch, start), ("hold", stop, holding))
+    release_memory()
+
+
+def _members(work: str, epoch: int, group: int, starts: Iterable[int]) -> Iterator[group_rows.Members]:
+    """The members of ``group`` that ``_deal`` wrote for the shards at ``starts``."""
+    for start in starts:
+        columns = read_columns(_members_path(work, epoch, group, start))
+        yield start, columns.pop("row"), columns
 
 
 def _plan(
-    grouped: tuple[tuple[int, int, int], Iterable], cfg: PlanConfig, pairs: tuple[int, ...]
+    grouped: tuple[tuple[int, int, int], Iterable], cfg: PlanConfig, pairs: tuple[int, ...], work: str
 ) -> Iterator[tuple[str, object]]:
-    """One group planned alone: ``("entries", ((epoch, shard start), ("entries", group, rows)))`` per
-    shard it has rows in, ``("rank", ((epoch, rank), ("count", group, steps, peak)))`` per rank,
+    """One group planned alone (its members read from the shards' scratch files), its plan rows written
+    to one scratch file per shard it has rows in: ``("entries", ((epoch, shard start), ("entries",
+    group)))`` per such shard, ``("rank", ((epoch, rank), ("count", group, steps, peak)))`` per rank,
     ``("summary", (epoch, group, GroupSummary))`` and, for the pair-repeat epochs, ``("pair", (shard
     start, (kind, 0 | 1, group, rows, step ids)))`` of its plan (``"plan"``) and random reference."""
-    (epoch, g, groups), members = grouped
-    rows, table = group_rows.group_members(members)
+    (epoch, g, groups), starts = grouped
+    rows, table = group_rows.group_members(_members(work, epoch, g, sorted(set(starts))))
     planned = plan_group(table, rows, epoch, g, cfg)
     Metrics.counter(NAMESPACE, "planned").inc(planned.summary.planned)
     costs = cfg.planned_with(epoch) is not None
     for start, entries in group_rows.group_entries(planned, rows, table, g, groups, costs):
-        yield "entries", ((epoch, start), ("entries", g, entries))
+        write_columns(_entries_path(work, epoch, start, g), entries)
+        yield "entries", ((epoch, start), ("entries", g))
     s = planned.summary
     for rank in range(cfg.world_size):
         yield "rank", ((epoch, rank), ("count", g, s.steps, s.peak))
@@ -74,6 +105,8 @@ def _plan(
         for kind, plan in (("plan", planned.plan), ("random", planned.baseline)):
             for start, rows_, steps in group_rows.pair_entries(plan, g, groups):
                 yield "pair", (start, (kind, pairs.index(epoch), g, rows_, steps))
+    del planned, rows, table
+    release_memory()
 
 
 def _pair_shard(grouped: tuple[int, Iterable]) -> Iterator[tuple[tuple[str, int], object]]:
@@ -93,18 +126,21 @@ def _pair_bucket(grouped: tuple[tuple[str, int], Iterable]) -> tuple[str, int, i
     return (kind, *group_rows.pair_counts(list(pieces)))
 
 
-def _merge(grouped: tuple[tuple[int, int], Iterable]) -> Iterator[tuple]:
-    """One shard's rows of every group -> ``(epoch, start, stop, entries, holding)`` (WritePieces' task),
-    none when no group planned a row of it."""
+def _merge(grouped: tuple[tuple[int, int], Iterable], work: str) -> Iterator[tuple]:
+    """One shard's rows of every group (their scratch files) merged into one scratch file ->
+    ``(epoch, start, stop, its path, holding)`` (WritePieces' task), none when no group planned a row
+    of it."""
     (epoch, start), values = grouped
     values = list(values)
     hold = [v for v in values if v[0] == "hold"]
-    entries = [(v[1], v[2]) for v in values if v[0] == "entries"]
+    planned = sorted({v[1] for v in values if v[0] == "entries"})
     if len(hold) != 1:
         raise RuntimeError(f"epoch {epoch}: shard {start} was dealt {len(hold)} times, not once")
-    if entries:
+    if planned:
         _, stop, holding = hold[0]
-        yield epoch, start, stop, group_rows.merge_entries(entries), holding
+        entries = [(g, read_columns(_entries_path(work, epoch, start, g))) for g in planned]
+        path = write_columns(shard_entries_path(work, epoch, start), group_rows.merge_entries(entries))
+        yield epoch, start, stop, path, holding
 
 
 class PlanGroups(beam.PTransform):
@@ -112,29 +148,29 @@ class PlanGroups(beam.PTransform):
     WritePieces' tasks, the rank writers' step counts, the groups' summaries and the pair repeat rate's
     sums ``(kind, pairs, shared)`` per bucket."""
 
-    def __init__(self, cfg: PlanConfig, pairs: tuple[int, ...]) -> None:
+    def __init__(self, cfg: PlanConfig, pairs: tuple[int, ...], work: str) -> None:
         super().__init__()
-        self._cfg, self._pairs = cfg, pairs
+        self._cfg, self._pairs, self._work = cfg, pairs, work
 
     def expand(self, tasks: beam.PCollection) -> dict[str, beam.PCollection]:
-        cfg, pairs = self._cfg, self._pairs
+        cfg, pairs, work = self._cfg, self._pairs, self._work
         dealt = (
             tasks
             | "SpreadDeal" >> beam.Reshuffle()
-            | "DealShards" >> beam.FlatMap(_deal, cfg)
+            | "DealShards" >> beam.FlatMap(_deal, cfg, work)
             | "SplitDealt" >> SplitTags("member", "hold")
         )
         planned = (
             dealt["member"]
             | "ByGroup" >> beam.GroupByKey()
-            | "PlanGroups" >> beam.FlatMap(_plan, cfg, pairs)
+            | "PlanGroups" >> beam.FlatMap(_plan, cfg, pairs, work)
             | "SplitGroups" >> SplitTags("entries", "rank", "summary", "pair")
         )
         shards = (
             (dealt["hold"], planned["entries"])
             | "ShardRows" >> beam.Flatten()
             | "ByShard" >> beam.GroupByKey()
-            | "MergeShards" >> beam.FlatMap(_merge)
+            | "MergeShards" >> beam.FlatMap(_merge, work)
         )
         counted = (
             planned["pair"]

@@ -7,19 +7,23 @@ epoch at 1M samples with 9 sweeps. Here the plan is decided on the numeric colum
     part = assignment(plan_samples(numeric, epoch, cfg).plan)  # sample index -> (rank, step, slot), sorted
     for k, (start, stop) in enumerate(shard_bounds(n)):    # in parallel: one task per (epoch, shard)
         pieces = rank_pieces(read_rows(start, stop), start, slice_rows(part, start, stop))
-    table = finish_rank(pieces_of_rank, epoch, rank)       # in parallel: one task per (epoch, rank)
+    rank_batches(pieces_of_rank, epoch, rank)              # in parallel: one task per (epoch, rank)
 
-``finish_rank`` gives exactly the table a one-process writer would (same rows, order and types;
+``finish_rank`` (``rank_batches`` joined) gives exactly the table a one-process writer would (same rows, order and types;
 ``tests/plan_oracle.py`` keeps that writer as the tests' oracle).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.transforms.io.arrow import ROW_GROUP_ROWS
 
 __all__ = [
     "plan_rows",
@@ -30,6 +34,7 @@ __all__ = [
     "assignment",
     "slice_rows",
     "rank_pieces",
+    "rank_batches",
     "finish_rank",
 ]
 
@@ -125,14 +130,25 @@ def _piece_schema() -> pa.Schema:
     return pa.schema([f for f in plan if f.name not in _KEY], metadata=plan.metadata)
 
 
+def rank_batches(
+    pieces: list[pa.Table], epoch: int, rank: int, rows: int = ROW_GROUP_ROWS
+) -> Iterator[pa.Table]:
+    """Rank ``rank``'s plan file for ``epoch`` from its pieces (any order), ``rows`` rows at a time in
+    (step, slot) order, with the file's ``epoch`` and ``rank`` columns (one empty table when there are
+    none). Memory: the pieces, the (n,) sort order and one batch; not a sorted copy of the rank's rows."""
+    parts = [p for p in pieces if p.num_rows]
+    table = pa.concat_tables(parts) if parts else _piece_schema().empty_table()  # chunks, no copy
+    order = pc.sort_indices(table, sort_keys=[("step", "ascending"), ("slot", "ascending")])
+    for a in range(0, max(table.num_rows, 1), rows):
+        batch = table.take(order.slice(a, rows))
+        n = batch.num_rows
+        batch = batch.add_column(0, "rank", pa.array(np.full(n, rank, np.int32))).add_column(
+            0, "epoch", pa.array(np.full(n, epoch, np.int32))
+        )
+        yield batch.cast(schemas.plan_schema())  # read-back pieces name list items "element"
+
+
 def finish_rank(pieces: list[pa.Table], epoch: int, rank: int) -> pa.Table:
     """Rank ``rank``'s plan file table for ``epoch`` from its pieces (any order): sorted by (step, slot),
-    with the file's ``epoch`` and ``rank`` columns."""
-    parts = [p for p in pieces if p.num_rows]
-    table = pa.concat_tables(parts) if parts else _piece_schema().empty_table()
-    table = table.sort_by([("step", "ascending"), ("slot", "ascending")]).combine_chunks()
-    n = table.num_rows
-    table = table.add_column(0, "rank", pa.array(np.full(n, rank, np.int32))).add_column(
-        0, "epoch", pa.array(np.full(n, epoch, np.int32))
-    )
-    return table.cast(schemas.plan_schema())  # read-back pieces name list items "element"
+    with the file's ``epoch`` and ``rank`` columns (``rank_batches`` joined)."""
+    return pa.concat_tables(list(rank_batches(pieces, epoch, rank))).combine_chunks()

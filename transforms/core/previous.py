@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +21,8 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing, repeats
 from lidarshard.transforms.io import paths
-from lidarshard.transforms.io.arrow import ParquetStream, row_groups
+from lidarshard.transforms.io.arrow import ParquetStream, joined, row_groups
+from lidarshard.transforms.io.scratch import read_columns, write_columns
 
 __all__ = [
     "NUMERIC",
@@ -30,6 +31,8 @@ __all__ = [
     "numeric_columns",
     "paths_at",
     "part_tasks",
+    "park",
+    "unpark",
     "reroot",
     "write_part",
     "fingerprint_kept",
@@ -68,19 +71,18 @@ def repeated_ids(file: pq.ParquetFile, *, ordered: bool = False) -> NDArray[np.b
 
 def numeric_columns(file: pq.ParquetFile, extras: Sequence[str] = ()) -> pa.Table:
     """``NUMERIC`` (schema types) and the columns ``extras`` (as stored) of every row, read one row
-    group at a time."""
+    group at a time and joined a column at a time (``arrow.joined``): the peak is the columns read
+    plus one column, not twice the table."""
     want = pa.schema([schemas.sample_schema().field(n) for n in NUMERIC])
     extra = [n for n in dict.fromkeys(extras) if n not in NUMERIC]
-    parts = []
+    schema = pa.schema([*want, *(file.schema_arrow.field(n) for n in extra)])
+    parts: dict[str, list[pa.Array]] = {n: [] for n in schema.names}
     for t in row_groups(file, [*NUMERIC, *extra]):
         numeric = t.select(NUMERIC).cast(want)
-        for name in extra:
-            numeric = numeric.append_column(name, t.column(name))
-        parts.append(numeric)
-    if not parts:
-        stored = file.schema_arrow
-        return pa.schema([*want, *(stored.field(n) for n in extra)]).empty_table()
-    return pa.concat_tables(parts).combine_chunks()
+        for name in schema.names:
+            parts[name] += (numeric if name in NUMERIC else t).column(name).chunks
+        del t, numeric
+    return pa.Table.from_arrays([joined(parts.pop(f.name), f.type) for f in schema], schema=schema)
 
 
 def paths_at(file: pq.ParquetFile, rows: NDArray[np.int64], column: str = "path") -> list:
@@ -145,6 +147,25 @@ def part_tasks(
 def reroot(table: pa.Table, roots: tuple[str | None, str | None]) -> pa.Table:
     """``table``'s paths, stored under ``roots[0]`` (None: absolute), re-stored under ``roots[1]``."""
     return paths.relative_to(paths.absolute(table, roots[0]), roots[1])
+
+
+def park(task: PartTask, path: str) -> PartTask:
+    """``task`` with its arrays (``keep`` per input row; cost, bucket and weight per kept row: ~21 bytes
+    an input row) written to the scratch files ``path`` + ``.keep`` and ``path`` + ``.scores``, and left
+    empty: what a shuffle carries of it is its few numbers. ``unpark`` reads them back."""
+    write_columns(f"{path}.keep", {"keep": task.keep})
+    write_columns(f"{path}.scores", {"cost": task.cost, "bucket_id": task.bucket_id, "weight": task.weight})
+    none = np.empty(0)
+    return replace(task, keep=none.astype(bool), cost=none, bucket_id=none.astype(np.int32), weight=none)
+
+
+def unpark(task: PartTask, path: str) -> PartTask:
+    """``task`` (``park``'s) with the arrays read back from its scratch files."""
+    scores = read_columns(f"{path}.scores")
+    keep = read_columns(f"{path}.keep")["keep"]
+    return replace(
+        task, keep=keep, cost=scores["cost"], bucket_id=scores["bucket_id"], weight=scores["weight"]
+    )
 
 
 def write_part(file: pq.ParquetFile, task: PartTask, sink) -> ParquetStream:

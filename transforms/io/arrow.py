@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -23,6 +25,8 @@ __all__ = [
     "read_rows",
     "parquet_file",
     "sha256_hex",
+    "release_memory",
+    "joined",
 ]
 
 #: Rows per Parquet row group (the last one of a file may be shorter).
@@ -218,3 +222,32 @@ def read_rows(file: pq.ParquetFile, start: int, stop: int, columns: Sequence[str
 def sha256_hex(data: bytes) -> str:
     """Hex SHA-256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
+
+
+def release_memory() -> None:
+    """Hand memory freed by a step back to the OS: Arrow's pool and glibc's heap keep freed pages
+    otherwise, so a long-lived process (a Beam worker, the validator) keeps the peak of every step it
+    ran (at 3M samples ~0.3 GB of the validator's RSS after reading the samples)."""
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _glibc()
+
+
+def joined(chunks: list[pa.Array], type_: pa.DataType) -> pa.Array:
+    """One contiguous array of ``chunks``, which is emptied (the caller's list no longer holds them) and
+    their memory handed back: joining columns one after another, the peak is the columns read plus one."""
+    out = pa.chunked_array(chunks, type_).combine_chunks()
+    chunks.clear()
+    release_memory()
+    return out

@@ -1,0 +1,34 @@
+"""Numeric columns parked in a build's scratch directory, so a shuffle carries a file name, not rows.
+
+A Beam runner keeps what passes through a ``GroupByKey`` or ``Reshuffle`` somewhere: the DirectRunner
+and the Dask runner in one process (the launcher, a scheduler-side worker), where O(N) plan rows would
+add up. The build's steps instead write each task's columns (a shard's plan entries, a group's dealt
+members: (n,) numpy arrays, no nulls) to one small Parquet file under ``OUT/_work`` and pass its name;
+the consumer reads it back. Names are fixed by the task (epoch, group, shard start), so a retried task
+rewrites the same file with the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_bytes
+
+__all__ = ["write_columns", "read_columns"]
+
+
+def write_columns(path: str, columns: Mapping[str, NDArray]) -> str:
+    """Write ``columns`` ({name: (n,) numeric array}, every one the same length) to ``path``; ``path``."""
+    storage.write_bytes(path, parquet_bytes(pa.table({k: np.asarray(v) for k, v in columns.items()})))
+    return path
+
+
+def read_columns(path: str) -> dict[str, NDArray]:
+    """The ``{name: (n,) array}`` ``write_columns`` wrote to ``path``, in its column order and dtypes."""
+    table = storage.read_parquet(path)
+    return {name: table.column(name).to_numpy() for name in table.column_names}
