@@ -32,7 +32,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
-from lidarshard.transforms.beam.group_transform import PlanGroups, shard_entries_path
+from lidarshard.transforms.beam.group_transform import PlanGroups
 from lidarshard.transforms.beam.scan_transform import NAMESPACE
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.core import group_rows, groups, previous
@@ -51,7 +51,7 @@ from lidarshard.transforms.io.arrow import (
     release_memory,
 )
 from lidarshard.transforms.io.parts import listed_parts, open_parts, parts_holding, read_parts
-from lidarshard.transforms.io.scratch import read_columns, write_columns
+from lidarshard.transforms.io.scratch import entries_path, read_columns, scores_path, write_columns
 
 __all__ = ["BuildJob", "BuildManifest", "writer", "PLANNED_PAIRS"]
 
@@ -88,10 +88,6 @@ def writer(staging: str) -> manifest.Write:
     return write
 
 
-def _scores_path(work: str, part: int) -> str:
-    return storage.join(work, "scores", f"part-{part:05d}")
-
-
 def _settle_and_score(source: Source, job: BuildJob) -> Iterator[tuple[str, object]]:
     """``("scored", metadata)`` (with the number of parts) and one ``("part", PartTask)`` per part, its
     arrays parked in the scratch directory (``previous.park``: the shuffle carries no row's scores)."""
@@ -99,7 +95,7 @@ def _settle_and_score(source: Source, job: BuildJob) -> Iterator[tuple[str, obje
     yield "scored", meta | {"parts": len(tasks)}
     while tasks:
         task = tasks.pop(0)
-        yield "part", previous.park(task, _scores_path(job.work, task.part))
+        yield "part", previous.park(task, scores_path(job.work, task.part))
     release_memory()
 
 
@@ -114,7 +110,7 @@ def _streamed(rel: str, out: ParquetStream) -> dict:
 def _write_part(task: previous.PartTask, job: BuildJob) -> tuple[int, int, dict]:
     """Write samples part ``task.part`` (parked: ``previous.unpark``) into the staging directory: ``(k,
     rows, files entry)``."""
-    task = previous.unpark(task, _scores_path(job.work, task.part))
+    task = previous.unpark(task, scores_path(job.work, task.part))
     rel, staging = schemas.samples_part(task.part), job.staging
     with storage.open_read(task.path) as f, storage.open_write(storage.join(staging, rel)) as sink:
         out = previous.write_part(parquet_file(f), task, sink)
@@ -187,7 +183,7 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
         entries = sharded.slice_rows(part, start, stop)
         if entries["row"].size:
             holding = parts_holding(parts, scored["part_rows"], start, stop)
-            path = write_columns(shard_entries_path(job.work, epoch, start), entries)
+            path = write_columns(entries_path(job.work, epoch, start), entries)
             yield "shard", (epoch, start, stop, path, holding)
     del part, numeric
     release_memory()

@@ -33,26 +33,17 @@ from lidarshard.transforms.core import plan_writer as sharded
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES
 from lidarshard.transforms.core.groups import plan_group
-from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import read_rows, release_memory
 from lidarshard.transforms.io.parts import open_parts
-from lidarshard.transforms.io.scratch import read_columns, write_columns
+from lidarshard.transforms.io.scratch import (
+    entries_path,
+    group_entries_path,
+    members_path,
+    read_columns,
+    write_columns,
+)
 
-__all__ = ["PlanGroups", "shard_entries_path"]
-
-
-def shard_entries_path(work: str, epoch: int, start: int) -> str:
-    """The scratch file of one shard's plan entries of one epoch (``plan_writer.slice_rows`` columns),
-    which WritePieces reads: a shard task carries this name, not the rows."""
-    return storage.join(work, "entries", f"epoch-{epoch}", f"{start:012d}.parquet")
-
-
-def _members_path(work: str, epoch: int, group: int, start: int) -> str:
-    return storage.join(work, "deal", f"epoch-{epoch}", f"group-{group}", f"{start:012d}.parquet")
-
-
-def _entries_path(work: str, epoch: int, start: int, group: int) -> str:
-    return storage.join(work, "entries", f"epoch-{epoch}", f"{start:012d}", f"group-{group}.parquet")
+__all__ = ["PlanGroups"]
 
 
 def _deal(task: tuple, cfg: PlanConfig, work: str) -> Iterator[tuple[str, object]]:
@@ -68,7 +59,7 @@ def _deal(task: tuple, cfg: PlanConfig, work: str) -> Iterator[tuple[str, object
         chunk = read_rows(file, start - first, stop - first, columns)
     for epoch in range(cfg.epochs):
         for g, (_, rows, values) in group_rows.deal_shard(chunk, start, epoch, cfg, groups).items():
-            write_columns(_members_path(work, epoch, g, start), {"row": rows, **values})
+            write_columns(members_path(work, epoch, g, start), {"row": rows, **values})
             yield "member", ((epoch, g, groups), start)
         yield "hold", ((epoch, start), ("hold", stop, holding))
     release_memory()
@@ -77,7 +68,7 @@ def _deal(task: tuple, cfg: PlanConfig, work: str) -> Iterator[tuple[str, object
 def _members(work: str, epoch: int, group: int, starts: Iterable[int]) -> Iterator[group_rows.Members]:
     """The members of ``group`` that ``_deal`` wrote for the shards at ``starts``."""
     for start in starts:
-        columns = read_columns(_members_path(work, epoch, group, start))
+        columns = read_columns(members_path(work, epoch, group, start))
         yield start, columns.pop("row"), columns
 
 
@@ -95,7 +86,7 @@ def _plan(
     Metrics.counter(NAMESPACE, "planned").inc(planned.summary.planned)
     costs = cfg.planned_with(epoch) is not None
     for start, entries in group_rows.group_entries(planned, rows, table, g, groups, costs):
-        write_columns(_entries_path(work, epoch, start, g), entries)
+        write_columns(group_entries_path(work, epoch, start, g), entries)
         yield "entries", ((epoch, start), ("entries", g))
     s = planned.summary
     for rank in range(cfg.world_size):
@@ -138,8 +129,8 @@ def _merge(grouped: tuple[tuple[int, int], Iterable], work: str) -> Iterator[tup
         raise RuntimeError(f"epoch {epoch}: shard {start} was dealt {len(hold)} times, not once")
     if planned:
         _, stop, holding = hold[0]
-        entries = [(g, read_columns(_entries_path(work, epoch, start, g))) for g in planned]
-        path = write_columns(shard_entries_path(work, epoch, start), group_rows.merge_entries(entries))
+        entries = [(g, read_columns(group_entries_path(work, epoch, start, g))) for g in planned]
+        path = write_columns(entries_path(work, epoch, start), group_rows.merge_entries(entries))
         yield epoch, start, stop, path, holding
 
 

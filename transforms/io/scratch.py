@@ -5,7 +5,7 @@ and the Dask runner in one process (the launcher, a scheduler-side worker), wher
 add up. The build's steps instead write each task's columns (a shard's plan entries, a group's dealt
 members: (n,) numpy arrays, no nulls) to one small Parquet file under ``OUT/_work`` and pass its name;
 the consumer reads it back. Names are fixed by the task (epoch, group, shard start), so a retried task
-rewrites the same file with the same bytes.
+rewrites the same file with the same bytes; this module is the one place that names them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,35 @@ from numpy.typing import NDArray
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
 
-__all__ = ["write_columns", "read_columns"]
+__all__ = [
+    "write_columns",
+    "read_columns",
+    "scores_path",
+    "members_path",
+    "group_entries_path",
+    "entries_path",
+]
+
+
+def scores_path(work: str, part: int) -> str:
+    """Prefix of the scratch files of samples part ``part``'s scores (``previous.park``)."""
+    return storage.join(work, "scores", f"part-{part:05d}")
+
+
+def members_path(work: str, epoch: int, group: int, start: int) -> str:
+    """The members of step group ``group`` of ``epoch`` dealt from the shard at ``start``."""
+    return storage.join(work, "deal", f"epoch-{epoch}", f"group-{group}", f"{start:012d}.parquet")
+
+
+def group_entries_path(work: str, epoch: int, start: int, group: int) -> str:
+    """Step group ``group``'s plan entries of ``epoch`` in the shard at ``start``."""
+    return storage.join(work, "entries", f"epoch-{epoch}", f"{start:012d}", f"group-{group}.parquet")
+
+
+def entries_path(work: str, epoch: int, start: int) -> str:
+    """The shard at ``start``'s plan entries of ``epoch`` (``plan_writer.slice_rows`` columns, every
+    group's merged), which WritePieces reads: a shard task carries this name, not the rows."""
+    return storage.join(work, "entries", f"epoch-{epoch}", f"{start:012d}.parquet")
 
 
 def write_columns(path: str, columns: Mapping[str, NDArray]) -> str:
