@@ -80,6 +80,25 @@ class PointCountModel(BaseModel):
         return {"loss": (self.scale - points[:, :3].abs().mean()) ** 2}
 
 
+#: The runners a test made whose DataLoaders have worker processes (``_stop_loader_workers``).
+_WITH_WORKERS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_loader_workers():
+    """Stops the persistent DataLoader workers of the test's runners when it ends. Left to Python's cyclic
+    GC (mmengine's runner and its loop refer to each other), torch's shutdown of a worker can run after
+    the worker's index queue was finalized: the stop message is never sent and the join waits its 5 s
+    timeout per worker, inside whichever later test the collection happens to fall."""
+    yield
+    while _WITH_WORKERS:
+        loader = getattr(_WITH_WORKERS.pop().train_loop, "dataloader", None)  # None: never trained
+        iterator = getattr(loader, "_iterator", None)  # the persistent workers' iterator, kept by the loader
+        if iterator is not None:
+            iterator._shutdown_workers()  # what its __del__ calls, while the queues are still alive
+            loader._iterator = None
+
+
 def _runner(
     out: Path,
     work_dir: Path,
@@ -100,7 +119,7 @@ def _runner(
     if batch_sampler:
         loader["batch_sampler"] = dict(type="LidarshardBatchSampler")
     by_epoch = train_cfg.get("by_epoch", True)
-    return Runner(
+    runner = Runner(
         model=PointCountModel(),
         work_dir=str(work_dir),
         train_dataloader=loader,
@@ -114,6 +133,9 @@ def _runner(
         log_level=logging.WARNING,
         experiment_name=f"exp_{work_dir.name}_{int(resume)}",
     )
+    if num_workers:
+        _WITH_WORKERS.append(runner)
+    return runner
 
 
 def test_runner_trains_epochs_on_the_plan_and_resumes(manifest: Path, tmp_path: Path) -> None:
