@@ -3,6 +3,7 @@ resume; the registered sampler's batch-size check and sample_id mapping. Skipped
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import subprocess
 import sys
@@ -13,13 +14,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-mmengine = pytest.importorskip("mmengine")
-
-from mmengine.model import BaseModel  # noqa: E402
-from mmengine.registry import DATA_SAMPLERS  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
-
-import lidarshard.loaders.mmengine  # noqa: E402, F401  (registers the samplers)
+if importlib.util.find_spec("mmengine") is None:  # imported by tests.mmengine_parts, when a test needs it
+    pytest.skip("mmengine is not installed", allow_module_level=True)
 from lidarshard.loaders import ManifestReader, read_samples  # noqa: E402
 from lidarshard.loaders.torch import PointCloudDataset, collate  # noqa: E402
 from lidarshard.pipelines import build as build_cli  # noqa: E402
@@ -53,31 +49,13 @@ def _planned(out: Path, epoch: int) -> list[list[int]]:
     return [[row[s] for s in b.sample_ids] for b in ManifestReader(out, 0, 1, epoch)]
 
 
-#: The step timer's host clock in the timing tests (``fake_clock``): the model advances it 1 us per point.
-CLOCK = {"t": 0.0}
-
-
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """``StepTimer``'s ``time.perf_counter`` reads ``CLOCK``: step times are exactly 1e-6 s x the batch's points."""
     import lidarshard.loaders.clocks as clocks
+    from tests.mmengine_parts import CLOCK
 
     monkeypatch.setattr(clocks, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK["t"]))
-
-
-class PointCountModel(BaseModel):
-    """Fits one scale to the mean |xyz| of each batch; records the dataset indices it trained on; advances
-    ``CLOCK`` by 1 us per point (the work a real model would do)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scale = torch.nn.Parameter(torch.zeros(1))
-        self.seen: list[list[int]] = []
-
-    def forward(self, points, index, mode="tensor", **_):  # noqa: ANN001, ANN201 - mmengine's signature
-        self.seen.append(index.tolist())
-        CLOCK["t"] += 1e-6 * points.shape[0]
-        return {"loss": (self.scale - points[:, :3].abs().mean()) ** 2}
 
 
 #: The runners a test made whose DataLoaders have worker processes (``_stop_loader_workers``).
@@ -108,6 +86,8 @@ def _runner(
     batch_sampler: bool = False,
     num_workers: int = 0,
 ):
+    from tests.mmengine_parts import PointCountModel, Runner
+
     loader = dict(
         dataset=PointCloudDataset(out, point_dims=4),
         batch_size=BATCH,
@@ -178,6 +158,8 @@ def test_iter_based_loop_crosses_epochs_and_resumes_mid_epoch(
 
 
 def test_batch_sampler_refuses_another_batch_size(manifest: Path) -> None:
+    from tests.mmengine_parts import Runner
+
     cfg = dict(
         dataset=PointCloudDataset(manifest, point_dims=4),
         batch_size=BATCH + 1,
@@ -191,6 +173,8 @@ def test_batch_sampler_refuses_another_batch_size(manifest: Path) -> None:
 
 
 def test_id_key_maps_dataset_infos_to_sample_ids(manifest: Path) -> None:
+    from tests.mmengine_parts import DATA_SAMPLERS
+
     ids = read_samples(manifest, ["sample_id"])["sample_id"].to_pylist()
 
     class Infos:  # mmengine BaseDataset's interface, in reverse samples.parquet order
@@ -225,6 +209,7 @@ def test_eval_sampler_shards_the_val_set_once_across_ranks(
     """``val_dataloader.sampler=dict(type="LidarshardEvalSampler")`` built by mmengine on 2 ranks: every
     sample exactly once, counts within one, no padding repeat (DefaultSampler's round_up)."""
     import lidarshard.loaders.mmengine as adapter
+    from tests.mmengine_parts import Runner
 
     dataset = PointCloudDataset(manifest, point_dims=4)
     cfg = dict(
@@ -244,6 +229,8 @@ def test_eval_sampler_shards_the_val_set_once_across_ranks(
 
 
 def test_batch_sampler_yields_variable_steps_of_a_budget_manifest(tmp_path: Path) -> None:
+    from tests.mmengine_parts import Runner
+
     sizes = [int(v) for v in np.random.default_rng(5).lognormal(4.0, 1.0, 30).astype(int) + 10]
     out = make_fixture(tmp_path, sizes, world_size=1, batch_size=3, epochs=1, budget=True)
     loader = Runner.build_dataloader(
@@ -269,6 +256,7 @@ def test_a_lidarshard_sampler_checkpoint_resumes_exactly_on_another_world_size(
     from collections import Counter
 
     from lidarshard.loaders.elastic import ElasticBatchSampler, load_epoch_plan
+    from tests.mmengine_parts import Runner
 
     loader = Runner.build_dataloader(
         dict(
@@ -363,6 +351,8 @@ def test_timing_hook_counts_iter_based_steps_across_epochs_and_a_resume(
 
 
 def test_timing_hook_refuses_a_loader_without_a_plan(tmp_path: Path) -> None:
+    from tests.mmengine_parts import PointCountModel, Runner
+
     runner = Runner(
         model=PointCountModel(),
         work_dir=str(tmp_path),
@@ -384,6 +374,8 @@ def _ddp_worker(rank: int, rendezvous: str, out: str, work_dir: str) -> None:
     import os
 
     import torch.distributed as dist
+
+    from tests.mmengine_parts import PointCountModel, Runner
 
     torch.set_num_threads(1)
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2")
