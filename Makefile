@@ -9,7 +9,10 @@ PIP := PYTHONWARNINGS=ignore:::setuptools.command.editable_wheel $(PY) -m pip -q
 # Packages install with uv (PyPI's `uv`, put into the venv by pip first): the same versions pip resolves
 # (the two venvs' `pip freeze` diffed equal), in ~12 s instead of ~90 s here with a cold cache. torch alone
 # goes through pip, which takes the CPU build this machine keeps on disk; uv would download a CUDA build.
-UV := PYTHONWARNINGS=ignore:::setuptools.command.editable_wheel $(VENV)/bin/uv pip install -q --python $(PY)
+# --compile-bytecode: uv, unlike pip, writes no .pyc by default, and where PYTHONDONTWRITEBYTECODE is set
+# (this machine) no process writes them either: every process would compile Beam, numpy and pyarrow from
+# source again (`import apache_beam, pyarrow.parquet, numpy, hypothesis`: 4.2 s, against 1.7 s compiled).
+UV := PYTHONWARNINGS=ignore:::setuptools.command.editable_wheel $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY)
 DEMO ?= demo_out
 
 # Editable installs are strict: build/__editable__.lidarshard-*/ mirrors the package with one link per

@@ -28,10 +28,10 @@ _READY = ".lidarshard-devkit-ok"  # written once the devkit imports, so half-bui
 
 def _installer(python: Path) -> list[str]:
     """The command that installs the devkit into ``python``'s venv: uv beside ours (``make test`` puts it
-    there; seconds), else that venv's pip."""
+    there; seconds, its bytecode compiled as pip would), else that venv's pip."""
     uv = Path(sys.executable).with_name("uv")
     if uv.exists():
-        return [str(uv), "pip", "install", "-q", "--python", str(python), DEVKIT]
+        return [str(uv), "pip", "install", "-q", "--compile-bytecode", "--python", str(python), DEVKIT]
     return [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", DEVKIT]
 
 
