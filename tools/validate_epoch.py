@@ -63,6 +63,7 @@ __all__ = ["check_epoch_files"]
 #: ``open_plan(rel)``: the plan file ``rel`` opened for streaming when it is usable, else None.
 OpenPlan = Callable[[str], AbstractContextManager[pq.ParquetFile | None]]
 _PATHS = ("path", "sweep_paths")
+_DEAL_ROWS = 1 << 20
 
 
 def _add(problems: list[str], where: str, what: str) -> None:
@@ -126,6 +127,14 @@ def _spill(
     return rows, counts, usable
 
 
+def _deal(keys: NDArray[np.uint64], seed: int, e: int, groups: int) -> NDArray[np.int32]:
+    """(N,) ``groups.deal`` of the sample ``keys``, a million at a time (its hash temporaries stay small)."""
+    out = np.empty(keys.size, np.int32)
+    for a in range(0, keys.size, _DEAL_ROWS):
+        out[a : a + _DEAL_ROWS] = deal(keys[a : a + _DEAL_ROWS], seed, e, groups)
+    return out
+
+
 def _parked(work: str, e: int, g: int, w: int) -> dict[str, NDArray]:
     """Group ``g``'s parked rows of every rank, rank-major (each rank's in (step, slot) order)."""
     parts = []
@@ -166,25 +175,21 @@ class _Epoch:
         self.heaviest = Heaviest(mode, heaviest_values(mode, samples, model) if cfg is not None else None)
 
     def group(
-        self, g: int, groups: int, members: NDArray[np.int64], rows: dict, want: NDArray[np.int64] | None
-    ) -> None:
-        """Group ``g``: its samples ``members``, its parked plan rows ``rows`` (emptied), its re-derived
-        plan ``want`` (S_g, W, M) (None: not derived)."""
+        self, g: int, groups: int, members: NDArray[np.int64], rows: dict
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
+        """Group ``g``: its samples ``members``, its parked plan rows ``rows`` (emptied) -> (its plan
+        (S_g, W, M) as the files hold it, its steps in the epoch (S_g,)), or None when its rows do not
+        form a plan (a problem; the epoch's sums are then not checked)."""
         m, e, problems = self.m, self.e, self.problems
         steps = np.unique(rows["step"]).astype(np.int64)  # its steps in the epoch, in order
         try:
-            plan = dense_plan(
-                np.searchsorted(steps, rows["step"]),
-                rows["rank"],
-                rows["slot"],
-                rows["row"],
-                steps.size,
-                m.world_size,
-            )
+            local = np.searchsorted(steps, rows["step"])
+            plan = dense_plan(local, rows["rank"], rows["slot"], rows["row"], steps.size, m.world_size)
         except ValueError as err:
             _add(problems, f"epoch {e}", str(err))
             self.broken = True
-            return
+            return None
+        del local
         if groups > 1:
             taken = self.owner[steps]
             if (taken >= 0).any():
@@ -199,8 +204,7 @@ class _Epoch:
             self.breaches += group_breaches(plan, steps, self.cfg.caps, self.caps)
         self.heaviest.add(plan, steps)
         self.sums.append(file_sums(plan, self.costs, m.batch_size, m.rank_speed))
-        if want is not None:
-            check_replan(problems, m, e, plan, want, steps, self.samples, f" step group {g}" * (groups > 1))
+        return plan, steps
 
     def finish(self, derived: Derived) -> None:
         """After every group: what needs the whole epoch's few numbers."""
@@ -246,23 +250,26 @@ def check_epoch_files(
     n = samples.num_rows
     groups = cfg.groups(n) if cfg is not None else m.groups
     seed = cfg.seed if cfg is not None else m.seed
-    dealt = None if groups == 1 else deal(keys_of(samples), seed, e, groups)
+    dealt = None if groups == 1 else _deal(keys_of(samples), seed, e, groups)
     rows, counts, usable = _spill(problems, open_plan, m, e, samples, dealt, work)
     if last:
         samples.drop_keys()
     release_memory()
     derived = Derived(problems, m, cfg, e, samples, groups)
     epoch = _Epoch(problems, m, cfg, e, samples, held, counts) if usable == m.world_size else None
-    for g in range(groups):
+    for g in range(groups):  # the files' side first: only its plan (8 B an entry) waits for the planner's
         members = np.arange(n, dtype=np.int64) if dealt is None else np.flatnonzero(dealt == g)
+        held_plan = None
+        if epoch is not None and not epoch.broken:
+            held_plan = epoch.group(g, groups, members, _parked(work, e, g, m.world_size))
+            release_memory()
         planned = derived.group(g, members)
         if pairs is not None:
             pairs.add(e, g, groups, planned)
-        want = None if planned is None else planned[0]
-        del planned  # its random reference: only the pair repeat rate needs it
-        if epoch is not None and not epoch.broken:
-            epoch.group(g, groups, members, _parked(work, e, g, m.world_size), want)
-        del want, members
+        if planned is not None and held_plan is not None:
+            where = f" step group {g}" * (groups > 1)
+            check_replan(problems, m, e, held_plan[0], planned[0], held_plan[1], samples, where)
+        del planned, held_plan, members
         release_memory()
     shutil.rmtree(storage.local_path(storage.join(work, "spill", f"epoch-{e}")), ignore_errors=True)
     if epoch is not None and not epoch.broken:
