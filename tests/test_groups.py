@@ -403,3 +403,28 @@ def test_a_grouped_budget_build_with_speeds_and_weights_validates(grouped, tmp_p
     assert (
         m.groups == 2 and m.pair_repeat_rate is not None and m.balance[0].value("speed_linearity") is not None
     )
+
+
+@pytest.mark.parametrize("forced", [1, 3])
+def test_validates_pair_repeat_rate_group_by_group_is_the_epochs(forced: int, tmp_path: Path) -> None:
+    """``validate_derived.PairRepeat`` (epoch 0's groups parked, epoch 1's last step per sample) gives
+    ``repeat_rates`` of the two assembled epochs, for one group and for three."""
+    from lidarshard.tools.validate_derived import PairRepeat
+    from lidarshard.transforms.core.epochs import repeat_rates
+
+    table = scored_pool(3000, 2)
+    cfg = PlanConfig(4, 8, epochs=2, strategy="mixed", policy="pad", plan_groups=forced)
+    pairs = PairRepeat(str(tmp_path), table.num_rows)
+    keys = groups.sample_keys(table.column("sample_id"))
+    for e in (0, 1):
+        if forced == 1:
+            whole = plan_samples(table, e, cfg)
+            pairs.add(e, 0, 1, (whole.plan, whole.baseline))
+            continue
+        dealt = groups.deal(keys, cfg.seed, e, forced)
+        for g in range(forced):
+            rows = np.flatnonzero(dealt == g).astype(np.int64)
+            part = groups.plan_group(groups.group_table(table, rows), rows, e, g, cfg)
+            pairs.add(e, g, forced, (part.plan, part.baseline))
+    want = repeat_rates(plan_samples(table, 0, cfg), plan_samples(table, 1, cfg), "mixed")
+    assert pairs.rates("mixed") == want and want["mixed"] > 0
