@@ -12,10 +12,12 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import lidarshard
+from lidarshard import schemas
 from lidarshard.loaders.elastic import load_epoch_plan, replan_remaining
 from lidarshard.loaders.reader import load_manifest
 from lidarshard.pipelines.flags import UsageError
@@ -194,6 +196,49 @@ def test_validate_refuses_a_grouped_plan_recorded_as_one_group(grouped, tmp_path
     assert any("recomputes" in p or "re-derived" in p for p in validate(str(forged))[0])
 
 
+def test_validate_finds_two_groups_steps_swapped(grouped, tmp_path: Path) -> None:
+    """Two adjacent steps of different groups swapped in every rank file (sizes and hashes fixed): each
+    group's own plan is intact, only the interleave of the groups' steps differs."""
+    import shutil
+
+    from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
+
+    forged = Path(shutil.copytree(grouped["g3"], tmp_path / "forged"))
+    obj = json.loads((forged / "_manifest.json").read_text())
+    e = 2
+    labels = groups.step_labels(_summaries(forged, e), e, PlanConfig.from_manifest(load_manifest(forged)))
+    s = next(i for i in range(1, labels.size - 1) if labels[i] != labels[i + 1])
+    for r in range(PLAN["world_size"]):
+        rel = schemas.plan_file(e, r)
+        t = pq.read_table(forged / rel)
+        step = t.column("step").to_numpy().copy()
+        a, b = step == s, step == s + 1
+        step[a], step[b] = s + 1, s
+        t = t.set_column(t.schema.get_field_index("step"), "step", pa.array(step, pa.int32()))
+        t = t.take(np.lexsort((t.column("slot").to_numpy(), step)))
+        data = parquet_bytes(t.replace_schema_metadata(pq.read_schema(forged / rel).metadata))
+        (forged / rel).write_bytes(data)
+        obj["files"][rel] = {"bytes": len(data), "sha256": sha256_hex(data)}
+    (forged / "_manifest.json").write_text(json.dumps(obj))
+    problems = validate(str(forged))[0]
+    assert any(
+        p.startswith(f"epoch {e} step group ") and "interleave of the groups' steps" in p for p in problems
+    ), problems
+
+
+def _summaries(out: Path, e: int) -> list:
+    """The groups' summaries of epoch ``e`` of ``out`` re-derived (``plan_samples`` keeps only the epoch)."""
+    m = load_manifest(out)
+    cfg = PlanConfig.from_manifest(m)
+    table = pq.read_table(out / "samples")
+    dealt = groups.deal(groups.sample_keys(table.column("sample_id")), cfg.seed, e, 3)
+    out_ = []
+    for g in range(3):
+        rows = np.flatnonzero(dealt == g).astype(np.int64)
+        out_.append(groups.plan_group(groups.group_table(table, rows), rows, e, g, cfg).summary)
+    return out_
+
+
 def test_a_replan_keeps_the_grouped_epochs_and_refuses_another_g(grouped, tmp_path: Path) -> None:
     old, new = grouped["g3"], grouped["new"]
     assert validate(str(new))[0] == []
@@ -326,7 +371,7 @@ def test_the_pair_repeat_rate_from_shards_and_buckets_is_the_assembled_plans(str
         dealt = groups.deal(keys, cfg.seed, e, 3)
         for g in range(3):
             rows = np.flatnonzero(dealt == g).astype(np.int64)
-            gp = groups.plan_group(groups._table(table, rows), rows, e, g, cfg)
+            gp = groups.plan_group(groups.group_table(table, rows), rows, e, g, cfg)
             for kind, plan in (("plan", gp.plan), ("base", gp.baseline)):
                 for start, r, s in group_rows.pair_entries(plan, g, 3):
                     by_shard.setdefault(start, {}).setdefault((kind, e), []).append((r, s))
@@ -358,3 +403,28 @@ def test_a_grouped_budget_build_with_speeds_and_weights_validates(grouped, tmp_p
     assert (
         m.groups == 2 and m.pair_repeat_rate is not None and m.balance[0].value("speed_linearity") is not None
     )
+
+
+@pytest.mark.parametrize("forced", [1, 3])
+def test_validates_pair_repeat_rate_group_by_group_is_the_epochs(forced: int, tmp_path: Path) -> None:
+    """``validate_derived.PairRepeat`` (epoch 0's groups parked, epoch 1's last step per sample) gives
+    ``repeat_rates`` of the two assembled epochs, for one group and for three."""
+    from lidarshard.tools.validate_derived import PairRepeat
+    from lidarshard.transforms.core.epochs import repeat_rates
+
+    table = scored_pool(3000, 2)
+    cfg = PlanConfig(4, 8, epochs=2, strategy="mixed", policy="pad", plan_groups=forced)
+    pairs = PairRepeat(str(tmp_path), table.num_rows)
+    keys = groups.sample_keys(table.column("sample_id"))
+    for e in (0, 1):
+        if forced == 1:
+            whole = plan_samples(table, e, cfg)
+            pairs.add(e, 0, 1, (whole.plan, whole.baseline))
+            continue
+        dealt = groups.deal(keys, cfg.seed, e, forced)
+        for g in range(forced):
+            rows = np.flatnonzero(dealt == g).astype(np.int64)
+            part = groups.plan_group(groups.group_table(table, rows), rows, e, g, cfg)
+            pairs.add(e, g, forced, (part.plan, part.baseline))
+    want = repeat_rates(plan_samples(table, 0, cfg), plan_samples(table, 1, cfg), "mixed")
+    assert pairs.rates("mixed") == want and want["mixed"] > 0

@@ -305,6 +305,33 @@ def test_object_store_uri(built: Path, monkeypatch) -> None:
     assert len(problems) == 1 and problems[0].startswith(f"{PLAN}: missing (recorded ")
 
 
+def test_a_plan_file_is_streamed_a_row_group_at_a_time(copy: Path) -> None:
+    """A rank file of one-step row groups (size and sha256 fixed) is valid; a path changed in its last
+    row group is named by file, epoch, rank, step and slot."""
+
+    def write(table: pa.Table) -> None:
+        sink = pa.BufferOutputStream()
+        pq.write_table(
+            table.replace_schema_metadata(pq.read_schema(copy / PLAN).metadata), sink, row_group_size=2
+        )
+        data = sink.getvalue().to_pybytes()
+        (copy / PLAN).write_bytes(data)
+        m = _manifest(copy)
+        m["files"][PLAN] = {"bytes": len(data), "sha256": sha256_hex(data)}
+        _save_manifest(copy, m)
+
+    table = pq.read_table(copy / PLAN)
+    write(table)
+    assert pq.ParquetFile(copy / PLAN).metadata.num_row_groups == 3
+    assert validate_cli.validate(str(copy))[0] == []
+    paths = table.column("path").to_pylist()
+    write(_set(table, "path", [*paths[:-1], paths[0]]))
+    problems = validate_cli.validate(str(copy))[0]
+    assert any(
+        p.startswith(f"{PLAN}: epoch 1 rank 2 step 2 slot 1: path or sweep_paths of ") for p in problems
+    )
+
+
 def test_pad_policy_coverage(built: Path, tmp_path: Path) -> None:
     out = tmp_path / "pad"
     flags = ["--world-size", "4", "--batch-size", "2", "--pad", "--max-reject-fraction", "0.1"]

@@ -11,8 +11,9 @@ sweeps, cost and bucket; the caps); coverage per epoch (drop_last: each sample a
 accepted - dropped; pad: each at least once, planned = accepted + padded; with weights at most
 ceil(bucket weight x sample weight) copies); the sample weights and the manifest's ``repeat`` counts
 (``validate_repeat``); the recorded balance numbers recomputed from the plan files (within 1e-6).
-Each epoch is re-derived once from the samples and the recorded settings (``PlanConfig.from_manifest``,
-``plan_samples``) and must equal the plan files; epochs 0 and 1's re-derived plans give
+Each epoch is re-derived once from the samples and the recorded settings (``PlanConfig.from_manifest``),
+one step group at a time (``validate_epoch``: a group's plan and the rank files' rows of that group,
+parked in a temporary directory), and must equal the plan files; epochs 0 and 1's re-derived plans give
 ``pair_repeat_rate``. A scan directory (``_scan.json``) gets the samples/rejects/counts checks. Files of
 an earlier 4.x minor are checked against the contract as that version wrote it (``schemas.ADDED_IN``).
 With ``--data`` [``--root DIR``], every keyframe, sweep and label file the samples name must also be
@@ -27,14 +28,17 @@ OUT``. Vectorized with pyarrow/numpy (1M plan rows in a few seconds). Reads loca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from lidarshard import schemas
 from lidarshard.schemas.jsonsafe import short
@@ -42,14 +46,14 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import ScanCounts
 from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.tools import validate_data
-from lidarshard.tools.validate_derived import check_repeat_rate
+from lidarshard.tools.validate_derived import PairRepeat, check_repeat_rate
+from lidarshard.tools.validate_epoch import check_epoch_files
 from lidarshard.tools.validate_files import (
     check_listed,
     check_recorded,
     check_scan_files,
     samples_parts,
 )
-from lidarshard.tools.validate_plan import check_epoch_files
 from lidarshard.tools.validate_repeat import check_sample_weights
 from lidarshard.tools.validate_samples import (
     SamplesView,
@@ -58,7 +62,7 @@ from lidarshard.tools.validate_samples import (
     cost_model_of,
 )
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan
+from lidarshard.transforms.core.epochs import COST_FEATURES
 from lidarshard.transforms.io import metadata, storage
 from lidarshard.transforms.io.arrow import parquet_file, release_memory
 
@@ -155,6 +159,23 @@ class _Checker:
             self.problem(rel, bad)
             return None
         return table
+
+    @contextlib.contextmanager
+    def plan(self, rel: str) -> Iterator[pq.ParquetFile | None]:
+        """The plan file ``rel`` open for streaming when it reads and has the plan schema (else a
+        problem, None)."""
+        file, bad = None, None
+        with contextlib.ExitStack() as stack:
+            try:
+                file = parquet_file(
+                    stack.enter_context(storage.open_read(storage.join(self.store.root, rel)))
+                )
+                bad = _schema_problem(file.schema_arrow.empty_table(), schemas.plan_schema())
+            except (pa.ArrowException, OSError, ValueError) as e:
+                bad = f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})"
+            if bad:
+                self.problem(rel, bad)
+            yield None if bad else file
 
     def samples(
         self,
@@ -258,20 +279,17 @@ def _check_manifest(c: _Checker) -> str:
     if not complete:  # a plan file is missing from the list: per-epoch checks would mislead
         return ""
 
-    def read(rel: str) -> pa.Table | None:
-        return c.table(rel, schemas.plan_schema()) if rel in good else None
+    def open_plan(rel: str) -> contextlib.AbstractContextManager[pq.ParquetFile | None]:
+        return c.plan(rel) if rel in good else contextlib.nullcontext(None)
 
     rows = 0
-    kept: list[EpochPlan | None] = []  # epochs 0 and 1 as re-derived (None: not), for pair_repeat_rate
-    for e in range(m.epochs):
-        n, derived = check_epoch_files(c.problems, read, m, cfg, e, samples, held, e == m.epochs - 1)
-        rows += n
-        if e < 2:
-            kept.append(derived)
-        del derived  # past epoch 1, a re-derived plan is dropped before the next epoch's checks
-        if len(kept) == min(m.epochs, 2):
-            check_repeat_rate(c.problems, m, kept)
-            kept.clear()
+    with tempfile.TemporaryDirectory(prefix="lidarshard-validate-") as work:  # never inside OUT
+        pairs = PairRepeat(work, samples.num_rows) if m.epochs > 1 else None
+        for e in range(m.epochs):
+            last = e == m.epochs - 1
+            rows += check_epoch_files(c.problems, open_plan, m, cfg, e, samples, held, last, work, pairs)
+            if e == min(m.epochs, 2) - 1:
+                check_repeat_rate(c.problems, m, pairs.rates(m.strategy) if pairs is not None else None)
     k = m.counts
     return (
         f"{k.scanned} scanned, {k.accepted} accepted, {k.rejected} rejected; world size {m.world_size}, "

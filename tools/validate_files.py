@@ -128,11 +128,21 @@ def _add(problems: list[str], where: str, what: str) -> None:
     problems.append(f"{where}: {what}")
 
 
-def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int, b: int | None) -> bool:
+def check_plan(
+    problems: list[str],
+    rel: str,
+    t: pa.Table,
+    e: int,
+    r: int,
+    steps: int,
+    b: int | None,
+    nulls: Mapping[str, int] | None = None,
+) -> bool:
     """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, exactly ``steps`` x
     ``b`` rows in (step, slot) order (``b=None``, variable counts: every step holds slots ``0..n-1``
     with ``n >= 1`` equal to ``rank_count``). A 4.x file's ``epoch`` and ``rank`` columns hold ``e`` and
-    ``r`` on every row (a 3.x file has none: the schema check refuses them). Returns True when the file
+    ``r`` on every row (a 3.x file has none: the schema check refuses them). ``nulls``: the null counts
+    of columns ``t`` was read without (its path, counted as it streams). Returns True when the file
     is usable."""
     wrong = schemas.misplaced_key(t, e, r)
     if wrong is not None:
@@ -140,12 +150,16 @@ def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps
             problems, rel, f"column {wrong[0]} is not {wrong[1]} on every row (a plan file of another place)"
         )
         return False
+    names: tuple[str, ...] = ("step", "slot", "sample_id", "cost", "bucket_id", "path")
+    if b is None:
+        names += ("rank_count", "global_count")
+    for name in names:
+        count = nulls[name] if nulls is not None and name in nulls else t.column(name).null_count
+        if count:
+            _add(problems, rel, f"column {name} holds {count} nulls")
+            return False
     if b is None:
         return _check_variable(problems, rel, t, e, r, steps)
-    for name in ("step", "slot", "sample_id", "cost", "bucket_id", "path"):
-        if t.column(name).null_count:
-            _add(problems, rel, f"column {name} holds {t.column(name).null_count} nulls")
-            return False
     step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
     if t.num_rows != steps * b:
         _add(
@@ -182,10 +196,6 @@ def check_plan(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps
 
 
 def _check_variable(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int) -> bool:
-    for name in ("step", "slot", "sample_id", "cost", "bucket_id", "path", "rank_count", "global_count"):
-        if t.column(name).null_count:
-            _add(problems, rel, f"column {name} holds {t.column(name).null_count} nulls")
-            return False
     step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
     if step.size and (step.min() < 0 or step.max() >= steps):
         _add(problems, rel, f"epoch {e} rank {r}: a step outside steps_per_epoch[{e}] = {steps}")

@@ -1,38 +1,38 @@
-"""Epoch checks of ``lidarshard validate``: each plan row's sample, the epoch's dense plan, counts, caps,
-the step order (``--heaviest-first``), coverage and balance; the epoch re-derived from the samples
-(``plan_samples``, once per epoch) is checked by ``validate_derived``. One plan file's own structure:
-``validate_files.check_plan``.
+"""Epoch checks of ``lidarshard validate``: each plan row's sample, the counts, caps, the step order
+(``--heaviest-first``), coverage and balance, checked one step group at a time (``validate_epoch`` drives
+them; the plan re-derived from the samples is checked by ``validate_derived``). One plan file's own
+structure: ``validate_files.check_plan``.
 
 Pure pyarrow/numpy. Each check appends ``"<where>: <what>"`` lines to ``problems``; where names the
-file, epoch, rank, step and slot as precisely as the problem allows.
+file, epoch, rank, step and slot as precisely as the problem allows. A group's plan is (S_g, W, M)
+sample rows with its steps in order; ``steps`` (S_g,) are their steps in the epoch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.tools.validate_derived import check_replan, derive
-from lidarshard.tools.validate_files import check_plan
 from lidarshard.tools.validate_repeat import check_realized
 from lidarshard.tools.validate_samples import SamplesView, row_keys
-from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import EpochPlan, as_planned
-from lidarshard.transforms.io.arrow import release_memory
-from lidarshard.transforms.plan.caps import Caps, cap_breaches, rank_step_sums
-from lidarshard.transforms.plan.dense import dense_plan
+from lidarshard.transforms.features.repeat import repeat_counts
+from lidarshard.transforms.plan.caps import Breach, Caps, cap_breaches, rank_step_sums
+from lidarshard.transforms.plan.group_stats import GroupSums, combine, group_sums
 from lidarshard.transforms.plan.memory import MemoryModel
-from lidarshard.transforms.plan.metrics import REFERENCE_KEY, balance_summary
 from lidarshard.transforms.plan.order import step_peaks
 
 __all__ = [
-    "lookup", "rank_rows", "epoch_rows", "check_counts", "check_epoch_files", "check_caps",
-    "check_heaviest_first", "check_epoch",
+    "KEY_ROWS",
+    "lookup", "file_row_keys", "rank_rows", "check_counts", "cap_values", "group_breaches",
+    "report_breaches", "check_caps", "heaviest_values", "Heaviest", "Coverage", "file_sums",
+    "check_balance",
 ]  # fmt: skip
 
 
@@ -40,11 +40,14 @@ def _add(problems: list[str], where: str, what: str) -> None:
     problems.append(f"{where}: {what}")
 
 
-#: Plan rows whose strings are joined and hashed at a time (a whole rank's file at 10M samples
-#: with 9 sweeps would join ~150 MB of strings at once).
-_KEY_ROWS = 1 << 16
+#: Plan rows whose strings are read, joined and hashed at a time (``file_row_keys``). A reader's batch
+#: spans row groups, so this bounds it: at 9 sweeps a row, 4,096 rows raise a 4M-sample validate's
+#: high-water mark ~0.1 GiB, a whole 62,500-row rank file ~0.25 GiB (the joins' buffers).
+KEY_ROWS = 1 << 12
 #: What an epoch keeps of each rank's plan file once its strings are checked: (n,) int32 columns.
 _KEPT = ("step", "slot", "rank_count", "global_count")
+#: (costs (N,), points (N,) or None, predicted bytes (N,) or None): what the caps are checked on.
+CapValues = tuple[NDArray, NDArray | None, NDArray | None]
 
 
 def rank_rows(t: pa.Table, idx: NDArray[np.int64], n: int) -> dict[str, NDArray]:
@@ -56,40 +59,66 @@ def rank_rows(t: pa.Table, idx: NDArray[np.int64], n: int) -> dict[str, NDArray]
     return out
 
 
-def epoch_rows(ranks: list[dict[str, NDArray]]) -> dict[str, NDArray]:
-    """The ``rank_rows`` of ranks 0..W-1 as one set of (n,) columns plus ``rank``, rank-major; each
-    rank's arrays are released as their column is joined."""
-    rank = [np.full(p["row"].size, r, dtype=np.int32) for r, p in enumerate(ranks)]
-    out = {"rank": np.concatenate(rank) if rank else np.empty(0, np.int32)}
-    for k in (*_KEPT, "row"):
-        out[k] = np.concatenate([p.pop(k) for p in ranks]) if ranks else np.empty(0, np.int32)
-    return out
-
-
 def check_counts(
     problems: list[str],
     e: int,
     rows: dict[str, NDArray],
-    plan: NDArray[np.int64],
-    b: int | None,
+    counts: NDArray[np.integer],
     file_of: Callable[[int, int], str] = schemas.plan_file,
+    skip: set[str] | None = None,
 ) -> None:
-    """``rank_count`` and ``global_count`` of every row (``epoch_rows``) against the plan (S, W, M) of
-    epoch ``e``; with ``b`` (equal counts) every rank-step holds ``b`` samples. ``file_of(e, r)``: the
-    rank's plan file, for the message (``Manifest.plan_file``)."""
-    counts = (plan >= 0).sum(axis=-1)
+    """``rank_count`` and ``global_count`` of plan rows (``rank_rows`` plus ``rank``: one group's) against
+    epoch ``e``'s rows per rank-step ``counts`` (S, W). ``file_of(e, r)``: the rank's plan file, for the
+    message (``Manifest.plan_file``); ``skip``: the names already reported this epoch (one line each),
+    updated."""
+    skip = set() if skip is None else skip
     step, rank = rows["step"], rows["rank"]
     for name, want in (("rank_count", counts[step, rank]), ("global_count", counts.sum(axis=1)[step])):
         bad = np.flatnonzero(rows[name] != want)
-        if bad.size:
+        if bad.size and name not in skip:
+            skip.add(name)
             i = int(bad[0])
             _add(
                 problems,
                 f"{file_of(e, int(rank[i]))}: epoch {e} rank {rank[i]} step {step[i]}",
                 f"{name} {rows[name][i]}, the plan holds {want[i]}",
             )
-    if b is not None and (counts != b).any():
-        _add(problems, f"epoch {e}", f"a rank-step holds {counts[counts != b][0]} samples, batch_size is {b}")
+
+
+def cap_values(problems: list[str], e: int, caps: Caps, samples: pa.Table) -> CapValues:
+    """What epoch ``e``'s caps are checked on, of every sample (its predicted bytes only under a memory cap)."""
+    costs, points = samples.column("cost").to_numpy(), samples.column("num_points").to_numpy()
+    memory = None
+    if caps.memory is not None:
+        try:
+            memory = caps.memory.model.sample_bytes(samples)
+        except (ValueError, KeyError) as err:
+            _add(problems, f"epoch {e}", f"the memory cap cannot be checked: {err}")
+    return costs, points, memory
+
+
+def group_breaches(
+    plan: NDArray[np.int64], steps: NDArray[np.integer], caps: Caps, values: CapValues
+) -> list[Breach]:
+    """``cap_breaches`` of one group's plan (S_g, W, M), their steps those of the epoch (``steps``)."""
+    return [dataclasses.replace(b, step=int(steps[b.step])) for b in cap_breaches(plan, caps, *values)]
+
+
+def report_breaches(
+    problems: list[str], e: int, breaches: Sequence[Breach], file_of: Callable[[int, int], str]
+) -> None:
+    """One line per cap over which any group's rank-step is (``group_breaches``): its first (step, rank)
+    in the epoch and how many rank-steps of the epoch are over."""
+    for name in ("samples", "cost", "points", "memory"):
+        found = [b for b in breaches if b.name == name]
+        if found:
+            b = min(found, key=lambda x: (x.step, x.rank))
+            b = dataclasses.replace(b, count=sum(x.count for x in found))
+            _add(
+                problems,
+                f"{file_of(e, b.rank)}: epoch {e} step {b.step} rank {b.rank}",
+                f"{b.detail()} ({b.count} rank-steps over)",
+            )
 
 
 def check_caps(
@@ -102,62 +131,71 @@ def check_caps(
 ) -> None:
     """Every rank-step of epoch ``e``'s plan (S, W, M) within the manifest's caps, its predicted peak
     memory included (``file_of``: as in ``check_counts``)."""
-    costs, points = samples.column("cost").to_numpy(), samples.column("num_points").to_numpy()
-    memory = None
-    if caps.memory is not None:
-        try:
-            memory = caps.memory.model.sample_bytes(samples)
-        except (ValueError, KeyError) as err:
-            _add(problems, f"epoch {e}", f"the memory cap cannot be checked: {err}")
-    for b in cap_breaches(plan, caps, costs, points, memory):
-        _add(
-            problems,
-            f"{file_of(e, b.rank)}: epoch {e} step {b.step} rank {b.rank}",
-            f"{b.detail()} ({b.count} rank-steps over)",
-        )
+    values = cap_values(problems, e, caps, samples)
+    report_breaches(problems, e, group_breaches(plan, np.arange(plan.shape[0]), caps, values), file_of)
 
 
-def check_heaviest_first(
-    problems: list[str],
-    e: int,
-    mode: str,
-    plan: NDArray[np.int64],
-    samples: pa.Table,
-    file_of: Callable[[int, int], str] = schemas.plan_file,
-    model: MemoryModel | None = None,
-) -> None:
-    """With ``mode`` ``points``, ``cost`` or ``memory`` (the manifest's ``heaviest_first``), step 0 of epoch
-    ``e``'s plan (S, W, M) holds its heaviest rank-step by that sum (``order.step_peaks``; cost and memory
-    sums within a relative 1e-9, as summation order may round them); ``off``: nothing to check
-    (``file_of``: as in ``check_counts``; ``memory``: the bytes of ``model``, the manifest's memory model)."""
-    if mode not in ("points", "cost", "memory") or plan.shape[0] < 2:
-        return
+def heaviest_values(mode: str, samples: pa.Table, model: MemoryModel | None) -> NDArray | None:
+    """(N,) what ``--heaviest-first`` ``mode`` (the manifest's) weighs each sample by, or None when there
+    is nothing to check (``off``; ``memory`` without the manifest's memory ``model``: PlanConfig refuses
+    it)."""
     if mode == "memory":
-        if model is None:
-            return  # a manifest without a memory cap cannot ask for it: PlanConfig refuses it
-        values = model.sample_bytes(samples)
-    else:
-        values = samples.column("num_points" if mode == "points" else "cost").to_numpy()
-    peaks = step_peaks(plan, values)
-    k = int(np.argmax(peaks))
-    top, first = float(peaks[k]), float(peaks[0])
-    if top - first > (0 if mode == "points" else 1e-9 * max(abs(top), 1.0)):
-        r = int(np.argmax(rank_step_sums(plan[k : k + 1], values)[0]))
-        _add(
-            problems,
-            f"{file_of(e, r)}: epoch {e} step {k} rank {r}",
-            f"{top:.6g} {mode} is more than step 0's heaviest rank-step ({first:.6g}), but the manifest "
-            f"records heaviest_first {mode}: step 0 must hold the epoch's heaviest rank-step",
-        )
+        return None if model is None else model.sample_bytes(samples)
+    if mode in ("points", "cost"):
+        return samples.column("num_points" if mode == "points" else "cost").to_numpy()
+    return None
+
+
+class Heaviest:
+    """``--heaviest-first`` over an epoch's groups: step 0 holds the epoch's heaviest rank-step by
+    ``values`` (``heaviest_values``; ``order.step_peaks``; cost and memory sums within a relative 1e-9,
+    as summation order may round them)."""
+
+    def __init__(self, mode: str, values: NDArray | None) -> None:
+        self.mode, self.values = mode, values
+        self.top: tuple[float, int, int] | None = None  # (peak, its step in the epoch, its rank)
+        self.first: float | None = None  # step 0's peak
+
+    def add(self, plan: NDArray[np.int64], steps: NDArray[np.integer]) -> None:
+        """One group's plan (S_g, W, M), its steps in the epoch ``steps`` (S_g,)."""
+        if self.values is None or plan.shape[0] == 0:
+            return
+        peaks = step_peaks(plan, self.values)
+        k = int(np.argmax(peaks))
+        top, step = float(peaks[k]), int(steps[k])
+        if self.top is None or top > self.top[0] or (top == self.top[0] and step < self.top[1]):
+            self.top = (top, step, int(np.argmax(rank_step_sums(plan[k : k + 1], self.values)[0])))
+        at = np.flatnonzero(steps == 0)
+        if at.size:
+            self.first = float(peaks[int(at[0])])
+
+    def check(self, problems: list[str], e: int, steps: int, file_of: Callable[[int, int], str]) -> None:
+        """After every group of epoch ``e`` (``steps`` S): a problem when a later step is heavier."""
+        if self.values is None or steps < 2 or self.top is None or self.first is None:
+            return
+        (top, k, r), first = self.top, self.first
+        if top - first > (0 if self.mode == "points" else 1e-9 * max(abs(top), 1.0)):
+            _add(
+                problems,
+                f"{file_of(e, r)}: epoch {e} step {k} rank {r}",
+                f"{top:.6g} {self.mode} is more than step 0's heaviest rank-step ({first:.6g}), but the "
+                f"manifest records heaviest_first {self.mode}: step 0 must hold the epoch's heaviest rank-step",
+            )
 
 
 def lookup(
-    problems: list[str], rel: str, e: int, r: int, t: pa.Table, samples: SamplesView
+    problems: list[str],
+    rel: str,
+    e: int,
+    r: int,
+    t: pa.Table,
+    samples: SamplesView,
+    path_keys: Callable[[], NDArray[np.uint64]],
 ) -> NDArray[np.int64] | None:
     """(n,) row indices into ``samples`` of the n rows of rank ``r``'s plan table ``t`` (epoch ``e``,
-    file ``rel``),
-    after checking that every sample_id exists and cost, bucket_id, path and sweep_paths equal the
-    sample's (the strings through their row keys)."""
+    file ``rel``; its path columns need not be there), after checking that every sample_id exists and
+    cost, bucket_id, path and sweep_paths equal the sample's (the strings through their row keys:
+    ``path_keys()``, (n,), e.g. ``file_row_keys``)."""
 
     def where(i: int) -> str:
         step, slot = (t.column(k)[i].as_py() for k in ("step", "slot"))
@@ -171,7 +209,7 @@ def lookup(
         return None
     for name in ("cost", "bucket_id", "path"):
         if name == "path":
-            got, want = _row_keys(t), samples.path_keys(idx)
+            got, want = path_keys(), samples.path_keys(idx)
         else:
             got, want = t.column(name).to_numpy(), samples.column(name).to_numpy()[idx]
         if np.array_equal(got, want):
@@ -183,125 +221,86 @@ def lookup(
     return idx
 
 
-def _row_keys(t: pa.Table) -> NDArray[np.uint64]:
-    """``row_keys`` of plan table ``t``, ``_KEY_ROWS`` rows at a time."""
-    parts = [t.slice(a, _KEY_ROWS) for a in range(0, t.num_rows, _KEY_ROWS)]
-    keys = [row_keys(p.column("sample_id"), p.column("path"), p.column("sweep_paths")) for p in parts]
+def file_row_keys(file: pq.ParquetFile) -> NDArray[np.uint64]:
+    """(n,) ``row_keys`` of a plan file's rows, read ``KEY_ROWS`` rows at a time: its path columns are
+    never held whole."""
+    batches = file.iter_batches(
+        batch_size=KEY_ROWS, columns=["sample_id", "path", "sweep_paths"], use_threads=False
+    )
+    keys = [row_keys(b.column(0), b.column(1), b.column(2)) for b in batches]
     return np.concatenate(keys) if keys else np.empty(0, np.uint64)
 
 
-def _epoch_plan(
-    problems: list[str], m: Manifest, e: int, ranks: list[dict[str, NDArray]], steps: int, b: int | None
-) -> NDArray[np.int64] | None:
-    """Epoch ``e``'s (S, W, M) plan of sample indices (``dense_plan``) from the ``rank_rows`` of every
-    rank (emptied), its counts checked; None and a problem when the rows do not fit S x W."""
-    rows = epoch_rows(ranks)
-    try:
-        plan = dense_plan(rows["step"], rows["rank"], rows["slot"], rows["row"], steps, len(ranks))
-    except ValueError as err:
-        _add(problems, f"epoch {e}", str(err))
-        return None
-    check_counts(problems, e, rows, plan, b, m.plan_file)
-    return plan
-
-
-def check_epoch_files(
-    problems: list[str],
-    read: Callable[[str], pa.Table | None],
-    m: Manifest,
-    cfg: PlanConfig | None,
-    e: int,
-    samples: SamplesView,
-    held: tuple | None,
-    last: bool,
-) -> tuple[int, EpochPlan | None]:
-    """Epoch ``e``'s plan files (``read(rel)``: the table, or None when unusable) one at a time, each
-    one's strings checked and then only its numbers kept (~20 bytes a row), then the whole epoch's plan
-    against the epoch re-derived with the recorded settings ``cfg`` (None: not valid, reported).
-
-    Memory is handed back between the steps, so the peak is one check's temporaries over the samples
-    view and the plan, not their sum; after the ``last`` epoch's files the view's keys are dropped
-    (the re-derivation, the peak, runs without them).
-
-    Returns:
-        (the epoch's plan rows, the re-derived epoch or None when it could not be derived).
-    """
-    w, steps = m.world_size, m.steps(e)
-    per_step = None if m.variable_count else m.batch_size
-    if cfg is not None:  # an epoch before a re-plan is checked with the costs that planned it
-        try:
-            samples = as_planned(samples, e, cfg)
-        except ValueError as err:
-            _add(problems, f"epoch {e}", f"the costs of cost_history cannot be recomputed: {err}")
-            cfg = None
-    ranks, rows = [], 0
-    for r in range(w):
-        rel = m.plan_file(e, r)
-        t = read(rel)
-        rows += t.num_rows if t is not None else 0
-        if t is not None and check_plan(problems, rel, t, e, r, steps, per_step):
-            idx = lookup(problems, rel, e, r, t, samples)
-            if idx is not None:
-                ranks.append(rank_rows(t, idx, samples.num_rows))
-        del t
-        release_memory()
-    if last:
-        samples.drop_keys()
-    plan = _epoch_plan(problems, m, e, ranks, steps, per_step) if len(ranks) == w else None
-    del ranks
-    release_memory()
-    derived = derive(problems, m, cfg, e, samples)
-    if plan is None:
-        return rows, derived
-    if cfg is not None:
-        check_caps(problems, e, cfg.caps, plan, samples, m.plan_file)
-        model = None if cfg.caps.memory is None else cfg.caps.memory.model
-        check_heaviest_first(problems, e, cfg.heaviest_first, plan, samples, m.plan_file, model)
-    check_epoch(problems, m, e, plan, samples, derived)
-    release_memory()
-    if derived is not None:
-        check_replan(problems, m, e, plan, derived, samples)
-    if held is not None:
-        check_realized(problems, m, e, plan, held)
-    return rows, derived
-
-
-def check_epoch(
-    problems: list[str],
-    m: Manifest,
-    e: int,
-    plan: NDArray[np.int64],
-    samples: pa.Table,
-    derived: EpochPlan | None,
-) -> None:
-    """Coverage and balance of epoch ``e`` against manifest ``m``; ``plan`` is (S, W, M) sample indices,
-    ``-1`` = empty slot (variable counts).
+class Coverage:
+    """Coverage of one epoch over its groups, from how often each sample is planned (``seen``).
 
     Weights all 1: drop_last plans each sample at most once and planned = accepted - dropped; pad plans
     each at least once and planned = accepted + padded. Other weights: no sample beyond
-    ceil(bucket weight x sample weight) copies (+1 under pad). Every ``balance`` number is recomputed
-    from the plan's costs (within 1e-6), but ``random_linearity``: the files hold no random plan, so it
-    is the re-derived epoch's (``derived``; not checked when None); so are ``greedy_reference`` and
-    ``spearman_step_cost`` of a plan of several step groups (its groups' numbers, ``group_stats``).
+    ceil(bucket weight x sample weight) copies (+1 under pad). With ``held``
+    (``validate_repeat.check_sample_weights``) the copies per class are summed for ``repeat.realized``.
     """
-    n, where = samples.num_rows, f"epoch {e}"
-    planned, dropped, padded = m.counts.planned[e], m.counts.dropped[e], m.counts.padded[e]
-    entries = plan[plan >= 0]
-    if planned != entries.size:
-        _add(problems, where, f"counts.planned {planned} != {entries.size} plan rows")
-    seen = np.bincount(entries, minlength=n)
-    ids = samples.column("bucket_id").to_numpy()
-    per_bucket = np.asarray(m.buckets.weights, dtype=np.float64)
-    weights = samples.column("weight").to_numpy()  # x bucket weights, all 1 in a re-plan's earlier epochs
-    weights = weights if (per_bucket == 1).all() else per_bucket[ids] * weights
-    sid = samples.column("sample_id")
-    if (weights == 1).all():
-        if m.policy == "drop_last":
-            if seen.max(initial=0) > 1:
+
+    def __init__(self, m: Manifest, samples: pa.Table, held: tuple | None) -> None:
+        per_bucket = np.asarray(m.buckets.weights, dtype=np.float64)
+        self.bucket = None if (per_bucket == 1).all() else per_bucket
+        self.ids = samples.column("bucket_id").to_numpy()
+        self.weight = samples.column(
+            "weight"
+        ).to_numpy()  # x bucket weights, all 1 in a re-plan's earlier epochs
+        n, step = samples.num_rows, 1 << 20
+        self.ones = all(
+            bool((self._weights(np.arange(a, min(a + step, n))) == 1).all()) for a in range(0, n, step)
+        )
+        self.pad, self.held = m.policy == "pad", held
+        self.entries = 0
+        self.most = (0, -1)  # (copies, the first sample planned that often)
+        self.never = (0, -1)  # (samples never planned, the first of them)
+        self.over: tuple[int, int, float] | None = None  # (first sample over its weight, copies, weight)
+        self.realized: dict[str, float] = {}
+
+    def _weights(self, rows: NDArray[np.integer]) -> NDArray[np.float64]:
+        w = self.weight[rows]
+        return w if self.bucket is None else self.bucket[self.ids[rows]] * w
+
+    def add(self, members: NDArray[np.integer], entries: NDArray[np.integer]) -> None:
+        """One group: its samples ``members`` (n_g,) ascending, the samples of its plan rows ``entries``."""
+        self.entries += entries.size
+        seen = np.bincount(np.searchsorted(members, entries), minlength=members.size)
+        if self.held is not None:
+            (presence,) = self.held
+            part = repeat_counts(None if presence is None else presence[members], seen)
+            for k, v in part.items():
+                self.realized[k] = self.realized.get(k, 0.0) + v
+        if self.ones:
+            i = int(np.argmax(seen)) if seen.size else 0
+            if seen.size and (seen[i], -members[i]) > (self.most[0], -self.most[1]):
+                self.most = (int(seen[i]), int(members[i]))
+            zero = np.flatnonzero(seen == 0)
+            if zero.size:
+                first = (
+                    int(members[zero[0]]) if self.never[1] < 0 else min(self.never[1], int(members[zero[0]]))
+                )
+                self.never = (self.never[0] + zero.size, first)
+            return
+        weights = self._weights(members)
+        bad = np.flatnonzero(seen > np.ceil(weights) + self.pad)
+        if bad.size and (self.over is None or members[bad[0]] < self.over[0]):
+            i = int(bad[0])
+            self.over = (int(members[i]), int(seen[i]), float(weights[i]))
+
+    def check(self, problems: list[str], m: Manifest, e: int, samples: pa.Table) -> None:
+        """After every group of epoch ``e``: the counts and copies against manifest ``m``."""
+        n, where = samples.num_rows, f"epoch {e}"
+        planned, dropped, padded = m.counts.planned[e], m.counts.dropped[e], m.counts.padded[e]
+        if planned != self.entries:
+            _add(problems, where, f"counts.planned {planned} != {self.entries} plan rows")
+        sid = samples.column("sample_id")
+        if self.ones and m.policy == "drop_last":
+            if self.most[0] > 1:
                 _add(
                     problems,
                     where,
-                    f"sample {sid[int(np.argmax(seen))]} planned {seen.max()} times under drop_last",
+                    f"sample {sid[self.most[1]]} planned {self.most[0]} times under drop_last",
                 )
             if planned != n - dropped or padded:
                 _add(
@@ -309,12 +308,12 @@ def check_epoch(
                     where,
                     f"planned {planned} != accepted {n} - dropped {dropped} (padded {padded})",
                 )
-        else:
-            if (seen == 0).any():
+        elif self.ones:
+            if self.never[0]:
                 _add(
                     problems,
                     where,
-                    f"{int((seen == 0).sum())} samples never planned under pad, first {sid[int(np.argmin(seen))]}",
+                    f"{self.never[0]} samples never planned under pad, first {sid[self.never[1]]}",
                 )
             if planned != n + padded or dropped:
                 _add(
@@ -322,33 +321,44 @@ def check_epoch(
                     where,
                     f"planned {planned} != accepted {n} + padded {padded} (dropped {dropped})",
                 )
-    elif (seen > np.ceil(weights) + (m.policy == "pad")).any():
-        i = int(np.flatnonzero(seen > np.ceil(weights) + (m.policy == "pad"))[0])
-        _add(
-            problems,
-            where,
-            f"sample {sid[i]} planned {seen[i]} times, more than bucket weight x sample weight {weights[i]:.6g} allows",
-        )
-    del seen, weights, ids
-    entries.sort()  # the pool, sorted
-    pool, costs = entries, samples.column("cost").to_numpy()[entries]
+        elif self.over is not None:
+            i, seen, weight = self.over
+            _add(
+                problems,
+                where,
+                f"sample {sid[i]} planned {seen} times, more than bucket weight x sample weight {weight:.6g} allows",
+            )
+        if self.held is not None:
+            check_realized(problems, m, e, {k: round(v, 6) for k, v in self.realized.items()})
+
+
+def file_sums(
+    plan: NDArray[np.int64], costs: NDArray[np.float64], batch_size: int, speeds: Sequence[float] | None
+) -> GroupSums:
+    """One group's balance sums (``group_stats.group_sums``) of its plan (S_g, W, M) as the plan files
+    hold it, over the samples' ``costs`` (N,): its pool is its entries by sample row (as the build pools
+    a group); no random reference (the files hold none)."""
+    pool = np.sort(plan[plan >= 0])
     in_pool = np.searchsorted(pool, plan)
     in_pool[plan < 0] = -1
-    del pool, entries
-    w, b = m.world_size, m.batch_size
-    again = balance_summary(
-        in_pool, costs, w, b, baseline=np.empty((0, w, b), np.int64), epoch=e, speeds=m.rank_speed
-    )
+    w = plan.shape[1]
+    return group_sums(in_pool, costs[pool], w, batch_size, np.empty((0, w, batch_size), np.int64), speeds)
+
+
+def check_balance(
+    problems: list[str], m: Manifest, e: int, sums: Sequence[GroupSums], derived: dict | None
+) -> None:
+    """Every ``balance`` number of epoch ``e`` recomputed from its groups' ``file_sums`` (``combine``,
+    within 1e-6), but ``random_linearity`` and ``random_speed_linearity``: the files hold no random plan,
+    so they are the re-derived epoch's stats (``derived``; not checked when None)."""
+    again: dict = combine(sums, e, m.rank_speed is not None)
     recorded = m.balance[e]
-    derived_keys = ["random_linearity", "random_speed_linearity"]  # of the empty baseline: the derived one's
-    if m.groups > 1:  # the groups' references and orders (transforms.plan.group_stats): as re-derived
-        derived_keys += [REFERENCE_KEY, "spearman_step_cost"]
-    for key in derived_keys:
+    for key in ("random_linearity", "random_speed_linearity"):
         again.pop(key, None)
         known = key != "random_speed_linearity" or recorded.value(key) is not None
-        if derived is not None and key in derived.stats and known:
-            again[key] = derived.stats[key]  # absent from manifests written before it was
+        if derived is not None and key in derived and known:
+            again[key] = derived[key]  # absent from manifests written before it was
     for key, value in again.items():
         got = recorded.value(key) if key not in ("epoch", "steps", "max_count") else getattr(recorded, key)
         if got is None or not abs(got - value) <= 1e-6:
-            _add(problems, where, f"balance.{key} recorded {got}, recomputed {value:.6f}")
+            _add(problems, f"epoch {e}", f"balance.{key} recorded {got}, recomputed {value:.6f}")

@@ -4,7 +4,7 @@ The samples' ``weight`` must be finite and >= 0, and 1 everywhere unless the man
 ``repeat`` object. Under ``lidarseg:t=T`` the weights are re-derived from the label files (resolved
 against ``path_root``); ``repeat.expected`` is recomputed from the weights and bucket weights, and
 ``repeat.realized[e]`` from epoch ``e``'s plan rows. How many copies a weight allows is checked with
-the other counts (``validate_plan.check_epoch``).
+the other counts (``validate_plan.Coverage``).
 """
 
 from __future__ import annotations
@@ -128,12 +128,9 @@ def check_sample_weights(
     return (presence,)
 
 
-def check_realized(problems: list[str], m: Manifest, e: int, plan: NDArray[np.int64], held: tuple) -> None:
-    """``repeat.realized[e]`` equals the copies per class that epoch ``e``'s plan (S, W, M) holds
-    (``held``: what :func:`check_sample_weights` returned)."""
-    (presence,) = held
-    seen = np.bincount(plan[plan >= 0], minlength=0 if presence is None else presence.shape[0])
-    want = repeat_counts(presence, seen)
+def check_realized(problems: list[str], m: Manifest, e: int, want: dict[str, float]) -> None:
+    """``repeat.realized[e]`` equals ``want``, the copies per class epoch ``e``'s plan holds
+    (``repeat_counts`` over the copies of each sample, summed group by group: ``validate_plan.Coverage``)."""
     realized = m.repeat.realized if m.repeat is not None else ()
     got = realized[e] if e < len(realized) else None
     if not _same(got, want):

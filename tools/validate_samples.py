@@ -140,9 +140,10 @@ class SamplesView:
         return read_parts(self._ids.files, columns=names)
 
     def drop_keys(self) -> None:
-        """Free the id and row keys (20 bytes a sample) once no plan file is left to look up;
-        ``find`` refuses afterwards."""
-        self._order, self._sorted, self._row_key = None, None, None
+        """Free the id and row keys (20 bytes a sample) once no plan file is left to look up, and the
+        group keys (8 bytes, read again if asked) once the last epoch is dealt; ``find`` refuses
+        afterwards."""
+        self._order, self._sorted, self._row_key, self._group_keys = None, None, None, None
 
     def _keys(self) -> tuple[NDArray[np.integer], NDArray[np.uint64], NDArray[np.uint64]]:
         """(row order of the sorted id keys, the sorted id keys, the row keys) until ``drop_keys``."""

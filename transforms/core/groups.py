@@ -42,6 +42,7 @@ __all__ = [
     "sample_keys",
     "keys_of",
     "deal",
+    "group_table",
     "group_seed",
     "group_config",
     "interleave",
@@ -138,8 +139,9 @@ def interleave(
     return labels
 
 
-def _table(scored: Any, rows: NDArray[np.int64]) -> pa.Table:
-    """The plan columns of ``scored`` (a table or ``as_planned`` view) at ``rows``."""
+def group_table(scored: Any, rows: NDArray[np.int64]) -> pa.Table:
+    """The plan columns (``GROUP_COLUMNS``) of ``scored`` (a table or ``as_planned`` view) at ``rows`` (n,):
+    what ``plan_group`` plans a group from."""
     names = [c for c in GROUP_COLUMNS if c in scored.column_names]
     return pa.table({c: np.asarray(scored.column(c).to_numpy())[rows] for c in names})
 
@@ -220,7 +222,7 @@ def plan_hierarchical(
     parts = []
     for g in range(groups):
         rows = order_[cuts[g] : cuts[g + 1]].astype(np.int64)
-        parts.append(plan_group(_table(scored, rows), rows, epoch, g, cfg))
+        parts.append(plan_group(group_table(scored, rows), rows, epoch, g, cfg))
     return assemble(parts, epoch, cfg)
 
 

@@ -6,6 +6,8 @@ add up. The build's steps instead write each task's columns (a shard's plan entr
 members: (n,) numpy arrays, no nulls) to one small Parquet file under ``OUT/_work`` and pass its name;
 the consumer reads it back. Names are fixed by the task (epoch, group, shard start), so a retried task
 rewrites the same file with the same bytes; this module is the one place that names them.
+``lidarshard validate`` parks its plan rows group by group the same way, in a temporary directory of
+its own (``spill_path``, ``pair_path``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ __all__ = [
     "members_path",
     "group_entries_path",
     "entries_path",
+    "spill_path",
+    "pair_path",
 ]
 
 
@@ -60,3 +64,15 @@ def read_columns(path: str) -> dict[str, NDArray]:
     """The ``{name: (n,) array}`` ``write_columns`` wrote to ``path``, in its column order and dtypes."""
     table = storage.read_parquet(path)
     return {name: table.column(name).to_numpy() for name in table.column_names}
+
+
+def spill_path(work: str, epoch: int, group: int, rank: int) -> str:
+    """``lidarshard validate``'s numbers of rank ``rank``'s plan rows of step group ``group`` in ``epoch``
+    (under a temporary directory of its own, never the output it checks)."""
+    return storage.join(work, "spill", f"epoch-{epoch}", f"group-{group}", f"rank-{rank:05d}.parquet")
+
+
+def pair_path(work: str, kind: str, group: int) -> str:
+    """``lidarshard validate``'s (step id, row) entries of step group ``group`` of epoch 0 in the ``kind``
+    plan (``plan`` or ``random``), for the pair repeat rate."""
+    return storage.join(work, "pairs", kind, f"group-{group}.parquet")
