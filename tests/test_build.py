@@ -368,7 +368,7 @@ def test_weight_flags_fail_before_beam_with_one_line(labelled: Path, built, tmp_
         assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("part_rows", ["7", "16"])
+@pytest.mark.parametrize("part_rows", slow_after(1, ["7", "16"]))
 def test_parts_and_plan_shards_that_cross_them_give_the_same_plan(
     built, tmp_path: Path, monkeypatch, part_rows
 ) -> None:

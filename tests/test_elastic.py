@@ -28,6 +28,7 @@ from lidarshard.loaders.reshard import check_exact, replan_pool
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import linearity
 from tests.elastic_fixture import plan_manifest
+from tests.helpers import slow_after
 
 REPO = Path(__file__).resolve().parents[1]
 W, B = 8, 2  # the manifest's plan; 197 samples -> 12 steps of 16 per epoch, 5 dropped
@@ -383,7 +384,17 @@ def test_crash_on_w_resume_on_w2_trains_every_planned_entry_exactly(
 
 @pytest.mark.parametrize(
     ("w", "b", "k", "new_w", "new_b"),
-    [(4, 2, 3, 2, None), (4, 2, 3, 3, 2), (4, 2, 3, 3, 3), (8, 2, 2, 3, 5), (8, 2, 2, 3, 2), (4, 2, 3, 8, 1)],
+    slow_after(
+        3,
+        [
+            (4, 2, 3, 2, None),
+            (4, 2, 3, 3, 2),
+            (4, 2, 3, 3, 3),
+            (8, 2, 2, 3, 5),
+            (8, 2, 2, 3, 2),
+            (4, 2, 3, 8, 1),
+        ],
+    ),
 )
 def test_the_issue_cases_see_80_of_80(
     tmp_path: Path, w: int, b: int, k: int, new_w: int, new_b: int | None

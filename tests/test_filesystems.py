@@ -83,6 +83,7 @@ def test_build_reads_and_writes_object_store_uris(bucket: str, tmp_path: Path) -
     assert json.loads((local / schemas.MANIFEST_FILE).read_text())["balance"] == m["balance"]
 
 
+@pytest.mark.slow  # two builds; a wholesale replace is built in the fast lane locally (test_commit)
 def test_rebuild_replaces_the_whole_output(bucket: str) -> None:
     out = f"{bucket}/out"
     assert build_cli.run([f"{bucket}/in", out, *PLAN, "--epochs", "3", *BEAM_TEST_FLAGS]) == 0

@@ -25,7 +25,7 @@ from lidarshard.pipelines.api_output import BEAM_LOGGER
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.pipelines.flags import UsageError
 from lidarshard.transforms.formats.discover import walk_local
-from tests.helpers import BEAM_TEST_FLAGS, make_bins
+from tests.helpers import BEAM_TEST_FLAGS, make_bins, slow_after
 
 W, B = 2, 2
 
@@ -270,7 +270,7 @@ def test_bad_inputs_are_one_usage_line_before_beam(inputs: Path, capfd, monkeypa
     assert capfd.readouterr().err == "" and not (inputs / "out").exists()
 
 
-@pytest.mark.parametrize("second", ["y=v2", "y=v2/*.bin"])
+@pytest.mark.parametrize("second", slow_after(1, ["y=v2", "y=v2/*.bin"]))
 def test_an_input_that_vanishes_after_the_check_fails_the_run_in_one_line(
     tmp_path: Path, capfd, monkeypatch, second: str
 ) -> None:

@@ -52,6 +52,29 @@ def _edit(src: Path, dst: Path, change: Callable[[dict], None]) -> Path:
     return dst
 
 
+#: The plan setting each ``other_<name>`` NEW differs in from OUT.
+OTHERS = {"seed": {"seed": 7}, "world": {"world_size": 1}, "strategy": {"strategy": "random"}}
+
+
+class _Runs(dict):
+    """The cases' directories; an ``other_<name>`` NEW (a write and a Beam re-plan) is made when a test
+    first asks for it, so the fast lane, which runs one of them, makes one."""
+
+    def __init__(self, root: Path, found: dict[str, Path]) -> None:
+        super().__init__(found)
+        self.root = root
+
+    def __missing__(self, case: str) -> Path:
+        name = case.removeprefix("other_")
+        if case == name or name not in OTHERS:
+            raise KeyError(case)
+        other = _write(self.root / name, **OTHERS[name])  # re-planned: what differs is the setting alone
+        new = self.root / f"{name}_new"
+        lidarshard.replan(str(other), str(new), 1, MODEL, pipeline_args=BEAM_TEST_FLAGS)
+        self[case] = new
+        return new
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """OUT, its re-plan NEW (from epoch 1), and NEWs that do not continue OUT."""
@@ -59,15 +82,9 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     out = _write(root / "out")
     new = root / "new"
     lidarshard.replan(str(out), str(new), 1, MODEL, pipeline_args=BEAM_TEST_FLAGS)
-    found = {"out": out, "new": new, "fresh": _write(root / "fresh", cost_model=MODEL), "self": out}
-    for name, flags in {
-        "seed": {"seed": 7},
-        "world": {"world_size": 1},
-        "strategy": {"strategy": "random"},
-    }.items():
-        other = _write(root / name, **flags)  # re-planned: what differs is the plan setting alone
-        lidarshard.replan(str(other), str(root / f"{name}_new"), 1, MODEL, pipeline_args=BEAM_TEST_FLAGS)
-        found[f"other_{name}"] = root / f"{name}_new"
+    found = _Runs(
+        root, {"out": out, "new": new, "fresh": _write(root / "fresh", cost_model=MODEL), "self": out}
+    )
 
     def history(m: dict) -> None:
         m["cost_history"][0]["cost_model"]["b"] = 3.0
@@ -114,7 +131,13 @@ CASES = {
 }
 #: ``ElasticBatchSampler`` reads no plan file (it re-plans from the samples and the checked cost_history):
 #: NEW's plan files swapped behind its manifest change nothing it serves.
-PAIRS = [(c, k) for c in CASES for k in SAMPLERS if (c, k) != ("files_swapped", "elastic")]
+#: The fast lane runs one ``other_*`` case (its re-plans take a Beam run each); the slow lane the others.
+PAIRS = [
+    (c, k) if c not in ("other_world", "other_strategy") else pytest.param(c, k, marks=pytest.mark.slow)
+    for c in CASES
+    for k in SAMPLERS
+    if (c, k) != ("files_swapped", "elastic")
+]
 
 
 def _sampler(sampler: Any) -> Any:

@@ -238,6 +238,7 @@ def _linearity(out: Path) -> float:
     return json.loads((out / schemas.MANIFEST_FILE).read_text())["balance"][0]["linearity"]
 
 
+@pytest.mark.slow  # two builds; two-dataset plans are built in the fast lane by the real-data tests above
 def test_a_two_dataset_plan_is_as_balanced_as_one_dataset(synth_root: Path, tmp_path: Path) -> None:
     """nuScenes-size clouds (AV2) and SemanticKITTI scans, ~4x apart in points with sweeps, in one plan:
     as balanced as the plan of either alone, and every sample of both planned as the plan says."""
