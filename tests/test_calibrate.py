@@ -16,7 +16,7 @@ from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
 from lidarshard.transforms.features.cost import parse_cost_model
-from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest
+from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest, slow_after
 
 TRUE = {"c0": 1.5, "a": 2e-4, "b": 1e-3}
 
@@ -168,7 +168,7 @@ def _write_timings(out: Path, path: Path, per_step: bool) -> None:
                     w.writerows([i, step, rank, v, 0] for i, v in zip(ids, noisy, strict=True))
 
 
-@pytest.mark.parametrize("per_step", [False, True], ids=["per-sample", "per-rank-step"])
+@pytest.mark.parametrize("per_step", slow_after(1, [False, True]), ids=["per-sample", "per-rank-step"])
 def test_calibrate_cli_writes_json_and_residual_plot(built: Path, tmp_path: Path, per_step: bool) -> None:
     _write_timings(built, tmp_path / "t.csv", per_step)
     assert (

@@ -182,6 +182,7 @@ def test_a_cli_build_with_the_flag_records_it_and_validates(built: Path, capsys)
     assert capsys.readouterr().out.startswith("OK ")
 
 
+@pytest.mark.slow  # a second build; byte-identical rebuilds are checked on every runner in the slow lane too
 def test_the_same_build_is_byte_identical(bins: Path, built: Path) -> None:
     again = bins.parent / "again"
     argv = ["build", str(bins), str(again), *FLAGS, "--heaviest-first", "points", *BEAM_TEST_FLAGS]

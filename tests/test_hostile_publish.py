@@ -189,7 +189,7 @@ ALLOWED: dict[str, Callable[[Path], None]] = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", ALLOWED)
+@pytest.mark.parametrize("case", slow_after(2, ALLOWED))
 def test_what_lidarshard_wrote_is_replaced(bins: Path, built: Path, tmp_path: Path, case: str) -> None:
     CASES["unlisted"] += 1
     out = _copy(built, tmp_path / "out")

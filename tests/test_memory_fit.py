@@ -89,7 +89,7 @@ def _peaks(out: Path) -> list[float]:
     return [m["base_bytes"] + v for v in sums.values()]
 
 
-@pytest.mark.parametrize("tight", [False, True], ids=["any-batch-fits", "tight"])
+@pytest.mark.parametrize("tight", slow_after(1, [False, True]), ids=["any-batch-fits", "tight"])
 @pytest.mark.parametrize("strategy", slow_after(1, sorted(STRATEGIES, key=lambda s: s != "budget")))
 def test_every_strategy_plans_within_the_cap_or_refuses(
     built: Path, tmp_path: Path, strategy: str, tight: bool, capsys
