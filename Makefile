@@ -91,13 +91,14 @@ lint: $(VENV)/.test-installed
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
-# mypy (single-threaded, ~30 s without its cache) runs beside the tests, niced, on the core time they
-# leave idle (their subprocesses' start-ups, a worker's last module); its output is printed after them.
+# mypy (single-threaded, ~30 s without its cache) runs beside the tests, on the core time they leave idle
+# (their subprocesses' start-ups); its output is printed after them. Not niced: starved by the two test
+# workers, it would run on alone after them.
 test: $(VENV)/.test-installed $(VENV)/.oracles
 	@$(RELINK)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	@nice -n 19 bash -c '$(MYPY)' > $(VENV)/mypy.out 2>&1 & mypy=$$!; \
+	@( $(MYPY) ) > $(VENV)/mypy.out 2>&1 & mypy=$$!; \
 	echo '$(PYTEST) -m "not slow"'; $(PYTEST) -m "not slow"; status=$$?; \
 	echo "mypy:"; wait $$mypy || status=1; cat $(VENV)/mypy.out; exit $$status
 
