@@ -53,6 +53,7 @@ from lidarshard.tools.validate_files import (
     check_recorded,
     check_scan_files,
     samples_parts,
+    unreadable,
 )
 from lidarshard.tools.validate_repeat import check_sample_weights
 from lidarshard.tools.validate_samples import (
@@ -152,7 +153,7 @@ class _Checker:
         try:
             table = storage.read_parquet(storage.join(self.store.root, rel))
         except (pa.ArrowException, OSError) as e:
-            self.problem(rel, f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})")
+            self.problem(rel, unreadable(e))
             return None
         bad = _schema_problem(table, want)
         if bad:
@@ -172,7 +173,7 @@ class _Checker:
                 )
                 bad = _schema_problem(file.schema_arrow.empty_table(), schemas.plan_schema())
             except (pa.ArrowException, OSError, ValueError) as e:
-                bad = f"not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})"
+                bad = unreadable(e)
             if bad:
                 self.problem(rel, bad)
             yield None if bad else file

@@ -33,7 +33,7 @@ from lidarshard.tools.validate_derived import (
     check_replan,
     check_steps,
 )
-from lidarshard.tools.validate_files import check_plan
+from lidarshard.tools.validate_files import check_plan, unreadable
 from lidarshard.tools.validate_plan import (
     KEY_ROWS,
     Coverage,
@@ -113,7 +113,7 @@ def _spill(
             try:
                 got = _rank_rows(problems, file, rel, e, r, m, samples)
             except (pa.ArrowException, OSError) as err:
-                _add(problems, rel, f"not a readable Parquet file ({type(err).__name__}: {str(err)[:120]})")
+                _add(problems, rel, unreadable(err))
         if got is None:
             continue
         usable += 1

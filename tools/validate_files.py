@@ -18,7 +18,7 @@ from lidarshard.schemas.manifest import FileEntry
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.parts import listed_parts
 
-__all__ = ["samples_parts", "check_listed", "check_recorded", "check_scan_files", "check_plan"]
+__all__ = ["samples_parts", "check_listed", "check_recorded", "check_scan_files", "check_plan", "unreadable"]
 
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
@@ -126,6 +126,11 @@ def check_scan_files(problem: Problem, present: Mapping[str, int]) -> list[str]:
 
 def _add(problems: list[str], where: str, what: str) -> None:
     problems.append(f"{where}: {what}")
+
+
+def unreadable(err: Exception) -> str:
+    """The problem of a Parquet file that does not read: the error's type and its first 120 characters."""
+    return f"not a readable Parquet file ({type(err).__name__}: {str(err)[:120]})"
 
 
 def check_plan(
