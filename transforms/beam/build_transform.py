@@ -14,7 +14,7 @@ Steps (each a thin wrapper of a pure function)::
     PlanEpoch      epochs.plan_samples        each epoch planned once, from the numeric columns
     PlanInGroups   group_transform            or, with G > 1 step groups, each (epoch, group) alone
     WritePieces    sharded.rank_pieces        each rank's rows of a range of samples (scratch files)
-    WriteRanks     sharded.rank_batches       each (epoch, rank) plan file, a row group at a time
+    WriteRanks     rank_stream.stream_rank    each (epoch, rank) plan file, a row group at a time
     WriteManifest  manifest.build_manifest    ``_manifest.json``; the scratch directory goes
 
 No step holds the samples' paths. What a step needs from several others arrives as its main input
@@ -24,7 +24,7 @@ pass through a shuffle: a shard task names the scratch file of its entries (``tr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -40,6 +40,7 @@ from lidarshard.transforms.core import plan_writer as sharded
 from lidarshard.transforms.core import record as manifest
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, as_planned, plan_samples, repeat_rates
+from lidarshard.transforms.core.rank_stream import stream_rank
 from lidarshard.transforms.core.score import ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.io import storage
@@ -217,21 +218,25 @@ def _global_steps(piece: pa.Table, counts: list, epoch: int, cfg: PlanConfig) ->
 
 def _write_rank(grouped: tuple[tuple[int, int], list], job: BuildJob) -> dict:
     """Rank ``rank``'s plan file of epoch ``epoch`` from its pieces (``grouped``: ((epoch, rank), piece
-    starts, and with step groups each group's ``("count", group, steps, peak)``), written a row group
-    at a time (``plan_writer.rank_batches``); its ``files`` entry."""
+    starts, and with step groups each group's ``("count", group, steps, peak)``), streamed a row group
+    at a time through a local spill (``rank_stream.stream_rank``: never all its rows at once); its
+    ``files`` entry."""
     (epoch, rank), values = grouped
     values = list(values)
     starts = sorted({v for v in values if isinstance(v, int)} - {-1})
     counts = [tuple(v[1:]) for v in values if isinstance(v, tuple)]  # ("count", group, steps, peak)
-    pieces = [storage.read_parquet(_piece_path(job.work, epoch, rank, s)) for s in starts]
-    if counts:  # a plan of step groups: its pieces' steps are local * G + group
-        pieces = [_global_steps(p, counts, epoch, job.cfg) for p in pieces]
+
+    def read(i: int, columns: Sequence[str] | None) -> pa.Table:
+        piece = storage.read_parquet(_piece_path(job.work, epoch, rank, starts[i]), columns)
+        # a plan of step groups: its pieces' steps are local * G + group
+        return _global_steps(piece, counts, epoch, job.cfg) if counts else piece
+
+    spill = storage.local_path(storage.join(job.work, "ranks")) if storage.is_local(job.work) else None
     rel = schemas.plan_file(epoch, rank)
     with storage.open_write(storage.join(job.staging, rel)) as sink:
         with ParquetStream(sink, schemas.plan_schema()) as out:
-            for batch in sharded.rank_batches(pieces, epoch, rank):
+            for batch in stream_rank(read, len(starts), epoch, rank, spill):
                 out.write(batch)
-    del pieces
     return _streamed(rel, out)
 
 

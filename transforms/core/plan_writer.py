@@ -34,7 +34,9 @@ __all__ = [
     "assignment",
     "slice_rows",
     "rank_pieces",
+    "rank_order",
     "rank_batches",
+    "keyed",
     "finish_rank",
 ]
 
@@ -130,22 +132,45 @@ def _piece_schema() -> pa.Schema:
     return pa.schema([f for f in plan if f.name not in _KEY], metadata=plan.metadata)
 
 
+def rank_order(
+    keys: list[tuple[NDArray[np.integer], NDArray[np.integer]]], rows: int = ROW_GROUP_ROWS
+) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
+    """Where a rank's rows go in its file, from its pieces' ``(step, slot)`` columns (in piece order).
+
+    Returns:
+        ``order`` (n,): the rows' indices (into the pieces concatenated) in (step, slot) order, ties
+        in piece order (``rank_batches``'s order); ``group`` (n,): each row's output row group of
+        ``rows`` rows (``order[k * rows : (k + 1) * rows]`` is row group ``k``).
+    """
+    step = np.concatenate([np.asarray(s) for s, _ in keys]) if keys else np.empty(0, np.int32)
+    slot = np.concatenate([np.asarray(s) for _, s in keys]) if keys else np.empty(0, np.int32)
+    order = np.lexsort((slot, step)).astype(np.int32)  # stable, as Arrow's sort_indices
+    del step, slot
+    group = np.empty(order.size, np.int32)
+    group[order] = np.arange(order.size, dtype=np.int32) // rows
+    return order, group
+
+
+def keyed(batch: pa.Table, epoch: int, rank: int) -> pa.Table:
+    """Plan rows of a piece's schema as the rank file's: its ``epoch`` and ``rank`` columns first."""
+    n = batch.num_rows
+    batch = batch.add_column(0, "rank", pa.array(np.full(n, rank, np.int32))).add_column(
+        0, "epoch", pa.array(np.full(n, epoch, np.int32))
+    )
+    return batch.cast(schemas.plan_schema())  # read-back pieces name list items "element"
+
+
 def rank_batches(
     pieces: list[pa.Table], epoch: int, rank: int, rows: int = ROW_GROUP_ROWS
 ) -> Iterator[pa.Table]:
     """Rank ``rank``'s plan file for ``epoch`` from its pieces (any order), ``rows`` rows at a time in
     (step, slot) order, with the file's ``epoch`` and ``rank`` columns (one empty table when there are
-    none). Memory: the pieces, the (n,) sort order and one batch; not a sorted copy of the rank's rows."""
+    none). Memory: every piece at once (the build streams instead: ``rank_stream.stream_rank``)."""
     parts = [p for p in pieces if p.num_rows]
     table = pa.concat_tables(parts) if parts else _piece_schema().empty_table()  # chunks, no copy
     order = pc.sort_indices(table, sort_keys=[("step", "ascending"), ("slot", "ascending")])
     for a in range(0, max(table.num_rows, 1), rows):
-        batch = table.take(order.slice(a, rows))
-        n = batch.num_rows
-        batch = batch.add_column(0, "rank", pa.array(np.full(n, rank, np.int32))).add_column(
-            0, "epoch", pa.array(np.full(n, epoch, np.int32))
-        )
-        yield batch.cast(schemas.plan_schema())  # read-back pieces name list items "element"
+        yield keyed(table.take(order.slice(a, rows)), epoch, rank)
 
 
 def finish_rank(pieces: list[pa.Table], epoch: int, rank: int) -> pa.Table:
