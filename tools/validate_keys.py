@@ -52,8 +52,6 @@ class ParkedKeys:
         self.parts = max(1, -(-int(expected) // max(1, int(per))))
         self.dir = tempfile.mkdtemp(prefix="lidarshard-validate-keys-")  # never inside the output
         self._finalizer = weakref.finalize(self, shutil.rmtree, self.dir, True)
-        self._files = [open(self._path(p, "rec"), "wb") for p in range(self.parts)]  # noqa: SIM115
-        self._groups = open(self._path(0, "dealt-by"), "wb")  # noqa: SIM115
         self.num_rows, self.clash, self.sealed, self.dropped = 0, False, False, False
         self._held: tuple[int, dict[str, NDArray]] | None = None
         self._turn = 0
@@ -71,34 +69,33 @@ class ParkedKeys:
     ) -> None:
         """Park the keys of the next ``id_keys.size`` samples (one row group, in row order)."""
         n = id_keys.size
-        rec = np.empty(n, _RECORD)
-        rec["id"], rec["row"], rec["key"], rec["group"] = (
-            id_keys,
-            np.arange(n) + self.num_rows,
-            row_keys,
-            group_keys,
-        )
+        cols = {"id": id_keys, "row": np.arange(n) + self.num_rows, "key": row_keys, "group": group_keys}
         part = self.part_of(id_keys)
         order = np.argsort(part, kind="stable")
         bounds = np.searchsorted(part[order], np.arange(self.parts + 1))
         for p in range(self.parts):
             if bounds[p] < bounds[p + 1]:
-                rec[order[bounds[p] : bounds[p + 1]]].tofile(self._files[p])
-        np.asarray(group_keys, np.uint64).tofile(self._groups)
+                at = order[bounds[p] : bounds[p + 1]]
+                for name, values in cols.items():  # unsorted, one file a column (appended, then closed)
+                    _append(self._path(p, f"new-{name}"), np.asarray(values, _RECORD[name])[at])
+        _append(self._path(0, "dealt-by"), np.asarray(group_keys, np.uint64))
         self.num_rows += n
 
     def seal(self) -> None:
         """After the last ``add``: each partition sorted by id key, ``clash`` set when two ids share one."""
-        for f in (*self._files, self._groups):
-            f.close()
-        for p in range(self.parts):
-            rec = np.fromfile(self._path(p, "rec"), _RECORD)
-            rec = rec[np.argsort(rec["id"], kind="stable")]
-            self.clash |= bool(rec.size > 1 and (np.diff(rec["id"]) == 0).any())
+        for p in range(self.parts):  # one column at a time: ~4 columns of a partition's, not 8
+            ids = _load(self._path(p, "new-id"), _RECORD["id"])
+            order = np.argsort(ids, kind="stable")
+            ids = ids[order]
+            self.clash |= bool(ids.size > 1 and (np.diff(ids) == 0).any())
+            ids.tofile(self._path(p, "id"))
+            del ids
+            for name in ("row", "key", "group"):
+                _load(self._path(p, f"new-{name}"), _RECORD[name])[order].tofile(self._path(p, name))
             for name in _RECORD.names or ():
-                np.ascontiguousarray(rec[name]).tofile(self._path(p, name))
-            os.remove(self._path(p, "rec"))
-            del rec
+                if os.path.exists(self._path(p, f"new-{name}")):
+                    os.remove(self._path(p, f"new-{name}"))
+            del order
         self.sealed = True
 
     def _part(self, p: int) -> dict[str, NDArray]:
@@ -146,7 +143,11 @@ class ParkedKeys:
 
     def group_keys(self, start: int = 0, count: int = -1) -> NDArray[np.uint64]:
         """(count,) the group keys of rows [start, start + count) (count -1: to the end)."""
-        return np.fromfile(self._path(0, "dealt-by"), np.uint64, count=count, offset=8 * start)
+        return (
+            np.fromfile(self._path(0, "dealt-by"), np.uint64, count=count, offset=8 * start)
+            if self.num_rows
+            else np.empty(0, np.uint64)
+        )
 
     def members(self, g: int, seed: int, e: int, groups: int) -> NDArray[np.int64]:
         """(n_g,) ascending rows of the samples ``groups.deal`` puts in group ``g`` of epoch ``e``."""
@@ -161,3 +162,14 @@ class ParkedKeys:
         """Remove every file."""
         self._held = None
         self._finalizer()
+
+
+def _append(path: str, values: NDArray) -> None:
+    """``values`` appended to the raw file at ``path``."""
+    with open(path, "ab") as f:
+        values.tofile(f)
+
+
+def _load(path: str, dtype: np.dtype) -> NDArray:
+    """The raw values ``_append`` wrote to ``path`` (none when it was never written)."""
+    return np.fromfile(path, dtype) if os.path.exists(path) else np.empty(0, dtype)
