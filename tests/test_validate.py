@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -17,6 +18,8 @@ from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import scan as scan_cli
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.tools import validate as validate_cli
+from lidarshard.tools import validate_keys
+from lidarshard.tools.validate_samples import id_keys
 from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, write_samples
 from tests.object_store import MemoryObjectStore
@@ -271,6 +274,54 @@ def test_tampering_is_caught(copy: Path, case: str, capsys) -> None:
     err = capsys.readouterr().err
     assert err.startswith(f"INVALID {copy}:")
     assert needle in err, err
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["unknown sample id, sha fixed", "duplicated sample, sha fixed", "plan cost, sha fixed", "edited row"],
+)
+def test_key_partitions_find_the_same_problems(copy: Path, case: str, monkeypatch) -> None:
+    """The samples' keys parked in one partition or in one per 3 samples: the same problems, in order."""
+    TAMPERING[case][0](copy)
+    once = validate_cli.validate(str(copy))[0]
+    monkeypatch.setattr(validate_keys, "PART_KEYS", 3)
+    assert validate_cli.validate(str(copy))[0] == once and once
+
+
+def test_a_path_changed_at_each_key_partition_boundary_is_named(copy: Path, monkeypatch) -> None:
+    """With 3 samples a key partition, a plan row whose sample has the lowest or highest id key of its
+    partition and whose path was changed is named by file, epoch, rank, step and slot."""
+    monkeypatch.setattr(validate_keys, "PART_KEYS", 3)
+    samples = pq.read_table(copy / schemas.SAMPLES_DIR, columns=["sample_id"]).column("sample_id")
+    keys = id_keys(samples)
+    part = validate_keys.ParkedKeys(len(samples)).part_of(keys)  # as validate parks them
+    assert np.unique(part).size > 2
+    edges = set()
+    for q in np.unique(part).tolist():
+        at = np.flatnonzero(part == q)
+        edges |= {
+            samples[int(at[np.argmin(keys[at])])].as_py(),
+            samples[int(at[np.argmax(keys[at])])].as_py(),
+        }
+    table = pq.read_table(copy / PLAN)
+    ids = table.column("sample_id").to_pylist()
+    rows = [i for i, sid in enumerate(ids) if sid in edges]
+    assert rows
+    for i in rows[:4]:
+        _rewrite(
+            copy, PLAN, lambda t, i=i: _set(t, "path", _shifted(t.column("path").to_pylist(), i)), record=True
+        )
+        problems = validate_cli.validate(str(copy))[0]
+        step, slot = table.column("step")[i].as_py(), table.column("slot")[i].as_py()
+        want = f"{PLAN}: epoch 1 rank 2 step {step} slot {slot}: path or sweep_paths of {ids[i]} differs"
+        assert any(q.startswith(want) for q in problems), problems
+        _rewrite(copy, PLAN, lambda t: table, record=True)
+        assert validate_cli.validate(str(copy))[0] == []
+
+
+def _shifted(paths: list, i: int) -> list:
+    """``paths`` with row ``i``'s path changed (another character appended)."""
+    return [*paths[:i], paths[i] + "x", *paths[i + 1 :]]
 
 
 def test_missing_directory_and_leftover_hint(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from lidarshard import schemas
 from lidarshard.tools.validate_samples import id_keys, read_samples, row_keys
@@ -70,3 +71,39 @@ def test_cost_model_mismatches_are_counted_across_row_groups(tmp_path) -> None:
     count, first, got, want = view.cost_mismatch
     assert (count, first) == (9_999, 30_001) and want == got + 1
     assert got == table.column("cost")[30_001].as_py()
+
+
+def test_key_partitions_find_the_same_rows_keys_and_groups(tmp_path) -> None:
+    """One key partition and 4 (10,000 keys each): the same row, row key and group key for every id,
+    including each partition's first and last keys; the same step groups dealt."""
+    table, files = _samples_parts(tmp_path)
+    ids = table.column("sample_id")
+    views = []
+    for part_keys in (None, 10_000):
+        with open_parts(files) as file:
+            views.append(read_samples(files, file, None, [].append, part_keys=part_keys)[0])
+    one, four = views
+    assert (one.keys.parts, four.keys.parts) == (1, 4)
+    got = [v.match(ids) for v in views]
+    assert got[0].rows.tolist() == got[1].rows.tolist() == list(range(40_000))
+    assert np.array_equal(got[0].row_keys, got[1].row_keys)
+    assert np.array_equal(got[0].group_keys, got[1].group_keys)
+    assert np.array_equal(got[0].row_keys, row_keys(ids, table.column("path"), table.column("sweep_paths")))
+    part = four.keys.part_of(id_keys(ids))
+    assert np.bincount(part).tolist() != [40_000] and set(part.tolist()) == {0, 1, 2, 3}
+    edges = []
+    for p in range(4):  # the lowest and highest id key of each partition: its boundary rows
+        at = np.flatnonzero(part == p)
+        k = id_keys(ids.take(pa.array(at)))
+        edges += [int(at[np.argmin(k)]), int(at[np.argmax(k)])]
+    taken = ids.take(pa.array(edges))
+    for v in views:
+        assert v.find(taken).tolist() == edges
+        assert v.find(pa.array(["nope", ids[edges[3]].as_py()])).tolist() == [-1, edges[3]]
+    for g in range(3):
+        assert one.members(g, 7, 1, 3).tolist() == four.members(g, 7, 1, 3).tolist()
+    assert sum(four.members(g, 7, 1, 3).size for g in range(3)) == 40_000
+    four.drop_keys()
+    with pytest.raises(RuntimeError, match="dropped"):
+        four.find(taken)
+    assert four.members(0, 7, 1, 3).tolist() == one.members(0, 7, 1, 3).tolist()  # group keys stay

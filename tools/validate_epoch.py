@@ -52,7 +52,7 @@ from lidarshard.tools.validate_plan import (
 from lidarshard.tools.validate_samples import SamplesView
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned
-from lidarshard.transforms.core.groups import deal, keys_of
+from lidarshard.transforms.core.groups import deal
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import release_memory
 from lidarshard.transforms.io.scratch import read_columns, spill_path, write_columns
@@ -63,7 +63,6 @@ __all__ = ["check_epoch_files"]
 #: ``open_plan(rel)``: the plan file ``rel`` opened for streaming when it is usable, else None.
 OpenPlan = Callable[[str], AbstractContextManager[pq.ParquetFile | None]]
 _PATHS = ("path", "sweep_paths")
-_DEAL_ROWS = 1 << 20
 
 
 def _add(problems: list[str], where: str, what: str) -> None:
@@ -74,18 +73,19 @@ def _rank_rows(
     problems: list[str], file: pq.ParquetFile, rel: str, e: int, r: int, m: Manifest, samples: SamplesView
 ) -> dict[str, NDArray] | None:
     """Rank ``r``'s plan file checked (its numbers read whole, N/W rows; its paths streamed) -> its
-    ``rank_rows`` plus ``rank``, or None when it is not usable (a problem)."""
+    ``rank_rows`` plus ``rank`` and ``group_key`` (of each row's sample), or None when it is not usable (a problem)."""
     t = file.read(columns=[n for n in file.schema_arrow.names if n not in _PATHS], use_threads=False)
     batches = file.iter_batches(batch_size=KEY_ROWS, columns=["path"], use_threads=False)
     nulls = {"path": sum(b.column(0).null_count for b in batches)}
     per_step = None if m.variable_count else m.batch_size
     if not check_plan(problems, rel, t, e, r, m.steps(e), per_step, nulls):
         return None
-    idx = lookup(problems, rel, e, r, t, samples, lambda: file_row_keys(file))
-    if idx is None:
+    found = lookup(problems, rel, e, r, t, samples, lambda: file_row_keys(file))
+    if found is None:
         return None
-    rows = rank_rows(t, idx, samples.num_rows)
-    rows["rank"] = np.full(idx.size, r, np.int32)
+    rows = rank_rows(t, found.rows, samples.num_rows)
+    rows["rank"] = np.full(found.rows.size, r, np.int32)
+    rows["group_key"] = found.group_keys
     return rows
 
 
@@ -95,11 +95,12 @@ def _spill(
     m: Manifest,
     e: int,
     samples: SamplesView,
-    dealt: NDArray[np.int32] | None,
+    dealt: tuple[int, int],
     work: str,
 ) -> tuple[int, NDArray[np.int32], int]:
-    """Epoch ``e``'s rank files checked one at a time, their rows parked by the group of their sample
-    (``dealt`` (N,); None: one group) -> (plan rows read, rows per rank-step (S, W), usable files)."""
+    """Epoch ``e``'s rank files checked one at a time, their rows parked by the step group of their
+    sample (``groups.deal`` with ``dealt`` (seed, G)) -> (plan rows read, rows per rank-step (S, W),
+    usable files)."""
     w, steps = m.world_size, m.steps(e)
     counts = np.zeros((steps, w), np.int32)
     rows = usable = 0
@@ -118,21 +119,13 @@ def _spill(
             continue
         usable += 1
         counts[:, r] = np.bincount(got["step"], minlength=steps)[:steps]
-        group = np.zeros(got["row"].size, np.int32) if dealt is None else dealt[got["row"]]
+        group = deal(got.pop("group_key"), dealt[0], e, dealt[1])
         for g in np.unique(group).tolist():
             at = np.flatnonzero(group == g)
             write_columns(spill_path(work, e, g, r), {k: v[at] for k, v in got.items()})
         del got, group
         release_memory()
     return rows, counts, usable
-
-
-def _deal(keys: NDArray[np.uint64], seed: int, e: int, groups: int) -> NDArray[np.int32]:
-    """(N,) ``groups.deal`` of the sample ``keys``, a million at a time (its hash temporaries stay small)."""
-    out = np.empty(keys.size, np.int32)
-    for a in range(0, keys.size, _DEAL_ROWS):
-        out[a : a + _DEAL_ROWS] = deal(keys[a : a + _DEAL_ROWS], seed, e, groups)
-    return out
 
 
 def _parked(work: str, e: int, g: int, w: int) -> dict[str, NDArray]:
@@ -250,15 +243,14 @@ def check_epoch_files(
     n = samples.num_rows
     groups = cfg.groups(n) if cfg is not None else m.groups
     seed = cfg.seed if cfg is not None else m.seed
-    dealt = None if groups == 1 else _deal(keys_of(samples), seed, e, groups)
-    rows, counts, usable = _spill(problems, open_plan, m, e, samples, dealt, work)
+    rows, counts, usable = _spill(problems, open_plan, m, e, samples, (seed, groups), work)
     if last:
         samples.drop_keys()
     release_memory()
     derived = Derived(problems, m, cfg, e, samples, groups)
     epoch = _Epoch(problems, m, cfg, e, samples, held, counts) if usable == m.world_size else None
     for g in range(groups):  # the files' side first: only its plan (8 B an entry) waits for the planner's
-        members = np.arange(n, dtype=np.int64) if dealt is None else np.flatnonzero(dealt == g)
+        members = np.arange(n, dtype=np.int64) if groups == 1 else samples.members(g, seed, e, groups)
         held_plan = None
         if epoch is not None and not epoch.broken:
             held_plan = epoch.group(g, groups, members, _parked(work, e, g, m.world_size))

@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.tools.validate_keys import Match
 from lidarshard.tools.validate_repeat import check_realized
 from lidarshard.tools.validate_samples import SamplesView, row_keys
 from lidarshard.transforms.features.repeat import repeat_counts
@@ -191,8 +192,8 @@ def lookup(
     t: pa.Table,
     samples: SamplesView,
     path_keys: Callable[[], NDArray[np.uint64]],
-) -> NDArray[np.int64] | None:
-    """(n,) row indices into ``samples`` of the n rows of rank ``r``'s plan table ``t`` (epoch ``e``,
+) -> Match | None:
+    """``samples.match`` of the n rows of rank ``r``'s plan table ``t`` (epoch ``e``,
     file ``rel``; its path columns need not be there), after checking that every sample_id exists and
     cost, bucket_id, path and sweep_paths equal the sample's (the strings through their row keys:
     ``path_keys()``, (n,), e.g. ``file_row_keys``)."""
@@ -202,14 +203,15 @@ def lookup(
         return f"{rel}: epoch {e} rank {r} step {step} slot {slot}"
 
     ids = t.column("sample_id")
-    idx = samples.find(ids)
+    found = samples.match(ids)
+    idx = found.rows
     if (idx < 0).any():
         i = int(np.flatnonzero(idx < 0)[0])
         _add(problems, where(i), f"sample_id {ids[i]} is not in the samples")
         return None
     for name in ("cost", "bucket_id", "path"):
         if name == "path":
-            got, want = path_keys(), samples.path_keys(idx)
+            got, want = path_keys(), found.row_keys
         else:
             got, want = t.column(name).to_numpy(), samples.column(name).to_numpy()[idx]
         if np.array_equal(got, want):
@@ -218,7 +220,7 @@ def lookup(
         what = "path or sweep_paths" if name == "path" else name
         _add(problems, where(i), f"{what} of {ids[i]} differs from the samples")
         return None
-    return idx
+    return found
 
 
 def file_row_keys(file: pq.ParquetFile) -> NDArray[np.uint64]:

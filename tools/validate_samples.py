@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.tools.validate_keys import Match, ParkedKeys
 from lidarshard.transforms.core.groups import sample_keys
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
@@ -101,26 +102,20 @@ class SamplesView:
     a table of the ``NUMERIC`` columns, ``column("sample_id")`` indexable for messages.
 
     ``cost_mismatch`` is (rows whose cost differs from the recorded cost model, the first such row,
-    its cost, the model's), or None when no model was applied. Holds ~48 bytes a sample: the
-    numeric columns, the row keys and the id keys sorted with their rows (int32 below 2**31 rows).
+    its cost, the model's), or None when no model was applied. Holds the numeric columns (28 bytes a
+    sample); the id, row and group keys are parked on disk (``validate_keys.ParkedKeys``), one key
+    partition held at a time.
     """
 
     def __init__(
         self,
         numeric: pa.Table,
         ids: _LazyIds,
-        id_key: NDArray[np.uint64],
-        row_key: NDArray[np.uint64],
+        keys: ParkedKeys,
         cost_mismatch: tuple[int, int, np.float64, np.float64] | None = None,
     ):
-        self.numeric, self._ids = numeric, ids
-        self._row_key: NDArray[np.uint64] | None = row_key
+        self.numeric, self._ids, self.keys = numeric, ids, keys
         self.cost_mismatch = cost_mismatch
-        self._group_keys: NDArray[np.uint64] | None = None
-        order = np.argsort(id_key, kind="stable")
-        self._order: NDArray[np.integer] | None = order.astype(np.int32) if id_key.size < 2**31 else order
-        del order
-        self._sorted: NDArray[np.uint64] | None = id_key[self._order]
         self.num_rows = numeric.num_rows
         self.column_names = numeric.column_names
 
@@ -128,45 +123,35 @@ class SamplesView:
         return self._ids if name == "sample_id" else self.numeric.column(name)
 
     def group_keys(self) -> NDArray[np.uint64]:
-        """(N,) the key each sample is dealt into a step group by (``groups.sample_keys``), read part by
-        part from the files once (8 bytes a sample), for a plan of several step groups."""
-        if self._group_keys is None:
-            keys = [sample_keys(read_parts([f], columns=["sample_id"]).column(0)) for f in self._ids.files]
-            self._group_keys = np.concatenate(keys) if keys else np.empty(0, np.uint64)
-        return self._group_keys
+        """(N,) the key each sample is dealt into a step group by (``groups.sample_keys``), read back
+        from disk (8 bytes a sample; validate itself deals by ``members``)."""
+        return self.keys.group_keys()
+
+    def members(self, g: int, seed: int, e: int, groups: int) -> NDArray[np.int64]:
+        """(n_g,) ascending rows of the samples dealt into step group ``g`` of epoch ``e``."""
+        return self.keys.members(g, seed, e, groups)
 
     def select(self, names: list[str]) -> pa.Table:
         """Other columns, read from the file when asked (e.g. ``label_path`` to re-derive repeat factors)."""
         return read_parts(self._ids.files, columns=names)
 
     def drop_keys(self) -> None:
-        """Free the id and row keys (20 bytes a sample) once no plan file is left to look up, and the
-        group keys (8 bytes, read again if asked) once the last epoch is dealt; ``find`` refuses
-        afterwards."""
-        self._order, self._sorted, self._row_key, self._group_keys = None, None, None, None
-
-    def _keys(self) -> tuple[NDArray[np.integer], NDArray[np.uint64], NDArray[np.uint64]]:
-        """(row order of the sorted id keys, the sorted id keys, the row keys) until ``drop_keys``."""
-        if self._order is None or self._sorted is None or self._row_key is None:
-            raise RuntimeError("the keys were dropped (drop_keys): no lookups after the last plan file")
-        return self._order, self._sorted, self._row_key
+        """Remove the parked id and row keys once no plan file is left to look up (the group keys stay
+        for ``members``); ``find`` refuses afterwards."""
+        self.keys.drop()
 
     def key_clash(self) -> bool:
         """True when two sample ids share a key (then ``find`` cannot be trusted)."""
-        _, s, _ = self._keys()
-        return bool(s.size > 1 and (np.diff(s) == 0).any())
+        return self.keys.clash
+
+    def match(self, ids: pa.Array) -> Match:
+        """The samples of the sample_ids ``ids`` (n,): rows (-1 when no sample has its key), row keys
+        (``row_keys``: path and sweep_paths) and group keys."""
+        return self.keys.match(id_keys(ids))
 
     def find(self, ids: pa.Array) -> NDArray[np.int64]:
         """(n,) row of each sample_id in ``ids``, -1 when no sample has its key."""
-        order, s, _ = self._keys()
-        keys = id_keys(ids)
-        at = np.minimum(np.searchsorted(s, keys), max(s.size - 1, 0))
-        hit = s[at] == keys if s.size else np.zeros(keys.size, dtype=bool)
-        return np.where(hit, order[at] if s.size else -1, -1).astype(np.int64)
-
-    def path_keys(self, rows: NDArray[np.int64]) -> NDArray[np.uint64]:
-        """(n,) row keys (``row_keys``: path and sweep_paths) of the samples at ``rows``."""
-        return self._keys()[2][rows]
+        return self.match(ids).rows
 
 
 def read_samples(
@@ -176,11 +161,13 @@ def read_samples(
     problem: Callable[[str], None],
     model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
     keep: Sequence[str] = (),
+    part_keys: int | None = None,
 ) -> tuple[SamplesView, str, str | None]:
     """Stream ``file`` (the samples parts at ``files`` as one, its schema checked), reporting null or unordered ids
     through ``problem``; ``model_cost(row group) -> (n,)`` costs are compared with ``cost`` row group
     by row group (``view.cost_mismatch``; the feature columns they need are kept only when named in
-    ``keep``: an earlier cost model's epochs, ``epochs.as_planned``). Returns (the view,
+    ``keep``: an earlier cost model's epochs, ``epochs.as_planned``); the keys are parked ``part_keys``
+    samples a partition (None: ``validate_keys.PART_KEYS``). Returns (the view,
     the inputs fingerprint, the first stored-path problem for ``path_root`` ``root`` or None)."""
     names = file.schema_arrow.names
     numeric_names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in names]
@@ -190,7 +177,7 @@ def read_samples(
             ["sample_id", *(n for n in paths.PATH_COLUMNS if n in names), *numeric_names, *features]
         )
     )
-    h, id_parts, row_parts = hashlib.sha256(), [], []
+    h, keys = hashlib.sha256(), ParkedKeys(sum(file.part_rows), part_keys)
     parts: dict[str, list[pa.Array]] = {n: [] for n in numeric_names}
     last, first_row, path_bad = None, 0, None
     mismatch = None if model_cost is None else (0, -1, np.float64(0), np.float64(0))
@@ -210,8 +197,7 @@ def read_samples(
             parts[n] += t.column(n).chunks
         if mismatch is not None and model_cost is not None:  # both or neither
             mismatch = _cost_mismatch(mismatch, t, model_cost(t), first_row)
-        id_parts.append(id_keys(ids))
-        row_parts.append(row_keys(ids, t.column("path"), t.column("sweep_paths")))
+        keys.add(id_keys(ids), row_keys(ids, t.column("path"), t.column("sweep_paths")), _group_keys(ids))
         first_row += t.num_rows
         del t, ids
         release_memory()  # the row group's strings: Arrow's pool keeps freed pages otherwise
@@ -220,18 +206,15 @@ def read_samples(
     numeric = pa.Table.from_arrays(
         [joined(parts.pop(n), schema.field(n).type) for n in numeric_names], names=numeric_names
     )
-    row_key = _joined_keys(row_parts)
-    view = SamplesView(numeric, _LazyIds(files, file), _joined_keys(id_parts), row_key, mismatch)
+    keys.seal()
+    view = SamplesView(numeric, _LazyIds(files, file), keys, mismatch)
     release_memory()
     return view, h.hexdigest(), path_bad
 
 
-def _joined_keys(parts: list[NDArray[np.uint64]]) -> NDArray[np.uint64]:
-    """The key arrays of ``parts`` concatenated (``parts`` emptied)."""
-    out = np.concatenate(parts) if parts else np.empty(0, np.uint64)
-    parts.clear()
-    release_memory()
-    return out
+def _group_keys(ids: pa.Array) -> NDArray[np.uint64]:
+    """(n,) ``groups.sample_keys`` of a row group's ids (a null id, reported, keys as the empty one)."""
+    return sample_keys(pc.fill_null(ids, "") if ids.null_count else ids)
 
 
 def _cost_mismatch(
