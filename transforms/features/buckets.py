@@ -42,7 +42,7 @@ def _check_costs(costs: NDArray[np.float64]) -> NDArray[np.float64]:
     return costs
 
 
-def quantile_edges(costs: NDArray[np.float64], k: int) -> NDArray[np.float64]:
+def quantile_edges(costs: NDArray[np.float64], k: int, *, in_place: bool = False) -> NDArray[np.float64]:
     """Exact quantile edges that cut ``costs`` into at most ``k`` equal-count buckets.
 
     Edge ``i`` is the cost at sorted position ``(i * N) // k`` (an actual data value, no
@@ -52,6 +52,7 @@ def quantile_edges(costs: NDArray[np.float64], k: int) -> NDArray[np.float64]:
     Args:
         costs: (N,) finite costs, any order.
         k: requested number of buckets, >= 1.
+        in_place: sort ``costs`` itself (float64) rather than a copy: no second (N,) array.
 
     Returns:
         (<= k-1,) float64, strictly increasing, every value > ``costs.min()``.
@@ -62,7 +63,9 @@ def quantile_edges(costs: NDArray[np.float64], k: int) -> NDArray[np.float64]:
     n = costs.size
     if n == 0 or k == 1:
         return np.empty(0, dtype=np.float64)
-    s = np.sort(costs)
+    s = costs if in_place else np.sort(costs)
+    if in_place:
+        s.sort()
     edges = s[(np.arange(1, k, dtype=np.int64) * n) // k]
     keep = np.ones(edges.size, dtype=bool)
     keep[1:] = np.diff(edges) > 0  # edges are sorted: drop repeats
