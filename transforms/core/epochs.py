@@ -11,6 +11,7 @@ re-derives them independently with the same functions.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ __all__ = [
     "epoch_pool",
     "repeat_rates",
     "bucket_edges",
+    "streamed_bucket_edges",
     "bucket_info",
     "bucket_record",
 ]
@@ -73,16 +75,27 @@ def bucket_costs(
     return buckets.assign_buckets(costs, edges), edges
 
 
-def bucket_edges(
-    costs: NDArray[np.float64], cfg: PlanConfig, *, in_place: bool = False
-) -> NDArray[np.float64]:
-    """(K-1,) the exact quantile bucket edges of (N,) ``costs`` (``in_place``: sorts ``costs`` itself).
+def bucket_edges(costs: NDArray[np.float64], cfg: PlanConfig) -> NDArray[np.float64]:
+    """(K-1,) the exact quantile bucket edges of (N,) ``costs``.
 
     Raises:
         ValueError: ``--bucket-weights`` of neither 1 nor K weights (one line).
     """
     k = cfg.num_buckets or buckets.default_num_buckets(max(len(costs), 1))
-    edges = buckets.quantile_edges(costs, k, in_place=in_place) if len(costs) else np.empty(0)
+    return _weighed(buckets.quantile_edges(costs, k) if len(costs) else np.empty(0), cfg)
+
+
+def streamed_bucket_edges(
+    chunks: Callable[[], Iterable[NDArray[np.float64]]], n: int, cfg: PlanConfig
+) -> NDArray[np.float64]:
+    """``bucket_edges`` of the ``n`` costs each call of ``chunks()`` yields in pieces, never held whole
+    (``buckets.streamed_quantile_edges``)."""
+    k = cfg.num_buckets or buckets.default_num_buckets(max(n, 1))
+    return _weighed(buckets.streamed_quantile_edges(chunks, n, k) if n else np.empty(0), cfg)
+
+
+def _weighed(edges: NDArray[np.float64], cfg: PlanConfig) -> NDArray[np.float64]:
+    """``edges``, when ``--bucket-weights`` gives 1 weight or one per bucket (else a one-line ValueError)."""
     if cfg.weights is not None and len(cfg.weights) > 1 and len(cfg.weights) != len(edges) + 1:
         raise ValueError(
             f"--bucket-weights gives {len(cfg.weights)} weights but the costs make only {len(edges) + 1} "

@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.transforms.core import previous, settle
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import bucket_edges, bucket_record
+from lidarshard.transforms.core.epochs import bucket_record, streamed_bucket_edges
 from lidarshard.transforms.core.groups import pool_copies, sample_keys
 from lidarshard.transforms.core.record import Write, write_file
 from lidarshard.transforms.core.recorded import check_schema, previous_rejects, previous_root
@@ -135,7 +135,7 @@ def settle_and_score(
     """Settle and score a prepared ``source``; write ``rejects.parquet`` with ``write``.
 
     Streams the input a row group at a time (``settle.settle_parts``), then the parts' parked costs
-    (``settle.gather_costs``, sorted in place for the exact bucket edges), then scores each part.
+    (``settle.costs_by_part``: 8 passes for the exact bucket edges), then scores each part.
 
     Returns:
         (metadata: ``files`` (rejects.parquet's entry), ``counts``, ``model``, ``buckets``,
@@ -180,7 +180,7 @@ def settle_and_score(
         if not accepted:
             raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
         weights = _weights(file, keep, cfg, source.roots[0], settings.label_maps)
-        edges = bucket_edges(settle.gather_costs(settled, work), cfg, in_place=True)
+        edges = streamed_bucket_edges(settle.costs_by_part(settled, work), accepted, cfg)
         counted, ids = _score_parts(settled, edges, weights, work)
         digest = previous.fingerprint_kept(file, keep)
         keys = None

@@ -4,13 +4,13 @@
 ``cost`` column a user gave), its repeated sample ids and the samples over a cap become rejects; each
 new samples part's ``keep`` mask and its kept rows' costs are parked in the build's scratch directory
 (``previous.park_keep``, ``park_costs``) as the pass leaves it. What stays whole is the keep mask
-(1 byte an input row) and the reject rows; the costs come back whole once, for the exact quantile
-edges (``park_costs``' ``gather_costs``: 8 bytes a kept sample, sorted in place).
+(1 byte an input row) and the reject rows; the exact quantile edges read the parked costs back a
+part at a time (``costs_by_part``, ``epochs.streamed_bucket_edges``), never all at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +32,7 @@ __all__ = [
     "model_costs",
     "park_costs",
     "parked_costs",
-    "gather_costs",
+    "costs_by_part",
 ]
 
 #: The columns whose nulls (in any row) change how every row is costed (``cost.sample_costs``).
@@ -167,11 +167,6 @@ def parked_costs(path: str) -> NDArray[np.float64]:
     return read_columns(f"{path}.cost")["cost"]
 
 
-def gather_costs(settled: Settled, work: str) -> NDArray[np.float64]:
-    """(kept,) every part's parked costs in input order, in one array filled part by part."""
-    out = np.empty(sum(settled.kept), np.float64)
-    at = 0
-    for task, n in zip(settled.tasks, settled.kept, strict=True):
-        out[at : at + n] = parked_costs(scores_path(work, task.part))
-        at += n
-    return out
+def costs_by_part(settled: Settled, work: str) -> Callable[[], Iterator[NDArray[np.float64]]]:
+    """``chunks()`` for ``epochs.streamed_bucket_edges``: each part's parked (kept,) costs in turn."""
+    return lambda: (parked_costs(scores_path(work, task.part)) for task in settled.tasks)
