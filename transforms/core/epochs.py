@@ -41,7 +41,6 @@ __all__ = [
     "repeat_rates",
     "bucket_edges",
     "streamed_bucket_edges",
-    "bucket_info",
     "bucket_record",
 ]
 
@@ -102,12 +101,6 @@ def _weighed(edges: NDArray[np.float64], cfg: PlanConfig) -> NDArray[np.float64]
             f"distinct buckets (tied costs); give 1 or {len(edges) + 1} weights"
         )
     return edges
-
-
-def bucket_info(scored: pa.Table, edges: NDArray[np.float64], cfg: PlanConfig) -> dict:
-    """The manifest's ``buckets`` object."""
-    k = len(edges) + 1
-    return bucket_record(edges, buckets.bucket_counts(scored.column("bucket_id").to_numpy(), k), cfg)
 
 
 def bucket_record(edges: NDArray[np.float64], counts: NDArray[np.int64], cfg: PlanConfig) -> dict:
