@@ -99,6 +99,7 @@ def _distinct_edges(edges: NDArray[np.float64], minimum: float) -> NDArray[np.fl
 
 _SIGN = np.uint64(1 << 63)
 _BYTE = np.uint64(255)
+_LOW = np.uint64(0xFFFF)
 
 
 def _order_keys(costs: NDArray[np.float64]) -> NDArray[np.uint64]:
@@ -122,11 +123,19 @@ def sorted_values(
     for shift in range(56, -8, -8):
         groups, slot = np.unique(prefix, return_inverse=True)
         counts = np.zeros(groups.size * 256, np.int64)
+        known = 56 - shift  # the bits of a prefix
+        table = np.full(1 << min(known, 16), -1, np.int64)  # group of a prefix (<= 16 bits) or of its low 16
+        table[groups & _LOW] = np.arange(groups.size) if known <= 16 else 0
         for chunk in chunks():
             keys = _order_keys(_check_costs(chunk))
-            high = keys >> np.uint64(shift + 8) if shift < 56 else np.zeros_like(keys)
-            at = np.minimum(np.searchsorted(groups, high), groups.size - 1)
-            hit = groups[at] == high
+            if known <= 16:  # a table lookup
+                at = table[keys >> np.uint64(shift + 8)] if known else np.zeros(keys.size, np.int64)
+            else:  # keys whose prefix's low 16 bits no group has are out first, the few left searched
+                keys = keys[table[(keys >> np.uint64(shift + 8)) & _LOW] >= 0]
+                high = keys >> np.uint64(shift + 8)
+                at = np.minimum(np.searchsorted(groups, high), groups.size - 1)
+                at[groups[at] != high] = -1
+            hit = at >= 0
             byte = ((keys[hit] >> np.uint64(shift)) & _BYTE).astype(np.int64)
             counts += np.bincount(at[hit] * 256 + byte, minlength=counts.size)
         below = np.cumsum(counts.reshape(groups.size, 256)[slot], axis=1)  # (P, 256)
