@@ -15,6 +15,8 @@ from lidarshard.transforms.features.buckets import (
     fit_pool,
     quantile_edges,
     resolve_weights,
+    sorted_values,
+    streamed_quantile_edges,
     weighted_pool,
 )
 
@@ -173,3 +175,31 @@ def test_fit_pool_small_and_bad_policy() -> None:
     assert fitted.size == 8 and (dropped, padded) == (0, 3)
     with pytest.raises(ValueError):
         fit_pool(np.arange(5), 8, "truncate", rng)
+
+
+@SETTINGS
+@given(costs=cost_arrays(), k=st.integers(1, 80), cuts=st.lists(st.integers(0, 400), max_size=4))
+def test_streamed_quantile_edges_are_quantile_edges_byte_for_byte(
+    costs: np.ndarray, k: int, cuts: list
+) -> None:
+    """The costs in pieces (empty ones too), never joined: the same edges, bit for bit, and the same
+    values at any sorted positions."""
+    pieces = np.split(costs, sorted(c for c in cuts if c <= costs.size))
+    edges = streamed_quantile_edges(lambda: iter(pieces), costs.size, k)
+    assert edges.tobytes() == quantile_edges(costs, k).tobytes()
+    if costs.size:
+        at = np.arange(0, costs.size, max(1, costs.size // 7))
+        np.testing.assert_array_equal(sorted_values(lambda: iter(pieces), at), np.sort(costs)[at])
+
+
+def test_streamed_quantile_edges_order_every_sign_and_magnitude() -> None:
+    rng = np.random.default_rng(3)
+    costs = np.concatenate(
+        [-np.exp(rng.normal(0, 30, 500)), np.exp(rng.normal(0, 30, 500)), [0.0, -0.0, 5e-324]]
+    )
+    costs = rng.permutation(costs)
+    pieces = np.array_split(costs, 5)
+    at = np.arange(costs.size)
+    np.testing.assert_array_equal(sorted_values(lambda: iter(pieces), at), np.sort(costs))
+    with pytest.raises(ValueError, match="finite"):
+        streamed_quantile_edges(lambda: iter([np.array([1.0, np.inf])]), 2, 2)

@@ -91,13 +91,11 @@ def writer(staging: str) -> manifest.Write:
 
 def _settle_and_score(source: Source, job: BuildJob) -> Iterator[tuple[str, object]]:
     """``("scored", metadata)`` (with the number of parts) and one ``("part", PartTask)`` per part, its
-    arrays parked in the scratch directory (``previous.park``: the shuffle carries no row's scores)."""
-    meta, tasks = settle_and_score(source, job.model, job.cfg, job.settle, writer(job.staging))
-    yield "scored", meta | {"parts": len(tasks)}
-    while tasks:
-        task = tasks.pop(0)
-        yield "part", previous.park(task, scores_path(job.work, task.part))
+    arrays parked in the scratch directory by ``settle_and_score`` (the shuffle carries no row's scores)."""
+    meta, tasks = settle_and_score(source, job.model, job.cfg, job.settle, writer(job.staging), job.work)
     release_memory()
+    yield "scored", meta | {"parts": len(tasks)}
+    yield from (("part", task) for task in tasks)
 
 
 def _streamed(rel: str, out: ParquetStream) -> dict:

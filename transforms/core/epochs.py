@@ -11,6 +11,7 @@ re-derives them independently with the same functions.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,9 @@ __all__ = [
     "to_samples",
     "epoch_pool",
     "repeat_rates",
-    "bucket_info",
+    "bucket_edges",
+    "streamed_bucket_edges",
+    "bucket_record",
 ]
 
 #: Memory one plan entry (a sample's place in one epoch) takes while its epoch is planned, written and
@@ -67,24 +70,45 @@ def bucket_costs(
     costs: NDArray[np.float64], cfg: PlanConfig
 ) -> tuple[NDArray[np.int32], NDArray[np.float64]]:
     """(bucket id per cost (N,), bucket edges (K-1,)): exact quantile buckets of ``costs``."""
+    edges = bucket_edges(costs, cfg)
+    return buckets.assign_buckets(costs, edges), edges
+
+
+def bucket_edges(costs: NDArray[np.float64], cfg: PlanConfig) -> NDArray[np.float64]:
+    """(K-1,) the exact quantile bucket edges of (N,) ``costs``.
+
+    Raises:
+        ValueError: ``--bucket-weights`` of neither 1 nor K weights (one line).
+    """
     k = cfg.num_buckets or buckets.default_num_buckets(max(len(costs), 1))
-    edges = buckets.quantile_edges(costs, k) if len(costs) else np.empty(0)
+    return _weighed(buckets.quantile_edges(costs, k) if len(costs) else np.empty(0), cfg)
+
+
+def streamed_bucket_edges(
+    chunks: Callable[[], Iterable[NDArray[np.float64]]], n: int, cfg: PlanConfig
+) -> NDArray[np.float64]:
+    """``bucket_edges`` of the ``n`` costs each call of ``chunks()`` yields in pieces, never held whole
+    (``buckets.streamed_quantile_edges``)."""
+    k = cfg.num_buckets or buckets.default_num_buckets(max(n, 1))
+    return _weighed(buckets.streamed_quantile_edges(chunks, n, k) if n else np.empty(0), cfg)
+
+
+def _weighed(edges: NDArray[np.float64], cfg: PlanConfig) -> NDArray[np.float64]:
+    """``edges``, when ``--bucket-weights`` gives 1 weight or one per bucket (else a one-line ValueError)."""
     if cfg.weights is not None and len(cfg.weights) > 1 and len(cfg.weights) != len(edges) + 1:
         raise ValueError(
             f"--bucket-weights gives {len(cfg.weights)} weights but the costs make only {len(edges) + 1} "
             f"distinct buckets (tied costs); give 1 or {len(edges) + 1} weights"
         )
-    return buckets.assign_buckets(costs, edges), edges
+    return edges
 
 
-def bucket_info(scored: pa.Table, edges: NDArray[np.float64], cfg: PlanConfig) -> dict:
-    """The manifest's ``buckets`` object."""
-    k = len(edges) + 1
-    ids = scored.column("bucket_id").to_numpy()
+def bucket_record(edges: NDArray[np.float64], counts: NDArray[np.int64], cfg: PlanConfig) -> dict:
+    """The manifest's ``buckets`` object of ``edges`` (K-1,) and the samples in each bucket (K,)."""
     return {
         "edges": [float(e) for e in edges],
-        "weights": buckets.resolve_weights(cfg.weights, k).tolist(),
-        "counts": buckets.bucket_counts(ids, k).tolist(),
+        "weights": buckets.resolve_weights(cfg.weights, len(edges) + 1).tolist(),
+        "counts": counts.tolist(),
     }
 
 

@@ -10,7 +10,7 @@ holds them all.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -28,10 +28,17 @@ __all__ = [
     "NUMERIC",
     "PartTask",
     "repeated_ids",
+    "numeric_schema",
+    "numeric_groups",
     "numeric_columns",
     "paths_at",
+    "PartSpan",
+    "part_spans",
     "part_tasks",
     "park",
+    "parked",
+    "park_keep",
+    "park_scores",
     "unpark",
     "reroot",
     "write_part",
@@ -69,19 +76,38 @@ def repeated_ids(file: pq.ParquetFile, *, ordered: bool = False) -> NDArray[np.b
     return np.concatenate(groups) if groups else np.zeros(0, dtype=bool)
 
 
+def numeric_schema(file: pq.ParquetFile, extras: Sequence[str] = ()) -> pa.Schema:
+    """The schema of ``numeric_columns``: ``NUMERIC`` (schema types), then ``extras`` (as stored).
+
+    Raises:
+        KeyError: an extra column the file does not have.
+    """
+    want = [schemas.sample_schema().field(n) for n in NUMERIC]
+    extra = [n for n in dict.fromkeys(extras) if n not in NUMERIC]
+    return pa.schema([*want, *(file.schema_arrow.field(n) for n in extra)])
+
+
+def numeric_groups(file: pq.ParquetFile, extras: Sequence[str] = ()) -> Iterator[pa.Table]:
+    """``numeric_columns`` one row group at a time (tables of ``numeric_schema``)."""
+    schema = numeric_schema(file, extras)
+    want = pa.schema(list(schema)[: len(NUMERIC)])
+    for t in row_groups(file, schema.names):
+        numeric = t.select(NUMERIC).cast(want)
+        yield pa.Table.from_arrays(
+            [(numeric if f.name in NUMERIC else t).column(f.name) for f in schema], schema=schema
+        )
+
+
 def numeric_columns(file: pq.ParquetFile, extras: Sequence[str] = ()) -> pa.Table:
     """``NUMERIC`` (schema types) and the columns ``extras`` (as stored) of every row, read one row
     group at a time and joined a column at a time (``arrow.joined``): the peak is the columns read
     plus one column, not twice the table."""
-    want = pa.schema([schemas.sample_schema().field(n) for n in NUMERIC])
-    extra = [n for n in dict.fromkeys(extras) if n not in NUMERIC]
-    schema = pa.schema([*want, *(file.schema_arrow.field(n) for n in extra)])
+    schema = numeric_schema(file, extras)
     parts: dict[str, list[pa.Array]] = {n: [] for n in schema.names}
-    for t in row_groups(file, [*NUMERIC, *extra]):
-        numeric = t.select(NUMERIC).cast(want)
+    for t in numeric_groups(file, extras):
         for name in schema.names:
-            parts[name] += (numeric if name in NUMERIC else t).column(name).chunks
-        del t, numeric
+            parts[name] += t.column(name).chunks
+        del t
     return pa.Table.from_arrays([joined(parts.pop(f.name), f.type) for f in schema], schema=schema)
 
 
@@ -117,30 +143,49 @@ class PartTask:
     roots: tuple[str | None, str | None]
 
 
-def part_tasks(
-    file, paths: list[str], keep: NDArray[np.bool_], cost: NDArray[np.float64],
-    bucket_id: NDArray[np.int32], weight: NDArray[np.float64], roots: tuple[str | None, str | None],
-    part_rows: int,
-) -> list[PartTask]:  # fmt: skip
-    """Cut the kept rows of ``file`` (a ``ParquetParts`` of the files at ``paths``) into parts: a
-    new part at every input file and after every ``part_rows`` input rows (whole row groups); parts
-    left with no kept row are dropped, the rest numbered from 0. ``cost``/``bucket_id``/``weight``:
-    one per kept row, in order."""
-    tasks: list[PartTask] = []
-    row = out = base = 0
+@dataclass(frozen=True)
+class PartSpan:
+    """The input rows one samples part may take: file ``path``'s row groups ``groups`` (numbered in
+    the file), row groups ``first_group`` on across all files, rows ``[rows[0], rows[1])`` across all."""
+
+    path: str
+    groups: tuple[int, int]
+    first_group: int
+    rows: tuple[int, int]
+
+
+def part_spans(file, paths: list[str], part_rows: int) -> Iterator[PartSpan]:
+    """Cut ``file`` (a ``ParquetParts`` of the files at ``paths``) into the spans of its parts: a new
+    span at every input file and after every ``part_rows`` input rows (whole row groups)."""
+    row = base = 0
     for path, groups in zip(paths, file.part_groups, strict=True):
         first, taken = 0, 0
         for g in range(groups):
             taken += file.metadata.row_group(base + g).num_rows
             if taken < part_rows and g < groups - 1:
                 continue
-            mask = keep[row : row + taken]
-            kept = int(mask.sum())
-            if kept:
-                scores = (cost[out : out + kept], bucket_id[out : out + kept], weight[out : out + kept])
-                tasks.append(PartTask(len(tasks), path, (first, g + 1), mask, *scores, roots))
-            row, out, first, taken = row + taken, out + kept, g + 1, 0
+            yield PartSpan(path, (first, g + 1), base + first, (row, row + taken))
+            row, first, taken = row + taken, g + 1, 0
         base += groups
+
+
+def part_tasks(
+    file, paths: list[str], keep: NDArray[np.bool_], cost: NDArray[np.float64],
+    bucket_id: NDArray[np.int32], weight: NDArray[np.float64], roots: tuple[str | None, str | None],
+    part_rows: int,
+) -> list[PartTask]:  # fmt: skip
+    """Cut the kept rows of ``file`` (a ``ParquetParts`` of the files at ``paths``) into parts
+    (``part_spans``); parts left with no kept row are dropped, the rest numbered from 0.
+    ``cost``/``bucket_id``/``weight``: one per kept row, in order."""
+    tasks: list[PartTask] = []
+    out = 0
+    for span in part_spans(file, paths, part_rows):
+        mask = keep[span.rows[0] : span.rows[1]]
+        kept = int(mask.sum())
+        if kept:
+            scores = (cost[out : out + kept], bucket_id[out : out + kept], weight[out : out + kept])
+            tasks.append(PartTask(len(tasks), span.path, span.groups, mask, *scores, roots))
+        out += kept
     return tasks
 
 
@@ -153,10 +198,27 @@ def park(task: PartTask, path: str) -> PartTask:
     """``task`` with its arrays (``keep`` per input row; cost, bucket and weight per kept row: ~21 bytes
     an input row) written to the scratch files ``path`` + ``.keep`` and ``path`` + ``.scores``, and left
     empty: what a shuffle carries of it is its few numbers. ``unpark`` reads them back."""
-    write_columns(f"{path}.keep", {"keep": task.keep})
-    write_columns(f"{path}.scores", {"cost": task.cost, "bucket_id": task.bucket_id, "weight": task.weight})
+    park_keep(path, task.keep)
+    park_scores(path, task.cost, task.bucket_id, task.weight)
+    return parked(task)
+
+
+def parked(task: PartTask) -> PartTask:
+    """``task`` with its arrays left empty (``park``: they are in its scratch files)."""
     none = np.empty(0)
     return replace(task, keep=none.astype(bool), cost=none, bucket_id=none.astype(np.int32), weight=none)
+
+
+def park_keep(path: str, keep: NDArray[np.bool_]) -> None:
+    """Write a part's (rows,) ``keep`` mask to the scratch file ``path`` + ``.keep`` (``park``)."""
+    write_columns(f"{path}.keep", {"keep": keep})
+
+
+def park_scores(
+    path: str, cost: NDArray[np.float64], bucket_id: NDArray[np.int32], weight: NDArray[np.float64]
+) -> None:
+    """Write a part's (kept,) scores to the scratch file ``path`` + ``.scores`` (``park``)."""
+    write_columns(f"{path}.scores", {"cost": cost, "bucket_id": bucket_id, "weight": weight})
 
 
 def unpark(task: PartTask, path: str) -> PartTask:

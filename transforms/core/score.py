@@ -25,21 +25,21 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms.core import previous
+from lidarshard.transforms.core import previous, settle
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import bucket_costs, bucket_info
+from lidarshard.transforms.core.epochs import bucket_record, streamed_bucket_edges
 from lidarshard.transforms.core.groups import pool_copies, sample_keys
 from lidarshard.transforms.core.record import Write, write_file
 from lidarshard.transforms.core.recorded import check_schema, previous_rejects, previous_root
 from lidarshard.transforms.features import repeat
-from lidarshard.transforms.features.accounting import DEDUPE_ORDER, counts_or_stop, duplicate_rejects
-from lidarshard.transforms.features.buckets import resolve_weights
-from lidarshard.transforms.features.cost import CostModel, sample_costs
+from lidarshard.transforms.features.accounting import DEDUPE_ORDER, counts_or_stop
+from lidarshard.transforms.features.buckets import assign_buckets, bucket_counts, resolve_weights
+from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.features.repeat import Weights, repeat_counts
 from lidarshard.transforms.io import paths, storage
 from lidarshard.transforms.io.arrow import parquet_bytes, row_groups
 from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
-from lidarshard.transforms.plan.caps import over_cap
+from lidarshard.transforms.io.scratch import scores_path
 
 __all__ = [
     "Source",
@@ -130,13 +130,17 @@ def prepare(source: Source, work: str) -> Source:
 
 
 def settle_and_score(
-    source: Source, model: CostModel, cfg: PlanConfig, settings: ScoreSettings, write: Write
+    source: Source, model: CostModel, cfg: PlanConfig, settings: ScoreSettings, write: Write, work: str
 ) -> tuple[dict, list[previous.PartTask]]:
     """Settle and score a prepared ``source``; write ``rejects.parquet`` with ``write``.
 
+    Streams the input a row group at a time (``settle.settle_parts``), then the parts' parked costs
+    (``settle.costs_by_part``: 8 passes for the exact bucket edges), then scores each part.
+
     Returns:
         (metadata: ``files`` (rejects.parquet's entry), ``counts``, ``model``, ``buckets``,
-        ``fingerprint``, ``repeat``; one ``previous.PartTask`` per samples part to write).
+        ``fingerprint``, ``repeat``; one ``previous.PartTask`` per samples part to write, parked under
+        ``work`` (``previous.unpark`` with ``scratch.scores_path(work, part)`` reads its arrays)).
 
     Raises:
         TooManyRejects: more than the reject fraction was rejected (all rejects in ``rejects_out``).
@@ -147,108 +151,77 @@ def settle_and_score(
         repeated = previous.repeated_ids(file, ordered=source.ordered)
         if repeated is None:
             raise ValueError("the samples are not sorted by sample_id: prepare() the source first")
-        numeric = previous.numeric_columns(file, _extras(model, cfg))
         rejects = source.rejects.cast(schemas.reject_schema())
-        scanned = numeric.num_rows + rejects.num_rows if source.scanned is None else source.scanned
-        cost = _costs(numeric, model)
-        stored = _StoredPaths(file, source)
-        keep, rejects = _settle(numeric, repeated, cost, cfg, rejects, stored)
-        counts = counts_or_stop(
-            scanned, int(keep.sum()), rejects, settings.max_reject_fraction, settings.rejects_out, plan=True
+        n = file.metadata.num_rows
+        scanned = n + rejects.num_rows if source.scanned is None else source.scanned
+        stored = settle.StoredPaths(file, source.roots, source.reroot_rejects)
+        costs_of = settle.model_costs(model, model == GIVEN)
+        extras = _extras(model, cfg)
+        settled = settle.settle_parts(
+            file,
+            files,
+            repeated,
+            costs_of,
+            cfg.caps,
+            stored,
+            extras,
+            settings.part_rows,
+            work,
+            rejects.schema,
         )
-        if not keep.any():
+        keep = settled.keep
+        if settled.added:
+            rejects = pa.concat_tables([rejects, *settled.added])
+            rejects = rejects.sort_by([(c, "ascending") for c in ("path", "reason", "detail")])
+        accepted = sum(settled.kept)
+        counts = counts_or_stop(
+            scanned, accepted, rejects, settings.max_reject_fraction, settings.rejects_out, plan=True
+        )
+        if not accepted:
             raise ValueError(f"no sample was accepted ({counts}); nothing to plan")
-        cost = cost[keep]
-        weights = _weights(file, numeric, keep, cfg, source.roots[0], settings.label_maps)
-        weight = np.ones(cost.size) if weights is None else weights.values
-        ids, edges = bucket_costs(cost, cfg)
-        tasks = previous.part_tasks(file, files, keep, cost, ids, weight, source.roots, settings.part_rows)
+        weights = _weights(file, keep, cfg, source.roots[0], settings.label_maps)
+        edges = streamed_bucket_edges(settle.costs_by_part(settled, work), accepted, cfg)
+        counted, ids = _score_parts(settled, edges, weights, work)
         digest = previous.fingerprint_kept(file, keep)
         keys = None
-        if weights is not None and cfg.groups(cost.size) > 1:
+        if weights is not None and cfg.groups(accepted) > 1:
             keys = sample_keys(stored.ids(np.flatnonzero(keep)))
-    scored = pa.table(
-        {
-            "cost": cost,
-            "bucket_id": pa.array(ids, pa.int32()),
-            "num_points": numeric.column("num_points").to_numpy()[keep],
-            "weight": weight,
-        }
-    )
+    scored = None if ids is None else pa.table({"bucket_id": pa.array(ids, pa.int32())})
     meta = {
         "files": [write_file(write, schemas.REJECTS_FILE, parquet_bytes(rejects))],
         "counts": counts,
         "model": model.to_json(),
-        "buckets": bucket_info(scored, edges, cfg),
+        "buckets": bucket_record(edges, counted, cfg),
         "fingerprint": digest,
         "repeat": repeat_info(scored, weights, cfg, keys),
     }
-    return meta, tasks
+    return meta, settled.tasks
 
 
-class _StoredPaths:
-    """Columns of chosen rows of the source, for reject lines: paths stored the way new rejects are."""
-
-    def __init__(self, file, source: Source) -> None:
-        self.file, self.roots, self.reroot = file, source.roots, source.reroot_rejects
-
-    def paths(self, rows: NDArray[np.int64]) -> list[str]:
-        found = previous.paths_at(self.file, rows)
-        if not self.reroot:
-            return found
-        return previous.reroot(pa.table({"path": found}), self.roots).column("path").to_pylist()
-
-    def ids(self, rows: NDArray[np.int64]) -> list[str]:
-        return previous.paths_at(self.file, rows, "sample_id")
-
-
-def _costs(numeric: pa.Table, model: CostModel) -> NDArray[np.float64]:
-    """(N,) costs: the model's, or the given ``cost`` column (finite, >= 0)."""
-    if model != GIVEN:
-        return sample_costs(numeric, model)
-    col = numeric.column("cost")
-    cost = col.to_numpy(zero_copy_only=False).astype(np.float64) if not col.null_count else None
-    if cost is None or not (np.isfinite(cost).all() and (cost >= 0).all()):
-        raise ValueError("cost must hold one finite value >= 0 per sample")
-    return cost
-
-
-def _settle(
-    numeric: pa.Table,
-    repeated: NDArray[np.bool_],
-    cost: NDArray[np.float64],
-    cfg: PlanConfig,
-    rejects: pa.Table,
-    stored: _StoredPaths,
-) -> tuple[NDArray[np.bool_], pa.Table]:
-    """(keep mask (N,), rejects plus one row per repeated id and per sample over a cap, sorted)."""
-    keep = ~repeated
-    added = []
-    if repeated.any():
-        rows = np.flatnonzero(repeated)
-        added.append(
-            pa.Table.from_pylist(duplicate_rejects(stored.paths(rows), stored.ids(rows)), rejects.schema)
-        )
-    if cfg.caps.active:
-        candidates = np.flatnonzero(keep)
-        points = numeric.column("num_points").to_numpy(zero_copy_only=False)[candidates]
-        memory = None if cfg.caps.memory is None else cfg.caps.memory.model.sample_bytes(numeric)[candidates]
-        details = over_cap(cost[candidates], points, cfg.caps, memory)
-        bad = candidates[[bool(d) for d in details]] if len(details) else candidates[:0]
-        if bad.size:
-            keep[bad] = False
-            text = [d for d in details if d]
-            over = {"path": stored.paths(bad), "reason": ["over_cap"] * bad.size, "detail": text}
-            added.append(pa.Table.from_pydict(over, schema=rejects.schema))
-    if added:
-        rejects = pa.concat_tables([rejects, *added])
-        rejects = rejects.sort_by([(c, "ascending") for c in ("path", "reason", "detail")])
-    return keep, rejects
+def _score_parts(
+    settled: settle.Settled, edges: NDArray[np.float64], weights: Weights | None, work: str
+) -> tuple[NDArray[np.int64], NDArray[np.int32] | None]:
+    """Bucket each part's parked costs by ``edges`` and park its scores (``previous.park_scores``):
+    ((K,) samples per bucket, (kept,) every kept sample's bucket id in order, only with ``weights``)."""
+    k = len(edges) + 1
+    counts = np.zeros(k, np.int64)
+    ids = None if weights is None else np.empty(sum(settled.kept), np.int32)
+    at = 0
+    for task, n in zip(settled.tasks, settled.kept, strict=True):
+        path = scores_path(work, task.part)
+        cost = settle.parked_costs(path)
+        part = assign_buckets(cost, edges)
+        counts += bucket_counts(part, k)
+        weight = np.ones(n) if weights is None else weights.values[at : at + n]
+        previous.park_scores(path, cost, part, weight)
+        if ids is not None:
+            ids[at : at + n] = part
+        at += n
+    return counts, ids
 
 
 def _weights(
     file,
-    numeric: pa.Table,
     keep: NDArray[np.bool_],
     cfg: PlanConfig,
     root: str | None,
@@ -259,7 +232,8 @@ def _weights(
     dataset; None when all are 1."""
     weights = None
     if cfg.repeat.column is not None:
-        weights = Weights(repeat.column_weights(numeric, cfg.repeat.column)[keep])
+        column = pa.concat_tables(row_groups(file, [cfg.repeat.column]))
+        weights = Weights(repeat.column_weights(column, cfg.repeat.column)[keep])
     elif cfg.repeat.threshold is not None:
         presence, has = repeat.label_presence(_labels(file, keep, root, label_maps))
         weights = Weights(repeat.lvis_factors(presence, has, cfg.repeat.threshold), presence)
@@ -289,13 +263,13 @@ def _labels(file, keep: NDArray[np.bool_], root: str | None, label_maps: Mapping
 
 
 def repeat_info(
-    scored: pa.Table, weights: Weights | None, cfg: PlanConfig, keys: NDArray[np.uint64] | None = None
+    scored: pa.Table | None, weights: Weights | None, cfg: PlanConfig, keys: NDArray[np.uint64] | None = None
 ) -> dict | None:
     """The manifest's ``repeat`` object (None without sample weights): expected copies per epoch of
     the samples holding each lidarseg class (bucket weight x sample weight), and the copies each
     epoch's pool holds (``groups.pool_copies``; ``keys``: the samples' ``groups.sample_keys``, needed
     with step groups); a column's weights count all samples under ``'all'``."""
-    if weights is None:
+    if weights is None or scored is None:
         return None
     ids = scored.column("bucket_id").to_numpy()
     n = scored.num_rows

@@ -13,7 +13,7 @@ an edge value itself belongs to the bucket above it (``np.searchsorted(side='rig
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,6 +21,8 @@ from numpy.typing import NDArray
 __all__ = [
     "POLICIES",
     "quantile_edges",
+    "streamed_quantile_edges",
+    "sorted_values",
     "default_num_buckets",
     "assign_buckets",
     "bucket_counts",
@@ -63,11 +65,85 @@ def quantile_edges(costs: NDArray[np.float64], k: int) -> NDArray[np.float64]:
     if n == 0 or k == 1:
         return np.empty(0, dtype=np.float64)
     s = np.sort(costs)
-    edges = s[(np.arange(1, k, dtype=np.int64) * n) // k]
+    return _distinct_edges(s[_quantile_positions(n, k)], s[0])
+
+
+def streamed_quantile_edges(
+    chunks: Callable[[], Iterable[NDArray[np.float64]]], n: int, k: int
+) -> NDArray[np.float64]:
+    """``quantile_edges`` of the ``n`` costs that each call of ``chunks()`` yields in pieces (the same
+    pieces each time), found without holding them: ``sorted_values`` reads them 8 times.
+
+    An edge equal to 0 can only come with negative costs; it is written 0.0 (a sort may give -0.0).
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if n == 0 or k == 1:
+        return np.empty(0, dtype=np.float64)
+    values = sorted_values(chunks, np.concatenate([[0], _quantile_positions(n, k)]))
+    return _distinct_edges(values[1:], values[0])
+
+
+def _quantile_positions(n: int, k: int) -> NDArray[np.int64]:
+    """(k-1,) the sorted positions ``(i * n) // k`` of the edges, ``i = 1 .. k-1``."""
+    return (np.arange(1, k, dtype=np.int64) * n) // k
+
+
+def _distinct_edges(edges: NDArray[np.float64], minimum: float) -> NDArray[np.float64]:
+    """``edges`` (sorted) less repeats and those at ``minimum`` (they would leave a bucket empty)."""
     keep = np.ones(edges.size, dtype=bool)
     keep[1:] = np.diff(edges) > 0  # edges are sorted: drop repeats
-    keep &= edges > s[0]  # an edge at the minimum would leave bucket 0 empty
+    keep &= edges > minimum  # an edge at the minimum would leave bucket 0 empty
     return edges[keep]
+
+
+_SIGN = np.uint64(1 << 63)
+_BYTE = np.uint64(255)
+_LOW = np.uint64(0xFFFF)
+
+
+def _order_keys(costs: NDArray[np.float64]) -> NDArray[np.uint64]:
+    """(n,) keys whose unsigned order is the order of ``costs`` (finite; -0.0 counted as 0.0)."""
+    bits = (costs + 0.0).view(np.uint64)
+    return np.where(bits & _SIGN, ~bits, bits | _SIGN)
+
+
+def sorted_values(
+    chunks: Callable[[], Iterable[NDArray[np.float64]]], positions: NDArray[np.int64]
+) -> NDArray[np.float64]:
+    """(P,) the values at sorted ``positions`` (each in [0, n)) of the costs ``chunks()`` yields, as
+    ``np.sort`` of them all would hold them: a radix selection over their ``_order_keys``, one byte
+    a pass from the highest (8 passes; per pass (P, 256) counts and one piece at a time).
+
+    Raises:
+        ValueError: a cost that is not finite.
+    """
+    prefix = np.zeros(len(positions), np.uint64)  # the key bytes found so far, per position
+    rank = np.asarray(positions, np.int64).copy()  # the position among the keys of that prefix
+    for shift in range(56, -8, -8):
+        groups, slot = np.unique(prefix, return_inverse=True)
+        counts = np.zeros(groups.size * 256, np.int64)
+        known = 56 - shift  # the bits of a prefix
+        table = np.full(1 << min(known, 16), -1, np.int64)  # group of a prefix (<= 16 bits) or of its low 16
+        table[groups & _LOW] = np.arange(groups.size) if known <= 16 else 0
+        for chunk in chunks():
+            keys = _order_keys(_check_costs(chunk))
+            if known <= 16:  # a table lookup
+                at = table[keys >> np.uint64(shift + 8)] if known else np.zeros(keys.size, np.int64)
+            else:  # keys whose prefix's low 16 bits no group has are out first, the few left searched
+                keys = keys[table[(keys >> np.uint64(shift + 8)) & _LOW] >= 0]
+                high = keys >> np.uint64(shift + 8)
+                at = np.minimum(np.searchsorted(groups, high), groups.size - 1)
+                at[groups[at] != high] = -1
+            hit = at >= 0
+            byte = ((keys[hit] >> np.uint64(shift)) & _BYTE).astype(np.int64)
+            counts += np.bincount(at[hit] * 256 + byte, minlength=counts.size)
+        below = np.cumsum(counts.reshape(groups.size, 256)[slot], axis=1)  # (P, 256)
+        byte = (below <= rank[:, None]).sum(axis=1)
+        rank -= np.where(byte > 0, below[np.arange(len(rank)), np.maximum(byte - 1, 0)], 0)
+        prefix = (prefix << np.uint64(8)) | byte.astype(np.uint64)
+    bits = np.where(prefix & _SIGN, prefix & ~_SIGN, ~prefix)
+    return bits.view(np.float64)
 
 
 def default_num_buckets(n: int) -> int:

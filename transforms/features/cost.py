@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -144,20 +145,28 @@ def _timed(model: CostModel, units: object, step_ms: object) -> CostModel:
     return dataclasses.replace(model, units=units, step_ms=None if step_ms is None else float(step_ms))
 
 
-def _column(samples: pa.Table, name: str) -> NDArray[np.float64]:
+def _column(samples: pa.Table, name: str, lacking: Mapping[str, int] | None = None) -> NDArray[np.float64]:
     col = samples.column(name)
-    if col.null_count:
-        raise ValueError(f"cost model needs {name!r} but {col.null_count} samples lack it (--features stat?)")
+    missing = col.null_count if lacking is None else lacking.get(name, 0)
+    if missing:
+        raise ValueError(f"cost model needs {name!r} but {missing} samples lack it (--features stat?)")
     return col.to_numpy().astype(np.float64)
 
 
-def sample_costs(samples: pa.Table, model: CostModel) -> NDArray[np.float64]:
-    """(N,) float64 costs for the rows of a samples table."""
+def sample_costs(
+    samples: pa.Table, model: CostModel, lacking: Mapping[str, int] | None = None
+) -> NDArray[np.float64]:
+    """(N,) float64 costs for the rows of a samples table.
+
+    ``lacking``: {column: nulls in the whole input} when ``samples`` is one slice of it (a row group),
+    so that the column chosen and the error raised are the whole input's; None: ``samples``' own.
+    """
+    nulls = (lambda n: samples.column(n).null_count) if lacking is None else (lambda n: lacking.get(n, 0))
     cost = np.full(samples.num_rows, model.c0, dtype=np.float64)
     if model.a:
-        name = "num_in_range" if samples.column("num_in_range").null_count == 0 else "num_points"
-        cost += model.a * _column(samples, name)
+        name = "num_in_range" if nulls("num_in_range") == 0 else "num_points"
+        cost += model.a * _column(samples, name, lacking)
     if model.b:
-        voxels = _column(samples, "occupied_voxels")
+        voxels = _column(samples, "occupied_voxels", lacking)
         cost += model.b * (voxels if model.q == 1.0 else voxels**model.q)
     return cost

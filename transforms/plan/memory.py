@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,14 +79,23 @@ def format_bytes(n: float) -> str:
     return f"{n / UNITS[unit]:.4g} {unit}"
 
 
-def sample_features(samples: pa.Table) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
+def sample_features(
+    samples: pa.Table, lacking: Mapping[str, int] | None = None
+) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
     """(points (N,), voxels (N,) or None when any sample lacks them) as the cost model reads them:
-    ``num_in_range`` (``num_points`` when some sample lacks it), ``occupied_voxels``."""
+    ``num_in_range`` (``num_points`` when some sample lacks it), ``occupied_voxels``. ``lacking``:
+    {column: nulls in the whole input} when ``samples`` is a slice of it (``cost.sample_costs``)."""
     names = samples.column_names
-    use_range = "num_in_range" in names and samples.column("num_in_range").null_count == 0
+
+    def whole(name: str) -> bool:
+        if name not in names:
+            return False
+        return (samples.column(name).null_count if lacking is None else lacking.get(name, 0)) == 0
+
+    use_range = whole("num_in_range")
     points = samples.column("num_in_range" if use_range else "num_points").to_numpy(zero_copy_only=False)
     voxels = None
-    if "occupied_voxels" in names and samples.column("occupied_voxels").null_count == 0:
+    if whole("occupied_voxels"):
         voxels = samples.column("occupied_voxels").to_numpy().astype(np.float64)
     return points.astype(np.float64), voxels
 
@@ -106,13 +116,15 @@ class MemoryModel:
                 f"{self.per_voxel}: need finite numbers >= 0 and a per-point or per-voxel term > 0"
             )
 
-    def sample_bytes(self, samples: pa.Table) -> NDArray[np.float64]:
+    def sample_bytes(
+        self, samples: pa.Table, lacking: Mapping[str, int] | None = None
+    ) -> NDArray[np.float64]:
         """(N,) bytes each sample adds to its rank-step's peak (the base not included).
 
         Raises:
             ValueError: the model has a voxel term but a sample lacks ``occupied_voxels``.
         """
-        points, voxels = sample_features(samples)
+        points, voxels = sample_features(samples, lacking)
         out = self.per_point * points
         if self.per_voxel:
             if voxels is None:
