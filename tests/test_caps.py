@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from lidarshard.schemas.records import CapsRecord
-from lidarshard.tools.validate_plan import check_caps as validate_caps
+from lidarshard.tools.validate_plan import cap_values, group_breaches, report_breaches
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.caps import (
     Caps,
@@ -62,7 +62,9 @@ def test_planner_and_validate_share_one_check_and_report_every_cap() -> None:
     assert [b.name for b in cap_breaches(plan, caps, costs, None)] == ["samples", "cost"]
     problems: list[str] = []
     samples = pa.table({"cost": costs, "num_points": points})
-    validate_caps(problems, 2, caps, plan, samples, lambda e, r: f"plan/epoch-{e}/rank-{r}")
+    values = cap_values(problems, 2, caps, samples)  # validate's path: one group holding every step
+    breaches = group_breaches(plan, np.arange(plan.shape[0]), caps, values)
+    report_breaches(problems, 2, breaches, lambda e, r: f"plan/epoch-{e}/rank-{r}")
     assert len(problems) == 3 and "plan/epoch-2/rank-1: epoch 2 step 1 rank 1" in problems[2]
     assert "110 points > --max-points-per-rank-step 100 (1 rank-steps over)" in problems[2]
     with pytest.raises(

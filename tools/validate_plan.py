@@ -32,7 +32,7 @@ from lidarshard.transforms.plan.order import step_peaks
 __all__ = [
     "KEY_ROWS",
     "lookup", "file_row_keys", "rank_rows", "check_counts", "cap_values", "group_breaches",
-    "report_breaches", "check_caps", "heaviest_values", "Heaviest", "Coverage", "file_sums",
+    "report_breaches", "heaviest_values", "Heaviest", "Coverage", "file_sums",
     "check_balance",
 ]  # fmt: skip
 
@@ -120,20 +120,6 @@ def report_breaches(
                 f"{file_of(e, b.rank)}: epoch {e} step {b.step} rank {b.rank}",
                 f"{b.detail()} ({b.count} rank-steps over)",
             )
-
-
-def check_caps(
-    problems: list[str],
-    e: int,
-    caps: Caps,
-    plan: NDArray[np.int64],
-    samples: pa.Table,
-    file_of: Callable[[int, int], str] = schemas.plan_file,
-) -> None:
-    """Every rank-step of epoch ``e``'s plan (S, W, M) within the manifest's caps, its predicted peak
-    memory included (``file_of``: as in ``check_counts``)."""
-    values = cap_values(problems, e, caps, samples)
-    report_breaches(problems, e, group_breaches(plan, np.arange(plan.shape[0]), caps, values), file_of)
 
 
 def heaviest_values(mode: str, samples: pa.Table, model: MemoryModel | None) -> NDArray | None:
