@@ -32,9 +32,31 @@ def _file(table: pa.Table, **kw) -> pq.ParquetFile:
     return pq.ParquetFile(pa.BufferReader(sink.getvalue()))
 
 
+def _numeric(file: pq.ParquetFile, extras: list[str] | None = None) -> pa.Table:
+    """``previous.numeric_groups``' row groups joined (the settle step's columns of every row)."""
+    extras = extras or []
+    empty = previous.numeric_schema(file, extras).empty_table()
+    return pa.concat_tables([empty, *previous.numeric_groups(file, extras)])
+
+
+def _part_tasks(file, paths, keep, cost, bucket, weight, roots, part_rows) -> list[previous.PartTask]:
+    """The tests' oracle of the settle step's part tasks: ``previous.part_spans`` with their kept rows
+    (parts with none dropped, the rest numbered from 0) and one cost, bucket and weight per kept row."""
+    tasks: list[previous.PartTask] = []
+    out = 0
+    for span in previous.part_spans(file, paths, part_rows):
+        mask = keep[span.rows[0] : span.rows[1]]
+        kept = int(mask.sum())
+        if kept:
+            scores = (cost[out : out + kept], bucket[out : out + kept], weight[out : out + kept])
+            tasks.append(previous.PartTask(len(tasks), span.path, span.groups, mask, *scores, roots))
+        out += kept
+    return tasks
+
+
 def test_numeric_columns_need_strictly_increasing_ids(built: Path) -> None:
     samples = pq.read_table(built / schemas.SAMPLES_DIR).select(schemas.sample_schema().names)
-    got = previous.numeric_columns(_file(samples, row_group_size=7))
+    got = _numeric(_file(samples, row_group_size=7))
     assert got.column_names == previous.NUMERIC and got.num_rows == samples.num_rows
     assert got.column("num_points").to_pylist() == samples.column("num_points").to_pylist()
     assert not previous.repeated_ids(_file(samples, row_group_size=7)).any()
@@ -47,23 +69,21 @@ def test_numeric_columns_need_strictly_increasing_ids(built: Path) -> None:
         7
     ]
     assert previous.repeated_ids(_file(swapped, row_group_size=7), ordered=True) is None
-    empty = previous.numeric_columns(_file(samples.slice(0, 0)), ["sample_id"])
+    empty = _numeric(_file(samples.slice(0, 0)), ["sample_id"])
     assert empty.num_rows == 0 and empty.column_names == [*previous.NUMERIC, "sample_id"]
     assert previous.paths_at(_file(samples, row_group_size=7), np.array([0, 8, 20])) == [
         samples.column("path")[i].as_py() for i in (0, 8, 20)
     ]
 
 
-def test_numeric_columns_join_a_column_at_a_time_keeping_types_and_nulls(built: Path) -> None:
-    """The settle step's columns: one chunk each (joined column by column, not the table copied), the
-    schema's types for ``NUMERIC``, extras as stored, nulls kept."""
+def test_numeric_groups_keep_types_and_nulls(built: Path) -> None:
+    """The settle step's columns: the schema's types for ``NUMERIC``, extras as stored, nulls kept."""
     samples = pq.read_table(built / schemas.SAMPLES_DIR).select(schemas.sample_schema().names)
     points = samples.column("num_points").to_pylist()
     points[3] = None
     holey = samples.set_column(samples.schema.get_field_index("num_points"), "num_points", pa.array(points))
-    got = previous.numeric_columns(_file(holey, row_group_size=7), ["sample_id", "num_points"])
+    got = _numeric(_file(holey, row_group_size=7), ["sample_id", "num_points"])
     assert got.column_names == [*previous.NUMERIC, "sample_id"]
-    assert all(got.column(n).num_chunks == 1 for n in got.column_names)
     assert got.schema.field("sample_id").type == pa.string()
     assert got.column("num_points").to_pylist() == points and got.column("num_points").null_count == 1
     assert got.column("sample_id").to_pylist() == samples.column("sample_id").to_pylist()
@@ -74,7 +94,9 @@ def test_a_parked_part_task_carries_no_rows_and_unparks_whole(tmp_path: Path) ->
     keep = np.array([True, False, True, True])
     task = previous.PartTask(3, "in.parquet", (0, 2), keep, np.array([1.5, 2.0, 3.25]),
                              np.array([0, 2, 1], np.int32), np.ones(3), ("/a", None))  # fmt: skip
-    parked = previous.park(task, str(tmp_path / "part-00003"))
+    previous.park_keep(str(tmp_path / "part-00003"), task.keep)
+    previous.park_scores(str(tmp_path / "part-00003"), task.cost, task.bucket_id, task.weight)
+    parked = previous.parked(task)
     assert (parked.keep.size, parked.cost.size, parked.bucket_id.size, parked.weight.size) == (0, 0, 0, 0)
     assert (parked.part, parked.path, parked.groups, parked.roots) == (3, "in.parquet", (0, 2), ("/a", None))
     back = previous.unpark(parked, str(tmp_path / "part-00003"))
@@ -153,7 +175,7 @@ def test_part_tasks_cut_at_every_input_file_and_every_part_rows(built: Path, tmp
     keep, cost, bucket, weight = _scores(samples)
     roots = (None, None)
     with parts.open_parts(paths) as file:
-        tasks = previous.part_tasks(file, paths, keep, cost, bucket, weight, roots, PART)
+        tasks = _part_tasks(file, paths, keep, cost, bucket, weight, roots, PART)
     groups = {p: _group_rows(pq.ParquetFile(p)) for p in paths}
     assert [t.part for t in tasks] == list(range(len(tasks)))
     starts = dict(zip(paths, np.cumsum([0, *INPUT_ROWS]).tolist(), strict=False))
@@ -182,7 +204,7 @@ def test_part_tasks_cut_at_every_input_file_and_every_part_rows(built: Path, tmp
         assert np.array_equal(t.cost, cost[a:b]) and np.array_equal(t.bucket_id, bucket[a:b])
         assert np.array_equal(t.weight, weight[a:b])
     with parts.open_parts(paths) as file:
-        whole = previous.part_tasks(file, paths, keep, cost, bucket, weight, roots, 10**9)
+        whole = _part_tasks(file, paths, keep, cost, bucket, weight, roots, 10**9)
     assert [(t.path, t.groups) for t in whole] == [(paths[0], (0, 5)), (paths[2], (0, 8))]
 
 
@@ -194,7 +216,7 @@ def test_parts_written_by_their_tasks_are_the_kept_table_scored(built: Path, tmp
     root = str(built.parent)
     roots = (f"{root}/in", root)
     with parts.open_parts(paths) as file:
-        tasks = previous.part_tasks(file, paths, keep, cost, bucket, weight, roots, PART)
+        tasks = _part_tasks(file, paths, keep, cost, bucket, weight, roots, PART)
         assert previous.fingerprint_kept(file, keep) == fingerprint(samples.filter(pa.array(keep)))
         assert previous.fingerprint_kept(file) == fingerprint(samples)
     written = []

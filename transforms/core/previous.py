@@ -3,7 +3,7 @@ row group at a time. Pure.
 
 Settling and scoring need only a few numeric columns (``NUMERIC``, 32 bytes a sample); the paths,
 sweep paths and sweep transforms (~1-2 KB a sample with 9 sweeps) are streamed once, from the input
-row groups into the new samples parts, one task a part (``part_tasks``, ``write_part``). No step
+row groups into the new samples parts, one task a part (``part_spans``, ``write_part``). No step
 holds them all.
 """
 
@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing, repeats
 from lidarshard.transforms.io import paths
-from lidarshard.transforms.io.arrow import ParquetStream, joined, row_groups
+from lidarshard.transforms.io.arrow import ParquetStream, row_groups
 from lidarshard.transforms.io.scratch import read_columns, write_columns
 
 __all__ = [
@@ -30,12 +30,9 @@ __all__ = [
     "repeated_ids",
     "numeric_schema",
     "numeric_groups",
-    "numeric_columns",
     "paths_at",
     "PartSpan",
     "part_spans",
-    "part_tasks",
-    "park",
     "parked",
     "park_keep",
     "park_scores",
@@ -77,7 +74,7 @@ def repeated_ids(file: pq.ParquetFile, *, ordered: bool = False) -> NDArray[np.b
 
 
 def numeric_schema(file: pq.ParquetFile, extras: Sequence[str] = ()) -> pa.Schema:
-    """The schema of ``numeric_columns``: ``NUMERIC`` (schema types), then ``extras`` (as stored).
+    """The schema of ``numeric_groups``' tables: ``NUMERIC`` (schema types), then ``extras`` (as stored).
 
     Raises:
         KeyError: an extra column the file does not have.
@@ -88,7 +85,8 @@ def numeric_schema(file: pq.ParquetFile, extras: Sequence[str] = ()) -> pa.Schem
 
 
 def numeric_groups(file: pq.ParquetFile, extras: Sequence[str] = ()) -> Iterator[pa.Table]:
-    """``numeric_columns`` one row group at a time (tables of ``numeric_schema``)."""
+    """``NUMERIC`` (schema types) and the columns ``extras`` (as stored) of every row, one row group at a
+    time (tables of ``numeric_schema``)."""
     schema = numeric_schema(file, extras)
     want = pa.schema(list(schema)[: len(NUMERIC)])
     for t in row_groups(file, schema.names):
@@ -96,19 +94,6 @@ def numeric_groups(file: pq.ParquetFile, extras: Sequence[str] = ()) -> Iterator
         yield pa.Table.from_arrays(
             [(numeric if f.name in NUMERIC else t).column(f.name) for f in schema], schema=schema
         )
-
-
-def numeric_columns(file: pq.ParquetFile, extras: Sequence[str] = ()) -> pa.Table:
-    """``NUMERIC`` (schema types) and the columns ``extras`` (as stored) of every row, read one row
-    group at a time and joined a column at a time (``arrow.joined``): the peak is the columns read
-    plus one column, not twice the table."""
-    schema = numeric_schema(file, extras)
-    parts: dict[str, list[pa.Array]] = {n: [] for n in schema.names}
-    for t in numeric_groups(file, extras):
-        for name in schema.names:
-            parts[name] += t.column(name).chunks
-        del t
-    return pa.Table.from_arrays([joined(parts.pop(f.name), f.type) for f in schema], schema=schema)
 
 
 def paths_at(file: pq.ParquetFile, rows: NDArray[np.int64], column: str = "path") -> list:
@@ -169,60 +154,32 @@ def part_spans(file, paths: list[str], part_rows: int) -> Iterator[PartSpan]:
         base += groups
 
 
-def part_tasks(
-    file, paths: list[str], keep: NDArray[np.bool_], cost: NDArray[np.float64],
-    bucket_id: NDArray[np.int32], weight: NDArray[np.float64], roots: tuple[str | None, str | None],
-    part_rows: int,
-) -> list[PartTask]:  # fmt: skip
-    """Cut the kept rows of ``file`` (a ``ParquetParts`` of the files at ``paths``) into parts
-    (``part_spans``); parts left with no kept row are dropped, the rest numbered from 0.
-    ``cost``/``bucket_id``/``weight``: one per kept row, in order."""
-    tasks: list[PartTask] = []
-    out = 0
-    for span in part_spans(file, paths, part_rows):
-        mask = keep[span.rows[0] : span.rows[1]]
-        kept = int(mask.sum())
-        if kept:
-            scores = (cost[out : out + kept], bucket_id[out : out + kept], weight[out : out + kept])
-            tasks.append(PartTask(len(tasks), span.path, span.groups, mask, *scores, roots))
-        out += kept
-    return tasks
-
-
 def reroot(table: pa.Table, roots: tuple[str | None, str | None]) -> pa.Table:
     """``table``'s paths, stored under ``roots[0]`` (None: absolute), re-stored under ``roots[1]``."""
     return paths.relative_to(paths.absolute(table, roots[0]), roots[1])
 
 
-def park(task: PartTask, path: str) -> PartTask:
-    """``task`` with its arrays (``keep`` per input row; cost, bucket and weight per kept row: ~21 bytes
-    an input row) written to the scratch files ``path`` + ``.keep`` and ``path`` + ``.scores``, and left
-    empty: what a shuffle carries of it is its few numbers. ``unpark`` reads them back."""
-    park_keep(path, task.keep)
-    park_scores(path, task.cost, task.bucket_id, task.weight)
-    return parked(task)
-
-
 def parked(task: PartTask) -> PartTask:
-    """``task`` with its arrays left empty (``park``: they are in its scratch files)."""
+    """``task`` with its arrays left empty: they are in its scratch files (``park_keep``,
+    ``park_scores``); what a shuffle carries of it is its few numbers. ``unpark`` reads them back."""
     none = np.empty(0)
     return replace(task, keep=none.astype(bool), cost=none, bucket_id=none.astype(np.int32), weight=none)
 
 
 def park_keep(path: str, keep: NDArray[np.bool_]) -> None:
-    """Write a part's (rows,) ``keep`` mask to the scratch file ``path`` + ``.keep`` (``park``)."""
+    """Write a part's (rows,) ``keep`` mask to the scratch file ``path`` + ``.keep``."""
     write_columns(f"{path}.keep", {"keep": keep})
 
 
 def park_scores(
     path: str, cost: NDArray[np.float64], bucket_id: NDArray[np.int32], weight: NDArray[np.float64]
 ) -> None:
-    """Write a part's (kept,) scores to the scratch file ``path`` + ``.scores`` (``park``)."""
+    """Write a part's (kept,) scores to the scratch file ``path`` + ``.scores``."""
     write_columns(f"{path}.scores", {"cost": cost, "bucket_id": bucket_id, "weight": weight})
 
 
 def unpark(task: PartTask, path: str) -> PartTask:
-    """``task`` (``park``'s) with the arrays read back from its scratch files."""
+    """``task`` (``parked``) with the arrays read back from its scratch files."""
     scores = read_columns(f"{path}.scores")
     keep = read_columns(f"{path}.keep")["keep"]
     return replace(

@@ -85,7 +85,6 @@ def settle_parts(
     tasks: list[previous.PartTask] = []
     kept: list[int] = []
     groups = previous.numeric_groups(file, extras)
-    empty = np.empty(0)
     for span in previous.part_spans(file, paths, part_rows):
         costs, row = [], span.rows[0]
         for _ in range(*span.groups):
@@ -101,8 +100,11 @@ def settle_parts(
             path = scores_path(work, len(tasks))
             previous.park_keep(path, mask)
             park_costs(path, np.concatenate(costs))
-            parts = (mask[:0], empty, empty.astype(np.int32), empty)
-            tasks.append(previous.PartTask(len(tasks), span.path, span.groups, *parts, stored.roots))
+            none = np.empty(0)
+            task = previous.PartTask(
+                len(tasks), span.path, span.groups, mask, none, none.astype(np.int32), none, stored.roots
+            )
+            tasks.append(previous.parked(task))  # its arrays are in scratch
             kept.append(count)
     return Settled(keep, added, tasks, kept)
 

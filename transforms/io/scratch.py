@@ -34,7 +34,7 @@ __all__ = [
 
 
 def scores_path(work: str, part: int) -> str:
-    """Prefix of the scratch files of samples part ``part``'s scores (``previous.park``)."""
+    """Prefix of the scratch files of samples part ``part``'s scores (``previous.park_keep``, ``park_scores``)."""
     return storage.join(work, "scores", f"part-{part:05d}")
 
 
