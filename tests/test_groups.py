@@ -226,6 +226,63 @@ def test_validate_finds_two_groups_steps_swapped(grouped, tmp_path: Path) -> Non
     ), problems
 
 
+def _small_parts(monkeypatch) -> None:
+    """validate's samples read back 7 rows a chunk, their keys in partitions of 9 and epoch 1's pair
+    partners in 11: every lookup crosses parts; a whole-column read raises."""
+    from lidarshard.tools import validate_columns, validate_derived, validate_keys
+
+    def whole(*args, **kwargs):
+        raise AssertionError("validate read a whole column of the samples")
+
+    monkeypatch.setattr(validate_columns.ParkedColumns, "table", whole)
+    monkeypatch.setattr(validate_columns, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(validate_keys, "PART_KEYS", 9)
+    monkeypatch.setattr(validate_derived, "PAIR_ROWS", 11)
+
+
+def test_grouped_validate_reads_a_chunk_or_a_group_at_a_time(grouped, monkeypatch) -> None:
+    """With G > 1 no check reads the samples' numbers whole: a grouped build and its re-plan (epoch 0
+    re-costed group by group) validate with tiny chunks and partitions."""
+    _small_parts(monkeypatch)
+    assert validate(str(grouped["g3"]))[0] == []
+    assert validate(str(grouped["new"]))[0] == []
+
+
+@pytest.mark.parametrize("name, small", [("cost", False), ("bucket_id", False), ("cost", True)])
+def test_validate_names_a_grouped_files_first_forged_value(
+    grouped, tmp_path, monkeypatch, name, small
+) -> None:
+    """A cost (or bucket_id) changed in two rows of one rank file whose samples lie in different step
+    groups, the later group's row first in the file (size and hash fixed): one line, naming the file's
+    first changed row, although its group is checked after the other's."""
+    import shutil
+
+    from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
+
+    if small:
+        _small_parts(monkeypatch)
+    forged = Path(shutil.copytree(grouped["g3"], tmp_path / "forged"))
+    e, r = 1, 1
+    rel = schemas.plan_file(e, r)
+    t = pq.read_table(forged / rel)
+    cfg = PlanConfig.from_manifest(load_manifest(forged))
+    dealt = groups.deal(groups.sample_keys(t.column("sample_id")), cfg.seed, e, 3)
+    i, j = next((i, j) for i in range(t.num_rows) for j in range(i + 1, t.num_rows) if dealt[i] > dealt[j])
+    values = t.column(name).to_numpy().copy()
+    values[[i, j]] = values[[i, j]] * 2 + 1
+    t = t.set_column(
+        t.schema.get_field_index(name), t.schema.field(name), pa.array(values, t.schema.field(name).type)
+    )
+    data = parquet_bytes(t.replace_schema_metadata(pq.read_schema(forged / rel).metadata))
+    (forged / rel).write_bytes(data)
+    obj = json.loads((forged / "_manifest.json").read_text())
+    obj["files"][rel] = {"bytes": len(data), "sha256": sha256_hex(data)}
+    (forged / "_manifest.json").write_text(json.dumps(obj))
+    step, slot, sid = (t.column(k)[i].as_py() for k in ("step", "slot", "sample_id"))
+    want = f"{rel}: epoch {e} rank {r} step {step} slot {slot}: {name} of {sid} differs from the samples"
+    assert validate(str(forged))[0] == [want]
+
+
 def _summaries(out: Path, e: int) -> list:
     """The groups' summaries of epoch ``e`` of ``out`` re-derived (``plan_samples`` keeps only the epoch)."""
     m = load_manifest(out)
@@ -405,16 +462,20 @@ def test_a_grouped_budget_build_with_speeds_and_weights_validates(grouped, tmp_p
     )
 
 
-@pytest.mark.parametrize("forced", [1, 3])
-def test_validates_pair_repeat_rate_group_by_group_is_the_epochs(forced: int, tmp_path: Path) -> None:
-    """``validate_derived.PairRepeat`` (epoch 0's groups parked, epoch 1's last step per sample) gives
-    ``repeat_rates`` of the two assembled epochs, for one group and for three."""
+@pytest.mark.parametrize("forced, part_rows", [(1, None), (3, None), (3, 700)])
+def test_validates_pair_repeat_rate_group_by_group_is_the_epochs(
+    forced: int, part_rows, tmp_path: Path
+) -> None:
+    """``validate_derived.PairRepeat`` (epoch 0's groups parked, epoch 1's last step per sample parked by
+    row range) gives ``repeat_rates`` of the two assembled epochs, for one group and for three, in one
+    partition of rows and in five."""
     from lidarshard.tools.validate_derived import PairRepeat
     from lidarshard.transforms.core.epochs import repeat_rates
 
     table = scored_pool(3000, 2)
     cfg = PlanConfig(4, 8, epochs=2, strategy="mixed", policy="pad", plan_groups=forced)
-    pairs = PairRepeat(str(tmp_path), table.num_rows)
+    pairs = PairRepeat(str(tmp_path), table.num_rows, part_rows)
+    assert pairs.parts == (1 if part_rows is None else 5)
     keys = groups.sample_keys(table.column("sample_id"))
     for e in (0, 1):
         if forced == 1:

@@ -55,7 +55,7 @@ def test_streamed_view_finds_rows_and_reads_ids_on_demand(tmp_path) -> None:
     assert view.find(pa.array(["nope"])).tolist() == [-1]
     for row in (0, 17_000, 25_000, 39_999):  # both parts
         assert view.column("sample_id")[row] == table.column("sample_id")[row].as_py()
-    assert view.column("cost").to_numpy()[5] == table.column("cost")[5].as_py()
+    assert view.columns.table(["cost"]).column("cost").to_numpy()[5] == table.column("cost")[5].as_py()
     assert view.cost_mismatch is None  # no cost model given
 
 
@@ -107,3 +107,48 @@ def test_key_partitions_find_the_same_rows_keys_and_groups(tmp_path) -> None:
     with pytest.raises(RuntimeError, match="dropped"):
         four.find(taken)
     assert four.members(0, 7, 1, 3).tolist() == one.members(0, 7, 1, 3).tolist()  # group keys stay
+
+
+def test_parked_columns_deal_each_group_its_rows_in_order(tmp_path) -> None:
+    """Chunks of 7 rows (so a deal spans chunks): the chunks are the columns, each dealt group is
+    exactly the rows its labels give (ascending, with ``row``), a second deal of another tag replaces
+    the first, and a null (from its first on) reads back as a null, whole and dealt."""
+    from lidarshard.tools import validate_columns
+    from lidarshard.tools.validate_columns import ParkedColumns
+
+    rng = np.random.default_rng(3)
+    cost, bucket = rng.random(50), rng.integers(0, 4, 50).astype(np.int32)
+    parked = ParkedColumns(
+        pa.schema([("cost", pa.float64()), ("bucket_id", pa.int32()), ("num_points", pa.int64())])
+    )
+    points = pa.array(
+        [None if k % 9 == 4 and k > 20 else k for k in range(50)], pa.int64()
+    )  # from row group 2
+    for a in range(0, 50, 20):  # three "row groups"
+        part = {"cost": cost[a : a + 20], "bucket_id": bucket[a : a + 20], "num_points": points[a : a + 20]}
+        parked.add(pa.table(part, schema=parked.schema))
+    assert parked.num_rows == 50
+    whole = parked.table()
+    assert (
+        np.array_equal(whole.column("cost").to_numpy(), cost) and whole.column("bucket_id").type == pa.int32()
+    )
+    assert (
+        whole.column("num_points").to_pylist() == points.to_pylist()
+        and whole.column("num_points").null_count == 4
+    )
+    assert [a for a, _ in parked.chunks(rows=7)] == list(range(0, 50, 7))
+    labels = rng.integers(0, 3, 50)
+    for tag in ("first", "second"):
+        labels = labels if tag == "first" else (labels + 1) % 3
+        old, validate_columns.CHUNK_ROWS = validate_columns.CHUNK_ROWS, 7
+        try:
+            parked.deal(lambda a, n, lab=labels: lab[a : a + n], 3, tag)
+        finally:
+            validate_columns.CHUNK_ROWS = old
+        for g in range(3):
+            got, want = parked.group(g), np.flatnonzero(labels == g)
+            assert got.column("row").to_numpy().tolist() == want.tolist()
+            assert np.array_equal(got.column("cost").to_numpy(), cost[want])
+            assert np.array_equal(got.column("bucket_id").to_numpy(), bucket[want])
+            assert got.column("num_points").to_pylist() == points.take(pa.array(want)).to_pylist()
+    parked.close()

@@ -8,20 +8,25 @@ the plan files' plan and counts, and epochs 0 and 1 the recorded ``pair_repeat_r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.tools.validate_keys import append_raw, load_raw
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import as_planned, plan_samples
+from lidarshard.transforms.core.epochs import plan_samples
 from lidarshard.transforms.core.group_rows import pair_counts
 from lidarshard.transforms.core.groups import GroupSummary, epoch_stats, group_table, plan_group, step_labels
+from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.scratch import pair_path, read_columns, write_columns
 
 __all__ = [
+    "PAIR_ROWS",
     "Derived",
     "check_replan",
     "check_derived_counts",
@@ -39,36 +44,29 @@ def _add(problems: list[str], where: str, what: str) -> None:
 
 
 class Derived:
-    """Epoch ``e`` of the samples (as planned: ``as_planned``) planned again with the recorded settings
-    ``cfg`` (None: not valid, nothing derived), one of its ``groups`` step groups at a time."""
+    """Epoch ``e`` planned again with the recorded settings ``cfg`` (None: not valid, nothing derived),
+    one of its ``groups`` step groups at a time."""
 
-    def __init__(
-        self, problems: list[str], m: Manifest, cfg: PlanConfig | None, e: int, samples: object, groups: int
-    ) -> None:
-        self.problems, self.m, self.cfg, self.e, self.samples, self.groups = (
-            problems,
-            m,
-            cfg,
-            e,
-            samples,
-            groups,
-        )
+    def __init__(self, problems: list[str], m: Manifest, cfg: PlanConfig | None, e: int, groups: int) -> None:
+        self.problems, self.m, self.cfg, self.e, self.groups = problems, m, cfg, e, groups
         self.failed = cfg is None
         self.summaries: list[GroupSummary] = []
         self.stats: dict | None = None  # the epoch's stats, once every group is derived
 
-    def group(self, g: int, members: NDArray[np.int64]) -> Planned | None:
-        """Group ``g`` (its samples ``members`` (n_g,), ascending) planned alone, or None when it cannot
-        be (a problem, once: no later group is derived)."""
+    def group(self, g: int, samples: Any) -> Planned | None:
+        """Group ``g`` planned alone from its ``samples`` (``SamplesView.group`` as the epoch is planned,
+        ``epochs.as_planned``: the plan columns and ``row`` (n_g,), ascending), or None when it cannot be
+        (a problem, once: no later group is derived)."""
         if self.failed or self.cfg is None:
             return None
         e, cfg = self.e, self.cfg
         try:
             if self.groups == 1:
-                whole = plan_samples(self.samples, e, cfg)
+                whole = plan_samples(samples, e, cfg)
                 self.stats = whole.stats
                 return whole.plan, whole.baseline
-            part = plan_group(group_table(as_planned(self.samples, e, cfg), members), members, e, g, cfg)
+            rows = samples.column("row").to_numpy()
+            part = plan_group(group_table(samples, np.arange(rows.size)), rows, e, g, cfg)
         except (ValueError, TypeError, KeyError) as err:
             _add(
                 self.problems,
@@ -163,20 +161,30 @@ def _entries(plan: NDArray[np.int64], group: int, groups: int) -> tuple[NDArray[
     return steps[valid] * groups + group, plan[valid]
 
 
+#: Samples per partition of epoch 1's last step ids (``PairRepeat``): what one lookup holds (4 bytes each).
+PAIR_ROWS = 1 << 20
+
+
 class PairRepeat:
     """``pair_repeat_rate`` of epochs 0 and 1 as re-derived, one group at a time: epoch 0's (step id, sample
-    row) entries of each group parked in ``work`` (``scratch.pair_path``), epoch 1's last step id of each of
-    the ``n`` samples held ((N,) int32 per plan kind), then each epoch-0 group's pairs counted
-    (``group_rows.pair_counts``: the sums the build adds). Step ids are ``local * G + group``: the same
-    pairs as the epoch's steps, whatever the interleave."""
+    row) entries of each group parked in ``work`` (``scratch.pair_path``), epoch 1's (sample row, step id)
+    entries parked by row range (``PAIR_ROWS`` samples a partition), then each epoch-0 group's pairs
+    counted (``group_rows.pair_counts``: the sums the build adds) against each sample's last epoch-1 step
+    id, one partition at a time. Step ids are ``local * G + group``: the same pairs as the epoch's steps,
+    whatever the interleave. Holds one group's entries and one partition, not the ``n`` samples."""
 
     KINDS = ("plan", "random")
 
-    def __init__(self, work: str, n: int) -> None:
+    def __init__(self, work: str, n: int, part_rows: int | None = None) -> None:
         self.work, self.n = work, n
+        self.part = PAIR_ROWS if part_rows is None else part_rows  # the module's, read now (tests set it)
+        self.parts = max(1, -(-n // self.part))
         self.groups: int | None = None  # epoch 0's G
         self.missing = False
-        self.last: dict[str, NDArray[np.int32]] = {}
+        self.second: set[str] = set()  # the kinds of epoch 1 parked
+
+    def _last(self, kind: str, p: int, column: str) -> str:
+        return os.path.join(storage.local_path(self.work), "pairs", f"{kind}-last-{p:05d}-{column}.bin")
 
     def add(self, e: int, g: int, groups: int, planned: Planned | None) -> None:
         """Group ``g`` of ``groups`` of epoch ``e`` as re-derived (None: not, the rates cannot be)."""
@@ -190,24 +198,46 @@ class PairRepeat:
             if e == 0:
                 self.groups = groups
                 write_columns(pair_path(self.work, kind, g), {"step": ids, "row": rows})
-            else:
-                last = self.last.setdefault(kind, np.full(self.n, -1, np.int32))
-                last[rows] = ids  # in step order: a sample's last copy, its largest step id, wins
+                continue
+            os.makedirs(os.path.dirname(self._last(kind, 0, "row")), exist_ok=True)
+            part = rows // self.part
+            order = np.argsort(part, kind="stable")  # in step order within a partition
+            bounds = np.searchsorted(part[order], np.arange(self.parts + 1))
+            for p in range(self.parts):
+                at = order[bounds[p] : bounds[p + 1]]
+                if at.size:
+                    append_raw(self._last(kind, p, "row"), rows[at].astype(np.int64))
+                    append_raw(self._last(kind, p, "step"), ids[at].astype(np.int32))
+            self.second.add(kind)
+
+    def _partner(self, kind: str, rows: NDArray[np.int64]) -> NDArray[np.int64]:
+        """(n,) each sample row's last step id in epoch 1 (-1: not planned), a partition at a time."""
+        out = np.full(rows.size, -1, np.int64)
+        part = rows // self.part
+        for p in np.unique(part).tolist():
+            start = p * self.part
+            last = np.full(min(self.part, self.n - start), -1, np.int32)
+            # a sample's copies in step order, so its last copy, its largest step id, wins
+            last[load_raw(self._last(kind, p, "row"), np.dtype(np.int64)) - start] = load_raw(
+                self._last(kind, p, "step"), np.dtype(np.int32)
+            )
+            at = np.flatnonzero(part == p)
+            out[at] = last[rows[at] - start]
+        return out
 
     def rates(self, strategy: str) -> dict[str, float] | None:
         """``epochs.repeat_rates`` of the two epochs, or None when either was not (wholly) derived."""
-        if self.missing or self.groups is None or len(self.last) != len(self.KINDS):
+        if self.missing or self.groups is None or len(self.second) != len(self.KINDS):
             return None
         out: dict[str, float] = {}
         for kind in self.KINDS:
             pairs = shared = 0
             for g in range(self.groups):
                 cols = read_columns(pair_path(self.work, kind, g))
-                partner = self.last[kind][cols["row"]].astype(np.int64)
+                partner = self._partner(kind, cols["row"].astype(np.int64))
                 p, s = pair_counts([np.stack([cols["step"].astype(np.int64), partner], axis=1)])
                 pairs, shared = pairs + p, shared + s
             out[strategy if kind == "plan" else "random"] = round(float(shared / pairs), 6) if pairs else 0.0
-        self.last.clear()
         return out
 
 

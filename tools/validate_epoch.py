@@ -1,14 +1,20 @@
-"""One epoch of ``lidarshard validate``, one step group at a time: its peak is one group's plan over the
-samples view, not the epoch's.
+"""One epoch of ``lidarshard validate``, one step group at a time: its peak is one group's samples and
+plan, not the epoch's.
 
     for each rank file:   stream it (its path columns a row group at a time: row keys), check its rows
                           (``validate_files.check_plan``, ``validate_plan.lookup``), park their numbers
                           by the step group of their sample (``groups.deal``: the build's rule, from the
                           recorded seed and G) in a temporary directory (``scratch.spill_path``)
-    for each group g:     re-derive it alone (``validate_derived.Derived``), read its parked rows back,
-                          check them against it, the counts, caps and coverage, add its balance sums
+    for each group g:     its samples (``SamplesView.group``, as planned: ``epochs.as_planned``) against
+                          its parked rows' costs and bucket ids (``validate_plan.Values``)
+    for each group g:     re-derive it alone (``validate_derived.Derived``), read its samples and parked
+                          rows back, check them against it, the counts, caps and coverage, add its
+                          balance sums
     then:                 the interleave of the groups' steps, the step order under --heaviest-first,
                           the combined balance (``group_stats.combine``) against the manifest
+
+Nothing of the epoch's N samples is held: a group's samples index its plan by their position (``row``
+is ascending), so every value check reads one group's columns.
 
 G = 1 is the same path with one group (planned by ``plan_samples``, the single pool's plan). Pure
 pyarrow/numpy; problems are ``"<where>: <what>"`` lines naming file, epoch, rank, step and slot.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +45,7 @@ from lidarshard.tools.validate_plan import (
     KEY_ROWS,
     Coverage,
     Heaviest,
+    Values,
     cap_values,
     check_balance,
     check_counts,
@@ -135,44 +143,40 @@ def _parked(work: str, e: int, g: int, w: int) -> dict[str, NDArray]:
         path = spill_path(work, e, g, r)
         if storage.exists(path):
             parts.append(read_columns(path))
-    names = ("step", "slot", "rank_count", "global_count", "row", "rank")
+    names = ("step", "slot", "rank_count", "global_count", "row", "rank", "cost", "bucket_id")
     return {k: np.concatenate([p[k] for p in parts]) if parts else np.empty(0, np.int32) for k in names}
+
+
+def _planned(group: pa.Table, e: int, cfg: PlanConfig | None) -> Any:
+    """A group's samples as epoch ``e`` is planned (``as_planned``; as they are when ``cfg`` is None)."""
+    return group if cfg is None else as_planned(group, e, cfg)
 
 
 class _Epoch:
     """The checks of one epoch whose every rank file was usable, fed one group at a time."""
 
-    def __init__(
-        self,
-        problems: list[str],
-        m: Manifest,
-        cfg: PlanConfig | None,
-        e: int,
-        samples: SamplesView,
-        held: tuple | None,
-        counts: NDArray[np.int32],
-    ) -> None:
+    def __init__(self, problems: list[str], m: Manifest, cfg: PlanConfig | None, e: int,
+                 held: tuple | None, counts: NDArray[np.int32]) -> None:  # fmt: skip
         self.problems, self.m, self.cfg, self.e = problems, m, cfg, e
-        self.samples, self.counts = samples, counts  # counts: (S, W) rows per rank-step
+        self.counts = counts  # (S, W) rows per rank-step
         self.broken = False  # a group's rows do not form a plan: the epoch's sums are not checked
         self.skip: set[str] = set()
         self.owner = np.full(counts.shape[0], -1, np.int32)  # the group of each step, as the files hold it
         self.owned: list[NDArray[np.int64]] = []
         self.sums: list = []
         self.breaches: list = []
-        self.coverage = Coverage(m, samples, held)
-        self.costs = samples.column("cost").to_numpy()
-        self.caps = None if cfg is None else cap_values(problems, e, cfg.caps, samples)
-        model = None if cfg is None or cfg.caps.memory is None else cfg.caps.memory.model
-        mode = "off" if cfg is None else cfg.heaviest_first
-        self.heaviest = Heaviest(mode, heaviest_values(mode, samples, model) if cfg is not None else None)
+        self.caps_failed = False  # the memory cap cannot be checked (said once)
+        self.coverage = Coverage(m, held)
+        self.model = None if cfg is None or cfg.caps.memory is None else cfg.caps.memory.model
+        self.heaviest = Heaviest("off" if cfg is None else cfg.heaviest_first)
 
     def group(
-        self, g: int, groups: int, members: NDArray[np.int64], rows: dict
+        self, g: int, groups: int, samples: Any, rows: dict
     ) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
-        """Group ``g``: its samples ``members``, its parked plan rows ``rows`` (emptied) -> (its plan
-        (S_g, W, M) as the files hold it, its steps in the epoch (S_g,)), or None when its rows do not
-        form a plan (a problem; the epoch's sums are then not checked)."""
+        """Group ``g``: its samples ``samples`` (``SamplesView.group`` as planned), its parked plan rows
+        ``rows`` (emptied) -> (its plan (S_g, W, M) of sample rows as the files hold it, its steps in the
+        epoch (S_g,)), or None when its rows do not form a plan (a problem; the epoch's sums are then not
+        checked)."""
         m, e, problems = self.m, self.e, self.problems
         steps = np.unique(rows["step"]).astype(np.int64)  # its steps in the epoch, in order
         try:
@@ -191,16 +195,25 @@ class _Epoch:
             self.owner[steps] = g
         self.owned.append(steps)
         check_counts(problems, e, rows, self.counts, m.plan_file, self.skip)
-        self.coverage.add(members, rows["row"])
+        self.coverage.add(samples, rows["row"])
         rows.clear()  # the parked rows are in ``plan`` now
-        if self.cfg is not None and self.caps is not None:
-            self.breaches += group_breaches(plan, steps, self.cfg.caps, self.caps)
-        self.heaviest.add(plan, steps)
-        self.sums.append(file_sums(plan, self.costs, m.batch_size, m.rank_speed))
+        # the plan over the group's samples: entries index its columns (its rows are ascending)
+        mine = np.searchsorted(samples.column("row").to_numpy(), plan)
+        mine[plan < 0] = -1
+        if self.cfg is not None:
+            lines: list[str] = []
+            values = cap_values(lines, e, self.cfg.caps, samples)
+            for line in lines[: not self.caps_failed]:
+                problems.append(line)
+            self.caps_failed |= bool(lines)
+            self.breaches += group_breaches(mine, steps, self.cfg.caps, values)
+            self.heaviest.add(mine, steps, heaviest_values(self.cfg.heaviest_first, samples, self.model))
+        costs = samples.column("cost").to_numpy()
+        self.sums.append(file_sums(mine, costs, m.batch_size, m.rank_speed))
         return plan, steps
 
-    def finish(self, derived: Derived) -> None:
-        """After every group: what needs the whole epoch's few numbers."""
+    def finish(self, derived: Derived, samples: SamplesView) -> None:
+        """After every group: what needs the whole epoch's few numbers (``samples``: to name one)."""
         m, e, problems = self.m, self.e, self.problems
         b = None if m.variable_count else m.batch_size
         if b is not None and (self.counts != b).any():
@@ -211,7 +224,7 @@ class _Epoch:
             )
         report_breaches(problems, e, self.breaches, m.plan_file)
         self.heaviest.check(problems, e, self.counts.shape[0], m.plan_file)
-        self.coverage.check(problems, m, e, self.samples)
+        self.coverage.check(problems, m, e, samples)
         check_balance(problems, m, e, self.sums, derived.stats)
         labels = derived.labels()
         if labels is not None and derived.groups > 1:
@@ -234,38 +247,44 @@ def check_epoch_files(
     not valid, reported) group by group, parking in ``work`` (a temporary directory); epochs 0 and 1's
     groups go to ``pairs``. After the ``last`` epoch's files the view's keys are dropped. Returns the
     epoch's plan rows."""
-    if cfg is not None:  # an epoch before a re-plan is checked with the costs that planned it
+    if cfg is not None and cfg.planned_with(e) is not None:  # recomputed costs plan it: can they be?
         try:
-            samples = as_planned(samples, e, cfg)
+            for _, chunk in samples.chunks():
+                as_planned(chunk, e, cfg)
         except ValueError as err:
             _add(problems, f"epoch {e}", f"the costs of cost_history cannot be recomputed: {err}")
             cfg = None
-    n = samples.num_rows
-    groups = cfg.groups(n) if cfg is not None else m.groups
+    groups = cfg.groups(samples.num_rows) if cfg is not None else m.groups
     seed = cfg.seed if cfg is not None else m.seed
+    w = m.world_size
     rows, counts, usable = _spill(problems, open_plan, m, e, samples, (seed, groups), work)
     if last:
         samples.drop_keys()
-    release_memory()
-    derived = Derived(problems, m, cfg, e, samples, groups)
-    epoch = _Epoch(problems, m, cfg, e, samples, held, counts) if usable == m.world_size else None
+    values = Values()
+    for g in range(groups):  # a file whose costs or buckets are not its samples' is not checked further
+        values.add(_parked(work, e, g, w), _planned(samples.group(g, seed, e, groups), e, cfg))
+        release_memory()
+    usable -= len(values.report(problems, m, e, samples))
+    derived = Derived(problems, m, cfg, e, groups)
+    epoch = _Epoch(problems, m, cfg, e, held, counts) if usable == w else None
     for g in range(groups):  # the files' side first: only its plan (8 B an entry) waits for the planner's
-        members = np.arange(n, dtype=np.int64) if groups == 1 else samples.members(g, seed, e, groups)
+        group = _planned(samples.group(g, seed, e, groups), e, cfg)
         held_plan = None
         if epoch is not None and not epoch.broken:
-            held_plan = epoch.group(g, groups, members, _parked(work, e, g, m.world_size))
+            held_plan = epoch.group(g, groups, group, _parked(work, e, g, w))
             release_memory()
-        planned = derived.group(g, members)
+        planned = derived.group(g, group)
+        del group
         if pairs is not None:
             pairs.add(e, g, groups, planned)
         if planned is not None and held_plan is not None:
             where = f" step group {g}" * (groups > 1)
             check_replan(problems, m, e, held_plan[0], planned[0], held_plan[1], samples, where)
-        del planned, held_plan, members
+        del planned, held_plan
         release_memory()
     shutil.rmtree(storage.local_path(storage.join(work, "spill", f"epoch-{e}")), ignore_errors=True)
     if epoch is not None and not epoch.broken:
-        epoch.finish(derived)
+        epoch.finish(derived, samples)
     if derived.stats is not None:
         check_derived_counts(problems, m, e, derived.stats)
     return rows

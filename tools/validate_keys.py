@@ -7,7 +7,8 @@ part is one key partition (~``PART_KEYS`` samples) at a time, not N.
     then (``seal``):           each partition sorted by id key (stable: equal keys in row order), a
                                clash of two ids on one key noted
     a plan file's rows:        ``match`` looks their ids up partition by partition (one held at a time)
-    a step group's members:    ``members`` deals the row-ordered group keys ``DEAL_ROWS`` at a time
+    a step group's members:    ``group_keys`` reads the row-ordered group keys a range at a time (the
+                               samples' columns are dealt by them: ``validate_columns``)
 
 Files live in a temporary directory of their own (never inside the output checked), removed by
 ``close`` or when the owner is collected. Pure numpy.
@@ -24,13 +25,10 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.core.groups import deal
-
-__all__ = ["PART_KEYS", "Match", "ParkedKeys"]
+__all__ = ["PART_KEYS", "Match", "ParkedKeys", "append_raw", "load_raw"]
 
 #: Samples per key partition: what one lookup holds (24 bytes a sample: id key, row, row key, group key).
 PART_KEYS = 1 << 20
-_DEAL_ROWS = 1 << 20
 _RECORD = np.dtype([("id", "<u8"), ("row", "<i8"), ("key", "<u8"), ("group", "<u8")])
 
 
@@ -77,21 +75,21 @@ class ParkedKeys:
             if bounds[p] < bounds[p + 1]:
                 at = order[bounds[p] : bounds[p + 1]]
                 for name, values in cols.items():  # unsorted, one file a column (appended, then closed)
-                    _append(self._path(p, f"new-{name}"), np.asarray(values, _RECORD[name])[at])
-        _append(self._path(0, "dealt-by"), np.asarray(group_keys, np.uint64))
+                    append_raw(self._path(p, f"new-{name}"), np.asarray(values, _RECORD[name])[at])
+        append_raw(self._path(0, "dealt-by"), np.asarray(group_keys, np.uint64))
         self.num_rows += n
 
     def seal(self) -> None:
         """After the last ``add``: each partition sorted by id key, ``clash`` set when two ids share one."""
         for p in range(self.parts):  # one column at a time: ~4 columns of a partition's, not 8
-            ids = _load(self._path(p, "new-id"), _RECORD["id"])
+            ids = load_raw(self._path(p, "new-id"), _RECORD["id"])
             order = np.argsort(ids, kind="stable")
             ids = ids[order]
             self.clash |= bool(ids.size > 1 and (np.diff(ids) == 0).any())
             ids.tofile(self._path(p, "id"))
             del ids
             for name in ("row", "key", "group"):
-                _load(self._path(p, f"new-{name}"), _RECORD[name])[order].tofile(self._path(p, name))
+                load_raw(self._path(p, f"new-{name}"), _RECORD[name])[order].tofile(self._path(p, name))
             for name in _RECORD.names or ():
                 if os.path.exists(self._path(p, f"new-{name}")):
                     os.remove(self._path(p, f"new-{name}"))
@@ -134,7 +132,7 @@ class ParkedKeys:
 
     def drop(self) -> None:
         """Free the held partition and remove the lookup files (``match`` refuses afterwards); the
-        row-ordered group keys stay for ``members``."""
+        row-ordered group keys stay (``group_keys``)."""
         self._held, self.dropped = None, True
         for p in range(self.parts):
             for name in _RECORD.names or ():
@@ -149,27 +147,18 @@ class ParkedKeys:
             else np.empty(0, np.uint64)
         )
 
-    def members(self, g: int, seed: int, e: int, groups: int) -> NDArray[np.int64]:
-        """(n_g,) ascending rows of the samples ``groups.deal`` puts in group ``g`` of epoch ``e``."""
-        out = [
-            np.flatnonzero(deal(self.group_keys(a, min(_DEAL_ROWS, self.num_rows - a)), seed, e, groups) == g)
-            + a
-            for a in range(0, self.num_rows, _DEAL_ROWS)
-        ]
-        return np.concatenate(out).astype(np.int64) if out else np.empty(0, np.int64)
-
     def close(self) -> None:
         """Remove every file."""
         self._held = None
         self._finalizer()
 
 
-def _append(path: str, values: NDArray) -> None:
-    """``values`` appended to the raw file at ``path``."""
+def append_raw(path: str, values: NDArray) -> None:
+    """``values`` appended to the raw file at ``path`` (no header: the reader knows the dtype)."""
     with open(path, "ab") as f:
         values.tofile(f)
 
 
-def _load(path: str, dtype: np.dtype) -> NDArray:
-    """The raw values ``_append`` wrote to ``path`` (none when it was never written)."""
+def load_raw(path: str, dtype: np.dtype) -> NDArray:
+    """The raw values ``append_raw`` wrote to ``path`` (none when it was never written)."""
     return np.fromfile(path, dtype) if os.path.exists(path) else np.empty(0, dtype)

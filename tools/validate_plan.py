@@ -32,7 +32,7 @@ from lidarshard.transforms.plan.order import step_peaks
 __all__ = [
     "KEY_ROWS",
     "lookup", "file_row_keys", "rank_rows", "check_counts", "cap_values", "group_breaches",
-    "report_breaches", "heaviest_values", "Heaviest", "Coverage", "file_sums",
+    "report_breaches", "heaviest_values", "Heaviest", "Values", "Coverage", "file_sums",
     "check_balance",
 ]  # fmt: skip
 
@@ -45,17 +45,24 @@ def _add(problems: list[str], where: str, what: str) -> None:
 #: spans row groups, so this bounds it: at 9 sweeps a row, 4,096 rows raise a 4M-sample validate's
 #: high-water mark ~0.1 GiB, a whole 62,500-row rank file ~0.25 GiB (the joins' buffers).
 KEY_ROWS = 1 << 12
-#: What an epoch keeps of each rank's plan file once its strings are checked: (n,) int32 columns.
+#: What an epoch keeps of each rank's plan file once its strings are checked: (n,) int32 columns, and
+#: the values ``Values`` checks against the samples'.
 _KEPT = ("step", "slot", "rank_count", "global_count")
-#: (costs (N,), points (N,) or None, predicted bytes (N,) or None): what the caps are checked on.
+_VALUES = {"cost": np.float64, "bucket_id": np.int32}
+#: (costs (n,), points (n,) or None, predicted bytes (n,) or None) of one group's samples: what the caps
+#: are checked on.
 CapValues = tuple[NDArray, NDArray | None, NDArray | None]
 
 
 def rank_rows(t: pa.Table, idx: NDArray[np.int64], n: int) -> dict[str, NDArray]:
     """The numbers an epoch's checks need of one rank's plan table ``t`` (its strings checked):
-    ``_KEPT`` as int32 copies (nothing of ``t`` stays referenced) and ``row``, the sample index of each
-    of the (m,) rows (``lookup``), int32 when the ``n`` samples allow it."""
+    ``_KEPT`` as int32 copies (nothing of ``t`` stays referenced), its cost and bucket_id (NaN where
+    null) and ``row``, the sample index of each of the (m,) rows (``lookup``), int32 when the ``n``
+    samples allow it."""
     out: dict[str, NDArray] = {k: np.array(t.column(k).to_numpy(), dtype=np.int32) for k in _KEPT}
+    for k, dtype in _VALUES.items():
+        got = t.column(k).to_numpy()
+        out[k] = np.array(got, dtype=dtype) if got.dtype == dtype else np.asarray(got, np.float64)
     out["row"] = idx.astype(np.int32) if n < 2**31 else idx
     return out
 
@@ -87,7 +94,8 @@ def check_counts(
 
 
 def cap_values(problems: list[str], e: int, caps: Caps, samples: pa.Table) -> CapValues:
-    """What epoch ``e``'s caps are checked on, of every sample (its predicted bytes only under a memory cap)."""
+    """What epoch ``e``'s caps are checked on, of each of ``samples`` (a group's; its predicted bytes only
+    under a memory cap)."""
     costs, points = samples.column("cost").to_numpy(), samples.column("num_points").to_numpy()
     memory = None
     if caps.memory is not None:
@@ -123,7 +131,7 @@ def report_breaches(
 
 
 def heaviest_values(mode: str, samples: pa.Table, model: MemoryModel | None) -> NDArray | None:
-    """(N,) what ``--heaviest-first`` ``mode`` (the manifest's) weighs each sample by, or None when there
+    """(n,) what ``--heaviest-first`` ``mode`` (the manifest's) weighs each of ``samples`` by, or None when there
     is nothing to check (``off``; ``memory`` without the manifest's memory ``model``: PlanConfig refuses
     it)."""
     if mode == "memory":
@@ -134,31 +142,32 @@ def heaviest_values(mode: str, samples: pa.Table, model: MemoryModel | None) -> 
 
 
 class Heaviest:
-    """``--heaviest-first`` over an epoch's groups: step 0 holds the epoch's heaviest rank-step by
-    ``values`` (``heaviest_values``; ``order.step_peaks``; cost and memory sums within a relative 1e-9,
+    """``--heaviest-first`` ``mode`` over an epoch's groups: step 0 holds the epoch's heaviest rank-step by
+    each group's ``heaviest_values`` (``order.step_peaks``; cost and memory sums within a relative 1e-9,
     as summation order may round them)."""
 
-    def __init__(self, mode: str, values: NDArray | None) -> None:
-        self.mode, self.values = mode, values
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
         self.top: tuple[float, int, int] | None = None  # (peak, its step in the epoch, its rank)
         self.first: float | None = None  # step 0's peak
 
-    def add(self, plan: NDArray[np.int64], steps: NDArray[np.integer]) -> None:
-        """One group's plan (S_g, W, M), its steps in the epoch ``steps`` (S_g,)."""
-        if self.values is None or plan.shape[0] == 0:
+    def add(self, plan: NDArray[np.int64], steps: NDArray[np.integer], values: NDArray | None) -> None:
+        """One group's plan (S_g, W, M) over its samples' ``values`` (n_g,; None: nothing to check), its
+        steps in the epoch ``steps`` (S_g,)."""
+        if values is None or plan.shape[0] == 0:
             return
-        peaks = step_peaks(plan, self.values)
+        peaks = step_peaks(plan, values)
         k = int(np.argmax(peaks))
         top, step = float(peaks[k]), int(steps[k])
         if self.top is None or top > self.top[0] or (top == self.top[0] and step < self.top[1]):
-            self.top = (top, step, int(np.argmax(rank_step_sums(plan[k : k + 1], self.values)[0])))
+            self.top = (top, step, int(np.argmax(rank_step_sums(plan[k : k + 1], values)[0])))
         at = np.flatnonzero(steps == 0)
         if at.size:
             self.first = float(peaks[int(at[0])])
 
     def check(self, problems: list[str], e: int, steps: int, file_of: Callable[[int, int], str]) -> None:
         """After every group of epoch ``e`` (``steps`` S): a problem when a later step is heavier."""
-        if self.values is None or steps < 2 or self.top is None or self.first is None:
+        if steps < 2 or self.top is None or self.first is None:
             return
         (top, k, r), first = self.top, self.first
         if top - first > (0 if self.mode == "points" else 1e-9 * max(abs(top), 1.0)):
@@ -181,8 +190,8 @@ def lookup(
 ) -> Match | None:
     """``samples.match`` of the n rows of rank ``r``'s plan table ``t`` (epoch ``e``,
     file ``rel``; its path columns need not be there), after checking that every sample_id exists and
-    cost, bucket_id, path and sweep_paths equal the sample's (the strings through their row keys:
-    ``path_keys()``, (n,), e.g. ``file_row_keys``)."""
+    path and sweep_paths equal the sample's (through their row keys: ``path_keys()``, (n,), e.g.
+    ``file_row_keys``). Cost and bucket_id are checked group by group (``Values``)."""
 
     def where(i: int) -> str:
         step, slot = (t.column(k)[i].as_py() for k in ("step", "slot"))
@@ -195,18 +204,48 @@ def lookup(
         i = int(np.flatnonzero(idx < 0)[0])
         _add(problems, where(i), f"sample_id {ids[i]} is not in the samples")
         return None
-    for name in ("cost", "bucket_id", "path"):
-        if name == "path":
-            got, want = path_keys(), found.row_keys
-        else:
-            got, want = t.column(name).to_numpy(), samples.column(name).to_numpy()[idx]
-        if np.array_equal(got, want):
-            continue
-        i = int(np.flatnonzero(got != want)[0])
-        what = "path or sweep_paths" if name == "path" else name
-        _add(problems, where(i), f"{what} of {ids[i]} differs from the samples")
+    got = path_keys()
+    if not np.array_equal(got, found.row_keys):
+        i = int(np.flatnonzero(got != found.row_keys)[0])
+        _add(problems, where(i), f"path or sweep_paths of {ids[i]} differs from the samples")
         return None
     return found
+
+
+class Values:
+    """Each plan row's cost and bucket_id against its sample's (as the epoch is planned), one group at a
+    time: of each rank file, the first row (in (step, slot) order) whose cost differs, else whose
+    bucket_id does."""
+
+    def __init__(self) -> None:
+        self.first: dict[tuple[int, str], tuple[int, int, int]] = {}  # (rank, name) -> (step, slot, row)
+
+    def add(self, rows: dict[str, NDArray], group: pa.Table) -> None:
+        """One group's parked plan rows ``rows`` (``rank_rows`` plus ``rank``) and its samples ``group``
+        (``SamplesView.group``, as planned)."""
+        local = np.searchsorted(group.column("row").to_numpy(), rows["row"])
+        for name in _VALUES:
+            bad = np.flatnonzero(rows[name] != group.column(name).to_numpy()[local])
+            if not bad.size:
+                continue
+            rank, step, slot = rows["rank"][bad], rows["step"][bad], rows["slot"][bad]
+            order = np.lexsort((slot, step, rank))
+            firsts = order[np.flatnonzero(np.diff(rank[order], prepend=-1) != 0)]
+            for i in firsts.tolist():
+                key, got = (int(rank[i]), name), (int(step[i]), int(slot[i]), int(rows["row"][bad[i]]))
+                if key not in self.first or got < self.first[key]:
+                    self.first[key] = got
+
+    def report(self, problems: list[str], m: Manifest, e: int, samples: SamplesView) -> set[int]:
+        """One line for each rank file whose rows differ from their samples -> those ranks."""
+        bad = sorted({r for r, _ in self.first})
+        for r in bad:
+            name = "cost" if (r, "cost") in self.first else "bucket_id"
+            step, slot, row = self.first[(r, name)]
+            sid = samples.column("sample_id")[row]
+            _add(problems, f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}",
+                 f"{name} of {sid} differs from the samples")  # fmt: skip
+        return set(bad)
 
 
 def file_row_keys(file: pq.ParquetFile) -> NDArray[np.uint64]:
@@ -226,19 +265,13 @@ class Coverage:
     each at least once and planned = accepted + padded. Other weights: no sample beyond
     ceil(bucket weight x sample weight) copies (+1 under pad). With ``held``
     (``validate_repeat.check_sample_weights``) the copies per class are summed for ``repeat.realized``.
+    Whether every weight is 1 is known after the last group, so both are followed.
     """
 
-    def __init__(self, m: Manifest, samples: pa.Table, held: tuple | None) -> None:
+    def __init__(self, m: Manifest, held: tuple | None) -> None:
         per_bucket = np.asarray(m.buckets.weights, dtype=np.float64)
         self.bucket = None if (per_bucket == 1).all() else per_bucket
-        self.ids = samples.column("bucket_id").to_numpy()
-        self.weight = samples.column(
-            "weight"
-        ).to_numpy()  # x bucket weights, all 1 in a re-plan's earlier epochs
-        n, step = samples.num_rows, 1 << 20
-        self.ones = all(
-            bool((self._weights(np.arange(a, min(a + step, n))) == 1).all()) for a in range(0, n, step)
-        )
+        self.ones = True  # every sample's weight (x its bucket's) is 1
         self.pad, self.held = m.policy == "pad", held
         self.entries = 0
         self.most = (0, -1)  # (copies, the first sample planned that often)
@@ -246,12 +279,14 @@ class Coverage:
         self.over: tuple[int, int, float] | None = None  # (first sample over its weight, copies, weight)
         self.realized: dict[str, float] = {}
 
-    def _weights(self, rows: NDArray[np.integer]) -> NDArray[np.float64]:
-        w = self.weight[rows]
-        return w if self.bucket is None else self.bucket[self.ids[rows]] * w
-
-    def add(self, members: NDArray[np.integer], entries: NDArray[np.integer]) -> None:
-        """One group: its samples ``members`` (n_g,) ascending, the samples of its plan rows ``entries``."""
+    def add(self, group: pa.Table, entries: NDArray[np.integer]) -> None:
+        """One group: its samples ``group`` (``SamplesView.group`` as planned: ``weight``, ``bucket_id``
+        and ``row`` (n_g,), ascending), the sample rows of its plan rows ``entries``."""
+        members = group.column("row").to_numpy()
+        weights = group.column("weight").to_numpy()  # x bucket weights, all 1 in a re-plan's earlier epochs
+        if self.bucket is not None:
+            weights = self.bucket[group.column("bucket_id").to_numpy()] * weights
+        self.ones &= bool((weights == 1).all())
         self.entries += entries.size
         seen = np.bincount(np.searchsorted(members, entries), minlength=members.size)
         if self.held is not None:
@@ -259,24 +294,19 @@ class Coverage:
             part = repeat_counts(None if presence is None else presence[members], seen)
             for k, v in part.items():
                 self.realized[k] = self.realized.get(k, 0.0) + v
-        if self.ones:
-            i = int(np.argmax(seen)) if seen.size else 0
-            if seen.size and (seen[i], -members[i]) > (self.most[0], -self.most[1]):
-                self.most = (int(seen[i]), int(members[i]))
-            zero = np.flatnonzero(seen == 0)
-            if zero.size:
-                first = (
-                    int(members[zero[0]]) if self.never[1] < 0 else min(self.never[1], int(members[zero[0]]))
-                )
-                self.never = (self.never[0] + zero.size, first)
-            return
-        weights = self._weights(members)
+        i = int(np.argmax(seen)) if seen.size else 0
+        if seen.size and (seen[i], -members[i]) > (self.most[0], -self.most[1]):
+            self.most = (int(seen[i]), int(members[i]))
+        zero = np.flatnonzero(seen == 0)
+        if zero.size:
+            first = int(members[zero[0]]) if self.never[1] < 0 else min(self.never[1], int(members[zero[0]]))
+            self.never = (self.never[0] + zero.size, first)
         bad = np.flatnonzero(seen > np.ceil(weights) + self.pad)
         if bad.size and (self.over is None or members[bad[0]] < self.over[0]):
             i = int(bad[0])
             self.over = (int(members[i]), int(seen[i]), float(weights[i]))
 
-    def check(self, problems: list[str], m: Manifest, e: int, samples: pa.Table) -> None:
+    def check(self, problems: list[str], m: Manifest, e: int, samples: SamplesView) -> None:
         """After every group of epoch ``e``: the counts and copies against manifest ``m``."""
         n, where = samples.num_rows, f"epoch {e}"
         planned, dropped, padded = m.counts.planned[e], m.counts.dropped[e], m.counts.padded[e]
@@ -324,8 +354,8 @@ def file_sums(
     plan: NDArray[np.int64], costs: NDArray[np.float64], batch_size: int, speeds: Sequence[float] | None
 ) -> GroupSums:
     """One group's balance sums (``group_stats.group_sums``) of its plan (S_g, W, M) as the plan files
-    hold it, over the samples' ``costs`` (N,): its pool is its entries by sample row (as the build pools
-    a group); no random reference (the files hold none)."""
+    hold it, over its samples' ``costs`` (n_g,; the plan's entries index them): its pool is its entries by
+    sample row (as the build pools a group); no random reference (the files hold none)."""
     pool = np.sort(plan[plan >= 0])
     in_pool = np.searchsorted(pool, plan)
     in_pool[plan < 0] = -1

@@ -9,8 +9,9 @@ the other counts (``validate_plan.Coverage``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard.schemas import ADDED_IN, is_before
@@ -45,7 +46,7 @@ def _same(got: object, want: dict[str, float]) -> bool:
     )
 
 
-def _datasets(samples: pa.Table, m: Manifest) -> list:
+def _datasets(samples: Any, m: Manifest) -> list:
     """Each sample's ``dataset`` (None each before schema 4.1)."""
     if is_before(m.schema_version, ADDED_IN["dataset"]):
         return [None] * samples.num_rows
@@ -53,7 +54,7 @@ def _datasets(samples: pa.Table, m: Manifest) -> list:
 
 
 def _label_presence(
-    problems: list[str], samples: pa.Table, m: Manifest
+    problems: list[str], samples: Any, m: Manifest
 ) -> tuple[NDArray[np.bool_], NDArray[np.bool_]] | None:
     found = paths.resolved(samples.select(["label_path"]).column("label_path").to_pylist(), m.path_root)
     try:
@@ -72,21 +73,29 @@ def _label_presence(
 
 
 def check_sample_weights(
-    problems: list[str], m: Manifest, samples: pa.Table
+    problems: list[str], m: Manifest, samples: Any
 ) -> tuple[NDArray[np.bool_] | None] | None:
     """The ``weight`` column against ``m.repeat``; returns (lidarseg presence (N, C), or None when the
-    counts are under ``'all'``) for :func:`check_realized`, or None when there is nothing (more) to check."""
-    w = samples.column("weight").to_numpy()
-    rep = m.repeat
-    if not (np.isfinite(w).all() and (w >= 0).all()):
-        problems.append("samples: weight holds values that are not finite and >= 0")
-        return None
+    counts are under ``'all'``) for :func:`check_realized`, or None when there is nothing (more) to check.
+    ``samples``: validate's view (``validate_samples.SamplesView``). Without repeat factors the weights are
+    read a chunk at a time; with them, re-deriving them holds the weights and bucket ids whole (12 bytes a
+    sample; lidarseg's presence C more)."""
+    rep, not_one, weight = m.repeat, -1, 1.0
+    for start, t in samples.chunks(["weight"]):
+        w = t.column("weight").to_numpy()
+        if not (np.isfinite(w).all() and (w >= 0).all()):
+            problems.append("samples: weight holds values that are not finite and >= 0")
+            return None
+        if not_one < 0 and (w != 1).any():
+            not_one = start + int(np.flatnonzero(w != 1)[0])
+            weight = w[not_one - start]
     if rep is None:
-        if (w != 1).any():
-            i = int(np.flatnonzero(w != 1)[0])
-            problems.append(f"samples: {samples.column('sample_id')[i]} has weight {w[i]:g} but the "
+        if not_one >= 0:
+            problems.append(f"samples: {samples.column('sample_id')[not_one]} has weight {weight:g} but the "
                             "manifest records no repeat factors or sample weights")  # fmt: skip
         return None
+    whole = samples.columns.table(["weight", "bucket_id"])
+    w = whole.column("weight").to_numpy()
     mode, scale = rep.mode, rep.datasets or {}
     by_dataset = dataset_scale(_datasets(samples, m), scale)
     if mode is None and scale:  # only --dataset-weights
@@ -115,7 +124,7 @@ def check_sample_weights(
             i = int(bad[0])
             problems.append(f"samples: {samples.column('sample_id')[i]} has weight {w[i]:.6g}, its "
                             f"labels give repeat factor {again[i]:.6g} ({bad.size} samples differ)")  # fmt: skip
-    ids = samples.column("bucket_id").to_numpy()
+    ids = whole.column("bucket_id").to_numpy()
     try:
         bucket = resolve_weights(m.buckets.weights, m.buckets.k)[ids]
     except (ValueError, IndexError):  # reported by the bucket checks

@@ -3,15 +3,16 @@
 What the checks need of every sample is numeric (``NUMERIC``) plus two 64-bit keys: one of its
 sample_id (to find a plan row's sample) and one of (sample_id, path, sweep_paths) (to check that a
 plan row copies its sample). Paths and sweep paths are hashed as they stream by and never held:
-1M samples with 9 sweeps are ~1 GB of strings, 16 MB of keys. A sample_id is read back from its row
-group only to name it in a message. Keys are BLAKE2b-64 of the values with separators; the rare
+1M samples with 9 sweeps are ~1 GB of strings, 16 MB of keys. The numbers and keys are parked on local
+disk as they stream by (``validate_columns``, ``validate_keys``): validate holds one step group's,
+not the epoch's. A sample_id is read back from its row group only to name it in a message. Keys are BLAKE2b-64 of the values with separators; the rare
 case of two ids sharing a key is detected and reported as a problem of the validator, not a pass.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -21,13 +22,14 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.tools.validate_columns import ParkedColumns
 from lidarshard.tools.validate_keys import Match, ParkedKeys
-from lidarshard.transforms.core.groups import sample_keys
+from lidarshard.transforms.core.groups import deal, sample_keys
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import checked_model, sample_costs
 from lidarshard.transforms.io import paths, storage
-from lidarshard.transforms.io.arrow import joined, parquet_file, read_rows, release_memory, row_groups
+from lidarshard.transforms.io.arrow import parquet_file, read_rows, release_memory, row_groups
 from lidarshard.transforms.io.parts import ParquetParts, open_parts, read_parts
 
 __all__ = [
@@ -41,8 +43,8 @@ __all__ = [
     "check_scored",
 ]
 
-#: Sample columns kept whole (those absent from a scan's samples are skipped): what plans are
-#: checked and re-planned from, 28 bytes a sample.
+#: Sample columns parked (those absent from a scan's samples are skipped): what plans are checked and
+#: re-planned from, 28 bytes a sample on disk.
 NUMERIC = ["cost", "bucket_id", "num_points", "weight"]
 
 
@@ -98,38 +100,51 @@ class _LazyIds:
 
 
 class SamplesView:
-    """The samples as the plan checks see them: ``column(name)`` / ``column_names`` / ``num_rows`` like
-    a table of the ``NUMERIC`` columns, ``column("sample_id")`` indexable for messages.
+    """The samples as validate's checks see them, nothing O(N) held: the ``NUMERIC`` columns (and any kept)
+    parked on disk (``validate_columns.ParkedColumns``: ``chunks`` in row order, or one step ``group``
+    at a time), the id, row and group keys parked too (``validate_keys.ParkedKeys``: ``match``),
+    ``column("sample_id")`` indexable for messages (read from its row group when asked).
 
     ``cost_mismatch`` is (rows whose cost differs from the recorded cost model, the first such row,
-    its cost, the model's), or None when no model was applied. Holds the numeric columns (28 bytes a
-    sample); the id, row and group keys are parked on disk (``validate_keys.ParkedKeys``), one key
-    partition held at a time.
+    its cost, the model's), or None when no model was applied.
     """
 
     def __init__(
         self,
-        numeric: pa.Table,
+        columns: ParkedColumns,
         ids: _LazyIds,
         keys: ParkedKeys,
         cost_mismatch: tuple[int, int, np.float64, np.float64] | None = None,
     ):
-        self.numeric, self._ids, self.keys = numeric, ids, keys
+        self.columns, self._ids, self.keys = columns, ids, keys
         self.cost_mismatch = cost_mismatch
-        self.num_rows = numeric.num_rows
-        self.column_names = numeric.column_names
+        self.num_rows = columns.num_rows
+        self.column_names = columns.column_names
 
-    def column(self, name: str):
-        return self._ids if name == "sample_id" else self.numeric.column(name)
+    def column(self, name: str) -> _LazyIds:
+        """``column("sample_id")[i]``: row ``i``'s id (the numbers: ``chunks``, ``group``)."""
+        if name != "sample_id":
+            raise KeyError(f"validate's samples view holds {name!r} on disk: read it by chunks or group")
+        return self._ids
 
-    def group_keys(self) -> NDArray[np.uint64]:
-        """(N,) the key each sample is dealt into a step group by (``groups.sample_keys``), read back
-        from disk (8 bytes a sample; validate itself deals by ``members``)."""
-        return self.keys.group_keys()
+    def chunks(self, names: Sequence[str] | None = None) -> Iterator[tuple[int, pa.Table]]:
+        """(first row, the columns ``names`` (None: all parked) of the next rows), in row order."""
+        return self.columns.chunks(names)
+
+    def group(self, g: int, seed: int, e: int, groups: int) -> pa.Table:
+        """Step group ``g`` of epoch ``e`` (``groups.deal`` of the group keys with ``seed``): the parked
+        columns of its samples and ``row`` (n_g,), their rows, ascending. One group: every sample."""
+        if groups == 1:
+            whole = self.columns.table()
+            return whole.append_column("row", pa.array(np.arange(self.num_rows, dtype=np.int64)))
+        self.columns.deal(
+            lambda a, n: deal(self.keys.group_keys(a, n), seed, e, groups), groups, (seed, e, groups)
+        )
+        return self.columns.group(g)
 
     def members(self, g: int, seed: int, e: int, groups: int) -> NDArray[np.int64]:
         """(n_g,) ascending rows of the samples dealt into step group ``g`` of epoch ``e``."""
-        return self.keys.members(g, seed, e, groups)
+        return self.group(g, seed, e, groups).column("row").to_numpy()
 
     def select(self, names: list[str]) -> pa.Table:
         """Other columns, read from the file when asked (e.g. ``label_path`` to re-derive repeat factors)."""
@@ -137,7 +152,7 @@ class SamplesView:
 
     def drop_keys(self) -> None:
         """Remove the parked id and row keys once no plan file is left to look up (the group keys stay
-        for ``members``); ``find`` refuses afterwards."""
+        for ``group``); ``find`` refuses afterwards."""
         self.keys.drop()
 
     def key_clash(self) -> bool:
@@ -166,8 +181,7 @@ def read_samples(
     """Stream ``file`` (the samples parts at ``files`` as one, its schema checked), reporting null or unordered ids
     through ``problem``; ``model_cost(row group) -> (n,)`` costs are compared with ``cost`` row group
     by row group (``view.cost_mismatch``; the feature columns they need are kept only when named in
-    ``keep``: an earlier cost model's epochs, ``epochs.as_planned``); the keys are parked ``part_keys``
-    samples a partition (None: ``validate_keys.PART_KEYS``). Returns (the view,
+    ``keep``: an earlier cost model's epochs, ``epochs.as_planned``); the keys are parked ``part_keys`` samples a partition (None: ``validate_keys.PART_KEYS``). Returns (the view,
     the inputs fingerprint, the first stored-path problem for ``path_root`` ``root`` or None)."""
     names = file.schema_arrow.names
     numeric_names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in names]
@@ -178,7 +192,8 @@ def read_samples(
         )
     )
     h, keys = hashlib.sha256(), ParkedKeys(sum(file.part_rows), part_keys)
-    parts: dict[str, list[pa.Array]] = {n: [] for n in numeric_names}
+    schema = file.schema_arrow
+    parked = ParkedColumns(pa.schema([schema.field(n) for n in numeric_names]))
     last, first_row, path_bad = None, 0, None
     mismatch = None if model_cost is None else (0, -1, np.float64(0), np.float64(0))
     for t in row_groups(file, columns):
@@ -193,21 +208,15 @@ def read_samples(
         if path_bad is None:
             path_bad = paths.path_problem(t, root)
         fingerprint_update(h, t)
-        for n in numeric_names:
-            parts[n] += t.column(n).chunks
+        parked.add(t.select(numeric_names))
         if mismatch is not None and model_cost is not None:  # both or neither
             mismatch = _cost_mismatch(mismatch, t, model_cost(t), first_row)
         keys.add(id_keys(ids), row_keys(ids, t.column("path"), t.column("sweep_paths")), _group_keys(ids))
         first_row += t.num_rows
         del t, ids
         release_memory()  # the row group's strings: Arrow's pool keeps freed pages otherwise
-    # one column at a time, each freed as it is joined: the peak is the result plus one column
-    schema = file.schema_arrow
-    numeric = pa.Table.from_arrays(
-        [joined(parts.pop(n), schema.field(n).type) for n in numeric_names], names=numeric_names
-    )
     keys.seal()
-    view = SamplesView(numeric, _LazyIds(files, file), keys, mismatch)
+    view = SamplesView(parked, _LazyIds(files, file), keys, mismatch)
     release_memory()
     return view, h.hexdigest(), path_bad
 
@@ -278,10 +287,9 @@ def check_scored(
     problem: Callable[[str, str], None], m: Manifest, samples: SamplesView, bad_model: str | None
 ) -> None:
     """Costs from the recorded cost model (``samples.cost_mismatch``), bucket ids from the edges, bucket
-    counts; ``problem(where, what)`` reports, ``bad_model`` is ``cost_model_of``'s reason. (K-1 edges,
-    K weights and K counts: checked by ``Manifest.from_json``.)"""
+    counts, a chunk of samples at a time; ``problem(where, what)`` reports, ``bad_model`` is
+    ``cost_model_of``'s reason. (K-1 edges, K weights and K counts: checked by ``Manifest.from_json``.)"""
     rel = schemas.SAMPLES_DIR
-    cost = samples.column("cost").to_numpy()
     if bad_model:
         problem("_manifest.json", bad_model)
     elif samples.cost_mismatch is not None and samples.cost_mismatch[0]:
@@ -289,16 +297,29 @@ def check_scored(
         sid = samples.column("sample_id")[first]
         problem(rel, f"{count} costs differ from cost_model, first {sid}: {got} != {want}")
     edges = np.asarray(m.buckets.edges, dtype=np.float64)
-    ids = samples.column("bucket_id").to_numpy()
-    try:
-        bad = np.flatnonzero(assign_buckets(cost, edges) != ids)
-    except ValueError as e:
-        problem(rel, f"costs or bucket edges are invalid ({e})")
-        return
-    if bad.size:
+    counts = np.zeros(m.buckets.k, np.int64)
+    bad_count, first_bad, negative = 0, -1, False
+    for start, t in samples.chunks(["cost", "bucket_id"]):
+        ids = t.column("bucket_id").to_numpy()
+        try:
+            bad = np.flatnonzero(assign_buckets(t.column("cost").to_numpy(), edges) != ids)
+        except ValueError as e:
+            problem(rel, f"costs or bucket edges are invalid ({e})")
+            return
+        if bad.size and first_bad < 0:
+            first_bad = start + int(bad[0])
+        bad_count += bad.size
+        if (ids < 0).any():
+            negative = True
+            continue
+        here = np.bincount(ids, minlength=m.buckets.k)
+        if here.size > counts.size:
+            counts = np.concatenate([counts, np.zeros(here.size - counts.size, np.int64)])
+        counts[: here.size] += here
+    if bad_count:
         problem(
             rel,
-            f"{bad.size} bucket_ids disagree with buckets.edges, first {samples.column('sample_id')[int(bad[0])]}",
+            f"{bad_count} bucket_ids disagree with buckets.edges, first {samples.column('sample_id')[first_bad]}",
         )
-    if tuple(np.bincount(ids, minlength=m.buckets.k).tolist()) != m.buckets.counts:
+    if negative or tuple(counts.tolist()) != m.buckets.counts:
         problem("_manifest.json", "buckets.counts differ from the bucket_ids in the samples")

@@ -93,11 +93,7 @@ def sample_keys(sample_ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> NDArr
 
 
 def keys_of(scored: Any) -> NDArray[np.uint64]:
-    """(N,) ``sample_keys`` of a scored table's samples (its ``sample_id``), or of validate's samples view
-    (its ``group_keys()``)."""
-    own = getattr(scored, "group_keys", None)
-    if callable(own):
-        return own()
+    """(N,) ``sample_keys`` of a scored table's samples (its ``sample_id``)."""
     if "sample_id" not in scored.column_names:
         raise ValueError("a plan of several step groups deals samples by sample_id: the table has none")
     return sample_keys(scored.column("sample_id"))

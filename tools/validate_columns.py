@@ -1,0 +1,146 @@
+"""The samples' numeric columns for ``lidarshard validate``, parked on local disk instead of held: what is
+resident is one chunk (``CHUNK_ROWS`` samples) or one step group's rows, never N.
+
+    while the samples stream:  each row group's columns appended in row order (``add``), one raw file
+                               a column
+    whole-sample checks:       ``chunks`` reads them back ``CHUNK_ROWS`` rows at a time
+    an epoch of G groups:      ``deal`` splits them, a chunk at a time, by the step group of each row
+                               (the caller's labels: the build's ``groups.deal``) into one set of files
+                               a group, with each row's index (``row``)
+    a group's checks:          ``group`` reads its rows back (ascending ``row``)
+
+A column that holds a null (``num_points`` of costs given through ``write_manifest``) gets a validity
+file beside its values from its first null on: it reads back with the same nulls. Files live in a temporary directory of their own (never inside the output checked),
+removed by ``close`` or when the owner is collected. Pure numpy/pyarrow.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+
+from lidarshard.tools.validate_keys import append_raw, load_raw
+
+__all__ = ["CHUNK_ROWS", "ParkedColumns"]
+
+#: Rows read back at a time by ``chunks`` and dealt at a time by ``deal``.
+CHUNK_ROWS = 1 << 20
+
+
+class ParkedColumns:
+    """The columns of ``schema`` (numeric) of the samples, in row order on disk."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.column_names: list[str] = list(schema.names)
+        self._dtypes = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in schema}
+        self.dir = tempfile.mkdtemp(prefix="lidarshard-validate-columns-")  # never inside the output
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        self.num_rows = 0
+        self._masked: set[str] = set()  # the columns with a validity file
+        self.dealt: object = None  # the tag of the deal the group files hold
+
+    def _path(self, name: str, group: int | None = None) -> str:
+        if group is None:
+            return os.path.join(self.dir, f"{name}.bin")
+        return os.path.join(self.dir, "dealt", f"group-{group:05d}-{name}.bin")
+
+    def add(self, t: pa.Table) -> None:
+        """Park the next ``t.num_rows`` samples' columns (one row group, in row order; ``t`` holds every
+        column of the schema)."""
+        for name, dtype in self._dtypes.items():
+            col = t.column(name)
+            if col.null_count and name not in self._masked:
+                self._masked.add(name)
+                append_raw(self._path(f"{name}.valid"), np.ones(self.num_rows, np.bool_))
+            if name in self._masked:
+                append_raw(self._path(f"{name}.valid"), np.asarray(col.is_valid(), np.bool_))
+            if col.null_count:
+                col = pc.fill_null(col, np.nan if dtype.kind == "f" else 0)
+            append_raw(self._path(name), np.asarray(col.to_numpy(), dtype))
+        self.num_rows += t.num_rows
+
+    def _array(self, name: str, values: NDArray, valid: NDArray[np.bool_] | None) -> pa.Array:
+        """Column ``name``'s parked ``values`` with its nulls (``valid`` False) as Arrow."""
+        return pa.array(values, self.schema.field(name).type, mask=None if valid is None else ~valid)
+
+    def _read(self, names: Sequence[str], start: int, count: int) -> pa.Table:
+        cols = []
+        for n in names:
+            values, valid = (
+                _read_raw(self._path(k), dtype, start, count)
+                for k, dtype in ((n, self._dtypes[n]), (f"{n}.valid", np.dtype(np.bool_)))
+            )
+            cols.append(self._array(n, values, valid if n in self._masked else None))
+        return pa.table(cols, schema=pa.schema([self.schema.field(n) for n in names]))
+
+    def chunks(
+        self, names: Sequence[str] | None = None, rows: int = CHUNK_ROWS
+    ) -> Iterator[tuple[int, pa.Table]]:
+        """(first row, the columns ``names`` (None: all) of ``rows`` samples from it), in row order."""
+        names = self.column_names if names is None else list(names)
+        for a in range(0, self.num_rows, rows):
+            yield a, self._read(names, a, min(rows, self.num_rows - a))
+
+    def table(self, names: Sequence[str] | None = None) -> pa.Table:
+        """Every sample's columns ``names`` (None: all), held whole: one step group of every sample."""
+        return self._read(self.column_names if names is None else list(names), 0, self.num_rows)
+
+    def deal(self, labels: Callable[[int, int], NDArray[np.integer]], groups: int, tag: object) -> None:
+        """Split the columns into ``groups`` sets of files, ``labels(start, count)`` (count,) being the group
+        of each of those rows; ``tag`` names the deal: dealing again with the same tag does nothing, another
+        replaces the files."""
+        if self.dealt == tag:
+            return
+        shutil.rmtree(os.path.join(self.dir, "dealt"), ignore_errors=True)
+        os.makedirs(os.path.join(self.dir, "dealt"))
+        self.dealt = None
+        for a, t in self.chunks():
+            label = np.asarray(labels(a, t.num_rows))
+            order = np.argsort(label, kind="stable")  # each group's rows stay ascending
+            bounds = np.searchsorted(label[order], np.arange(groups + 1))
+            cols = {n: t.column(n).fill_null(0).to_numpy() for n in self.column_names}
+            cols |= {f"{n}.valid": np.asarray(t.column(n).is_valid(), np.bool_) for n in self._masked}
+            for g in range(groups):
+                at = order[bounds[g] : bounds[g + 1]]
+                if not at.size:
+                    continue
+                for n, values in cols.items():
+                    append_raw(self._path(n, g), values[at])
+                append_raw(self._path("row", g), at.astype(np.int64) + a)
+            del cols, t
+        self.dealt = tag
+
+    def group(self, g: int) -> pa.Table:
+        """Group ``g`` of the last ``deal``: its samples' columns and ``row`` (n_g,), ascending."""
+        if self.dealt is None:
+            raise RuntimeError("no deal: ParkedColumns.group needs deal first")
+        cols = [
+            self._array(
+                n,
+                load_raw(self._path(n, g), self._dtypes[n]),
+                load_raw(self._path(f"{n}.valid", g), np.dtype(np.bool_)) if n in self._masked else None,
+            )
+            for n in self.column_names
+        ]
+        rows = pa.array(load_raw(self._path("row", g), np.dtype(np.int64)))
+        return pa.table([*cols, rows], schema=pa.schema([*self.schema, pa.field("row", pa.int64())]))
+
+    def close(self) -> None:
+        """Remove every file."""
+        self._finalizer()
+
+
+def _read_raw(path: str, dtype: np.dtype, start: int, count: int) -> NDArray:
+    """``count`` values from ``start`` of the raw file at ``path`` (none when it was never written)."""
+    if not count or not os.path.exists(path):
+        return np.empty(0, dtype)
+    return np.fromfile(path, dtype, count=count, offset=dtype.itemsize * start)
