@@ -117,8 +117,8 @@ COST_FEATURES = ("num_in_range", "num_points", "occupied_voxels")
 
 
 class _Recosted:
-    """A scored table (or validate's view of one) with ``cost`` and ``bucket_id`` replaced: those of
-    ``model`` (a cost model and its bucket edges)."""
+    """A scored table with ``cost`` and ``bucket_id`` replaced: those of ``model`` (a cost model and its
+    bucket edges)."""
 
     def __init__(
         self,
@@ -137,9 +137,6 @@ class _Recosted:
 
     def column(self, name: str) -> Any:
         return self._own[name] if name in self._own else self.base.column(name)
-
-    def __getattr__(self, name: str) -> Any:  # the view's lookups (find, path_keys, ...)
-        return getattr(self.base, name)
 
 
 def as_planned(scored: Any, epoch: int, cfg: PlanConfig) -> Any:
