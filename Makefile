@@ -107,7 +107,7 @@ test-slow: $(VENV)/.test-installed $(VENV)/.oracles
 	$(PYTEST) -m slow
 
 # Every benchmark's smoke run first (tests/test_benchmarks.py, in the slow lane: about 3 minutes), then
-# the figures of docs/BENCHMARKS.md at their sizes (about 10 minutes on 2 idle cores). A benchmark whose
+# the figures of docs/BENCHMARKS.md at their sizes (about 25 minutes on 2 idle cores, 10 of them the 10M build). A benchmark whose
 # own check fails (same rows, same bytes, samples kept) exits non-zero and stops make.
 bench: $(VENV)/.test-installed
 	@$(RELINK)
@@ -120,6 +120,7 @@ bench: $(VENV)/.test-installed
 	$(PY) benchmarks/layout_bench.py
 	$(PY) benchmarks/groups_bench.py --n 4194304 --groups 1,4
 	$(PY) benchmarks/plan_bench.py --sizes 1000000,4000000 --sweeps 9 --baseline 0 --plan-groups 1,auto
+	$(PY) benchmarks/plan_bench.py --sizes 1000000,4000000,10000000 --sweeps 9 --baseline 0 --plan-groups auto
 
 # The loaders at the lowest torch they declare (pyproject: torch>=2.1), installed as a trainer installs them:
 # `pip install .` without extras (no Beam) + torch $(TORCH_MIN), in a venv outside the repository
