@@ -121,6 +121,7 @@ bench: $(VENV)/.test-installed
 	$(PY) benchmarks/groups_bench.py --n 4194304 --groups 1,4
 	$(PY) benchmarks/plan_bench.py --sizes 1000000,4000000 --sweeps 9 --baseline 0 --plan-groups 1,auto
 	$(PY) benchmarks/plan_bench.py --sizes 1000000,4000000,10000000 --sweeps 9 --baseline 0 --plan-groups auto
+	$(PY) benchmarks/plan_bench.py --sizes 200000 --baseline 0 --runners direct,dask --plan-groups 3
 
 # The loaders at the lowest torch they declare (pyproject: torch>=2.1), installed as a trainer installs them:
 # `pip install .` without extras (no Beam) + torch $(TORCH_MIN), in a venv outside the repository

@@ -36,9 +36,11 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from lidarshard import schemas
+from lidarshard.loaders.reader import load_manifest
 from lidarshard.pipelines import build, runners
 from lidarshard.pipelines.options import BuildOptions
 from lidarshard.pipelines.preflight import build_settings
+from lidarshard.tools.validate import validate
 from lidarshard.transforms import progress
 
 pytestmark = pytest.mark.slow
@@ -327,6 +329,22 @@ def test_dask_cluster_matches_fnapi(work: Path, dataroot: Path, reference: Path,
     read = progress.read(str(tallies))
     assert read is not None and (read.what, read.done, read.total) == ("inputs read", 12, 12), read
     assert not any(p.is_file() for p in (work / "dask_cwd").iterdir()), "a worker wrote into its cwd"
+
+
+def test_dask_cluster_plans_step_groups_like_fnapi(work: Path, dataroot: Path, dask_cluster: str) -> None:
+    """``--plan-groups 2`` (each epoch dealt into two step groups, planned on the cluster's workers):
+    byte-identical to FnApiRunner's build with the same flag, and valid."""
+    grouped = ["--plan-groups", "2"]
+    ref = work / "ref_g2"
+    r = _build(work, str(dataroot), str(ref), ["--runner=FnApiRunner", *grouped], work / "ref_g2.log")
+    assert r.returncode == 0, r.stdout
+    assert load_manifest(ref).groups == 2
+    out = work / "dask_g2"
+    flags = ["--runner=dask", f"--dask_client_address={dask_cluster}", *grouped]
+    r = _build(work, str(dataroot), str(out), flags, work / "dask_g2.log")
+    assert r.returncode == 0, r.stdout + _tail(work / "dask_worker0.log") + _tail(work / "dask_worker1.log")
+    assert_same_tree(out, ref)
+    assert validate(str(out))[0] == []
 
 
 def test_runner_alias_resolves_dask_and_leaves_others() -> None:
