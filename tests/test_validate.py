@@ -170,6 +170,13 @@ def _samples_cost(out: Path) -> None:
     )
 
 
+def _samples_null_bucket(out: Path) -> None:
+    rel = schemas.samples_part(0)
+    _rewrite(
+        out, rel, lambda t: _set(t, "bucket_id", [None, *t.column("bucket_id").to_pylist()[1:]]), record=True
+    )
+
+
 def _extra_file(out: Path) -> None:
     (out / schemas.plan_file(0, 9)).parent.mkdir()
     (out / schemas.plan_file(0, 9)).write_bytes((out / PLAN).read_bytes())
@@ -209,6 +216,7 @@ TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     "schema change, sha fixed": (_other_schema, "schema differs from the contract: missing ['bucket_id']"),
     "plan cost, sha fixed": (_wrong_cost, "cost of "),
     "samples cost, sha fixed": (_samples_cost, "costs differ from cost_model"),
+    "samples null bucket_id, sha fixed": (_samples_null_bucket, "samples: 1 rows have a null bucket_id"),
     "rank count, sha fixed": (
         _counts("rank_count", 5),
         f"{PLAN}: epoch 1 rank 2 step 0: rank_count 5, the plan holds 2",

@@ -298,8 +298,11 @@ def check_scored(
         problem(rel, f"{count} costs differ from cost_model, first {sid}: {got} != {want}")
     edges = np.asarray(m.buckets.edges, dtype=np.float64)
     counts = np.zeros(m.buckets.k, np.int64)
-    bad_count, first_bad, negative = 0, -1, False
+    bad_count, first_bad, negative, nulls = 0, -1, False, 0
     for start, t in samples.chunks(["cost", "bucket_id"]):
+        if t.column("bucket_id").null_count:
+            nulls += t.column("bucket_id").null_count
+            continue
         ids = t.column("bucket_id").to_numpy()
         try:
             bad = np.flatnonzero(assign_buckets(t.column("cost").to_numpy(), edges) != ids)
@@ -316,6 +319,9 @@ def check_scored(
         if here.size > counts.size:
             counts = np.concatenate([counts, np.zeros(here.size - counts.size, np.int64)])
         counts[: here.size] += here
+    if nulls:
+        problem(rel, f"{nulls} rows have a null bucket_id")
+        return
     if bad_count:
         problem(
             rel,
