@@ -110,6 +110,9 @@ def interruptible(cleanup: Callable[[], None], what: str) -> Iterator[None]:
         try:
             cleanup()
         finally:
+            from lidarshard.transforms.io import scratch  # here: the reaper runs this module without numpy
+
+            scratch.remove_temporary()  # e.g. the pre-publish validate's
             name = signal.Signals(signum).name
             print(f"lidarshard: stopped by {name}; workers stopped, {what}", file=sys.stderr, flush=True)
             sys.stdout.flush()

@@ -296,13 +296,17 @@ def test_key_partitions_find_the_same_problems(copy: Path, case: str, monkeypatc
     assert validate_cli.validate(str(copy))[0] == once and once
 
 
-def test_a_path_changed_at_each_key_partition_boundary_is_named(copy: Path, monkeypatch) -> None:
+def test_a_path_changed_at_each_key_partition_boundary_is_named(
+    copy: Path, tmp_path: Path, monkeypatch
+) -> None:
     """With 3 samples a key partition, a plan row whose sample has the lowest or highest id key of its
     partition and whose path was changed is named by file, epoch, rank, step and slot."""
     monkeypatch.setattr(validate_keys, "PART_KEYS", 3)
     samples = pq.read_table(copy / schemas.SAMPLES_DIR, columns=["sample_id"]).column("sample_id")
     keys = id_keys(samples)
-    part = validate_keys.ParkedKeys(len(samples)).part_of(keys)  # as validate parks them
+    part = validate_keys.ParkedKeys(len(samples), str(tmp_path / "keys")).part_of(
+        keys
+    )  # as validate parks them
     assert np.unique(part).size > 2
     edges = set()
     for q in np.unique(part).tolist():
@@ -481,3 +485,48 @@ def test_tampered_weights_are_caught(weighted: Path, tmp_path: Path, case: str) 
     problems = "\n".join(validate_cli.validate(str(out))[0])
     for needle in needles:
         assert needle in problems, problems
+
+
+_HELD = """
+import sys
+from lidarshard.tools import validate
+def hold(*args, **kwargs):  # the samples are parked: say so, then wait for the signal
+    print("ready", flush=True)
+    sys.stdin.read()
+validate.check_epoch_files = hold
+if sys.argv[2] == "cli":
+    sys.exit(validate.run([sys.argv[1]]))
+from lidarshard.pipelines._lifeline import interruptible
+with interruptible(lambda: None, "nothing was published"):  # as the build's pre-publish validate
+    validate.validate(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("how", ["cli", "build"])
+def test_sigterm_mid_validate_leaves_no_temporary_directory(built: Path, tmp_path: Path, how: str) -> None:
+    """``lidarshard validate`` and a build's pre-publish validate, stopped by SIGTERM while their samples
+    are parked: exit 143 and their temporary directory is gone (the child's TMPDIR is the test's)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HELD, str(built), how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.stderr
+        assert [p.name for p in tmp.iterdir() if p.name.startswith("lidarshard-validate-")]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("lidarshard-validate-")]

@@ -47,7 +47,7 @@ def test_streamed_view_finds_rows_and_reads_ids_on_demand(tmp_path) -> None:
     table, files = _samples_parts(tmp_path)
     problems: list[str] = []
     with open_parts(files) as file:
-        view, _, _ = read_samples(files, file, None, problems.append)
+        view, _, _ = read_samples(files, file, None, problems.append, str(tmp_path / "scratch"))
     release_memory()
     assert problems == [] and view.num_rows == 40_000 and not view.key_clash()
     rows = np.array([0, 17_000, 39_999, 5])
@@ -67,7 +67,7 @@ def test_cost_model_mismatches_are_counted_across_row_groups(tmp_path) -> None:
     def model(t: pa.Table) -> np.ndarray:  # differs from row 30_001 on (a later row group)
         return t.column("cost").to_numpy() + (t.column("file_bytes").to_numpy() > 30_000)
 
-    view, _, _ = read_samples(files, file, None, [].append, model)
+    view, _, _ = read_samples(files, file, None, [].append, str(tmp_path / "scratch"), model)
     count, first, got, want = view.cost_mismatch
     assert (count, first) == (9_999, 30_001) and want == got + 1
     assert got == table.column("cost")[30_001].as_py()
@@ -81,7 +81,8 @@ def test_key_partitions_find_the_same_rows_keys_and_groups(tmp_path) -> None:
     views = []
     for part_keys in (None, 10_000):
         with open_parts(files) as file:
-            views.append(read_samples(files, file, None, [].append, part_keys=part_keys)[0])
+            where = str(tmp_path / f"scratch-{part_keys}")
+            views.append(read_samples(files, file, None, [].append, where, part_keys=part_keys)[0])
     one, four = views
     assert (one.keys.parts, four.keys.parts) == (1, 4)
     got = [v.match(ids) for v in views]
@@ -119,7 +120,8 @@ def test_parked_columns_deal_each_group_its_rows_in_order(tmp_path) -> None:
     rng = np.random.default_rng(3)
     cost, bucket = rng.random(50), rng.integers(0, 4, 50).astype(np.int32)
     parked = ParkedColumns(
-        pa.schema([("cost", pa.float64()), ("bucket_id", pa.int32()), ("num_points", pa.int64())])
+        pa.schema([("cost", pa.float64()), ("bucket_id", pa.int32()), ("num_points", pa.int64())]),
+        str(tmp_path / "columns"),
     )
     points = pa.array(
         [None if k % 9 == 4 and k > 20 else k for k in range(50)], pa.int64()
@@ -151,4 +153,3 @@ def test_parked_columns_deal_each_group_its_rows_in_order(tmp_path) -> None:
             assert np.array_equal(got.column("cost").to_numpy(), cost[want])
             assert np.array_equal(got.column("bucket_id").to_numpy(), bucket[want])
             assert got.column("num_points").to_pylist() == points.take(pa.array(want)).to_pylist()
-    parked.close()

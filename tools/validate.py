@@ -32,7 +32,6 @@ import contextlib
 import functools
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -64,7 +63,7 @@ from lidarshard.tools.validate_samples import (
 )
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES
-from lidarshard.transforms.io import metadata, storage
+from lidarshard.transforms.io import metadata, scratch, storage
 from lidarshard.transforms.io.arrow import parquet_file, release_memory
 
 __all__ = ["run", "validate"]
@@ -141,9 +140,10 @@ class _Problems(list):
 class _Checker:
     """Accumulates problems; ``problem`` lines read ``<where>: <what>``."""
 
-    def __init__(self, out: str) -> None:
+    def __init__(self, out: str, scratch: str) -> None:
         self.store = _Store(out)
         self.problems = _Problems()
+        self.scratch = scratch  # validate's local temporary directory (never inside OUT)
 
     def problem(self, where: str, what: str) -> None:
         self.problems.append(f"{where}: {what}")
@@ -204,7 +204,8 @@ class _Checker:
                 self.problem(one, bad)
                 return None
         files = [storage.join(self.store.root, p) for p in parts]
-        return check_samples(files, accepted, fingerprint, root, self.problem, model_cost, keep)
+        where = os.path.join(self.scratch, "samples")
+        return check_samples(files, accepted, fingerprint, root, self.problem, where, model_cost, keep)
 
     def rejects(self, usable: bool, counts: ScanCounts) -> None:
         """rejects.parquet (read when ``usable``) against the recorded ``counts``, and
@@ -283,14 +284,13 @@ def _check_manifest(c: _Checker) -> str:
     def open_plan(rel: str) -> contextlib.AbstractContextManager[pq.ParquetFile | None]:
         return c.plan(rel) if rel in good else contextlib.nullcontext(None)
 
-    rows = 0
-    with tempfile.TemporaryDirectory(prefix="lidarshard-validate-") as work:  # never inside OUT
-        pairs = PairRepeat(work, samples.num_rows) if m.epochs > 1 else None
-        for e in range(m.epochs):
-            last = e == m.epochs - 1
-            rows += check_epoch_files(c.problems, open_plan, m, cfg, e, samples, held, last, work, pairs)
-            if e == min(m.epochs, 2) - 1:
-                check_repeat_rate(c.problems, m, pairs.rates(m.strategy) if pairs is not None else None)
+    rows, work = 0, os.path.join(c.scratch, "plan")
+    pairs = PairRepeat(work, samples.num_rows) if m.epochs > 1 else None
+    for e in range(m.epochs):
+        last = e == m.epochs - 1
+        rows += check_epoch_files(c.problems, open_plan, m, cfg, e, samples, held, last, work, pairs)
+        if e == min(m.epochs, 2) - 1:
+            check_repeat_rate(c.problems, m, pairs.rates(m.strategy) if pairs is not None else None)
     k = m.counts
     return (
         f"{k.scanned} scanned, {k.accepted} accepted, {k.rejected} rejected; world size {m.world_size}, "
@@ -320,8 +320,13 @@ def _leftover_hint(out: str) -> str:
 
 
 def validate(out: str) -> tuple[list[str], str]:
-    """(problems, summary) for the directory ``out``; no problems means valid."""
-    c = _Checker(out)
+    """(problems, summary) for the directory ``out``; no problems means valid. What it parks goes to one
+    local temporary directory (``scratch.temporary_dir``), removed when it returns."""
+    with scratch.temporary_dir("lidarshard-validate-") as tmp:
+        return _validate(_Checker(out, tmp), out)
+
+
+def _validate(c: _Checker, out: str) -> tuple[list[str], str]:
     release_memory()  # in a build's launcher: what the pipeline run left in Arrow's pool and the heap
     try:
         if storage.is_local(out) and not os.path.isdir(storage.local_path(out)):
@@ -350,9 +355,10 @@ def run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.root is not None and not args.data:
         parser.error("--root needs --data")
-    problems, summary = validate(args.out)
-    if args.data:
-        problems, summary = _with_data(args, problems, summary)
+    with scratch.sigterm_exits():  # its temporary directory goes on SIGTERM too
+        problems, summary = validate(args.out)
+        if args.data:
+            problems, summary = _with_data(args, problems, summary)
     if not problems:
         print(f"OK {args.out}: {summary}")
         return 0

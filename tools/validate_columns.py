@@ -10,16 +10,15 @@ resident is one chunk (``CHUNK_ROWS`` samples) or one step group's rows, never N
     a group's checks:          ``group`` reads its rows back (ascending ``row``)
 
 A column that holds a null (``num_points`` of costs given through ``write_manifest``) gets a validity
-file beside its values from its first null on: it reads back with the same nulls. Files live in a temporary directory of their own (never inside the output checked),
-removed by ``close`` or when the owner is collected. Pure numpy/pyarrow.
+file beside its values from its first null on: it reads back with the same nulls. Files live in a
+directory the caller gives (validate's temporary one, never inside the output checked), which the caller
+removes. Pure numpy/pyarrow.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -36,14 +35,15 @@ CHUNK_ROWS = 1 << 20
 
 
 class ParkedColumns:
-    """The columns of ``schema`` (numeric) of the samples, in row order on disk."""
+    """The columns of ``schema`` (numeric) of the samples, in row order on disk in the new directory
+    ``dir``."""
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, dir: str) -> None:
         self.schema = schema
         self.column_names: list[str] = list(schema.names)
         self._dtypes = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in schema}
-        self.dir = tempfile.mkdtemp(prefix="lidarshard-validate-columns-")  # never inside the output
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        self.dir = dir
+        os.makedirs(dir)
         self.num_rows = 0
         self._masked: set[str] = set()  # the columns with a validity file
         self.dealt: object = None  # the tag of the deal the group files hold
@@ -133,10 +133,6 @@ class ParkedColumns:
         ]
         rows = pa.array(load_raw(self._path("row", g), np.dtype(np.int64)))
         return pa.table([*cols, rows], schema=pa.schema([*self.schema, pa.field("row", pa.int64())]))
-
-    def close(self) -> None:
-        """Remove every file."""
-        self._finalizer()
 
 
 def _read_raw(path: str, dtype: np.dtype, start: int, count: int) -> NDArray:

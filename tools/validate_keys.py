@@ -10,16 +10,13 @@ part is one key partition (~``PART_KEYS`` samples) at a time, not N.
     a step group's members:    ``group_keys`` reads the row-ordered group keys a range at a time (the
                                samples' columns are dealt by them: ``validate_columns``)
 
-Files live in a temporary directory of their own (never inside the output checked), removed by
-``close`` or when the owner is collected. Pure numpy.
+Files live in a directory the caller gives (validate's temporary one, never inside the output checked),
+which the caller removes. Pure numpy.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -42,14 +39,14 @@ class Match(NamedTuple):
 
 
 class ParkedKeys:
-    """Keys of ``expected`` samples in ``parts`` = ceil(expected / ``part_keys``) partitions on disk
-    (``part_keys`` None: ``PART_KEYS``)."""
+    """Keys of ``expected`` samples in ``parts`` = ceil(expected / ``part_keys``) partitions on disk, in
+    the new directory ``dir`` (``part_keys`` None: ``PART_KEYS``)."""
 
-    def __init__(self, expected: int, part_keys: int | None = None) -> None:
+    def __init__(self, expected: int, dir: str, part_keys: int | None = None) -> None:
         per = PART_KEYS if part_keys is None else part_keys  # the module's, read now (tests set it)
         self.parts = max(1, -(-int(expected) // max(1, int(per))))
-        self.dir = tempfile.mkdtemp(prefix="lidarshard-validate-keys-")  # never inside the output
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        self.dir = dir
+        os.makedirs(dir)
         self.num_rows, self.clash, self.sealed, self.dropped = 0, False, False, False
         self._held: tuple[int, dict[str, NDArray]] | None = None
         self._turn = 0
@@ -146,11 +143,6 @@ class ParkedKeys:
             if self.num_rows
             else np.empty(0, np.uint64)
         )
-
-    def close(self) -> None:
-        """Remove every file."""
-        self._held = None
-        self._finalizer()
 
 
 def append_raw(path: str, values: NDArray) -> None:

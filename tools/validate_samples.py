@@ -12,6 +12,7 @@ case of two ids sharing a key is detected and reported as a problem of the valid
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -174,6 +175,7 @@ def read_samples(
     file: ParquetParts,
     root: object,
     problem: Callable[[str], None],
+    scratch: str,
     model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
     keep: Sequence[str] = (),
     part_keys: int | None = None,
@@ -181,7 +183,9 @@ def read_samples(
     """Stream ``file`` (the samples parts at ``files`` as one, its schema checked), reporting null or unordered ids
     through ``problem``; ``model_cost(row group) -> (n,)`` costs are compared with ``cost`` row group
     by row group (``view.cost_mismatch``; the feature columns they need are kept only when named in
-    ``keep``: an earlier cost model's epochs, ``epochs.as_planned``); the keys are parked ``part_keys`` samples a partition (None: ``validate_keys.PART_KEYS``). Returns (the view,
+    ``keep``: an earlier cost model's epochs, ``epochs.as_planned``); the numbers and keys are parked in
+    ``scratch`` (a local directory the caller removes), the keys ``part_keys`` samples a partition (None:
+    ``validate_keys.PART_KEYS``). Returns (the view,
     the inputs fingerprint, the first stored-path problem for ``path_root`` ``root`` or None)."""
     names = file.schema_arrow.names
     numeric_names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in names]
@@ -191,9 +195,11 @@ def read_samples(
             ["sample_id", *(n for n in paths.PATH_COLUMNS if n in names), *numeric_names, *features]
         )
     )
-    h, keys = hashlib.sha256(), ParkedKeys(sum(file.part_rows), part_keys)
+    h, keys = hashlib.sha256(), ParkedKeys(sum(file.part_rows), os.path.join(scratch, "keys"), part_keys)
     schema = file.schema_arrow
-    parked = ParkedColumns(pa.schema([schema.field(n) for n in numeric_names]))
+    parked = ParkedColumns(
+        pa.schema([schema.field(n) for n in numeric_names]), os.path.join(scratch, "columns")
+    )
     last, first_row, path_bad = None, 0, None
     mismatch = None if model_cost is None else (0, -1, np.float64(0), np.float64(0))
     for t in row_groups(file, columns):
@@ -245,18 +251,19 @@ def check_samples(
     fingerprint: str,
     root: object,
     problem: Callable[[str, str], None],
+    scratch: str,
     model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
     keep: Sequence[str] = (),
 ) -> SamplesView | None:
-    """The samples parts at ``files`` (in order, schemas checked) streamed as one (``read_samples``) and
-    checked against ``counts.accepted`` and ``inputs_fingerprint``; stored paths against a manifest's
-    ``path_root`` ``root`` (``False``: not checked, a scan directory). ``problem(where, what)`` reports;
-    None when the parts cannot be read."""
+    """The samples parts at ``files`` (in order, schemas checked) streamed as one (``read_samples``, parked
+    in ``scratch``) and checked against ``counts.accepted`` and ``inputs_fingerprint``; stored paths against
+    a manifest's ``path_root`` ``root`` (``False``: not checked, a scan directory). ``problem(where, what)``
+    reports; None when the parts cannot be read."""
     rel = schemas.SAMPLES_DIR
     try:
         with open_parts(files) as file:
             view, digest, path_bad = read_samples(
-                files, file, root or None, lambda what: problem(rel, what), model_cost, keep
+                files, file, root or None, lambda what: problem(rel, what), scratch, model_cost, keep
             )
     except (pa.ArrowException, OSError, ValueError) as e:
         problem(rel, f"not readable Parquet parts ({type(e).__name__}: {str(e)[:120]})")

@@ -7,12 +7,18 @@ members: (n,) numpy arrays, no nulls) to one small Parquet file under ``OUT/_wor
 the consumer reads it back. Names are fixed by the task (epoch, group, shard start), so a retried task
 rewrites the same file with the same bytes; this module is the one place that names them.
 ``lidarshard validate`` parks its plan rows group by group the same way, in a temporary directory of
-its own (``spill_path``, ``pair_path``).
+its own (``spill_path``, ``pair_path``): ``temporary_dir``, which a signal handler that ends the process
+with ``os._exit`` removes first (``remove_temporary``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +36,13 @@ __all__ = [
     "entries_path",
     "spill_path",
     "pair_path",
+    "temporary_dir",
+    "remove_temporary",
+    "sigterm_exits",
 ]
+
+#: The ``temporary_dir``s of this process still open.
+_OPEN: set[str] = set()
 
 
 def scores_path(work: str, part: int) -> str:
@@ -76,3 +88,42 @@ def pair_path(work: str, kind: str, group: int) -> str:
     """``lidarshard validate``'s (step id, row) entries of step group ``group`` of epoch 0 in the ``kind``
     plan (``plan`` or ``random``), for the pair repeat rate."""
     return storage.join(work, "pairs", kind, f"group-{group}.parquet")
+
+
+@contextlib.contextmanager
+def temporary_dir(prefix: str) -> Iterator[str]:
+    """A local temporary directory of this process (the system's temp, never inside an output), removed
+    on leaving, or by ``remove_temporary`` when a signal handler ends the process first."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    _OPEN.add(path)
+    try:
+        yield path
+    finally:
+        _OPEN.discard(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_temporary() -> None:
+    """Remove every ``temporary_dir`` still open: what a handler that ends the process with ``os._exit``
+    calls first (``pipelines._lifeline.interruptible``, ``lidarshard validate``'s SIGTERM)."""
+    for path in sorted(_OPEN):
+        shutil.rmtree(path, ignore_errors=True)
+    _OPEN.clear()
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) in the body, so its ``temporary_dir``s go (as on Ctrl-C); the
+    previous handler after it. Outside the main thread: nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
