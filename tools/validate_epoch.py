@@ -203,8 +203,9 @@ class _Epoch:
         if self.cfg is not None:
             lines: list[str] = []
             values = cap_values(lines, e, self.cfg.caps, samples)
-            for line in lines[: not self.caps_failed]:
-                problems.append(line)
+            if not self.caps_failed:
+                for line in lines:
+                    problems.append(line)
             self.caps_failed |= bool(lines)
             self.breaches += group_breaches(mine, steps, self.cfg.caps, values)
             self.heaviest.add(mine, steps, heaviest_values(self.cfg.heaviest_first, samples, self.model))

@@ -5,8 +5,9 @@ sample_id (to find a plan row's sample) and one of (sample_id, path, sweep_paths
 plan row copies its sample). Paths and sweep paths are hashed as they stream by and never held:
 1M samples with 9 sweeps are ~1 GB of strings, 16 MB of keys. The numbers and keys are parked on local
 disk as they stream by (``validate_columns``, ``validate_keys``): validate holds one step group's,
-not the epoch's. A sample_id is read back from its row group only to name it in a message. Keys are BLAKE2b-64 of the values with separators; the rare
-case of two ids sharing a key is detected and reported as a problem of the validator, not a pass.
+not the epoch's. A sample_id is read back from its row group only to name it in a message. Keys are
+BLAKE2b-64 of the values with separators; the rare case of two ids sharing a key is detected and
+reported as a problem of the validator, not a pass.
 """
 
 from __future__ import annotations
@@ -120,7 +121,6 @@ class SamplesView:
         self.columns, self._ids, self.keys = columns, ids, keys
         self.cost_mismatch = cost_mismatch
         self.num_rows = columns.num_rows
-        self.column_names = columns.column_names
 
     def column(self, name: str) -> _LazyIds:
         """``column("sample_id")[i]``: row ``i``'s id (the numbers: ``chunks``, ``group``)."""
@@ -142,10 +142,6 @@ class SamplesView:
             lambda a, n: deal(self.keys.group_keys(a, n), seed, e, groups), groups, (seed, e, groups)
         )
         return self.columns.group(g)
-
-    def members(self, g: int, seed: int, e: int, groups: int) -> NDArray[np.int64]:
-        """(n_g,) ascending rows of the samples dealt into step group ``g`` of epoch ``e``."""
-        return self.group(g, seed, e, groups).column("row").to_numpy()
 
     def select(self, names: list[str]) -> pa.Table:
         """Other columns, read from the file when asked (e.g. ``label_path`` to re-derive repeat factors)."""

@@ -26,7 +26,6 @@ __all__ = [
     "parquet_file",
     "sha256_hex",
     "release_memory",
-    "joined",
 ]
 
 #: Rows per Parquet row group (the last one of a file may be shorter).
@@ -242,12 +241,3 @@ def _glibc() -> ctypes.CDLL | None:
 
 
 _LIBC = _glibc()
-
-
-def joined(chunks: list[pa.Array], type_: pa.DataType) -> pa.Array:
-    """One contiguous array of ``chunks``, which is emptied (the caller's list no longer holds them) and
-    their memory handed back: joining columns one after another, the peak is the columns read plus one."""
-    out = pa.chunked_array(chunks, type_).combine_chunks()
-    chunks.clear()
-    release_memory()
-    return out
