@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from lidarshard.tools.validate_keys import append_raw, load_raw
+from lidarshard.tools.validate_keys import append_raw, append_split, load_raw
 
 __all__ = ["CHUNK_ROWS", "ParkedColumns"]
 
@@ -68,75 +68,60 @@ class ParkedColumns:
             append_raw(self._path(name), np.asarray(col.to_numpy(), dtype))
         self.num_rows += t.num_rows
 
-    def _array(self, name: str, values: NDArray, valid: NDArray[np.bool_] | None) -> pa.Array:
-        """Column ``name``'s parked ``values`` with its nulls (``valid`` False) as Arrow."""
-        return pa.array(values, self.schema.field(name).type, mask=None if valid is None else ~valid)
+    def _files(self, names: Sequence[str]) -> dict[str, np.dtype]:
+        """{file: dtype} of the columns ``names``: their values and, for those with nulls, validity."""
+        out = {n: self._dtypes[n] for n in names}
+        return out | {f"{n}.valid": np.dtype(np.bool_) for n in names if n in self._masked}
 
-    def _read(self, names: Sequence[str], start: int, count: int) -> pa.Table:
-        cols = []
-        for n in names:
-            values, valid = (
-                _read_raw(self._path(k), dtype, start, count)
-                for k, dtype in ((n, self._dtypes[n]), (f"{n}.valid", np.dtype(np.bool_)))
-            )
-            cols.append(self._array(n, values, valid if n in self._masked else None))
-        return pa.table(cols, schema=pa.schema([self.schema.field(n) for n in names]))
+    def _table(self, raw: dict[str, NDArray], names: Sequence[str]) -> pa.Table:
+        """The columns ``names`` of ``raw`` ({file: values}, ``_files``) as Arrow, with their nulls."""
+        fields = [self.schema.field(n) for n in names]
+        valid = [raw.get(f"{n}.valid") for n in names]
+        cols = [
+            pa.array(raw[f.name], f.type, mask=None if v is None else ~v)
+            for f, v in zip(fields, valid, strict=True)
+        ]
+        return pa.table(cols, schema=pa.schema(fields))
+
+    def _raw(self, names: Sequence[str], start: int, count: int) -> dict[str, NDArray]:
+        return {k: load_raw(self._path(k), dtype, start, count) for k, dtype in self._files(names).items()}
 
     def chunks(
-        self, names: Sequence[str] | None = None, rows: int = CHUNK_ROWS
+        self, names: Sequence[str] | None = None, rows: int | None = None
     ) -> Iterator[tuple[int, pa.Table]]:
-        """(first row, the columns ``names`` (None: all) of ``rows`` samples from it), in row order."""
+        """(first row, the columns ``names`` (None: all) of ``rows`` samples from it (None: ``CHUNK_ROWS``,
+        the module's, read now: tests set it)), in row order."""
         names = self.column_names if names is None else list(names)
+        rows = CHUNK_ROWS if rows is None else rows
         for a in range(0, self.num_rows, rows):
-            yield a, self._read(names, a, min(rows, self.num_rows - a))
+            yield a, self._table(self._raw(names, a, min(rows, self.num_rows - a)), names)
 
     def table(self, names: Sequence[str] | None = None) -> pa.Table:
         """Every sample's columns ``names`` (None: all), held whole: one step group of every sample."""
-        return self._read(self.column_names if names is None else list(names), 0, self.num_rows)
+        names = self.column_names if names is None else list(names)
+        return self._table(self._raw(names, 0, self.num_rows), names)
 
     def deal(self, labels: Callable[[int, int], NDArray[np.integer]], groups: int, tag: object) -> None:
         """Split the columns into ``groups`` sets of files, ``labels(start, count)`` (count,) being the group
-        of each of those rows; ``tag`` names the deal: dealing again with the same tag does nothing, another
-        replaces the files."""
+        of each of those rows (``CHUNK_ROWS`` at a time); ``tag`` names the deal: dealing again with the
+        same tag does nothing, another replaces the files."""
         if self.dealt == tag:
             return
         shutil.rmtree(os.path.join(self.dir, "dealt"), ignore_errors=True)
         os.makedirs(os.path.join(self.dir, "dealt"))
         self.dealt = None
-        for a, t in self.chunks():
-            label = np.asarray(labels(a, t.num_rows))
-            order = np.argsort(label, kind="stable")  # each group's rows stay ascending
-            bounds = np.searchsorted(label[order], np.arange(groups + 1))
-            cols = {n: t.column(n).fill_null(0).to_numpy() for n in self.column_names}
-            cols |= {f"{n}.valid": np.asarray(t.column(n).is_valid(), np.bool_) for n in self._masked}
-            for g in range(groups):
-                at = order[bounds[g] : bounds[g + 1]]
-                if not at.size:
-                    continue
-                for n, values in cols.items():
-                    append_raw(self._path(n, g), values[at])
-                append_raw(self._path("row", g), at.astype(np.int64) + a)
-            del cols, t
+        for a in range(0, self.num_rows, CHUNK_ROWS):
+            n = min(CHUNK_ROWS, self.num_rows - a)
+            raw = self._raw(self.column_names, a, n) | {"row": np.arange(a, a + n, dtype=np.int64)}
+            append_split(np.asarray(labels(a, n)), groups, raw, lambda g, name: self._path(name, g))
+            del raw
         self.dealt = tag
 
     def group(self, g: int) -> pa.Table:
         """Group ``g`` of the last ``deal``: its samples' columns and ``row`` (n_g,), ascending."""
         if self.dealt is None:
             raise RuntimeError("no deal: ParkedColumns.group needs deal first")
-        cols = [
-            self._array(
-                n,
-                load_raw(self._path(n, g), self._dtypes[n]),
-                load_raw(self._path(f"{n}.valid", g), np.dtype(np.bool_)) if n in self._masked else None,
-            )
-            for n in self.column_names
-        ]
+        files = self._files(self.column_names)
+        raw = {k: load_raw(self._path(k, g), dtype) for k, dtype in files.items()}
         rows = pa.array(load_raw(self._path("row", g), np.dtype(np.int64)))
-        return pa.table([*cols, rows], schema=pa.schema([*self.schema, pa.field("row", pa.int64())]))
-
-
-def _read_raw(path: str, dtype: np.dtype, start: int, count: int) -> NDArray:
-    """``count`` values from ``start`` of the raw file at ``path`` (none when it was never written)."""
-    if not count or not os.path.exists(path):
-        return np.empty(0, dtype)
-    return np.fromfile(path, dtype, count=count, offset=dtype.itemsize * start)
+        return self._table(raw, self.column_names).append_column(pa.field("row", pa.int64()), rows)

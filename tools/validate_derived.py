@@ -8,6 +8,7 @@ the plan files' plan and counts, and epochs 0 and 1 the recorded ``pair_repeat_r
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +18,7 @@ from numpy.typing import NDArray
 
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.tools.validate_keys import append_raw, load_raw
+from lidarshard.tools.validate_keys import append_split, load_raw
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import plan_samples
 from lidarshard.transforms.core.group_rows import pair_counts
@@ -200,14 +201,11 @@ class PairRepeat:
                 write_columns(pair_path(self.work, kind, g), {"step": ids, "row": rows})
                 continue
             os.makedirs(os.path.dirname(self._last(kind, 0, "row")), exist_ok=True)
-            part = rows // self.part
-            order = np.argsort(part, kind="stable")  # in step order within a partition
-            bounds = np.searchsorted(part[order], np.arange(self.parts + 1))
-            for p in range(self.parts):
-                at = order[bounds[p] : bounds[p + 1]]
-                if at.size:
-                    append_raw(self._last(kind, p, "row"), rows[at].astype(np.int64))
-                    append_raw(self._last(kind, p, "step"), ids[at].astype(np.int32))
+            cols: dict[str, NDArray] = {
+                "row": rows.astype(np.int64),
+                "step": ids.astype(np.int32),
+            }  # step order
+            append_split(rows // self.part, self.parts, cols, functools.partial(self._last, kind))
             self.second.add(kind)
 
     def _partner(self, kind: str, rows: NDArray[np.int64]) -> NDArray[np.int64]:

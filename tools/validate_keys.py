@@ -17,12 +17,13 @@ which the caller removes. Pure numpy.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["PART_KEYS", "Match", "ParkedKeys", "append_raw", "load_raw"]
+__all__ = ["PART_KEYS", "Match", "ParkedKeys", "append_raw", "append_split", "load_raw"]
 
 #: Samples per key partition: what one lookup holds (24 bytes a sample: id key, row, row key, group key).
 PART_KEYS = 1 << 20
@@ -65,14 +66,9 @@ class ParkedKeys:
         """Park the keys of the next ``id_keys.size`` samples (one row group, in row order)."""
         n = id_keys.size
         cols = {"id": id_keys, "row": np.arange(n) + self.num_rows, "key": row_keys, "group": group_keys}
-        part = self.part_of(id_keys)
-        order = np.argsort(part, kind="stable")
-        bounds = np.searchsorted(part[order], np.arange(self.parts + 1))
-        for p in range(self.parts):
-            if bounds[p] < bounds[p + 1]:
-                at = order[bounds[p] : bounds[p + 1]]
-                for name, values in cols.items():  # unsorted, one file a column (appended, then closed)
-                    append_raw(self._path(p, f"new-{name}"), np.asarray(values, _RECORD[name])[at])
+        cols = {name: np.asarray(values, _RECORD[name]) for name, values in cols.items()}
+        # unsorted, one file a column (appended, then closed)
+        append_split(self.part_of(id_keys), self.parts, cols, lambda p, name: self._path(p, f"new-{name}"))
         append_raw(self._path(0, "dealt-by"), np.asarray(group_keys, np.uint64))
         self.num_rows += n
 
@@ -138,11 +134,7 @@ class ParkedKeys:
 
     def group_keys(self, start: int = 0, count: int = -1) -> NDArray[np.uint64]:
         """(count,) the group keys of rows [start, start + count) (count -1: to the end)."""
-        return (
-            np.fromfile(self._path(0, "dealt-by"), np.uint64, count=count, offset=8 * start)
-            if self.num_rows
-            else np.empty(0, np.uint64)
-        )
+        return load_raw(self._path(0, "dealt-by"), np.dtype(np.uint64), start, count)
 
 
 def append_raw(path: str, values: NDArray) -> None:
@@ -151,6 +143,26 @@ def append_raw(path: str, values: NDArray) -> None:
         values.tofile(f)
 
 
-def load_raw(path: str, dtype: np.dtype) -> NDArray:
-    """The raw values ``append_raw`` wrote to ``path`` (none when it was never written)."""
-    return np.fromfile(path, dtype) if os.path.exists(path) else np.empty(0, dtype)
+def load_raw(path: str, dtype: np.dtype, start: int = 0, count: int = -1) -> NDArray:
+    """``count`` (-1: all) of the raw values ``append_raw`` wrote to ``path`` from the ``start``-th on (none
+    when it was never written)."""
+    if not count or not os.path.exists(path):
+        return np.empty(0, dtype)
+    return np.fromfile(path, dtype, count=count, offset=dtype.itemsize * start)
+
+
+def append_split(
+    labels: NDArray[np.integer],
+    k: int,
+    columns: Mapping[str, NDArray],
+    path: Callable[[int, str], str],
+) -> None:
+    """Each (n,) column of ``columns`` split by ``labels`` (n,) in [0, k), each part in row order, appended
+    to ``path(label, name)`` (``append_raw``): how keys are partitioned and samples or pairs dealt."""
+    order = np.argsort(labels, kind="stable")
+    bounds = np.searchsorted(labels[order], np.arange(k + 1))
+    for p in range(k):
+        at = order[bounds[p] : bounds[p + 1]]
+        if at.size:
+            for name, values in columns.items():
+                append_raw(path(p, name), values[at])
