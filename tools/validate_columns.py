@@ -41,7 +41,7 @@ class ParkedColumns:
     def __init__(self, schema: pa.Schema, dir: str) -> None:
         self.schema = schema
         self.column_names: list[str] = list(schema.names)
-        self._dtypes = {f.name: np.dtype(f.type.to_pandas_dtype()) for f in schema}
+        self._dtypes = {f.name: pa.array([], f.type).to_numpy(zero_copy_only=False).dtype for f in schema}
         self.dir = dir
         os.makedirs(dir)
         self.num_rows = 0
