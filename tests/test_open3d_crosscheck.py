@@ -51,3 +51,25 @@ def test_open3d_backend_rejects_other_formats():
     with pytest.raises(RejectError) as e:
         read_points_open3d(b"\0" * 16, "kitti_bin")
     assert e.value.reason == "unsupported_format"
+
+
+@pytest.mark.parametrize("rel", [r for r in REAL if r.endswith(".pcd")])
+def test_packed_colours_match_open3d(realdata, rel):
+    """Every real PCD with a packed ``rgb``/``rgba`` field (TYPE F and U among them): our r, g, b
+    channels equal open3d's colours (its 0..1 doubles are byte / 255) on every point."""
+    import open3d as o3d
+
+    from lidarshard.transforms.formats.pcd import parse_header
+
+    data = (realdata / rel).read_bytes()
+    columns = parse_header(data).columns
+    cloud = o3d.io.read_point_cloud(
+        str(realdata / rel), remove_nan_points=False, remove_infinite_points=False
+    )
+    theirs = np.rint(np.asarray(cloud.colors) * 255)
+    if "r" not in columns:
+        assert theirs.size == 0
+        return
+    i = columns.index("r")
+    assert columns[i : i + 3] == ["r", "g", "b"]
+    np.testing.assert_array_equal(read_points(data, "pcd")[:, i : i + 3], theirs)

@@ -13,12 +13,12 @@ from lidarshard.transforms.formats.pcd import MAX_HEADER_BYTES, parse_header, re
 
 # file under realdata/pcd, N, finite N, columns, (x, y, z) min..max to 2 decimals (PROVENANCE.md)
 REAL_PCD = [
-    ("mmdet3d_pr2611/8_0001.pcd", 116465, 116465, ["x", "y", "z", "rgb"],
+    ("mmdet3d_pr2611/8_0001.pcd", 116465, 116465, ["x", "y", "z", "r", "g", "b"],
      [(-49.71, 49.65), (-49.35, 49.72), (-4.93, 2.05)]),
     ("pcl/bunny.pcd", 397, 397, ["x", "y", "z"], [(-0.09, 0.06), (0.04, 0.18), (-0.06, 0.06)]),
     ("pcl/car6.pcd", 10031, 10031, ["x", "y", "z"], [(-40.17, -33.95), (-68.56, -61.88), (-6.99, -5.43)]),
     ("pcl/colored_cloud.pcd", 1000, 1000,
-     ["x", "y", "z", "rgb", "normal_x", "normal_y", "normal_z", "curvature"],
+     ["x", "y", "z", "r", "g", "b", "normal_x", "normal_y", "normal_z", "curvature"],
      [(-0.89, 0.49), (-0.65, -0.38), (0.88, 1.53)]),
     ("pcl/cturtle.pcd", 167198, 167198, ["x", "y", "z", "intensity"],
      [(-1.42, 1.42), (-1.05, 1.06), (1.40, 2.00)]),
@@ -26,7 +26,7 @@ REAL_PCD = [
     ("pcl/milk.pcd", 13704, 13704, ["x", "y", "z"], [(-0.14, 0.01), (-0.26, -0.01), (0.71, 0.89)]),
     ("pcl/office1_keypoints.pcd", 1318, 1318, ["x", "y", "z", "intensity"],
      [(-10.99, 10.13), (-8.77, 5.91), (-1.36, 2.18)]),
-    ("pcl/table_scene_mug_stereo_textured.pcd", 307200, 209280, ["x", "y", "z", "rgba"],
+    ("pcl/table_scene_mug_stereo_textured.pcd", 307200, 209280, ["x", "y", "z", "r", "g", "b", "a"],
      [(-0.46, 0.72), (-0.51, 0.18), (0.69, 2.59)]),
 ]  # fmt: skip
 
@@ -44,8 +44,9 @@ def make_pcd(cols: dict[str, np.ndarray], mode: str, *, width: int | None = None
     ).encode()
     if mode == "ascii":
         table = np.hstack([a.astype(np.float64) for a in arrs.values()])
+        fmt = [("%d" if a.dtype.kind in "iu" else "%.9g") for a in arrs.values() for _ in range(a.shape[1])]
         buf = io.StringIO()
-        np.savetxt(buf, table, fmt="%.9g")
+        np.savetxt(buf, table, fmt=fmt)  # integers as written by PCL: every digit
         return head + buf.getvalue().encode()
     if mode == "binary":
         struct = np.dtype(
@@ -128,10 +129,44 @@ def test_round_trip_every_mode(mode):
     assert parse_header(data).columns == ["x", "y", "z", "intensity", "ring", "t"]
     got = read_pcd(data)
     want = np.stack([cols[k].astype(np.float32) for k in ("x", "y", "z", "intensity", "ring", "t")], axis=1)
-    if mode == "ascii":  # %.9g text is exact for float32 but not for the float64 z or 2**40 ints
+    if mode == "ascii":  # %.9g text is exact for float32 but not for the float64 z
         np.testing.assert_allclose(got, want, rtol=2.5e-7)
     else:
         np.testing.assert_array_equal(got, want)
+
+
+_COLOUR_TYPES = [np.uint32, np.int32, np.float32]  # TYPE U, I, F of a SIZE 4 packed colour
+
+
+@pytest.mark.parametrize("mode", ["ascii", "binary", "binary_compressed"])
+@pytest.mark.parametrize("field", ["rgb", "rgba"])
+@pytest.mark.parametrize("kind", _COLOUR_TYPES, ids=["U", "I", "F"])
+def test_packed_colour_unpacked_by_its_bits(mode, field, kind):
+    """Every 0xAARRGGBB pattern that a float32 can carry bit for bit (no NaN payloads): the channels are
+    the packed value's bytes, whatever TYPE the file gives the field, in every DATA mode."""
+    rng = np.random.default_rng(7)
+    channels = rng.integers(0, 256, (300, 4), dtype=np.uint32)
+    channels[:4] = [[255, 255, 255, 0], [0, 0, 0, 255], [1, 2, 3, 4], [255, 0, 128, 127]]  # edges
+    packed = (channels[:, 3] << 24) | (channels[:, 0] << 16) | (channels[:, 1] << 8) | channels[:, 2]
+    if kind is np.float32:  # PCL's float rgb: finite floats only (%.9g text round-trips them exactly)
+        packed &= 0x7F7FFFFF
+        channels = np.stack([(packed >> s) & 0xFF for s in (16, 8, 0, 24)], axis=1)
+    xyz = rng.normal(size=(300, 3)).astype(np.float32)
+    cols = {"x": xyz[:, 0], "y": xyz[:, 1], "z": xyz[:, 2], field: packed.view(kind)}
+    got = read_pcd(make_pcd(cols, mode))
+    n = 3 if field == "rgb" else 4
+    assert parse_header(make_pcd(cols, mode)).columns == ["x", "y", "z", *"rgba"[:n]]
+    np.testing.assert_array_equal(got[:, 3:], channels[:, :n].astype(np.float32))
+
+
+def test_ascii_colour_that_is_not_an_integer_is_refused():
+    one = np.zeros(1, np.float32)
+    good = make_pcd({"x": one, "y": one, "z": one, "rgb": np.array([7], np.uint32)}, "ascii")
+    assert read_pcd(good)[0, 3:].tolist() == [0, 0, 7]
+    for bad in (b"1.5", b"-1", b"4294967296", b"nan"):
+        with pytest.raises(RejectError, match="colour value") as e:
+            read_pcd(good[: good.rindex(b" ") + 1] + bad + b"\n")
+        assert e.value.reason == "bad_header"
 
 
 @pytest.mark.parametrize("mode", ["ascii", "binary", "binary_compressed"])

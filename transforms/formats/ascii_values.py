@@ -54,8 +54,15 @@ def _chunks(body: memoryview, what: str):
 
 
 def read_columns(
-    body: bytes | memoryview, rows: int, per_row: int, wanted: Sequence[int], *, skip: int = 0, what: str
-) -> tuple[NDArray[np.float32], bool]:
+    body: bytes | memoryview,
+    rows: int,
+    per_row: int,
+    wanted: Sequence[int],
+    *,
+    skip: int = 0,
+    what: str,
+    dtype: type[np.floating] = np.float32,
+) -> tuple[NDArray[np.floating], bool]:
     """Columns ``wanted`` of the ``rows`` x ``per_row`` numbers that follow ``skip`` leading numbers.
 
     Args:
@@ -64,16 +71,17 @@ def read_columns(
         wanted: column indices in ``0..per_row-1`` to return.
         skip: numbers before the table (earlier PLY elements).
         what: names the format in reject details.
+        dtype: of the result: float32 (values parsed as float64 then rounded, +-inf beyond its range) or
+            float64 (as parsed: exact integers up to 2**53, e.g. a PCD's packed colour).
 
     Returns:
-        (``(rows, len(wanted))`` float32, values parsed as float64 then rounded, +-inf beyond float32
-        range; whether more numbers follow the table).
+        (``(rows, len(wanted))`` values of ``dtype``; whether more numbers follow the table).
 
     Raises:
         RejectError: ``truncated`` (too few numbers), ``bad_header`` (a value that is not a number).
     """
     need = rows * per_row
-    out = np.empty((rows, len(wanted)), dtype=np.float32)
+    out = np.empty((rows, len(wanted)), dtype=dtype)
     g, more = -skip, False  # g: index, within the table, of the next number parsed
     for chunk in _chunks(memoryview(body), what):
         if g >= need:

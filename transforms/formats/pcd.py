@@ -5,6 +5,11 @@ allocated, so a hostile header (``POINTS 1000000000000``, a forged LZF size) is 
 ``RejectError`` instead of exhausting memory. pypcd4 is not used as the reader because it refuses
 PCL's own ``VERSION .5`` files (e.g. PCL's ``bunny.pcd``).
 
+Packed colour: PCL stores a point's colour as one 4-byte field ``rgb`` or ``rgba`` holding 0xAARRGGBB, typed
+``U`` (``pcl::PointXYZRGBA``), ``I`` or ``F`` (the same four bytes read as a float: ``pcl::PointXYZRGB``'s
+classic layout). ``read_pcd`` unpacks it by its bits, as PCL and open3d do, into channel columns ``r``, ``g``,
+``b`` (and ``a`` for ``rgba``), each 0..255; casting the packed value to float32 would keep 24 of its 32 bits.
+
 Format (PCL ``io/src/pcd_io.cpp``): an ASCII header of ``KEY value...`` lines, ``#`` comments, ending
 with ``DATA ascii|binary|binary_compressed``; then one point per line (ascii), packed little-endian
 records (binary, array of structs), or ``uint32 compressed_size, uint32 uncompressed_size`` and an LZF
@@ -22,7 +27,7 @@ from numpy.typing import NDArray
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.ascii_values import read_columns
 
-__all__ = ["MAX_HEADER_BYTES", "VALUES_PER_POINT", "PcdHeader", "parse_header", "read_pcd"]
+__all__ = ["COLOUR_FIELDS", "MAX_HEADER_BYTES", "VALUES_PER_POINT", "PcdHeader", "parse_header", "read_pcd"]
 
 #: The header (everything up to and including the DATA line) must fit in this many bytes.
 MAX_HEADER_BYTES = 64 * 1024
@@ -40,6 +45,9 @@ _DTYPES = {
     ("I", 1): "<i1", ("I", 2): "<i2", ("I", 4): "<i4", ("I", 8): "<i8",
     ("U", 1): "<u1", ("U", 2): "<u2", ("U", 4): "<u4", ("U", 8): "<u8",
 }  # fmt: skip
+#: Packed colour fields (one 4-byte 0xAARRGGBB value, COUNT 1) and the channel columns each becomes.
+COLOUR_FIELDS: dict[str, tuple[str, ...]] = {"rgb": ("r", "g", "b"), "rgba": ("r", "g", "b", "a")}
+_SHIFTS = {"r": 16, "g": 8, "b": 0, "a": 24}  # bit offset of each channel in the packed value
 _KEYS = ("VERSION", "FIELDS", "SIZE", "TYPE", "COUNT", "WIDTH", "HEIGHT", "VIEWPOINT", "POINTS", "DATA")
 _DATA_MODES = ("ascii", "binary", "binary_compressed")
 
@@ -73,14 +81,28 @@ class PcdHeader:
         return sum(np.dtype(d).itemsize * c for d, c in zip(self.dtypes, self.counts, strict=True))
 
     @property
-    def columns(self) -> list[str]:
-        """Names of ``read_pcd``'s output columns: x, y, z, then other COUNT-1 fields in file order."""
+    def sources(self) -> list[str]:
+        """The fields ``read_pcd`` reads: x, y, z, then the other COUNT-1 fields in file order."""
         extra = [
             f
             for f, c in zip(self.fields, self.counts, strict=True)
             if c == 1 and f not in ("x", "y", "z", "_")
         ]
         return ["x", "y", "z", *extra]
+
+    def dtype_of(self, field: str) -> str:
+        """The numpy dtype string of ``field``'s scalar."""
+        return self.dtypes[self.fields.index(field)]
+
+    def is_colour(self, field: str) -> bool:
+        """Whether ``field`` is a packed colour (``COLOUR_FIELDS``, COUNT 1, SIZE 4)."""
+        return field in COLOUR_FIELDS and np.dtype(self.dtype_of(field)).itemsize == 4
+
+    @property
+    def columns(self) -> list[str]:
+        """Names of ``read_pcd``'s output columns: ``sources``, each packed colour field replaced by its
+        channels (``rgb`` -> r, g, b; ``rgba`` -> r, g, b, a)."""
+        return [c for f in self.sources for c in (COLOUR_FIELDS[f] if self.is_colour(f) else (f,))]
 
 
 def _bad(detail: str) -> RejectError:
@@ -196,8 +218,8 @@ def read_pcd(data: bytes, *, max_points: int = 50_000_000) -> NDArray[np.float32
 
     Returns:
         ``(N, C)`` float32, C-contiguous; columns are ``PcdHeader.columns`` (x, y, z, then the other
-        COUNT-1 fields cast to float32, e.g. intensity or packed rgb). Organized clouds keep their NaN
-        points, so N is always WIDTH * HEIGHT.
+        COUNT-1 fields cast to float32, e.g. intensity; a packed ``rgb``/``rgba`` field as its channels
+        r, g, b (, a), 0..255). Organized clouds keep their NaN points, so N is always WIDTH * HEIGHT.
 
     Raises:
         RejectError: ``empty``, ``truncated``, ``bad_header`` or ``too_large``.
@@ -230,7 +252,36 @@ def read_pcd(data: bytes, *, max_points: int = 50_000_000) -> NDArray[np.float32
 
 
 def _pick(h: PcdHeader, get: dict[str, NDArray]) -> list[NDArray]:
-    return [get[name] for name in h.columns]
+    """The output columns from each source field's values (``get``: field -> (N,) values)."""
+    out: list[NDArray] = []
+    for name in h.sources:
+        if not h.is_colour(name):
+            out.append(get[name])
+            continue
+        bits = _colour_bits(get[name], h.dtype_of(name))
+        out += [(bits >> np.uint32(_SHIFTS[c])) & np.uint32(0xFF) for c in COLOUR_FIELDS[name]]
+    return out
+
+
+def _colour_bits(values: NDArray, dtype: str) -> NDArray[np.uint32]:
+    """(N,) packed 0xAARRGGBB values of a colour field: its 4 bytes as read (binary), or its ASCII
+    numbers (float64) converted as PCL's writer printed them (``F``: a float32's bits; ``U``/``I``: an
+    integer, two's complement for ``I``).
+
+    Raises:
+        RejectError: ``bad_header`` for an ASCII ``U``/``I`` colour that is not an integer of 32 bits.
+    """
+    if values.dtype != np.float64:  # binary: reinterpret the 4 bytes
+        return np.ascontiguousarray(values).view(np.uint32)
+    if dtype == "<f4":
+        with np.errstate(over="ignore", invalid="ignore"):
+            return values.astype(np.float32).view(np.uint32)
+    lo = -(1 << 31) if dtype == "<i4" else 0
+    ok = np.isfinite(values) & (values == np.floor(values)) & (values >= lo) & (values < lo + (1 << 32))
+    if not ok.all():
+        bad = values[~ok][0]
+        raise _bad(f"colour value {bad!r} is not a {dtype[1:]} integer")
+    return (values.astype(np.int64) & 0xFFFFFFFF).astype(np.uint32)
 
 
 def _binary(h: PcdHeader, body: memoryview) -> list[NDArray]:
@@ -294,7 +345,10 @@ def _ascii(h: PcdHeader, body: memoryview) -> list[NDArray]:
     if 2 * need - 1 > len(body):
         raise RejectError("truncated", f"PCD ascii: {len(body)} body bytes cannot hold {need} values")
     starts = dict(zip(h.fields, np.cumsum([0, *h.counts])[:-1].tolist(), strict=True))
-    out, more = read_columns(body, h.points, per_point, [starts[c] for c in h.columns], what="PCD ascii")
+    wanted = [starts[f] for f in h.sources]
+    # float64 keeps a packed colour's 32 bits; plain fields are rounded to float32 by read_pcd anyway
+    exact = np.float64 if any(h.is_colour(f) for f in h.sources) else np.float32
+    out, more = read_columns(body, h.points, per_point, wanted, what="PCD ascii", dtype=exact)
     if more:
         raise _bad(f"ascii body holds more than POINTS {h.points} x {per_point} values")
-    return list(out.T)
+    return _pick(h, dict(zip(h.sources, out.T, strict=True)))

@@ -127,7 +127,8 @@ def read_points(
 
     Returns:
         ``(N, C)`` float32, C-contiguous, ``N >= 1``, ``C >= 3``; columns 0..2 are x, y, z (may be NaN),
-        then the file's other scalar numeric fields in order (bin: all columns; pcd: COUNT-1 fields;
+        then the file's other scalar numeric fields in order (bin: all columns; pcd: COUNT-1 fields, a packed
+        rgb/rgba as its channels r, g, b (, a) 0..255;
         ply: other scalar vertex properties; av2_feather: intensity only, ``C == 4``).
 
     Raises:
