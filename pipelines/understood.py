@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from lidarshard import schemas
+from lidarshard.transforms.formats.labels import SEMANTICKITTI_LEARNING_MAP
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts import FILES
 
@@ -74,6 +75,7 @@ def input_lines(meta: Mapping[str, Any], accepted: Mapping[str, int] | None = No
         if layout != FILES:
             n = sweeps_of(meta.get("sweeps"), d.get("name", ""))
             what += f", keyframe + {n} previous sweep{'s' * (n != 1)}" if n else ", no sweeps"
+        what += _labels(d.get("label_map"))
         weight = d.get("weight", 1.0)
         if weight != 1.0:
             what += f", weight {weight:g}"
@@ -83,6 +85,16 @@ def input_lines(meta: Mapping[str, Any], accepted: Mapping[str, int] | None = No
             line += f": {n} sample{'s' * (n != 1)} accepted"
         lines.append(line)
     return lines
+
+
+def _labels(label_map: Mapping[str, int] | None) -> str:
+    """Which learning_map turns the INPUT's raw label ids into classes (nothing without one)."""
+    if not label_map:
+        return ""
+    classes = len(set(label_map.values()))
+    if {int(k): v for k, v in label_map.items()} == SEMANTICKITTI_LEARNING_MAP:
+        return f", labels mapped by the standard SemanticKITTI learning_map ({classes} classes)"
+    return f", labels mapped by the learning_map of its semantic-kitti.yaml ({classes} classes)"
 
 
 def counts_line(

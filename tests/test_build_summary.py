@@ -101,6 +101,7 @@ def test_the_summary_names_each_input_and_what_was_dropped(built: Path, capsys) 
 
 def test_input_lines_say_layout_tables_sweeps_and_weight() -> None:
     from lidarshard.pipelines.understood import counts_line, input_lines
+    from lidarshard.transforms.formats.labels import SEMANTICKITTI_LEARNING_MAP
 
     meta = {
         "nuscenes_version": "v1.0-mini",
@@ -116,6 +117,14 @@ def test_input_lines_say_layout_tables_sweeps_and_weight() -> None:
     ]
     assert input_lines(meta, {"nusc": 404})[0].endswith("(/d/nusc): 404 samples accepted")
     assert input_lines(meta, {"nusc": 404})[1].endswith("(/d/kitti): 0 samples accepted")
+    standard = {str(k): v for k, v in SEMANTICKITTI_LEARNING_MAP.items()}
+    meta["datasets"][1]["label_map"] = standard
+    assert input_lines(meta)[1] == (
+        "INPUT kitti: SemanticKITTI sequences, no sweeps, labels mapped by the standard SemanticKITTI "
+        "learning_map (20 classes), weight 2 (/d/kitti)"
+    )
+    meta["datasets"][1]["label_map"] = standard | {"52": 20}  # a config of the user's own
+    assert "labels mapped by the learning_map of its semantic-kitti.yaml (21 classes)" in input_lines(meta)[1]
     assert counts_line(5, 4, 1, (0, 0), (2, 3)) == (
         "scanned 5: accepted 4, rejected 1; 2-3 per epoch repeated to fill the last step (--pad)"
     )

@@ -10,7 +10,12 @@ import pytest
 
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats import readers
-from lidarshard.transforms.formats.labels import label_format, parse_learning_map, read_labels
+from lidarshard.transforms.formats.labels import (
+    SEMANTICKITTI_LEARNING_MAP,
+    label_format,
+    parse_learning_map,
+    read_labels,
+)
 from lidarshard.transforms.layouts import STORAGE_IO, semantickitti
 from lidarshard.transforms.layouts.task import LayoutOptions
 
@@ -61,12 +66,38 @@ def test_real_small_scan(realdata: Path) -> None:
         pytest.skip("no small SemanticKITTI scan")
     assert semantickitti.describe(str(root), IO) == "SemanticKITTI sequences (1 sequence, 1 scan, 1 labelled)"
     found = semantickitti.load_tasks(str(root), LayoutOptions(), IO)
-    assert found.label_map is None  # no semantic-kitti.yaml beside it: raw ids
+    # no semantic-kitti.yaml beside it (as in the real downloads): the standard learning_map, never raw ids
+    assert found.label_map == SEMANTICKITTI_LEARNING_MAP
     (task,) = found.tasks
     points = readers.read_points(IO.read_bytes(task.path, None), "kitti_bin")
-    labels = read_labels(IO.read_bytes(task.label_path, None), "semantickitti", len(points), found.label_map)
+    data = IO.read_bytes(task.label_path, None)
+    raw = read_labels(data, "semantickitti", len(points))
+    labels = read_labels(data, "semantickitti", len(points), found.label_map)
     assert len(points) == len(labels) == 50
-    assert np.unique(labels).tolist() == [0, 50, 52, 70, 71, 80]
+    assert np.unique(raw).tolist() == [0, 50, 52, 70, 71, 80]
+    assert np.unique(labels).tolist() == [0, 13, 15, 16, 18]  # unlabeled, building, vegetation, trunk, pole
+
+
+def test_standard_map_is_semantic_kitti_apis(semantickitti_full: Path) -> None:
+    """The bundled map equals the learning_map of semantic-kitti-api's ``semantic-kitti.yaml``, and every
+    real label maps as ``learning_map[raw & 0xFFFF]`` (instance bits dropped)."""
+    config = parse_learning_map((semantickitti_full / "semantic-kitti.yaml").read_bytes())
+    assert config == SEMANTICKITTI_LEARNING_MAP
+    data = (semantickitti_full / "sequences/00/labels/000000.label").read_bytes()
+    raw = np.frombuffer(data, "<u4")
+    want = np.array([config[int(v)] for v in raw & 0xFFFF], np.uint8)
+    np.testing.assert_array_equal(read_labels(data, "semantickitti", len(raw), config), want)
+
+
+def test_labelled_scans_without_a_config_get_the_standard_map(
+    semantickitti_full: Path, tmp_path: Path
+) -> None:
+    """A download as shipped (sequences/ with labels, no yaml): the standard map, before the scan too."""
+    (tmp_path / "sequences").symlink_to(semantickitti_full / "sequences")
+    assert semantickitti.find_label_map(str(tmp_path), IO) == SEMANTICKITTI_LEARNING_MAP
+    assert (
+        semantickitti.load_tasks(str(tmp_path), LayoutOptions(), IO).label_map == SEMANTICKITTI_LEARNING_MAP
+    )
 
 
 def test_not_semantickitti(realdata: Path, tmp_path: Path) -> None:
@@ -131,7 +162,7 @@ def _sequence(
 def test_sweep_chain_and_transform(tmp_path: Path) -> None:
     _sequence(tmp_path, labels=(0, 3))
     found = semantickitti.load_tasks(str(tmp_path), LayoutOptions(sweeps=2), IO)
-    assert found.rejects == [] and found.label_map is None
+    assert found.rejects == [] and found.label_map == SEMANTICKITTI_LEARNING_MAP
     by_id = {t.sample_id: t for t in found.tasks}
     assert list(by_id) == [f"00/{i:06d}" for i in range(5)]
     velodyne = f"{tmp_path}/sequences/00/velodyne"
@@ -286,3 +317,10 @@ def test_bad_sweeps_option(tmp_path: Path) -> None:
     _sequence(tmp_path, scans=1)
     with pytest.raises(ValueError, match="sweeps"):
         semantickitti.load_tasks(str(tmp_path), LayoutOptions(sweeps=-1), IO)
+
+
+def test_unlabelled_kitti_records_no_label_map(tmp_path: Path) -> None:
+    """KITTI odometry scans without labels/: no map is recorded (there is nothing to map)."""
+    _sequence(tmp_path)
+    assert semantickitti.find_label_map(str(tmp_path), IO) is None
+    assert semantickitti.load_tasks(str(tmp_path), LayoutOptions(), IO).label_map is None

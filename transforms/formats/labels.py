@@ -6,8 +6,10 @@ Two layouts of label file exist, told apart by name (``label_format``):
   in the points file's order, used as stored.
 * ``semantickitti``: SemanticKITTI ``*.label``: one little-endian uint32 per point; the lower 16 bits are the
   semantic id, the upper 16 the instance id (dropped here). Semantic ids are raw (0..259) and are mapped
-  to training classes (0..19) through the dataset's ``learning_map`` (``semantic-kitti.yaml``, read with
-  ``parse_learning_map``); without a map the raw ids are returned, and must fit uint8.
+  to training classes (0..19) through the dataset's ``learning_map``: a ``semantic-kitti.yaml`` beside the
+  data (read with ``parse_learning_map``), else the standard one (``SEMANTICKITTI_LEARNING_MAP``, which the
+  SemanticKITTI downloads do not ship). ``read_labels`` without a map returns the raw ids (they must fit
+  uint8); the layout always gives labelled SemanticKITTI data a map.
 
 Bad bytes never crash: a file that does not hold one record per point, or an id the map lacks, raises
 ``RejectError("label_mismatch", ...)``.
@@ -26,7 +28,14 @@ from numpy.typing import NDArray
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.transforms.errors import RejectError
 
-__all__ = ["LABEL_FORMATS", "label_format", "read_labels", "decode_labels", "parse_learning_map"]
+__all__ = [
+    "LABEL_FORMATS",
+    "SEMANTICKITTI_LEARNING_MAP",
+    "label_format",
+    "read_labels",
+    "decode_labels",
+    "parse_learning_map",
+]
 
 #: Label file layouts ``read_labels`` decodes.
 LABEL_FORMATS: tuple[str, ...] = ("lidarseg", "semantickitti")
@@ -34,6 +43,15 @@ _SEMANTIC_MASK = 0xFFFF
 _MAX_RAW_ID = 0xFFFF
 _MAX_CLASS = 0xFF
 _RECORD_NAMES = {"lidarseg": "uint8", "semantickitti": "uint32"}
+#: The standard SemanticKITTI ``learning_map``, {raw semantic id: training class 0..19}: the values of
+#: ``config/semantic-kitti.yaml`` in PRBonn/semantic-kitti-api (MIT licence), the benchmark's 19 classes plus
+#: 0 "unlabeled"; moving classes (252-259) map to their static class. Data, not code: checked against that
+#: file in tests/test_semantickitti.py (realdata ``semantickitti_full/semantic-kitti.yaml``).
+SEMANTICKITTI_LEARNING_MAP: dict[int, int] = {
+    0: 0, 1: 0, 10: 1, 11: 2, 13: 5, 15: 3, 16: 5, 18: 4, 20: 5, 30: 6, 31: 7, 32: 8, 40: 9, 44: 10,
+    48: 11, 49: 12, 50: 13, 51: 14, 52: 0, 60: 9, 70: 15, 71: 16, 72: 17, 80: 18, 81: 19, 99: 0,
+    252: 1, 253: 7, 254: 6, 255: 8, 256: 5, 257: 5, 258: 4, 259: 5,
+}  # fmt: skip
 #: Ids named in a ``label_mismatch`` detail (the rest are counted).
 _NAMED_IDS = 5
 

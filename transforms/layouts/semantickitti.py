@@ -11,7 +11,8 @@ Files (``NN`` a sequence, ``NNNNNN`` a scan number, numbered from 0 in time orde
 
 ROOT may be the dataset root (holding ``sequences/``), ``sequences/`` itself or one sequence folder.
 The label config is looked for at ROOT, its parent, and (ROOT inside a dataset root) that root and its
-parent, nearest first.
+parent, nearest first. Labelled scans with no config there get the standard learning_map
+(``formats.labels.SEMANTICKITTI_LEARNING_MAP``): labels are never served as raw ids.
 
 Tasks: ``sample_id = "NN/NNNNNN"``; ``label_path`` the matching ``.label`` or None. ``opts.sweeps = N`` adds
 scans k-1 .. k-N of the same sequence (newest first, fewer near scan 0), each moved into scan k's velodyne
@@ -37,7 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.errors import RejectError
-from lidarshard.transforms.formats.labels import parse_learning_map
+from lidarshard.transforms.formats.labels import SEMANTICKITTI_LEARNING_MAP, parse_learning_map
 from lidarshard.transforms.io.storage import FileTooLargeError
 from lidarshard.transforms.layouts.task import Found, LayoutIO, LayoutOptions, Reject, ScanTask, SweepRef
 
@@ -215,23 +216,27 @@ def load_tasks(root: str, opts: LayoutOptions, io: LayoutIO) -> Found:
             label = _label_path(where, seq, name)
             sample_id = f"{seq}/{name[: -len('.bin')]}"
             tasks.append(ScanTask(sample_id, path, refs, label if label in labels else None))
-    return Found(sorted(tasks, key=lambda t: t.sample_id), sorted(rejects), _label_map(root, where, io))
+    label_map = _label_map(root, where, io, labelled=bool(labels))
+    return Found(sorted(tasks, key=lambda t: t.sample_id), sorted(rejects), label_map)
 
 
 def find_label_map(root: str, io: LayoutIO) -> dict[int, int] | None:
     """The learning_map of ROOT's label config (``LABEL_CONFIG`` at ROOT, its parent or the dataset
-    root), None when there is none; read before the scan so a bad one stops the run in one line.
+    root), else the standard one when ROOT holds label files, else None; read before the scan so a bad
+    config stops the run in one line.
 
     Raises:
         ValueError: a config that cannot be read or parsed (naming it).
     """
     root = _clean(root)
     found = _scan_hits(root, io)
-    return _label_map(root, found[0] if found else _forms(root)[0], io)
+    where = found[0] if found else _forms(root)[0]
+    return _label_map(root, where, io, labelled=bool(found and io.glob(_labels_pattern(where))))
 
 
-def _label_map(root: str, where: _Where, io: LayoutIO) -> dict[int, int] | None:
-    """The learning_map of the nearest label config, or None when there is none."""
+def _label_map(root: str, where: _Where, io: LayoutIO, labelled: bool) -> dict[int, int] | None:
+    """The learning_map of the nearest label config; without one the standard map when ``labelled``
+    (SemanticKITTI's downloads ship no config), else None."""
     places: list[str] = []
     for folder in (root, _parent(root), where.dataset_root, _parent(where.dataset_root or "")):
         if folder and folder not in places:
@@ -250,7 +255,7 @@ def _label_map(root: str, where: _Where, io: LayoutIO) -> dict[int, int] | None:
             return parse_learning_map(text)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
-    return None
+    return dict(SEMANTICKITTI_LEARNING_MAP) if labelled else None
 
 
 class _Chain:
