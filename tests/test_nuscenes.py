@@ -47,6 +47,7 @@ class Dataset:
                 },
             ],
             "ego_pose": [],
+            "sample": [],
             "sample_data": [],
             "lidarseg": [],
         }
@@ -92,6 +93,7 @@ class Dataset:
             self.t["sample_data"].append(rec)
             self.points[rec["filename"]] = self.npoints[token] = 10 + i
             if kind == "K":
+                self.t["sample"].append({"token": sample, "timestamp": ts, "scene_token": f"scene{scene}"})
                 cam = f"cam{scene}{k}"
                 self.t["ego_pose"].append(
                     {"token": f"ep_{cam}", "translation": [0, 0, 0], "rotation": IDENTITY_Q}

@@ -10,6 +10,12 @@ work alike. It joins the tables the way nuscenes-devkit does:
   the keyframe. The devkit's ``from_file_multisweep(nsweeps=K)`` counts the keyframe as the first of its
   K frames, so ``--sweeps N`` equals devkit ``nsweeps=N + 1``. Like the devkit, the chain runs through
   earlier keyframes too, and stops early at the scene start (``prev == ""``).
+* scenes: sweeps stay in the keyframe's scene. The schema defines ``prev`` as the record of the same
+  sensor before this one, ``""`` at the start of the scene, and the devkit follows it unchecked; so a
+  ``prev`` naming a record of another scene (``sample_data.sample_token -> sample.scene_token``) is
+  where the scene starts: the chain ends there (it never re-enters), and the sample is served with
+  the sweeps before the cut, as at a scene's first keyframes (the build summary counts the samples with
+  fewer sweeps than asked). ``sample.json`` is read, and required, when sweeps are asked for.
 * transforms: ``geometry.sweep_transform`` composes ``ref_from_car @ car_from_global @ global_from_car
   @ car_from_current`` exactly as the devkit does; quaternions are (w, x, y, z) and normalized.
 
@@ -18,7 +24,9 @@ is absolute, a URI or escapes the root is ``outside_root``: no returned path lie
 
 Errors: a missing or corrupt required table is fatal (``ValueError``). A bad record rejects the sample
 it would have produced: ``bad_table`` (missing/mistyped keys, unknown or duplicated tokens, a prev chain
-that breaks, cycles or does not go back in time, a malformed pose, an overlong string), ``outside_root``,
+that cannot be followed as the schema defines it: a ``prev`` that names no record, a record of another
+channel, one of an unknown sample or scene, one not strictly earlier than the record before it (so a
+loop), a file named twice in one sample; a malformed pose, an overlong string), ``outside_root``,
 ``duplicate_id``. A reject not tied to a keyframe path is named
 ``<dataroot>/<version>/<table>.json#<token or [row]>``.
 
@@ -172,7 +180,7 @@ class _Tables:
     def __init__(self, dataroot: str, version: str, tables: dict[str, list[Any]]) -> None:
         self.root, self.ref = dataroot, f"{_root(dataroot)}/{version}"
         self.sd, self.sd_dups = _index(tables["sample_data"])
-        self.index = {name: _index(tables[name]) for name in ("calibrated_sensor", "ego_pose")}
+        self.index = {name: _index(tables[name]) for name in ("calibrated_sensor", "ego_pose", "sample")}
         channels = {token: sensor.get("channel") for token, sensor in _index(tables["sensor"])[0].items()}
         self.channel = {  # calibrated_sensor token -> sensor channel (None when unknown)
             token: channels.get(_str(cs.get("sensor_token")))
@@ -212,6 +220,14 @@ class _Tables:
     def _pose(self, record: dict[str, Any], owner: str, inverse: bool) -> NDArray[np.float64]:
         return pose_matrix(self._lookup("ego_pose", record["ego_pose_token"], owner), inverse)
 
+    def _scene(self, record: dict[str, Any], owner: str) -> str:
+        """The scene of sample_data ``record``: ``sample_token -> sample.scene_token``."""
+        sample = self._lookup("sample", record["sample_token"], owner)
+        scene = sample.get("scene_token")
+        if not isinstance(scene, str) or not scene or _too_long(scene):
+            raise RejectError("bad_table", f"{owner}: sample {record['sample_token']} has no scene_token")
+        return scene
+
     def task(self, record: dict[str, Any], path: str, sweeps: int) -> ScanTask:
         """Resolve keyframe ``record`` (already validated, ``path`` joined) into a task."""
         token = record["token"]
@@ -223,13 +239,21 @@ class _Tables:
         ref_from_global = ref_from_car @ self._pose(record, owner, True)  # @ car_from_global
         refs: list[SweepRef] = []
         cur, t_cur = record, t_ref
+        scene, served = None, {path}
         for _ in range(sweeps):
             prev = cur["prev"]
             if prev == "":
                 break
             try:
-                rec, t_prev = self._sweep_record(prev, cur["token"], t_cur)
+                scene = scene or self._scene(record, owner)
+                found = self._sweep_record(prev, cur["token"], t_cur, scene)
+                if found is None:  # another scene's record: the keyframe's scene starts after it
+                    break
+                rec, t_prev = found
                 sweep_path = join_under_root(self.root, rec["filename"])
+                if sweep_path in served:
+                    raise RejectError("bad_table", f"sample_data {prev} names {rec['filename']!r} again")
+                served.add(sweep_path)
                 tf = (
                     ref_from_global
                     @ self._pose(rec, f"sample_data {prev}", False)
@@ -242,7 +266,11 @@ class _Tables:
             cur, t_cur = rec, t_prev
         return ScanTask(record["sample_token"], path, tuple(refs), self._label_path(token))
 
-    def _sweep_record(self, prev: str, child: str, t_child: float) -> tuple[dict[str, Any], float]:
+    def _sweep_record(
+        self, prev: str, child: str, t_child: float, scene: str
+    ) -> tuple[dict[str, Any], float] | None:
+        """The record ``prev`` of ``child`` and its timestamp; None when it lies in another scene than
+        ``scene`` (checked before its time: a record outside the scene is never followed)."""
         if prev in self.sd_dups:
             raise RejectError("bad_table", f"prev {prev!r} of {child}: sample_data token appears twice")
         if prev not in self.sd:
@@ -250,6 +278,8 @@ class _Tables:
         rec = _check_sd(self.sd[prev], f"sample_data {prev}")
         if self.channel_of(rec) != LIDAR_CHANNEL:
             raise RejectError("bad_table", f"prev {prev!r} of {child} is not a {LIDAR_CHANNEL} record")
+        if self._scene(rec, f"sample_data {prev}") != scene:
+            return None
         t_prev = _timestamp(rec)
         if not t_prev < t_child:
             detail = f"prev {prev!r} of {child} is not earlier ({t_prev} >= {t_child}): broken/cyclic chain"
@@ -279,7 +309,10 @@ def _read_table(
     except FileNotFoundError:
         if optional:
             return []
-        raise ValueError(f"nuScenes table {path} not found (is --nuscenes-version right?)") from None
+        why = " (is --nuscenes-version right?)"
+        if name == "sample":  # read for the sweeps alone
+            why = ": sweeps stay in their keyframe's scene, which it names (is --nuscenes-version right?)"
+        raise ValueError(f"nuScenes table {path} not found{why}") from None
     except FileTooLargeError:
         raise ValueError(too_large) from None
     except OSError as err:
@@ -329,8 +362,9 @@ def load_tasks(
         raise ValueError(f"sweeps must be an int >= 0, got {sweeps!r}")
     if not version or "/" in version or version in (".", ".."):
         raise ValueError(f"nuScenes version {version!r} must be one folder name, e.g. v1.0-mini")
-    names = ("sample_data", "calibrated_sensor", "sensor", "ego_pose")
+    names = ("sample_data", "calibrated_sensor", "sensor", "ego_pose", *(("sample",) if sweeps else ()))
     tables = {name: _read_table(dataroot, version, name, read_bytes) for name in names}
+    tables.setdefault("sample", [])  # only sweeps need the scenes
     tables["lidarseg"] = _read_table(dataroot, version, "lidarseg", read_bytes, optional=True)
     db = _Tables(dataroot, version, tables)
     rejects: list[Reject] = list(db.label_rejects)
