@@ -573,6 +573,7 @@ def test_real_lyft_tables_in_nuscenes_schema(realdata: Path) -> None:
     assert rejects == [] and len(tasks) == 1  # LIDAR_FRONT_LEFT/RIGHT and the cameras are ignored
     assert tasks[0].path == f"{root}/lidar/host-a101_lidar1_1240710385903083166.bin"
     assert tasks[0].sweeps == () and tasks[0].label_path is None
+    assert tasks[0].format == "nuscenes_bin"  # Lyft's *.bin: float32 x 5, not KITTI's x 4
     tasks, rejects = load_tasks(root, "v1.01-train", 1, read_local)
     assert tasks == [] and [(r[0], r[1]) for r in rejects] == [
         (f"{root}/lidar/host-a101_lidar1_1240710385903083166.bin", "bad_table")

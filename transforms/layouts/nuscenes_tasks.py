@@ -60,6 +60,7 @@ from lidarshard.transforms.layouts.task import Reject, ScanTask, SweepRef
 
 __all__ = [
     "LIDAR_CHANNEL",
+    "LIDAR_FORMAT",
     "MAX_TABLE_BYTES",
     "MAX_FIELD_CHARS",
     "load_tasks",
@@ -68,6 +69,9 @@ __all__ = [
 ]
 
 LIDAR_CHANNEL = "LIDAR_TOP"
+#: The reader of every LIDAR_TOP file the tables name, ``*.pcd.bin`` (nuScenes) or ``*.bin`` (Lyft) alike:
+#: float32 x 5 records, as the devkit's (and Lyft SDK's) ``LidarPointCloud.from_file`` reads them.
+LIDAR_FORMAT = "nuscenes_bin"
 #: Largest table file read (bytes); a larger one is refused before reading, naming file and limit.
 MAX_TABLE_BYTES = 4 << 30
 #: Longest token or filename (characters) a sample_data/lidarseg row may hold; longer rejects the sample.
@@ -264,7 +268,8 @@ class _Tables:
             lag = 1e-6 * t_ref - 1e-6 * t_prev  # the devkit's from_file_multisweep arithmetic, to the bit
             refs.append(SweepRef(sweep_path, tuple(tf.ravel().tolist()), lag))
             cur, t_cur = rec, t_prev
-        return ScanTask(record["sample_token"], path, tuple(refs), self._label_path(token))
+        label = self._label_path(token)
+        return ScanTask(record["sample_token"], path, tuple(refs), label, format=LIDAR_FORMAT)
 
     def _sweep_record(
         self, prev: str, child: str, t_child: float, scene: str
