@@ -131,7 +131,7 @@ def print_summary(out: str) -> None:
         understood.counts_line(c.scanned, c.accepted, c.rejected, c.dropped, c.padded)
         + "".join(f"\n  rejected {r}: {n}" for r, n in sorted(c.rejected_by_reason.items()))
     )
-    print(understood.POINTS_LINE)
+    print(understood.points_line(m.provenance))
     print(
         f"plan: {m.strategy}, world size {m.world_size}, batch {m.batch_size}, "
         f"{m.buckets.k} buckets, cost model {m.cost_model.name} (columns: lidarshard build --help)"

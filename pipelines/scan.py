@@ -100,7 +100,7 @@ def print_summary(out: str) -> None:
     print(understood.counts_line(c.scanned, c.accepted, c.rejected))
     for reason, n in sorted(c.rejected_by_reason.items()):
         print(f"  rejected {reason}: {n}")
-    print(understood.POINTS_LINE)
+    print(understood.points_line(scan.provenance))
     print(f"wrote {out}")
 
 

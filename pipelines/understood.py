@@ -25,7 +25,7 @@ __all__ = [
     "accepted_by_input",
     "short_sweeps_by_input",
     "input_lines",
-    "POINTS_LINE",
+    "points_line",
     "counts_line",
     "live_output",
     "warn_live",
@@ -44,8 +44,6 @@ TITLES = {
 #: Where each layout's sweep chains start (a sample near it has fewer previous sweeps than asked; a
 #: nuScenes chain that leaves the keyframe's scene is cut there, ``layouts.nuscenes_tasks``).
 _CHAIN_STARTS = {"nuscenes": "scene", "av2": "log", "semantickitti": "sequence", "waymo_v2": "segment"}
-#: The rule for non-finite rows (``multisweep.NON_FINITE_RULE``), one line of the summary.
-POINTS_LINE = f"points: {NON_FINITE_RULE}"
 
 
 def sweeps_of(sweeps: int | Mapping[str, int] | None, name: str) -> int:
@@ -135,6 +133,16 @@ def _labels(label_map: Mapping[str, int] | None) -> str:
     if {int(k): v for k, v in label_map.items()} == SEMANTICKITTI_LEARNING_MAP:
         return f", labels mapped by the standard SemanticKITTI learning_map ({classes} classes)"
     return f", labels mapped by the learning_map of its semantic-kitti.yaml ({classes} classes)"
+
+
+def points_line(meta: Mapping[str, Any]) -> str:
+    """The rule for non-finite rows (``multisweep.NON_FINITE_RULE``) as one line of a run's summary; a
+    ``--features stat`` scan (``scan_config.features``) reads no point, so its counts include them."""
+    config = meta.get("scan_config")
+    stat = isinstance(config, Mapping) and config.get("features") == "stat"
+    return f"points: {NON_FINITE_RULE}" + (
+        " (--features stat reads no point: its counts hold every row)" if stat else ""
+    )
 
 
 def counts_line(

@@ -122,3 +122,15 @@ def test_infinite_coordinates_are_no_points_in_the_scan_the_cost_and_the_loader(
     np.testing.assert_array_equal(PointCloudDataset(out)[0]["points"].numpy(), pts[keep])
     np.testing.assert_array_equal(PointCloudDataset(out, keep_nan=True)[0]["points"].numpy(), pts)
     np.testing.assert_array_equal(load_points(str(data / name), None), pts[keep])
+
+
+def test_the_summary_says_the_rule_and_when_a_scan_could_not_apply_it() -> None:
+    from lidarshard.pipelines.understood import points_line
+
+    full = points_line({"scan_config": {"features": "full"}})
+    assert full == points_line({}) and full.startswith(
+        "points: a row with a NaN or infinite x, y or z is no point"
+    )
+    assert points_line({"scan_config": {"features": "stat"}}).endswith(
+        "(--features stat reads no point: its counts hold every row)"
+    )

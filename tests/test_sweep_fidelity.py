@@ -259,3 +259,20 @@ def test_a_zero_lag_is_served() -> None:
 
     assert bad_time_lag([0.0, 0.05]) is None and bad_time_lag(np.array([0.1, -0.0])) is None
     assert bad_time_lag([0.1, -1e-9]) == 1 and bad_time_lag([]) is None
+
+
+def test_the_summary_names_where_each_layouts_chains_start() -> None:
+    from lidarshard.pipelines.understood import input_lines
+
+    meta = {
+        "sweeps": {"nusc": 9, "logs": 2, "files": 0},
+        "datasets": [
+            {"name": "nusc", "root": "/n", "layout": "nuscenes"},
+            {"name": "logs", "root": "/a", "layout": "av2"},
+            {"name": "files", "root": "/f", "layout": "files"},
+        ],
+    }
+    lines = input_lines(meta, {"nusc": 40, "logs": 7, "files": 3}, {"nusc": 4, "logs": 1, "files": 0})
+    assert lines[0].endswith(": 40 samples accepted, 4 with fewer sweeps: their scene starts sooner")
+    assert lines[1].endswith(": 7 samples accepted, 1 with fewer sweeps: their log starts sooner")
+    assert lines[2].endswith(": 3 samples accepted")
