@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.loaders._atexit import drain_arrow_at_exit
 from lidarshard.loaders.fetch import Fetcher, File, FileCache
-from lidarshard.loaders.points import Recorded, bad_time_lag, load_points, moved_hint
+from lidarshard.loaders.points import Recorded, check_time_lags, load_points, moved_hint
 from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
 from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.errors import RejectError
@@ -167,7 +167,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
                 'a --features stat scan or a table given to write_manifest); use verify="size"'
             )
         if time_lag and sweeps:
-            _check_lags(table)
+            check_time_lags(table)
         self.time_lag = time_lag
         self.keep_nan = keep_nan
         self._ids = _column(table, "sample_id")
@@ -338,34 +338,6 @@ def _misaligned(table: pa.Table) -> str | None:
             first = table["sample_id"].filter(bad)[0].as_py()
             return f"sample {first!r}: {name} does not hold one value per sweep path"
     return None
-
-
-def _check_lags(table: pa.Table) -> None:
-    """ValueError naming the first sample with sweeps but no recorded ``sweep_time_lags``, or one whose
-    lags are not all finite numbers >= 0 (``loaders.points.bad_time_lag``: NaN, an infinity, a negative
-    lag of a sweep after its keyframe; a null lag)."""
-    missing = pc.and_(
-        pc.greater(pc.list_value_length(table["sweep_paths"]), 0), table["sweep_time_lags"].is_null()
-    )
-    count = pc.sum(missing).as_py() or 0
-    if count:
-        first = table["sample_id"].filter(missing)[0].as_py()
-        raise ValueError(
-            f"time_lag=True: {count} samples with sweeps record no sweep_time_lags (first: {first}; a manifest "
-            "written before schema 4.3, or a table given to write_manifest); rescan to record them"
-        )
-    lags = table["sweep_time_lags"].combine_chunks() if table.num_rows else None
-    if lags is None:
-        return
-    values = pc.list_flatten(lags).to_numpy(zero_copy_only=False)  # a null lag reads as NaN
-    bad = bad_time_lag(values)
-    if bad is not None:
-        rows = pc.list_parent_indices(lags).to_numpy()
-        sample = table["sample_id"][int(rows[bad])].as_py()
-        raise ValueError(
-            f"time_lag=True: sample {sample!r} records a sweep time lag of {float(values[bad])!r} s; a lag is the finite "
-            "number of seconds >= 0 from a sweep to its keyframe: rebuild the manifest from the data"
-        )
 
 
 def _keyframe_labels(

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
@@ -39,6 +41,7 @@ __all__ = [
     "difference",
     "moved_hint",
     "bad_time_lag",
+    "check_time_lags",
 ]
 
 
@@ -135,6 +138,35 @@ def bad_time_lag(lags: Sequence[float] | NDArray[np.floating]) -> int | None:
     values = np.asarray(lags, dtype=np.float64)
     bad = np.flatnonzero(~(np.isfinite(values) & (values >= 0)))
     return int(bad[0]) if len(bad) else None
+
+
+def check_time_lags(table: pa.Table) -> None:
+    """What a dataset that serves the time-lag channel checks of its samples (``sample_id``,
+    ``sweep_paths``, ``sweep_time_lags`` columns): ValueError naming the first sample with sweeps but no
+    recorded lags, or one with a lag that is no finite number >= 0 (``bad_time_lag``: NaN, an infinity,
+    a negative lag of a sweep after its keyframe; a null lag)."""
+    missing = pc.and_(
+        pc.greater(pc.list_value_length(table["sweep_paths"]), 0), table["sweep_time_lags"].is_null()
+    )
+    count = pc.sum(missing).as_py() or 0
+    if count:
+        first = table["sample_id"].filter(missing)[0].as_py()
+        raise ValueError(
+            f"time_lag=True: {count} samples with sweeps record no sweep_time_lags (first: {first}; a manifest "
+            "written before schema 4.3, or a table given to write_manifest); rescan to record them"
+        )
+    lags = table["sweep_time_lags"].combine_chunks() if table.num_rows else None
+    if lags is None:
+        return
+    values = pc.list_flatten(lags).to_numpy(zero_copy_only=False)  # a null lag reads as NaN
+    bad = bad_time_lag(values)
+    if bad is not None:
+        rows = pc.list_parent_indices(lags).to_numpy()
+        sample = table["sample_id"][int(rows[bad])].as_py()
+        raise ValueError(
+            f"time_lag=True: sample {sample!r} records a sweep time lag of {float(values[bad])!r} s; a lag is the finite "
+            "number of seconds >= 0 from a sweep to its keyframe: rebuild the manifest from the data"
+        )
 
 
 def load_points(

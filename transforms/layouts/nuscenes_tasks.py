@@ -41,8 +41,6 @@ the other keyframes are scanned as usual.
 from __future__ import annotations
 
 import json
-import math
-import posixpath
 import re
 from collections.abc import Callable
 from typing import Any
@@ -52,10 +50,20 @@ from numpy.typing import NDArray
 
 from lidarshard.schemas.jsonsafe import loads, short
 from lidarshard.transforms.errors import RejectError
-from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.storage import FileTooLargeError
 from lidarshard.transforms.layouts.geometry import pose_matrix
 from lidarshard.transforms.layouts.multisweep import check_labels
+from lidarshard.transforms.layouts.nuscenes_records import (
+    MAX_FIELD_CHARS,
+    by_token,
+    check_sd,
+    join_under_root,
+    name_of,
+    root_of,
+    str_or_empty,
+    timestamp_of,
+    too_long,
+)
 from lidarshard.transforms.layouts.task import Reject, ScanTask, SweepRef
 
 __all__ = [
@@ -69,125 +77,26 @@ __all__ = [
 ]
 
 LIDAR_CHANNEL = "LIDAR_TOP"
-#: The reader of every LIDAR_TOP file the tables name, ``*.pcd.bin`` (nuScenes) or ``*.bin`` (Lyft) alike:
-#: float32 x 5 records, as the devkit's (and Lyft SDK's) ``LidarPointCloud.from_file`` reads them.
+#: The reader of every LIDAR_TOP ``*.bin`` the tables name, ``*.pcd.bin`` (nuScenes) or ``*.bin`` (Lyft) alike:
+#: float32 x 5 records, as the devkit's (and Lyft SDK's) ``LidarPointCloud.from_file`` reads them, never
+#: KITTI's x 4. Files of other extensions (a custom dataset's ``.pcd``, ``.npy``) are read by extension.
 LIDAR_FORMAT = "nuscenes_bin"
 #: Largest table file read (bytes); a larger one is refused before reading, naming file and limit.
 MAX_TABLE_BYTES = 4 << 30
-#: Longest token or filename (characters) a sample_data/lidarseg row may hold; longer rejects the sample.
-MAX_FIELD_CHARS = 4096
-_SD_KEYS = (
-    "token", "sample_token", "ego_pose_token", "calibrated_sensor_token",
-    "filename", "timestamp", "is_key_frame", "prev",
-)  # fmt: skip
-_STR_KEYS = ("token", "sample_token", "ego_pose_token", "calibrated_sensor_token", "prev")
-_BOUNDED_KEYS = (*_STR_KEYS, "filename")
-
 ReadBytes = Callable[[str, int | None], bytes]  # (path, limit): at most limit + 1 bytes
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
-def _root(dataroot: str) -> str:
-    """``dataroot`` without trailing slashes ("/" becomes "", so joins give "/name")."""
-    if not dataroot:
-        raise ValueError("dataroot must not be empty")
-    return dataroot.rstrip("/")
-
-
-def join_under_root(dataroot: str, filename: object) -> str:
-    """Join a table ``filename`` under ``dataroot`` with ``/``, refusing anything outside it.
-
-    Args:
-        dataroot: local path or URI (``gs://bucket/root``); trailing slashes are ignored.
-        filename: the table's relative filename, e.g. ``samples/LIDAR_TOP/x.pcd.bin``.
-
-    Returns:
-        ``<dataroot>/<normalized filename>``.
-
-    Raises:
-        RejectError: ``outside_root`` (absolute path, URI, or ``..`` escaping the root) or
-            ``bad_table`` (not a non-empty string, longer than ``MAX_FIELD_CHARS``, NUL byte, names
-            the root itself).
-    """
-    if not isinstance(filename, str) or not filename:
-        raise RejectError("bad_table", f"filename {short(filename)} is not a non-empty string")
-    if len(filename) > MAX_FIELD_CHARS:
-        raise RejectError("bad_table", f"filename of {len(filename)} characters (limit {MAX_FIELD_CHARS})")
-    if "\x00" in filename:
-        raise RejectError("bad_table", f"filename {filename!r} holds a NUL byte")
-    if filename.startswith("/") or storage.has_scheme(filename):
-        raise RejectError("outside_root", f"filename {filename!r} is absolute, not relative to the dataroot")
-    norm = posixpath.normpath(filename)
-    if norm == ".." or norm.startswith("../"):
-        raise RejectError("outside_root", f"filename {filename!r} normalizes outside the dataroot")
-    if norm == ".":
-        raise RejectError("bad_table", f"filename {filename!r} names the dataroot itself")
-    return f"{_root(dataroot)}/{norm}"
-
-
-def _timestamp(record: dict[str, Any]) -> float:
-    ts = record["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-        raise RejectError(
-            "bad_table", f"sample_data {record['token']}: timestamp {short(ts)} is not a finite number"
-        )
-    return ts
-
-
-def _check_sd(record: object, what: str) -> dict[str, Any]:
-    """Validate the keys and types of one sample_data record (``what`` names it in details)."""
-    if not isinstance(record, dict):
-        raise RejectError("bad_table", f"{what} is not a JSON object")
-    missing = [k for k in _SD_KEYS if k not in record]
-    if missing:
-        raise RejectError("bad_table", f"{what} lacks keys {missing}")
-    bad = [k for k in _STR_KEYS if not isinstance(record[k], str)]
-    if bad or not isinstance(record["is_key_frame"], bool):
-        raise RejectError("bad_table", f"{what} has mistyped keys {bad or ['is_key_frame']}")
-    long = [f"{k} of {len(record[k])}" for k in _BOUNDED_KEYS if _too_long(record[k])]
-    if long:
-        raise RejectError("bad_table", f"{what} holds {', '.join(long)} characters (limit {MAX_FIELD_CHARS})")
-    return record
-
-
-def _too_long(value: object) -> bool:
-    return isinstance(value, str) and len(value) > MAX_FIELD_CHARS
-
-
-def _name(token: object, i: int) -> str:
-    """How a row is named in paths and details: its token, or ``[i]`` when that is no usable string."""
-    return token if isinstance(token, str) and not _too_long(token) else f"[{i}]"
-
-
-def _str(value: object) -> str:
-    """``value`` if it is a string, else "" (a safe dict key for JSON values of any type)."""
-    return value if isinstance(value, str) else ""
-
-
-def _index(rows: list[Any]) -> tuple[dict[str, dict[str, Any]], set[str]]:
-    """token -> first record with it, and the set of tokens that occur more than once."""
-    index: dict[str, dict[str, Any]] = {}
-    dups: set[str] = set()
-    for row in rows:
-        token = row.get("token") if isinstance(row, dict) else None
-        if isinstance(token, str):
-            if token in index:
-                dups.add(token)
-            else:
-                index[token] = row
-    return index, dups
 
 
 class _Tables:
     """The joined tables of one dataroot; ``task`` resolves one keyframe or raises ``RejectError``."""
 
     def __init__(self, dataroot: str, version: str, tables: dict[str, list[Any]]) -> None:
-        self.root, self.ref = dataroot, f"{_root(dataroot)}/{version}"
-        self.sd, self.sd_dups = _index(tables["sample_data"])
-        self.index = {name: _index(tables[name]) for name in ("calibrated_sensor", "ego_pose", "sample")}
-        channels = {token: sensor.get("channel") for token, sensor in _index(tables["sensor"])[0].items()}
+        self.root, self.ref = dataroot, f"{root_of(dataroot)}/{version}"
+        self.sd, self.sd_dups = by_token(tables["sample_data"])
+        self.index = {name: by_token(tables[name]) for name in ("calibrated_sensor", "ego_pose", "sample")}
+        channels = {token: sensor.get("channel") for token, sensor in by_token(tables["sensor"])[0].items()}
         self.channel = {  # calibrated_sensor token -> sensor channel (None when unknown)
-            token: channels.get(_str(cs.get("sensor_token")))
+            token: channels.get(str_or_empty(cs.get("sensor_token")))
             for token, cs in self.index["calibrated_sensor"][0].items()
         }
         self.labels: dict[str, object] = {}  # sample_data token -> lidarseg filename
@@ -205,7 +114,7 @@ class _Tables:
         self.cs_cache: dict[tuple[str, bool], NDArray[np.float64]] = {}
 
     def channel_of(self, record: dict[str, Any]) -> object:
-        return self.channel.get(_str(record.get("calibrated_sensor_token")))
+        return self.channel.get(str_or_empty(record.get("calibrated_sensor_token")))
 
     def _lookup(self, table: str, token: str, owner: str) -> dict[str, Any]:
         index, dups = self.index[table]
@@ -228,7 +137,7 @@ class _Tables:
         """The scene of sample_data ``record``: ``sample_token -> sample.scene_token``."""
         sample = self._lookup("sample", record["sample_token"], owner)
         scene = sample.get("scene_token")
-        if not isinstance(scene, str) or not scene or _too_long(scene):
+        if not isinstance(scene, str) or not scene or too_long(scene):
             raise RejectError("bad_table", f"{owner}: sample {record['sample_token']} has no scene_token")
         return scene
 
@@ -238,7 +147,7 @@ class _Tables:
         owner = f"keyframe sample_data {token}"
         if not record["sample_token"]:
             raise RejectError("bad_table", f"{owner} has an empty sample_token")
-        t_ref = _timestamp(record)
+        t_ref = timestamp_of(record)
         ref_from_car = self._cs_matrix(record["calibrated_sensor_token"], owner, True)
         ref_from_global = ref_from_car @ self._pose(record, owner, True)  # @ car_from_global
         refs: list[SweepRef] = []
@@ -269,7 +178,8 @@ class _Tables:
             refs.append(SweepRef(sweep_path, tuple(tf.ravel().tolist()), lag))
             cur, t_cur = rec, t_prev
         label = self._label_path(token)
-        return ScanTask(record["sample_token"], path, tuple(refs), label, format=LIDAR_FORMAT)
+        fmt = LIDAR_FORMAT if path.lower().endswith(".bin") else None
+        return ScanTask(record["sample_token"], path, tuple(refs), label, format=fmt)
 
     def _sweep_record(
         self, prev: str, child: str, t_child: float, scene: str
@@ -280,12 +190,12 @@ class _Tables:
             raise RejectError("bad_table", f"prev {prev!r} of {child}: sample_data token appears twice")
         if prev not in self.sd:
             raise RejectError("bad_table", f"prev {prev!r} of {child} is not a known sample_data token")
-        rec = _check_sd(self.sd[prev], f"sample_data {prev}")
+        rec = check_sd(self.sd[prev], f"sample_data {prev}")
         if self.channel_of(rec) != LIDAR_CHANNEL:
             raise RejectError("bad_table", f"prev {prev!r} of {child} is not a {LIDAR_CHANNEL} record")
         if self._scene(rec, f"sample_data {prev}") != scene:
             return None
-        t_prev = _timestamp(rec)
+        t_prev = timestamp_of(rec)
         if not t_prev < t_child:
             detail = f"prev {prev!r} of {child} is not earlier ({t_prev} >= {t_child}): broken/cyclic chain"
             raise RejectError("bad_table", detail)
@@ -306,7 +216,7 @@ def _read_table(
     dataroot: str, version: str, name: str, read_bytes: ReadBytes, optional: bool = False
 ) -> list[Any]:
     """The records of table ``name``; an ``optional`` table that is absent has none."""
-    path = f"{_root(dataroot)}/{version}/{name}.json"
+    path = f"{root_of(dataroot)}/{version}/{name}.json"
     limit = f"{MAX_TABLE_BYTES >> 30} GiB" if MAX_TABLE_BYTES % (1 << 30) == 0 else f"{MAX_TABLE_BYTES} bytes"
     too_large = f"nuScenes table {path} is larger than {limit}, the limit for a table (MAX_TABLE_BYTES)"
     try:
@@ -376,7 +286,7 @@ def load_tasks(
     by_sample: dict[str, ScanTask] = {}
     for i, row in enumerate(tables["sample_data"]):
         token = row.get("token") if isinstance(row, dict) else None
-        name = _name(token, i)
+        name = name_of(token, i)
         ref = f"{db.ref}/sample_data.json#{name}"
         if isinstance(row, dict):
             if row.get("is_key_frame") is False:
@@ -393,7 +303,7 @@ def load_tasks(
             if channel != LIDAR_CHANNEL:
                 continue  # another sensor
         try:
-            record = _check_sd(row, f"sample_data {name}")
+            record = check_sd(row, f"sample_data {name}")
             path = join_under_root(dataroot, record["filename"])
         except RejectError as err:
             rejects.append((ref, err.reason, err.detail))
