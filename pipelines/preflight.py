@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from lidarshard import __version__
 from lidarshard.pipelines import checks, inputs, understood
@@ -187,7 +188,18 @@ def _from_samples(
     )
     if look:  # the samples' features were computed under their scan's rule: the loaders must apply it
         scan = dataclasses.replace(scan, config=_recorded_rule(opts, scan.config, samples))
+        scan = dataclasses.replace(scan, **_recorded_sweeps(samples))
     return BuildSettings(scan, cfg, model, samples, _path_root(opts, (), samples), kept)
+
+
+def _recorded_sweeps(samples: str) -> dict[str, Any]:
+    """The sweeps and tables version the run that wrote ``samples`` recorded: its samples carry them."""
+    try:
+        sweeps, version = recorded.previous_sweeps(samples)
+    except ValueError as e:
+        raise UsageError(f"--from-samples {samples}: {e}") from None
+    pairs = sweeps if isinstance(sweeps, int) else tuple(sorted(sweeps.items()))
+    return {"sweeps": pairs, "nuscenes_version": version}
 
 
 def _recorded_rule(opts: BuildOptions, config: ScanConfig, samples: str) -> ScanConfig:

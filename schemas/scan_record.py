@@ -46,6 +46,10 @@ class ScanRecord:
     max_reject_fraction: float | None = None
     #: ROOT relative sample paths resolve against (None: full paths; a scan stores full paths).
     path_root: str | None = None
+    #: previous sweeps aggregated: N for every INPUT, or {INPUT name: N} (0 when not recorded).
+    sweeps: int | Mapping[str, int] = 0
+    #: the nuScenes tables version of a tables-mode scan (None otherwise).
+    nuscenes_version: str | None = None
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -66,5 +70,15 @@ class ScanRecord:
             datasets=DatasetEntry.parse_all(r),
             max_reject_fraction=r.number("max_reject_fraction", optional=True),
             path_root=r.str_("path_root", optional=True),
+            sweeps=_sweeps(r),
+            nuscenes_version=r.str_("nuscenes_version", optional=True),
             provenance=dict(obj),
         )
+
+
+def _sweeps(r: Reader) -> int | dict[str, int]:
+    """The recorded ``sweeps``: an int >= 0, or {INPUT name: int >= 0}; 0 when absent."""
+    v = r.obj.get("sweeps", 0)
+    if isinstance(v, dict):
+        return {str(k): r.int_("sweeps", value=n) for k, n in v.items()}
+    return r.int_("sweeps", value=v)

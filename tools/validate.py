@@ -292,9 +292,10 @@ def _check_manifest(c: _Checker) -> str:
         if e == min(m.epochs, 2) - 1:
             check_repeat_rate(c.problems, m, pairs.rates(m.strategy) if pairs is not None else None)
     k = m.counts
+    plan_files = sum(m.plan_key(p) is not None for p in m.files)
     return (
         f"{k.scanned} scanned, {k.accepted} accepted, {k.rejected} rejected; world size {m.world_size}, "
-        f"batch {m.batch_size}, {m.epochs} epochs, {rows} plan rows in {len(m.files)} files"
+        f"batch {m.batch_size}, {m.epochs} epoch{'s' * (m.epochs != 1)}, {rows} plan rows in {plan_files} plan files"
     )
 
 

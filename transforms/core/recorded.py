@@ -59,6 +59,16 @@ def previous_datasets(samples_path: str) -> tuple[DatasetEntry, ...]:
     return recorded.datasets if recorded else ()
 
 
+def previous_sweeps(samples_path: str) -> tuple[int | dict[str, int], str | None]:
+    """The ``sweeps`` (N, or {INPUT name: N}) and nuScenes tables version the earlier run recorded: its
+    samples carry those sweeps, and a re-plan records them as they are (0 and None when none recorded)."""
+    recorded = _recorded(samples_path)
+    if recorded is None:
+        return 0, None
+    sweeps = recorded.sweeps
+    return (sweeps if isinstance(sweeps, int) else dict(sweeps)), recorded.nuscenes_version
+
+
 def previous_close_points(samples_path: str) -> str:
     """The close-point rule the earlier run's size features were computed under
     (``multisweep.recorded_close_points``: ``"sweeps"`` when none is recorded)."""
