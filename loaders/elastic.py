@@ -42,6 +42,7 @@ from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_s
 from lidarshard.loaders.replay import IndexOf, PlanReplay
 from lidarshard.loaders.reshard import ElasticPlan, Switch, check_exact, merge_ranks
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.transforms.core.epochs import plan_input
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 
 __all__ = ["ElasticPlan", "ElasticBatchSampler", "load_epoch_plan", "merge_ranks", "replan_remaining"]
@@ -62,10 +63,8 @@ def load_epoch_plan(out_dir: PathLike, epoch: int, manifest: Manifest | None = N
     manifest = load_manifest(out_dir) if manifest is None else manifest
     caps = Caps.from_record(manifest.caps, manifest.memory_cap)
     heaviest = manifest.caps.heaviest_first if manifest.caps is not None else "off"
-    extra = ["num_points"] if caps.max_points is not None or heaviest == "points" else []
-    if caps.memory is not None:  # the features the memory model reads
-        extra = ["num_points", "num_in_range", "occupied_voxels"]
-    samples = read_samples(out_dir, ["sample_id", "cost", "bucket_id", *extra], manifest=manifest)
+    # the columns the build plans from (the costs come from the plan rows: no earlier model to apply again)
+    samples = read_samples(out_dir, ["sample_id", *plan_input(caps.memory is not None)], manifest=manifest)
     read = read_epoch_plan(os.fspath(out_dir), manifest, epoch, samples["sample_id"], ["cost", "bucket_id"])
     plan, at, rows = read.table, read.at, read.plan
     costs = samples["cost"].to_numpy().astype(np.float64)  # the costs that planned the epoch: its rows'

@@ -56,6 +56,7 @@ from lidarshard.transforms.plan.metrics import load_linearity
 
 __all__ = [
     "plan",
+    "caps_problem",
     "SLACK_LADDER",
     "TARGET",
     "JITTER_LADDER",
@@ -236,6 +237,21 @@ def _memory_as_points(limits: PoolLimits) -> PoolLimits:
     return PoolLimits(caps, np.ceil(limits.memory).astype(np.int64))
 
 
+def caps_problem(caps: Caps, world_size: int) -> str | None:
+    """Why ``budget`` cannot plan under ``caps`` on ``world_size`` ranks whatever the pool, or None. Every
+    rank-step holds at least one sample and nothing is dropped or padded, so a cap of one sample per rank-step
+    leaves every rank-step exactly one: each epoch's pool (and each step group's, after its weights) would have
+    to be a multiple of W, which depends on the pool, not on the plan (a plan of 200 samples succeeds and one of
+    201, or a step group of 61, cannot be made). Refused for every pool alike, before anything is planned."""
+    if caps.max_samples == 1 and world_size > 1:
+        return (
+            f"--max-samples-per-rank-step 1 with --strategy budget on {world_size} ranks leaves every rank-step "
+            f"exactly one sample, so every epoch's pool would have to be a multiple of {world_size}: give 2 or "
+            "more, or plan one sample a rank-step with an equal-count strategy (--batch-size 1)"
+        )
+    return None
+
+
 def _min_steps(costs: NDArray[np.float64], w: int, limits: PoolLimits) -> int:
     """Fewest steps the caps allow (a necessary condition: total / (W * cap))."""
     c, need = limits.caps, 1
@@ -332,7 +348,10 @@ def plan(
     ladder = [min(max(int(np.ceil(p / (w * batch_size * f))), lo, 1), p // w) for f in SLACK_LADDER]
     best = attempt(0.0, ladder, ("level", "sorted"))
     if best is None:
-        raise ValueError(f"budget: the caps leave no room to plan {p} samples on {w} ranks")
+        raise ValueError(
+            f"budget: the caps leave no room to plan {p} samples on {w} ranks with a sample in every rank-step "
+            "and none over a cap: raise the caps"
+        )
     # the jittered plans keep the exact order's step count and way of packing; they may cost up to
     # TOLERANCE, but never take a plan at or above FLOOR below it
     again = [len(best[2])]
