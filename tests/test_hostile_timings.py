@@ -143,7 +143,38 @@ CSV: dict[str, Callable[[dict[str, Path], Path], Path]] = {
     ),
 }
 
+
+def _text(tmp: Path, name: str, data: bytes) -> Path:
+    tmp.mkdir(exist_ok=True)
+    (tmp / name).write_bytes(data)
+    return tmp / name
+
+
+def _zero(cols: dict) -> None:
+    cols["compute_s"] = cols["wall_s"] = [0.0] * len(cols["step"])
+
+
+FILES: dict[str, Callable[[dict[str, Path], Path], Path]] = {
+    "a parquet file of junk": lambda m, t: _text(t, "timings-rank-00000-part-00000.parquet", b"junk"),
+    "a csv of binary": lambda m, t: _text(t, "t.csv", b"\x00\x01\x02garbage"),
+    "a csv of its header only": lambda m, t: _text(t, "t.csv", b"sample_id,ms\n"),
+    "a csv of words for ms": lambda m, t: _text(t, "t.csv", b"sample_id,ms\ns00001,abc\n"),
+    "a csv of words for steps": lambda m, t: _text(t, "t.csv", b"step,rank,ms\nx,0,3\n"),
+    "a csv step past int64": lambda m, t: _text(t, "t.csv", b"step,rank,ms\n99999999999999999999,0,3\n"),
+    "no such file": lambda m, t: t / "nothing.csv",
+    "an empty directory": lambda m, t: (t.mkdir(), t)[1],
+    "a clock that never moved": lambda m, t: _forged(m, t, _zero),
+}
+
 VALID: dict[str, Callable[[dict[str, Path], Path], Path]] = {
+    "a cycled run's epochs": lambda m, t: _forged(
+        m, t, lambda c: c.update(epoch=[e + 2 for e in c["epoch"]])
+    ),
+    "a csv with a byte-order mark": lambda m, t: _text(
+        t,
+        "t.csv",
+        ("\ufeffsample_id,ms\n" + "".join(f"s{i:05d},{COSTS[i] / 100:.4f}\n" for i in range(40))).encode(),
+    ),
     "the run's own files": lambda m, t: m["own"],
     "one rank's files": lambda m, t: next(m["own"].glob("timings-rank-00000-*")),
     "a restarted run's parts": lambda m, t: _restarted(m, t),
@@ -190,11 +221,11 @@ def _cases(table: dict) -> list:
     ]
 
 
-@pytest.mark.parametrize(("command", "case"), _cases(RECORDED) + _cases(CSV))
+@pytest.mark.parametrize(("command", "case"), _cases(RECORDED) + _cases(CSV) + _cases(FILES))
 def test_timings_of_another_plan_are_refused_in_one_line(
     made: dict[str, Path], tmp_path: Path, capsys, command: str, case: str
 ) -> None:
-    timings = (RECORDED | CSV)[case](made, tmp_path / "timings")
+    timings = (RECORDED | CSV | FILES)[case](made, tmp_path / "timings")
     dest = tmp_path / "written"
     assert _run(command, made["out"], timings, dest) == 1
     err = capsys.readouterr().err.strip()
@@ -281,3 +312,15 @@ def test_peaks_that_grow_with_points_give_a_model(made: dict[str, Path], tmp_pat
     assert _run("calibrate", made["out"], path, tmp_path / "w") == 0
     model = json.loads((tmp_path / "w" / "fit.json").read_text())["memory_model"]
     assert model["r2"] > 0.9 and model["base_bytes"] == pytest.approx(2**30, rel=0.05)
+
+
+@pytest.mark.hostile("rank speeds")
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [2**31 - 1, 10**6])
+def test_learning_speeds_never_sizes_by_a_recorded_world_size(world: int) -> None:
+    """The learner itself (the one calibrate calls after its check), given rows that claim a huge world."""
+    from lidarshard.tools.speeds_fit import learn_speeds
+
+    obs = pa.table({"rank": [0, 1, 0, 1], "world_size": [world] * 4, "ms": [1.0, 2.0, 1.5, 2.5]})
+    got = learn_speeds(obs, np.ones(4))
+    assert got["distinguished"] is False and "rank 2 recorded 0 steps" in got["note"] and got["steps"] == []

@@ -160,8 +160,6 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
     check_this_plan(read, data.manifest, lambda _: data.plan, epoch)  # placed in this plan, or refused
     timed = observe(read, data.samples, lambda: data.plan, epoch)
     obs, timings = timed.obs, timed.raw
-    if obs.num_rows == 0:
-        raise ValueError(f"no row of {path} matches a sample (or step/rank) of this manifest")
     pred, ms = obs.column("cost").to_numpy(), obs.column("ms").to_numpy()
     what = timed.timed
     unit = cost_unit(data.manifest)
@@ -243,8 +241,8 @@ def _what_if(
     )
     factors, out = time_factors(data.manifest.rank_speed, data.manifest.world_size), []
     for e in epochs:
-        if 0 <= e < len(data.plans):
-            chosen, random = data.plans[e]
+        if e >= 0 and data.plans:  # a cycled run's epoch e trained the plan of e % epochs
+            chosen, random = data.plans[e % len(data.plans)]
             out.append(
                 (
                     e,

@@ -70,10 +70,23 @@ class Timed(NamedTuple):
 
 
 def read_timings_at(timings_path: str) -> Timings:
-    """The timings at ``timings_path``: the recorder's Parquet files or a CSV, read once."""
-    if is_recorded(timings_path):
-        return Timings(timings_path, True, read_timing_files(timings_path))
-    return Timings(timings_path, False, cal.read_timings(storage.read_bytes(timings_path)))
+    """The timings at ``timings_path``: the recorder's Parquet files or a CSV, read once.
+
+    Raises:
+        ValueError: no timings there, or a file that is not one (one line naming it and what to give).
+        OSError: it cannot be read.
+    """
+    try:
+        if is_recorded(timings_path):
+            return Timings(timings_path, True, read_timing_files(timings_path))
+        return Timings(timings_path, False, cal.read_timings(storage.read_bytes(timings_path)))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--timings {timings_path}: no such file or directory") from None
+    except pa.ArrowException as e:  # Arrow's own words say what, not where: the file and what it should be
+        raise ValueError(
+            f"--timings {timings_path}: not a timings file ({' '.join(str(e).split())[:200]}); give the recorder's "
+            "timings-rank-*.parquet (a directory or one file) or a CSV of ms plus sample_id, or step, rank [, epoch]"
+        ) from None
 
 
 def _keys(timings: Timings, epoch: int) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
@@ -222,16 +235,23 @@ def observe(
         plan: gives the manifest's plan rows; called only for a CSV of step/rank rows without sample ids.
         epoch: the epoch of CSV step/rank rows without an epoch column.
         q: the exponent the samples' voxels are raised to before they are summed (a cost model's ``q``).
+
+    Raises:
+        ValueError: no row of the timings matches the samples (or the plan's step/rank).
     """
     if timings.recorded:
         obs = cal.step_observations(timings.rows, samples, q)
+    else:
+        per_sample = "sample_id" in timings.rows.column_names
+        obs = cal.observations(timings.rows, samples, None if per_sample else plan(), epoch, q)
+    if obs.num_rows == 0:
+        raise ValueError(f"--timings {timings.path}: no row matches a sample (or step/rank) of this manifest")
+    if timings.recorded:
         keys = [
             f"{e}:{s}"
             for e, s in zip(obs.column("epoch").to_pylist(), obs.column("step").to_pylist(), strict=True)
         ]
         return Timed(obs, "recorded rank-step", timings.rows, keys)
-    per_sample = "sample_id" in timings.rows.column_names
-    obs = cal.observations(timings.rows, samples, None if per_sample else plan(), epoch, q)
     return Timed(
         obs, "sample" if per_sample else "rank-step", timings.rows, [str(i) for i in range(obs.num_rows)]
     )
@@ -262,10 +282,11 @@ def fit_cost(
     """
     plan = functools.lru_cache(maxsize=1)(plan)
     linear = observe(timings, samples, plan, epoch)
-    if linear.obs.num_rows == 0:
-        raise ValueError(f"no row of {timings.path} matches a sample (or step/rank) of this manifest")
     ms = linear.obs.column("ms").to_numpy()
-    best = (cal.fit_linear(design(linear.obs), ms), linear)
+    try:
+        best = (cal.fit_linear(design(linear.obs), ms), linear)
+    except ValueError as e:
+        raise ValueError(f"--timings {timings.path}: {e}") from None
     if np.isnan(linear.obs.column("voxels").to_numpy(zero_copy_only=False)).all():
         return best  # no voxels: nothing to bend
     score = cal.cross_validated_r2(design(linear.obs), ms, linear.keys)
