@@ -243,3 +243,60 @@ def test_rank_speeds_that_cannot_be_are_one_line_from_the_api(tmp_path: Path, sp
 def test_rank_speeds_python_users_pass_plan(tmp_path: Path, speeds) -> None:
     lidarshard.write_manifest(SAMPLES, str(tmp_path / "out"), 2, 2, rank_speed=speeds, strategy="budget")
     _published(tmp_path / "out")
+
+
+# ------------------------------------------------------------------------------ memory caps, refused
+
+
+def _memory_flags(tmp: Path) -> dict[str, tuple[list[str], int]]:
+    """case -> (flags, exit code): 2 for a usage error, 1 for what the samples decide."""
+    model = _model(tmp, "voxels")
+    files = {
+        "big": {"memory_model": {"base_bytes": 2e9, "bytes_per_point": 1, "bytes_per_voxel": 0}},
+        "list": [1, 2, 3],
+        "null": {"memory_model": None, "memory_note": "no recorded step has peak_bytes"},
+    }
+    for name, body in files.items():
+        (tmp / f"{name}.json").write_text(json.dumps(body))
+    (tmp / "nan.json").write_text(
+        '{"memory_model": {"base_bytes": NaN, "bytes_per_point": 1, "bytes_per_voxel": 0}}'
+    )
+    cap = ["--max-step-memory", "1GiB", "--memory-model"]
+    return {
+        "a cap below the model's base": ([*cap, str(tmp / "big.json")], 2),
+        "a cap without a model": (["--max-step-memory", "1GiB"], 2),
+        "a model without a cap": (["--memory-model", model], 2),
+        "a cap of 0B": (["--max-step-memory", "0B", "--memory-model", model], 2),
+        "a cap in decimal GB": (["--max-step-memory", "20GB", "--memory-model", model], 2),
+        "a cap past 1 EiB": (["--max-step-memory", "2048PiB", "--memory-model", model], 2),
+        "a model of NaN": ([*cap, str(tmp / "nan.json")], 2),
+        "a model that is a list": ([*cap, str(tmp / "list.json")], 2),
+        "a model that is a directory": ([*cap, str(tmp)], 2),
+        "calibrate's null model": ([*cap, str(tmp / "null.json")], 2),
+        "a cap below every sample": (["--max-step-memory", "1MiB", "--memory-model", model], 1),
+    }
+
+
+MEMORY_CASES = [
+    "a cap below the model's base", "a cap without a model", "a model without a cap", "a cap of 0B",
+    "a cap in decimal GB", "a cap past 1 EiB", "a model of NaN", "a model that is a list",
+    "a model that is a directory", "calibrate's null model", "a cap below every sample",
+]  # fmt: skip
+
+
+@pytest.mark.hostile("memory caps")
+@pytest.mark.parametrize("case", MEMORY_CASES)
+def test_memory_caps_that_cannot_be_are_one_line(tmp_path: Path, capsys, case: str) -> None:
+    flags, code = _memory_flags(tmp_path)[case]
+    lidarshard.write_manifest(SAMPLES, str(tmp_path / "base"), 2, 2)
+    out = tmp_path / "out"
+    args = ["build", str(out), "--from-samples", str(tmp_path / "base" / "samples"), "--world-size", "2"]
+    assert cli_main([*args, "--batch-size", "2", *flags, *BEAM_TEST_FLAGS]) == code
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(err) == 1 and "memory" in err[0] and not out.exists(), err
+
+
+@pytest.mark.hostile("memory caps")
+def test_budget_under_a_memory_and_a_points_cap_is_refused_before_planning(tmp_path: Path) -> None:
+    flags = {"max_step_memory": "1GiB", "memory_model": _model(tmp_path, "voxels"), "strategy": "budget"}
+    _refused(tmp_path, flags | {"max_points_per_rank_step": 200_000}, "not both: drop one")
