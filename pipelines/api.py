@@ -37,6 +37,7 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import BuildOptions, table_keys
 from lidarshard.pipelines.preflight import build_settings, table_settings
 from lidarshard.pipelines.preflight import cost_model as parse_cost_model
+from lidarshard.pipelines.runners import check_workers_reach, run_paths
 from lidarshard.pipelines.samples_input import check_rows
 from lidarshard.pipelines.settings import check_plan_size
 from lidarshard.schemas.manifest import Manifest
@@ -109,6 +110,7 @@ def _run(
     beam_argv = [*([f"--runner={runner}"] if runner else []), *pipeline_args]
     dry_run = launch.dry_run_requested(beam_argv)
     settings = build_settings(opts, paths, dry_run, replan)
+    check_workers_reach(beam_argv, run_paths(settings), opts.shared_filesystem)
     if not dry_run:  # a dry run works offline
         check_locations(beam_argv)
     with beam_output_held():
