@@ -31,7 +31,14 @@ from lidarshard.tools import fit as cal
 from lidarshard.tools.epoch_seconds import epoch_lines
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report_page import epoch_figure, page
-from lidarshard.tools.timings import Timings, at_mean_speed, fit_cost, observe, read_timings_at
+from lidarshard.tools.timings import (
+    Timings,
+    at_mean_speed,
+    fit_cost,
+    missing_timings,
+    observe,
+    read_timings_at,
+)
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned, plan_samples
 from lidarshard.transforms.io import storage
@@ -349,6 +356,10 @@ def run(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output-dir", help=f"where to write (default OUT/{REPORT_DIR})")
     args = parser.parse_args(argv)
+    missing = missing_timings(args.timings) if args.timings is not None else None
+    if missing:
+        print(f"lidarshard report: {missing}", file=sys.stderr)
+        return 2
     directory = args.output_dir or f"{args.out.rstrip('/')}/{REPORT_DIR}"
     try:
         check_output_path(directory, "--output-dir", is_dir=True)
