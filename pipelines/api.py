@@ -82,7 +82,7 @@ def build(
     """Run ``lidarshard build`` in this process; returns :func:`summary` of the published OUT.
 
     Args:
-        input: INPUT (``[NAME=]PATH``: a directory, glob or dataset root; see the README's dataset
+        input: INPUT (``[NAME=]PATH``: a directory, glob or dataset root; see docs/CLI.md's dataset
             layouts), or several of them for one plan; None with ``from_samples=...``.
         out: OUT, replaced atomically on success.
         world_size, batch_size: W ranks, B samples per rank per step.

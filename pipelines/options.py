@@ -2,7 +2,7 @@
 
 Each field of :class:`ScanOptions` / :class:`BuildOptions` is one flag: :func:`option` records its help,
 validator, group and how its default reads. The one declaration serves the command line
-(:func:`declare` adds the argparse flags, so ``--help`` and the README's tables come from it), the
+(:func:`declare` adds the argparse flags, so ``--help`` and docs/CLI.md's tables come from it), the
 Python API (:meth:`Options.from_keywords` checks typed keyword arguments with the same validators and
 messages, never through text) and the re-plan (``lidarshard.replan`` constructs ``BuildOptions``
 directly). Adding a flag is one field here, plus its use in ``lidarshard.pipelines.settings``.
