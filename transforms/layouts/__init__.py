@@ -120,7 +120,7 @@ def _refuse_a_layout_nearby(root: str, io: LayoutIO) -> None:
         )
     lacking = incomplete(root, io)
     if lacking:
-        raise ValueError(f"{root} {lacking}; {loose}")
+        raise ValueError(f"{root} {lacking}")
     above = _dataset_above(root, io)
     if above is not None:
         where, what = above
