@@ -27,8 +27,14 @@ rank. The wait shows up in the wall time per epoch. Rank 0 gathers the per-step 
     measured linearity = sum_steps mean_rank(compute) / sum_steps max_rank(compute)
 
 (1.0 = no rank ever waits), plus the same ratio over thread CPU time (robust to a busy host), over
-point counts and over the manifest's predicted costs. ``--emit-timings t.csv`` times each sample's forward + backward separately (gradient
-accumulation over the batch) and writes ``sample_id, step, rank, ms, num_points`` for calibration.
+point counts and over the manifest's predicted costs. ``--timings DIR`` records every rank's steps with
+``lidarshard.loaders.timing.StepTimer`` (compute until the all-reduce, and the whole step), written at the
+end of every epoch, the last included: what ``lidarshard calibrate`` and ``lidarshard report --timings``
+read. ``--replan-after E`` also closes the loop in the run: before epoch E rank 0 calibrates on DIR and
+re-plans epochs E.. into DIR/replan, and every rank's sampler switches to it (epochs E.. are recorded into
+DIR/after-replan). ``--emit-timings t.csv``
+instead times each sample's forward + backward alone (gradient accumulation over the batch) and writes
+``sample_id, step, rank, ms, num_points``.
 
 Progress: on a terminal rank 0 keeps one line on stderr up to date (epoch, steps done of the epoch's,
 rate, ETA; ``lidarshard.transforms.progress``, the line ``lidarshard build`` draws); ``--progress`` also
@@ -36,6 +42,7 @@ writes it when stderr is not a terminal (a line every 10 s and at the end of eac
 
     python examples/train_ddp.py --manifest OUT [--sampler distributed] [--epochs 1] [--json-out r.json]
         [--backbone spconv] [--pin-cores] [--targets lidarseg --val-manifest VAL] [--progress]
+        [--timings DIR [--replan-after E]]
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ import sys
 import tempfile
 import time
 import traceback
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +85,8 @@ __all__ = ["SegNet", "height_labels", "linearity", "miou", "main"]
 
 #: Output classes with ``--targets lidarseg``: nuScenes-lidarseg class indices are 0..31.
 LIDARSEG_CLASSES = 32
+#: Subdirectory of ``--timings DIR`` that records the epochs after ``--replan-after``'s switch.
+AFTER_REPLAN = "after-replan"
 
 
 class SegNet(nn.Module):
@@ -176,14 +186,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--progress", action="store_true", help="the progress line also when stderr is no terminal"
     )
     p.add_argument(
+        "--timings",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="record every rank's step times (StepTimer) into DIR, written at the end of every epoch: what "
+        "lidarshard calibrate and lidarshard report --timings read",
+    )
+    p.add_argument(
         "--replan-after",
         type=int,
         default=None,
         metavar="E",
-        help="close the loop: record step times (StepTimer) for epochs 0..E-1 into --timings, then rank 0 "
-        "calibrates and re-plans epochs E.. (lidarshard.replan) and every rank's sampler switches to it",
+        help="close the loop in one run: after epoch E-1, rank 0 calibrates on --timings and re-plans epochs "
+        f"E.. (lidarshard.replan, into DIR/replan) and every rank's sampler switches to it; epochs E.. are "
+        f"recorded into DIR/{AFTER_REPLAN} (lidarshard report DIR/replan --timings DIR/{AFTER_REPLAN})",
     )
-    p.add_argument("--timings", type=Path, default=None, help="StepTimer directory (with --replan-after)")
     p.add_argument(
         "--identical",
         action="store_true",
@@ -193,6 +211,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.replan_after is not None and (args.timings is None or args.sampler != "lidarshard"):
         p.error("--replan-after needs --timings DIR and --sampler lidarshard")
+    if args.timings is not None and args.emit_timings is not None:
+        p.error("--timings records whole steps, --emit-timings each sample alone: pass one")
     if args.voxel_size is None:
         args.voxel_size = 0.1 if args.backbone == "spconv" else 0.05
     if args.backbone == "spconv":
@@ -243,11 +263,11 @@ def _drivingsdk(args: argparse.Namespace, rank: int, world: int, batch: int) -> 
     return _sibling("drivingsdk_sampler").BucketBatchSampler(sizes.to_numpy(), rank, world, batch, args.seed)
 
 
-def _replan(args: argparse.Namespace, timer: StepTimer, rank: int) -> str:
+def _replan(args: argparse.Namespace, rank: int) -> str:
     """The re-plan of ``args.manifest`` from epoch ``args.replan_after`` on the cost model fitted to the
-    timings recorded so far: rank 0 calibrates and builds it, the others wait; its directory."""
-    timer.close()
-    dist.barrier()  # every rank's timings are on disk
+    timings recorded so far (every rank's are on disk): rank 0 calibrates and builds it, the others wait;
+    its directory."""
+    dist.barrier()  # every rank flushed its timings at the end of the last epoch
     out = str(args.timings / "replan")
     if rank == 0:
         fit = str(args.timings / "cost_model.json")
@@ -354,7 +374,7 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
     )
     predicted = torch.tensor(read_samples(args.manifest, ["cost"])["cost"].to_numpy())  # cost model units
     loader, sampler = _loader(args, dataset, rank, world, manifest.batch_size)
-    timer = StepTimer(args.timings, rank=rank, world_size=world) if args.replan_after is not None else None
+    timer = StepTimer(args.timings, rank=rank, world_size=world) if args.timings is not None else None
     torch.manual_seed(args.seed)
     probe = dataset[0]["points"]
     model = _model(args, probe.shape[1], classes)
@@ -370,21 +390,20 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
     initial = _evaluate(model, val, classes, rank, world) if val is not None else None
     shown = progress.Ticker("steps", shown=rank == 0 and (args.progress or sys.stderr.isatty()))
     for epoch in range(epochs):
-        if timer is not None and epoch == args.replan_after:
-            replanned = _replan(args, timer, rank)  # every rank moves to the re-plan, no restart
+        if epoch == args.replan_after and timer is not None:
+            replanned = _replan(args, rank)  # every rank moves to the re-plan, no restart
             sampler.switch_plan(replanned)
             predicted = torch.tensor(read_samples(replanned, ["cost"])["cost"].to_numpy())
-            timer = None
+            timer.close()  # the re-plan's epochs go beside it: DIR holds what it was calibrated on
+            timer = StepTimer(args.timings / AFTER_REPLAN, rank=rank, world_size=world)
         sampler.set_epoch(epoch)
         steps = min(len(loader), args.max_steps if args.max_steps is not None else len(loader))
         shown.start(f"train_ddp epoch {epoch + 1} of {epochs}", steps)
         wall_c, cpu_c, pts_c, cost_c, loss_c, drawn = [], [], [], [], [], []
         dist.barrier()
         t0 = time.perf_counter()
-        batches = loader if timer is None else timer.steps(loader)
-        for step, batch in enumerate(batches):
-            if args.max_steps is not None and step >= args.max_steps:
-                break
+        batches = loader if timer is None else timer.steps(loader, epoch=epoch)
+        for step, batch in enumerate(islice(batches, steps)):  # --max-steps: no batch beyond is taken
             opt.zero_grad(set_to_none=False)
             weight = _rank_weight(sampler, step, len(batch["sample_id"]), world)
             w, c, loss, rows = _compute(model, batch, classes, args.emit_timings is not None, weight)
@@ -400,9 +419,13 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
             drawn.append(batch["index"].tolist())
             timings += [(sid, step, rank, f"{ms:.4f}", n) for sid, ms, n in rows]
             shown.update(step + 1)
+        if timer is not None:
+            batches.close()  # type: ignore[attr-defined]  # ends the last step taken (islice asks no more)
         shown.end(len(wall_c))
         dist.barrier()
         epoch_wall = time.perf_counter() - t0
+        if timer is not None:
+            timer.flush()  # this epoch's steps on disk, the last epoch's too
         local = torch.tensor([wall_c, cpu_c, pts_c, cost_c, loss_c], dtype=torch.float64)  # (5, steps)
         gathered = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(gathered, local)
@@ -430,6 +453,8 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> dict[str, Any] | 
             }
             | (_evaluate(model, val, classes, rank, world) if val is not None else {})
         )
+    if timer is not None:
+        timer.close()
     gathered_rows: list[Any] = [None] * world if rank == 0 else []
     dist.gather_object(timings, gathered_rows if rank == 0 else None, dst=0)
     if rank != 0:

@@ -5,7 +5,6 @@
 from ``loaders.dataset``) and the framework adapters need PyTorch: ``pip install "lidarshard[torch]"``.
 """
 
-from lidarshard.loaders._atexit import drain_arrow_at_exit
 from lidarshard.loaders.points import load_points
 from lidarshard.loaders.reader import (
     Batch,
@@ -18,7 +17,6 @@ from lidarshard.loaders.reader import (
 __all__ = [
     "Batch",
     "ManifestReader",
-    "drain_arrow_at_exit",
     "load_manifest",
     "load_points",
     "plan_dataset",

@@ -15,7 +15,6 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.loaders._atexit import drain_arrow_at_exit
 from lidarshard.loaders.fetch import Fetcher, File, FileCache
 from lidarshard.loaders.points import Recorded, check_time_lags, load_points, moved_hint
 from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
@@ -124,7 +123,6 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
         time_lag: bool = False,
         keep_nan: bool = False,
     ) -> None:
-        drain_arrow_at_exit()  # it holds Arrow tables in a torch process (loaders/_atexit.py)
         if verify not in VERIFY:
             raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
         if prefetch is not None and (type(prefetch) is not int or prefetch < 0):

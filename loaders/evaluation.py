@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.loaders._atexit import drain_arrow_at_exit
 from lidarshard.loaders.reader import PathLike, check_int, needs_torch, read_samples
 from lidarshard.transforms.plan.lpt import CountRoom, lpt_heap
 
@@ -147,9 +146,7 @@ class EvalSampler(Sampler[int]):
         size: int | None = None,
         index_of: Mapping[str, int] | Callable[[str], int] | None = None,
     ) -> EvalSampler:
-        """Shards weighted by the manifest's predicted costs (:func:`eval_costs` arguments). Registers
-        :func:`lidarshard.loaders.drain_arrow_at_exit`, as the samplers do (torch and Arrow in one process)."""
-        drain_arrow_at_exit()
+        """Shards weighted by the manifest's predicted costs (:func:`eval_costs` arguments)."""
         return cls(eval_costs(out_dir, size, index_of), rank, world_size)
 
     def set_epoch(self, epoch: int) -> None:

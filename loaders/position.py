@@ -39,6 +39,15 @@ class PlannedBatch(list):
         super().__init__(indices)
         self.step, self.ahead, self._sent = step, ahead, sent
 
+    def __index__(self) -> int:
+        """Refused: a whole batch taken as one dataset index means the sampler was given as ``sampler=``
+        (torch then hands each batch to ``dataset[i]``); ``list[int]``, numpy and torch uses still work."""
+        raise TypeError(
+            f"a planned batch of {len(self)} dataset indices was used as one index: the lidarshard batch "
+            "sampler yields whole batches, pass it as DataLoader(dataset, batch_sampler=sampler), not "
+            "sampler= (or use PlanLoader(dataset, sampler))"
+        )
+
     def __reduce__(self):  # pickled to DataLoader workers whole
         if self._sent is not None:
             self._sent()

@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from lidarshard.loaders._atexit import drain_arrow_at_exit
 from lidarshard.loaders.position import PlannedBatch, continued_from, plan_keys
 from lidarshard.loaders.reader import ManifestReader, PathLike, check_int, load_manifest, read_samples
 from lidarshard.schemas.manifest import Manifest
@@ -49,9 +48,6 @@ class PlanReplay:
     Subclasses set ``batch_size`` and provide ``_steps()`` (steps of the current epoch), ``_planned(start)``
     ((step, dataset indices) from ``start``, after checking the epoch) and ``scales()`` ((S,) loss scales).
     Hooks with defaults: ``_new_epoch``, ``_check_plan``, ``_plan_changed``, ``_state_extra``.
-
-    Making one registers :func:`lidarshard.loaders.drain_arrow_at_exit` (a trainer holding torch and an
-    Arrow table must not abort at exit; see ``loaders/_atexit.py``).
     """
 
     batch_size: int
@@ -68,7 +64,6 @@ class PlanReplay:
         index_of: IndexOf | None = None,
         cycle: bool = False,
     ) -> None:
-        drain_arrow_at_exit()
         self.out_dir, self.rank, self.world_size, self.cycle = out_dir, rank, world_size, cycle
         self.manifest: Manifest = load_manifest(out_dir)  # the one read of _manifest.json
         self.index_of = index_of

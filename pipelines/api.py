@@ -37,6 +37,7 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import BuildOptions, table_keys
 from lidarshard.pipelines.preflight import build_settings, table_settings
 from lidarshard.pipelines.preflight import cost_model as parse_cost_model
+from lidarshard.pipelines.runners import check_workers_reach, run_paths
 from lidarshard.pipelines.samples_input import check_rows
 from lidarshard.pipelines.settings import check_plan_size
 from lidarshard.schemas.manifest import Manifest
@@ -81,7 +82,7 @@ def build(
     """Run ``lidarshard build`` in this process; returns :func:`summary` of the published OUT.
 
     Args:
-        input: INPUT (``[NAME=]PATH``: a directory, glob or dataset root; see the README's dataset
+        input: INPUT (``[NAME=]PATH``: a directory, glob or dataset root; see docs/CLI.md's dataset
             layouts), or several of them for one plan; None with ``from_samples=...``.
         out: OUT, replaced atomically on success.
         world_size, batch_size: W ranks, B samples per rank per step.
@@ -109,6 +110,7 @@ def _run(
     beam_argv = [*([f"--runner={runner}"] if runner else []), *pipeline_args]
     dry_run = launch.dry_run_requested(beam_argv)
     settings = build_settings(opts, paths, dry_run, replan)
+    check_workers_reach(beam_argv, run_paths(settings), opts.shared_filesystem)
     if not dry_run:  # a dry run works offline
         check_locations(beam_argv)
     with beam_output_held():

@@ -25,6 +25,7 @@ from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
 from lidarshard.pipelines.options import BuildOptions, declare
 from lidarshard.pipelines.preflight import build_settings
+from lidarshard.pipelines.runners import check_workers_reach, run_paths
 from lidarshard.pipelines.scan import scan_samples
 from lidarshard.pipelines.settings import BuildSettings
 from lidarshard.tools.epoch_seconds import epoch_lines, plan_loads
@@ -190,7 +191,9 @@ def run(argv: list[str] | None = None) -> int:
     args, beam_argv = p.parse(argv)
     try:
         dry_run = launch.dry_run_requested(beam_argv)
-        settings = build_settings(BuildOptions.from_namespace(args), args.paths, dry_run)
+        opts = BuildOptions.from_namespace(args)
+        settings = build_settings(opts, args.paths, dry_run)
+        check_workers_reach(beam_argv, run_paths(settings), opts.shared_filesystem)
         if not dry_run:  # a dry run works offline
             check_locations(beam_argv)
     except UsageError as e:

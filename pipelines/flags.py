@@ -333,7 +333,7 @@ class CommandParser(argparse.ArgumentParser):
                 )
 
     def flag_table(self) -> str:
-        """Markdown table of the flags declared with :func:`flag` (the README's, diffed by a test)."""
+        """Markdown table of the flags declared with :func:`flag` (docs/CLI.md's, diffed by a test)."""
         rows = ["| flag | default | meaning |", "|---|---|---|"]
         for a in self._actions:
             if hasattr(a, "table_row"):

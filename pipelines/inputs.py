@@ -114,6 +114,9 @@ def _layout(path: str, forced: str | None, version: str | None, look: bool) -> s
             )
         return forced  # a one-INPUT --nuscenes-version: check_nuscenes names the folders there are
     if forced not in found:
+        lacking = None if found else layouts.incomplete(path, LAYOUT_IO)
+        if lacking:
+            raise UsageError(f"INPUT {path} (--dataset {forced}) {lacking}")
         seen = "; ".join(found.values()) or "no dataset layout"
         raise UsageError(f"INPUT {path} is not {_TITLES[forced]} (--dataset {forced}): found {seen}")
     return forced

@@ -2,7 +2,7 @@
 
 Each field of :class:`ScanOptions` / :class:`BuildOptions` is one flag: :func:`option` records its help,
 validator, group and how its default reads. The one declaration serves the command line
-(:func:`declare` adds the argparse flags, so ``--help`` and the README's tables come from it), the
+(:func:`declare` adds the argparse flags, so ``--help`` and docs/CLI.md's tables come from it), the
 Python API (:meth:`Options.from_keywords` checks typed keyword arguments with the same validators and
 messages, never through text) and the re-plan (``lidarshard.replan`` constructs ``BuildOptions``
 directly). Adding a flag is one field here, plus its use in ``lidarshard.pipelines.settings``.
@@ -60,6 +60,7 @@ __all__ = [
     "ScanOptions",
     "BuildOptions",
     "declare",
+    "shared_filesystem",
     "table_keys",
 ]
 
@@ -192,6 +193,15 @@ def _exclusive(cls: type[Options], named: Sequence[str]) -> None:
 
 
 _CAPS = "; a sample above it is rejected as over_cap, budget plans within it, other strategies fail over it"
+_SHARED = (
+    "the local INPUT and OUT are on a filesystem mounted at the same path on every worker: run them on a runner "
+    "whose workers may be on other machines (Dataflow, a remote Dask scheduler, Spark, Flink, containers)"
+)
+
+
+def shared_filesystem() -> Any:
+    """The ``--shared-filesystem`` field of the commands whose workers read INPUT or write OUT."""
+    return option(_SHARED, "output", False, switches=(Switch("--shared-filesystem", True, _SHARED, "off"),))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,6 +249,7 @@ class ScanOptions(Options):
         "rows of each samples part (OUT/samples/part-NNNNN.parquet, one write task each); --from-samples cuts at "
         "whole 16,384-row groups and at each input file", "output", PART_ROWS, check=int_in(1, 1 << 30),
         shown=f"{PART_ROWS:,}", metavar="N")  # fmt: skip
+    shared_filesystem: bool = shared_filesystem()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.flags import CommandParser, UsageError
 from lidarshard.pipelines.options import ScanOptions, declare
 from lidarshard.pipelines.preflight import scan_settings
+from lidarshard.pipelines.runners import check_workers_reach, run_paths
 from lidarshard.pipelines.settings import ScanSettings
 from lidarshard.transforms.beam.scan_transform import ScanSamples, scan_results
 from lidarshard.transforms.core.previous import fingerprint_kept
@@ -110,7 +111,9 @@ def run(argv: list[str] | None = None) -> int:
     args, beam_argv = p.parse(argv)
     try:
         dry_run = launch.dry_run_requested(beam_argv)
-        settings = scan_settings(ScanOptions.from_namespace(args), args.input, args.output, dry_run)
+        opts = ScanOptions.from_namespace(args)
+        settings = scan_settings(opts, args.input, args.output, dry_run)
+        check_workers_reach(beam_argv, run_paths(settings), opts.shared_filesystem)
         if not dry_run:  # a dry run works offline
             check_locations(beam_argv)
     except UsageError as e:

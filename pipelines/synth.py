@@ -58,7 +58,8 @@ from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_output_parent
 from lidarshard.pipelines.cli import running
 from lidarshard.pipelines.flags import CommandParser, UsageError, int_in
-from lidarshard.pipelines.options import Options, Switch, declare, option
+from lidarshard.pipelines.options import Options, Switch, declare, option, shared_filesystem
+from lidarshard.pipelines.runners import check_workers_reach
 from lidarshard.transforms import progress
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.synth import dataroot as synth
@@ -92,6 +93,7 @@ class SynthOptions(Options):
                           switches=(Switch("--labels", True, "also write lidarseg labels", "off"),))  # fmt: skip
     layout: str = option("dataset layout to write; other than nuscenes: --scenes logs/sequences/segments of "
                          "--keyframes-per-scene frames each", "dataset", "nuscenes", choices=SYNTH_LAYOUTS)  # fmt: skip
+    shared_filesystem: bool = shared_filesystem()
 
 
 def parser() -> CommandParser:
@@ -249,6 +251,7 @@ def run(argv: list[str] | None = None) -> int:
         cfg = synth_config(args)
         out = storage.absolute(parsed.out)
         check_output_parent(out)
+        check_workers_reach(beam_argv, [("OUT", out)], args.shared_filesystem)
     except UsageError as e:
         p.fail(str(e))
     opts = launch.beam_options(beam_argv, DEFAULT_RUNNER)

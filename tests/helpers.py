@@ -23,7 +23,7 @@ PACKAGES = ("lidarshard", "pipelines", "transforms", "schemas", "loaders", "tool
 #: type check, ~0.45 of a small build's ~2.2 CPU-s (apache-beam 2.77 re-parses every option for each of
 #: its ~400 consistency checks). The builds that keep Beam's defaults still check the typed graph and run
 #: its inferred coders in the fast lane: the API's (``runner="FnApiRunner"``: test_api, test_one_path,
-#: test_layouts, ...), the README's (test_docs), every runner's (test_runners) and ``make demo``.
+#: test_layouts, ...), the docs' (test_docs), every runner's (test_runners) and ``make demo``.
 BEAM_TEST_FLAGS = ["--runner=FnApiRunner", "--no_pipeline_type_check"]
 
 IDENTITY_Q = [1.0, 0.0, 0.0, 0.0]

@@ -72,12 +72,12 @@ def test_a_manifest_written_with_bound_is_refused_in_one_line(built: Path, tmp_p
     assert main(["validate", str(old)]) == 1
 
 
-def test_readme_explains_the_summary_columns() -> None:
-    """README's glossary of the build's summary is ``metrics.COLUMNS`` (one source, like the flag tables)."""
+def test_the_cli_reference_explains_the_summary_columns() -> None:
+    """docs/CLI.md's glossary of the build's summary is ``metrics.COLUMNS`` (one source, like the flag tables)."""
     rows = ["| column | meaning |", "|---|---|", *(f"| `{k}` | {v} |" for k, v in COLUMNS.items())]
     table = "\n".join(rows)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert table in readme, f"README's table of the build summary's columns differs; paste:\n{table}"
+    reference = (Path(__file__).resolve().parents[1] / "docs" / "CLI.md").read_text()
+    assert table in reference, f"docs/CLI.md's table of the build summary's columns differs; paste:\n{table}"
 
 
 def test_the_summary_names_each_input_and_what_was_dropped(built: Path, capsys) -> None:

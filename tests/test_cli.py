@@ -265,19 +265,21 @@ def test_every_flag_has_help_and_its_default(command: str) -> None:
 
 
 @pytest.mark.parametrize("command", ["build", "synth"])
-def test_readme_flag_tables_are_the_parsers(command: str) -> None:
-    """The README's flag tables are what the parsers declare: same flags, defaults and meanings."""
+def test_the_cli_reference_flag_tables_are_the_parsers(command: str) -> None:
+    """docs/CLI.md's flag tables are what the parsers declare: same flags, defaults and meanings."""
     from importlib import import_module
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    reference = (Path(__file__).resolve().parents[1] / "docs" / "CLI.md").read_text()
     table = import_module(f"lidarshard.pipelines.{command}").parser().flag_table()
-    assert table in readme, f"README's `{command}` flag table differs from the parser; paste:\n{table}"
+    assert table in reference, (
+        f"docs/CLI.md's `{command}` flag table differs from the parser; paste:\n{table}"
+    )
 
 
-def test_readme_states_the_default_runners() -> None:
+def test_the_cli_reference_states_the_default_runners() -> None:
     from lidarshard.pipelines import launch, synth
 
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).resolve().parents[1] / "docs" / "CLI.md").read_text().split())
     assert "`scan` and `build` run on the local DirectRunner on all cores (`multi_processing`)" in readme
     assert "`synth` runs in-process on the FnApiRunner" in readme
     assert synth.DEFAULT_RUNNER[0] == "--runner=FnApiRunner"

@@ -227,7 +227,9 @@ def test_timings_of_another_plan_are_refused_in_one_line(
 ) -> None:
     timings = (RECORDED | CSV | FILES)[case](made, tmp_path / "timings")
     dest = tmp_path / "written"
-    assert _run(command, made["out"], timings, dest) == 1
+    assert _run(command, made["out"], timings, dest) == (
+        2 if case == "no such file" else 1
+    )  # 2: a usage error
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"lidarshard {command}: ") and str(timings) in err, err
     assert not dest.exists()

@@ -369,6 +369,23 @@ def test_batch_sampler_given_as_sampler_names_batch_sampler(out: Path) -> None:
         PlanLoader(_Indices(len(SIZES)), sampler, sampler=sampler)
 
 
+@pytest.mark.hostile("python api")
+@pytest.mark.parametrize("kwargs", [{}, {"batch_size": None}, {"batch_size": 3}, {"num_workers": 1}], ids=str)
+def test_a_real_dataloader_given_the_batch_sampler_as_sampler_names_batch_sampler(
+    out: Path, kwargs: dict
+) -> None:
+    """``DataLoader(dataset, sampler=BalancedBatchSampler(...))``: torch hands each planned batch to
+    ``dataset[i]`` as one index; the first batch fails naming ``batch_sampler=`` (it said
+    "'PlannedBatch' object cannot be interpreted as an integer"), in a worker process too."""
+    loader = DataLoader(
+        PointCloudDataset(out), sampler=BalancedBatchSampler(out, 0, 2), collate_fn=collate, **kwargs
+    )
+    with pytest.raises(
+        TypeError, match=r"pass it as DataLoader\(dataset, batch_sampler=sampler\), not sampler="
+    ):
+        next(iter(loader))
+
+
 def test_plan_sampler_refuses_a_dataloader_batch_size_other_than_the_manifests(out: Path) -> None:
     sampler = PlanSampler(out, 0, 2)
     with pytest.raises(ValueError, match=r"batch_size=2 but the manifest was planned with --batch-size 3"):

@@ -74,7 +74,9 @@ def test_every_bad_input_gets_its_reason_and_the_run_goes_on(tmp_path: Path) -> 
 
 
 def test_real_nuscenes_keyframe_features(tmp_path: Path, realdata: Path) -> None:
-    meta, samples, rejects = _scan(tmp_path, str(realdata / "nuscenes" / "samples"), "--voxel-size", "0.2")
+    # samples/ of a nuScenes dataroot, read as loose files: say so (alone it names the dataroot to pass)
+    samples_dir = str(realdata / "nuscenes" / "samples")
+    meta, samples, rejects = _scan(tmp_path, samples_dir, "--voxel-size", "0.2", "--dataset", "files")
     assert rejects == [] and meta["counts"]["accepted"] == 2
     full = next(s for s in samples if s["num_points"] == 34688)
     assert (

@@ -50,7 +50,14 @@ from lidarshard.tools.epoch_seconds import step_overhead_ms
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report import REPORT_DIR, plan_table, read_epochs, read_plan
 from lidarshard.tools.speeds_fit import learn_speeds, speed_lines
-from lidarshard.tools.timings import at_mean_speed, check_this_plan, design, fit_cost, read_timings_at
+from lidarshard.tools.timings import (
+    at_mean_speed,
+    check_this_plan,
+    design,
+    fit_cost,
+    missing_timings,
+    read_timings_at,
+)
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.epoch_time import time_factors
@@ -169,6 +176,10 @@ def run(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-o", "--output", help=f"JSON to write (default OUT/{REPORT_DIR}/cost_model.json)")
     args = parser.parse_args(argv)
+    missing = missing_timings(args.timings)
+    if missing:
+        print(f"lidarshard calibrate: {missing}", file=sys.stderr)
+        return 2
     output = args.output or f"{args.out.rstrip('/')}/{REPORT_DIR}/cost_model.json"
     directory, _, name = output.rpartition("/")
     try:

@@ -37,6 +37,7 @@ from lidarshard.tools.timings import (
     at_mean_speed,
     check_this_plan,
     fit_cost,
+    missing_timings,
     observe,
     read_timings_at,
 )
@@ -359,6 +360,10 @@ def run(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output-dir", help=f"where to write (default OUT/{REPORT_DIR})")
     args = parser.parse_args(argv)
+    missing = missing_timings(args.timings) if args.timings is not None else None
+    if missing:
+        print(f"lidarshard report: {missing}", file=sys.stderr)
+        return 2
     directory = args.output_dir or f"{args.out.rstrip('/')}/{REPORT_DIR}"
     try:
         check_output_path(directory, "--output-dir", is_dir=True)

@@ -37,6 +37,7 @@ __all__ = [
     "Timings",
     "Timed",
     "is_recorded",
+    "missing_timings",
     "read_timings_at",
     "at_mean_speed",
     "observe",
@@ -45,6 +46,16 @@ __all__ = [
     "Q_GRID",
     "Q_MIN_GAIN",
 ]
+
+
+def missing_timings(timings_path: str) -> str | None:
+    """The one line a ``--timings`` path that is not there gets (a usage error), else None."""
+    if storage.exists(timings_path) or storage.is_dir(timings_path):
+        return None
+    return (
+        f"--timings {timings_path}: no such file or directory; give the directory the training recorder wrote "
+        "(StepTimer: examples/train_ddp.py --timings DIR) or a CSV of measured ms"
+    )
 
 
 def is_recorded(timings_path: str) -> bool:

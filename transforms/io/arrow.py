@@ -186,7 +186,7 @@ class ParquetStream:
 def parquet_table(data: bytes, columns: Sequence[str] | None = None) -> pa.Table:
     """The table in Parquet file bytes (``columns``: a subset, in that order); the inverse of ``parquet_bytes``."""
     cols = list(columns) if columns is not None else None
-    # read on the calling thread: Arrow's I/O pool must not hold the Python bytes (see loaders/_atexit.py)
+    # read on the calling thread: Arrow's I/O pool must not hold the Python bytes (tests/test_exit.py)
     return parquet_file(pa.BufferReader(data)).read(columns=cols, use_threads=False)
 
 

@@ -21,6 +21,7 @@ from lidarshard.transforms.layouts.task import Found, LayoutIO, LayoutOptions
 
 __all__ = [
     "LAYOUTS",
+    "incomplete",
     "STORAGE_IO",
     "module",
     "FILES",
@@ -111,12 +112,19 @@ def _refuse_a_layout_nearby(root: str, io: LayoutIO) -> None:
     Read as loose files it would give other samples than the user expects; ``--dataset files`` says
     that is what is wanted."""
     loose = "or pass --dataset files to read every point-cloud file below it as one sample"
-    nuscenes = [p for p in ("samples/LIDAR_TOP", "sweeps/LIDAR_TOP") if io.glob(f"{root}/{p}/*")]
+    nuscenes = _nuscenes_files(root, io)
     if nuscenes:
         raise ValueError(
             f"{root} has nuScenes {' and '.join(nuscenes)} files but no tables (<version>/sample_data.json) "
             f"to pair keyframes with their sweeps: add the tables, {loose}"
         )
+    lacking = incomplete(root, io)
+    if lacking:
+        raise ValueError(f"{root} {lacking}")
+    above = _dataset_above(root, io)
+    if above is not None:
+        where, what = above
+        raise ValueError(f"{root} is part of the dataset at {where} ({what}): pass {where} as INPUT, {loose}")
     for sub in _subfolders(root):
         if describe(sub, io):
             raise ValueError(
@@ -129,6 +137,63 @@ def _refuse_a_layout_nearby(root: str, io: LayoutIO) -> None:
             raise ValueError(
                 f"{root} holds no dataset itself, but a folder in it holds {what}: pass that folder, {loose}"
             )
+
+
+def incomplete(root: str, io: LayoutIO) -> str | None:
+    """What ``root`` lacks to be read as a layout it partly is (a layout's ``incomplete`` hook), else None."""
+    for name in LAYOUTS:
+        lacking = getattr(module(name), "incomplete", None)
+        said = lacking(root.rstrip("/"), io) if lacking is not None else None
+        if said:
+            return said
+    return None
+
+
+#: Levels above an INPUT that detection looks at for the dataset it is part of (nuScenes
+#: ``samples/LIDAR_TOP``, AV2 ``<log>/sensors/lidar``: 2).
+MAX_PROBED_LEVELS_UP = 2
+#: The first folder below a layout's root that a user may point at by mistake, per layout (None: any).
+_PARTS: dict[str, tuple[str, ...] | None] = {
+    "nuscenes": ("samples", "sweeps", "lidarseg"),
+    "av2": ("sensors",),
+    "semantickitti": ("velodyne", "labels"),
+    "waymo_v2": None,  # a split folder holds only its components
+}
+
+
+def _nuscenes_files(root: str, io: LayoutIO) -> list[str]:
+    return [p for p in ("samples/LIDAR_TOP", "sweeps/LIDAR_TOP") if io.glob(f"{root}/{p}/*")]
+
+
+def _dataset_above(root: str, io: LayoutIO) -> tuple[str, str] | None:
+    """(the folder, what it holds) of a dataset ``root`` lies inside, one or two levels up, when ``root``
+    is one of its parts (``samples/``, ``sensors/lidar``, ``velodyne/``...), else None."""
+    path = root
+    for _ in range(MAX_PROBED_LEVELS_UP):
+        parent = _parent(path)
+        if parent is None:
+            return None
+        part = root[len(parent) + 1 :].split("/", 1)[0]
+        for name, what in describe(parent, io).items():
+            parts = _PARTS[name]
+            if parts is None or part in parts:
+                return parent, what
+        nuscenes = _nuscenes_files(parent, io)
+        if nuscenes and part in ("samples", "sweeps"):
+            return (
+                parent,
+                f"nuScenes {' and '.join(nuscenes)}; it needs its tables <version>/sample_data.json",
+            )
+        path = parent
+    return None
+
+
+def _parent(path: str) -> str | None:
+    """The folder holding ``path``; None at a filesystem root or a bucket."""
+    head, _, tail = path.rstrip("/").rpartition("/")
+    if not tail or not head or head.endswith(":/") or "*" in path:
+        return None
+    return head
 
 
 def _subfolders(root: str) -> list[str]:

@@ -64,6 +64,18 @@ def describe(root: str, io: LayoutIO) -> str | None:
     return f"Waymo Open v2 components ({len(lidar)} segment{'s' if len(lidar) != 1 else ''})"
 
 
+def incomplete(root: str, io: LayoutIO) -> str | None:
+    """What ROOT lacks to be read as a Waymo Open v2 split when it holds ``lidar/*.parquet`` but no
+    ``lidar_calibration/*.parquet`` (``describe`` then finds nothing), else None (globs only)."""
+    if not _files(root, "lidar", io) or _files(root, "lidar_calibration", io):
+        return None
+    return (
+        "has Waymo Open v2 lidar/*.parquet but no lidar_calibration/*.parquet: a split folder holds "
+        "lidar/ and lidar_calibration/ of the same segments (and vehicle_pose/ for --sweeps); download "
+        "the lidar_calibration component beside lidar/"
+    )
+
+
 def _segment(path: str) -> str:
     return posixpath.basename(path.replace("\\", "/"))[: -len(".parquet")]
 
