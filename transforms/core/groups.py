@@ -13,7 +13,7 @@ Each group draws from its own seeds (``group_seed``), fits its own pool to whole
 W*B-1 samples a group are dropped or padded) and puts its heaviest rank-step at its step 0; the
 interleave is a seeded permutation of the groups' step labels, each group's steps kept in their order,
 and under ``--heaviest-first`` the group holding the epoch's heaviest rank-step starts the epoch. The
-epoch's balance entry combines the groups' sums (``transforms.plan.group_stats``), the same numbers
+epoch's balance entry combines the groups' sums (``metrics.balance_entry``), the same numbers
 whichever process plans which group. ``lidarshard validate`` re-derives the plan through this module.
 """
 
@@ -30,8 +30,7 @@ from numpy.typing import NDArray
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import epoch_pool, plan_pool, to_samples
 from lidarshard.transforms.plan import order, plan_epoch, seeds
-from lidarshard.transforms.plan.group_stats import GroupSums, combine, group_sums
-from lidarshard.transforms.plan.metrics import equal_count_pool
+from lidarshard.transforms.plan.metrics import BalanceSums, balance_entry, equal_count_pool, plan_sums
 
 __all__ = [
     "GroupSummary",
@@ -64,7 +63,7 @@ class GroupSummary:
 
     steps: int
     peak: float
-    sums: GroupSums
+    sums: BalanceSums
     planned: int
     dropped: int
     padded: int
@@ -162,7 +161,7 @@ def plan_group(table: Any, rows: NDArray[np.int64], epoch: int, group: int, cfg:
             f"{w * b}: lower --plan-groups ({cfg.plan_groups or 'auto'})"
         ) from e
     reference = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=gcfg.seed, epoch=epoch)
-    sums = group_sums(plan, costs, w, b, reference, cfg.rank_speed)
+    sums = plan_sums(plan, costs, b, reference, cfg.rank_speed)
     peak = 0.0
     if cfg.heaviest_first != "off" and plan.shape[0]:
         values = costs if cfg.heaviest_first == "cost" else table.column("num_points").to_numpy()[pool]
@@ -180,7 +179,7 @@ def step_labels(summaries: Sequence[GroupSummary], epoch: int, cfg: PlanConfig) 
 
 def epoch_stats(summaries: Sequence[GroupSummary], epoch: int, cfg: PlanConfig) -> dict:
     """The epoch's stats (``EpochPlan.stats``) from its groups' summaries, in group order."""
-    stats = combine([p.sums for p in summaries], epoch, cfg.rank_speed is not None)
+    stats = balance_entry([p.sums for p in summaries], epoch)
     return stats | {k: int(sum(getattr(p, k) for p in summaries)) for k in ("planned", "dropped", "padded")}
 
 
