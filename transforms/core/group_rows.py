@@ -25,7 +25,8 @@ from numpy.typing import NDArray
 from lidarshard.transforms.core import plan_writer
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned
-from lidarshard.transforms.core.groups import GROUP_COLUMNS, GroupPlan, deal, interleave, sample_keys
+from lidarshard.transforms.core.groups import GROUP_COLUMNS, GroupPlan, deal, interleave
+from lidarshard.transforms.plan import seeds
 
 __all__ = [
     "deal_shard",
@@ -49,7 +50,7 @@ def deal_shard(chunk: pa.Table, start: int, epoch: int, cfg: PlanConfig, groups:
     an epoch planned before a re-plan, whose costs ``as_planned`` recomputes here).
     """
     planned = as_planned(chunk, epoch, cfg)
-    dealt = deal(sample_keys(chunk.column("sample_id")), cfg.seed, epoch, groups)
+    dealt = deal(seeds.sample_keys(chunk.column("sample_id")), cfg.seed, epoch, groups)
     names = [c for c in GROUP_COLUMNS if c in chunk.column_names]
     columns = {c: np.asarray(planned.column(c).to_numpy()) for c in names}
     out: dict[int, Members] = {}

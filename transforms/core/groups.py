@@ -38,7 +38,6 @@ __all__ = [
     "step_labels",
     "epoch_stats",
     "interleaved",
-    "sample_keys",
     "keys_of",
     "deal",
     "group_table",
@@ -85,21 +84,15 @@ class GroupPlan:
     summary: GroupSummary
 
 
-def sample_keys(sample_ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> NDArray[np.uint64]:
-    """(N,) the stable key each sample is dealt by: CRC-32 of its sample_id (``seeds.salts``)."""
-    values = sample_ids.to_pylist() if hasattr(sample_ids, "to_pylist") else list(sample_ids)
-    return seeds.salts(values)
-
-
 def keys_of(scored: Any) -> NDArray[np.uint64]:
-    """(N,) ``sample_keys`` of a scored table's samples (its ``sample_id``)."""
+    """(N,) ``seeds.sample_keys`` of a scored table's samples (its ``sample_id``)."""
     if "sample_id" not in scored.column_names:
         raise ValueError("a plan of several step groups deals samples by sample_id: the table has none")
-    return sample_keys(scored.column("sample_id"))
+    return seeds.sample_keys(scored.column("sample_id"))
 
 
 def deal(keys: NDArray[np.uint64], seed: int, epoch: int, groups: int) -> NDArray[np.int32]:
-    """(N,) the group in [0, groups) of each sample key (``sample_keys``) in epoch ``epoch``."""
+    """(N,) the group in [0, groups) of each sample key (``seeds.sample_keys``) in epoch ``epoch``."""
     if groups == 1:
         return np.zeros(len(keys), np.int32)
     return (seeds.spread(keys, seed, epoch, "groups") % np.uint64(groups)).astype(np.int32)
@@ -210,7 +203,7 @@ def plan_hierarchical(
     scored: Any, keys: NDArray[np.uint64], epoch: int, cfg: PlanConfig, groups: int
 ) -> tuple:
     """Epoch ``epoch`` of ``scored`` (as planned) in ``groups`` step groups, in this process: ``assemble``
-    of every ``plan_group``. ``keys``: (N,) ``sample_keys`` of the samples."""
+    of every ``plan_group``. ``keys``: (N,) ``seeds.sample_keys`` of the samples."""
     dealt = deal(keys, cfg.seed, epoch, groups)
     order_ = np.argsort(dealt, kind="stable")
     cuts = np.searchsorted(dealt[order_], np.arange(groups + 1))
@@ -229,7 +222,7 @@ def pool_copies(
     cfg: PlanConfig,
 ) -> NDArray[np.float64]:
     """(N,) the copies of each sample epoch ``epoch``'s pools hold (the manifest's ``repeat.realized``):
-    one pool (``epochs.epoch_pool``), or with G > 1 groups each group's (``keys``: ``sample_keys``)."""
+    one pool (``epochs.epoch_pool``), or with G > 1 groups each group's (``keys``: ``seeds.sample_keys``)."""
     n = len(ids)
     groups = cfg.groups(n)
     if groups == 1:
