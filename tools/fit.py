@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from numpy.typing import NDArray
 
+from lidarshard.transforms.features.cost import points_column
 from lidarshard.transforms.plan import seeds
 
 __all__ = [
@@ -190,9 +191,8 @@ def read_timings(data: bytes) -> pa.Table:
 
 def sample_features(samples: pa.Table, q: float = 1.0) -> pa.Table:
     """``sample_id, points, voxels, cost`` (float64) of a scored samples table, as the cost model sees
-    them: points = ``num_in_range`` (``num_points`` if any is null), voxels ``** q``, null when unavailable."""
-    in_range = samples.column("num_in_range")
-    points = in_range if in_range.null_count == 0 else samples.column("num_points")
+    them: points = ``cost.points_column``, voxels ``** q``, null when unavailable."""
+    points = samples.column(points_column(samples))
     voxels = samples.column("occupied_voxels")
     if voxels.null_count:
         voxels = pa.nulls(samples.num_rows, pa.float64())
