@@ -73,29 +73,16 @@ def _answer(what: str, path: str, probe: Callable[[], _T]) -> _T:
     error = box.get("error")
     if isinstance(error, UsageError):
         raise error
-    if isinstance(error, ValueError) and "Unable to get filesystem" in str(error):
-        scheme = path.split("://", 1)[0]
-        raise UsageError(
-            f"{what} {path}: no filesystem for {scheme}:// is installed (gs:// needs "
-            '"lidarshard[gcp]", s3:// "lidarshard[aws]")'
-        ) from None
+    if isinstance(error, ValueError) and str(error).startswith("no filesystem for"):
+        raise UsageError(f"{what} {path}: no filesystem serves {path.split('://', 1)[0]}:// here") from None
     if error is not None:
         raise UsageError(f"{what} {path}: cannot be reached ({_reason(error)})") from None
     return box["value"]
 
 
 def _matches(pattern: str) -> bool:
-    """True when ``pattern`` (a glob; ``**`` spans folders) matches at least one file. A remote one is
-    listed by Beam with a limit of one result where Beam knows the scheme, else by ``storage``."""
-    if storage.is_local(pattern):
-        return bool(storage.glob(pattern))
-    from apache_beam.io.filesystems import FileSystems
-
-    try:
-        FileSystems.get_filesystem(pattern)
-    except ValueError:  # a scheme only pyarrow (or a registered backend) serves
-        return bool(storage.glob(pattern))
-    return bool(FileSystems.match([pattern], limits=[1])[0].metadata_list)
+    """True when ``pattern`` (a glob; ``**`` spans folders) matches at least one file."""
+    return bool(storage.glob(pattern))
 
 
 def _kind(path: str) -> str | None:
@@ -105,7 +92,7 @@ def _kind(path: str) -> str | None:
         return "file" if os.path.isfile(p) else "dir" if os.path.isdir(p) else None
     if storage.exists(path):
         return "file"
-    return "dir" if _matches(path.rstrip("/") + "/**") else None
+    return "dir" if storage.is_dir(path) else None
 
 
 def _exists(path: str) -> bool:
@@ -153,8 +140,7 @@ def check_locations(beam_argv: Sequence[str]) -> None:
     for flag in ("temp_location", "staging_location"):
         where = options.get(flag)
         if isinstance(where, str) and where and not storage.is_local(where):
-            pattern = where.rstrip("/") + "/**"
-            _answer(f"--{flag}", where, lambda: _matches(pattern))  # noqa: B023 - called at once
+            _answer(f"--{flag}", where, lambda: storage.is_dir(where))  # noqa: B023 - called at once
 
 
 def _resolved(path: str) -> str:

@@ -10,13 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import tests.object_store  # noqa: F401  (serves memobj:// through storage for every test)
 from tests.helpers import PACKAGES, REPO
-
-try:  # registers memobj:// with Beam for every test; the trainer's Beam-free install has no Beam
-    import tests.object_store  # noqa: F401
-except ModuleNotFoundError as e:
-    if e.name != "apache_beam" and not (e.name or "").startswith("apache_beam."):
-        raise
 
 REALDATA = Path(os.environ.get("LIDARSHARD_REALDATA", REPO.parent / "shared" / "realdata"))
 
