@@ -24,7 +24,8 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core import groups
 from lidarshard.transforms.core.config import AUTO_RULE, GROUP_SAMPLES, PlanConfig, auto_groups
-from lidarshard.transforms.core.epochs import plan_pool, plan_samples
+from lidarshard.transforms.core.epochs import plan_samples
+from lidarshard.transforms.core.pool import plan_pool
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, order, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
 from lidarshard.transforms.plan.metrics import balance_entry, balance_summary, mate_counts, plan_sums

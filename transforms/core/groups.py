@@ -28,7 +28,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import epoch_pool, plan_pool, to_samples
+from lidarshard.transforms.core.pool import epoch_pool, plan_pool, to_samples
 from lidarshard.transforms.plan import order, plan_epoch, seeds
 from lidarshard.transforms.plan.metrics import BalanceSums, balance_entry, equal_count_pool, plan_sums
 
@@ -222,7 +222,7 @@ def pool_copies(
     cfg: PlanConfig,
 ) -> NDArray[np.float64]:
     """(N,) the copies of each sample epoch ``epoch``'s pools hold (the manifest's ``repeat.realized``):
-    one pool (``epochs.epoch_pool``), or with G > 1 groups each group's (``keys``: ``seeds.sample_keys``)."""
+    one pool (``pool.epoch_pool``), or with G > 1 groups each group's (``keys``: ``seeds.sample_keys``)."""
     n = len(ids)
     groups = cfg.groups(n)
     if groups == 1:
