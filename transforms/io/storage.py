@@ -257,11 +257,13 @@ def list_files(root: str) -> dict[str, FileInfo]:
 def glob(pattern: str) -> list[str]:
     """Sorted paths of the files matching ``pattern``: ``*``, ``?`` and ``[..]`` within a folder, ``**``
     across folders (``**/`` also none). Locally Python's ``glob`` (hidden names need a literal dot,
-    directory links are followed); remotely the files listed below the pattern's fixed folder."""
+    directory links are followed), every entry but a directory or a dangling link: a FIFO or a device
+    is matched too, for its reader to refuse (``NotRegularFileError``), never dropped unseen. Remotely
+    the files listed below the pattern's fixed folder."""
     if is_local(pattern):
         prefix = "file://" if pattern.startswith("file://") else ""
         hits = _glob.glob(local_path(pattern), recursive=True)
-        return sorted(prefix + p for p in hits if os.path.isfile(p))
+        return sorted(prefix + p for p in hits if os.path.exists(p) and not os.path.isdir(p))
     cut = min((i for i in (pattern.find(c) for c in "*?[") if i >= 0), default=len(pattern))
     root = pattern[:cut].rsplit("/", 1)[0]
     regex = re.compile(_translate(pattern))
