@@ -12,6 +12,11 @@ import pytest
 
 import tests.object_store  # noqa: F401  (serves memobj:// through storage for every test)
 from tests.helpers import PACKAGES, REPO
+from tests.hostile_suite import (  # noqa: F401  the hostile suite's hooks (make hostile)
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_terminal_summary,
+)
 
 REALDATA = Path(os.environ.get("LIDARSHARD_REALDATA", REPO.parent / "shared" / "realdata"))
 

@@ -29,7 +29,6 @@ from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool
 
 __all__ = [
     "EpochPlan",
-    "COST_FEATURES",
     "as_planned",
     "bucket_costs",
     "plan_samples",
@@ -100,10 +99,6 @@ def bucket_record(edges: NDArray[np.float64], counts: NDArray[np.int64], cfg: Pl
         "weights": buckets.resolve_weights(cfg.weights, len(edges) + 1).tolist(),
         "counts": counts.tolist(),
     }
-
-
-#: The size features a cost model reads (``sample_costs``): what ``as_planned`` needs of an earlier epoch.
-COST_FEATURES = ("num_in_range", "num_points", "occupied_voxels")
 
 
 class _Recosted:

@@ -2,8 +2,8 @@
 
 ``epoch_pool`` realizes the pool (bucket weight x sample weight per sample, seeded stochastic rounding,
 fitted to whole steps for the equal-count strategies) and refuses one too large for this machine;
-``plan_pool`` plans it with the strategy (caps, rank speeds, ``--heaviest-first``); ``to_samples`` maps
-the plan's pool indices to sample rows. ``epochs.plan_samples`` and ``groups.plan_group`` plan with them.
+``plan_pool`` plans it with the strategy (caps, rank speeds, ``--heaviest-first``) from the columns
+``plan_columns`` names; ``to_samples`` maps the plan's pool indices to sample rows. ``epochs.plan_samples`` and ``groups.plan_group`` plan with them.
 """
 
 from __future__ import annotations
@@ -15,18 +15,41 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.plan_writer import NUMERIC_INPUT
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.plan import VARIABLE_COUNT, order, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import PoolLimits
 from lidarshard.transforms.plan.speeds import normalized
 
-__all__ = ["PLAN_ENTRY_BYTES", "memory_bytes", "epoch_pool", "plan_pool", "to_samples"]
+__all__ = [
+    "PLAN_ENTRY_BYTES", "COST_FEATURES", "plan_columns", "plan_input", "memory_bytes", "epoch_pool", "plan_pool",
+    "to_samples",
+]  # fmt: skip
 
 
 #: Memory one plan entry (a sample's place in one epoch) takes while its epoch is planned, written and
 #: re-planned by the publish's validation, in bytes: the strategies alone measured 75-155 (2M entries),
 #: the plan rows and their table add more. ``check_plan_size`` refuses a plan that cannot fit with it.
 PLAN_ENTRY_BYTES = 256
+
+#: The size features a cost model reads (``sample_costs``): what ``as_planned`` needs of an earlier epoch.
+COST_FEATURES = ("num_in_range", "num_points", "occupied_voxels")
+
+
+def plan_columns(cfg: PlanConfig, epoch: int | None = None) -> list[str]:
+    """The scored columns epoch ``epoch``'s plan is decided from (any epoch's when None): ``NUMERIC_INPUT``
+    (``plan_pool``: costs, buckets, the points the caps and ``--heaviest-first points`` read, weights), and
+    ``COST_FEATURES`` where a cost model is applied again (an epoch planned before a re-plan, ``as_planned``)
+    or the memory model reads them (``--max-step-memory``). The one list the build, the grouped build, each
+    step group's table and the elastic re-plan read (a table may lack the optional ``num_points``, ``weight``)."""
+    earlier = cfg.planned_with(epoch) is not None if epoch is not None else bool(cfg.earlier)
+    return plan_input(earlier or cfg.caps.memory is not None)
+
+
+def plan_input(features: bool) -> list[str]:
+    """``NUMERIC_INPUT``, with the ``COST_FEATURES`` it lacks when ``features`` (``plan_columns``' rule; the
+    elastic re-plan, which takes the costs from the plan rows, asks for them where a memory model reads them)."""
+    return [*NUMERIC_INPUT, *(c for c in COST_FEATURES if features and c not in NUMERIC_INPUT)]
 
 
 def to_samples(plan: NDArray[np.int64], pool: NDArray[np.int64]) -> NDArray[np.int64]:

@@ -88,9 +88,11 @@ def memory_model_of(obj: object, where: str) -> MemoryModel:
     if isinstance(obj, MemoryModel):
         return obj
     if isinstance(obj, dict) and "memory_model" in obj:
+        note = obj.get("memory_note")
         obj, where = obj["memory_model"], f"{where}: memory_model"
-        if obj is None:
-            raise ValueError(f"{where} is null: the timings recorded no peak memory (train on a GPU or NPU)")
+        if obj is None:  # calibrate wrote why it fitted none
+            why = note if isinstance(note, str) and note else "the timings recorded no peak memory"
+            raise ValueError(f"{where} is null: {' '.join(why.split())} (calibrate wrote no memory model)")
     return _model(MemoryModelRecord.parse(obj, where))
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from lidarshard.schemas.memory_cap import MAX_BYTES
 from lidarshard.transforms.features.cost import points_column
 
 __all__ = [
@@ -41,8 +42,6 @@ __all__ = [
 #: Byte units ``--max-step-memory`` takes (binary: 1 KiB = 1024 B).
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)")
-#: The largest cap taken (1 EiB): beyond, the sums of a plan would lose their integer precision.
-MAX_BYTES = 1 << 60
 
 
 def parse_bytes(text: str) -> int:
