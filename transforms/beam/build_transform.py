@@ -36,8 +36,8 @@ from lidarshard.transforms.beam.group_transform import PlanGroups
 from lidarshard.transforms.beam.scan_transform import NAMESPACE
 from lidarshard.transforms.beam.tagged import GatherTagged, SplitTags, tag
 from lidarshard.transforms.core import group_rows, groups, previous
+from lidarshard.transforms.core import manifest_writer as manifest
 from lidarshard.transforms.core import plan_writer as sharded
-from lidarshard.transforms.core import record as manifest
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import EpochPlan, as_planned, epoch_repeat_rates, plan_samples
 from lidarshard.transforms.core.pool import plan_columns
