@@ -15,7 +15,7 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.owned import check_replaceable
 from lidarshard.pipelines.publish import NAME_MAX
 from lidarshard.schemas import SUCCESS_FILE
-from lidarshard.transforms.core import recorded
+from lidarshard.transforms.core import earlier_run
 from lidarshard.transforms.io import paths, storage
 
 __all__ = [
@@ -242,12 +242,12 @@ def check_from_samples(path: str) -> tuple[int, float | None]:
     if not _answer("--from-samples", path, lambda: _exists(path)):  # a prefix on object stores
         raise UsageError(f"--from-samples {path} does not exist")
     try:
-        rows, first = recorded.previous_rows(path)
+        rows, first = earlier_run.previous_rows(path)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
-    if first is not None and paths.is_relative(first) and not recorded.previous_root(path):
+    if first is not None and paths.is_relative(first) and not earlier_run.previous_root(path):
         raise UsageError(
             f"--from-samples {path} stores relative paths ({first!r}) but no _manifest.json or _scan.json "
             "beside it records their root: pass the samples where their run wrote them (OUT/samples)"
         )
-    return rows, recorded.recorded_fraction(path)
+    return rows, earlier_run.recorded_fraction(path)

@@ -20,8 +20,8 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import BuildOptions
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.earlier_run import previous_dir
 from lidarshard.transforms.core.manifest_writer import Kept, kept_from
-from lidarshard.transforms.core.recorded import previous_dir
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io.metadata import load_manifest
 
