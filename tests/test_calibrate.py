@@ -13,8 +13,8 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
+from lidarshard.tools import timed_balance
 from lidarshard.transforms.features.cost import parse_cost_model
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest, slow_after
 
@@ -133,13 +133,13 @@ def test_observations_map_samples_and_rank_steps() -> None:
 def test_plan_linearity_uses_only_fully_timed_steps() -> None:
     _, plan = _toy()
     t = cal.read_timings(b"sample_id,step,rank,ms\na,0,0,1\nd,0,1,4\nb,1,0,2\nc,1,1,2\nc,1,0,3\nd,1,1,9\n")
-    rows = balance.plan_linearity(t, plan, batch_size=1)
+    rows = timed_balance.plan_linearity(t, plan, batch_size=1)
     # "a" at (0, 0) is planned in both epochs: its one row goes to epoch 0; epoch 1 has step 1 only
     assert rows == [
         {"epoch": 0, "steps": 2, "measured": pytest.approx(4.5 / 6), "predicted": pytest.approx(5.5 / 8)},
         {"epoch": 1, "steps": 1, "measured": pytest.approx(6 / 9), "predicted": pytest.approx(4 / 5)},
     ]
-    assert balance.plan_linearity(cal.read_timings(b"sample_id,ms\na,1\n"), plan, 1) == []
+    assert timed_balance.plan_linearity(cal.read_timings(b"sample_id,ms\na,1\n"), plan, 1) == []
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +257,7 @@ def test_measured_balance_compares_complete_steps() -> None:
             "ms": [1.0, 3.0, 2.0, 2.0, 50.0],
         }
     )
-    rows = balance.measured_balance(obs, {"predicted": np.array([1.0, 1.0, 1.0, 3.0, 1.0])})
+    rows = timed_balance.measured_balance(obs, {"predicted": np.array([1.0, 1.0, 1.0, 3.0, 1.0])})
     assert rows == [
         {
             "epoch": 0,
