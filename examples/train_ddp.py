@@ -61,7 +61,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 import lidarshard
 from lidarshard.loaders import load_manifest, read_samples
-from lidarshard.loaders.timing import StepTimer
+from lidarshard.loaders.step_timer import StepTimer
 from lidarshard.loaders.torch import (
     IGNORE_LABEL,
     BalancedBatchSampler,

@@ -285,7 +285,7 @@ def test_held_out_split_is_by_key_and_scores_the_other_fifth() -> None:
 
 def _record_known_workload(out: Path, directory: Path, per_point_s: float, noise: float) -> None:
     """compute_s = per_point_s * points of each rank-step (+ ``noise`` relative), through StepTimer.record."""
-    from lidarshard.loaders.timing import StepTimer
+    from lidarshard.loaders.step_timer import StepTimer
 
     s = pq.read_table(out / schemas.SAMPLES_DIR).to_pydict()
     points = dict(zip(s["sample_id"], s["num_in_range"], strict=True))
@@ -332,7 +332,7 @@ def test_calibrate_from_recorder_files_recovers_the_known_cost(built: Path, tmp_
 def _power_workload(tmp: Path, q: float) -> tuple[pa.Table, Path]:
     """600 samples whose points and voxels rank them differently; 2 ranks x 3 samples a step; the true
     time of a rank-step is 2e-4 ms x the sum of its voxels^q, +3% noise, through the recorder."""
-    from lidarshard.loaders.timing import StepTimer
+    from lidarshard.loaders.step_timer import StepTimer
 
     rng = np.random.default_rng(1)
     n = 600

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
-from lidarshard.loaders.timing import TIMING_SCHEMA, StepTimer, read_timing_files
+from lidarshard.loaders.step_timer import TIMING_SCHEMA, StepTimer, read_timing_files
 from lidarshard.pipelines.cli import main as cli_main
 from tests.elastic_fixture import plan_manifest
 from tests.helpers import record_plan_timings

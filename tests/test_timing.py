@@ -1,4 +1,4 @@
-"""lidarshard.loaders.timing: the step recorder's files (atomic, schema, restart), its clocks (host, and
+"""lidarshard.loaders.step_timer: the step recorder's files (atomic, schema, restart), its clocks (host, and
 accelerator events through a fake), PlanLoader steps, and a real 2-rank gloo DDP run."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 
-from lidarshard.loaders.timing import TIMING_SCHEMA, StepTimer, read_timing_files
+from lidarshard.loaders.step_timer import TIMING_SCHEMA, StepTimer, read_timing_files
 from lidarshard.transforms.io import storage
 
 

@@ -1,6 +1,6 @@
 """``lidarshard calibrate OUT --timings T``: fit ``linear:c0,a,b`` to measured step timings.
 
-``T`` is the training recorder's Parquet files (``lidarshard.loaders.timing.StepTimer``: a directory
+``T`` is the training recorder's Parquet files (``lidarshard.loaders.step_timer.StepTimer``: a directory
 of ``timings-rank-*.parquet``, or one of them), whose rows hold each rank-step's own compute time and
 sample ids, or a CSV of measured milliseconds per sample (``sample_id, ms``, as written by
 ``examples/train_ddp.py --emit-timings``) or per rank per step (``step, rank, ms``, optional

@@ -2,7 +2,7 @@
 
 A timing is one measured duration (ms) over a *group* of samples: one sample (a timings CSV with
 ``sample_id``), one rank's batch at one step (``step, rank``, mapped to samples through the
-plan) or one row of the training recorder's files (``lidarshard.loaders.timing``: a rank-step's
+plan) or one row of the training recorder's files (``lidarshard.loaders.step_timer``: a rank-step's
 ``compute_s`` and its ``sample_ids``, no plan needed). A group contributes the row ``[count, sum points, sum voxels]`` of the design matrix, so
 ``c0`` is always per sample and the fitted model plugs straight into ``lidarshard.transforms.features.cost``.
 
@@ -252,7 +252,7 @@ def step_observations(steps: pa.Table, samples: pa.Table, q: float = 1.0) -> pa.
     """Sum each recorded rank-step's sample features: one row per step whose samples are all known.
 
     Args:
-        steps: the recorder's rows (``lidarshard.loaders.timing.TIMING_FIELDS``: ``epoch, step, rank,
+        steps: the recorder's rows (``lidarshard.loaders.step_timer.TIMING_FIELDS``: ``epoch, step, rank,
             world_size, sample_ids, compute_s``).
         samples: scored samples table (``sample_id``, features, ``cost``).
 
