@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 import lidarshard
-from lidarshard.loaders.timing import StepTimer
+from lidarshard.loaders.step_timer import StepTimer
 from lidarshard.tools.calibrate import calibrate
 from lidarshard.tools.report import read_plan
 from lidarshard.transforms.plan.metrics import load_linearity

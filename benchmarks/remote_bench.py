@@ -34,28 +34,32 @@ from synthetic import synth_build
 REPO = Path(__file__).resolve().parents[1]
 
 
-class DelayedStore:
-    """``delayed://`` + a local absolute path: the file, after ``delay_s`` per request (2 a read)."""
+def _delayed_store():
+    """``delayed://`` + a local absolute path: the file, after ``delay_s`` per request (2 a read), as a
+    ``pyarrow.fs`` filesystem for ``storage.register_filesystem``."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
 
-    delay_s = 0.05
+    sys.path.insert(0, str(REPO))
+    from tests.object_store import Handler
 
-    def handles(self, uri: str) -> bool:
-        return uri.startswith("delayed://")
+    class DelayedStore(Handler):
+        delay_s = 0.05
 
-    def stat(self, uri: str):
-        from lidarshard.transforms.io.base import FileInfo
+        def get_file_info(self, paths: list[str]) -> list:
+            time.sleep(self.delay_s)
+            return [
+                pafs.FileInfo(p, pafs.FileType.File, size=os.stat("/" + p.lstrip("/")).st_size) for p in paths
+            ]
 
-        time.sleep(self.delay_s)
-        st = os.stat(uri[len("delayed://") :])
-        return FileInfo(st.st_size, st.st_mtime)
+        def open_input_stream(self, path: str):
+            time.sleep(2 * self.delay_s)  # HEAD + GET
+            with open("/" + path.lstrip("/"), "rb") as f:
+                return pa.BufferReader(f.read())
 
-    def read(self, uri: str, nbytes: int | None) -> bytes:
-        time.sleep(2 * self.delay_s)  # HEAD + GET
-        with open(uri[len("delayed://") :], "rb") as f:
-            return f.read() if nbytes is None else f.read(nbytes)
+        open_input_file = open_input_stream
 
-    def __getattr__(self, name: str):
-        raise NotImplementedError(name)
+    return DelayedStore
 
 
 def epoch(out: str, workers: int, **dataset_args) -> tuple[float, int]:
@@ -107,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
             proxy = stack.enter_context(LatencyProxy(s3.port, args.delay_ms / 1000))
             stack.enter_context(s3.environment(proxy.endpoint))
         else:
-            DelayedStore.delay_s = args.delay_ms / 1000
-            storage.register_backend(DelayedStore())
+            import pyarrow.fs as pafs
+
+            store = _delayed_store()
+            store.delay_s = args.delay_ms / 1000
+            storage.register_filesystem("delayed", pafs.PyFileSystem(store()))
             remote_root = f"delayed://{root}"
         for k in (0, args.prefetch):
             rows.append(

@@ -1,4 +1,4 @@
-"""Overhead of the step recorder (``lidarshard.loaders.timing.StepTimer``) on a realistic training step.
+"""Overhead of the step recorder (``lidarshard.loaders.step_timer.StepTimer``) on a realistic training step.
 
 The same training loop (a small 1-D conv + MLP on point batches, forward + backward + SGD, one CPU
 thread, a step of ~20-50 ms) runs with and without the recorder, in alternating rounds in one process;
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from lidarshard.loaders.timing import StepTimer, read_timing_files
+    from lidarshard.loaders.step_timer import StepTimer, read_timing_files
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from lidarshard.loaders import load_manifest, read_samples
-from lidarshard.loaders.timing import StepTimer, read_timing_files
+from lidarshard.loaders.step_timer import StepTimer, read_timing_files
 from lidarshard.loaders.torch import BalancedBatchSampler, PlanLoader, PointCloudDataset, collate
 from lidarshard.pipelines.cli import main as cli
 from lidarshard.tools.memory_fit import memory_line, memory_model

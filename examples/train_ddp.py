@@ -28,7 +28,7 @@ rank. The wait shows up in the wall time per epoch. Rank 0 gathers the per-step 
 
 (1.0 = no rank ever waits), plus the same ratio over thread CPU time (robust to a busy host), over
 point counts and over the manifest's predicted costs. ``--timings DIR`` records every rank's steps with
-``lidarshard.loaders.timing.StepTimer`` (compute until the all-reduce, and the whole step), written at the
+``lidarshard.loaders.step_timer.StepTimer`` (compute until the all-reduce, and the whole step), written at the
 end of every epoch, the last included: what ``lidarshard calibrate`` and ``lidarshard report --timings``
 read. ``--replan-after E`` also closes the loop in the run: before epoch E rank 0 calibrates on DIR and
 re-plans epochs E.. into DIR/replan, and every rank's sampler switches to it (epochs E.. are recorded into
@@ -69,7 +69,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 import lidarshard
 from lidarshard.loaders import load_manifest, read_samples
-from lidarshard.loaders.timing import StepTimer
+from lidarshard.loaders.step_timer import StepTimer
 from lidarshard.loaders.torch import (
     IGNORE_LABEL,
     BalancedBatchSampler,

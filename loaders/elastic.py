@@ -42,7 +42,7 @@ from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_s
 from lidarshard.loaders.replay import IndexOf, PlanReplay
 from lidarshard.loaders.reshard import ElasticPlan, Switch, check_exact, merge_ranks
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.transforms.core.epochs import plan_input
+from lidarshard.transforms.core.pool import plan_input
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 
 __all__ = ["ElasticPlan", "ElasticBatchSampler", "load_epoch_plan", "merge_ranks", "replan_remaining"]

@@ -34,7 +34,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from lidarshard import schemas
 from lidarshard.loaders.points import Recorded, difference, read_recorded
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.io.local import write_local
 from lidarshard.transforms.io.safeio import open_own, own_directory
 
 __all__ = ["Fetcher", "FileCache", "File", "DEFAULT_MAX_BYTES", "DEFAULT_THREADS"]
@@ -121,7 +120,7 @@ class FileCache:
         if len(entry) > self.max_bytes:
             return
         try:
-            write_local(self._entry(uri), entry)  # a temporary sibling renamed: never half an entry
+            storage.write_bytes(self._entry(uri), entry)  # a temporary sibling renamed: never half an entry
         except OSError:
             return  # a full or read-only disk: the cache is an optimisation, never a failure
         self._added += len(entry)

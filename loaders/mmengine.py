@@ -30,7 +30,7 @@ How it meets mmengine's conventions:
   ``DefaultSampler`` padding (which repeats samples); mmengine's ``collect_results`` interleaves the
   ranks' results, so metrics must match predictions by sample id (mmdet3d's do), not by position.
 * **timings**: ``LidarshardTimingHook`` (``HOOKS``) records each rank's own compute time and sample ids
-  per step (``lidarshard.loaders.timing``) beside the checkpoints, for ``lidarshard calibrate OUT --timings``.
+  per step (``lidarshard.loaders.step_timer``) beside the checkpoints, for ``lidarshard calibrate OUT --timings``.
 * **resume**: ``EpochBasedTrainLoop`` resumes at an epoch boundary and replays that epoch's plan;
   ``IterBasedTrainLoop`` skips ``iter`` batches of the same deterministic order, so a resumed run
   sees exactly the batches of an uninterrupted one.
@@ -144,7 +144,7 @@ class LidarshardTimingHook(Hook):
     Args:
         out_dir: folder of the ``timings-rank-*.parquet`` files; default the ``CheckpointHook``'s (the
             ``work_dir``, or its ``out_dir``), so they travel with the checkpoints.
-        flush_every, device: as for ``lidarshard.loaders.timing.StepTimer``. Files are also flushed
+        flush_every, device: as for ``lidarshard.loaders.step_timer.StepTimer``. Files are also flushed
             before every checkpoint, after every epoch and at the end of training.
 
     Needs the train loader to replay a manifest (``LidarshardSampler``); refuses another sampler.

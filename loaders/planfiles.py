@@ -20,7 +20,7 @@ from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, PLAN_DIR_NAMES, misplace
 from lidarshard.schemas.manifest import FileEntry, Manifest
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_file
-from lidarshard.transforms.io.base import FileTooLargeError
+from lidarshard.transforms.io.storage import FileTooLargeError
 
 __all__ = [
     "is_plan_path",

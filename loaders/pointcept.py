@@ -20,7 +20,7 @@ Mix the trainer class in (Pointcept is not imported here; nothing to install but
 Pointcept's collate convention is offset-based: points of the batch concatenated, ``offset`` the
 cumulative point counts; :func:`offset_collate` produces it from ``lidarshard.loaders.torch.PointCloudDataset``.
 
-Step timings (``lidarshard.loaders.timing``) from the same run: ``lidarshard = dict(..., timings=True)``
+Step timings (``lidarshard.loaders.step_timer``) from the same run: ``lidarshard = dict(..., timings=True)``
 records each rank's own compute time per step beside Pointcept's checkpoints (``save_path/model``), for
 ``lidarshard calibrate OUT --timings DIR``. :class:`LoopTimer` is that recorder for any framework loop
 (the mmengine adapter's ``LidarshardTimingHook`` uses it too).
@@ -45,7 +45,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError('lidarshard.loaders.pointcept needs PyTorch: pip install "lidarshard[torch]"') from e
 
 from lidarshard.loaders.reader import PathLike
-from lidarshard.loaders.timing import StepTimer
+from lidarshard.loaders.step_timer import StepTimer
 from lidarshard.loaders.torch import PlanBatchSampler, PlanSampler
 
 __all__ = [
@@ -233,7 +233,7 @@ class PlanSteps:
 
 
 class LoopTimer:
-    """A :class:`~lidarshard.loaders.timing.StepTimer` driven by a framework's training loop.
+    """A :class:`~lidarshard.loaders.step_timer.StepTimer` driven by a framework's training loop.
 
     Rank, world size and each step's (epoch, step, sample ids) come from the loader's plan
     (:class:`PlanSteps`); a ``DistributedDataParallel`` model gets the timer's comm hook, so

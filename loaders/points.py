@@ -25,7 +25,7 @@ from lidarshard import schemas
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.readers import detect_format, read_points
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.io.base import FileTooLargeError
+from lidarshard.transforms.io.storage import FileTooLargeError
 from lidarshard.transforms.layouts.geometry import sweep_matrices
 from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS, aggregate, drop_non_finite_rows
 from lidarshard.transforms.layouts.task import FRAMES_FORMAT

@@ -1,6 +1,6 @@
 """The step timings' file format: schema, file names and the reader (``read_timing_files``).
 
-Written by ``lidarshard.loaders.timing.StepTimer`` (which re-exports these names); read by
+Written by ``lidarshard.loaders.step_timer.StepTimer`` (which re-exports these names); read by
 ``lidarshard calibrate --timings`` and the report. Pure pyarrow/numpy; imports neither Beam nor torch.
 """
 
@@ -125,7 +125,9 @@ def read_timing_files(path: str) -> pa.Table:
     """
     paths = [path] if not storage.is_dir(path) else storage.glob(storage.join(path, "timings-rank-*.parquet"))
     if not paths:
-        raise ValueError(f"{path}: no timings-rank-*.parquet files (written by lidarshard.loaders.timing)")
+        raise ValueError(
+            f"{path}: no timings-rank-*.parquet files (written by lidarshard.loaders.step_timer)"
+        )
     tables, order = [], []
     for p in paths:
         t = storage.read_parquet(p)

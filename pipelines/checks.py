@@ -15,7 +15,7 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.owned import check_replaceable
 from lidarshard.pipelines.publish import NAME_MAX
 from lidarshard.schemas import SUCCESS_FILE
-from lidarshard.transforms.core import recorded
+from lidarshard.transforms.core import earlier_run
 from lidarshard.transforms.io import paths, storage
 
 __all__ = [
@@ -73,29 +73,16 @@ def _answer(what: str, path: str, probe: Callable[[], _T]) -> _T:
     error = box.get("error")
     if isinstance(error, UsageError):
         raise error
-    if isinstance(error, ValueError) and "Unable to get filesystem" in str(error):
-        scheme = path.split("://", 1)[0]
-        raise UsageError(
-            f"{what} {path}: no filesystem for {scheme}:// is installed (gs:// needs "
-            '"lidarshard[gcp]", s3:// "lidarshard[aws]")'
-        ) from None
+    if isinstance(error, ValueError) and str(error).startswith("no filesystem for"):
+        raise UsageError(f"{what} {path}: no filesystem serves {path.split('://', 1)[0]}:// here") from None
     if error is not None:
         raise UsageError(f"{what} {path}: cannot be reached ({_reason(error)})") from None
     return box["value"]
 
 
 def _matches(pattern: str) -> bool:
-    """True when ``pattern`` (a glob; ``**`` spans folders) matches at least one file. A remote one is
-    listed by Beam with a limit of one result where Beam knows the scheme, else by ``storage``."""
-    if storage.is_local(pattern):
-        return bool(storage.glob(pattern))
-    from apache_beam.io.filesystems import FileSystems
-
-    try:
-        FileSystems.get_filesystem(pattern)
-    except ValueError:  # a scheme only pyarrow (or a registered backend) serves
-        return bool(storage.glob(pattern))
-    return bool(FileSystems.match([pattern], limits=[1])[0].metadata_list)
+    """True when ``pattern`` (a glob; ``**`` spans folders) matches at least one file."""
+    return bool(storage.glob(pattern))
 
 
 def _kind(path: str) -> str | None:
@@ -105,7 +92,7 @@ def _kind(path: str) -> str | None:
         return "file" if os.path.isfile(p) else "dir" if os.path.isdir(p) else None
     if storage.exists(path):
         return "file"
-    return "dir" if _matches(path.rstrip("/") + "/**") else None
+    return "dir" if storage.is_dir(path) else None
 
 
 def _exists(path: str) -> bool:
@@ -153,8 +140,7 @@ def check_locations(beam_argv: Sequence[str]) -> None:
     for flag in ("temp_location", "staging_location"):
         where = options.get(flag)
         if isinstance(where, str) and where and not storage.is_local(where):
-            pattern = where.rstrip("/") + "/**"
-            _answer(f"--{flag}", where, lambda: _matches(pattern))  # noqa: B023 - called at once
+            _answer(f"--{flag}", where, lambda: storage.is_dir(where))  # noqa: B023 - called at once
 
 
 def _resolved(path: str) -> str:
@@ -256,12 +242,12 @@ def check_from_samples(path: str) -> tuple[int, float | None]:
     if not _answer("--from-samples", path, lambda: _exists(path)):  # a prefix on object stores
         raise UsageError(f"--from-samples {path} does not exist")
     try:
-        rows, first = recorded.previous_rows(path)
+        rows, first = earlier_run.previous_rows(path)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
-    if first is not None and paths.is_relative(first) and not recorded.previous_root(path):
+    if first is not None and paths.is_relative(first) and not earlier_run.previous_root(path):
         raise UsageError(
             f"--from-samples {path} stores relative paths ({first!r}) but no _manifest.json or _scan.json "
             "beside it records their root: pass the samples where their run wrote them (OUT/samples)"
         )
-    return rows, recorded.recorded_fraction(path)
+    return rows, earlier_run.recorded_fraction(path)

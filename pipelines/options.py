@@ -39,13 +39,8 @@ from lidarshard.transforms.io.parts import PART_ROWS
 from lidarshard.transforms.layouts import LAYOUT_NAMES
 from lidarshard.transforms.layouts.multisweep import CLOSE_POINTS, DEFAULT_CLOSE_POINTS
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP
-from lidarshard.transforms.plan.memory import (
-    MemoryModel,
-    checked_bytes,
-    load_memory_model,
-    memory_model_of,
-    parse_bytes,
-)
+from lidarshard.transforms.plan.caps import load_memory_model, memory_model_of
+from lidarshard.transforms.plan.memory import MemoryModel, checked_bytes, parse_bytes
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST
 from lidarshard.transforms.plan.speeds import parse_rank_speed, rank_speeds
 

@@ -31,7 +31,7 @@ from lidarshard.pipelines.settings import (
 from lidarshard.pipelines.understood import sweeps_of
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import label_maps
-from lidarshard.transforms.core import recorded
+from lidarshard.transforms.core import earlier_run
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel, parse_cost_model
@@ -195,7 +195,7 @@ def _from_samples(
 def _recorded_sweeps(samples: str) -> dict[str, Any]:
     """The sweeps and tables version the run that wrote ``samples`` recorded: its samples carry them."""
     try:
-        sweeps, version = recorded.previous_sweeps(samples)
+        sweeps, version = earlier_run.previous_sweeps(samples)
     except ValueError as e:
         raise UsageError(f"--from-samples {samples}: {e}") from None
     pairs = sweeps if isinstance(sweeps, int) else tuple(sorted(sweeps.items()))
@@ -206,7 +206,7 @@ def _recorded_rule(opts: BuildOptions, config: ScanConfig, samples: str) -> Scan
     """``config`` with the close-point rule the scan of ``samples`` recorded; a different
     ``--close-points`` is a usage error (the recorded features were not computed under it)."""
     try:
-        rule = recorded.previous_close_points(samples)
+        rule = earlier_run.previous_close_points(samples)
     except ValueError as e:
         raise UsageError(f"--from-samples {samples}: {e}") from None
     if opts.close_points not in (rule, DEFAULT_CLOSE_POINTS):
@@ -223,7 +223,7 @@ def _recorded_datasets(
     """The datasets and label maps the run that wrote ``samples`` recorded, weighted by ``--dataset-weights``
     (each of whose names must be one of them); nothing when not looked at."""
     try:
-        before = recorded.previous_datasets(samples) if look else ()
+        before = earlier_run.previous_datasets(samples) if look else ()
     except ValueError as e:
         raise UsageError(str(e)) from None
     scale = dict(cfg.repeat.datasets)
@@ -258,7 +258,7 @@ def _path_root(opts: BuildOptions, datasets: Sequence[Dataset], from_samples: st
     if opts.relative_to is not None:
         return None if opts.relative_to.lower() == "none" else location(opts.relative_to.rstrip("/"))
     if from_samples:
-        return recorded.previous_root(from_samples)
+        return earlier_run.previous_root(from_samples)
     roots = [input_root(d.root) if d.layout == FILES else d.root.rstrip("/") for d in datasets]
     return roots[0] if len(roots) == 1 else inputs.common_root(roots)
 

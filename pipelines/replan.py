@@ -4,7 +4,7 @@ A re-plan continues manifest PREV: epochs ``< E`` keep PREV's plan byte for byte
 cost model that planned them, recorded in ``cost_history``), epochs ``E..`` are planned with the new
 ``--cost-model``. Every other plan setting must be PREV's, so that a trainer that ran PREV's epochs
 ``< E`` moves to the new manifest at epoch E (``sampler.switch_plan``) and its resume states stay valid.
-The build checks at its end that the kept epochs' files are PREV's (``transforms.core.record.Kept``).
+The build checks at its end that the kept epochs' files are PREV's (``transforms.core.manifest_writer.Kept``).
 
 ``lidarshard.replan`` holds PREV's manifest already: ``replan_options`` constructs the options and the
 plan of the re-plan directly from it (no flags, no text), and the build uses that manifest instead of
@@ -20,8 +20,8 @@ from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import BuildOptions
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.record import Kept, kept_from
-from lidarshard.transforms.core.recorded import previous_dir
+from lidarshard.transforms.core.earlier_run import previous_dir
+from lidarshard.transforms.core.manifest_writer import Kept, kept_from
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io.metadata import load_manifest
 

@@ -25,8 +25,8 @@ from lidarshard.pipelines.understood import sweeps_of
 from lidarshard.schemas.manifest import MAX_EPOCH_ENTRIES
 from lidarshard.transforms.beam.build_transform import BuildJob
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import PLAN_ENTRY_BYTES, memory_bytes
-from lidarshard.transforms.core.record import Kept
+from lidarshard.transforms.core.manifest_writer import Kept
+from lidarshard.transforms.core.pool import PLAN_ENTRY_BYTES, memory_bytes
 from lidarshard.transforms.core.score import ScoreSettings
 from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.features.repeat import WeightSpec

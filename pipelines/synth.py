@@ -48,8 +48,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.runners.runner import PipelineState
@@ -116,8 +114,7 @@ def synth_config(args: SynthOptions) -> synth.SynthConfig:
 
 
 def _write(out: str, rel: str, data: bytes) -> None:
-    with FileSystems.create(FileSystems.join(out, rel), compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.write(data)
+    storage.write_bytes(storage.join(out, rel), data)
 
 
 class _GenerateSceneFn(beam.DoFn):
@@ -257,7 +254,7 @@ def run(argv: list[str] | None = None) -> int:
     opts = launch.beam_options(beam_argv, DEFAULT_RUNNER)
     if args.layout != "nuscenes":
         return _run_layout(args, out, opts)
-    if FileSystems.exists(FileSystems.join(out, cfg.version, "scene.json")):
+    if storage.exists(storage.join(out, cfg.version, "scene.json")):
         _LOG.warning("%s already holds %s tables: overwriting (files of the old run stay)", out, cfg.version)
     runner = opts.view_as(StandardOptions).runner
     _LOG.info("synth: %d scenes x %d frames -> %s (%s)", cfg.scenes, cfg.frames_per_scene, out, runner)

@@ -10,18 +10,13 @@ from pathlib import Path
 
 import pytest
 
+import tests.object_store  # noqa: F401  (serves memobj:// through storage for every test)
 from tests.helpers import PACKAGES, REPO
 from tests.hostile_suite import (  # noqa: F401  the hostile suite's hooks (make hostile)
     pytest_collection_modifyitems,
     pytest_runtest_logreport,
     pytest_terminal_summary,
 )
-
-try:  # registers memobj:// with Beam for every test; the trainer's Beam-free install has no Beam
-    import tests.object_store  # noqa: F401
-except ModuleNotFoundError as e:
-    if e.name != "apache_beam" and not (e.name or "").startswith("apache_beam."):
-        raise
 
 REALDATA = Path(os.environ.get("LIDARSHARD_REALDATA", REPO.parent / "shared" / "realdata"))
 

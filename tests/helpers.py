@@ -157,7 +157,7 @@ def record_plan_timings(
 ) -> None:
     """The recorder's files of training manifest ``out``'s first ``epochs`` epochs (``StepTimer.record``):
     a rank-step computes 1 us a point / the rank's speed (+3% noise, seed 0), its wall ``overhead_s`` more."""
-    from lidarshard.loaders.timing import StepTimer
+    from lidarshard.loaders.step_timer import StepTimer
 
     s = pq.read_table(out / schemas.SAMPLES_DIR).to_pydict()
     points = dict(zip(s["sample_id"], s["num_in_range"], strict=True))

@@ -1,117 +1,128 @@
-"""The ``memobj://`` object-store double: an in-memory ``FileSystem`` registered with Beam when this module is
-imported (``conftest.py`` imports it for every test session that has Beam; the trainer's Beam-free install,
-``make test-torch-min``, has none)."""
+"""Object-store doubles for ``lidarshard.transforms.io.storage`` (``pyarrow.fs``): ``Handler``, a
+``pyarrow.fs.FileSystemHandler`` whose every call raises NotImplementedError until a double defines it,
+and ``memobj://``, an in-memory object store served for every test session (``conftest.py`` imports this
+module).
+
+``MemoryObjectStore`` behaves like gs:// and s3:// where local disks differ: a flat key space with no
+directories (a "directory" is no file, ``move`` and ``copy_file`` move single objects, a prefix is listed
+by its keys), so code that only works on local paths fails here as it would on GCS.
+"""
 
 from __future__ import annotations
 
 import io
 import threading
 import time
+from collections.abc import Callable
 
-from apache_beam.io.filesystem import BeamIOError, CompressionTypes, FileMetadata, FileSystem
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from lidarshard.transforms.io import storage
 
 #: Scheme of ``MemoryObjectStore``.
 SCHEME = "memobj"
 
 
-class NotFound(Exception):
-    """What google-cloud-storage raises on opening a missing object: not an ``OSError``."""
+class Handler(pafs.FileSystemHandler):
+    """A filesystem double: override what it serves; the rest raises NotImplementedError."""
 
+    def get_type_name(self) -> str:
+        return type(self).__name__
 
-class MemoryObjectStore(FileSystem):
-    """A process-wide in-memory object store: ``memobj://bucket/key``."""
+    def normalize_path(self, path: str) -> str:
+        return path
 
-    objects: dict[str, tuple[bytes, float]] = {}  # path -> (data, mtime)
-    lock = threading.Lock()
+    def _missing(self, *args: object, **kwargs: object) -> None:
+        raise NotImplementedError(type(self).__name__)
+
+    get_file_info = get_file_info_selector = create_dir = delete_dir = delete_dir_contents = _missing
+    delete_root_dir_contents = delete_file = move = copy_file = open_input_stream = _missing
+    open_input_file = open_output_stream = open_append_stream = _missing
 
     @classmethod
-    def scheme(cls) -> str:
-        return SCHEME
+    def every_call(cls, fn: Callable[..., object]) -> type[Handler]:
+        """A subclass whose every filesystem call is ``fn(*args)`` (a store that stalls or refuses)."""
+        names = ("get_file_info", "get_file_info_selector", "create_dir", "delete_dir", "delete_dir_contents",
+                 "delete_file", "move", "copy_file", "open_input_stream", "open_input_file", "open_output_stream")  # fmt: skip
+        return type(
+            f"{cls.__name__}Of{fn.__name__}", (cls,), {n: lambda self, *a, **k: fn(*a) for n in names}
+        )
 
-    def join(self, basepath: str, *paths: str) -> str:
-        return "/".join([basepath.rstrip("/"), *(p.strip("/") for p in paths)])
 
-    def split(self, path: str) -> tuple[str, str]:
-        head, _, tail = path.rstrip("/").rpartition("/")
-        return head, tail
+class MemoryObjectStore(Handler):
+    """A process-wide in-memory object store: ``memobj://bucket/key``, kept in ``objects`` by URI."""
 
-    def mkdirs(self, path: str) -> None:  # no directories in an object store
+    objects: dict[str, tuple[bytes, float]] = {}  # URI -> (data, mtime)
+    lock = threading.Lock()
+
+    @staticmethod
+    def _uri(path: str) -> str:
+        return f"{SCHEME}://{path}"
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        with self.lock:
+            found = [self.objects.get(self._uri(p)) for p in paths]
+        return [
+            pafs.FileInfo(p, pafs.FileType.NotFound)
+            if f is None
+            else pafs.FileInfo(p, pafs.FileType.File, size=len(f[0]), mtime=f[1])
+            for p, f in zip(paths, found, strict=True)
+        ]
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        base = selector.base_dir.rstrip("/") + "/"
+        with self.lock:
+            items = sorted((k, v) for k, v in self.objects.items() if k.startswith(self._uri(base)))
+        out, folders = [], set()
+        for key, (data, mtime) in items:
+            rel = key[len(self._uri(base)) :]
+            if selector.recursive or "/" not in rel:
+                out.append(pafs.FileInfo(base + rel, pafs.FileType.File, size=len(data), mtime=mtime))
+            else:
+                folders.add(base + rel.split("/", 1)[0])
+        return out + [pafs.FileInfo(f, pafs.FileType.Directory) for f in sorted(folders)]
+
+    def create_dir(self, path: str, recursive: bool) -> None:  # no directories in an object store
         pass
 
-    def has_dirs(self) -> bool:
-        return False
-
-    def _list(self, dir_or_prefix: str):
+    def delete_file(self, path: str) -> None:
         with self.lock:
-            items = sorted(self.objects.items())
-        for path, (data, mtime) in items:
-            if path.startswith(dir_or_prefix):
-                yield FileMetadata(path, len(data), mtime)
+            if self.objects.pop(self._uri(path), None) is None:
+                raise FileNotFoundError(path)
 
-    def create(self, path: str, mime_type: str = "", compression_type: str = CompressionTypes.AUTO):
-        assert compression_type == CompressionTypes.UNCOMPRESSED, "lidarshard never compresses"
-        store = self
+    def _move(self, src: str, dest: str, keep: bool) -> None:
+        with self.lock:
+            if self._uri(src) not in self.objects:  # a "directory" is not an object
+                raise FileNotFoundError(src)
+            data = self.objects[self._uri(src)] if keep else self.objects.pop(self._uri(src))
+            self.objects[self._uri(dest)] = data
+
+    def move(self, src: str, dest: str) -> None:
+        self._move(src, dest, keep=False)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self._move(src, dest, keep=True)
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        with self.lock:
+            if self._uri(path) not in self.objects:
+                raise FileNotFoundError(path)
+            return pa.BufferReader(self.objects[self._uri(path)][0])
+
+    open_input_file = open_input_stream
+
+    def open_output_stream(self, path: str, metadata: object) -> pa.NativeFile:
+        store, uri = self, self._uri(path)
 
         class _Writer(io.BytesIO):
             def close(self) -> None:
                 if not self.closed:
                     with store.lock:
-                        store.objects[path] = (self.getvalue(), time.time())
+                        store.objects[uri] = (self.getvalue(), time.time())
                 super().close()
 
-        return _Writer()
+        return pa.PythonFile(_Writer(), mode="w")
 
-    def open(self, path: str, mime_type: str = "", compression_type: str = CompressionTypes.AUTO):
-        with self.lock:
-            if path not in self.objects:
-                raise NotFound(path)
-            return io.BytesIO(self.objects[path][0])
 
-    def _move(self, sources: list[str], destinations: list[str], keep: bool) -> None:
-        errors = {}
-        with self.lock:
-            for src, dst in zip(sources, destinations, strict=True):
-                if src not in self.objects:  # a "directory" is not an object
-                    errors[(src, dst)] = FileNotFoundError(src)
-                    continue
-                self.objects[dst] = self.objects[src] if keep else self.objects.pop(src)
-        if errors:
-            raise BeamIOError("Copy/rename failed", errors)
-
-    def copy(self, source_file_names: list[str], destination_file_names: list[str]) -> None:
-        self._move(source_file_names, destination_file_names, keep=True)
-
-    def rename(self, source_file_names: list[str], destination_file_names: list[str]) -> None:
-        self._move(source_file_names, destination_file_names, keep=False)
-
-    def exists(self, path: str) -> bool:
-        with self.lock:
-            return path in self.objects
-
-    def size(self, path: str) -> int:
-        return self.metadata(path).size_in_bytes
-
-    def last_updated(self, path: str) -> float:
-        return self.metadata(path).last_updated_in_seconds
-
-    def checksum(self, path: str) -> str:
-        return str(self.size(path))
-
-    def metadata(self, path: str) -> FileMetadata:
-        with self.lock:
-            if path not in self.objects:
-                raise BeamIOError("Metadata failed", {path: FileNotFoundError(path)})
-            data, mtime = self.objects[path]
-        return FileMetadata(path, len(data), mtime)
-
-    def delete(self, paths: list[str]) -> None:
-        errors = {}
-        with self.lock:
-            for path in paths:
-                if path.endswith("/"):  # like GCS: a trailing slash deletes the prefix
-                    for key in [k for k in self.objects if k.startswith(path)]:
-                        del self.objects[key]
-                elif self.objects.pop(path, None) is None:
-                    errors[path] = FileNotFoundError(path)
-        if errors:
-            raise BeamIOError("Delete failed", errors)
+storage.register_filesystem(SCHEME, pafs.PyFileSystem(MemoryObjectStore()))

@@ -72,9 +72,9 @@ def _moto_server() -> str | None:
 
 
 def _clear_filesystem_cache() -> None:
-    from lidarshard.transforms.io import arrowfs as arrow
+    from lidarshard.transforms.io import storage
 
-    arrow._arrow_fs.cache_clear()
+    storage._arrow_fs.cache_clear()
 
 
 class S3Server:

@@ -13,8 +13,8 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.tools import balance
 from lidarshard.tools import fit as cal
+from lidarshard.tools import timed_balance
 from lidarshard.transforms.features.cost import parse_cost_model
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest, slow_after
 
@@ -133,13 +133,13 @@ def test_observations_map_samples_and_rank_steps() -> None:
 def test_plan_linearity_uses_only_fully_timed_steps() -> None:
     _, plan = _toy()
     t = cal.read_timings(b"sample_id,step,rank,ms\na,0,0,1\nd,0,1,4\nb,1,0,2\nc,1,1,2\nc,1,0,3\nd,1,1,9\n")
-    rows = balance.plan_linearity(t, plan, batch_size=1)
+    rows = timed_balance.plan_linearity(t, plan, batch_size=1)
     # "a" at (0, 0) is planned in both epochs: its one row goes to epoch 0; epoch 1 has step 1 only
     assert rows == [
         {"epoch": 0, "steps": 2, "measured": pytest.approx(4.5 / 6), "predicted": pytest.approx(5.5 / 8)},
         {"epoch": 1, "steps": 1, "measured": pytest.approx(6 / 9), "predicted": pytest.approx(4 / 5)},
     ]
-    assert balance.plan_linearity(cal.read_timings(b"sample_id,ms\na,1\n"), plan, 1) == []
+    assert timed_balance.plan_linearity(cal.read_timings(b"sample_id,ms\na,1\n"), plan, 1) == []
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +257,7 @@ def test_measured_balance_compares_complete_steps() -> None:
             "ms": [1.0, 3.0, 2.0, 2.0, 50.0],
         }
     )
-    rows = balance.measured_balance(obs, {"predicted": np.array([1.0, 1.0, 1.0, 3.0, 1.0])})
+    rows = timed_balance.measured_balance(obs, {"predicted": np.array([1.0, 1.0, 1.0, 3.0, 1.0])})
     assert rows == [
         {
             "epoch": 0,
@@ -285,7 +285,7 @@ def test_held_out_split_is_by_key_and_scores_the_other_fifth() -> None:
 
 def _record_known_workload(out: Path, directory: Path, per_point_s: float, noise: float) -> None:
     """compute_s = per_point_s * points of each rank-step (+ ``noise`` relative), through StepTimer.record."""
-    from lidarshard.loaders.timing import StepTimer
+    from lidarshard.loaders.step_timer import StepTimer
 
     s = pq.read_table(out / schemas.SAMPLES_DIR).to_pydict()
     points = dict(zip(s["sample_id"], s["num_in_range"], strict=True))
@@ -332,7 +332,7 @@ def test_calibrate_from_recorder_files_recovers_the_known_cost(built: Path, tmp_
 def _power_workload(tmp: Path, q: float) -> tuple[pa.Table, Path]:
     """600 samples whose points and voxels rank them differently; 2 ranks x 3 samples a step; the true
     time of a rank-step is 2e-4 ms x the sum of its voxels^q, +3% noise, through the recorder."""
-    from lidarshard.loaders.timing import StepTimer
+    from lidarshard.loaders.step_timer import StepTimer
 
     rng = np.random.default_rng(1)
     n = 600

@@ -22,7 +22,8 @@ from lidarshard.transforms.plan.caps import (
 def test_caps_validate_and_round_trip() -> None:
     caps = Caps(max_points=100, max_cost=2.5, max_samples=3)
     assert caps.active and not Caps().active
-    assert Caps.from_record(CapsRecord(**caps.to_json())) == caps
+    assert Caps.from_record(*caps.to_record()) == caps
+    assert caps.to_record("points")[0] == CapsRecord(100, 2.5, 3, "points")
     assert Caps.from_record(None) == Caps()
     for bad in (dict(max_points=0), dict(max_samples=1.5), dict(max_cost=-1.0), dict(max_cost=float("inf"))):
         with pytest.raises(ValueError, match="per-rank-step"):

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from apache_beam.io.filesystems import FileSystems
 
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
@@ -161,7 +160,7 @@ def test_object_store_commit_and_roll_forward(monkeypatch, dead_owner, point) ->
     assert _mem_tree(out) == _with(want)
     assert not _output.leftovers(out)
     assert not [p for p in MemoryObjectStore.objects if ".staging-" in p]
-    assert FileSystems.match([out + "/**"])[0].metadata_list
+    assert storage.list_files(out)
 
 
 # ------------------------------------------------------------------------------- through the CLI

@@ -130,7 +130,7 @@ def test_a_partly_recorded_epoch_is_predicted_over_the_steps_recorded(built: Pat
     """Timings of the first 5 steps (a --max-steps run): predicted and measured over those 5 alone."""
     from lidarshard.loaders import load_manifest, read_samples
     from lidarshard.loaders.epoch_plan import read_epoch_plan
-    from lidarshard.loaders.timing import read_timing_files
+    from lidarshard.loaders.step_timer import read_timing_files
     from lidarshard.tools.epoch_seconds import epoch_lines
     from lidarshard.transforms.plan.metrics import rank_costs
 

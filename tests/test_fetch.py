@@ -12,6 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,16 +28,16 @@ from lidarshard.loaders.points import FileChangedError, Recorded  # noqa: E402
 from lidarshard.loaders.position import PlannedBatch  # noqa: E402
 from lidarshard.loaders.torch import BalancedBatchSampler, PlanLoader, PointCloudDataset  # noqa: E402
 from lidarshard.transforms.io import storage  # noqa: E402
-from lidarshard.transforms.io.base import FileInfo  # noqa: E402
 from tests.elastic_fixture import plan_manifest  # noqa: E402
 from tests.helpers import build_bins_manifest  # noqa: E402
 from tests.manifest_fixture import make_fixture  # noqa: E402
+from tests.object_store import Handler  # noqa: E402
 
 SIZES = [50 + 13 * i for i in range(26)]
 
 
 # ------------------------------------------------------------------------------------ a slow store
-class SlowStore:
+class SlowStore(Handler):
     """``slow://NAME/...`` served from a local directory with a per-request delay, counting requests
     (a stand-in for an object store that lives in every forked worker too)."""
 
@@ -44,36 +46,32 @@ class SlowStore:
     requests: dict[str, int] = defaultdict(int)
     log: Path | None = None  # every request appended here too, from any process (forked workers)
 
-    def handles(self, uri: str) -> bool:
-        return uri.startswith("slow://")
-
     def _local(self, uri: str) -> Path:
-        name, _, rest = uri[len("slow://") :].partition("/")
+        name, _, rest = uri.removeprefix("slow://").partition("/")
         return self.roots[name] / rest
 
-    def stat(self, uri: str) -> FileInfo:
-        p = self._local(uri)
-        if not p.is_file():
-            raise FileNotFoundError(2, "no such file", uri)
-        return FileInfo(p.stat().st_size, p.stat().st_mtime)
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        out = []
+        for path in paths:
+            p = self._local(path)
+            kind = pafs.FileType.File if p.is_file() else pafs.FileType.NotFound
+            out.append(pafs.FileInfo(path, kind, size=p.stat().st_size if p.is_file() else None))
+        return out
 
-    def read(self, uri: str, nbytes: int | None) -> bytes:
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        uri = f"slow://{path}"
         self.requests[uri] += 1
         if self.log is not None:
             with open(self.log, "a") as f:
                 f.write(uri + "\n")
         self.delay.wait(0.02) if self.delay.is_set() else None
-        p = self._local(uri)
+        p = self._local(path)
         if not p.is_file():
             raise FileNotFoundError(2, "no such file", uri)
-        with open(p, "rb") as f:
-            return f.read() if nbytes is None else f.read(nbytes)
-
-    def __getattr__(self, name: str):  # write, list_files, ...: not needed to read samples
-        raise NotImplementedError(name)
+        return pa.BufferReader(p.read_bytes())
 
 
-storage.register_backend(SlowStore())
+storage.register_filesystem("slow", pafs.PyFileSystem(SlowStore()))
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
-"""INPUT and OUT as object-store URIs go through Beam ``FileSystems`` end to end.
+"""INPUT and OUT as object-store URIs go through ``storage`` (``pyarrow.fs``) end to end.
 
-``memobj://`` is ``tests.object_store.MemoryObjectStore``, an in-memory object store registered with Beam. It behaves like
-gs:// and s3:// where local disks differ: a flat key space with no directories (``exists`` of a
-"directory" is False, ``rename`` and ``copy`` move single objects, a trailing '/' on ``delete``
-removes a prefix), so code that only works on local paths fails here as it would on GCS. It lives
-in this process only, so the pipelines run on the in-process FnApiRunner.
+``memobj://`` is ``tests.object_store.MemoryObjectStore``, an in-memory object store served through
+``storage``. It behaves like gs:// and s3:// where local disks differ: a flat key space with no
+directories (``exists`` of a "directory" is False, ``move`` and ``copy_file`` move single objects), so
+code that only works on local paths fails here as it would on GCS. It lives in this process only, so
+the pipelines run on the in-process FnApiRunner.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import scan as scan_cli
+from lidarshard.transforms.io import storage
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 from tests.object_store import SCHEME, MemoryObjectStore
 
@@ -39,10 +38,7 @@ def _get(path: str) -> bytes:
 def _upload(local: Path, uri: str) -> None:
     for p in sorted(local.rglob("*")):
         if p.is_file():
-            with FileSystems.create(
-                f"{uri}/{p.relative_to(local).as_posix()}", compression_type=CompressionTypes.UNCOMPRESSED
-            ) as f:
-                f.write(p.read_bytes())
+            storage.write_bytes(f"{uri}/{p.relative_to(local).as_posix()}", p.read_bytes())
 
 
 def _plan_ids(read, epochs: int = 1, ranks: int = 4) -> list[list[str]]:
@@ -98,8 +94,9 @@ def test_scan_then_replan_from_samples_and_cost_model_file(bucket: str) -> None:
     scanned = f"{bucket}/scanned"
     assert scan_cli.run([f"{bucket}/in", scanned, "--max-reject-fraction", "0.1", *BEAM_TEST_FLAGS]) == 0
     assert {schemas.samples_part(0), schemas.REJECTS_FILE, schemas.SCAN_FILE} <= set(_keys(scanned + "/"))
-    with FileSystems.create(f"{bucket}/fit.json", compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.write(json.dumps({"cost_model": {"c0": 1.0, "a": 0.5, "b": 0.0}}).encode())
+    storage.write_bytes(
+        f"{bucket}/fit.json", json.dumps({"cost_model": {"c0": 1.0, "a": 0.5, "b": 0.0}}).encode()
+    )
     out = f"{bucket}/replan"
     flags = ["--world-size", "2", "--batch-size", "1", "--cost-model", f"@{bucket}/fit.json"]
     argv = [

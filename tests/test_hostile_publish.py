@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -46,7 +47,7 @@ from lidarshard.tools.validate import validate
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.io import storage
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, slow_after
-from tests.object_store import MemoryObjectStore
+from tests.object_store import Handler, MemoryObjectStore
 
 pytestmark = pytest.mark.hostile("publishing")
 
@@ -889,40 +890,28 @@ def test_the_issue_case_a_billion_row_plan_is_refused_before_beam(
 # -------------------------------------------------------------------------------------------- remote
 
 
-class _Stalled:
+_RELEASE = threading.Event()
+
+
+def _wait(*_: object) -> None:
     """A store that never answers (a black-hole endpoint): every call waits until the test ends."""
-
-    release = threading.Event()
-
-    def handles(self, uri: str) -> bool:
-        return uri.startswith("stallobj://")
-
-    def _wait(self, *args, **kwargs):
-        self.release.wait(60)
-        raise OSError("released")
-
-    stat = read = write = open_read = open_write = list_files = glob = delete = copy = _wait
+    _RELEASE.wait(60)
+    raise OSError("released")
 
 
-class _Refusing:
+def _refuse(*_: object) -> None:
     """A store whose endpoint refuses connections."""
-
-    def handles(self, uri: str) -> bool:
-        return uri.startswith("refuseobj://")
-
-    def _fail(self, *args, **kwargs):
-        raise ConnectionRefusedError(111, "Connection refused")
-
-    stat = read = write = open_read = open_write = list_files = glob = delete = copy = _fail
+    raise ConnectionRefusedError(111, "Connection refused")
 
 
 @pytest.fixture
 def stores(monkeypatch):
-    monkeypatch.setattr(storage, "_BACKENDS", [*storage._BACKENDS, _Stalled(), _Refusing()])
+    for scheme, call in (("stallobj", _wait), ("refuseobj", _refuse)):
+        monkeypatch.setitem(storage._REGISTERED, scheme, pafs.PyFileSystem(Handler.every_call(call)()))
     monkeypatch.setattr(checks, "REMOTE_TIMEOUT_S", 0.5)
-    _Stalled.release.clear()
+    _RELEASE.clear()
     yield
-    _Stalled.release.set()
+    _RELEASE.set()
 
 
 REMOTE_CALLS: dict[str, Callable[[str, Path], None]] = {

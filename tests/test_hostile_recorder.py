@@ -1,4 +1,4 @@
-"""The step-time recorder (``loaders.timing.StepTimer``) against careless use and every torch build.
+"""The step-time recorder (``loaders.step_timer.StepTimer``) against careless use and every torch build.
 
 Promises: one process records one rank of a directory (a second is refused in one line, not half the
 rows lost later); a directory that cannot hold files is refused when the timer is made, not at the
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lidarshard.loaders.timing import TIMING_SCHEMA, StepTimer, read_timing_files
+from lidarshard.loaders.step_timer import TIMING_SCHEMA, StepTimer, read_timing_files
 
 pytestmark = pytest.mark.hostile("recorder")
 

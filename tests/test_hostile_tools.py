@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
-from lidarshard.loaders.timing import TIMING_SCHEMA, StepTimer
+from lidarshard.loaders.step_timer import TIMING_SCHEMA, StepTimer
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.tools.validate import validate
 from tests.helpers import build_bins_manifest

@@ -115,3 +115,57 @@ def test_the_planner_and_the_contract_agree_on_variable_count_strategies() -> No
     from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT
 
     assert VARIABLE_COUNT is schemas.VARIABLE_COUNT and VARIABLE_COUNT <= set(STRATEGIES)
+
+
+def _edges(path: str, modules: dict[str, str]) -> set[str]:
+    """The modules of lidarshard a file imports, at any depth (function-level imports too, ``if
+    TYPE_CHECKING:`` blocks not): ``from pkg import name`` is an edge to ``pkg.name`` when that is a
+    module, else to ``pkg``."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names if a.name in modules)
+            elif isinstance(child, ast.ImportFrom) and child.module and not child.level:
+                for a in child.names:
+                    sub = f"{child.module}.{a.name}"
+                    found.add(sub if sub in modules else child.module)
+            visit(child)
+
+    visit(ast.parse(open(path, encoding="utf-8").read()))
+    return {m for m in found if m in modules}
+
+
+def test_no_module_cycle_not_even_behind_a_function_level_import() -> None:
+    """The modules' import graph, function-level imports included, has no cycle: a lazy import may keep
+    an optional or heavy dependency off the import path (Beam, torch, matplotlib), never hide a cycle."""
+    modules = _modules()
+    graph = {name: _edges(path, modules) - {name} for name, path in modules.items()}
+    cycles, index, low, stack, on = [], {}, {}, [], set()
+
+    def strong(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while (w := stack.pop()) != v:
+                on.discard(w)
+                part.append(w)
+            on.discard(v)
+            if part:
+                cycles.append(sorted([v, *part]))
+
+    for name in sorted(graph):
+        if name not in index:
+            strong(name)
+    assert not cycles, f"import cycles (function-level imports counted): {cycles}"

@@ -125,7 +125,8 @@ def test_a_voxel_term_needs_voxels() -> None:
 
 
 def test_the_manifest_record_round_trips_and_refuses_hostile_values() -> None:
-    rec = MemoryCap(20 * GIB, MODEL).to_record()
+    rec = Caps(memory=MemoryCap(20 * GIB, MODEL)).to_record()[1]
+    assert rec is not None and Caps.from_record(None, rec).memory == MemoryCap(20 * GIB, MODEL)
     obj = {"memory_cap": rec.to_json()}
     assert MemoryCapRecord.parse(Reader(json.loads(json.dumps(obj)), "m")) == rec
     assert MemoryCapRecord.parse(Reader({}, "m")) is None
@@ -149,7 +150,8 @@ def _options(tmp_path: Path, **kw) -> PlanConfig:
 
 def test_the_flags_need_each_other_and_a_usable_model(tmp_path: Path) -> None:
     good = tmp_path / "fit.json"
-    good.write_text(json.dumps({"memory_model": MODEL.to_record().to_json() | {"r2": 0.99}}))
+    model = {"base_bytes": MODEL.base, "bytes_per_point": MODEL.per_point, "bytes_per_voxel": MODEL.per_voxel}
+    good.write_text(json.dumps({"memory_model": model | {"r2": 0.99}}))
     cfg = _options(tmp_path, max_step_memory="20GiB", memory_model=str(good), heaviest_first="memory")
     assert cfg.caps.memory == MemoryCap(20 * GIB, MODEL)
     assert cfg.to_json()["memory_cap"]["max_step_bytes"] == 20 * GIB

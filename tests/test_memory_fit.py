@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
-from lidarshard.loaders.timing import StepTimer, read_timing_files
+from lidarshard.loaders.step_timer import StepTimer, read_timing_files
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.transforms.plan import STRATEGIES
 from tests.helpers import BEAM_TEST_FLAGS, REPO, build_bins_manifest, make_bins, slow_after

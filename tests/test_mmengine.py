@@ -290,7 +290,7 @@ def _timed_runner(out: Path, work_dir: Path, train_cfg: dict, **kw):
 
 
 def _recorded(directory: Path) -> list[tuple[int, int, list[str]]]:
-    from lidarshard.loaders.timing import read_timing_files
+    from lidarshard.loaders.step_timer import read_timing_files
 
     rows = read_timing_files(str(directory)).to_pylist()
     return [(r["epoch"], r["step"], r["sample_ids"]) for r in rows]
@@ -411,7 +411,7 @@ def test_timing_hook_under_ddp_ends_compute_at_the_first_gradient_bucket(tmp_pat
         pytest.skip("torch.distributed unavailable")
     out = make_fixture(tmp_path / "m", [40 + 9 * i for i in range(12)], world_size=2, batch_size=2, epochs=1)
     mp.spawn(_ddp_worker, args=(str(tmp_path / "rdv"), str(out), str(tmp_path / "w")), nprocs=2, join=True)
-    from lidarshard.loaders.timing import read_timing_files
+    from lidarshard.loaders.step_timer import read_timing_files
 
     rows = read_timing_files(str(tmp_path / "w")).to_pylist()
     planned = {(r, b.step): b.sample_ids for r in range(2) for b in ManifestReader(out, r, 2, 0)}

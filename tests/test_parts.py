@@ -118,10 +118,7 @@ def test_samples_files_take_a_directory_or_a_single_file_not_an_output(tmp_path:
 
 
 def test_parts_on_an_object_store() -> None:
-    """No directories there: a prefix with files is the samples directory (read through Beam's
-    ``FileSystems``, registered as the pipelines register it)."""
-    import lidarshard.transforms.beam.filesystems  # noqa: F401
-
+    """No directories there: a prefix with files is the samples directory."""
     table = scored_pool(sum(SIZES), seed=5)
     base = f"{SCHEME}://bucket/run/{schemas.SAMPLES_DIR}"
     try:

@@ -15,8 +15,8 @@ from lidarshard import schemas
 from lidarshard.loaders import ManifestReader, read_samples
 from lidarshard.pipelines import build as build_cli
 from lidarshard.tools.validate import validate
-from lidarshard.transforms.io.base import join
 from lidarshard.transforms.io.paths import PathResolver, absolute, relative_to, resolved
+from lidarshard.transforms.io.storage import join
 from tests.helpers import BEAM_TEST_FLAGS
 
 PLAN = ["--nuscenes-version", "v1.0-synth", "--sweeps", "1", "--world-size", "2", "--batch-size", "2"]

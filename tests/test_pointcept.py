@@ -270,7 +270,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _recorded(directory: Path) -> list[tuple[int, int, list[str]]]:
-    from lidarshard.loaders.timing import read_timing_files
+    from lidarshard.loaders.step_timer import read_timing_files
 
     return [(r["epoch"], r["step"], r["sample_ids"]) for r in read_timing_files(str(directory)).to_pylist()]
 
@@ -325,7 +325,7 @@ def test_a_ddp_model_gets_the_timers_comm_hook(out: Path, tmp_path: Path) -> Non
     timer's comm hook on it before the first step, so compute_s ends at the first gradient bucket."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from lidarshard.loaders.timing import ddp_timing_hook
+    from lidarshard.loaders.step_timer import ddp_timing_hook
 
     class Wrapped(DistributedDataParallel):  # stands in for a wrapped model without a process group
         def __init__(self) -> None:

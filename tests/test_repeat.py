@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import epoch_pool, plan_samples
+from lidarshard.transforms.core.epochs import plan_samples
+from lidarshard.transforms.core.pool import epoch_pool
 from lidarshard.transforms.core.score import repeat_info
 from lidarshard.transforms.features.buckets import weighted_pool
 from lidarshard.transforms.features.repeat import (
@@ -185,16 +186,16 @@ def test_lvis_factors_match_the_definition_loop_by_loop(rows: list, t: float) ->
 
 def test_an_epoch_pool_too_large_for_the_machine_is_one_line(monkeypatch) -> None:
     """A scan's row count is known only in the pipeline: the planner refuses a pool that cannot fit."""
-    from lidarshard.transforms.core import epochs
+    from lidarshard.transforms.core import pool
 
     ids = np.zeros(1000, dtype=np.int32)
     cfg = PlanConfig(world_size=2, batch_size=2, weights=(500.0,), max_plan_factor=1000)
-    monkeypatch.setattr(epochs, "memory_bytes", lambda: 64 << 20)  # 500k entries x 256 B > 64 MiB
+    monkeypatch.setattr(pool, "memory_bytes", lambda: 64 << 20)  # 500k entries x 256 B > 64 MiB
     with pytest.raises(
         ValueError, match=r"epoch 0 would plan ~5e\+05 entries from 1,000 samples.*lower --bucket-weights"
     ):
         epoch_pool(ids, None, 0, cfg)
-    monkeypatch.setattr(epochs, "memory_bytes", lambda: 1 << 30)
+    monkeypatch.setattr(pool, "memory_bytes", lambda: 1 << 30)
     assert epoch_pool(ids, None, 0, cfg)[0].size == 500_000
 
 

@@ -103,7 +103,7 @@ def test_plots_handle_edge_cases() -> None:
 def test_report_with_recorder_files_shows_measured_idle_and_max_mean(
     built: Path, tmp_path: Path, capsys
 ) -> None:
-    from lidarshard.loaders.timing import StepTimer
+    from lidarshard.loaders.step_timer import StepTimer
 
     for rank in range(3):
         t = pq.read_table(built / schemas.plan_file(1, rank)).to_pydict()

@@ -4,9 +4,8 @@ output, and the trainer's reads from s3:// (``ManifestReader``, ``BalancedBatchS
 ``PointCloudDataset``) point for point against the local copy, also through a proxy that holds each
 request 50 ms. Per-sample read times are printed (``-s``), never asserted.
 
-Routes: in a pipeline process the Beam layer is imported and Beam's S3 filesystem (boto3, which moto
-brings) serves s3://; a trainer imports no Beam and reads s3:// through pyarrow. Both are configured
-by the AWS environment variables ``S3Server.environment()`` sets.
+Every process (the pipeline's and a trainer's) reads and writes s3:// through pyarrow's S3 filesystem,
+configured by the AWS environment variables ``S3Server.environment()`` sets.
 """
 
 from __future__ import annotations
@@ -68,13 +67,6 @@ def built(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(root, tmp / "out", out, scan)
 
 
-@pytest.fixture
-def trainer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Storage as in a trainer process, which never imports the Beam layer: s3:// through pyarrow."""
-    monkeypatch.setattr(storage, "_BACKENDS", [])
-
-
-@pytest.mark.usefixtures("trainer")
 def test_environment_is_restored_and_no_filesystem_outlives_it(s3: S3Server) -> None:
     before = dict(os.environ)
     with LatencyProxy(s3.port, 0.0) as proxy:
@@ -107,7 +99,6 @@ def test_scan_and_build_write_s3(s3: S3Server, built: Built, capsys: pytest.Capt
     assert capsys.readouterr().out.startswith(f"OK {built.s3_out}")
 
 
-@pytest.mark.usefixtures("trainer")
 def test_trainer_reads_plan_from_s3(built: Built) -> None:
     pytest.importorskip("torch")
     from lidarshard.loaders import ManifestReader
@@ -133,7 +124,6 @@ def _read_all(dataset) -> tuple[list[np.ndarray], float]:
     return points, (time.perf_counter() - t) / len(dataset)
 
 
-@pytest.mark.usefixtures("trainer")
 def test_dataset_reads_points_from_s3_also_with_latency(s3: S3Server, built: Built) -> None:
     pytest.importorskip("torch")
     from lidarshard.loaders.dataset import PointCloudDataset

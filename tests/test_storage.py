@@ -1,5 +1,5 @@
 """transforms/io/storage.py: bounded reads, regular files only, atomic writes, listing, and the
-pyarrow.fs backend (``mock://``, in memory) with its per-process filesystem cache."""
+pyarrow.fs filesystems (``mock://``, in memory) with the per-process filesystem cache."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lidarshard.transforms.io import arrowfs as storage_arrow
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
 
@@ -91,14 +90,14 @@ def test_failed_local_write_leaves_the_old_file(tmp_path: Path, monkeypatch) -> 
     def boom(*_: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(os, "replace", boom)
+    monkeypatch.setattr(storage, "_commit", boom)  # the rename into place fails
     with pytest.raises(OSError, match="disk full"):
         storage.write_bytes(p, b"new")
     assert storage.read_bytes(p) == b"old" and os.listdir(tmp_path) == ["m.json"]
 
 
 def test_arrow_backend_round_trip_and_filesystem_cache() -> None:
-    storage_arrow._arrow_fs.cache_clear()  # mock:// keeps its files in the (cached) filesystem object
+    storage._arrow_fs.cache_clear()  # mock:// keeps its files in the (cached) filesystem object
     root = "mock://bucket/run"
     table = pa.table({"x": [1, 2, 3]})
     storage.write_bytes(f"{root}/t.parquet", parquet_bytes(table))
@@ -115,13 +114,13 @@ def test_arrow_backend_round_trip_and_filesystem_cache() -> None:
     storage.copy([f"{root}/sub/a.bin"], [f"{root}/b.bin"])
     storage.remove_tree(f"{root}/sub")
     assert sorted(storage.list_files(root)) == ["b.bin", "t.parquet"]
-    info = storage_arrow._arrow_fs.cache_info()
+    info = storage._arrow_fs.cache_info()
     assert info.misses == 1 and info.hits > 5  # one filesystem object for every call on the bucket
 
 
 def test_streams_local_and_arrow(tmp_path: Path) -> None:
     """open_write: the file appears when the block ends, never on an error; open_read seeks."""
-    storage_arrow._arrow_fs.cache_clear()
+    storage._arrow_fs.cache_clear()
     for root in (str(tmp_path / "run"), "mock://bucket/streams"):
         path = storage.join(root, "d", "t.parquet")
         with storage.open_write(path) as f:
@@ -141,3 +140,23 @@ def test_open_read_refuses_a_fifo(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(storage.NotRegularFileError):
         storage.open_read(str(fifo))
+
+
+def test_a_remote_glob_matches_within_and_across_folders() -> None:
+    """``*``, ``?`` and ``[..]`` stay within a folder, ``**`` spans folders and ``**/`` may span none: the
+    same pattern language on an object store as on a local disk."""
+    storage._arrow_fs.cache_clear()
+    root = "mock://bucket/glob"
+    for rel in ("a.bin", "b.txt", "s/c.bin", "s/t/d.bin", "x1.bin", "x2.bin"):
+        storage.write_bytes(f"{root}/{rel}", b"1")
+    found = {p: [x.removeprefix(root + "/") for x in storage.glob(f"{root}/{p}")] for p in (
+        "*.bin", "**/*.bin", "s/**", "x?.bin", "x[!1].bin", "*/c.bin")}  # fmt: skip
+    assert found == {
+        "*.bin": ["a.bin", "x1.bin", "x2.bin"],
+        "**/*.bin": ["a.bin", "s/c.bin", "s/t/d.bin", "x1.bin", "x2.bin"],
+        "s/**": ["s/c.bin", "s/t/d.bin"],
+        "x?.bin": ["x1.bin", "x2.bin"],
+        "x[!1].bin": ["x2.bin"],
+        "*/c.bin": ["s/c.bin"],
+    }
+    storage.remove_tree(root)

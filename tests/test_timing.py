@@ -1,9 +1,8 @@
-"""lidarshard.loaders.timing: the step recorder's files (atomic, schema, restart), its clocks (host, and
+"""lidarshard.loaders.step_timer: the step recorder's files (atomic, schema, restart), its clocks (host, and
 accelerator events through a fake), PlanLoader steps, and a real 2-rank gloo DDP run."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,7 +10,8 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 
-from lidarshard.loaders.timing import TIMING_SCHEMA, StepTimer, read_timing_files
+from lidarshard.loaders.step_timer import TIMING_SCHEMA, StepTimer, read_timing_files
+from lidarshard.transforms.io import storage
 
 
 def _files(d: Path) -> list[str]:
@@ -82,16 +82,16 @@ def test_a_failed_write_leaves_no_file_and_keeps_the_rows(tmp_path: Path, monkey
     for step in range(3):
         with timer.step(0, step):
             pass
-    real = os.replace
+    real = storage._commit
 
-    def broken(src: str, dst: str) -> None:
+    def broken(*_: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(os, "replace", broken)
+    monkeypatch.setattr(storage, "_commit", broken)  # the rename into place fails
     with pytest.raises(OSError, match="disk full"):
         timer.flush()
     assert _files(tmp_path) == []  # neither the part nor a temp file
-    monkeypatch.setattr(os, "replace", real)
+    monkeypatch.setattr(storage, "_commit", real)
     assert timer.flush() is not None
     assert read_timing_files(str(tmp_path)).column("step").to_pylist() == [0, 1, 2]
 

@@ -1,6 +1,6 @@
 """``lidarshard calibrate OUT --timings T``: fit ``linear:c0,a,b`` to measured step timings.
 
-``T`` is the training recorder's Parquet files (``lidarshard.loaders.timing.StepTimer``: a directory
+``T`` is the training recorder's Parquet files (``lidarshard.loaders.step_timer.StepTimer``: a directory
 of ``timings-rank-*.parquet``, or one of them), whose rows hold each rank-step's own compute time and
 sample ids, or a CSV of measured milliseconds per sample (``sample_id, ms``, as written by
 ``examples/train_ddp.py --emit-timings``) or per rank per step (``step, rank, ms``, optional
@@ -44,8 +44,8 @@ import pyarrow as pa
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import CostModel
-from lidarshard.tools import balance, memory_fit
 from lidarshard.tools import fit as cal
+from lidarshard.tools import memory_fit, timed_balance
 from lidarshard.tools.epoch_seconds import step_overhead_ms
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report import REPORT_DIR, plan_table, read_epochs, read_plan
@@ -94,7 +94,9 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "matched": obs.num_rows,
         "manifest_cost_model": manifest.cost_model.to_json(),
         "held_out": cal.held_out_fit(x, ms, keys),
-        "linearity": balance.measured_balance(measured, checks) if "world_size" in obs.column_names else [],
+        "linearity": timed_balance.measured_balance(measured, checks)
+        if "world_size" in obs.column_names
+        else [],
         "memory": memory_fit.memory_model(timings, samples),
         "step_ms": step_overhead_ms(timings.rows) if timings.recorded else None,
         "rank_speeds": learn_speeds(measured, fit.predict(x)) if timings.recorded else None,

@@ -32,7 +32,7 @@ def memory_model(timings: Timings, samples: pa.Table) -> dict:
     ``MIN_R2``); ``build --memory-model`` repeats the note.
     """
     if not timings.recorded:
-        return _none("a timings CSV records no memory: record with lidarshard.loaders.timing.StepTimer")
+        return _none("a timings CSV records no memory: record with lidarshard.loaders.step_timer.StepTimer")
     rows = timings.rows.filter(pc.is_valid(timings.rows.column("peak_bytes")))
     if rows.num_rows == 0:
         return _none(

@@ -27,8 +27,8 @@ from lidarshard import schemas
 from lidarshard.loaders import load_manifest, read_samples
 from lidarshard.loaders.epoch_plan import EpochRows, read_epoch_plan
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.tools import balance, plots
 from lidarshard.tools import fit as cal
+from lidarshard.tools import plots, timed_balance
 from lidarshard.tools.epoch_seconds import epoch_lines
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report_page import epoch_figure, page
@@ -179,12 +179,12 @@ def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes],
                 "predicted": r["predicted"]["linearity"],
                 "max_mean": (r["measured"]["max_mean"], r["predicted"]["max_mean"]),
             }
-            for r in balance.measured_balance(
+            for r in timed_balance.measured_balance(
                 obs, {"predicted": pred * factors[obs.column("rank").to_numpy()]}
             )
         ]
     else:
-        rows = balance.plan_linearity(timings, data.plan, data.manifest.batch_size, epoch)
+        rows = timed_balance.plan_linearity(timings, data.plan, data.manifest.batch_size, epoch)
     if not rows and {"step", "rank"} <= set(timings.column_names):
         lines.append("  (no step of this plan is fully timed: the timings come from another plan or sampler)")
     for row in rows:

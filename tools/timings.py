@@ -1,6 +1,6 @@
 """Timings of a training run joined to a manifest's samples: the one reading ``lidarshard calibrate`` and
 ``lidarshard report --timings`` share. The timings are the recorder's Parquet files
-(``lidarshard.loaders.timing.StepTimer``: a directory, or one ``.parquet`` file) or a CSV of ms per
+(``lidarshard.loaders.step_timer.StepTimer``: a directory, or one ``.parquet`` file) or a CSV of ms per
 sample or per rank-step (``tools.fit.read_timings``). No Beam.
 
 **This plan** (``check_this_plan``, the one rule both commands apply before a number of the timings sizes
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from lidarshard.loaders.timing import read_timing_files
+from lidarshard.loaders.step_timer import read_timing_files
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools import fit as cal
 from lidarshard.transforms.io import storage

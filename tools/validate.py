@@ -62,7 +62,7 @@ from lidarshard.tools.validate_samples import (
     cost_model_of,
 )
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import COST_FEATURES
+from lidarshard.transforms.core.pool import COST_FEATURES
 from lidarshard.transforms.io import metadata, scratch, storage
 from lidarshard.transforms.io.arrow import parquet_file, release_memory
 

@@ -1,7 +1,3 @@
-"""The Beam layer of the transforms: thin DoFns and PTransforms around the pure modules.
-
-Importing it registers Beam's ``FileSystems`` as a ``lidarshard.transforms.io.storage`` backend
-(``storage`` submodule), so pipeline code and its workers read URIs the way Beam does.
-"""
-
-from lidarshard.transforms.beam import filesystems as _storage  # noqa: F401  (registers the backend)
+"""The Beam layer of the transforms: thin DoFns and PTransforms around the pure modules. Files are read,
+written and listed through ``lidarshard.transforms.io.storage`` (``pyarrow.fs``), in the launcher and on
+every worker alike."""

@@ -8,7 +8,7 @@ DoFns with two outputs yield ``(tag, value)`` records split by ``SplitTags`` (co
 DaskRunner too, whose multi-output ParDo is broken).
 
 Thin DoFns around ``lidarshard.transforms.features.sample`` and ``lidarshard.transforms.layouts.nuscenes_tasks``;
-every file access goes through ``lidarshard.transforms.io.storage`` (Beam FileSystems for URIs), so
+every file access and listing goes through ``lidarshard.transforms.io.storage`` (``pyarrow.fs``), so
 local paths, gs:// and s3:// work alike.
 """
 
@@ -21,7 +21,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.io import fileio
 from apache_beam.metrics import Metrics
 
 from lidarshard import schemas
@@ -35,6 +34,7 @@ from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import concat_sorted, rows_to_table
 from lidarshard.transforms.layouts import Dataset
 from lidarshard.transforms.layouts.task import LayoutOptions, ScanTask
+from lidarshard.transforms.plan.seeds import scan_shard
 
 __all__ = [
     "ScanSamples",
@@ -122,6 +122,14 @@ def input_root(input_path: str) -> str:
     """The directory an INPUT's file sample_ids are relative to: INPUT itself, or a glob's part before
     its first wildcard."""
     return _file_pattern(input_path)[1]
+
+
+def _matched(pattern: str) -> list[str]:
+    """The files ``pattern`` matches (``storage.glob``); none is an error (there were at the check)."""
+    found = storage.glob(pattern)
+    if not found:
+        raise FileNotFoundError(f"INPUT {pattern} matches no file at the scan (it did at the check)")
+    return found
 
 
 def _is_local_dir(path: str) -> bool:
@@ -311,10 +319,9 @@ class ScanSamples(beam.PTransform):
         pattern, root = _file_pattern(d.root)
         tasks = (
             pbegin
-            | f"{step}Match"
-            >> fileio.MatchFiles(pattern, fileio.EmptyMatchTreatment.DISALLOW)  # gone since the check
-            | f"{step}NoMarkers" >> beam.Filter(lambda m: not m.path.endswith("/"))  # "folder/" objects
-            | f"{step}ToTask" >> beam.Map(lambda m, r: file_task(_relative(m.path, r), m.path), root)
+            | f"{step}Pattern" >> beam.Create([pattern])
+            | f"{step}Match" >> beam.FlatMap(_matched)
+            | f"{step}ToTask" >> beam.Map(lambda path, r: file_task(_relative(path, r), path), root)
         )
         return tasks, pbegin | f"{step}NoTableRejects" >> beam.Create([])
 
@@ -349,7 +356,7 @@ class ScanSamples(beam.PTransform):
         )
         written = (
             read["samples"]
-            | "ByShard" >> beam.Map(lambda row: (shards.shard_of(row["sample_id"]), row))
+            | "ByShard" >> beam.Map(lambda row: (scan_shard(row["sample_id"], shards.SCAN_SHARDS), row))
             | "GroupShards" >> beam.GroupByKey()
             | "WriteShards" >> beam.ParDo(_WriteShard(self._work, shards.key_stride(self._part_rows)))
             | "SplitShards" >> SplitTags("shards", "rejects")

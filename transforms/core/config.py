@@ -142,7 +142,7 @@ class PlanConfig:
     def to_json(self) -> dict[str, Any]:
         """The manifest's plan settings (``Manifest.to_json`` keys); ``heaviest_first`` is recorded beside
         the caps, in the ``caps`` object, only when it is on (so plans without it keep their bytes)."""
-        first = {} if self.heaviest_first == "off" else {"heaviest_first": self.heaviest_first}
+        caps, memory = self.caps.to_record(self.heaviest_first)
         history = [
             {"until_epoch": e, "cost_model": model.to_json(), "bucket_edges": list(edges)}
             for e, model, edges in self.earlier
@@ -155,10 +155,8 @@ class PlanConfig:
             "strategy": self.strategy,
             "policy": self.policy,
             "max_plan_factor": self.max_plan_factor,
-            "caps": self.caps.to_json() | first,
-            **(
-                {"memory_cap": self.caps.memory.to_record().to_json()} if self.caps.memory is not None else {}
-            ),
+            "caps": caps.to_json(),
+            **({"memory_cap": memory.to_json()} if memory is not None else {}),
             **({"cost_history": history} if history else {}),
             **({"rank_speed": list(self.rank_speed)} if self.rank_speed is not None else {}),
         }

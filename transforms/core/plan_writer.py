@@ -40,7 +40,7 @@ __all__ = [
     "finish_rank",
 ]
 
-#: The scored columns every epoch's plan is decided from (``epochs.plan_columns`` adds the size features
+#: The scored columns every epoch's plan is decided from (``pool.plan_columns`` adds the size features
 #: where a plan needs them).
 NUMERIC_INPUT = ["cost", "bucket_id", "num_points", "weight"]
 #: The scored columns every plan row copies from its sample.

@@ -18,6 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_bytes
+
 __all__ = [
     "TooManyRejects",
     "DEDUPE_ORDER",
@@ -115,9 +118,6 @@ def counts_or_stop(
     Raises:
         TooManyRejects: with the message of ``counts_of`` plus where the rejects are.
     """
-    from lidarshard.transforms.io import storage
-    from lidarshard.transforms.io.arrow import parquet_bytes
-
     try:
         return counts_of(scanned, accepted, rejects, max_reject_fraction, plan)
     except TooManyRejects as e:

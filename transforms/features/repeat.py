@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from lidarshard.transforms.formats.labels import decode_labels, label_format
+
 __all__ = [
     "WeightSpec",
     "Weights",
@@ -104,8 +106,6 @@ def decoded_labels(
     """Each sample's class ids (``formats.labels.decode_labels`` of its label file, through its
     dataset's label map), one file at a time; None for a sample without labels. The one way scoring
     and ``validate`` read labels for repeat factors."""
-    from lidarshard.transforms.formats.labels import decode_labels, label_format
-
     for path, dataset in zip(label_paths, datasets, strict=True):
         if path is None:
             yield None

@@ -23,10 +23,12 @@ from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.size import DEFAULT_VOXEL_SIZE, MAX_ABS_COORD, compute_features
 from lidarshard.transforms.formats import readers
 from lidarshard.transforms.formats.labels import label_format, read_labels
+from lidarshard.transforms.formats.open3d_backend import read_points_open3d
 from lidarshard.transforms.io.storage import FileTooLargeError
 from lidarshard.transforms.io.storage import NotRegularFileError as NotRegularFile
 from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS, aggregate, check_close_points
 from lidarshard.transforms.layouts.task import FRAMES_FORMAT, ScanTask
+from lidarshard.transforms.layouts.waymo_v2 import read_frame
 
 __all__ = ["ScanConfig", "featurize", "file_task", "FEATURE_MODES"]
 
@@ -136,8 +138,6 @@ def _read(path: str, read_bytes: ReadBytes, size_of: SizeOf, cfg: ScanConfig, mi
 
 def _points(data: bytes, fmt: str, cfg: ScanConfig) -> np.ndarray:
     if cfg.backend == "open3d" and fmt in ("pcd", "ply"):
-        from lidarshard.transforms.formats.open3d_backend import read_points_open3d
-
         return read_points_open3d(data, fmt)
     # A read-only view of the file's bytes where the format allows: features only read the points, and
     # ``aggregate`` copies what it keeps.
@@ -183,8 +183,6 @@ def _frame_points(
 ) -> tuple[NDArray[np.float32], list[NDArray[np.float32]], dict]:
     """Keyframe and sweep points of a sample whose files hold many frames (Waymo v2), and what is
     recorded of the files: their sizes (the frames are read by row group, so no whole-file hash)."""
-    from lidarshard.transforms.layouts.waymo_v2 import read_frame
-
     if open_read is None:
         raise ValueError("featurize needs open_read for a multi-frame sample")
     assert task.frame is not None

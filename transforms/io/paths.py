@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lidarshard.transforms.io.base import join
+from lidarshard.transforms.io.storage import join
 
 __all__ = [
     "PATH_COLUMNS",

@@ -1,15 +1,30 @@
-"""Reading local files that may be hostile: regular files only, reads capped, names taken literally. Pure.
+"""The local rules ``pyarrow.fs`` cannot keep, in one place: what ``storage`` does with local paths itself.
 
-A name is a name: nothing here expands ``*?[`` (only a user's INPUT pattern is a pattern). A path
-that resolves (after symlinks) to a FIFO, socket, device or directory raises ``NotRegularFile``
-before a byte is read, so ``/dev/zero`` cannot grow memory and a FIFO cannot hang the reader (it is
-opened non-blocking and refused). Reads stop at ``limit + 1`` bytes, whatever the size reported.
+``pyarrow.fs.LocalFileSystem`` opens a FIFO blocking (a reader hangs), reads ``/dev/zero`` as a file,
+checks no type on the opened descriptor, lists a directory by following links (a link loop is walked
+40 levels deep) and drops dangling links from a listing. So local reads, stats, listings and removals
+are here, on ``os``:
+
+- a name is a name: nothing here expands ``*?[`` (only a user's INPUT pattern is a pattern);
+- a path that resolves (after symlinks) to a FIFO, socket, device or directory raises ``NotRegularFile``
+  before a byte is read (checked on the opened descriptor, opened non-blocking), so ``/dev/zero`` cannot
+  grow memory and a FIFO cannot hang the reader; reads stop at ``limit + 1`` bytes, whatever the size;
+- a listing follows no directory link and shows every entry, a dangling link too (with size -1); a
+  removal removes a link, never what it points at; ``exchange`` swaps two directories atomically;
+- a file lidarshard keeps in a shared place (``open_own``, ``own_directory``) is never a link and is
+  this user's.
+
+Local writes (a temporary sibling renamed into place) go through ``pyarrow.fs`` in ``storage``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
+import shutil
 import stat
+import sys
 from typing import BinaryIO
 
 __all__ = [
@@ -21,6 +36,9 @@ __all__ = [
     "own_directory",
     "read_local",
     "size_local",
+    "list_local",
+    "remove_local",
+    "exchange",
 ]
 
 
@@ -165,3 +183,53 @@ def own_directory(path: str) -> str:
             f"{path} may be written by others (mode {stat.S_IMODE(st.st_mode):o}): chmod go-w {path}"
         )
     return path
+
+
+def list_local(root: str) -> dict[str, tuple[int, float]]:
+    """{path relative to ``root`` with '/': (size, mtime)} of every entry below ``root`` that is not a
+    directory ({} when absent); directory links are not followed, a dangling link is listed with size -1."""
+    out: dict[str, tuple[int, float]] = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(d, n)
+            try:
+                st = os.stat(p)
+                info = (st.st_size, st.st_mtime)
+            except OSError:  # a dangling link: listed, with a size no recorded file has
+                info = (-1, 0.0)
+            out[os.path.relpath(p, root).replace(os.sep, "/")] = info
+    return out
+
+
+def remove_local(path: str) -> None:
+    """Delete a directory tree, a file or a link (the link, never its target); absent is fine."""
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2
+_NO_EXCHANGE = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EPERM}
+
+
+def exchange(a: str, b: str) -> bool:
+    """Atomically swap two local paths with ``renameat2(RENAME_EXCHANGE)``; False where unsupported.
+
+    Raises:
+        OSError: the call is supported but failed (e.g. a path is missing).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # glibc < 2.28, musl
+        return False
+    at_fdcwd = -100
+    a, b = local_path(a), local_path(b)
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _NO_EXCHANGE:
+        return False
+    raise OSError(err, f"renameat2(RENAME_EXCHANGE) {a} <-> {b}: {os.strerror(err)}")

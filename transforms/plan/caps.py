@@ -18,11 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.schemas.memory_cap import MemoryCapRecord
+from lidarshard.schemas.memory_cap import MemoryCapRecord, MemoryModelRecord
 from lidarshard.schemas.records import CapsRecord
-from lidarshard.transforms.plan.memory import MemoryCap, format_bytes
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.plan.memory import MemoryCap, MemoryModel, format_bytes
 
-__all__ = ["Caps", "PoolLimits", "Breach", "over_cap", "rank_step_sums", "cap_breaches", "check_caps"]
+__all__ = [
+    "Caps", "PoolLimits", "Breach", "over_cap", "rank_step_sums", "cap_breaches", "check_caps",
+    "memory_model_of", "load_memory_model",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,23 +50,65 @@ class Caps:
         """True when at least one cap is set."""
         return any(v is not None for v in (self.max_points, self.max_cost, self.max_samples, self.memory))
 
-    def to_json(self) -> dict[str, float | int | None]:
-        """The manifest's ``caps`` object (the memory cap is its own key, ``memory_cap``)."""
-        return {
-            "max_points_per_rank_step": self.max_points,
-            "max_cost_per_rank_step": self.max_cost,
-            "max_samples_per_rank_step": self.max_samples,
-        }
+    # The one conversion between the caps and their records (the manifest's ``caps`` and ``memory_cap``).
+
+    def to_record(self, heaviest_first: str = "off") -> tuple[CapsRecord, MemoryCapRecord | None]:
+        """The manifest's ``caps`` (with ``heaviest_first``) and ``memory_cap`` (None: no memory cap)."""
+        caps = CapsRecord(self.max_points, self.max_cost, self.max_samples, heaviest_first)
+        if self.memory is None:
+            return caps, None
+        m = self.memory.model
+        return caps, MemoryCapRecord(
+            self.memory.max_bytes, MemoryModelRecord(m.base, m.per_point, m.per_voxel)
+        )
 
     @classmethod
     def from_record(cls, rec: CapsRecord | None, memory: MemoryCapRecord | None = None) -> Caps:
         """A manifest's typed ``caps`` and ``memory_cap`` (None: none), checked as the flags are."""
-        mem = MemoryCap.from_record(memory)
+        mem = None if memory is None else MemoryCap(memory.max_step_bytes, _model(memory.model))
         if rec is None:
             return cls(memory=mem)
         return cls(
             rec.max_points_per_rank_step, rec.max_cost_per_rank_step, rec.max_samples_per_rank_step, mem
         )
+
+
+def _model(rec: MemoryModelRecord) -> MemoryModel:
+    """The memory model of its record (checked as the flags are)."""
+    return MemoryModel(rec.base_bytes, rec.bytes_per_point, rec.bytes_per_voxel)
+
+
+def memory_model_of(obj: object, where: str) -> MemoryModel:
+    """The memory model in ``obj``: ``lidarshard calibrate``'s JSON (its ``memory_model``), or the model's
+    object itself; ``where`` names it in errors.
+
+    Raises:
+        ValueError: no usable model there (one line).
+    """
+    if isinstance(obj, MemoryModel):
+        return obj
+    if isinstance(obj, dict) and "memory_model" in obj:
+        note = obj.get("memory_note")
+        obj, where = obj["memory_model"], f"{where}: memory_model"
+        if obj is None:  # calibrate wrote why it fitted none
+            why = note if isinstance(note, str) and note else "the timings recorded no peak memory"
+            raise ValueError(f"{where} is null: {' '.join(why.split())} (calibrate wrote no memory model)")
+    return _model(MemoryModelRecord.parse(obj, where))
+
+
+def load_memory_model(path: str) -> MemoryModel:
+    """``--memory-model FILE``: the memory model in ``lidarshard calibrate``'s JSON at ``path``.
+
+    Raises:
+        ValueError: the file cannot be read or holds no usable model (one line).
+    """
+    try:
+        obj = storage.read_json(path, what="the file")
+    except FileNotFoundError:
+        raise ValueError(f"--memory-model {path}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"--memory-model {path}: {e.strerror or e}") from None
+    return memory_model_of(obj, f"--memory-model {path}")
 
 
 @dataclass(frozen=True)

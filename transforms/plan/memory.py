@@ -11,7 +11,8 @@ until the backward pass. (The max over the members would model samples processed
 The cap rides with the other caps (``caps.Caps.memory``): a sample alone over it is rejected
 (``over_cap``), ``budget`` plans within it, every strategy's plan is checked against it
 (``caps.cap_breaches``, which ``validate`` runs again), and ``--heaviest-first memory`` puts each epoch's
-heaviest rank-step by predicted peak at step 0.
+heaviest rank-step by predicted peak at step 0. The manifest's and calibrate's records of the model and
+the cap convert to these types in ``caps`` only.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from lidarshard.schemas.memory_cap import MAX_BYTES, MemoryCapRecord, MemoryModelRecord
-from lidarshard.transforms.io import storage
+from lidarshard.schemas.memory_cap import MAX_BYTES
+from lidarshard.transforms.features.cost import points_column
 
 __all__ = [
     "UNITS",
@@ -36,8 +37,6 @@ __all__ = [
     "MemoryModel",
     "MemoryCap",
     "sample_features",
-    "load_memory_model",
-    "memory_model_of",
 ]
 
 #: Byte units ``--max-step-memory`` takes (binary: 1 KiB = 1024 B).
@@ -81,20 +80,15 @@ def sample_features(
     samples: pa.Table, lacking: Mapping[str, int] | None = None
 ) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
     """(points (N,), voxels (N,) or None when any sample lacks them) as the cost model reads them:
-    ``num_in_range`` (``num_points`` when some sample lacks it), ``occupied_voxels``. ``lacking``:
+    ``cost.points_column`` (``num_in_range``, else ``num_points``), ``occupied_voxels``. ``lacking``:
     {column: nulls in the whole input} when ``samples`` is a slice of it (``cost.sample_costs``)."""
-    names = samples.column_names
-
-    def whole(name: str) -> bool:
-        if name not in names:
-            return False
-        return (samples.column(name).null_count if lacking is None else lacking.get(name, 0)) == 0
-
-    use_range = whole("num_in_range")
-    points = samples.column("num_in_range" if use_range else "num_points").to_numpy(zero_copy_only=False)
-    voxels = None
-    if whole("occupied_voxels"):
-        voxels = samples.column("occupied_voxels").to_numpy().astype(np.float64)
+    points = samples.column(points_column(samples, lacking)).to_numpy(zero_copy_only=False)
+    name, voxels = "occupied_voxels", None
+    if (
+        name in samples.column_names
+        and (samples.column(name).null_count if lacking is None else lacking.get(name, 0)) == 0
+    ):
+        voxels = samples.column(name).to_numpy().astype(np.float64)
     return points.astype(np.float64), voxels
 
 
@@ -133,13 +127,6 @@ class MemoryModel:
             out = out + self.per_voxel * voxels
         return out
 
-    def to_record(self) -> MemoryModelRecord:
-        return MemoryModelRecord(self.base, self.per_point, self.per_voxel)
-
-    @classmethod
-    def from_record(cls, rec: MemoryModelRecord) -> MemoryModel:
-        return cls(rec.base_bytes, rec.bytes_per_point, rec.bytes_per_voxel)
-
 
 @dataclass(frozen=True)
 class MemoryCap:
@@ -164,44 +151,3 @@ class MemoryCap:
     def detail(self, peak: float) -> str:
         """``predicted peak X > --max-step-memory Y`` for a rank-step or a sample."""
         return f"predicted peak {format_bytes(peak)} > --max-step-memory {format_bytes(self.max_bytes)}"
-
-    def to_record(self) -> MemoryCapRecord:
-        return MemoryCapRecord(self.max_bytes, self.model.to_record())
-
-    @classmethod
-    def from_record(cls, rec: MemoryCapRecord | None) -> MemoryCap | None:
-        """A manifest's typed ``memory_cap`` (None: none), checked as the flags are."""
-        return None if rec is None else cls(rec.max_step_bytes, MemoryModel.from_record(rec.model))
-
-
-def memory_model_of(obj: object, where: str) -> MemoryModel:
-    """The memory model in ``obj``: ``lidarshard calibrate``'s JSON (its ``memory_model``), or the model's
-    object itself; ``where`` names it in errors.
-
-    Raises:
-        ValueError: no usable model there (one line).
-    """
-    if isinstance(obj, MemoryModel):
-        return obj
-    if isinstance(obj, dict) and "memory_model" in obj:
-        note = obj.get("memory_note")
-        obj, where = obj["memory_model"], f"{where}: memory_model"
-        if obj is None:  # calibrate wrote why it fitted none
-            why = note if isinstance(note, str) and note else "the timings recorded no peak memory"
-            raise ValueError(f"{where} is null: {' '.join(why.split())} (calibrate wrote no memory model)")
-    return MemoryModel.from_record(MemoryModelRecord.parse(obj, where))
-
-
-def load_memory_model(path: str) -> MemoryModel:
-    """``--memory-model FILE``: the memory model in ``lidarshard calibrate``'s JSON at ``path``.
-
-    Raises:
-        ValueError: the file cannot be read or holds no usable model (one line).
-    """
-    try:
-        obj = storage.read_json(path, what="the file")
-    except FileNotFoundError:
-        raise ValueError(f"--memory-model {path}: no such file") from None
-    except OSError as e:
-        raise ValueError(f"--memory-model {path}: {e.strerror or e}") from None
-    return memory_model_of(obj, f"--memory-model {path}")
