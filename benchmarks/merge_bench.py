@@ -43,6 +43,7 @@ from lidarshard import schemas
 from lidarshard.transforms.features import shards
 from lidarshard.transforms.io.arrow import parquet_bytes
 from lidarshard.transforms.io.parts import PART_ROWS
+from lidarshard.transforms.plan import seeds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_bench import GIB, measure, slope, synth_samples  # noqa: E402
@@ -51,13 +52,16 @@ HERE = str(Path(__file__).resolve().parent)
 
 
 def write_shards(where: Path, n: int, sweeps: int, chunk: int = 1_000_000) -> list[str]:
-    """``synth_samples`` of ``n`` rows dealt to their ``shard_of`` files (each sorted by id, row groups
+    """``synth_samples`` of ``n`` rows dealt to their ``seeds.scan_shard`` files (each sorted by id, row groups
     of ``SHARD_GROUP_ROWS``); the shard file paths, by shard number."""
     where.mkdir(parents=True, exist_ok=True)
     writers: dict[int, pq.ParquetWriter] = {}
     for start in range(0, n, chunk):
         table = synth_samples(min(chunk, n - start), sweeps, start=start)
-        shard = pa.array([shards.shard_of(s) for s in table.column("sample_id").to_pylist()], pa.int32())
+        shard = pa.array(
+            [seeds.scan_shard(s, shards.SCAN_SHARDS) for s in table.column("sample_id").to_pylist()],
+            pa.int32(),
+        )
         for s in pc.unique(shard).to_pylist():
             if s not in writers:
                 writers[s] = pq.ParquetWriter(where / f"{s:04d}.parquet", table.schema, compression="none")

@@ -14,9 +14,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from lidarshard import schemas
 from lidarshard.transforms.beam.scan_transform import ConcatRows, ScanSamples
 from lidarshard.transforms.features.sample import ScanConfig
-from lidarshard.transforms.features.shards import shard_of
+from lidarshard.transforms.features.shards import SCAN_SHARDS
 from lidarshard.transforms.layouts import FILES, Dataset
 from lidarshard.transforms.layouts.task import LayoutOptions
+from lidarshard.transforms.plan.seeds import scan_shard
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 
@@ -40,7 +41,7 @@ def _scan(
         assert_that(written, equal_to(list(enumerate(sizes))), label="Parts")
         assert_that(result.rejects | "Why" >> beam.Map(_reasons), equal_to([want_rejects]), label="Rejects")
         assert_that(result.scanned, equal_to([len(want_ids) + len(want_rejects)]), label="Scanned")
-    want_shards = {shard_of(i) for i in want_ids}
+    want_shards = {scan_shard(i, SCAN_SHARDS) for i in want_ids}
     assert len(list(work.glob("scan/shard=*.parquet"))) == len(want_shards)  # the scratch the caller removes
     assert sorted(p.name for p in parts.iterdir()) == [schemas.part_name(k) for k in range(n_parts)]
     ids = [

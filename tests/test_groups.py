@@ -25,10 +25,9 @@ from lidarshard.tools.validate import validate
 from lidarshard.transforms.core import groups
 from lidarshard.transforms.core.config import AUTO_RULE, GROUP_SAMPLES, PlanConfig, auto_groups
 from lidarshard.transforms.core.epochs import plan_pool, plan_samples
-from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, order, plan_epoch
+from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, order, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
-from lidarshard.transforms.plan.group_stats import combine, group_sums
-from lidarshard.transforms.plan.metrics import balance_summary
+from lidarshard.transforms.plan.metrics import balance_entry, balance_summary, mate_counts, plan_sums
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest, make_bins, scored_pool
 
 #: sha256[:16] of (plan, baseline) bytes of ``_today``'s epoch 1 per strategy, and of the plan rows of
@@ -82,7 +81,7 @@ def test_the_auto_rule() -> None:
 
 def test_deal_is_a_stable_hash_of_the_sample_and_epoch() -> None:
     ids = [f"scene-{i:05d}" for i in range(20000)]
-    keys = groups.sample_keys(ids)
+    keys = seeds.sample_keys(ids)
     dealt = groups.deal(keys, 7, 3, 5)
     assert dealt.min() == 0 and dealt.max() == 4
     assert np.abs(np.bincount(dealt) - 4000).max() < 250  # about even
@@ -90,7 +89,7 @@ def test_deal_is_a_stable_hash_of_the_sample_and_epoch() -> None:
     assert (groups.deal(keys, 7, 4, 5) != dealt).mean() > 0.7  # another epoch, another deal
     assert (groups.deal(keys, 8, 3, 5) != dealt).mean() > 0.7
     assert (groups.deal(keys, 7, 3, 1) == 0).all()
-    assert groups.sample_keys(["a"])[0] == 0xE8B7BE43  # CRC-32 of the UTF-8, on every platform
+    assert seeds.sample_keys(["a"])[0] == 0xE8B7BE43  # CRC-32 of the UTF-8, on every platform
 
 
 def test_interleave_keeps_counts_and_puts_the_heaviest_group_first() -> None:
@@ -115,7 +114,7 @@ def test_every_strategy_plans_each_group_with_its_settings(strategy: str) -> Non
     cfg = PlanConfig(4, 8, epochs=2, strategy=strategy, plan_groups=3, heaviest_first="points", rank_speed=SPEEDS,
                      caps=caps)  # fmt: skip
     p = plan_samples(table, 0, cfg)
-    keys = groups.sample_keys(table.column("sample_id"))
+    keys = seeds.sample_keys(table.column("sample_id"))
     copies = groups.pool_copies(
         table.column("bucket_id").to_numpy(), table.column("weight").to_numpy(), keys, 0, cfg
     )
@@ -144,7 +143,7 @@ def test_one_groups_sums_give_the_single_pool_balance() -> None:
     cfg = PlanConfig(4, 8, strategy="mixed", rank_speed=SPEEDS)
     plan, _, costs, _, _ = plan_pool(table, 0, cfg)
     reference = plan_epoch("random", costs, 4, 8, seed=0, epoch=0)
-    got = combine([group_sums(plan, costs, 4, 8, reference, SPEEDS)], 0, True)
+    got = balance_entry([plan_sums(plan, costs, 8, reference, SPEEDS)], 0)
     want = balance_summary(plan, costs, 4, 8, baseline=reference, epoch=0, speeds=SPEEDS)
     assert got.keys() == want.keys()
     for k, v in want.items():
@@ -266,7 +265,7 @@ def test_validate_names_a_grouped_files_first_forged_value(
     rel = schemas.plan_file(e, r)
     t = pq.read_table(forged / rel)
     cfg = PlanConfig.from_manifest(load_manifest(forged))
-    dealt = groups.deal(groups.sample_keys(t.column("sample_id")), cfg.seed, e, 3)
+    dealt = groups.deal(seeds.sample_keys(t.column("sample_id")), cfg.seed, e, 3)
     i, j = next((i, j) for i in range(t.num_rows) for j in range(i + 1, t.num_rows) if dealt[i] > dealt[j])
     values = t.column(name).to_numpy().copy()
     values[[i, j]] = values[[i, j]] * 2 + 1
@@ -288,7 +287,7 @@ def _summaries(out: Path, e: int) -> list:
     m = load_manifest(out)
     cfg = PlanConfig.from_manifest(m)
     table = pq.read_table(out / "samples")
-    dealt = groups.deal(groups.sample_keys(table.column("sample_id")), cfg.seed, e, 3)
+    dealt = groups.deal(seeds.sample_keys(table.column("sample_id")), cfg.seed, e, 3)
     out_ = []
     for g in range(3):
         rows = np.flatnonzero(dealt == g).astype(np.int64)
@@ -414,15 +413,15 @@ def test_the_report_reads_a_grouped_manifest(grouped) -> None:
 
 @pytest.mark.parametrize("strategy", ["mixed", "budget"])
 def test_the_pair_repeat_rate_from_shards_and_buckets_is_the_assembled_plans(strategy, monkeypatch) -> None:
-    """The build's pair repeat rate without a gather (group_rows.pair_*), on 100-row shards, equals
-    ``repeat_rates`` of the assembled epochs (weights up to 2.3: samples planned twice)."""
+    """The build's pair repeat rate without a gather (group_rows.pair_*, metrics.mate_counts), on 100-row shards, equals
+    ``epoch_repeat_rates`` of the assembled epochs (weights up to 2.3: samples planned twice)."""
     from lidarshard.transforms.core import group_rows, plan_writer
-    from lidarshard.transforms.core.epochs import repeat_rates
+    from lidarshard.transforms.core.epochs import epoch_repeat_rates
 
     monkeypatch.setattr(plan_writer, "ROWS_PER_SHARD", 100)
     table = scored_pool(3000, 5)
     cfg = PlanConfig(4, 8, epochs=2, strategy=strategy, plan_groups=3)
-    keys = groups.sample_keys(table.column("sample_id"))
+    keys = seeds.sample_keys(table.column("sample_id"))
     by_shard: dict[int, dict] = {}
     for e in (0, 1):
         dealt = groups.deal(keys, cfg.seed, e, 3)
@@ -441,10 +440,11 @@ def test_the_pair_repeat_rate_from_shards_and_buckets_is_the_assembled_plans(str
                 buckets.setdefault((kind, b), []).append(piece)
     sums = {"plan": [0, 0], "base": [0, 0]}
     for (kind, _), pieces in buckets.items():
-        pairs, shared = group_rows.pair_counts(pieces)
+        both = np.concatenate(pieces)
+        pairs, shared = mate_counts(both[:, 0], both[:, 1])
         sums[kind][0] += pairs
         sums[kind][1] += shared
-    want = repeat_rates(plan_samples(table, 0, cfg), plan_samples(table, 1, cfg), strategy)
+    want = epoch_repeat_rates(plan_samples(table, 0, cfg), plan_samples(table, 1, cfg), strategy)
     assert round(sums["plan"][1] / sums["plan"][0], 6) == want[strategy]
     assert round(sums["base"][1] / sums["base"][0], 6) == want["random"]
 
@@ -467,16 +467,16 @@ def test_validates_pair_repeat_rate_group_by_group_is_the_epochs(
     forced: int, part_rows, tmp_path: Path
 ) -> None:
     """``validate_derived.PairRepeat`` (epoch 0's groups parked, epoch 1's last step per sample parked by
-    row range) gives ``repeat_rates`` of the two assembled epochs, for one group and for three, in one
+    row range) gives ``epoch_repeat_rates`` of the two assembled epochs, for one group and for three, in one
     partition of rows and in five."""
     from lidarshard.tools.validate_derived import PairRepeat
-    from lidarshard.transforms.core.epochs import repeat_rates
+    from lidarshard.transforms.core.epochs import epoch_repeat_rates
 
     table = scored_pool(3000, 2)
     cfg = PlanConfig(4, 8, epochs=2, strategy="mixed", policy="pad", plan_groups=forced)
     pairs = PairRepeat(str(tmp_path), table.num_rows, part_rows)
     assert pairs.parts == (1 if part_rows is None else 5)
-    keys = groups.sample_keys(table.column("sample_id"))
+    keys = seeds.sample_keys(table.column("sample_id"))
     for e in (0, 1):
         if forced == 1:
             whole = plan_samples(table, e, cfg)
@@ -487,5 +487,5 @@ def test_validates_pair_repeat_rate_group_by_group_is_the_epochs(
             rows = np.flatnonzero(dealt == g).astype(np.int64)
             part = groups.plan_group(groups.group_table(table, rows), rows, e, g, cfg)
             pairs.add(e, g, forced, (part.plan, part.baseline))
-    want = repeat_rates(plan_samples(table, 0, cfg), plan_samples(table, 1, cfg), "mixed")
+    want = epoch_repeat_rates(plan_samples(table, 0, cfg), plan_samples(table, 1, cfg), "mixed")
     assert pairs.rates("mixed") == want and want["mixed"] > 0

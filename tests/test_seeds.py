@@ -26,3 +26,21 @@ def test_derive_is_a_stable_63_bit_seed() -> None:
 def test_negative_parts_are_refused() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         seeds.rng(-1, 0)
+
+
+def test_each_purpose_has_one_hash_of_pinned_values() -> None:
+    """The sample-id hashes decide plans (``sample_keys``), spread the scan (``scan_shard``) and split the
+    calibration folds (``folds``): their values are pinned, whatever module calls them."""
+    import hashlib
+
+    import pyarrow as pa
+
+    ids = ["a", "scene-00001", "é/x.bin"]
+    want = [zlib.crc32(i.encode()) for i in ids]
+    assert seeds.sample_keys(ids).tolist() == want == seeds.sample_keys(pa.array(ids)).tolist()
+    assert seeds.sample_keys(ids).dtype == np.uint64
+    blake = [int.from_bytes(hashlib.blake2b(i.encode(), digest_size=8).digest(), "little") for i in ids]
+    assert [seeds.scan_shard(i, 256) for i in ids] == [b % 256 for b in blake]
+    assert seeds.folds(["0:1", "0:2", "1:1"], 5).tolist() == [
+        zlib.crc32(k.encode()) % 5 for k in ("0:1", "0:2", "1:1")
+    ]

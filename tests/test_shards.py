@@ -20,6 +20,7 @@ import pytest
 from lidarshard import schemas
 from lidarshard.transforms.features import shards
 from lidarshard.transforms.io.arrow import parquet_bytes, rows_to_table
+from lidarshard.transforms.plan import seeds
 from tests.helpers import REPO, slow_after
 
 
@@ -39,10 +40,10 @@ def _rows(n: int, seed: int) -> list[dict]:
 
 
 def _shard_files(rows: list[dict], tmp: Path, count: int) -> tuple[list[str], list[dict]]:
-    """Rows dealt to ``count`` shards by ``shard_of`` (as the scan does), each settled and written."""
+    """Rows dealt to ``count`` shards by ``seeds.scan_shard`` (as the scan does), each settled and written."""
     by_shard: dict[int, list[dict]] = {}
     for row in rows:
-        by_shard.setdefault(shards.shard_of(row["sample_id"]) % count, []).append(row)
+        by_shard.setdefault(seeds.scan_shard(row["sample_id"], shards.SCAN_SHARDS) % count, []).append(row)
     paths, rejects = [], []
     for s, part in sorted(by_shard.items()):
         table, dups = shards.settle_shard(part)
@@ -200,7 +201,8 @@ def test_shard_of_is_the_same_in_every_process() -> None:
     """No salted ``hash()``: two interpreters with different hash seeds agree."""
     ids = ["a", "scene-0001/tok", "ünïcode/x.bin", ""]
     code = (
-        f"from lidarshard.transforms.features.shards import shard_of; print([shard_of(i) for i in {ids!r}])"
+        "from lidarshard.transforms.features.shards import SCAN_SHARDS; from lidarshard.transforms.plan.seeds "
+        f"import scan_shard; print([scan_shard(i, SCAN_SHARDS) for i in {ids!r}])"
     )
     seen = {
         subprocess.run(
@@ -214,8 +216,8 @@ def test_shard_of_is_the_same_in_every_process() -> None:
         ).stdout  # fmt: skip
         for seed in ("1", "2")
     }
-    assert seen == {repr([shards.shard_of(i) for i in ids]) + "\n"}
-    assert all(0 <= shards.shard_of(i) < shards.SCAN_SHARDS for i in ids)
+    assert seen == {repr([seeds.scan_shard(i, shards.SCAN_SHARDS) for i in ids]) + "\n"}
+    assert all(0 <= seeds.scan_shard(i, shards.SCAN_SHARDS) < shards.SCAN_SHARDS for i in ids)
 
 
 def test_row_groups_of_a_shard_file_are_small() -> None:
@@ -234,7 +236,7 @@ def test_parts_are_about_part_rows_with_every_scan_shard() -> None:
     ids = sorted(f"scene-{i % 97:03d}/tok{i:07d}" for i in range(64_000))
     by_shard: dict[int, list[str]] = {}
     for i in ids:
-        by_shard.setdefault(shards.shard_of(i), []).append(i)
+        by_shard.setdefault(seeds.scan_shard(i, shards.SCAN_SHARDS), []).append(i)
     keys = [
         k for n, s in by_shard.items() for k in shards.sampled_keys(pa.table({"sample_id": s}), stride, n)
     ]

@@ -20,7 +20,6 @@ rest refitted (``dropped`` names it).
 from __future__ import annotations
 
 import io
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
@@ -30,6 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from numpy.typing import NDArray
+
+from lidarshard.transforms.features.cost import points_column
+from lidarshard.transforms.plan import seeds
 
 __all__ = [
     "TERMS",
@@ -189,9 +191,8 @@ def read_timings(data: bytes) -> pa.Table:
 
 def sample_features(samples: pa.Table, q: float = 1.0) -> pa.Table:
     """``sample_id, points, voxels, cost`` (float64) of a scored samples table, as the cost model sees
-    them: points = ``num_in_range`` (``num_points`` if any is null), voxels ``** q``, null when unavailable."""
-    in_range = samples.column("num_in_range")
-    points = in_range if in_range.null_count == 0 else samples.column("num_points")
+    them: points = ``cost.points_column``, voxels ``** q``, null when unavailable."""
+    points = samples.column(points_column(samples))
     voxels = samples.column("occupied_voxels")
     if voxels.null_count:
         voxels = pa.nulls(samples.num_rows, pa.float64())
@@ -291,13 +292,13 @@ def held_out_fit(x: NDArray[np.float64], ms: NDArray[np.float64], keys: Sequence
     """Fit on ~80% of the observations and score the fit on the other ~20%.
 
     The split is deterministic and does not depend on which other rows exist: an observation is held
-    out when ``crc32(key) % 5 == 0`` (key: e.g. ``"epoch:step"``, so all ranks of a step go together).
+    out when ``crc32(key) % 5 == 0`` (``seeds.folds``) (key: e.g. ``"epoch:step"``, so all ranks of a step go together).
 
     Returns:
         ``{"split", "train", "test", "r2", "rmse", "c0", "a", "b"}`` (test R^2 / RMSE of the training
         fit; ``r2``/``rmse`` None with a ``"note"`` when a side is too small or the fit fails).
     """
-    test = np.array([zlib.crc32(k.encode()) % HOLD_OUT_EVERY == 0 for k in keys], dtype=bool)
+    test = seeds.folds(keys, HOLD_OUT_EVERY) == 0
     out: dict = {"split": f"crc32(key) % {HOLD_OUT_EVERY} == 0 held out", "train": int((~test).sum())}
     out["test"] = int(test.sum())
     try:
@@ -315,7 +316,7 @@ def cross_validated_r2(x: NDArray[np.float64], ms: NDArray[np.float64], keys: Se
     """R^2 of out-of-fold predictions over ``HOLD_OUT_EVERY`` folds (fold ``crc32(key) % HOLD_OUT_EVERY``,
     so all ranks of a step stay together): how well a design ``x`` (n, 3) predicts timings it was not
     fitted on; -inf when a fold cannot be fitted. Picks a model's shape without rewarding fitted noise."""
-    fold = np.array([zlib.crc32(k.encode()) % HOLD_OUT_EVERY for k in keys], dtype=np.int64)
+    fold = seeds.folds(keys, HOLD_OUT_EVERY)
     yhat = np.empty_like(ms)
     for f in np.unique(fold):
         out = fold == f

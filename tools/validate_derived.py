@@ -2,7 +2,7 @@
 time: each epoch planned again with the recorded strategy, seed and settings (G = 1: ``plan_samples``;
 G > 1: each group alone, ``groups.plan_group``, and the interleave of the groups' step counts) must give
 the plan files' plan and counts, and epochs 0 and 1 the recorded ``pair_repeat_rate`` (the build's sums,
-``group_rows.pair_counts``). No group's plan outlives its checks. Pure numpy; appends
+``metrics.mate_counts``). No group's plan outlives its checks. Pure numpy; appends
 ``"<where>: <what>"`` lines to ``problems``.
 """
 
@@ -21,10 +21,10 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_keys import append_split, load_raw
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import plan_samples
-from lidarshard.transforms.core.group_rows import pair_counts
 from lidarshard.transforms.core.groups import GroupSummary, epoch_stats, group_table, plan_group, step_labels
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.scratch import pair_path, read_columns, write_columns
+from lidarshard.transforms.plan.metrics import mate_counts, repeat_rates
 
 __all__ = [
     "PAIR_ROWS",
@@ -170,7 +170,7 @@ class PairRepeat:
     """``pair_repeat_rate`` of epochs 0 and 1 as re-derived, one group at a time: epoch 0's (step id, sample
     row) entries of each group parked in ``work`` (``scratch.pair_path``), epoch 1's (sample row, step id)
     entries parked by row range (``PAIR_ROWS`` samples a partition), then each epoch-0 group's pairs
-    counted (``group_rows.pair_counts``: the sums the build adds) against each sample's last epoch-1 step
+    counted (``metrics.mate_counts``: the counts the build adds) against each sample's last epoch-1 step
     id, one partition at a time. Step ids are ``local * G + group``: the same pairs as the epoch's steps,
     whatever the interleave. Holds one group's entries and one partition, not the ``n`` samples."""
 
@@ -224,19 +224,19 @@ class PairRepeat:
         return out
 
     def rates(self, strategy: str) -> dict[str, float] | None:
-        """``epochs.repeat_rates`` of the two epochs, or None when either was not (wholly) derived."""
+        """``epochs.epoch_repeat_rates`` of the two epochs, or None when either was not (wholly) derived."""
         if self.missing or self.groups is None or len(self.second) != len(self.KINDS):
             return None
-        out: dict[str, float] = {}
+        counts: dict[str, tuple[int, int]] = {}
         for kind in self.KINDS:
             pairs = shared = 0
             for g in range(self.groups):
                 cols = read_columns(pair_path(self.work, kind, g))
                 partner = self._partner(kind, cols["row"].astype(np.int64))
-                p, s = pair_counts([np.stack([cols["step"].astype(np.int64), partner], axis=1)])
+                p, s = mate_counts(cols["step"], partner)
                 pairs, shared = pairs + p, shared + s
-            out[strategy if kind == "plan" else "random"] = round(float(shared / pairs), 6) if pairs else 0.0
-        return out
+            counts[kind] = pairs, shared
+        return repeat_rates(counts, strategy)
 
 
 def check_repeat_rate(problems: list[str], m: Manifest, again: dict[str, float] | None) -> None:

@@ -11,7 +11,7 @@ plan, not the epoch's.
                           rows back, check them against it, the counts, caps and coverage, add its
                           balance sums
     then:                 the interleave of the groups' steps, the step order under --heaviest-first,
-                          the combined balance (``group_stats.combine``) against the manifest
+                          the combined balance (``metrics.balance_entry``) against the manifest
 
 Nothing of the epoch's N samples is held: a group's samples index its plan by their position (``row``
 is ascending), so every value check reads one group's columns.

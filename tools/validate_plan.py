@@ -25,8 +25,8 @@ from lidarshard.tools.validate_repeat import check_realized
 from lidarshard.tools.validate_samples import SamplesView, row_keys
 from lidarshard.transforms.features.repeat import repeat_counts
 from lidarshard.transforms.plan.caps import Breach, Caps, cap_breaches, rank_step_sums
-from lidarshard.transforms.plan.group_stats import GroupSums, combine, group_sums
 from lidarshard.transforms.plan.memory import MemoryModel
+from lidarshard.transforms.plan.metrics import BalanceSums, balance_entry, plan_sums
 from lidarshard.transforms.plan.order import step_peaks
 
 __all__ = [
@@ -352,24 +352,23 @@ class Coverage:
 
 def file_sums(
     plan: NDArray[np.int64], costs: NDArray[np.float64], batch_size: int, speeds: Sequence[float] | None
-) -> GroupSums:
-    """One group's balance sums (``group_stats.group_sums``) of its plan (S_g, W, M) as the plan files
+) -> BalanceSums:
+    """One group's balance sums (``metrics.plan_sums``) of its plan (S_g, W, M) as the plan files
     hold it, over its samples' ``costs`` (n_g,; the plan's entries index them): its pool is its entries by
     sample row (as the build pools a group); no random reference (the files hold none)."""
     pool = np.sort(plan[plan >= 0])
     in_pool = np.searchsorted(pool, plan)
     in_pool[plan < 0] = -1
-    w = plan.shape[1]
-    return group_sums(in_pool, costs[pool], w, batch_size, np.empty((0, w, batch_size), np.int64), speeds)
+    return plan_sums(in_pool, costs[pool], batch_size, None, speeds)
 
 
 def check_balance(
-    problems: list[str], m: Manifest, e: int, sums: Sequence[GroupSums], derived: dict | None
+    problems: list[str], m: Manifest, e: int, sums: Sequence[BalanceSums], derived: dict | None
 ) -> None:
-    """Every ``balance`` number of epoch ``e`` recomputed from its groups' ``file_sums`` (``combine``,
+    """Every ``balance`` number of epoch ``e`` recomputed from its groups' ``file_sums`` (``balance_entry``,
     within 1e-6), but ``random_linearity`` and ``random_speed_linearity``: the files hold no random plan,
     so they are the re-derived epoch's stats (``derived``; not checked when None)."""
-    again: dict = combine(sums, e, m.rank_speed is not None)
+    again: dict = balance_entry(sums, e)
     recorded = m.balance[e]
     for key in ("random_linearity", "random_speed_linearity"):
         again.pop(key, None)

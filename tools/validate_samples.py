@@ -26,13 +26,14 @@ from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_columns import ParkedColumns
 from lidarshard.tools.validate_keys import Match, ParkedKeys
-from lidarshard.transforms.core.groups import deal, sample_keys
+from lidarshard.transforms.core.groups import deal
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import checked_model, sample_costs
 from lidarshard.transforms.io import paths, storage
 from lidarshard.transforms.io.arrow import parquet_file, read_rows, release_memory, row_groups
 from lidarshard.transforms.io.parts import ParquetParts, open_parts, read_parts
+from lidarshard.transforms.plan.seeds import sample_keys
 
 __all__ = [
     "NUMERIC",
@@ -224,7 +225,7 @@ def read_samples(
 
 
 def _group_keys(ids: pa.Array) -> NDArray[np.uint64]:
-    """(n,) ``groups.sample_keys`` of a row group's ids (a null id, reported, keys as the empty one)."""
+    """(n,) ``seeds.sample_keys`` of a row group's ids (a null id, reported, keys as the empty one)."""
     return sample_keys(pc.fill_null(ids, "") if ids.null_count else ids)
 
 

@@ -39,7 +39,13 @@ from lidarshard.transforms.core import group_rows, groups, previous
 from lidarshard.transforms.core import plan_writer as sharded
 from lidarshard.transforms.core import record as manifest
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, as_planned, plan_samples, repeat_rates
+from lidarshard.transforms.core.epochs import (
+    COST_FEATURES,
+    EpochPlan,
+    as_planned,
+    epoch_repeat_rates,
+    plan_samples,
+)
 from lidarshard.transforms.core.rank_stream import stream_rank
 from lidarshard.transforms.core.score import ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.features.cost import CostModel
@@ -53,10 +59,11 @@ from lidarshard.transforms.io.arrow import (
 )
 from lidarshard.transforms.io.parts import listed_parts, open_parts, parts_holding, read_parts
 from lidarshard.transforms.io.scratch import entries_path, read_columns, scores_path, write_columns
+from lidarshard.transforms.plan.metrics import repeat_rates
 
 __all__ = ["BuildJob", "BuildManifest", "writer", "PLANNED_PAIRS"]
 
-#: The epochs whose plans give the pair repeat rates (``epochs.repeat_rates``).
+#: The epochs whose plans give the pair repeat rates (``epochs.epoch_repeat_rates``).
 PLANNED_PAIRS = (0, 1)
 
 
@@ -250,7 +257,7 @@ def _write_manifest(gathered: dict[str, list], job: BuildJob) -> dict:
         rates = _pair_rates(gathered.get("gpair", []), job.cfg) if job.cfg.epochs > 1 else None
     elif len(pairs) == len(PLANNED_PAIRS):
         first, second = (EpochPlan(plan, baseline, {}) for _, plan, baseline in pairs)
-        rates = repeat_rates(first, second, job.cfg.strategy)
+        rates = epoch_repeat_rates(first, second, job.cfg.strategy)
     meta = job.meta | {"part_rows": job.settle.part_rows}
     files = [*scored["files"], *gathered.get("files", [])]
     built = manifest.build_manifest(meta, job.cfg, scored, files, stats, rates)
@@ -276,13 +283,11 @@ def _grouped(summaries: list, cfg: PlanConfig) -> list[dict]:
 
 
 def _pair_rates(counted: list[tuple[str, int, int]], cfg: PlanConfig) -> dict[str, float]:
-    """``repeat_rates`` from the buckets' ``(kind, pairs, shared)`` sums (``group_transform``)."""
-    rates = {}
-    for kind, name in (("plan", cfg.strategy), ("random", "random")):
-        pairs = sum(p for k, p, _ in counted if k == kind)
-        shared = sum(s for k, _, s in counted if k == kind)
-        rates[name] = round(float(shared / pairs), 6) if pairs else 0.0
-    return rates
+    """``metrics.repeat_rates`` from the buckets' ``(kind, pairs, shared)`` counts (``group_transform``)."""
+    kinds = ("plan", "random")
+    counts = {kind: (sum(p for k, p, _ in counted if k == kind), sum(s for k, _, s in counted if k == kind))
+              for kind in kinds}  # fmt: skip
+    return repeat_rates(counts, cfg.strategy)
 
 
 class BuildManifest(beam.PTransform):

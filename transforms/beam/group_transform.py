@@ -9,7 +9,7 @@ pure function of ``transforms.core.group_rows``)::
     ByShard       GroupByKey       key (epoch, shard start): the groups with plan rows in that shard
     MergeShards   merge_entries    -> the build's WritePieces; each group's (steps, peak) -> each rank writer
     PairShards    pair_buckets     epochs 0 and 1 of each shard's samples: which steps they share
-    PairBuckets   pair_counts      the pair repeat rate's two sums, per bucket of epoch-0 steps
+    PairBuckets   mate_counts      the pair repeat rate's two counts, per bucket of epoch-0 steps
 
 No element holds more than one group or one shard of samples, and no shuffle carries the rows: a
 group's members and its plan rows are parked in the build's scratch directory, one file per (epoch,
@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 
 from lidarshard.transforms.beam.scan_transform import NAMESPACE
@@ -42,6 +43,7 @@ from lidarshard.transforms.io.scratch import (
     read_columns,
     write_columns,
 )
+from lidarshard.transforms.plan.metrics import mate_counts
 
 __all__ = ["PlanGroups"]
 
@@ -112,9 +114,11 @@ def _pair_shard(grouped: tuple[int, Iterable]) -> Iterator[tuple[tuple[str, int]
 
 
 def _pair_bucket(grouped: tuple[tuple[str, int], Iterable]) -> tuple[str, int, int]:
-    """One bucket's pieces -> (kind, pairs sharing an epoch-0 step, those sharing an epoch-1 step too)."""
+    """One bucket's (n, 2) pieces -> (kind, pairs sharing an epoch-0 step, those sharing an epoch-1 step
+    too): ``metrics.mate_counts``."""
     (kind, _), pieces = grouped
-    return (kind, *group_rows.pair_counts(list(pieces)))
+    both = np.concatenate(list(pieces))
+    return (kind, *mate_counts(both[:, 0], both[:, 1]))
 
 
 def _merge(grouped: tuple[tuple[int, int], Iterable], work: str) -> Iterator[tuple]:

@@ -35,6 +35,7 @@ from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import concat_sorted, rows_to_table
 from lidarshard.transforms.layouts import Dataset
 from lidarshard.transforms.layouts.task import LayoutOptions, ScanTask
+from lidarshard.transforms.plan.seeds import scan_shard
 
 __all__ = [
     "ScanSamples",
@@ -349,7 +350,7 @@ class ScanSamples(beam.PTransform):
         )
         written = (
             read["samples"]
-            | "ByShard" >> beam.Map(lambda row: (shards.shard_of(row["sample_id"]), row))
+            | "ByShard" >> beam.Map(lambda row: (scan_shard(row["sample_id"], shards.SCAN_SHARDS), row))
             | "GroupShards" >> beam.GroupByKey()
             | "WriteShards" >> beam.ParDo(_WriteShard(self._work, shards.key_stride(self._part_rows)))
             | "SplitShards" >> SplitTags("shards", "rejects")

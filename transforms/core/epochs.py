@@ -4,7 +4,7 @@ The build plans each epoch once, from the numeric columns of the scored samples 
 ``bucket_id``, ``num_points``, ``weight``): ``plan_samples`` gives the strategy's plan (its heaviest
 rank-step moved to step 0 under ``heaviest_first``, ``lidarshard.transforms.plan.order``), the ``random``
 baseline on the same pool (the reference of ``random_linearity``) and the epoch's stats; the pair
-repeat rates of epochs 0 and 1 come from those same plans (``repeat_rates``). ``lidarshard validate``
+repeat rates of epochs 0 and 1 come from those same plans (``epoch_repeat_rates``). ``lidarshard validate``
 re-derives them independently with the same functions.
 """
 
@@ -24,7 +24,7 @@ from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.plan import VARIABLE_COUNT, order, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import PoolLimits
-from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, pair_repeat_rate
+from lidarshard.transforms.plan.metrics import balance_summary, equal_count_pool, plan_mates, repeat_rates
 from lidarshard.transforms.plan.speeds import normalized
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
     "plan_pool",
     "to_samples",
     "epoch_pool",
-    "repeat_rates",
+    "epoch_repeat_rates",
     "bucket_edges",
     "streamed_bucket_edges",
     "bucket_record",
@@ -295,9 +295,11 @@ def epoch_pool(
     return pool, dropped, padded, rng
 
 
-def repeat_rates(first: EpochPlan, second: EpochPlan, strategy: str) -> dict[str, float]:
+def epoch_repeat_rates(first: EpochPlan, second: EpochPlan, strategy: str) -> dict[str, float]:
     """How often two samples sharing a step in epoch 0 share one again in epoch 1: the strategy's
     plans vs their ``random`` baselines (``EpochPlan.baseline``), from the epochs' own plans."""
-    rates = {strategy: round(pair_repeat_rate(first.plan, second.plan), 6)}
-    rates["random"] = round(pair_repeat_rate(first.baseline, second.baseline), 6)
-    return rates
+    counts = {
+        "plan": plan_mates(first.plan, second.plan),
+        "random": plan_mates(first.baseline, second.baseline),
+    }
+    return repeat_rates(counts, strategy)

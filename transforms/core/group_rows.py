@@ -25,7 +25,8 @@ from numpy.typing import NDArray
 from lidarshard.transforms.core import plan_writer
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned
-from lidarshard.transforms.core.groups import GROUP_COLUMNS, GroupPlan, deal, interleave, sample_keys
+from lidarshard.transforms.core.groups import GROUP_COLUMNS, GroupPlan, deal, interleave
+from lidarshard.transforms.plan import seeds
 
 __all__ = [
     "deal_shard",
@@ -36,7 +37,6 @@ __all__ = [
     "PAIR_BUCKETS",
     "pair_entries",
     "pair_buckets",
-    "pair_counts",
 ]
 
 #: One group's members in one shard: (first sample row of the shard, (n,) their rows, {column: (n,)}).
@@ -50,7 +50,7 @@ def deal_shard(chunk: pa.Table, start: int, epoch: int, cfg: PlanConfig, groups:
     an epoch planned before a re-plan, whose costs ``as_planned`` recomputes here).
     """
     planned = as_planned(chunk, epoch, cfg)
-    dealt = deal(sample_keys(chunk.column("sample_id")), cfg.seed, epoch, groups)
+    dealt = deal(seeds.sample_keys(chunk.column("sample_id")), cfg.seed, epoch, groups)
     names = [c for c in GROUP_COLUMNS if c in chunk.column_names]
     columns = {c: np.asarray(planned.column(c).to_numpy()) for c in names}
     out: dict[int, Members] = {}
@@ -144,7 +144,8 @@ def pair_buckets(
     """One shard's (rows, step ids) of epoch 0 (``first``) and epoch 1 (``second``), from every group ->
     {bucket: (n, 2) [epoch-0 step, epoch-1 step of the same sample or -1]}, bucketed by the epoch-0 step.
     A sample's epoch-1 step is its last one (``metrics.pair_repeat_rate``: a sample is in one group of an
-    epoch, so its latest step there is its largest step id)."""
+    epoch, so its latest step there is its largest step id). A bucket's rows from every shard are what
+    ``metrics.mate_counts`` counts."""
     a_rows = np.concatenate([r for r, _ in first]) if first else np.empty(0, np.int64)
     a_steps = np.concatenate([s for _, s in first]) if first else np.empty(0, np.int64)
     b_rows = np.concatenate([r for r, _ in second]) if second else np.empty(0, np.int64)
@@ -162,13 +163,3 @@ def pair_buckets(
     both = np.stack([a_steps, partner], axis=1).astype(np.int64)
     bucket = a_steps % PAIR_BUCKETS
     return {int(k): both[bucket == k] for k in np.unique(bucket).tolist()}
-
-
-def pair_counts(pieces: Sequence[NDArray[np.int64]]) -> tuple[int, int]:
-    """One bucket's (n, 2) [epoch-0 step, epoch-1 step] rows from every shard -> (pairs sharing an epoch-0
-    step, those of them sharing an epoch-1 step too), the two sums of ``metrics.pair_repeat_rate``."""
-    both = np.concatenate(pieces) if pieces else np.empty((0, 2), np.int64)
-    _, n_a = np.unique(both[:, 0], return_counts=True)
-    kept = both[both[:, 1] >= 0]
-    _, k = np.unique(kept, axis=0, return_counts=True) if kept.size else (None, np.empty(0, np.int64))
-    return int((n_a * (n_a - 1) // 2).sum()), int((k * (k - 1) // 2).sum())

@@ -13,7 +13,7 @@ Each group draws from its own seeds (``group_seed``), fits its own pool to whole
 W*B-1 samples a group are dropped or padded) and puts its heaviest rank-step at its step 0; the
 interleave is a seeded permutation of the groups' step labels, each group's steps kept in their order,
 and under ``--heaviest-first`` the group holding the epoch's heaviest rank-step starts the epoch. The
-epoch's balance entry combines the groups' sums (``transforms.plan.group_stats``), the same numbers
+epoch's balance entry combines the groups' sums (``metrics.balance_entry``), the same numbers
 whichever process plans which group. ``lidarshard validate`` re-derives the plan through this module.
 """
 
@@ -30,8 +30,7 @@ from numpy.typing import NDArray
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import epoch_pool, plan_pool, to_samples
 from lidarshard.transforms.plan import order, plan_epoch, seeds
-from lidarshard.transforms.plan.group_stats import GroupSums, combine, group_sums
-from lidarshard.transforms.plan.metrics import equal_count_pool
+from lidarshard.transforms.plan.metrics import BalanceSums, balance_entry, equal_count_pool, plan_sums
 
 __all__ = [
     "GroupSummary",
@@ -39,7 +38,6 @@ __all__ = [
     "step_labels",
     "epoch_stats",
     "interleaved",
-    "sample_keys",
     "keys_of",
     "deal",
     "group_table",
@@ -64,7 +62,7 @@ class GroupSummary:
 
     steps: int
     peak: float
-    sums: GroupSums
+    sums: BalanceSums
     planned: int
     dropped: int
     padded: int
@@ -86,21 +84,15 @@ class GroupPlan:
     summary: GroupSummary
 
 
-def sample_keys(sample_ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> NDArray[np.uint64]:
-    """(N,) the stable key each sample is dealt by: CRC-32 of its sample_id (``seeds.salts``)."""
-    values = sample_ids.to_pylist() if hasattr(sample_ids, "to_pylist") else list(sample_ids)
-    return seeds.salts(values)
-
-
 def keys_of(scored: Any) -> NDArray[np.uint64]:
-    """(N,) ``sample_keys`` of a scored table's samples (its ``sample_id``)."""
+    """(N,) ``seeds.sample_keys`` of a scored table's samples (its ``sample_id``)."""
     if "sample_id" not in scored.column_names:
         raise ValueError("a plan of several step groups deals samples by sample_id: the table has none")
-    return sample_keys(scored.column("sample_id"))
+    return seeds.sample_keys(scored.column("sample_id"))
 
 
 def deal(keys: NDArray[np.uint64], seed: int, epoch: int, groups: int) -> NDArray[np.int32]:
-    """(N,) the group in [0, groups) of each sample key (``sample_keys``) in epoch ``epoch``."""
+    """(N,) the group in [0, groups) of each sample key (``seeds.sample_keys``) in epoch ``epoch``."""
     if groups == 1:
         return np.zeros(len(keys), np.int32)
     return (seeds.spread(keys, seed, epoch, "groups") % np.uint64(groups)).astype(np.int32)
@@ -162,7 +154,7 @@ def plan_group(table: Any, rows: NDArray[np.int64], epoch: int, group: int, cfg:
             f"{w * b}: lower --plan-groups ({cfg.plan_groups or 'auto'})"
         ) from e
     reference = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=gcfg.seed, epoch=epoch)
-    sums = group_sums(plan, costs, w, b, reference, cfg.rank_speed)
+    sums = plan_sums(plan, costs, b, reference, cfg.rank_speed)
     peak = 0.0
     if cfg.heaviest_first != "off" and plan.shape[0]:
         values = costs if cfg.heaviest_first == "cost" else table.column("num_points").to_numpy()[pool]
@@ -180,7 +172,7 @@ def step_labels(summaries: Sequence[GroupSummary], epoch: int, cfg: PlanConfig) 
 
 def epoch_stats(summaries: Sequence[GroupSummary], epoch: int, cfg: PlanConfig) -> dict:
     """The epoch's stats (``EpochPlan.stats``) from its groups' summaries, in group order."""
-    stats = combine([p.sums for p in summaries], epoch, cfg.rank_speed is not None)
+    stats = balance_entry([p.sums for p in summaries], epoch)
     return stats | {k: int(sum(getattr(p, k) for p in summaries)) for k in ("planned", "dropped", "padded")}
 
 
@@ -211,7 +203,7 @@ def plan_hierarchical(
     scored: Any, keys: NDArray[np.uint64], epoch: int, cfg: PlanConfig, groups: int
 ) -> tuple:
     """Epoch ``epoch`` of ``scored`` (as planned) in ``groups`` step groups, in this process: ``assemble``
-    of every ``plan_group``. ``keys``: (N,) ``sample_keys`` of the samples."""
+    of every ``plan_group``. ``keys``: (N,) ``seeds.sample_keys`` of the samples."""
     dealt = deal(keys, cfg.seed, epoch, groups)
     order_ = np.argsort(dealt, kind="stable")
     cuts = np.searchsorted(dealt[order_], np.arange(groups + 1))
@@ -230,7 +222,7 @@ def pool_copies(
     cfg: PlanConfig,
 ) -> NDArray[np.float64]:
     """(N,) the copies of each sample epoch ``epoch``'s pools hold (the manifest's ``repeat.realized``):
-    one pool (``epochs.epoch_pool``), or with G > 1 groups each group's (``keys``: ``sample_keys``)."""
+    one pool (``epochs.epoch_pool``), or with G > 1 groups each group's (``keys``: ``seeds.sample_keys``)."""
     n = len(ids)
     groups = cfg.groups(n)
     if groups == 1:

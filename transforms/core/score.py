@@ -28,7 +28,7 @@ from lidarshard import schemas
 from lidarshard.transforms.core import previous, settle
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import bucket_record, streamed_bucket_edges
-from lidarshard.transforms.core.groups import pool_copies, sample_keys
+from lidarshard.transforms.core.groups import pool_copies
 from lidarshard.transforms.core.record import Write, write_file
 from lidarshard.transforms.core.recorded import check_schema, previous_rejects, previous_root
 from lidarshard.transforms.features import repeat
@@ -40,6 +40,7 @@ from lidarshard.transforms.io import paths, storage
 from lidarshard.transforms.io.arrow import parquet_bytes, row_groups
 from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.io.scratch import scores_path
+from lidarshard.transforms.plan import seeds
 
 __all__ = [
     "Source",
@@ -185,7 +186,7 @@ def settle_and_score(
         digest = previous.fingerprint_kept(file, keep)
         keys = None
         if weights is not None and cfg.groups(accepted) > 1:
-            keys = sample_keys(stored.ids(np.flatnonzero(keep)))
+            keys = seeds.sample_keys(stored.ids(np.flatnonzero(keep)))
     scored = None if ids is None else pa.table({"bucket_id": pa.array(ids, pa.int32())})
     meta = {
         "files": [write_file(write, schemas.REJECTS_FILE, parquet_bytes(rejects))],
@@ -267,7 +268,7 @@ def repeat_info(
 ) -> dict | None:
     """The manifest's ``repeat`` object (None without sample weights): expected copies per epoch of
     the samples holding each lidarseg class (bucket weight x sample weight), and the copies each
-    epoch's pool holds (``groups.pool_copies``; ``keys``: the samples' ``groups.sample_keys``, needed
+    epoch's pool holds (``groups.pool_copies``; ``keys``: the samples' ``seeds.sample_keys``, needed
     with step groups); a column's weights count all samples under ``'all'``."""
     if weights is None or scored is None:
         return None

@@ -26,6 +26,7 @@ __all__ = [
     "parse_cost_model",
     "checked_model",
     "sample_costs",
+    "points_column",
     "COST_MODEL_HELP",
     "Q_RANGE",
     "TIME_UNITS",
@@ -153,6 +154,16 @@ def _column(samples: pa.Table, name: str, lacking: Mapping[str, int] | None = No
     return col.to_numpy().astype(np.float64)
 
 
+def points_column(samples: pa.Table, lacking: Mapping[str, int] | None = None) -> str:
+    """The column a cost (or memory) model reads as a sample's ``points``: ``num_in_range`` when every
+    sample has it, else ``num_points`` (``--features stat`` records no range). ``lacking``: {column: nulls
+    in the whole input} when ``samples`` is one slice of it, so every slice picks the whole input's."""
+    if "num_in_range" not in samples.column_names:
+        return "num_points"
+    nulls = samples.column("num_in_range").null_count if lacking is None else lacking.get("num_in_range", 0)
+    return "num_in_range" if nulls == 0 else "num_points"
+
+
 def sample_costs(
     samples: pa.Table, model: CostModel, lacking: Mapping[str, int] | None = None
 ) -> NDArray[np.float64]:
@@ -161,11 +172,9 @@ def sample_costs(
     ``lacking``: {column: nulls in the whole input} when ``samples`` is one slice of it (a row group),
     so that the column chosen and the error raised are the whole input's; None: ``samples``' own.
     """
-    nulls = (lambda n: samples.column(n).null_count) if lacking is None else (lambda n: lacking.get(n, 0))
     cost = np.full(samples.num_rows, model.c0, dtype=np.float64)
     if model.a:
-        name = "num_in_range" if nulls("num_in_range") == 0 else "num_points"
-        cost += model.a * _column(samples, name, lacking)
+        cost += model.a * _column(samples, points_column(samples, lacking), lacking)
     if model.b:
         voxels = _column(samples, "occupied_voxels", lacking)
         cost += model.b * (voxels if model.q == 1.0 else voxels**model.q)

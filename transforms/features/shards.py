@@ -1,6 +1,6 @@
 """The scan's rows in hash shards: no step holds them all. Pure pyarrow.
 
-Every feature row goes to shard ``shard_of(sample_id)`` (64-bit BLAKE2b of the id, so duplicates of
+Every feature row goes to shard ``seeds.scan_shard(sample_id, SCAN_SHARDS)`` (so duplicates of
 an id meet in one shard). A shard is sorted and deduplicated on its own (``settle_shard``) and
 written as a scratch Parquet file of small row groups (``shard_bytes``), and every
 ``key_stride``-th of its ids is sampled. The sampled ids cut the sorted id space into the samples
@@ -12,7 +12,6 @@ not depend on the shard count or on the order rows arrived in.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -33,7 +32,6 @@ from lidarshard.transforms.io.arrow import (
 __all__ = [
     "SCAN_SHARDS",
     "SHARD_GROUP_ROWS",
-    "shard_of",
     "settle_shard",
     "shard_bytes",
     "key_stride",
@@ -55,12 +53,6 @@ SHARD_GROUP_ROWS = 128
 CHUNK_ROWS = 4096
 #: Sort keys of a shard: the duplicate rule's, so the row ``dedupe`` keeps does not depend on arrival order.
 ORDER = DEDUPE_ORDER
-
-
-def shard_of(sample_id: str) -> int:
-    """Shard (0 .. SCAN_SHARDS-1) of a sample id: stable across processes (no ``hash()``)."""
-    digest = hashlib.blake2b(sample_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % SCAN_SHARDS
 
 
 def settle_shard(rows: Iterable[dict]) -> tuple[pa.Table, list[dict]]:

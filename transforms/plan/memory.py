@@ -26,6 +26,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard.schemas.memory_cap import MemoryCapRecord, MemoryModelRecord
+from lidarshard.transforms.features.cost import points_column
 from lidarshard.transforms.io import storage
 
 __all__ = [
@@ -83,20 +84,15 @@ def sample_features(
     samples: pa.Table, lacking: Mapping[str, int] | None = None
 ) -> tuple[NDArray[np.float64], NDArray[np.float64] | None]:
     """(points (N,), voxels (N,) or None when any sample lacks them) as the cost model reads them:
-    ``num_in_range`` (``num_points`` when some sample lacks it), ``occupied_voxels``. ``lacking``:
+    ``cost.points_column`` (``num_in_range``, else ``num_points``), ``occupied_voxels``. ``lacking``:
     {column: nulls in the whole input} when ``samples`` is a slice of it (``cost.sample_costs``)."""
-    names = samples.column_names
-
-    def whole(name: str) -> bool:
-        if name not in names:
-            return False
-        return (samples.column(name).null_count if lacking is None else lacking.get(name, 0)) == 0
-
-    use_range = whole("num_in_range")
-    points = samples.column("num_in_range" if use_range else "num_points").to_numpy(zero_copy_only=False)
-    voxels = None
-    if whole("occupied_voxels"):
-        voxels = samples.column("occupied_voxels").to_numpy().astype(np.float64)
+    points = samples.column(points_column(samples, lacking)).to_numpy(zero_copy_only=False)
+    name, voxels = "occupied_voxels", None
+    if (
+        name in samples.column_names
+        and (samples.column(name).null_count if lacking is None else lacking.get(name, 0)) == 0
+    ):
+        voxels = samples.column(name).to_numpy().astype(np.float64)
     return points.astype(np.float64), voxels
 
 
