@@ -28,11 +28,10 @@ OUT``. Vectorized with pyarrow/numpy (1M plan rows in a few seconds). Reads loca
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -45,6 +44,7 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import ScanCounts
 from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.tools import validate_data
+from lidarshard.tools.validate_db import Engine, ScratchError, scratch_error
 from lidarshard.tools.validate_derived import PairRepeat, check_repeat_rate
 from lidarshard.tools.validate_epoch import check_epoch_files
 from lidarshard.tools.validate_files import (
@@ -53,20 +53,17 @@ from lidarshard.tools.validate_files import (
     check_scan_files,
     samples_parts,
     unreadable,
+    verified,
 )
 from lidarshard.tools.validate_repeat import check_sample_weights
-from lidarshard.tools.validate_samples import (
-    SamplesView,
-    check_samples,
-    check_scored,
-    cost_model_of,
-)
+from lidarshard.tools.validate_samples import Samples, check_samples, check_scored, cost_model_of
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES
 from lidarshard.transforms.io import metadata, scratch, storage
 from lidarshard.transforms.io.arrow import parquet_file, release_memory
+from lidarshard.transforms.io.base import FileInfo
 
-__all__ = ["run", "validate"]
+__all__ = ["run", "validate", "Problems", "ScratchError"]
 
 _MAX_SHOWN = 5  # list items shown in one message
 #: Problems kept (and printed); the rest are counted. Bounds memory whatever a forged manifest claims.
@@ -86,9 +83,13 @@ class _Store:
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/") or "/"
 
+    def listing(self) -> dict[str, FileInfo]:
+        """{relative path: (bytes, mtime)} of every file below the root."""
+        return storage.list_files(self.root)
+
     def sizes(self) -> dict[str, int]:
         """{relative path: bytes} of every file below the root."""
-        return {rel: info.size for rel, info in storage.list_files(self.root).items()}
+        return {rel: info.size for rel, info in self.listing().items()}
 
     def read(self, rel: str, max_bytes: int | None = storage.METADATA_MAX_BYTES) -> bytes:
         """The file ``rel``, never more than ``max_bytes`` (raises OSError)."""
@@ -120,63 +121,81 @@ def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
     return None
 
 
-class _Problems(list):
-    """A list of problem lines that keeps the first ``MAX_PROBLEMS`` and counts the rest in ``more``."""
+class Problems(list):
+    """Problem lines: the first ``MAX_PROBLEMS`` kept (and a last line counting the rest), ``total`` all of
+    them. Bounds memory whatever a forged manifest claims."""
 
-    def __init__(self) -> None:
+    def __init__(self, lines: Sequence[str] = ()) -> None:
         super().__init__()
-        self.more = 0
+        self.total = 0
+        for line in lines:
+            self.append(line)
 
     def append(self, line: str) -> None:
-        if len(self) < MAX_PROBLEMS:
+        self.total += 1
+        if self.total <= MAX_PROBLEMS:
             super().append(line)
+        elif self.total == MAX_PROBLEMS + 1:
+            super().append("... and 1 more problems")
         else:
-            self.more += 1
-
-    def lines(self) -> list[str]:
-        return [*self, f"... and {self.more} more problems"] if self.more else list(self)
+            self[-1] = f"... and {self.total - MAX_PROBLEMS} more problems"
 
 
 class _Checker:
-    """Accumulates problems; ``problem`` lines read ``<where>: <what>``."""
+    """Accumulates problems (``problem`` lines read ``<where>: <what>``); reads OUT's files, each listed
+    file's bytes checked against its recorded size and sha256 as they are read (``verified``)."""
 
-    def __init__(self, out: str, scratch: str) -> None:
+    def __init__(self, out: str, db: Engine) -> None:
         self.store = _Store(out)
-        self.problems = _Problems()
-        self.scratch = scratch  # validate's local temporary directory (never inside OUT)
+        self.problems = Problems()
+        self.db = db
+        self.listed: dict = {}  # the manifest's files: {rel: FileEntry}
+        self.sized: set[str] = set()  # listed files there at their recorded size
+        self.read: set[str] = set()  # those read (and hashed) so far
 
     def problem(self, where: str, what: str) -> None:
         self.problems.append(f"{where}: {what}")
 
-    def table(self, rel: str, want: pa.Schema) -> pa.Table | None:
-        """The Parquet file ``rel`` when it reads and has the ``want`` schema (else a problem, None)."""
-        try:
-            table = storage.read_parquet(storage.join(self.store.root, rel))
-        except (pa.ArrowException, OSError) as e:
-            self.problem(rel, unreadable(e))
+    def verified(self, rel: str) -> bytes | None:
+        """The bytes of the listed file ``rel`` when they are the ones recorded at commit, else None (a
+        problem said: here, or by ``check_recorded`` for a missing file or another size)."""
+        if rel not in self.sized or rel in self.read:
             return None
-        bad = _schema_problem(table, want)
+        self.read.add(rel)
+        return verified(self.problem, self.store.root, rel, self.listed[rel])
+
+    def hash_the_rest(self) -> None:
+        """Every listed file not read by a check (it was not needed) is hashed all the same."""
+        for rel in sorted(self.sized - self.read):
+            self.verified(rel)
+
+    def parquet(self, rel: str, want: pa.Schema, listed: bool = True) -> pq.ParquetFile | None:
+        """The Parquet file ``rel`` (a listed file: its verified bytes) when it reads and has the ``want``
+        schema, else a problem and None."""
+        try:
+            if listed:
+                data = self.verified(rel)
+                if data is None:
+                    return None
+                file = parquet_file(pa.BufferReader(data))
+            else:
+                file = parquet_file(pa.BufferReader(self.store.read(rel, None)))
+            bad = _schema_problem(file.schema_arrow.empty_table(), want)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            file, bad = None, unreadable(e)
         if bad:
             self.problem(rel, bad)
             return None
-        return table
+        return file
 
-    @contextlib.contextmanager
-    def plan(self, rel: str) -> Iterator[pq.ParquetFile | None]:
-        """The plan file ``rel`` open for streaming when it reads and has the plan schema (else a
-        problem, None)."""
-        file, bad = None, None
-        with contextlib.ExitStack() as stack:
-            try:
-                file = parquet_file(
-                    stack.enter_context(storage.open_read(storage.join(self.store.root, rel)))
-                )
-                bad = _schema_problem(file.schema_arrow.empty_table(), schemas.plan_schema())
-            except (pa.ArrowException, OSError, ValueError) as e:
-                bad = unreadable(e)
-            if bad:
-                self.problem(rel, bad)
-            yield None if bad else file
+    def plan(self, rel: str) -> pa.Table | None:
+        """The plan file ``rel``, whole, when it is usable (else a problem, None)."""
+        file = self.parquet(rel, schemas.plan_schema())
+        try:
+            return None if file is None else file.read(use_threads=False)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            self.problem(rel, unreadable(e))
+            return None
 
     def samples(
         self,
@@ -187,31 +206,29 @@ class _Checker:
         root: object = False,
         model_cost: Callable[[pa.Table], np.ndarray] | None = None,
         keep: Sequence[str] = (),
-    ) -> SamplesView | None:
-        """The samples ``parts`` (relative paths in order; None: unusable) streamed as one
-        (``validate_samples``), against the recorded ``accepted`` count and ``fingerprint``; stored
-        paths checked against a manifest's ``path_root`` ``root`` (``False``: not checked, a scan
-        directory)."""
+    ) -> Samples | None:
+        """The samples ``parts`` (relative paths in order; None: unusable) streamed as one into the database
+        (``validate_samples``), against the recorded ``accepted`` count and ``fingerprint``; stored paths
+        checked against a manifest's ``path_root`` ``root`` (``False``: not checked, a scan directory, whose
+        parts are not listed)."""
         if parts is None:
             return None
-        for one in parts:  # each part's own schema, named
-            try:
-                with storage.open_read(storage.join(self.store.root, one)) as f:
-                    bad = _schema_problem(parquet_file(f).schema_arrow.empty_table(), want)
-            except (pa.ArrowException, OSError, ValueError) as e:
-                bad = f"not readable Parquet ({type(e).__name__}: {str(e)[:120]})"
-            if bad:
-                self.problem(one, bad)
-                return None
-        files = [storage.join(self.store.root, p) for p in parts]
-        where = os.path.join(self.scratch, "samples")
-        return check_samples(files, accepted, fingerprint, root, self.problem, where, model_cost, keep)
+        listed = root is not False
+        opened = ((storage.join(self.store.root, p), self.parquet(p, want, listed)) for p in parts)
+        try:
+            return check_samples(self.db, opened, accepted, fingerprint, root, self.problem, model_cost, keep)
+        except (pa.ArrowException, OSError, ValueError, KeyError) as e:
+            if isinstance(e, ScratchError):
+                raise
+            self.problem(schemas.SAMPLES_DIR, f"not readable Parquet parts ({type(e).__name__}: {str(e)[:120]})")
+            return None
 
-    def rejects(self, usable: bool, counts: ScanCounts) -> None:
+    def rejects(self, usable: bool, counts: ScanCounts, listed: bool = True) -> None:
         """rejects.parquet (read when ``usable``) against the recorded ``counts``, and
         scanned = accepted + rejected."""
         rel = schemas.REJECTS_FILE
-        rejects = self.table(rel, schemas.reject_schema()) if usable else None
+        file = self.parquet(rel, schemas.reject_schema(), listed) if usable else None
+        rejects = file.read(use_threads=False) if file is not None else None
         if rejects is not None:
             reasons = rejects.column("reason").to_pylist()
             unknown = sorted({r for r in reasons if r not in schemas.REJECT_REASONS}, key=str)
@@ -262,33 +279,43 @@ def _plan_config(c: _Checker, m: Manifest) -> PlanConfig | None:
         return None
 
 
+def _check_groups(c: _Checker, m: Manifest, cfg: PlanConfig) -> None:
+    """The recorded ``plan_groups`` is what the build records for these settings (``groups_record``): a rule
+    that contradicts its G (the auto rule's text with another G, or a rule of no build) is refused."""
+    want = cfg.groups_record(m.counts.accepted)
+    if m.plan_groups is not None and m.plan_groups.to_json() != want:
+        c.problem(
+            schemas.MANIFEST_FILE,
+            f"plan_groups {short(m.plan_groups.to_json())} contradicts itself: a build with these settings and "
+            f"{m.counts.accepted} accepted samples records {short(want)}",
+        )
+
+
 def _check_manifest(c: _Checker) -> str:
     m = _read_manifest(c)
     complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS)
-    good = check_recorded(c.problem, c.store.root, c.store.sizes(), m.files)
+    c.listed = m.files
+    c.sized = check_recorded(c.problem, c.store.sizes(), m.files)
     model_cost, bad_model = cost_model_of(m)
     samples = c.samples(
-        parts if parts is not None and set(parts) <= good else None, schemas.scored_schema(),
-        m.counts.accepted, m.inputs_fingerprint, m.path_root, model_cost if bad_model is None else None,
+        parts, schemas.scored_schema(), m.counts.accepted, m.inputs_fingerprint, m.path_root,
+        model_cost if bad_model is None else None,
         COST_FEATURES if m.cost_history or m.memory_cap is not None else (),
     )  # fmt: skip
-    c.rejects(schemas.REJECTS_FILE in good, m.counts)
+    c.rejects(schemas.REJECTS_FILE in c.sized, m.counts)
     if samples is None:
         return "samples unusable"
     check_scored(c.problem, m, samples, bad_model)
     held = check_sample_weights(c.problems, m, samples)
     cfg = _plan_config(c, m)
+    if cfg is not None:
+        _check_groups(c, m, cfg)
     if not complete:  # a plan file is missing from the list: per-epoch checks would mislead
         return ""
-
-    def open_plan(rel: str) -> contextlib.AbstractContextManager[pq.ParquetFile | None]:
-        return c.plan(rel) if rel in good else contextlib.nullcontext(None)
-
-    rows, work = 0, os.path.join(c.scratch, "plan")
-    pairs = PairRepeat(work, samples.num_rows) if m.epochs > 1 else None
+    rows = 0
+    pairs = PairRepeat(c.db) if m.epochs > 1 else None
     for e in range(m.epochs):
-        last = e == m.epochs - 1
-        rows += check_epoch_files(c.problems, open_plan, m, cfg, e, samples, held, last, work, pairs)
+        rows += check_epoch_files(c.problems, c.plan, m, cfg, e, samples, held, pairs)
         if e == min(m.epochs, 2) - 1:
             check_repeat_rate(c.problems, m, pairs.rates(m.strategy) if pairs is not None else None)
     k = m.counts
@@ -305,7 +332,7 @@ def _check_scan(c: _Checker) -> str:
     present = c.store.sizes()
     parts = samples_parts(c.problem, check_scan_files(c.problem, present))
     c.samples(parts, schemas.sample_schema(), counts.accepted, scan.inputs_fingerprint)
-    c.rejects(schemas.REJECTS_FILE in present, counts)
+    c.rejects(schemas.REJECTS_FILE in present, counts, listed=False)
     return f"scan: {counts.scanned} scanned, {counts.accepted} accepted, {counts.rejected} rejected"
 
 
@@ -320,15 +347,58 @@ def _leftover_hint(out: str) -> str:
     )
 
 
-def validate(out: str) -> tuple[list[str], str]:
-    """(problems, summary) for the directory ``out``; no problems means valid. What it parks goes to one
-    local temporary directory (``scratch.temporary_dir``), removed when it returns."""
-    with scratch.temporary_dir("lidarshard-validate-") as tmp:
-        return _validate(_Checker(out, tmp), out)
+def validate(out: str) -> tuple[Problems, str]:
+    """(problems, summary) for the directory ``out``; no problems means valid. Its tables live in a DuckDB
+    database in one local temporary directory (``scratch.temporary_dir``), removed when it returns.
+
+    Raises:
+        ScratchError: that directory failed (full, read-only): the data was not judged (one line).
+    """
+    try:
+        with scratch.temporary_dir("lidarshard-validate-") as tmp:
+            db = Engine(tmp)
+            try:
+                return _validate(_Checker(out, db), out)
+            finally:
+                db.close()
+    except ScratchError:
+        raise
+    except OSError as e:  # making or removing the temporary directory itself
+        raise scratch_error(getattr(e, "filename", None) or _tmp_root(), e) from None
 
 
-def _validate(c: _Checker, out: str) -> tuple[list[str], str]:
+def _tmp_root() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+def _snapshot(c: _Checker) -> tuple[bytes, dict[str, FileInfo]] | None:
+    """What identifies OUT's contents: ``_manifest.json``'s bytes and every file's (size, mtime)."""
+    try:
+        return c.store.read(schemas.MANIFEST_FILE), c.store.listing()
+    except (OSError, ValueError):
+        return None
+
+
+def _changed(out: str, before: tuple[bytes, dict[str, FileInfo]] | None, c: _Checker) -> str | None:
+    """The one line when OUT is no longer what validate started reading (a build published into it)."""
+    now = _snapshot(c)
+    if before is None or now == before:
+        return None
+    what = "it is gone" if now is None else (
+        f"{schemas.MANIFEST_FILE} was rewritten" if now[0] != before[0] else
+        f"{min(set(now[1]) ^ set(before[1]) or {r for r in now[1] if now[1][r] != before[1].get(r)})} changed"
+    )  # fmt: skip
+    return (
+        f"{out}: changed while validate read it ({what}): another run published into it, so nothing was "
+        "judged; run validate again once that run is done"
+    )
+
+
+def _validate(c: _Checker, out: str) -> tuple[Problems, str]:
     release_memory()  # in a build's launcher: what the pipeline run left in Arrow's pool and the heap
+    before = None
     try:
         if storage.is_local(out) and not os.path.isdir(storage.local_path(out)):
             raise Invalid(f"{out}: no such directory{_leftover_hint(out)}")
@@ -338,12 +408,21 @@ def _validate(c: _Checker, out: str) -> tuple[list[str], str]:
                 f"{out}: no {schemas.SUCCESS_FILE}, so it is not a committed lidarshard output{_leftover_hint(out)}"
             )
         scan = schemas.MANIFEST_FILE not in present and schemas.SCAN_FILE in present
+        before = None if scan else _snapshot(c)
         summary = _check_scan(c) if scan else _check_manifest(c)
+        c.hash_the_rest()
     except Invalid as e:
-        return [*c.problems.lines(), str(e)], ""
+        c.problems.append(str(e))
+        summary = ""
+    except ScratchError:
+        raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RecursionError) as e:
-        return [*c.problems.lines(), f"_manifest.json: malformed ({type(e).__name__}: {str(e)[:200]})"], ""
-    return c.problems.lines(), summary
+        c.problems.append(f"_manifest.json: malformed ({type(e).__name__}: {str(e)[:200]})")
+        summary = ""
+    changed = _changed(out, before, c)
+    if changed:
+        return Problems([changed]), ""
+    return c.problems, summary
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -356,34 +435,40 @@ def run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.root is not None and not args.data:
         parser.error("--root needs --data")
-    with scratch.sigterm_exits():  # its temporary directory goes on SIGTERM too
-        problems, summary = validate(args.out)
+    with scratch.signals_exit():  # its temporary directory goes on SIGTERM, SIGHUP and SIGQUIT too
+        try:
+            problems, summary = validate(args.out)
+        except ScratchError as e:
+            print(f"lidarshard validate: {e.strerror}", file=sys.stderr)
+            return 1
         if args.data:
             problems, summary = _with_data(args, problems, summary)
     if not problems:
         print(f"OK {args.out}: {summary}")
         return 0
-    print(f"INVALID {args.out}: {len(problems)} problem(s)", file=sys.stderr)
-    for line in problems[:50]:
+    print(f"INVALID {args.out}: {problems.total} problem(s)", file=sys.stderr)
+    shown = [line for line in problems if not line.startswith("... and ")][:50]
+    for line in shown:
         print(f"  {line}", file=sys.stderr)
-    if len(problems) > 50:
-        print(f"  ... and {len(problems) - 50} more", file=sys.stderr)
+    if problems.total > len(shown):
+        print(f"  ... and {problems.total - len(shown)} more", file=sys.stderr)
     return 1
 
 
-def _with_data(args: argparse.Namespace, problems: list[str], summary: str) -> tuple[list[str], str]:
+def _with_data(args: argparse.Namespace, problems: Problems, summary: str) -> tuple[Problems, str]:
     """``--data``: the files the samples name, checked once the directory is valid (its samples are
     then the ones committed)."""
     if problems:
-        return [*problems, "--data: files not checked (the problems above come first)"], summary
-    kept = _Problems()
+        problems.append("--data: files not checked (the problems above come first)")
+        return problems, summary
+    kept = Problems()
     try:
         where = validate_data.check_data(
             args.out, args.root, lambda w, x: kept.append(f"{w}: {x}"), args.workers
         )
     except (OSError, ValueError) as e:
-        return [f"--data: the samples cannot be read ({str(e)[:200]})"], summary
-    return kept.lines(), f"{summary}; {where}"
+        return Problems([f"--data: the samples cannot be read ({str(e)[:200]})"]), summary
+    return kept, f"{summary}; {where}"
 
 
 if __name__ == "__main__":

@@ -12,20 +12,20 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lidarshard import schemas
 from lidarshard.schemas.manifest import FileEntry
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.parts import listed_parts
 
-__all__ = ["samples_parts", "check_listed", "check_recorded", "check_scan_files", "check_plan", "unreadable"]
+__all__ = ["samples_parts", "check_listed", "check_recorded", "verified", "check_scan_files", "check_plan", "unreadable"]
 
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
 _META = schemas.META_FILES
 #: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
 _DERIVED_PREFIXES = (schemas.REPORT_DIR + "/",)
-_BLOCK = 8 << 20  # bytes hashed at a time
 
 
 def samples_parts(problem: Problem, rels: list[str]) -> list[str] | None:
@@ -72,45 +72,37 @@ def check_listed(
 
 
 def check_recorded(
-    problem: Problem, root: str, present: Mapping[str, int], recorded: Mapping[str, FileEntry]
+    problem: Problem, present: Mapping[str, int], recorded: Mapping[str, FileEntry]
 ) -> set[str]:
-    """Sizes and sha256 of the ``recorded`` files under ``root`` (``present``: {relative path: bytes} of
-    every file there; streamed, never held), and no file there unlisted; returns those that match."""
-    good: set[str] = set()
+    """The ``recorded`` files against ``present`` ({relative path: bytes} of every file there): each there
+    at its recorded size, and no file there unlisted; returns those of the right size (their sha256 is
+    checked as they are read: ``verified``)."""
+    sized: set[str] = set()
     extras = {rel for rel in present if rel.startswith(_DERIVED_PREFIXES)}  # `lidarshard report` output
     for rel in sorted(set(present) - _META - set(recorded) - extras):
         problem(rel, "file is not listed in _manifest.json 'files' (left over or added)")
     for rel, info in sorted(recorded.items()):
         if rel not in present:
             problem(rel, f"missing (recorded {info.bytes} bytes at commit)")
-            continue
-        if present[rel] != info.bytes:
+        elif present[rel] != info.bytes:
             problem(rel, f"{present[rel]} bytes, recorded {info.bytes} at commit (truncated or rewritten)")
-            continue
-        try:
-            digest = _sha256(storage.join(root, rel), present[rel])
-        except OSError as e:
-            problem(rel, f"cannot be read ({e})")
-            continue
-        if digest != info.sha256:
-            problem(rel, "sha256 differs from the one recorded at commit (file was modified)")
-            continue
-        good.add(rel)
-    return good
+        else:
+            sized.add(rel)
+    return sized
 
 
-def _sha256(path: str, size: int) -> str:
-    """Hex SHA-256 of the file ``path``, read in blocks; OSError unless exactly ``size`` bytes."""
-    h, seen = hashlib.sha256(), 0
-    with storage.open_read(path) as f:
-        while block := f.read(min(_BLOCK, size - seen + 1)):
-            h.update(block)
-            seen += len(block)
-            if seen > size:
-                break
-    if seen != size:
-        raise OSError(f"{seen} bytes read, {size} listed")
-    return h.hexdigest()
+def verified(problem: Problem, root: str, rel: str, entry: FileEntry) -> bytes | None:
+    """The bytes of ``rel`` under ``root`` when they are the ``entry`` recorded at commit (size, sha256),
+    else None and a problem: what is checked is what was hashed."""
+    try:
+        data = storage.read_bytes(storage.join(root, rel), entry.bytes)
+    except OSError as e:
+        problem(rel, f"cannot be read ({e})")
+        return None
+    if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+        problem(rel, "sha256 differs from the one recorded at commit (file was modified)")
+        return None
+    return data
 
 
 def check_scan_files(problem: Problem, present: Mapping[str, int]) -> list[str]:
@@ -141,14 +133,12 @@ def check_plan(
     r: int,
     steps: int,
     b: int | None,
-    nulls: Mapping[str, int] | None = None,
 ) -> bool:
     """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, exactly ``steps`` x
     ``b`` rows in (step, slot) order (``b=None``, variable counts: every step holds slots ``0..n-1``
     with ``n >= 1`` equal to ``rank_count``). A 4.x file's ``epoch`` and ``rank`` columns hold ``e`` and
-    ``r`` on every row (a 3.x file has none: the schema check refuses them). ``nulls``: the null counts
-    of columns ``t`` was read without (its path, counted as it streams). Returns True when the file
-    is usable."""
+    ``r`` on every row (a 3.x file has none: the schema check refuses them); no sweep path is null.
+    Returns True when the file is usable."""
     wrong = schemas.misplaced_key(t, e, r)
     if wrong is not None:
         _add(
@@ -159,10 +149,14 @@ def check_plan(
     if b is None:
         names += ("rank_count", "global_count")
     for name in names:
-        count = nulls[name] if nulls is not None and name in nulls else t.column(name).null_count
+        count = t.column(name).null_count
         if count:
             _add(problems, rel, f"column {name} holds {count} nulls")
             return False
+    sweeps = pc.list_flatten(t.column("sweep_paths")).null_count
+    if sweeps:
+        _add(problems, rel, f"column sweep_paths holds {sweeps} null paths")
+        return False
     if b is None:
         return _check_variable(problems, rel, t, e, r, steps)
     step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)

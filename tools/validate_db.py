@@ -1,0 +1,129 @@
+"""``lidarshard validate``'s query engine: one DuckDB database per run, in validate's own scratch directory.
+
+The samples and plan rows validate reads (through ``lidarshard.transforms.io.storage``, so local paths and
+every URI alike) are handed to DuckDB as Arrow tables; the joins, group-bys and partitions by step group
+are queries on its tables. It runs with ``MEMORY_LIMIT`` and every core, and spills to the scratch
+directory it is given (``scratch.temporary_dir``, removed when validate returns or is stopped by a signal).
+No extension is installed or loaded at run time.
+
+A failure of that scratch space (full, read-only, removed) is an I/O failure, never a verdict on the data:
+:class:`ScratchError`, one line naming the directory and the errno.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+__all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error"]
+
+#: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory.
+MEMORY_LIMIT = "160MB"
+#: A row's 128-bit key of (path, sweep_paths): equal values, equal keys. NULL values and lists are skipped by
+#: ``concat_ws`` and ``array_to_string`` (the count tells a null list from an empty one); plan rows hold no
+#: null (``validate_files.check_plan``).
+ROW_KEY = (
+    "md5_number(concat_ws(chr(30), path, coalesce(len(sweep_paths), -1)::VARCHAR, "
+    "array_to_string(sweep_paths, chr(31))))"
+)
+_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.ENOENT, errno.EIO, errno.EMFILE)
+
+
+class ScratchError(OSError):
+    """validate's own scratch space failed: the data was not judged."""
+
+
+def scratch_error(where: str, err: BaseException) -> ScratchError:
+    """The one line of a failed write (or read back) in validate's scratch directory ``where``."""
+    text = (str(err).splitlines() or [type(err).__name__])[0]
+    code = getattr(err, "errno", None) or next((c for c in _ERRNOS if os.strerror(c) in text), 0)
+    name = errno.errorcode.get(code, "errno unknown")
+    return ScratchError(
+        code,
+        f"validate's scratch directory {where} failed ({name}: {text[:200]}); the data was not checked: free "
+        "space there or point TMPDIR at a writable local directory, then run validate again",
+    )
+
+
+def _arrow(result: Any) -> pa.Table:
+    """The result of a query as one Arrow table (DuckDB 2 renamed ``fetch_arrow_table``)."""
+    fetch = getattr(result, "to_arrow_table", None) or result.fetch_arrow_table
+    return fetch()
+
+
+class Engine:
+    """A DuckDB database in the directory ``scratch`` (which the caller removes), closed by ``close``."""
+
+    def __init__(self, scratch: str) -> None:
+        self.dir = scratch
+        config = {
+            "memory_limit": MEMORY_LIMIT,
+            "temp_directory": os.path.join(scratch, "spill"),
+            "threads": os.cpu_count() or 1,
+            "preserve_insertion_order": False,
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+        }
+        try:
+            self.con = duckdb.connect(os.path.join(scratch, "validate.duckdb"), config=config)
+        except duckdb.Error as e:
+            raise scratch_error(scratch, e) from None
+
+    def run(self, query: str, params: Any = None, **tables: pa.Table) -> Any:
+        """Execute ``query`` with ``params``, the Arrow ``tables`` visible by their names."""
+        return self._do(lambda: self.con.execute(query, params), tables)
+
+    def _do(self, call: Any, tables: dict[str, pa.Table]) -> Any:
+        try:
+            for name, table in tables.items():
+                self.con.register(name, table)
+            try:
+                return call()
+            finally:
+                for name in tables:
+                    self.con.unregister(name)
+        except (duckdb.IOException, duckdb.OutOfMemoryException, OSError) as e:
+            raise scratch_error(self.dir, e) from None
+
+    def table(self, query: str, params: Any = None, **tables: pa.Table) -> pa.Table:
+        """The result of ``query`` as an Arrow table."""
+        return self._do(lambda: _arrow(self.con.sql(query, params=params)), tables)
+
+    def arrays(self, query: str, params: Any = None, **tables: pa.Table) -> dict[str, NDArray]:
+        """The result of ``query`` as {column: (n,) numpy array} (no nulls expected)."""
+        t = self.table(query, params, **tables)
+        return {n: t.column(n).to_numpy() for n in t.column_names}
+
+    def rows(self, query: str, params: Any = None) -> list[tuple]:
+        """The result of ``query`` as Python tuples (a few rows)."""
+        return self._do(lambda: self.con.execute(query, params).fetchall(), {})
+
+    def batches(self, query: str, params: Any = None, rows: int = 1 << 20) -> Iterator[pa.Table]:
+        """The result of ``query``, ``rows`` rows at a time (read on a cursor of its own)."""
+        cursor = self.con.cursor()
+        try:
+            relation = cursor.sql(query, params=params)
+            fetch = getattr(relation, "to_arrow_reader", None) or relation.fetch_record_batch
+            for batch in fetch(rows):
+                yield pa.Table.from_batches([batch])
+        except (duckdb.IOException, duckdb.OutOfMemoryException) as e:
+            raise scratch_error(self.dir, e) from None
+        finally:
+            cursor.close()
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def dense_counts(got: dict[str, NDArray], steps: int, w: int) -> NDArray[np.int32]:
+    """(steps, w) counts from a query's ``step``, ``rank``, ``n`` columns."""
+    out = np.zeros((steps, w), np.int32)
+    out[got["step"].astype(np.int64), got["rank"].astype(np.int64)] = got["n"]
+    return out
