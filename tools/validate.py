@@ -31,7 +31,7 @@ import argparse
 import functools
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -44,7 +44,7 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import ScanCounts
 from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.tools import validate_data
-from lidarshard.tools.validate_db import Engine, ScratchError, scratch_error
+from lidarshard.tools.validate_db import Engine, ScratchError, ahead, scratch_error
 from lidarshard.tools.validate_derived import PairRepeat, check_repeat_rate
 from lidarshard.tools.validate_epoch import check_epoch_files
 from lidarshard.tools.validate_files import (
@@ -56,7 +56,13 @@ from lidarshard.tools.validate_files import (
     verified,
 )
 from lidarshard.tools.validate_repeat import check_sample_weights
-from lidarshard.tools.validate_samples import Samples, check_samples, check_scored, cost_model_of
+from lidarshard.tools.validate_samples import (
+    Samples,
+    check_samples,
+    check_scored,
+    cost_model_of,
+    sample_columns,
+)
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES
 from lidarshard.transforms.io import metadata, scratch, storage
@@ -169,33 +175,41 @@ class _Checker:
         for rel in sorted(self.sized - self.read):
             self.verified(rel)
 
-    def parquet(self, rel: str, want: pa.Schema, listed: bool = True) -> pq.ParquetFile | None:
-        """The Parquet file ``rel`` (a listed file: its verified bytes) when it reads and has the ``want``
-        schema, else a problem and None."""
+    def _load(self, rel: str, want: pa.Schema, listed: bool) -> tuple[pq.ParquetFile | None, list[str]]:
+        """(the Parquet file ``rel`` when it reads and has the ``want`` schema, else None; the problem lines):
+        a listed file from its bytes as recorded (``verified``), read whole. Runs on the reading thread."""
+        lines: list[str] = []
         try:
             if listed:
-                data = self.verified(rel)
-                if data is None:
-                    return None
-                file = parquet_file(pa.BufferReader(data))
+                data = verified(lambda w, x: lines.append(f"{w}: {x}"), self.store.root, rel, self.listed[rel])
             else:
-                file = parquet_file(pa.BufferReader(self.store.read(rel, None)))
+                data = self.store.read(rel, None)
+            if data is None:
+                return None, lines
+            file = parquet_file(pa.BufferReader(data))
             bad = _schema_problem(file.schema_arrow.empty_table(), want)
         except (pa.ArrowException, OSError, ValueError) as e:
             file, bad = None, unreadable(e)
         if bad:
-            self.problem(rel, bad)
-            return None
-        return file
+            return None, [*lines, f"{rel}: {bad}"]
+        return file, lines
 
-    def plan(self, rel: str) -> pa.Table | None:
-        """The plan file ``rel``, whole, when it is usable (else a problem, None)."""
-        file = self.parquet(rel, schemas.plan_schema())
-        try:
-            return None if file is None else file.read(use_threads=False)
-        except (pa.ArrowException, OSError, ValueError) as e:
-            self.problem(rel, unreadable(e))
-            return None
+    def plans(self, rels: Sequence[str]) -> Iterator[tuple[str, pa.Table | None]]:
+        """(rel, the plan file whole when it is usable, else None and a problem) for each of ``rels``."""
+
+        def read(rel: str) -> tuple[str, pa.Table | None, list[str]]:
+            file, lines = self._load(rel, schemas.plan_schema(), True)
+            try:
+                return rel, None if file is None else file.read(use_threads=False), lines
+            except (pa.ArrowException, OSError, ValueError) as e:
+                return rel, None, [*lines, f"{rel}: {unreadable(e)}"]
+
+        listed = [r for r in rels if r in self.sized]
+        self.read.update(listed)
+        for rel, table, lines in ahead(read(r) for r in listed):
+            for line in lines:
+                self.problems.append(line)
+            yield rel, table
 
     def samples(
         self,
@@ -208,15 +222,39 @@ class _Checker:
         keep: Sequence[str] = (),
     ) -> Samples | None:
         """The samples ``parts`` (relative paths in order; None: unusable) streamed as one into the database
-        (``validate_samples``), against the recorded ``accepted`` count and ``fingerprint``; stored paths
-        checked against a manifest's ``path_root`` ``root`` (``False``: not checked, a scan directory, whose
-        parts are not listed)."""
+        (``validate_samples``), a row group decoded ahead on the reading thread, against the recorded
+        ``accepted`` count and ``fingerprint``; stored paths checked against a manifest's ``path_root``
+        ``root`` (``False``: not checked, a scan directory, whose parts are not listed)."""
         if parts is None:
             return None
         listed = root is not False
-        opened = ((storage.join(self.store.root, p), self.parquet(p, want, listed)) for p in parts)
+        if listed and not set(parts) <= self.sized:
+            return None
+        if listed:
+            self.read.update(parts)
+
+        def groups() -> Iterator[tuple[str, pa.Table | None, list[str]]]:
+            for rel in parts:
+                file, lines = self._load(rel, want, listed)
+                path = storage.join(self.store.root, rel)
+                if file is None:
+                    yield path, None, lines
+                    return
+                columns = sample_columns(file.schema_arrow.names, keep)
+                for g in range(file.metadata.num_row_groups):
+                    yield path, file.read_row_group(g, columns=columns, use_threads=False), lines
+                    lines = []
+                if lines:
+                    yield path, file.schema_arrow.empty_table().select(columns), lines
+
+        def reported() -> Iterator[tuple[str, pa.Table | None]]:
+            for path, t, lines in ahead(groups()):
+                for line in lines:
+                    self.problems.append(line)
+                yield path, t
+
         try:
-            return check_samples(self.db, opened, accepted, fingerprint, root, self.problem, model_cost, keep)
+            return check_samples(self.db, reported(), accepted, fingerprint, root, self.problem, model_cost, keep)
         except (pa.ArrowException, OSError, ValueError, KeyError) as e:
             if isinstance(e, ScratchError):
                 raise
@@ -227,7 +265,11 @@ class _Checker:
         """rejects.parquet (read when ``usable``) against the recorded ``counts``, and
         scanned = accepted + rejected."""
         rel = schemas.REJECTS_FILE
-        file = self.parquet(rel, schemas.reject_schema(), listed) if usable else None
+        file, lines = self._load(rel, schemas.reject_schema(), listed) if usable else (None, [])
+        if listed and usable:
+            self.read.add(rel)
+        for line in lines:
+            self.problems.append(line)
         rejects = file.read(use_threads=False) if file is not None else None
         if rejects is not None:
             reasons = rejects.column("reason").to_pylist()
@@ -315,7 +357,7 @@ def _check_manifest(c: _Checker) -> str:
     rows = 0
     pairs = PairRepeat(c.db) if m.epochs > 1 else None
     for e in range(m.epochs):
-        rows += check_epoch_files(c.problems, c.plan, m, cfg, e, samples, held, pairs)
+        rows += check_epoch_files(c.problems, c.plans, m, cfg, e, samples, held, pairs)
         if e == min(m.epochs, 2) - 1:
             check_repeat_rate(c.problems, m, pairs.rates(m.strategy) if pairs is not None else None)
     k = m.counts

@@ -14,25 +14,23 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
-from typing import Any
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-__all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error"]
+__all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error", "ahead"]
 
 #: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory.
 MEMORY_LIMIT = "160MB"
-#: A row's 128-bit key of (path, sweep_paths): equal values, equal keys. NULL values and lists are skipped by
-#: ``concat_ws`` and ``array_to_string`` (the count tells a null list from an empty one); plan rows hold no
-#: null (``validate_files.check_plan``).
-ROW_KEY = (
-    "md5_number(concat_ws(chr(30), path, coalesce(len(sweep_paths), -1)::VARCHAR, "
-    "array_to_string(sweep_paths, chr(31))))"
-)
+#: A row's 64-bit key of (path, sweep_paths): equal values, equal keys (DuckDB's hash of the values, their
+#: nulls and list positions included; a check of what lidarshard wrote against itself, not a signature).
+ROW_KEY = "hash(path, sweep_paths, sweep_paths IS NULL)"  # a null list hashes as an empty one
 _ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.ENOENT, errno.EIO, errno.EMFILE)
 
 
@@ -50,12 +48,6 @@ def scratch_error(where: str, err: BaseException) -> ScratchError:
         f"validate's scratch directory {where} failed ({name}: {text[:200]}); the data was not checked: free "
         "space there or point TMPDIR at a writable local directory, then run validate again",
     )
-
-
-def _arrow(result: Any) -> pa.Table:
-    """The result of a query as one Arrow table (DuckDB 2 renamed ``fetch_arrow_table``)."""
-    fetch = getattr(result, "to_arrow_table", None) or result.fetch_arrow_table
-    return fetch()
 
 
 class Engine:
@@ -94,23 +86,23 @@ class Engine:
 
     def table(self, query: str, params: Any = None, **tables: pa.Table) -> pa.Table:
         """The result of ``query`` as an Arrow table."""
-        return self._do(lambda: _arrow(self.con.sql(query, params=params)), tables)
+        return self._do(lambda: self.con.sql(query, params=params).to_arrow_table(), tables)
 
     def arrays(self, query: str, params: Any = None, **tables: pa.Table) -> dict[str, NDArray]:
         """The result of ``query`` as {column: (n,) numpy array} (no nulls expected)."""
         t = self.table(query, params, **tables)
         return {n: t.column(n).to_numpy() for n in t.column_names}
 
-    def rows(self, query: str, params: Any = None) -> list[tuple]:
+    def rows(self, query: str, params: Any = None, **tables: pa.Table) -> list[tuple]:
         """The result of ``query`` as Python tuples (a few rows)."""
-        return self._do(lambda: self.con.execute(query, params).fetchall(), {})
+        return self._do(lambda: self.con.execute(query, params).fetchall(), tables)
 
     def batches(self, query: str, params: Any = None, rows: int = 1 << 20) -> Iterator[pa.Table]:
         """The result of ``query``, ``rows`` rows at a time (read on a cursor of its own)."""
         cursor = self.con.cursor()
         try:
             relation = cursor.sql(query, params=params)
-            fetch = getattr(relation, "to_arrow_reader", None) or relation.fetch_record_batch
+            fetch = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader  # DuckDB 1.x
             for batch in fetch(rows):
                 yield pa.Table.from_batches([batch])
         except (duckdb.IOException, duckdb.OutOfMemoryException) as e:
@@ -127,3 +119,43 @@ def dense_counts(got: dict[str, NDArray], steps: int, w: int) -> NDArray[np.int3
     out = np.zeros((steps, w), np.int32)
     out[got["step"].astype(np.int64), got["rank"].astype(np.int64)] = got["n"]
     return out
+
+
+_T = TypeVar("_T")
+
+
+def ahead(items: Iterable[_T], depth: int = 2) -> Iterator[_T]:
+    """``items`` made on a thread of their own, at most ``depth`` ahead of the caller: a file read, hashed and
+    decoded there (pyarrow and hashlib release the GIL) while the caller's query runs. An exception there
+    is raised here, in order."""
+    done = object()
+    box: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def make() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                box.put((item, None))
+        except BaseException as e:  # noqa: BLE001 (raised again in the caller's thread)
+            box.put((None, e))
+        box.put((done, None))
+
+    worker = threading.Thread(target=make, name="lidarshard-validate-read", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, err = box.get()
+            if err is not None:
+                raise err
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # let it finish its item and see the stop
+            try:
+                box.get(timeout=0.1)
+            except queue.Empty:
+                pass

@@ -18,7 +18,7 @@ Problems are ``"<where>: <what>"`` lines naming file, epoch, rank, step and slot
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,7 @@ from lidarshard.tools.validate_plan import (
     file_sums,
     group_breaches,
     heaviest_values,
+    local_rows,
     report_breaches,
 )
 from lidarshard.tools.validate_samples import Samples
@@ -56,9 +57,9 @@ from lidarshard.transforms.plan.dense import dense_plan
 
 __all__ = ["check_epoch_files"]
 
-#: ``read_plan(rel)``: the plan file ``rel`` when it is usable (its bytes as recorded, its schema the
-#: contract's), else None (a problem said).
-ReadPlan = Callable[[str], pa.Table | None]
+#: ``read_plans(rels)``: (rel, the plan file when it is usable (its bytes as recorded, its schema the
+#: contract's), else None and a problem said) for each of ``rels`` there at its recorded size, in order.
+ReadPlans = Callable[[Sequence[str]], Iterator[tuple[str, pa.Table | None]]]
 _ROWS = "rank, step, slot, rank_count, global_count, cost, bucket_id"
 
 
@@ -66,15 +67,15 @@ def _add(problems: list[str], where: str, what: str) -> None:
     problems.append(f"{where}: {what}")
 
 
-def _load(problems: list[str], read_plan: ReadPlan, m: Manifest, e: int, db: Engine) -> tuple[int, set[int]]:
+def _load(problems: list[str], read_plans: ReadPlans, m: Manifest, e: int, db: Engine) -> tuple[int, set[int]]:
     """Epoch ``e``'s rank files checked one at a time and their rows joined to their samples in the table
     ``rows`` -> (plan rows read, the ranks whose every row has its sample and its sample's paths)."""
     count, usable = 0, set()
     insert = f"SELECT 0 AS rank, step, slot, rank_count, global_count, cost, bucket_id, sample_id, {ROW_KEY} AS rkey FROM t"
     db.run(f"CREATE OR REPLACE TABLE plan_rows AS {insert} LIMIT 0", t=schemas.plan_schema().empty_table())
-    for r in range(m.world_size):
-        rel = m.plan_file(e, r)
-        t = read_plan(rel)
+    ranks = {m.plan_file(e, r): r for r in range(m.world_size)}
+    for rel, t in read_plans(list(ranks)):
+        r = ranks[rel]
         if t is None:
             continue
         count += t.num_rows
@@ -105,7 +106,8 @@ def _load(problems: list[str], read_plan: ReadPlan, m: Manifest, e: int, db: Eng
 
 def _keep(db: Engine, ranks: set[int]) -> None:
     """Drop the rows of every rank file but ``ranks``."""
-    db.run(f"DELETE FROM epoch_rows WHERE rank NOT IN ({', '.join(map(str, sorted(ranks))) or 'NULL'})")
+    keep = f" WHERE rank NOT IN ({', '.join(map(str, sorted(ranks)))})" if ranks else ""
+    db.run(f"DELETE FROM epoch_rows{keep}")
 
 
 def _rows(db: Engine, g: int, groups: int) -> dict[str, NDArray]:
@@ -151,7 +153,7 @@ class _Epoch:
         m, e, problems = self.m, self.e, self.problems
         steps = np.unique(rows["step"]).astype(np.int64)  # its steps in the epoch, in order
         try:
-            local = np.searchsorted(steps, rows["step"])
+            local = local_rows(steps, rows["step"])
             plan = dense_plan(local, rows["rank"], rows["slot"], rows["row"], steps.size, m.world_size)
         except ValueError as err:
             _add(problems, f"epoch {e}", str(err))
@@ -169,7 +171,7 @@ class _Epoch:
         self.coverage.add(samples, rows["row"])
         rows.clear()  # the parked rows are in ``plan`` now
         # the plan over the group's samples: entries index its columns (its rows are ascending)
-        mine = np.searchsorted(samples.column("row").to_numpy(), plan)
+        mine = local_rows(samples.column("row").to_numpy(), plan)
         mine[plan < 0] = -1
         if self.cfg is not None:
             lines: list[str] = []
@@ -205,7 +207,7 @@ class _Epoch:
 
 def check_epoch_files(
     problems: list[str],
-    read_plan: ReadPlan,
+    read_plans: ReadPlans,
     m: Manifest,
     cfg: PlanConfig | None,
     e: int,
@@ -228,7 +230,7 @@ def check_epoch_files(
     w, db = m.world_size, samples.db
     if groups > 1:
         samples.deal(seed, e, groups)
-    rows, usable = _load(problems, read_plan, m, e, db)
+    rows, usable = _load(problems, read_plans, m, e, db)
     values = Values()
     for g in range(groups):  # a file whose costs or buckets are not its samples' is not checked further
         values.add(_rows(db, g, groups), _planned(samples.group(g, seed, e, groups), e, cfg))

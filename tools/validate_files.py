@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lidarshard import schemas
 from lidarshard.schemas.manifest import FileEntry
@@ -137,7 +136,7 @@ def check_plan(
     """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, exactly ``steps`` x
     ``b`` rows in (step, slot) order (``b=None``, variable counts: every step holds slots ``0..n-1``
     with ``n >= 1`` equal to ``rank_count``). A 4.x file's ``epoch`` and ``rank`` columns hold ``e`` and
-    ``r`` on every row (a 3.x file has none: the schema check refuses them); no sweep path is null.
+    ``r`` on every row (a 3.x file has none: the schema check refuses them).
     Returns True when the file is usable."""
     wrong = schemas.misplaced_key(t, e, r)
     if wrong is not None:
@@ -153,10 +152,6 @@ def check_plan(
         if count:
             _add(problems, rel, f"column {name} holds {count} nulls")
             return False
-    sweeps = pc.list_flatten(t.column("sweep_paths")).null_count
-    if sweeps:
-        _add(problems, rel, f"column sweep_paths holds {sweeps} null paths")
-        return False
     if b is None:
         return _check_variable(problems, rel, t, e, r, steps)
     step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)

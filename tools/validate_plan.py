@@ -28,7 +28,7 @@ from lidarshard.transforms.plan.metrics import BalanceSums, balance_entry, plan_
 from lidarshard.transforms.plan.order import step_peaks
 
 __all__ = [
-    "check_counts", "cap_values", "group_breaches",
+    "local_rows", "check_counts", "cap_values", "group_breaches",
     "report_breaches", "heaviest_values", "Heaviest", "Values", "Coverage", "file_sums",
     "check_balance",
 ]  # fmt: skip
@@ -36,6 +36,14 @@ __all__ = [
 
 def _add(problems: list[str], where: str, what: str) -> None:
     problems.append(f"{where}: {what}")
+
+
+def local_rows(members: NDArray[np.integer], rows: NDArray[np.integer]) -> NDArray[np.int64]:
+    """(n,) the position of each samples row of ``rows`` among a group's ``members`` (ascending, holding
+    them); the rows themselves when the group is every sample (G = 1)."""
+    if members.size and members[0] == 0 and members[-1] == members.size - 1:
+        return np.asarray(rows, dtype=np.int64)
+    return np.searchsorted(members, rows)
 
 
 _VALUES = {"cost": np.float64, "bucket_id": np.int32}
@@ -167,7 +175,7 @@ class Values:
     def add(self, rows: dict[str, NDArray], group: pa.Table) -> None:
         """One group's parked plan rows ``rows`` (``rank_rows`` plus ``rank``) and its samples ``group``
         (``Samples.group``, as planned)."""
-        local = np.searchsorted(group.column("row").to_numpy(), rows["row"])
+        local = local_rows(group.column("row").to_numpy(), rows["row"])
         for name in _VALUES:
             bad = np.flatnonzero(rows[name] != group.column(name).to_numpy()[local])
             if not bad.size:
@@ -222,7 +230,7 @@ class Coverage:
             weights = self.bucket[group.column("bucket_id").to_numpy()] * weights
         self.ones &= bool((weights == 1).all())
         self.entries += entries.size
-        seen = np.bincount(np.searchsorted(members, entries), minlength=members.size)
+        seen = np.bincount(local_rows(members, entries), minlength=members.size)
         if self.held is not None:
             (presence,) = self.held
             part = repeat_counts(None if presence is None else presence[members], seen)

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard.schemas.jsonsafe import short
@@ -26,11 +25,11 @@ from lidarshard.transforms.features.accounting import fingerprint_update, first_
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import checked_model, sample_costs
 from lidarshard.transforms.io import paths
-from lidarshard.transforms.io.arrow import release_memory, row_groups
+from lidarshard.transforms.io.arrow import release_memory
 from lidarshard.transforms.io.parts import read_parts
 from lidarshard.transforms.plan.seeds import sample_keys
 
-__all__ = ["NUMERIC", "Samples", "check_samples", "cost_model_of", "check_scored"]
+__all__ = ["NUMERIC", "Samples", "sample_columns", "check_samples", "cost_model_of", "check_scored"]
 
 #: Sample columns kept in the ``samples`` table (those absent from the parts are skipped).
 NUMERIC = ["cost", "bucket_id", "num_points", "weight"]
@@ -112,9 +111,15 @@ class Samples:
         return read_parts(self.files, columns=names)
 
 
+def sample_columns(have: Sequence[str], keep: Sequence[str] = ()) -> list[str]:
+    """The columns of samples parts (of columns ``have``) that ``check_samples`` reads, ``keep`` among them."""
+    wanted = ["sample_id", *paths.PATH_COLUMNS, *NUMERIC, *keep, *_FEATURES]
+    return [n for n in dict.fromkeys(wanted) if n in have]
+
+
 def check_samples(
     db: Engine,
-    parts: Iterable[tuple[str, pq.ParquetFile | None]],
+    groups: Iterable[tuple[str, pa.Table | None]],
     accepted: object,
     fingerprint: str,
     root: object,
@@ -122,45 +127,42 @@ def check_samples(
     model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
     keep: Sequence[str] = (),
 ) -> Samples | None:
-    """The samples parts (path, opened file or None when unusable), in order, streamed into ``db`` and
-    checked against ``accepted`` and ``fingerprint``; stored paths against a manifest's ``path_root``
-    ``root`` (``False``: not checked, a scan directory); ``model_cost(row group) -> (n,)`` costs compared with
-    ``cost`` (the feature columns they need kept only when named in ``keep``). ``problem(where, what)`` reports; None when the parts cannot be used."""
+    """The samples parts' row groups (part path, its ``sample_columns``, or None for an unusable part), in
+    order, streamed into ``db`` and checked against ``accepted`` and ``fingerprint``; stored paths against a
+    manifest's ``path_root`` ``root`` (``False``: not checked, a scan directory); ``model_cost(row group) ->
+    (n,)`` costs compared with ``cost`` (the feature columns they need kept only when named in ``keep``).
+    ``problem(where, what)`` reports; None when the parts cannot be used."""
     rel, held = "samples", []  # problems of the parts, reported when every part was usable
     h, last, first, path_bad, names = hashlib.sha256(), None, 0, None, None
     mismatch: Mismatch | None = None if model_cost is None else (0, -1, 0.0, 0.0)
-    files = []
-    for path, file in parts:
-        if file is None:
+    files: list[str] = []
+    for path, t in groups:
+        if t is None:
             return None
-        files.append(path)
+        if not files or files[-1] != path:
+            files.append(path)
         if names is None:
-            have = file.schema_arrow.names
-            names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in have]
-            columns = list(dict.fromkeys(["sample_id", *(n for n in paths.PATH_COLUMNS if n in have),
-                                          *names, *(f for f in _FEATURES if f in have)]))  # fmt: skip
+            names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in t.column_names]
             db.run(f'CREATE OR REPLACE TABLE samples AS SELECT 0::BIGINT AS rid, sample_id, {ROW_KEY} AS rkey, '
-                   f'{", ".join(names)} FROM t LIMIT 0',
-                   t=file.schema_arrow.empty_table())  # fmt: skip
-        for t in row_groups(file, columns):
-            ids = t.column("sample_id").combine_chunks()
-            if ids.null_count:
-                held.append(f"{ids.null_count} rows have a null sample_id")
-            elif len(ids):
-                i = first_not_increasing(ids, last)
-                if i is not None:
-                    held.append(f"sample_id not strictly increasing at row {first + i} ({ids[i]})")
-                last = ids[-1].as_py()
-            path_bad = path_bad or paths.path_problem(t, root)
-            fingerprint_update(h, t)
-            if mismatch is not None and model_cost is not None:
-                mismatch = _cost_mismatch(mismatch, t, model_cost(t), first)
-            batch = t.append_column("rid", pa.array(np.arange(first, first + len(ids))))
-            db.run(f"INSERT INTO samples SELECT rid, sample_id, {ROW_KEY}, {', '.join(names)} "
-                   "FROM batch", batch=batch)  # fmt: skip
-            first += t.num_rows
-            del t, ids, batch
-        release_memory()  # the row groups' strings: Arrow's pool keeps freed pages otherwise
+                   f'{", ".join(names)} FROM t LIMIT 0', t=t.slice(0, 0))  # fmt: skip
+        ids = t.column("sample_id").combine_chunks()
+        if ids.null_count:
+            held.append(f"{ids.null_count} rows have a null sample_id")
+        elif len(ids):
+            i = first_not_increasing(ids, last)
+            if i is not None:
+                held.append(f"sample_id not strictly increasing at row {first + i} ({ids[i]})")
+            last = ids[-1].as_py()
+        path_bad = path_bad or paths.path_problem(t, root)
+        fingerprint_update(h, t)
+        if mismatch is not None and model_cost is not None:
+            mismatch = _cost_mismatch(mismatch, t, model_cost(t), first)
+        batch = t.append_column("rid", pa.array(np.arange(first, first + len(ids))))
+        db.run(f"INSERT INTO samples SELECT rid, sample_id, {ROW_KEY}, {', '.join(names)} FROM batch",
+               batch=batch)  # fmt: skip
+        first += t.num_rows
+        del t, ids, batch
+    release_memory()  # the row groups' strings: Arrow's pool keeps freed pages otherwise
     if names is None:
         problem(rel, "not readable Parquet parts (ValueError: no samples part to read)")
         return None
