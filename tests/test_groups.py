@@ -226,22 +226,20 @@ def test_validate_finds_two_groups_steps_swapped(grouped, tmp_path: Path) -> Non
 
 
 def _small_parts(monkeypatch) -> None:
-    """validate's samples read back 7 rows a chunk, their keys in partitions of 9 and epoch 1's pair
-    partners in 11: every lookup crosses parts; a whole-column read raises."""
-    from lidarshard.tools import validate_columns, validate_derived, validate_keys
+    """validate's samples read back from its database 7 rows at a time; a whole-column read raises."""
+    from lidarshard.tools import validate_db
+    from lidarshard.tools.validate_samples import Samples
 
     def whole(*args, **kwargs):
         raise AssertionError("validate read a whole column of the samples")
 
-    monkeypatch.setattr(validate_columns.ParkedColumns, "table", whole)
-    monkeypatch.setattr(validate_columns, "CHUNK_ROWS", 7)
-    monkeypatch.setattr(validate_keys, "PART_KEYS", 9)
-    monkeypatch.setattr(validate_derived, "PAIR_ROWS", 11)
+    monkeypatch.setattr(Samples, "table", whole)
+    monkeypatch.setattr(validate_db, "BATCH_ROWS", 7)
 
 
 def test_grouped_validate_reads_a_chunk_or_a_group_at_a_time(grouped, monkeypatch) -> None:
     """With G > 1 no check reads the samples' numbers whole: a grouped build and its re-plan (epoch 0
-    re-costed group by group) validate with tiny chunks and partitions."""
+    re-costed group by group) validate with tiny chunks."""
     _small_parts(monkeypatch)
     assert validate(str(grouped["g3"]))[0] == []
     assert validate(str(grouped["new"]))[0] == []

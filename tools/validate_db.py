@@ -28,10 +28,19 @@ __all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error",
 
 #: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory.
 MEMORY_LIMIT = "160MB"
+#: Rows a query's result is read back at a time (``Engine.batches``).
+BATCH_ROWS = 1 << 20
 #: A row's 64-bit key of (path, sweep_paths): equal values, equal keys (DuckDB's hash of the values, their
 #: nulls and list positions included; a check of what lidarshard wrote against itself, not a signature).
 ROW_KEY = "hash(path, sweep_paths, sweep_paths IS NULL)"  # a null list hashes as an empty one
-_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.ENOENT, errno.EIO, errno.EMFILE)
+#: What DuckDB raises when its files in the scratch directory cannot be written or read back.
+_SCRATCH_FAILED = (
+    duckdb.IOException,
+    duckdb.OutOfMemoryException,
+    duckdb.TransactionException,  # a commit whose write-ahead log could not be written
+    duckdb.FatalException,  # the database invalidated by such a failure
+)
+_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.ENOENT, errno.EIO, errno.EMFILE)
 
 
 class ScratchError(OSError):
@@ -81,7 +90,7 @@ class Engine:
             finally:
                 for name in tables:
                     self.con.unregister(name)
-        except (duckdb.IOException, duckdb.OutOfMemoryException, OSError) as e:
+        except (*_SCRATCH_FAILED, OSError) as e:
             raise scratch_error(self.dir, e) from None
 
     def table(self, query: str, params: Any = None, **tables: pa.Table) -> pa.Table:
@@ -97,15 +106,15 @@ class Engine:
         """The result of ``query`` as Python tuples (a few rows)."""
         return self._do(lambda: self.con.execute(query, params).fetchall(), tables)
 
-    def batches(self, query: str, params: Any = None, rows: int = 1 << 20) -> Iterator[pa.Table]:
-        """The result of ``query``, ``rows`` rows at a time (read on a cursor of its own)."""
-        cursor = self.con.cursor()
+    def batches(self, query: str, params: Any = None) -> Iterator[pa.Table]:
+        """The result of ``query``, ``BATCH_ROWS`` rows at a time (read on a cursor of its own)."""
+        rows, cursor = BATCH_ROWS, self.con.cursor()  # the module's, read now (tests set it)
         try:
             relation = cursor.sql(query, params=params)
             fetch = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader  # DuckDB 1.x
             for batch in fetch(rows):
                 yield pa.Table.from_batches([batch])
-        except (duckdb.IOException, duckdb.OutOfMemoryException) as e:
+        except _SCRATCH_FAILED as e:
             raise scratch_error(self.dir, e) from None
         finally:
             cursor.close()
