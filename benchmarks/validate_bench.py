@@ -42,7 +42,9 @@ def _out(work: Path, n: int, sweeps: int) -> Path:
     out = work / f"out-{n}-direct"
     if not (out / "_SUCCESS").exists():
         cmd = [sys.executable, str(HERE / "plan_bench.py"), "--sizes", str(n), "--sweeps", str(sweeps)]
-        subprocess.run([*cmd, "--baseline", "0", "--workdir", str(work)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [*cmd, "--baseline", "0", "--workdir", str(work)], check=True, stdout=subprocess.DEVNULL
+        )
     return out
 
 
@@ -51,7 +53,9 @@ def _timed(cmd: list[str], timeout: float) -> dict[str, float]:
     before = os.times()
     got = measure(cmd, timeout)
     after = os.times()
-    got["cpu_s"] = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    got["cpu_s"] = (after.children_user - before.children_user) + (
+        after.children_system - before.children_system
+    )
     return got
 
 
@@ -94,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cores used at {n}: {used:.2f} of {cores} -> {'MET' if used >= cores - 0.5 else 'MISSED'}")
     if len(rows) > 1:
         grew = rows[-1][2] / rows[0][2] - 1
-        print(f"peak memory {rows[0][0]} -> {rows[-1][0]}: {grew:+.1%} -> {'MET' if grew <= FLAT else 'MISSED'}")
+        print(
+            f"peak memory {rows[0][0]} -> {rows[-1][0]}: {grew:+.1%} -> {'MET' if grew <= FLAT else 'MISSED'}"
+        )
     return 0
 
 

@@ -23,6 +23,7 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.tools import validate as validate_cli
+from lidarshard.tools import validate_files
 from lidarshard.transforms.io.arrow import sha256_hex
 from tests.helpers import build_bins_manifest
 
@@ -44,7 +45,9 @@ def copy(built: Path, tmp_path: Path) -> Path:
 def _small_fs(where: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` mounted at ``where`` (root only: skips elsewhere)."""
     where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+    )
     if done.returncode:
         pytest.skip(f"cannot mount a {size} tmpfs here (needs root): {done.stderr.decode()[:80]}")
     try:
@@ -194,7 +197,7 @@ def test_data_with_every_file_missing_prints_the_true_total(
 ) -> None:
     """``--data`` when none of the files the samples name is there: the true count, the first few lines."""
     out = Path(shutil.copytree(built, tmp_path / "out"))
-    monkeypatch.setattr(validate_cli, "MAX_PROBLEMS", 5)
+    monkeypatch.setattr(validate_files, "MAX_PROBLEMS", 5)
     assert validate_cli.run([str(out), "--data", "--root", str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err.splitlines()
     accepted = json.loads((out / schemas.MANIFEST_FILE).read_text())["counts"]["accepted"]
@@ -218,7 +221,9 @@ def _edit_manifest(out: Path, change) -> None:
 def test_a_plan_groups_rule_that_contradicts_its_groups_is_refused(copy: Path, groups: dict) -> None:
     _edit_manifest(copy, lambda m: m.update(plan_groups=groups))
     problems, _ = validate_cli.validate(str(copy))
-    assert any(p.startswith("_manifest.json: plan_groups ") and "contradicts" in p for p in problems), problems
+    assert any(p.startswith("_manifest.json: plan_groups ") and "contradicts" in p for p in problems), (
+        problems
+    )
 
 
 @pytest.mark.parametrize("name", ["voxels", "points"])
@@ -245,7 +250,9 @@ def test_a_truncated_footer_with_its_hash_fixed_is_one_line(copy: Path) -> None:
 def test_a_plan_file_of_one_row_per_row_group_is_valid(copy: Path) -> None:
     table = pq.read_table(copy / PLAN)
     sink = pa.BufferOutputStream()
-    pq.write_table(table.replace_schema_metadata(pq.read_schema(copy / PLAN).metadata), sink, row_group_size=1)
+    pq.write_table(
+        table.replace_schema_metadata(pq.read_schema(copy / PLAN).metadata), sink, row_group_size=1
+    )
     _rewrite(copy, PLAN, sink.getvalue().to_pybytes())
     assert pq.ParquetFile(copy / PLAN).metadata.num_row_groups == table.num_rows
     assert validate_cli.validate(str(copy))[0] == []

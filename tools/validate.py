@@ -31,49 +31,38 @@ import argparse
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import TypeVar
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from lidarshard import schemas
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.schemas.records import ScanCounts
 from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.tools import validate_data
-from lidarshard.tools.validate_db import Engine, ScratchError, ahead, scratch_error
+from lidarshard.tools.validate_db import Engine, ScratchError, scratch_error
 from lidarshard.tools.validate_derived import PairRepeat, check_repeat_rate
 from lidarshard.tools.validate_epoch import check_epoch_files
 from lidarshard.tools.validate_files import (
+    MAX_PROBLEMS,
+    Checker,
+    Problems,
     check_listed,
     check_recorded,
     check_scan_files,
     samples_parts,
-    unreadable,
-    verified,
 )
 from lidarshard.tools.validate_repeat import check_sample_weights
 from lidarshard.tools.validate_samples import (
-    Samples,
-    check_samples,
     check_scored,
     cost_model_of,
-    sample_columns,
 )
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES
 from lidarshard.transforms.io import metadata, scratch, storage
-from lidarshard.transforms.io.arrow import parquet_file, release_memory
+from lidarshard.transforms.io.arrow import release_memory
 from lidarshard.transforms.io.base import FileInfo
 
 __all__ = ["run", "validate", "Problems", "ScratchError"]
-
-_MAX_SHOWN = 5  # list items shown in one message
-#: Problems kept (and printed); the rest are counted. Bounds memory whatever a forged manifest claims.
-MAX_PROBLEMS = 200
 
 
 _Record = TypeVar("_Record", Manifest, ScanRecord)
@@ -83,212 +72,7 @@ class Invalid(Exception):
     """A problem that stops validation (nothing further can be checked meaningfully)."""
 
 
-class _Store:
-    """Read-only view of one directory (local path or URI) through ``storage``."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root.rstrip("/") or "/"
-
-    def listing(self) -> dict[str, FileInfo]:
-        """{relative path: (bytes, mtime)} of every file below the root."""
-        return storage.list_files(self.root)
-
-    def sizes(self) -> dict[str, int]:
-        """{relative path: bytes} of every file below the root."""
-        return {rel: info.size for rel, info in self.listing().items()}
-
-    def read(self, rel: str, max_bytes: int | None = storage.METADATA_MAX_BYTES) -> bytes:
-        """The file ``rel``, never more than ``max_bytes`` (raises OSError)."""
-        return storage.read_bytes(storage.join(self.root, rel), max_bytes)
-
-
-def _type(t: pa.DataType) -> str:
-    """Type name ignoring the list item's field name (Parquet round trips call it 'element')."""
-    return f"list<{_type(t.value_type)}>" if pa.types.is_list(t) else str(t)
-
-
-def _schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
-    """What is wrong with ``table``'s columns against ``want`` (a current contract) as the version the
-    file names wrote it (``schemas.as_written``: a 4.0 file has no 4.1 columns)."""
-    version = (table.schema.metadata or {}).get(b"lidarshard.schema_version", b"").decode()
-    if not schemas.is_readable(version):
-        return f"written with schema version {version!r}, expected {schemas.SCHEMA_VERSION!r} (or an earlier minor)"
-    want = schemas.as_written(want, version)
-    got = {f.name: _type(f.type) for f in table.schema}
-    exp = {f.name: _type(f.type) for f in want}
-    twice = sorted({n for n in table.schema.names if table.schema.names.count(n) > 1})
-    if twice:
-        return f"schema differs from the contract: column {twice[0]!r} appears more than once"
-    if got != exp or list(got) != list(exp):
-        missing, extra = [n for n in exp if n not in got], [n for n in got if n not in exp]
-        typed = [f"{n} is {got[n]}, expected {t}" for n, t in exp.items() if n in got and got[n] != t]
-        parts = [f"missing {missing}"] * bool(missing) + [f"extra {extra}"] * bool(extra) + typed[:3]
-        return "schema differs from the contract: " + ("; ".join(parts) or "column order differs")
-    return None
-
-
-class Problems(list):
-    """Problem lines: the first ``MAX_PROBLEMS`` kept (and a last line counting the rest), ``total`` all of
-    them. Bounds memory whatever a forged manifest claims."""
-
-    def __init__(self, lines: Sequence[str] = ()) -> None:
-        super().__init__()
-        self.total = 0
-        for line in lines:
-            self.append(line)
-
-    def append(self, line: str) -> None:
-        self.total += 1
-        if self.total <= MAX_PROBLEMS:
-            super().append(line)
-        elif self.total == MAX_PROBLEMS + 1:
-            super().append("... and 1 more problems")
-        else:
-            self[-1] = f"... and {self.total - MAX_PROBLEMS} more problems"
-
-
-class _Checker:
-    """Accumulates problems (``problem`` lines read ``<where>: <what>``); reads OUT's files, each listed
-    file's bytes checked against its recorded size and sha256 as they are read (``verified``)."""
-
-    def __init__(self, out: str, db: Engine) -> None:
-        self.store = _Store(out)
-        self.problems = Problems()
-        self.db = db
-        self.listed: dict = {}  # the manifest's files: {rel: FileEntry}
-        self.sized: set[str] = set()  # listed files there at their recorded size
-        self.read: set[str] = set()  # those read (and hashed) so far
-
-    def problem(self, where: str, what: str) -> None:
-        self.problems.append(f"{where}: {what}")
-
-    def verified(self, rel: str) -> bytes | None:
-        """The bytes of the listed file ``rel`` when they are the ones recorded at commit, else None (a
-        problem said: here, or by ``check_recorded`` for a missing file or another size)."""
-        if rel not in self.sized or rel in self.read:
-            return None
-        self.read.add(rel)
-        return verified(self.problem, self.store.root, rel, self.listed[rel])
-
-    def hash_the_rest(self) -> None:
-        """Every listed file not read by a check (it was not needed) is hashed all the same."""
-        for rel in sorted(self.sized - self.read):
-            self.verified(rel)
-
-    def _load(self, rel: str, want: pa.Schema, listed: bool) -> tuple[pq.ParquetFile | None, list[str]]:
-        """(the Parquet file ``rel`` when it reads and has the ``want`` schema, else None; the problem lines):
-        a listed file from its bytes as recorded (``verified``), read whole. Runs on the reading thread."""
-        lines: list[str] = []
-        try:
-            if listed:
-                data = verified(lambda w, x: lines.append(f"{w}: {x}"), self.store.root, rel, self.listed[rel])
-            else:
-                data = self.store.read(rel, None)
-            if data is None:
-                return None, lines
-            file = parquet_file(pa.BufferReader(data))
-            bad = _schema_problem(file.schema_arrow.empty_table(), want)
-        except (pa.ArrowException, OSError, ValueError) as e:
-            file, bad = None, unreadable(e)
-        if bad:
-            return None, [*lines, f"{rel}: {bad}"]
-        return file, lines
-
-    def plans(self, rels: Sequence[str]) -> Iterator[tuple[str, pa.Table | None]]:
-        """(rel, the plan file whole when it is usable, else None and a problem) for each of ``rels``."""
-
-        def read(rel: str) -> tuple[str, pa.Table | None, list[str]]:
-            file, lines = self._load(rel, schemas.plan_schema(), True)
-            try:
-                return rel, None if file is None else file.read(use_threads=False), lines
-            except (pa.ArrowException, OSError, ValueError) as e:
-                return rel, None, [*lines, f"{rel}: {unreadable(e)}"]
-
-        listed = [r for r in rels if r in self.sized]
-        self.read.update(listed)
-        for rel, table, lines in ahead(read(r) for r in listed):
-            for line in lines:
-                self.problems.append(line)
-            yield rel, table
-
-    def samples(
-        self,
-        parts: list[str] | None,
-        want: pa.Schema,
-        accepted: object,
-        fingerprint: str,
-        root: object = False,
-        model_cost: Callable[[pa.Table], np.ndarray] | None = None,
-        keep: Sequence[str] = (),
-    ) -> Samples | None:
-        """The samples ``parts`` (relative paths in order; None: unusable) streamed as one into the database
-        (``validate_samples``), a row group decoded ahead on the reading thread, against the recorded
-        ``accepted`` count and ``fingerprint``; stored paths checked against a manifest's ``path_root``
-        ``root`` (``False``: not checked, a scan directory, whose parts are not listed)."""
-        if parts is None:
-            return None
-        listed = root is not False
-        if listed and not set(parts) <= self.sized:
-            return None
-        if listed:
-            self.read.update(parts)
-
-        def groups() -> Iterator[tuple[str, pa.Table | None, list[str]]]:
-            for rel in parts:
-                file, lines = self._load(rel, want, listed)
-                path = storage.join(self.store.root, rel)
-                if file is None:
-                    yield path, None, lines
-                    return
-                columns = sample_columns(file.schema_arrow.names, keep)
-                for g in range(file.metadata.num_row_groups):
-                    yield path, file.read_row_group(g, columns=columns, use_threads=False), lines
-                    lines = []
-                if lines:
-                    yield path, file.schema_arrow.empty_table().select(columns), lines
-
-        def reported() -> Iterator[tuple[str, pa.Table | None]]:
-            for path, t, lines in ahead(groups()):
-                for line in lines:
-                    self.problems.append(line)
-                yield path, t
-
-        try:
-            return check_samples(self.db, reported(), accepted, fingerprint, root, self.problem, model_cost, keep)
-        except (pa.ArrowException, OSError, ValueError, KeyError) as e:
-            if isinstance(e, ScratchError):
-                raise
-            self.problem(schemas.SAMPLES_DIR, f"not readable Parquet parts ({type(e).__name__}: {str(e)[:120]})")
-            return None
-
-    def rejects(self, usable: bool, counts: ScanCounts, listed: bool = True) -> None:
-        """rejects.parquet (read when ``usable``) against the recorded ``counts``, and
-        scanned = accepted + rejected."""
-        rel = schemas.REJECTS_FILE
-        file, lines = self._load(rel, schemas.reject_schema(), listed) if usable else (None, [])
-        if listed and usable:
-            self.read.add(rel)
-        for line in lines:
-            self.problems.append(line)
-        rejects = file.read(use_threads=False) if file is not None else None
-        if rejects is not None:
-            reasons = rejects.column("reason").to_pylist()
-            unknown = sorted({r for r in reasons if r not in schemas.REJECT_REASONS}, key=str)
-            if unknown:
-                self.problem(rel, f"unknown reject reasons {unknown[:_MAX_SHOWN]}")
-            if rejects.num_rows != counts.rejected:
-                self.problem(rel, f"{rejects.num_rows} rows, counts.rejected is {counts.rejected}")
-            by_reason = {r: reasons.count(r) for r in set(reasons)}
-            if by_reason != counts.rejected_by_reason:
-                self.problem(
-                    rel, f"reasons {by_reason} != counts.rejected_by_reason {counts.rejected_by_reason}"
-                )
-        accepted, rejected = counts.accepted, counts.rejected
-        if counts.scanned != accepted + rejected:
-            self.problem("counts", f"scanned {counts.scanned} != accepted {accepted} + rejected {rejected}")
-
-
-def _read(c: _Checker, load: Callable[..., _Record], rel: str) -> _Record:
+def _read(c: Checker, load: Callable[..., _Record], rel: str) -> _Record:
     """``rel`` read once by the one metadata reader into its typed record; any failure stops validation
     with its one line ("_manifest.json: <key> must be ...")."""
     try:
@@ -299,13 +83,13 @@ def _read(c: _Checker, load: Callable[..., _Record], rel: str) -> _Record:
         raise Invalid(str(e)) from None
 
 
-def _read_manifest(c: _Checker) -> Manifest:
+def _read_manifest(c: Checker) -> Manifest:
     """``_manifest.json`` read once into the typed ``Manifest`` (not required to be committed: every
     number is compared with the files below)."""
     return _read(c, functools.partial(metadata.load_manifest, committed=False), schemas.MANIFEST_FILE)
 
 
-def _plan_config(c: _Checker, m: Manifest) -> PlanConfig | None:
+def _plan_config(c: Checker, m: Manifest) -> PlanConfig | None:
     """The settings ``m`` was planned with, or None and a problem when they are not valid ones."""
     try:
         return PlanConfig.from_manifest(m)
@@ -321,7 +105,7 @@ def _plan_config(c: _Checker, m: Manifest) -> PlanConfig | None:
         return None
 
 
-def _check_groups(c: _Checker, m: Manifest, cfg: PlanConfig) -> None:
+def _check_groups(c: Checker, m: Manifest, cfg: PlanConfig) -> None:
     """The recorded ``plan_groups`` is what the build records for these settings (``groups_record``): a rule
     that contradicts its G (the auto rule's text with another G, or a rule of no build) is refused."""
     want = cfg.groups_record(m.counts.accepted)
@@ -333,7 +117,7 @@ def _check_groups(c: _Checker, m: Manifest, cfg: PlanConfig) -> None:
         )
 
 
-def _check_manifest(c: _Checker) -> str:
+def _check_manifest(c: Checker) -> str:
     m = _read_manifest(c)
     complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS)
     c.listed = m.files
@@ -368,7 +152,7 @@ def _check_manifest(c: _Checker) -> str:
     )
 
 
-def _check_scan(c: _Checker) -> str:
+def _check_scan(c: Checker) -> str:
     scan = _read(c, metadata.load_scan, schemas.SCAN_FILE)
     counts = scan.counts
     present = c.store.sizes()
@@ -400,7 +184,7 @@ def validate(out: str) -> tuple[Problems, str]:
         with scratch.temporary_dir("lidarshard-validate-") as tmp:
             db = Engine(tmp)
             try:
-                return _validate(_Checker(out, db), out)
+                return _validate(Checker(out, db), out)
             finally:
                 db.close()
     except ScratchError:
@@ -415,7 +199,7 @@ def _tmp_root() -> str:
     return tempfile.gettempdir()
 
 
-def _snapshot(c: _Checker) -> tuple[bytes, dict[str, FileInfo]] | None:
+def _snapshot(c: Checker) -> tuple[bytes, dict[str, FileInfo]] | None:
     """What identifies OUT's contents: ``_manifest.json``'s bytes and every file's (size, mtime)."""
     try:
         return c.store.read(schemas.MANIFEST_FILE), c.store.listing()
@@ -423,7 +207,7 @@ def _snapshot(c: _Checker) -> tuple[bytes, dict[str, FileInfo]] | None:
         return None
 
 
-def _changed(out: str, before: tuple[bytes, dict[str, FileInfo]] | None, c: _Checker) -> str | None:
+def _changed(out: str, before: tuple[bytes, dict[str, FileInfo]] | None, c: Checker) -> str | None:
     """The one line when OUT is no longer what validate started reading (a build published into it)."""
     now = _snapshot(c)
     if before is None or now == before:
@@ -438,7 +222,7 @@ def _changed(out: str, before: tuple[bytes, dict[str, FileInfo]] | None, c: _Che
     )
 
 
-def _validate(c: _Checker, out: str) -> tuple[Problems, str]:
+def _validate(c: Checker, out: str) -> tuple[Problems, str]:
     release_memory()  # in a build's launcher: what the pipeline run left in Arrow's pool and the heap
     before = None
     try:

@@ -40,7 +40,16 @@ _SCRATCH_FAILED = (
     duckdb.TransactionException,  # a commit whose write-ahead log could not be written
     duckdb.FatalException,  # the database invalidated by such a failure
 )
-_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.ENOENT, errno.EIO, errno.EMFILE)
+_ERRNOS = (
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EFBIG,
+    errno.EROFS,
+    errno.EACCES,
+    errno.ENOENT,
+    errno.EIO,
+    errno.EMFILE,
+)
 
 
 class ScratchError(OSError):

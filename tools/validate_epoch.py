@@ -35,7 +35,6 @@ from lidarshard.tools.validate_derived import (
     check_replan,
     check_steps,
 )
-from lidarshard.tools.validate_files import check_plan
 from lidarshard.tools.validate_plan import (
     Coverage,
     Heaviest,
@@ -67,7 +66,107 @@ def _add(problems: list[str], where: str, what: str) -> None:
     problems.append(f"{where}: {what}")
 
 
-def _load(problems: list[str], read_plans: ReadPlans, m: Manifest, e: int, db: Engine) -> tuple[int, set[int]]:
+def check_plan(
+    problems: list[str],
+    rel: str,
+    t: pa.Table,
+    e: int,
+    r: int,
+    steps: int,
+    b: int | None,
+) -> bool:
+    """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, exactly ``steps`` x
+    ``b`` rows in (step, slot) order (``b=None``, variable counts: every step holds slots ``0..n-1``
+    with ``n >= 1`` equal to ``rank_count``). A 4.x file's ``epoch`` and ``rank`` columns hold ``e`` and
+    ``r`` on every row (a 3.x file has none: the schema check refuses them).
+    Returns True when the file is usable."""
+    wrong = schemas.misplaced_key(t, e, r)
+    if wrong is not None:
+        _add(
+            problems, rel, f"column {wrong[0]} is not {wrong[1]} on every row (a plan file of another place)"
+        )
+        return False
+    names: tuple[str, ...] = ("step", "slot", "sample_id", "cost", "bucket_id", "path")
+    if b is None:
+        names += ("rank_count", "global_count")
+    for name in names:
+        count = t.column(name).null_count
+        if count:
+            _add(problems, rel, f"column {name} holds {count} nulls")
+            return False
+    if b is None:
+        return _check_variable(problems, rel, t, e, r, steps)
+    step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
+    if t.num_rows != steps * b:
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r}: {t.num_rows} rows, but steps_per_epoch[{e}] = {steps} steps x batch_size "
+            f"{b} = {steps * b}",
+        )
+        return False
+    outside = (step < 0) | (step >= steps)
+    if outside.any():
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r}: step {step[outside][0]} outside steps_per_epoch[{e}] = {steps}",
+        )
+        return False
+    per_step = np.bincount(step, minlength=steps)
+    if (per_step != b).any():
+        s = int(np.flatnonzero(per_step != b)[0])
+        _add(problems, rel, f"epoch {e} rank {r} step {s}: {per_step[s]} rows, expected batch_size {b}")
+        return False
+    order = (step != np.repeat(np.arange(steps), b)) | (slot != np.tile(np.arange(b), steps))
+    if order.any():
+        i = int(np.flatnonzero(order)[0])
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r}: row {i} is (step {step[i]}, slot {slot[i]}); rows must be sorted by "
+            f"(step, slot) with slots 0..{b - 1}",
+        )
+        return False
+    return True
+
+
+def _check_variable(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int) -> bool:
+    step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
+    if step.size and (step.min() < 0 or step.max() >= steps):
+        _add(problems, rel, f"epoch {e} rank {r}: a step outside steps_per_epoch[{e}] = {steps}")
+        return False
+    counts = np.bincount(step, minlength=steps)
+    if (counts < 1).any():
+        s = int(np.argmin(counts))
+        _add(problems, rel, f"epoch {e} rank {r} step {s}: no sample (every rank needs one per step)")
+        return False
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    if (np.diff(step) < 0).any() or not np.array_equal(slot, np.arange(step.size) - starts):
+        i = int(np.flatnonzero((slot != np.arange(step.size) - starts) | np.r_[False, np.diff(step) < 0])[0])
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r}: row {i} is (step {step[i]}, slot {slot[i]}); rows must be "
+            "sorted by (step, slot) with slots 0..n-1",
+        )
+        return False
+    rank_count = t.column("rank_count").to_numpy().astype(np.int64)
+    if not np.array_equal(rank_count, counts[step]):
+        i = int(np.flatnonzero(rank_count != counts[step])[0])
+        _add(
+            problems,
+            rel,
+            f"epoch {e} rank {r} step {step[i]}: rank_count {rank_count[i]}, the step holds "
+            f"{counts[step[i]]} rows",
+        )
+        return False
+    return True
+
+
+def _load(
+    problems: list[str], read_plans: ReadPlans, m: Manifest, e: int, db: Engine
+) -> tuple[int, set[int]]:
     """Epoch ``e``'s rank files checked one at a time and their rows joined to their samples in the table
     ``rows`` -> (plan rows read, the ranks whose every row has its sample and its sample's paths)."""
     count, usable = 0, set()

@@ -88,10 +88,14 @@ class Samples:
             self.db.run("CREATE OR REPLACE TABLE gkeys (rid BIGINT, gkey UBIGINT)")
             for t in self.db.batches("SELECT rid, sample_id FROM samples"):
                 keys = sample_keys(pc.fill_null(t.column("sample_id"), ""))
-                self.db.run("INSERT INTO gkeys SELECT * FROM k", k=pa.table({"rid": t.column("rid"), "gkey": keys}))
+                self.db.run(
+                    "INSERT INTO gkeys SELECT * FROM k", k=pa.table({"rid": t.column("rid"), "gkey": keys})
+                )
         self.db.run("CREATE OR REPLACE TABLE dealt (rid BIGINT, grp INTEGER)")
         for t in self.db.batches("SELECT rid, gkey FROM gkeys"):
-            grp = pa.table({"rid": t.column("rid"), "grp": deal(t.column("gkey").to_numpy(), seed, e, groups)})
+            grp = pa.table(
+                {"rid": t.column("rid"), "grp": deal(t.column("gkey").to_numpy(), seed, e, groups)}
+            )
             self.db.run("INSERT INTO dealt SELECT * FROM grp", grp=grp)
         self._dealt = (seed, e, groups)
 
