@@ -12,6 +12,7 @@ A failure of that scratch space (full, read-only, removed) is an I/O failure, ne
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import queue
@@ -24,10 +25,11 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-__all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error", "ahead"]
+__all__ = ["MEMORY_LIMIT", "LEAN_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error", "ahead"]
 
-#: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory.
-MEMORY_LIMIT = "160MB"
+#: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory. ``Engine.lean``
+#: lowers it to ``LEAN_LIMIT`` while the planner runs (numpy's turn), so the two peaks do not add up.
+MEMORY_LIMIT, LEAN_LIMIT = "128MB", "32MB"
 #: Rows a query's result is read back at a time (``Engine.batches``).
 BATCH_ROWS = 1 << 20
 #: A row's 64-bit key of (path, sweep_paths): equal values, equal keys (DuckDB's hash of the values, their
@@ -83,8 +85,9 @@ class Engine:
         }
         try:
             self.con = duckdb.connect(os.path.join(scratch, "validate.duckdb"), config=config)
-        except duckdb.Error as e:
+        except (*_SCRATCH_FAILED, OSError) as e:
             raise scratch_error(scratch, e) from None
+        self.con.execute("SET enable_progress_bar = false")  # a progress bar on stdout, else
 
     def run(self, query: str, params: Any = None, **tables: pa.Table) -> Any:
         """Execute ``query`` with ``params``, the Arrow ``tables`` visible by their names."""
@@ -127,6 +130,15 @@ class Engine:
             raise scratch_error(self.dir, e) from None
         finally:
             cursor.close()
+
+    @contextlib.contextmanager
+    def lean(self) -> Iterator[None]:
+        """Its memory limit ``LEAN_LIMIT`` in the body (what it holds beyond goes to the scratch directory)."""
+        self.run(f"SET memory_limit = '{LEAN_LIMIT}'")
+        try:
+            yield
+        finally:
+            self.run(f"SET memory_limit = '{MEMORY_LIMIT}'")
 
     def close(self) -> None:
         self.con.close()

@@ -1,6 +1,6 @@
 """One epoch of ``lidarshard validate``: its plan files as a DuckDB table, checked one step group at a time.
 
-    for each rank file:   its structure (``validate_files.check_plan``), then its rows into ``plan_rows``
+    for each rank file:   its structure (``planfiles.plan_problem``, the readers' rule), then its rows into ``plan_rows``
                           (the numbers, the sample_id and ``validate_db.ROW_KEY`` of the paths)
     a query:              each row joined to its sample (``rid``) by sample_id: an unknown id or a path that
                           differs is named, first per file, and the file not checked further
@@ -26,6 +26,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.loaders.planfiles import plan_problem
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_db import ROW_KEY, Engine, dense_counts
 from lidarshard.tools.validate_derived import (
@@ -66,104 +67,6 @@ def _add(problems: list[str], where: str, what: str) -> None:
     problems.append(f"{where}: {what}")
 
 
-def check_plan(
-    problems: list[str],
-    rel: str,
-    t: pa.Table,
-    e: int,
-    r: int,
-    steps: int,
-    b: int | None,
-) -> bool:
-    """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, exactly ``steps`` x
-    ``b`` rows in (step, slot) order (``b=None``, variable counts: every step holds slots ``0..n-1``
-    with ``n >= 1`` equal to ``rank_count``). A 4.x file's ``epoch`` and ``rank`` columns hold ``e`` and
-    ``r`` on every row (a 3.x file has none: the schema check refuses them).
-    Returns True when the file is usable."""
-    wrong = schemas.misplaced_key(t, e, r)
-    if wrong is not None:
-        _add(
-            problems, rel, f"column {wrong[0]} is not {wrong[1]} on every row (a plan file of another place)"
-        )
-        return False
-    names: tuple[str, ...] = ("step", "slot", "sample_id", "cost", "bucket_id", "path")
-    if b is None:
-        names += ("rank_count", "global_count")
-    for name in names:
-        count = t.column(name).null_count
-        if count:
-            _add(problems, rel, f"column {name} holds {count} nulls")
-            return False
-    if b is None:
-        return _check_variable(problems, rel, t, e, r, steps)
-    step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
-    if t.num_rows != steps * b:
-        _add(
-            problems,
-            rel,
-            f"epoch {e} rank {r}: {t.num_rows} rows, but steps_per_epoch[{e}] = {steps} steps x batch_size "
-            f"{b} = {steps * b}",
-        )
-        return False
-    outside = (step < 0) | (step >= steps)
-    if outside.any():
-        _add(
-            problems,
-            rel,
-            f"epoch {e} rank {r}: step {step[outside][0]} outside steps_per_epoch[{e}] = {steps}",
-        )
-        return False
-    per_step = np.bincount(step, minlength=steps)
-    if (per_step != b).any():
-        s = int(np.flatnonzero(per_step != b)[0])
-        _add(problems, rel, f"epoch {e} rank {r} step {s}: {per_step[s]} rows, expected batch_size {b}")
-        return False
-    order = (step != np.repeat(np.arange(steps), b)) | (slot != np.tile(np.arange(b), steps))
-    if order.any():
-        i = int(np.flatnonzero(order)[0])
-        _add(
-            problems,
-            rel,
-            f"epoch {e} rank {r}: row {i} is (step {step[i]}, slot {slot[i]}); rows must be sorted by "
-            f"(step, slot) with slots 0..{b - 1}",
-        )
-        return False
-    return True
-
-
-def _check_variable(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int) -> bool:
-    step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
-    if step.size and (step.min() < 0 or step.max() >= steps):
-        _add(problems, rel, f"epoch {e} rank {r}: a step outside steps_per_epoch[{e}] = {steps}")
-        return False
-    counts = np.bincount(step, minlength=steps)
-    if (counts < 1).any():
-        s = int(np.argmin(counts))
-        _add(problems, rel, f"epoch {e} rank {r} step {s}: no sample (every rank needs one per step)")
-        return False
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    if (np.diff(step) < 0).any() or not np.array_equal(slot, np.arange(step.size) - starts):
-        i = int(np.flatnonzero((slot != np.arange(step.size) - starts) | np.r_[False, np.diff(step) < 0])[0])
-        _add(
-            problems,
-            rel,
-            f"epoch {e} rank {r}: row {i} is (step {step[i]}, slot {slot[i]}); rows must be "
-            "sorted by (step, slot) with slots 0..n-1",
-        )
-        return False
-    rank_count = t.column("rank_count").to_numpy().astype(np.int64)
-    if not np.array_equal(rank_count, counts[step]):
-        i = int(np.flatnonzero(rank_count != counts[step])[0])
-        _add(
-            problems,
-            rel,
-            f"epoch {e} rank {r} step {step[i]}: rank_count {rank_count[i]}, the step holds "
-            f"{counts[step[i]]} rows",
-        )
-        return False
-    return True
-
-
 def _load(
     problems: list[str], read_plans: ReadPlans, m: Manifest, e: int, db: Engine
 ) -> tuple[int, set[int]]:
@@ -178,7 +81,10 @@ def _load(
         if t is None:
             continue
         count += t.num_rows
-        if check_plan(problems, rel, t, e, r, m.steps(e), None if m.variable_count else m.batch_size):
+        problem = plan_problem(t, e, r, m.steps(e), None if m.variable_count else m.batch_size)
+        if problem is not None:
+            _add(problems, rel, problem)
+        else:
             usable.add(r)
             db.run(f"INSERT INTO plan_rows {insert.replace('0 AS rank', str(r), 1)}", t=t)
         del t
@@ -340,6 +246,21 @@ def check_epoch_files(
     if len(usable) == w:
         counts = db.arrays("SELECT step, rank, count(*) AS n FROM epoch_rows GROUP BY step, rank")
         epoch = _Epoch(problems, m, cfg, e, held, dense_counts(counts, m.steps(e), w))
+    with db.lean():  # the planner's turn: the database's memory goes to the scratch directory
+        _groups(problems, m, e, cfg, samples, (seed, groups), epoch, derived, pairs)
+    db.run("DROP TABLE epoch_rows")
+    if epoch is not None and not epoch.broken:
+        epoch.finish(derived, samples)
+    if derived.stats is not None:
+        check_derived_counts(problems, m, e, derived.stats)
+    return rows
+
+
+def _groups(problems: list[str], m: Manifest, e: int, cfg: PlanConfig | None, samples: Samples,
+            dealt: tuple[int, int], epoch: _Epoch | None, derived: Derived, pairs: PairRepeat | None) -> None:  # fmt: skip
+    """Each group of epoch ``e``: its plan rows checked (``epoch``, when every rank file is usable) and against
+    the plan ``derived`` re-derives (epochs 0 and 1 go to ``pairs``)."""
+    (seed, groups), db = dealt, samples.db
     for g in range(groups):  # the files' side first: only its plan (8 B an entry) waits for the planner's
         group = _planned(samples.group(g, seed, e, groups), e, cfg)
         held_plan = None
@@ -355,9 +276,3 @@ def check_epoch_files(
             check_replan(problems, m, e, held_plan[0], planned[0], held_plan[1], samples, where)
         del planned, held_plan
         release_memory()
-    db.run("DROP TABLE epoch_rows")
-    if epoch is not None and not epoch.broken:
-        epoch.finish(derived, samples)
-    if derived.stats is not None:
-        check_derived_counts(problems, m, e, derived.stats)
-    return rows

@@ -7,7 +7,7 @@ with the steps and counts recorded."""
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lidarshard import schemas
+from lidarshard.loaders.planfiles import recorded_file
 from lidarshard.schemas.manifest import FileEntry
 from lidarshard.schemas.records import ScanCounts
 from lidarshard.tools.validate_db import Engine, ScratchError, ahead
@@ -26,12 +27,14 @@ from lidarshard.transforms.io.parts import listed_parts
 
 __all__ = [
     "MAX_PROBLEMS", "Problems", "Store", "Checker", "schema_problem", "samples_parts", "check_listed",
-    "check_recorded", "verified", "check_scan_files", "unreadable",
+    "check_recorded", "check_scan_files", "unreadable",
 ]  # fmt: skip
 
 #: Problems kept (and printed); the rest are counted. Bounds memory whatever a forged manifest claims.
 MAX_PROBLEMS = 200
 _MAX_SHOWN = 5  # list items shown in one message
+#: Samples rows checked (and decoded ahead) at a time: at 9 sweeps a row, ~6 MB of strings.
+_SAMPLE_ROWS = 4096
 
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
@@ -88,7 +91,7 @@ def check_recorded(
 ) -> set[str]:
     """The ``recorded`` files against ``present`` ({relative path: bytes} of every file there): each there
     at its recorded size, and no file there unlisted; returns those of the right size (their sha256 is
-    checked as they are read: ``verified``)."""
+    checked as they are read: ``Checker``)."""
     sized: set[str] = set()
     extras = {rel for rel in present if rel.startswith(_DERIVED_PREFIXES)}  # `lidarshard report` output
     for rel in sorted(set(present) - _META - set(recorded) - extras):
@@ -101,20 +104,6 @@ def check_recorded(
         else:
             sized.add(rel)
     return sized
-
-
-def verified(problem: Problem, root: str, rel: str, entry: FileEntry) -> bytes | None:
-    """The bytes of ``rel`` under ``root`` when they are the ``entry`` recorded at commit (size, sha256),
-    else None and a problem: what is checked is what was hashed."""
-    try:
-        data = storage.read_bytes(storage.join(root, rel), entry.bytes)
-    except OSError as e:
-        problem(rel, f"cannot be read ({e})")
-        return None
-    if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
-        problem(rel, "sha256 differs from the one recorded at commit (file was modified)")
-        return None
-    return data
 
 
 def check_scan_files(problem: Problem, present: Mapping[str, int]) -> list[str]:
@@ -199,7 +188,7 @@ class Problems(list):
 
 class Checker:
     """Accumulates problems (``problem`` lines read ``<where>: <what>``); reads OUT's files, each listed
-    file's bytes checked against its recorded size and sha256 as they are read (``verified``)."""
+    file's bytes checked against its recorded size and sha256 as they are read (``_open``)."""
 
     def __init__(self, out: str, db: Engine) -> None:
         self.store = Store(out)
@@ -212,49 +201,55 @@ class Checker:
     def problem(self, where: str, what: str) -> None:
         self.problems.append(f"{where}: {what}")
 
-    def verified(self, rel: str) -> bytes | None:
-        """The bytes of the listed file ``rel`` when they are the ones recorded at commit, else None (a
-        problem said: here, or by ``check_recorded`` for a missing file or another size)."""
-        if rel not in self.sized or rel in self.read:
-            return None
-        self.read.add(rel)
-        return verified(self.problem, self.store.root, rel, self.listed[rel])
-
     def hash_the_rest(self) -> None:
         """Every listed file not read by a check (it was not needed) is hashed all the same."""
         for rel in sorted(self.sized - self.read):
-            self.verified(rel)
+            self.read.add(rel)
+            with self._open(rel, None, True) as (_, lines):
+                for line in lines:
+                    self.problems.append(line)
 
-    def _load(self, rel: str, want: pa.Schema, listed: bool) -> tuple[pq.ParquetFile | None, list[str]]:
-        """(the Parquet file ``rel`` when it reads and has the ``want`` schema, else None; the problem lines):
-        a listed file from its bytes as recorded (``verified``), read whole. Runs on the reading thread."""
+    @contextlib.contextmanager
+    def _open(
+        self, rel: str, want: pa.Schema | None, listed: bool
+    ) -> Iterator[tuple[pq.ParquetFile | None, list[str]]]:
+        """(the Parquet file ``rel`` when it reads and has the ``want`` schema, else None; the problem lines): a
+        listed file read through the open file its recorded sha256 was checked on (``planfiles.recorded_file``:
+        what is checked is what was hashed). Runs on the reading thread."""
         lines: list[str] = []
-        try:
-            if listed:
-                data = verified(
-                    lambda w, x: lines.append(f"{w}: {x}"), self.store.root, rel, self.listed[rel]
-                )
-            else:
-                data = self.store.read(rel, None)
-            if data is None:
-                return None, lines
-            file = parquet_file(pa.BufferReader(data))
-            bad = schema_problem(file.schema_arrow.empty_table(), want)
-        except (pa.ArrowException, OSError, ValueError) as e:
-            file, bad = None, unreadable(e)
-        if bad:
-            return None, [*lines, f"{rel}: {bad}"]
-        return file, lines
+        with contextlib.ExitStack() as stack:
+            file, bad = None, None
+            try:
+                if listed:
+                    source = recorded_file(storage.join(self.store.root, rel), self.listed[rel])
+                    if source is None:
+                        lines.append(
+                            f"{rel}: sha256 differs from the one recorded at commit (file was modified)"
+                        )
+                else:
+                    source = storage.open_read(storage.join(self.store.root, rel))
+                if source is not None:
+                    stack.enter_context(source)
+                    if want is not None:  # None: only hashed
+                        file = parquet_file(source)
+                        bad = schema_problem(file.schema_arrow.empty_table(), want)
+            except OSError as e:
+                bad = f"cannot be read ({e})" if not isinstance(e, pa.ArrowException) else unreadable(e)
+            except (pa.ArrowException, ValueError) as e:
+                bad = unreadable(e)
+            if bad:
+                file, lines = None, [*lines, f"{rel}: {bad}"]
+            yield file, lines
 
     def plans(self, rels: Sequence[str]) -> Iterator[tuple[str, pa.Table | None]]:
         """(rel, the plan file whole when it is usable, else None and a problem) for each of ``rels``."""
 
         def read(rel: str) -> tuple[str, pa.Table | None, list[str]]:
-            file, lines = self._load(rel, schemas.plan_schema(), True)
-            try:
-                return rel, None if file is None else file.read(use_threads=False), lines
-            except (pa.ArrowException, OSError, ValueError) as e:
-                return rel, None, [*lines, f"{rel}: {unreadable(e)}"]
+            with self._open(rel, schemas.plan_schema(), True) as (file, lines):
+                try:
+                    return rel, None if file is None else file.read(use_threads=False), lines
+                except (pa.ArrowException, OSError, ValueError) as e:
+                    return rel, None, [*lines, f"{rel}: {unreadable(e)}"]
 
         listed = [r for r in rels if r in self.sized]
         self.read.update(listed)
@@ -287,20 +282,20 @@ class Checker:
 
         def groups() -> Iterator[tuple[str, pa.Table | None, list[str]]]:
             for rel in parts:
-                file, lines = self._load(rel, want, listed)
                 path = storage.join(self.store.root, rel)
-                if file is None:
-                    yield path, None, lines
-                    return
-                columns = sample_columns(file.schema_arrow.names, keep)
-                for g in range(file.metadata.num_row_groups):
-                    yield path, file.read_row_group(g, columns=columns, use_threads=False), lines
-                    lines = []
-                if lines:
-                    yield path, file.schema_arrow.empty_table().select(columns), lines
+                with self._open(rel, want, listed) as (file, lines):
+                    if file is None:
+                        yield path, None, lines
+                        return
+                    columns = sample_columns(file.schema_arrow.names, keep)
+                    for batch in file.iter_batches(_SAMPLE_ROWS, columns=columns, use_threads=False):
+                        yield path, pa.Table.from_batches([batch]), lines
+                        lines = []
+                    if lines:
+                        yield path, file.schema_arrow.empty_table().select(columns), lines
 
         def reported() -> Iterator[tuple[str, pa.Table | None]]:
-            for path, t, lines in ahead(groups()):
+            for path, t, lines in ahead(groups(), depth=1):
                 for line in lines:
                     self.problems.append(line)
                 yield path, t
@@ -321,12 +316,13 @@ class Checker:
         """rejects.parquet (read when ``usable``) against the recorded ``counts``, and
         scanned = accepted + rejected."""
         rel = schemas.REJECTS_FILE
-        file, lines = self._load(rel, schemas.reject_schema(), listed) if usable else (None, [])
-        if listed and usable:
+        rejects = None
+        if usable:
             self.read.add(rel)
-        for line in lines:
-            self.problems.append(line)
-        rejects = file.read(use_threads=False) if file is not None else None
+            with self._open(rel, schemas.reject_schema(), listed) as (file, lines):
+                rejects = file.read(use_threads=False) if file is not None else None
+            for line in lines:
+                self.problems.append(line)
         if rejects is not None:
             reasons = rejects.column("reason").to_pylist()
             unknown = sorted({r for r in reasons if r not in schemas.REJECT_REASONS}, key=str)

@@ -166,7 +166,7 @@ def check_samples(
                batch=batch)  # fmt: skip
         first += t.num_rows
         del t, ids, batch
-    release_memory()  # the row groups' strings: Arrow's pool keeps freed pages otherwise
+        release_memory()  # the row group's strings: Arrow's pool keeps freed pages otherwise
     if names is None:
         problem(rel, "not readable Parquet parts (ValueError: no samples part to read)")
         return None
