@@ -12,17 +12,20 @@ accepted - dropped; pad: each at least once, planned = accepted + padded; with w
 ceil(bucket weight x sample weight) copies); the sample weights and the manifest's ``repeat`` counts
 (``validate_repeat``); the recorded balance numbers recomputed from the plan files (within 1e-6).
 Each epoch is re-derived once from the samples and the recorded settings (``PlanConfig.from_manifest``),
-one step group at a time (``validate_epoch``: a group's plan and the rank files' rows of that group,
-parked in a temporary directory), and must equal the plan files; epochs 0 and 1's re-derived plans give
-``pair_repeat_rate``. A scan directory (``_scan.json``) gets the samples/rejects/counts checks. Files of
+one step group at a time (``validate_epoch``: a group's plan and the rank files' rows of that group, a
+query on validate's DuckDB tables: ``validate_db``), and must equal the plan files; epochs 0 and 1's
+re-derived plans give ``pair_repeat_rate``. The plan's table work (joins by sample_id, counts, partitions
+by step group, step-mate pairs) is DuckDB's, in a database in a local temporary directory of its own;
+the numbers are made from its sums by the build's functions (``metrics``, ``caps``, the planners). A scan directory (``_scan.json``) gets the samples/rejects/counts checks. Files of
 an earlier 4.x minor are checked against the contract as that version wrote it (``schemas.ADDED_IN``).
 With ``--data`` [``--root DIR``], every keyframe, sweep and label file the samples name must also be
 the one scanned: size and CRC-32 (``validate_data``).
 
 Exit status 0 with a one-line summary when valid, 1 with one precise line per problem otherwise
-(file, epoch, rank, step), 2 for bad arguments; also ``python -m lidarshard.tools.validate
-OUT``. Vectorized with pyarrow/numpy (1M plan rows in a few seconds). Reads local paths and URIs
-(gs://, s3://, ...) through ``lidarshard.transforms.io.storage``.
+(file, epoch, rank, step; the true count, the first 50 printed), 1 with one line when its own scratch
+directory fails (full, read-only: ``ScratchError``, no verdict) or OUT changes while it reads it, 2 for
+bad arguments; also ``python -m lidarshard.tools.validate OUT``. Reads local paths and URIs (gs://,
+s3://, ...) through ``lidarshard.transforms.io.storage``.
 """
 
 from __future__ import annotations
