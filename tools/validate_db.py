@@ -75,7 +75,7 @@ class Engine:
 
     def __init__(self, scratch: str) -> None:
         self.dir = scratch
-        config = {
+        config: dict[str, str | bool | int | float | list[str]] = {
             "memory_limit": MEMORY_LIMIT,
             "temp_directory": os.path.join(scratch, "spill"),
             "threads": os.cpu_count() or 1,

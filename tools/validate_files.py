@@ -194,7 +194,7 @@ class Checker:
         self.store = Store(out)
         self.problems = Problems()
         self.db = db
-        self.listed: dict = {}  # the manifest's files: {rel: FileEntry}
+        self.listed: Mapping[str, FileEntry] = {}  # the manifest's files
         self.sized: set[str] = set()  # listed files there at their recorded size
         self.read: set[str] = set()  # those read (and hashed) so far
 
