@@ -114,16 +114,25 @@ def hold(*args, **kwargs):  # the samples are in validate's database: say so, th
     print("ready", flush=True)
     sys.stdin.read()
 validate.check_epoch_files = hold
-sys.exit(validate.run([sys.argv[1]]))
+if sys.argv[2] == "cli":
+    sys.exit(validate.run([sys.argv[1]]))
+from lidarshard.pipelines._lifeline import interruptible
+with interruptible(lambda: None, "nothing was published"):  # as the build's pre-publish validate
+    validate.validate(sys.argv[1])
 """
 
 
+@pytest.mark.parametrize("how", ["cli", "build"])
 @pytest.mark.parametrize("sig", ["SIGHUP", "SIGQUIT"])
-def test_hangup_and_quit_mid_validate_leave_no_scratch(built: Path, tmp_path: Path, sig: str) -> None:
+def test_hangup_and_quit_mid_validate_leave_no_scratch(
+    built: Path, tmp_path: Path, sig: str, how: str
+) -> None:
+    """``lidarshard validate`` and a build's pre-publish validate, stopped by SIGHUP or SIGQUIT while their
+    samples are in its database: exit 128 + the signal, and its temporary directory is gone."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-c", _HELD, str(built)],
+        [sys.executable, "-c", _HELD, str(built), how],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
