@@ -12,7 +12,6 @@ A failure of that scratch space (full, read-only, removed) is an I/O failure, ne
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import queue
@@ -25,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-__all__ = ["MEMORY_LIMIT", "LEAN_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error", "ahead"]
+__all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error", "ahead"]
 
-#: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory. ``Engine.lean``
-#: lowers it to ``LEAN_LIMIT`` while the planner runs (numpy's turn), so the two peaks do not add up.
-MEMORY_LIMIT, LEAN_LIMIT = "128MB", "32MB"
+#: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory (a query's result is
+#: held in it until read: a group's rows, ~40 B a row).
+MEMORY_LIMIT = "128MB"
 #: Rows a query's result is read back at a time (``Engine.batches``).
 BATCH_ROWS = 1 << 20
 #: A row's 64-bit key of (path, sweep_paths): equal values, equal keys (DuckDB's hash of the values, their
@@ -63,6 +62,12 @@ def scratch_error(where: str, err: BaseException) -> ScratchError:
     text = (str(err).splitlines() or [type(err).__name__])[0]
     code = getattr(err, "errno", None) or next((c for c in _ERRNOS if os.strerror(c) in text), 0)
     name = errno.errorcode.get(code, "errno unknown")
+    if isinstance(err, duckdb.OutOfMemoryException) and not code:
+        return ScratchError(
+            errno.ENOMEM,
+            f"validate's database in {where} needed more than its {MEMORY_LIMIT} memory limit and could not "
+            f"spill it there ({text[:200]}); the data was not checked: report this with the manifest's size",
+        )
     return ScratchError(
         code,
         f"validate's scratch directory {where} failed ({name}: {text[:200]}); the data was not checked: free "
@@ -130,15 +135,6 @@ class Engine:
             raise scratch_error(self.dir, e) from None
         finally:
             cursor.close()
-
-    @contextlib.contextmanager
-    def lean(self) -> Iterator[None]:
-        """Its memory limit ``LEAN_LIMIT`` in the body (what it holds beyond goes to the scratch directory)."""
-        self.run(f"SET memory_limit = '{LEAN_LIMIT}'")
-        try:
-            yield
-        finally:
-            self.run(f"SET memory_limit = '{MEMORY_LIMIT}'")
 
     def close(self) -> None:
         self.con.close()

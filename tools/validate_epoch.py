@@ -246,8 +246,7 @@ def check_epoch_files(
     if len(usable) == w:
         counts = db.arrays("SELECT step, rank, count(*) AS n FROM epoch_rows GROUP BY step, rank")
         epoch = _Epoch(problems, m, cfg, e, held, dense_counts(counts, m.steps(e), w))
-    with db.lean():  # the planner's turn: the database's memory goes to the scratch directory
-        _groups(problems, m, e, cfg, samples, (seed, groups), epoch, derived, pairs)
+    _groups(problems, m, e, cfg, samples, (seed, groups), epoch, derived, pairs)
     db.run("DROP TABLE epoch_rows")
     if epoch is not None and not epoch.broken:
         epoch.finish(derived, samples)
