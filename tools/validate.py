@@ -46,6 +46,7 @@ from lidarshard.tools.validate_db import Engine, ScratchError, scratch_error
 from lidarshard.tools.validate_derived import PairRepeat, check_repeat_rate
 from lidarshard.tools.validate_epoch import check_epoch_files
 from lidarshard.tools.validate_files import (
+    DERIVED_PREFIXES,
     MAX_PROBLEMS,
     Checker,
     Problems,
@@ -203,9 +204,13 @@ def _tmp_root() -> str:
 
 
 def _snapshot(c: Checker) -> tuple[bytes, dict[str, FileInfo]] | None:
-    """What identifies OUT's contents: ``_manifest.json``'s bytes and every file's (size, mtime)."""
+    """What identifies OUT's contents: ``_manifest.json``'s bytes and every file's (size, mtime) but the
+    derived ones (``lidarshard report`` may write its own while validate reads)."""
     try:
-        return c.store.read(schemas.MANIFEST_FILE), c.store.listing()
+        listing = {
+            rel: info for rel, info in c.store.listing().items() if not rel.startswith(DERIVED_PREFIXES)
+        }
+        return c.store.read(schemas.MANIFEST_FILE), listing
     except (OSError, ValueError):
         return None
 

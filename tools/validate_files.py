@@ -26,7 +26,7 @@ from lidarshard.transforms.io.base import FileInfo
 from lidarshard.transforms.io.parts import listed_parts
 
 __all__ = [
-    "MAX_PROBLEMS", "Problems", "Store", "Checker", "schema_problem", "samples_parts", "check_listed",
+    "MAX_PROBLEMS", "DERIVED_PREFIXES", "Problems", "Store", "Checker", "schema_problem", "samples_parts", "check_listed",
     "check_recorded", "check_scan_files", "unreadable",
 ]  # fmt: skip
 
@@ -40,7 +40,7 @@ _SAMPLE_ROWS = 4096
 Problem = Callable[[str, str], None]
 _META = schemas.META_FILES
 #: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
-_DERIVED_PREFIXES = (schemas.REPORT_DIR + "/",)
+DERIVED_PREFIXES = (schemas.REPORT_DIR + "/",)
 
 
 def samples_parts(problem: Problem, rels: list[str]) -> list[str] | None:
@@ -93,7 +93,7 @@ def check_recorded(
     at its recorded size, and no file there unlisted; returns those of the right size (their sha256 is
     checked as they are read: ``Checker``)."""
     sized: set[str] = set()
-    extras = {rel for rel in present if rel.startswith(_DERIVED_PREFIXES)}  # `lidarshard report` output
+    extras = {rel for rel in present if rel.startswith(DERIVED_PREFIXES)}  # `lidarshard report` output
     for rel in sorted(set(present) - _META - set(recorded) - extras):
         problem(rel, "file is not listed in _manifest.json 'files' (left over or added)")
     for rel, info in sorted(recorded.items()):
