@@ -23,7 +23,6 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.tools import validate as validate_cli
-from lidarshard.tools import validate_files
 from lidarshard.transforms.io.arrow import sha256_hex
 from tests.helpers import build_bins_manifest
 
@@ -206,12 +205,12 @@ def test_data_with_every_file_missing_prints_the_true_total(
 ) -> None:
     """``--data`` when none of the files the samples name is there: the true count, the first few lines."""
     out = Path(shutil.copytree(built, tmp_path / "out"))
-    monkeypatch.setattr(validate_files, "MAX_PROBLEMS", 5)
+    monkeypatch.setattr(validate_cli, "MAX_PROBLEMS", 5)
     assert validate_cli.run([str(out), "--data", "--root", str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err.splitlines()
     accepted = json.loads((out / schemas.MANIFEST_FILE).read_text())["counts"]["accepted"]
     assert err[0] == f"INVALID {out}: {accepted} problem(s)", err[:3]
-    assert len(err) == 1 + 5 + 1 and err[-1] == f"  ... and {accepted - 5} more", err
+    assert len(err) == 1 + 5 + 1 and err[-1] == f"  ... and {accepted - 5} more problems", err
 
 
 def _edit_manifest(out: Path, change) -> None:

@@ -47,7 +47,6 @@ from lidarshard.tools.validate_derived import PairRepeat, check_repeat_rate
 from lidarshard.tools.validate_epoch import check_epoch_files
 from lidarshard.tools.validate_files import (
     DERIVED_PREFIXES,
-    MAX_PROBLEMS,
     Checker,
     Problems,
     check_listed,
@@ -67,6 +66,9 @@ from lidarshard.transforms.io.arrow import release_memory
 from lidarshard.transforms.io.base import FileInfo
 
 __all__ = ["run", "validate", "Problems", "ScratchError"]
+
+#: Problems kept (and printed); the rest are counted. Bounds memory whatever a forged manifest claims.
+MAX_PROBLEMS = 200
 
 
 _Record = TypeVar("_Record", Manifest, ScanRecord)
@@ -188,7 +190,7 @@ def validate(out: str) -> tuple[Problems, str]:
         with scratch.temporary_dir("lidarshard-validate-") as tmp:
             db = Engine(tmp)
             try:
-                return _validate(Checker(out, db), out)
+                return _validate(Checker(out, db, Problems(cap=MAX_PROBLEMS)), out)
             finally:
                 db.close()
     except ScratchError:
@@ -255,7 +257,7 @@ def _validate(c: Checker, out: str) -> tuple[Problems, str]:
         summary = ""
     changed = _changed(out, before, c)
     if changed:
-        return Problems([changed]), ""
+        return Problems([changed], MAX_PROBLEMS), ""
     return c.problems, summary
 
 
@@ -285,7 +287,7 @@ def run(argv: list[str] | None = None) -> int:
     for line in shown:
         print(f"  {line}", file=sys.stderr)
     if problems.total > len(shown):
-        print(f"  ... and {problems.total - len(shown)} more", file=sys.stderr)
+        print(f"  ... and {problems.total - len(shown)} more problems", file=sys.stderr)
     return 1
 
 
@@ -295,13 +297,13 @@ def _with_data(args: argparse.Namespace, problems: Problems, summary: str) -> tu
     if problems:
         problems.append("--data: files not checked (the problems above come first)")
         return problems, summary
-    kept = Problems()
+    kept = Problems(cap=MAX_PROBLEMS)
     try:
         where = validate_data.check_data(
             args.out, args.root, lambda w, x: kept.append(f"{w}: {x}"), args.workers
         )
     except (OSError, ValueError) as e:
-        return Problems([f"--data: the samples cannot be read ({str(e)[:200]})"]), summary
+        return Problems([f"--data: the samples cannot be read ({str(e)[:200]})"], MAX_PROBLEMS), summary
     return kept, f"{summary}; {where}"
 
 

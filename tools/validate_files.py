@@ -30,7 +30,7 @@ __all__ = [
     "check_recorded", "check_scan_files", "unreadable",
 ]  # fmt: skip
 
-#: Problems kept (and printed); the rest are counted. Bounds memory whatever a forged manifest claims.
+#: Problems kept by default (``lidarshard validate``'s own: ``validate.MAX_PROBLEMS``); the rest are counted.
 MAX_PROBLEMS = 200
 _MAX_SHOWN = 5  # list items shown in one message
 #: Samples rows checked (and decoded ahead) at a time: at 9 sweeps a row, ~6 MB of strings.
@@ -167,32 +167,32 @@ def schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
 
 
 class Problems(list):
-    """Problem lines: the first ``MAX_PROBLEMS`` kept (and a last line counting the rest), ``total`` all of
-    them. Bounds memory whatever a forged manifest claims."""
+    """Problem lines: the first ``cap`` kept (and a last line counting the rest), ``total`` all of them.
+    Bounds memory whatever a forged manifest claims."""
 
-    def __init__(self, lines: Sequence[str] = ()) -> None:
+    def __init__(self, lines: Sequence[str] = (), cap: int = MAX_PROBLEMS) -> None:
         super().__init__()
-        self.total = 0
+        self.total, self.cap = 0, cap
         for line in lines:
             self.append(line)
 
     def append(self, line: str) -> None:
         self.total += 1
-        if self.total <= MAX_PROBLEMS:
+        if self.total <= self.cap:
             super().append(line)
-        elif self.total == MAX_PROBLEMS + 1:
+        elif self.total == self.cap + 1:
             super().append("... and 1 more problems")
         else:
-            self[-1] = f"... and {self.total - MAX_PROBLEMS} more problems"
+            self[-1] = f"... and {self.total - self.cap} more problems"
 
 
 class Checker:
     """Accumulates problems (``problem`` lines read ``<where>: <what>``); reads OUT's files, each listed
     file's bytes checked against its recorded size and sha256 as they are read (``_open``)."""
 
-    def __init__(self, out: str, db: Engine) -> None:
+    def __init__(self, out: str, db: Engine, problems: Problems) -> None:
         self.store = Store(out)
-        self.problems = Problems()
+        self.problems = problems
         self.db = db
         self.listed: Mapping[str, FileEntry] = {}  # the manifest's files
         self.sized: set[str] = set()  # listed files there at their recorded size
@@ -287,11 +287,11 @@ class Checker:
                     if file is None:
                         yield path, None, lines
                         return
-                    columns = sample_columns(file.schema_arrow.names, keep)
+                    columns, empty = sample_columns(file.schema_arrow.names, keep), True
                     for batch in file.iter_batches(_SAMPLE_ROWS, columns=columns, use_threads=False):
                         yield path, pa.Table.from_batches([batch]), lines
-                        lines = []
-                    if lines:
+                        lines, empty = [], False
+                    if empty:  # a part of no rows (an empty scan): its schema all the same
                         yield path, file.schema_arrow.empty_table().select(columns), lines
 
         def reported() -> Iterator[tuple[str, pa.Table | None]]:
