@@ -60,7 +60,7 @@ from lidarshard.tools.validate_samples import (
     cost_model_of,
 )
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import COST_FEATURES
+from lidarshard.transforms.core.epochs import plan_input
 from lidarshard.transforms.io import metadata, scratch, storage
 from lidarshard.transforms.io.arrow import release_memory
 from lidarshard.transforms.io.base import FileInfo
@@ -132,7 +132,7 @@ def _check_manifest(c: Checker) -> str:
     samples = c.samples(
         parts, schemas.scored_schema(), m.counts.accepted, m.inputs_fingerprint, m.path_root,
         model_cost if bad_model is None else None,
-        COST_FEATURES if m.cost_history or m.memory_cap is not None else (),
+        plan_input(bool(m.cost_history) or m.memory_cap is not None),  # epochs.plan_columns' rule
     )  # fmt: skip
     c.rejects(schemas.REJECTS_FILE in c.sized, m.counts)
     if samples is None:

@@ -21,6 +21,7 @@ from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_db import ROW_KEY, Engine
 from lidarshard.transforms.core.groups import deal
+from lidarshard.transforms.core.plan_writer import NUMERIC_INPUT
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import checked_model, sample_costs
@@ -31,8 +32,9 @@ from lidarshard.transforms.plan.seeds import sample_keys
 
 __all__ = ["NUMERIC", "Samples", "sample_columns", "check_samples", "cost_model_of", "check_scored"]
 
-#: Sample columns kept in the ``samples`` table (those absent from the parts are skipped).
-NUMERIC = ["cost", "bucket_id", "num_points", "weight"]
+#: Sample columns kept in the ``samples`` table (those absent from the parts are skipped): what a plan is
+#: decided from (``plan_writer.NUMERIC_INPUT``); ``keep`` adds the cost features where they are needed.
+NUMERIC = NUMERIC_INPUT
 _FEATURES = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]  # fingerprint, cost models
 #: (rows whose cost differs from the cost model, the first such row, its cost, the model's)
 Mismatch = tuple[int, int, float, float]

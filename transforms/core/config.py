@@ -14,7 +14,7 @@ from lidarshard.schemas.plan_groups import MAX_PLAN_GROUPS
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, checked_model
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
-from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, order
+from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, budget, order
 from lidarshard.transforms.plan.caps import Caps
 
 __all__ = [
@@ -100,6 +100,9 @@ class PlanConfig:
             raise ValueError(
                 f"unknown --heaviest-first {self.heaviest_first!r}; choose from {list(order.HEAVIEST_FIRST)}"
             )
+        problem = budget.caps_problem(self.caps, self.world_size) if self.strategy == "budget" else None
+        if problem:
+            raise ValueError(problem)
         if self.heaviest_first == "memory" and self.caps.memory is None:
             raise ValueError("--heaviest-first memory needs the memory model of --max-step-memory")
         if self.rank_speed is not None and (
