@@ -133,14 +133,15 @@ bench: $(VENV)/.test-installed
 	$(PY) benchmarks/plan_bench.py --sizes 1000000,4000000 --sweeps 9 --baseline 0 --plan-groups 1,auto
 	$(PY) benchmarks/plan_bench.py --sizes 1000000,4000000,10000000 --sweeps 9 --baseline 0 --plan-groups auto
 	$(PY) benchmarks/plan_bench.py --sizes 200000 --baseline 0 --runners direct,dask --plan-groups 3
+	$(PY) benchmarks/validate_bench.py --sizes 1000000,4000000 --sweeps 9
 
 # The trainer's install as a trainer installs it: `pip install .` (no extras: no Beam, no pandas) in a fresh venv
-# outside the repository, at the lowest versions pyproject.toml allows (numpy 1.24.0, pyarrow 14.0.0 and
-# python-neo-lzf 0.3.0, which all install on Python 3.11 here), with torch 2.13.0 (the CPU build on disk: the
+# outside the repository, at the lowest versions pyproject.toml allows (numpy 1.24.0, pyarrow 14.0.0,
+# python-neo-lzf 0.3.0 and duckdb 1.1.0, which all install on Python 3.11 here), with torch 2.13.0 (the CPU build on disk: the
 # loaders' torch adapters; `make test-torch-min` has the lowest torch). Then, on the demo's manifest:
 # `lidarshard validate`, every product module imported and ManifestReader over every rank (tests/lane_check.py),
 # and the Beam-free tests, run from a copy (the repository's bare lidarshard/ folder would shadow the install).
-TRAINER_PINS := "numpy==1.24.0" "pyarrow==14.0.0" "python-neo-lzf==0.3.0"
+TRAINER_PINS := "numpy==1.24.0" "pyarrow==14.0.0" "python-neo-lzf==0.3.0" "duckdb==1.1.0"
 TRAINER_VENV ?= $(HOME)/.cache/lidarshard/venv-trainer
 TRAINER_TESTS := test_timing test_hostile_recorder test_loaders_torch test_loaders_evaluation \
 	test_epoch_plan test_points_fast test_nan_points test_devkit_points test_hostile_cache test_exit

@@ -1,7 +1,8 @@
 """The files of a committed manifest directory, checked against what ``_manifest.json`` records before
 a row of them is read: the plan tree holds exactly the listed plan files at their sizes
 (``listed_plan_files``); one rank's plan files and nothing else (``read_rank_plan``); one plan file read
-whole, bounded by the rows its epoch plans (``read_plan_file``); any listed file's bytes at its recorded
+whole, bounded by the rows its epoch plans (``read_plan_file``); the structure every plan file must have
+(``plan_problem``: ``ManifestReader`` and ``lidarshard validate`` apply it); any listed file's bytes at its recorded
 size and sha256 (``verified_bytes``: plan files and samples parts alike).
 
 Pure pyarrow; imports neither Beam nor torch. ``out`` is a local path or a URI: every read goes through
@@ -13,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
+from typing import BinaryIO
 
+import numpy as np
 import pyarrow as pa
 
 from lidarshard.schemas import MANIFEST_FILE, PLAN_DIR, PLAN_DIR_NAMES, misplaced_key
@@ -26,8 +29,11 @@ __all__ = [
     "is_plan_path",
     "listed_plan_files",
     "modified_message",
+    "plan_problem",
     "read_plan_file",
     "read_rank_plan",
+    "recorded_bytes",
+    "recorded_file",
     "verified_bytes",
 ]
 
@@ -72,6 +78,7 @@ def listed_plan_files(out: str, m: Manifest) -> list[str]:
     return [f"{base}/{rel}" for rel in sorted(listed)]
 
 
+_BLOCK = 8 << 20  # bytes hashed at a time (``recorded_file``)
 _SHAPE = f"{PLAN_DIR}/{PLAN_DIR_NAMES[0]}E/{PLAN_DIR_NAMES[1]}R/part-NNNNN.parquet"
 
 
@@ -109,12 +116,50 @@ def verified_bytes(path: str, recorded: FileEntry | None, what: str = "plan file
         raise ValueError(
             f"{path}: not a readable {what} (not listed in {MANIFEST_FILE}); rebuild the manifest"
         )
-    try:
-        data = storage.read_bytes(path, recorded.bytes)  # never more than the recorded size
-    except FileTooLargeError:
-        data = b""
-    if len(data) != recorded.bytes or hashlib.sha256(data).hexdigest() != recorded.sha256:
+    data = recorded_bytes(path, recorded)
+    if data is None:
         raise ValueError(modified_message(path, what, "size or sha256 differs from"))
+    return data
+
+
+def recorded_file(path: str, recorded: FileEntry) -> BinaryIO | None:
+    """The listed file ``path`` open at its start when its bytes are the ones ``_manifest.json`` recorded (size,
+    sha256, hashed ``_BLOCK`` bytes at a time), else None: its reader reads what was hashed through the same open
+    file, never holding it whole (a samples part). The caller closes it.
+
+    Raises:
+        OSError: the file cannot be read (missing, not a regular file, permissions).
+    """
+    f = storage.open_read(path)
+    try:
+        h, seen = hashlib.sha256(), 0
+        while seen <= recorded.bytes and (block := f.read(min(_BLOCK, recorded.bytes + 1 - seen))):
+            h.update(block)
+            seen += len(block)
+        if seen == recorded.bytes and h.hexdigest() == recorded.sha256:
+            f.seek(0)
+            return f
+    except BaseException:
+        f.close()
+        raise
+    f.close()
+    return None
+
+
+def recorded_bytes(path: str, recorded: FileEntry) -> bytes | None:
+    """The bytes of the listed file ``path`` when they are the ones ``_manifest.json`` recorded (size, sha256;
+    never more than the recorded size read), else None: what a reader checks is what was hashed (every reader
+    of listed files: the loaders, ``lidarshard validate``).
+
+    Raises:
+        OSError: the file cannot be read (missing, not a regular file, permissions).
+    """
+    try:
+        data = storage.read_bytes(path, recorded.bytes)
+    except FileTooLargeError:
+        return None
+    if len(data) != recorded.bytes or hashlib.sha256(data).hexdigest() != recorded.sha256:
+        return None
     return data
 
 
@@ -197,3 +242,54 @@ def read_rank_plan(
         for path, rel in files
     )
     return table.sort_by([("step", "ascending"), ("slot", "ascending")]), rank_dir
+
+
+def plan_problem(t: pa.Table, e: int, r: int, steps: int, b: int | None) -> str | None:
+    """What is wrong with rank ``r``'s plan table ``t`` for epoch ``e`` (the one rule every reader of plan
+    files applies), or None: no nulls, exactly ``steps`` x ``b`` rows in (step, slot) order (``b=None``,
+    variable counts: every step holds slots ``0..n-1`` with ``n >= 1``, equal to ``rank_count``). A 4.x
+    file's ``epoch`` and ``rank`` columns hold ``e`` and ``r`` on every row. Columns ``t`` was read without
+    are not checked. The row count is compared with ``steps`` before anything is sized by it."""
+    wrong = misplaced_key(t, e, r)
+    if wrong is not None:
+        return f"column {wrong[0]} is not {wrong[1]} on every row (a plan file of another place)"
+    names = ["step", "slot", "sample_id", "cost", "bucket_id", "path"]
+    names += ["rank_count", "global_count"] if b is None else []
+    for name in (n for n in names if n in t.column_names):
+        if t.column(name).null_count:
+            return f"column {name} holds {t.column(name).null_count} nulls"
+    step, slot = (t.column(k).to_numpy().astype(np.int64) for k in ("step", "slot"))
+    where, rows = f"epoch {e} rank {r}", t.num_rows
+    if b is not None and rows != steps * b:
+        return (
+            f"{where}: {rows} rows, but steps_per_epoch[{e}] = {steps} steps x batch_size {b} = {steps * b}"
+        )
+    if b is None and rows < steps:
+        return f"{where}: {rows} rows, fewer than steps_per_epoch[{e}] = {steps} (each step holds a sample)"
+    outside = (step < 0) | (step >= steps)
+    if outside.any():
+        return f"{where}: step {step[outside][0]} outside steps_per_epoch[{e}] = {steps}"
+    counts = np.bincount(step, minlength=steps)
+    if b is not None and (counts != b).any():
+        s = int(np.flatnonzero(counts != b)[0])
+        return f"{where} step {s}: {counts[s]} rows, expected batch_size {b}"
+    if (counts < 1).any():
+        return f"{where} step {int(np.argmin(counts))}: no sample (every rank needs one per step)"
+    if b is not None:
+        order = (step != np.repeat(np.arange(steps), b)) | (slot != np.tile(np.arange(b), steps))
+    else:
+        order = (slot != np.arange(step.size) - np.repeat(np.cumsum(counts) - counts, counts)) | np.r_[
+            False, np.diff(step) < 0
+        ]
+    if order.any():
+        i = int(np.flatnonzero(order)[0])
+        return (f"{where}: row {i} is (step {step[i]}, slot {slot[i]}); rows must be sorted by (step, slot) "
+                f"with slots 0..{'n-1' if b is None else b - 1}")  # fmt: skip
+    if b is None and "rank_count" in t.column_names:
+        rank_count = t.column("rank_count").to_numpy().astype(np.int64)
+        if not np.array_equal(rank_count, counts[step]):
+            i = int(np.flatnonzero(rank_count != counts[step])[0])
+            return (
+                f"{where} step {step[i]}: rank_count {rank_count[i]}, the step holds {counts[step[i]]} rows"
+            )
+    return None

@@ -21,7 +21,13 @@ if TYPE_CHECKING:  # pyarrow.dataset is imported where it is used: it doubles th
     import pyarrow.dataset as ds
 
 from lidarshard.loaders.held import same_plan
-from lidarshard.loaders.planfiles import listed_plan_files, modified_message, read_rank_plan, verified_bytes
+from lidarshard.loaders.planfiles import (
+    listed_plan_files,
+    modified_message,
+    plan_problem,
+    read_rank_plan,
+    verified_bytes,
+)
 from lidarshard.loaders.planfiles import read_plan_file as read_plan_file  # re-exported; home: planfiles
 from lidarshard.schemas import (
     MANIFEST_FILE,
@@ -282,30 +288,21 @@ class ManifestReader:
         self._costs = table["cost"].to_numpy().astype(np.float64)
 
     def _step_starts(self, table: pa.Table, rank_dir: str) -> NDArray[np.int64]:
-        """(steps + 1,) first row of each step in ``table`` (sorted by step, slot), once the rows are
-        checked to be ``steps`` runs of slots 0..n-1 (n = batch_size, or n >= 1 under budget). The row
-        count is compared with ``steps`` before anything is sized by it: a forged ``steps_per_epoch``
-        (1e12) costs one line, not an allocation."""
-        steps, slots = table["step"].to_numpy(), table["slot"].to_numpy()
+        """(steps + 1,) first row of each step in ``table`` (sorted by step, slot), once the rows have the
+        structure every plan file must have (``planfiles.plan_problem``: ``steps`` runs of slots 0..n-1, n =
+        batch_size, or n >= 1 under budget; the row count compared with ``steps`` before anything is sized by
+        it: a forged ``steps_per_epoch`` (1e12) costs one line, not an allocation)."""
         fixed = not self.manifest.variable_count
-        rows, n = table.num_rows, self.steps
-        ok = (rows == n * self.batch_size) if fixed else (n <= rows)
-        ok = ok and (rows == 0 or (0 <= int(steps.min()) and int(steps.max()) < n))
-        counts = np.bincount(steps, minlength=n) if ok else None
-        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64) if counts is not None else None
-        if (
-            counts is None
-            or starts is None
-            or (counts < 1).any()
-            or (fixed and (counts != self.batch_size).any())
-            or not np.array_equal(slots, np.arange(steps.size) - np.repeat(starts[:-1], counts))
-        ):
+        n = self.steps
+        problem = plan_problem(table, self.plan_epoch, self.rank, n, self.batch_size if fixed else None)
+        if problem is not None:
             raise ValueError(
-                f"{rank_dir}: plan for epoch {self.plan_epoch} rank {self.rank} is malformed: expected "
-                f"slots 0..n-1 ({'n = batch_size ' + str(self.batch_size) if fixed else 'n >= 1'}) for "
-                f"each of {n} steps, got {rows} rows"
+                f"{rank_dir}: plan for epoch {self.plan_epoch} rank {self.rank} is malformed: expected slots "
+                f"0..n-1 ({'n = batch_size ' + str(self.batch_size) if fixed else 'n >= 1'}) for each of {n} "
+                f"steps, got {table.num_rows} rows ({problem})"
             )
-        return starts
+        counts = np.bincount(table["step"].to_numpy(), minlength=n)
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
     def _check_counts(
         self, counts: NDArray[np.int64], global_count: NDArray[np.int64], rank_dir: str

@@ -100,7 +100,7 @@ def _start_reaper() -> subprocess.Popen | None:
 
 @contextmanager
 def interruptible(cleanup: Callable[[], None], what: str) -> Iterator[None]:
-    """Run the body with the reaper watching and SIGINT/SIGTERM handlers that stop the workers, call
+    """Run the body with the reaper watching and SIGINT/SIGTERM (SIGHUP, SIGQUIT) handlers that stop the workers, call
     ``cleanup``, print one line saying ``what`` and exit 128 + the signal number. Outside the main
     thread (no handlers possible) only the reaper watches."""
     reaper = _start_reaper()
@@ -119,7 +119,12 @@ def interruptible(cleanup: Callable[[], None], what: str) -> Iterator[None]:
             os._exit(128 + signum)
 
     main = threading.current_thread() is threading.main_thread()
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    stops = (
+        signal.SIGINT,
+        signal.SIGTERM,
+        *(getattr(signal, n) for n in ("SIGHUP", "SIGQUIT") if hasattr(signal, n)),
+    )
+    previous = {s: signal.signal(s, handler) for s in stops} if main else {}
     try:
         yield
     finally:

@@ -328,9 +328,9 @@ def _check_staged(staging: str) -> None:
     """
     from lidarshard.tools.validate import validate
 
-    problems, _ = validate(staging)
+    problems, _ = validate(staging)  # its scratch failing raises ScratchError: no verdict on the output
     if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        more = f" (and {problems.total - 1} more)" if problems.total > 1 else ""
         raise RuntimeError(f"the output fails validation, nothing was published: {problems[0]}{more}")
 
 

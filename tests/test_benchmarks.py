@@ -262,3 +262,10 @@ def test_speeds_bench(tmp_path: Path) -> None:
     linearities = [float(v) for v in re.findall(r"^  run [AB] epoch \d, .*: +([\d.]+)$", out, re.M)]
     assert len(linearities) == 4 and all(0.0 < v <= 1.0 for v in linearities), out  # A: 0, 1; B: 0, 1
     assert re.search(r"^run B epoch 0: predicted [\d.]+ s, measured [\d.]+ s", out, re.M), out
+
+
+def test_validate_bench(tmp_path: Path) -> None:
+    """plan_bench's build of 20,000 rows, validated: its row of figures and the cores line are printed."""
+    out = bench("validate_bench", "--smoke", cwd=tmp_path, timeout=600.0)
+    assert re.search(r"^\s+20000\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+$", out, re.M), out
+    assert "cores used at 20000:" in out

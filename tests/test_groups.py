@@ -227,22 +227,20 @@ def test_validate_finds_two_groups_steps_swapped(grouped, tmp_path: Path) -> Non
 
 
 def _small_parts(monkeypatch) -> None:
-    """validate's samples read back 7 rows a chunk, their keys in partitions of 9 and epoch 1's pair
-    partners in 11: every lookup crosses parts; a whole-column read raises."""
-    from lidarshard.tools import validate_columns, validate_derived, validate_keys
+    """validate's samples read back from its database 7 rows at a time; a whole-column read raises."""
+    from lidarshard.tools import validate_db
+    from lidarshard.tools.validate_samples import Samples
 
     def whole(*args, **kwargs):
         raise AssertionError("validate read a whole column of the samples")
 
-    monkeypatch.setattr(validate_columns.ParkedColumns, "table", whole)
-    monkeypatch.setattr(validate_columns, "CHUNK_ROWS", 7)
-    monkeypatch.setattr(validate_keys, "PART_KEYS", 9)
-    monkeypatch.setattr(validate_derived, "PAIR_ROWS", 11)
+    monkeypatch.setattr(Samples, "table", whole)
+    monkeypatch.setattr(validate_db, "BATCH_ROWS", 7)
 
 
 def test_grouped_validate_reads_a_chunk_or_a_group_at_a_time(grouped, monkeypatch) -> None:
     """With G > 1 no check reads the samples' numbers whole: a grouped build and its re-plan (epoch 0
-    re-costed group by group) validate with tiny chunks and partitions."""
+    re-costed group by group) validate with tiny chunks."""
     _small_parts(monkeypatch)
     assert validate(str(grouped["g3"]))[0] == []
     assert validate(str(grouped["new"]))[0] == []
@@ -463,20 +461,17 @@ def test_a_grouped_budget_build_with_speeds_and_weights_validates(grouped, tmp_p
     )
 
 
-@pytest.mark.parametrize("forced, part_rows", [(1, None), (3, None), (3, 700)])
-def test_validates_pair_repeat_rate_group_by_group_is_the_epochs(
-    forced: int, part_rows, tmp_path: Path
-) -> None:
-    """``validate_derived.PairRepeat`` (epoch 0's groups parked, epoch 1's last step per sample parked by
-    row range) gives ``epoch_repeat_rates`` of the two assembled epochs, for one group and for three, in one
-    partition of rows and in five."""
+@pytest.mark.parametrize("forced", [1, 3])
+def test_validates_pair_repeat_rate_group_by_group_is_the_epochs(forced: int, tmp_path: Path) -> None:
+    """``validate_derived.PairRepeat`` (each group's entries in validate's database, the step-mate pairs
+    counted by a query) gives ``epoch_repeat_rates`` of the two assembled epochs, for one group and for three."""
+    from lidarshard.tools.validate_db import Engine
     from lidarshard.tools.validate_derived import PairRepeat
     from lidarshard.transforms.core.epochs import epoch_repeat_rates
 
     table = scored_pool(3000, 2)
     cfg = PlanConfig(4, 8, epochs=2, strategy="mixed", policy="pad", plan_groups=forced)
-    pairs = PairRepeat(str(tmp_path), table.num_rows, part_rows)
-    assert pairs.parts == (1 if part_rows is None else 5)
+    pairs = PairRepeat(Engine(str(tmp_path)))
     keys = seeds.sample_keys(table.column("sample_id"))
     for e in (0, 1):
         if forced == 1:

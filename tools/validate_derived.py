@@ -2,32 +2,28 @@
 time: each epoch planned again with the recorded strategy, seed and settings (G = 1: ``plan_samples``;
 G > 1: each group alone, ``groups.plan_group``, and the interleave of the groups' step counts) must give
 the plan files' plan and counts, and epochs 0 and 1 the recorded ``pair_repeat_rate`` (the build's sums,
-``metrics.mate_counts``). No group's plan outlives its checks. Pure numpy; appends
+step-mate pair counts: a query). No group's plan outlives its checks. Appends
 ``"<where>: <what>"`` lines to ``problems``.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.tools.validate_keys import append_split, load_raw
+from lidarshard.tools.validate_db import Engine
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import plan_samples
 from lidarshard.transforms.core.groups import GroupSummary, epoch_stats, group_table, plan_group, step_labels
-from lidarshard.transforms.io import storage
-from lidarshard.transforms.io.scratch import pair_path, read_columns, write_columns
-from lidarshard.transforms.plan.metrics import mate_counts, repeat_rates
+from lidarshard.transforms.plan.metrics import repeat_rates
 
 __all__ = [
-    "PAIR_ROWS",
     "Derived",
     "check_replan",
     "check_derived_counts",
@@ -55,7 +51,7 @@ class Derived:
         self.stats: dict | None = None  # the epoch's stats, once every group is derived
 
     def group(self, g: int, samples: Any) -> Planned | None:
-        """Group ``g`` planned alone from its ``samples`` (``SamplesView.group`` as the epoch is planned,
+        """Group ``g`` planned alone from its ``samples`` (``Samples.group`` as the epoch is planned,
         ``epochs.as_planned``: the plan columns and ``row`` (n_g,), ascending), or None when it cannot be
         (a problem, once: no later group is derived)."""
         if self.failed or self.cfg is None:
@@ -162,30 +158,20 @@ def _entries(plan: NDArray[np.int64], group: int, groups: int) -> tuple[NDArray[
     return steps[valid] * groups + group, plan[valid]
 
 
-#: Samples per partition of epoch 1's last step ids (``PairRepeat``): what one lookup holds (4 bytes each).
-PAIR_ROWS = 1 << 20
-
-
 class PairRepeat:
-    """``pair_repeat_rate`` of epochs 0 and 1 as re-derived, one group at a time: epoch 0's (step id, sample
-    row) entries of each group parked in ``work`` (``scratch.pair_path``), epoch 1's (sample row, step id)
-    entries parked by row range (``PAIR_ROWS`` samples a partition), then each epoch-0 group's pairs
-    counted (``metrics.mate_counts``: the counts the build adds) against each sample's last epoch-1 step
-    id, one partition at a time. Step ids are ``local * G + group``: the same pairs as the epoch's steps,
-    whatever the interleave. Holds one group's entries and one partition, not the ``n`` samples."""
+    """``pair_repeat_rate`` of epochs 0 and 1 as re-derived, one group at a time: each group's (step id, sample
+    row) entries of both plans (``plan``, ``random``) go to the table ``pairs`` of ``db``; the step-mate pair
+    counts are a query (each epoch-0 entry against its sample's last epoch-1 step id), the rates
+    ``metrics.repeat_rates`` of them. Step ids are ``local * G + group``: the same pairs as the epoch's steps,
+    whatever the interleave."""
 
     KINDS = ("plan", "random")
 
-    def __init__(self, work: str, n: int, part_rows: int | None = None) -> None:
-        self.work, self.n = work, n
-        self.part = PAIR_ROWS if part_rows is None else part_rows  # the module's, read now (tests set it)
-        self.parts = max(1, -(-n // self.part))
-        self.groups: int | None = None  # epoch 0's G
+    def __init__(self, db: Engine) -> None:
+        self.db = db
+        db.run("CREATE OR REPLACE TABLE pairs (epoch TINYINT, kind TINYINT, rid BIGINT, step BIGINT)")
         self.missing = False
-        self.second: set[str] = set()  # the kinds of epoch 1 parked
-
-    def _last(self, kind: str, p: int, column: str) -> str:
-        return os.path.join(storage.local_path(self.work), "pairs", f"{kind}-last-{p:05d}-{column}.bin")
+        self.seen: set[int] = set()  # the epochs added
 
     def add(self, e: int, g: int, groups: int, planned: Planned | None) -> None:
         """Group ``g`` of ``groups`` of epoch ``e`` as re-derived (None: not, the rates cannot be)."""
@@ -194,49 +180,30 @@ class PairRepeat:
         if planned is None:
             self.missing = True
             return
-        for kind, plan in zip(self.KINDS, planned, strict=True):
+        for kind, plan in enumerate(planned):
             ids, rows = _entries(plan, g, groups)
-            if e == 0:
-                self.groups = groups
-                write_columns(pair_path(self.work, kind, g), {"step": ids, "row": rows})
-                continue
-            os.makedirs(os.path.dirname(self._last(kind, 0, "row")), exist_ok=True)
-            cols: dict[str, NDArray] = {
-                "row": rows.astype(np.int64),
-                "step": ids.astype(np.int32),
-            }  # step order
-            append_split(rows // self.part, self.parts, cols, functools.partial(self._last, kind))
-            self.second.add(kind)
-
-    def _partner(self, kind: str, rows: NDArray[np.int64]) -> NDArray[np.int64]:
-        """(n,) each sample row's last step id in epoch 1 (-1: not planned), a partition at a time."""
-        out = np.full(rows.size, -1, np.int64)
-        part = rows // self.part
-        for p in np.unique(part).tolist():
-            start = p * self.part
-            last = np.full(min(self.part, self.n - start), -1, np.int32)
-            # a sample's copies in step order, so its last copy, its largest step id, wins
-            last[load_raw(self._last(kind, p, "row"), np.dtype(np.int64)) - start] = load_raw(
-                self._last(kind, p, "step"), np.dtype(np.int32)
-            )
-            at = np.flatnonzero(part == p)
-            out[at] = last[rows[at] - start]
-        return out
+            part = pa.table({"epoch": pa.array(np.full(ids.size, e, np.int8)),
+                             "kind": pa.array(np.full(ids.size, kind, np.int8)), "rid": rows, "step": ids})  # fmt: skip
+            self.db.run("INSERT INTO pairs SELECT * FROM part", part=part)
+        self.seen.add(e)
 
     def rates(self, strategy: str) -> dict[str, float] | None:
-        """``epochs.epoch_repeat_rates`` of the two epochs, or None when either was not (wholly) derived."""
-        if self.missing or self.groups is None or len(self.second) != len(self.KINDS):
+        """``metrics.repeat_rates`` of the two epochs, or None when either was not (wholly) derived."""
+        if self.missing or self.seen != {0, 1}:
             return None
-        counts: dict[str, tuple[int, int]] = {}
-        for kind in self.KINDS:
-            pairs = shared = 0
-            for g in range(self.groups):
-                cols = read_columns(pair_path(self.work, kind, g))
-                partner = self._partner(kind, cols["row"].astype(np.int64))
-                p, s = mate_counts(cols["step"], partner)
-                pairs, shared = pairs + p, shared + s
-            counts[kind] = pairs, shared
-        return repeat_rates(counts, strategy)
+        mates = (  # each epoch-0 entry: its step, its sample's last step in epoch 1 (NULL: not planned)
+            "WITH last AS (SELECT kind, rid, max(step) AS s1 FROM pairs WHERE epoch = 1 GROUP BY kind, rid), "
+            "mates AS (SELECT p.kind, p.step AS s0, l.s1 FROM pairs p LEFT JOIN last l USING (kind, rid) "
+            "WHERE p.epoch = 0) "
+        )
+        counts = {kind: [0, 0] for kind in range(len(self.KINDS))}
+        for i, keys in enumerate(("s0", "s0, s1")):
+            where = "WHERE s1 IS NOT NULL " if i else ""
+            query = (f"{mates}SELECT kind, sum(n * (n - 1))::HUGEINT AS twice FROM (SELECT kind, count(*) AS n "
+                     f"FROM mates {where}GROUP BY kind, {keys}) GROUP BY kind")  # fmt: skip
+            for kind, twice in self.db.rows(query):
+                counts[kind][i] = int(twice) // 2
+        return repeat_rates({k: (counts[i][0], counts[i][1]) for i, k in enumerate(self.KINDS)}, strategy)
 
 
 def check_repeat_rate(problems: list[str], m: Manifest, again: dict[str, float] | None) -> None:

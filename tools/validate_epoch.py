@@ -1,38 +1,34 @@
-"""One epoch of ``lidarshard validate``, one step group at a time: its peak is one group's samples and
-plan, not the epoch's.
+"""One epoch of ``lidarshard validate``: its plan files as a DuckDB table, checked one step group at a time.
 
-    for each rank file:   stream it (its path columns a row group at a time: row keys), check its rows
-                          (``validate_files.check_plan``, ``validate_plan.lookup``), park their numbers
-                          by the step group of their sample (``groups.deal``: the build's rule, from the
-                          recorded seed and G) in a temporary directory (``scratch.spill_path``)
-    for each group g:     its samples (``SamplesView.group``, as planned: ``epochs.as_planned``) against
-                          its parked rows' costs and bucket ids (``validate_plan.Values``)
-    for each group g:     re-derive it alone (``validate_derived.Derived``), read its samples and parked
-                          rows back, check them against it, the counts, caps and coverage, add its
-                          balance sums
+    for each rank file:   its structure (``planfiles.plan_problem``, the readers' rule), then its rows into ``plan_rows``
+                          (the numbers, the sample_id and ``validate_db.ROW_KEY`` of the paths)
+    a query:              each row joined to its sample (``rid``) by sample_id: an unknown id or a path that
+                          differs is named, first per file, and the file not checked further
+    for each group g:     its samples (``Samples.group``, as planned: ``epochs.as_planned``) against its rows'
+                          costs and bucket ids (``validate_plan.Values``)
+    for each group g:     re-derive it alone (``validate_derived.Derived``), check its rows against it, the
+                          counts, caps and coverage; its balance sums
     then:                 the interleave of the groups' steps, the step order under --heaviest-first,
-                          the combined balance (``metrics.balance_entry``) against the manifest
+                          the balance entry (``metrics.balance_entry``) against the manifest
 
-Nothing of the epoch's N samples is held: a group's samples index its plan by their position (``row``
-is ascending), so every value check reads one group's columns.
-
-G = 1 is the same path with one group (planned by ``plan_samples``, the single pool's plan). Pure
-pyarrow/numpy; problems are ``"<where>: <what>"`` lines naming file, epoch, rank, step and slot.
+A group's rows are those whose sample the build's rule deals to it (``groups.deal`` from the recorded seed
+and G: the table ``dealt``); G = 1 is the same path with one group (planned by ``plan_samples``).
+Problems are ``"<where>: <what>"`` lines naming file, epoch, rank, step and slot.
 """
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from lidarshard import schemas
+from lidarshard.loaders.planfiles import plan_problem
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.tools.validate_db import ROW_KEY, Engine, dense_counts
 from lidarshard.tools.validate_derived import (
     Derived,
     PairRepeat,
@@ -40,111 +36,93 @@ from lidarshard.tools.validate_derived import (
     check_replan,
     check_steps,
 )
-from lidarshard.tools.validate_files import check_plan, unreadable
 from lidarshard.tools.validate_plan import (
-    KEY_ROWS,
     Coverage,
     Heaviest,
     Values,
     cap_values,
     check_balance,
     check_counts,
-    file_row_keys,
     file_sums,
     group_breaches,
     heaviest_values,
-    lookup,
-    rank_rows,
+    local_rows,
     report_breaches,
 )
-from lidarshard.tools.validate_samples import SamplesView
+from lidarshard.tools.validate_samples import Samples
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned
-from lidarshard.transforms.core.groups import deal
-from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import release_memory
-from lidarshard.transforms.io.scratch import read_columns, spill_path, write_columns
 from lidarshard.transforms.plan.dense import dense_plan
 
 __all__ = ["check_epoch_files"]
 
-#: ``open_plan(rel)``: the plan file ``rel`` opened for streaming when it is usable, else None.
-OpenPlan = Callable[[str], AbstractContextManager[pq.ParquetFile | None]]
-_PATHS = ("path", "sweep_paths")
+#: ``read_plans(rels)``: (rel, the plan file when it is usable (its bytes as recorded, its schema the
+#: contract's), else None and a problem said) for each of ``rels`` there at its recorded size, in order.
+ReadPlans = Callable[[Sequence[str]], Iterator[tuple[str, pa.Table | None]]]
+_ROWS = "rank, step, slot, rank_count, global_count, cost, bucket_id"
 
 
 def _add(problems: list[str], where: str, what: str) -> None:
     problems.append(f"{where}: {what}")
 
 
-def _rank_rows(
-    problems: list[str], file: pq.ParquetFile, rel: str, e: int, r: int, m: Manifest, samples: SamplesView
-) -> dict[str, NDArray] | None:
-    """Rank ``r``'s plan file checked (its numbers read whole, N/W rows; its paths streamed) -> its
-    ``rank_rows`` plus ``rank`` and ``group_key`` (of each row's sample), or None when it is not usable (a problem)."""
-    t = file.read(columns=[n for n in file.schema_arrow.names if n not in _PATHS], use_threads=False)
-    batches = file.iter_batches(batch_size=KEY_ROWS, columns=["path"], use_threads=False)
-    nulls = {"path": sum(b.column(0).null_count for b in batches)}
-    per_step = None if m.variable_count else m.batch_size
-    if not check_plan(problems, rel, t, e, r, m.steps(e), per_step, nulls):
-        return None
-    found = lookup(problems, rel, e, r, t, samples, lambda: file_row_keys(file))
-    if found is None:
-        return None
-    rows = rank_rows(t, found.rows, samples.num_rows)
-    rows["rank"] = np.full(found.rows.size, r, np.int32)
-    rows["group_key"] = found.group_keys
-    return rows
-
-
-def _spill(
-    problems: list[str],
-    open_plan: OpenPlan,
-    m: Manifest,
-    e: int,
-    samples: SamplesView,
-    dealt: tuple[int, int],
-    work: str,
-) -> tuple[int, NDArray[np.int32], int]:
-    """Epoch ``e``'s rank files checked one at a time, their rows parked by the step group of their
-    sample (``groups.deal`` with ``dealt`` (seed, G)) -> (plan rows read, rows per rank-step (S, W),
-    usable files)."""
-    w, steps = m.world_size, m.steps(e)
-    counts = np.zeros((steps, w), np.int32)
-    rows = usable = 0
-    for r in range(w):
-        rel = m.plan_file(e, r)
-        got = None
-        with open_plan(rel) as file:
-            if file is None:
-                continue
-            rows += file.metadata.num_rows
-            try:
-                got = _rank_rows(problems, file, rel, e, r, m, samples)
-            except (pa.ArrowException, OSError) as err:
-                _add(problems, rel, unreadable(err))
-        if got is None:
+def _load(
+    problems: list[str], read_plans: ReadPlans, m: Manifest, e: int, db: Engine
+) -> tuple[int, set[int]]:
+    """Epoch ``e``'s rank files checked one at a time and their rows joined to their samples in the table
+    ``rows`` -> (plan rows read, the ranks whose every row has its sample and its sample's paths)."""
+    count, usable = 0, set()
+    insert = f"SELECT 0 AS rank, step, slot, rank_count, global_count, cost, bucket_id, sample_id, {ROW_KEY} AS rkey FROM t"
+    db.run(f"CREATE OR REPLACE TABLE plan_rows AS {insert} LIMIT 0", t=schemas.plan_schema().empty_table())
+    ranks = {m.plan_file(e, r): r for r in range(m.world_size)}
+    for rel, t in read_plans(list(ranks)):
+        r = ranks[rel]
+        if t is None:
             continue
-        usable += 1
-        counts[:, r] = np.bincount(got["step"], minlength=steps)[:steps]
-        group = deal(got.pop("group_key"), dealt[0], e, dealt[1])
-        for g in np.unique(group).tolist():
-            at = np.flatnonzero(group == g)
-            write_columns(spill_path(work, e, g, r), {k: v[at] for k, v in got.items()})
-        del got, group
+        count += t.num_rows
+        problem = plan_problem(t, e, r, m.steps(e), None if m.variable_count else m.batch_size)
+        if problem is not None:
+            _add(problems, rel, problem)
+        else:
+            usable.add(r)
+            db.run(f"INSERT INTO plan_rows {insert.replace('0 AS rank', str(r), 1)}", t=t)
+        del t
         release_memory()
-    return rows, counts, usable
+    db.run("CREATE OR REPLACE TABLE epoch_rows AS SELECT p.rank, p.step, p.slot, p.rank_count, p.global_count, "
+           "p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, "
+           "CASE WHEN s.rid IS NULL THEN p.sample_id END AS unknown "
+           "FROM plan_rows p LEFT JOIN samples s USING (sample_id)")  # fmt: skip
+    db.run("DROP TABLE plan_rows")
+    first = db.rows("SELECT rank, step, slot, unknown, rid FROM epoch_rows WHERE rid IS NULL OR NOT same QUALIFY "
+                    "row_number() OVER (PARTITION BY rank ORDER BY rid IS NULL DESC, step, slot) = 1 ORDER BY rank")  # fmt: skip
+    ids = db.rows  # the ids of the samples whose paths differ, for the messages
+    for r, step, slot, unknown, rid in first:
+        where = f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}"
+        if rid is None:
+            _add(problems, where, f"sample_id {unknown} is not in the samples")
+        else:
+            sid = ids("SELECT sample_id FROM samples WHERE rid = ?", [rid])[0][0]
+            _add(problems, where, f"path or sweep_paths of {sid} differs from the samples")
+        usable.discard(r)
+    _keep(db, usable)
+    return count, usable
 
 
-def _parked(work: str, e: int, g: int, w: int) -> dict[str, NDArray]:
-    """Group ``g``'s parked rows of every rank, rank-major (each rank's in (step, slot) order)."""
-    parts = []
-    for r in range(w):
-        path = spill_path(work, e, g, r)
-        if storage.exists(path):
-            parts.append(read_columns(path))
-    names = ("step", "slot", "rank_count", "global_count", "row", "rank", "cost", "bucket_id")
-    return {k: np.concatenate([p[k] for p in parts]) if parts else np.empty(0, np.int32) for k in names}
+def _keep(db: Engine, ranks: set[int]) -> None:
+    """Drop the rows of every rank file but ``ranks``."""
+    keep = f" WHERE rank NOT IN ({', '.join(map(str, sorted(ranks)))})" if ranks else ""
+    db.run(f"DELETE FROM epoch_rows{keep}")
+
+
+def _rows(db: Engine, g: int, groups: int) -> dict[str, NDArray]:
+    """Group ``g``'s plan rows of every usable rank, rank-major (each rank's in (step, slot) order)."""
+    if groups == 1:
+        return db.arrays(f'SELECT {_ROWS}, rid AS "row" FROM epoch_rows ORDER BY rank, step, slot')
+    return db.arrays(
+        f'SELECT {_ROWS}, rid AS "row" FROM epoch_rows JOIN dealt USING (rid) WHERE grp = ? ORDER BY rank, step, slot',
+        [g],
+    )
 
 
 def _planned(group: pa.Table, e: int, cfg: PlanConfig | None) -> Any:
@@ -173,14 +151,14 @@ class _Epoch:
     def group(
         self, g: int, groups: int, samples: Any, rows: dict
     ) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
-        """Group ``g``: its samples ``samples`` (``SamplesView.group`` as planned), its parked plan rows
+        """Group ``g``: its samples ``samples`` (``Samples.group`` as planned), its plan rows
         ``rows`` (emptied) -> (its plan (S_g, W, M) of sample rows as the files hold it, its steps in the
         epoch (S_g,)), or None when its rows do not form a plan (a problem; the epoch's sums are then not
         checked)."""
         m, e, problems = self.m, self.e, self.problems
         steps = np.unique(rows["step"]).astype(np.int64)  # its steps in the epoch, in order
         try:
-            local = np.searchsorted(steps, rows["step"])
+            local = local_rows(steps, rows["step"])
             plan = dense_plan(local, rows["rank"], rows["slot"], rows["row"], steps.size, m.world_size)
         except ValueError as err:
             _add(problems, f"epoch {e}", str(err))
@@ -198,7 +176,7 @@ class _Epoch:
         self.coverage.add(samples, rows["row"])
         rows.clear()  # the parked rows are in ``plan`` now
         # the plan over the group's samples: entries index its columns (its rows are ascending)
-        mine = np.searchsorted(samples.column("row").to_numpy(), plan)
+        mine = local_rows(samples.column("row").to_numpy(), plan)
         mine[plan < 0] = -1
         if self.cfg is not None:
             lines: list[str] = []
@@ -213,7 +191,7 @@ class _Epoch:
         self.sums.append(file_sums(mine, costs, m.batch_size, m.rank_speed))
         return plan, steps
 
-    def finish(self, derived: Derived, samples: SamplesView) -> None:
+    def finish(self, derived: Derived, samples: Samples) -> None:
         """After every group: what needs the whole epoch's few numbers (``samples``: to name one)."""
         m, e, problems = self.m, self.e, self.problems
         b = None if m.variable_count else m.batch_size
@@ -234,20 +212,17 @@ class _Epoch:
 
 def check_epoch_files(
     problems: list[str],
-    open_plan: OpenPlan,
+    read_plans: ReadPlans,
     m: Manifest,
     cfg: PlanConfig | None,
     e: int,
-    samples: SamplesView,
+    samples: Samples,
     held: tuple | None,
-    last: bool,
-    work: str,
     pairs: PairRepeat | None,
 ) -> int:
     """Epoch ``e``'s plan files checked and its plan re-derived with the recorded settings ``cfg`` (None:
-    not valid, reported) group by group, parking in ``work`` (a temporary directory); epochs 0 and 1's
-    groups go to ``pairs``. After the ``last`` epoch's files the view's keys are dropped. Returns the
-    epoch's plan rows."""
+    not valid, reported) group by group; epochs 0 and 1's groups go to ``pairs``. Returns the epoch's plan
+    rows."""
     if cfg is not None and cfg.planned_with(e) is not None:  # recomputed costs plan it: can they be?
         try:
             for _, chunk in samples.chunks():
@@ -257,22 +232,39 @@ def check_epoch_files(
             cfg = None
     groups = cfg.groups(samples.num_rows) if cfg is not None else m.groups
     seed = cfg.seed if cfg is not None else m.seed
-    w = m.world_size
-    rows, counts, usable = _spill(problems, open_plan, m, e, samples, (seed, groups), work)
-    if last:
-        samples.drop_keys()
+    w, db = m.world_size, samples.db
+    if groups > 1:
+        samples.deal(seed, e, groups)
+    rows, usable = _load(problems, read_plans, m, e, db)
     values = Values()
     for g in range(groups):  # a file whose costs or buckets are not its samples' is not checked further
-        values.add(_parked(work, e, g, w), _planned(samples.group(g, seed, e, groups), e, cfg))
+        values.add(_rows(db, g, groups), _planned(samples.group(g, seed, e, groups), e, cfg))
         release_memory()
-    usable -= len(values.report(problems, m, e, samples))
+    usable -= values.report(problems, m, e, samples)
     derived = Derived(problems, m, cfg, e, groups)
-    epoch = _Epoch(problems, m, cfg, e, held, counts) if usable == w else None
+    epoch = None
+    if len(usable) == w:
+        counts = db.arrays("SELECT step, rank, count(*) AS n FROM epoch_rows GROUP BY step, rank")
+        epoch = _Epoch(problems, m, cfg, e, held, dense_counts(counts, m.steps(e), w))
+    _groups(problems, m, e, cfg, samples, (seed, groups), epoch, derived, pairs)
+    db.run("DROP TABLE epoch_rows")
+    if epoch is not None and not epoch.broken:
+        epoch.finish(derived, samples)
+    if derived.stats is not None:
+        check_derived_counts(problems, m, e, derived.stats)
+    return rows
+
+
+def _groups(problems: list[str], m: Manifest, e: int, cfg: PlanConfig | None, samples: Samples,
+            dealt: tuple[int, int], epoch: _Epoch | None, derived: Derived, pairs: PairRepeat | None) -> None:  # fmt: skip
+    """Each group of epoch ``e``: its plan rows checked (``epoch``, when every rank file is usable) and against
+    the plan ``derived`` re-derives (epochs 0 and 1 go to ``pairs``)."""
+    (seed, groups), db = dealt, samples.db
     for g in range(groups):  # the files' side first: only its plan (8 B an entry) waits for the planner's
         group = _planned(samples.group(g, seed, e, groups), e, cfg)
         held_plan = None
         if epoch is not None and not epoch.broken:
-            held_plan = epoch.group(g, groups, group, _parked(work, e, g, w))
+            held_plan = epoch.group(g, groups, group, _rows(db, g, groups))
             release_memory()
         planned = derived.group(g, group)
         del group
@@ -283,9 +275,3 @@ def check_epoch_files(
             check_replan(problems, m, e, held_plan[0], planned[0], held_plan[1], samples, where)
         del planned, held_plan
         release_memory()
-    shutil.rmtree(storage.local_path(storage.join(work, "spill", f"epoch-{e}")), ignore_errors=True)
-    if epoch is not None and not epoch.broken:
-        epoch.finish(derived, samples)
-    if derived.stats is not None:
-        check_derived_counts(problems, m, e, derived.stats)
-    return rows

@@ -7,25 +7,40 @@ with the steps and counts recorded."""
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from lidarshard import schemas
+from lidarshard.loaders.planfiles import recorded_file
 from lidarshard.schemas.manifest import FileEntry
+from lidarshard.schemas.records import ScanCounts
+from lidarshard.tools.validate_db import Engine, ScratchError, ahead
+from lidarshard.tools.validate_samples import Samples, check_samples, sample_columns
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.arrow import parquet_file
 from lidarshard.transforms.io.parts import listed_parts
+from lidarshard.transforms.io.storage import FileInfo
 
-__all__ = ["samples_parts", "check_listed", "check_recorded", "check_scan_files", "check_plan", "unreadable"]
+__all__ = [
+    "MAX_PROBLEMS", "DERIVED_PREFIXES", "Problems", "Store", "Checker", "schema_problem", "samples_parts", "check_listed",
+    "check_recorded", "check_scan_files", "unreadable",
+]  # fmt: skip
+
+#: Problems kept by default (``lidarshard validate``'s own: ``validate.MAX_PROBLEMS``); the rest are counted.
+MAX_PROBLEMS = 200
+_MAX_SHOWN = 5  # list items shown in one message
+#: Samples rows checked (and decoded ahead) at a time: at 9 sweeps a row, ~6 MB of strings.
+_SAMPLE_ROWS = 4096
 
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
 _META = schemas.META_FILES
 #: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
-_DERIVED_PREFIXES = (schemas.REPORT_DIR + "/",)
-_BLOCK = 8 << 20  # bytes hashed at a time
+DERIVED_PREFIXES = (schemas.REPORT_DIR + "/",)
 
 
 def samples_parts(problem: Problem, rels: list[str]) -> list[str] | None:
@@ -72,45 +87,23 @@ def check_listed(
 
 
 def check_recorded(
-    problem: Problem, root: str, present: Mapping[str, int], recorded: Mapping[str, FileEntry]
+    problem: Problem, present: Mapping[str, int], recorded: Mapping[str, FileEntry]
 ) -> set[str]:
-    """Sizes and sha256 of the ``recorded`` files under ``root`` (``present``: {relative path: bytes} of
-    every file there; streamed, never held), and no file there unlisted; returns those that match."""
-    good: set[str] = set()
-    extras = {rel for rel in present if rel.startswith(_DERIVED_PREFIXES)}  # `lidarshard report` output
+    """The ``recorded`` files against ``present`` ({relative path: bytes} of every file there): each there
+    at its recorded size, and no file there unlisted; returns those of the right size (their sha256 is
+    checked as they are read: ``Checker``)."""
+    sized: set[str] = set()
+    extras = {rel for rel in present if rel.startswith(DERIVED_PREFIXES)}  # `lidarshard report` output
     for rel in sorted(set(present) - _META - set(recorded) - extras):
         problem(rel, "file is not listed in _manifest.json 'files' (left over or added)")
     for rel, info in sorted(recorded.items()):
         if rel not in present:
             problem(rel, f"missing (recorded {info.bytes} bytes at commit)")
-            continue
-        if present[rel] != info.bytes:
+        elif present[rel] != info.bytes:
             problem(rel, f"{present[rel]} bytes, recorded {info.bytes} at commit (truncated or rewritten)")
-            continue
-        try:
-            digest = _sha256(storage.join(root, rel), present[rel])
-        except OSError as e:
-            problem(rel, f"cannot be read ({e})")
-            continue
-        if digest != info.sha256:
-            problem(rel, "sha256 differs from the one recorded at commit (file was modified)")
-            continue
-        good.add(rel)
-    return good
-
-
-def _sha256(path: str, size: int) -> str:
-    """Hex SHA-256 of the file ``path``, read in blocks; OSError unless exactly ``size`` bytes."""
-    h, seen = hashlib.sha256(), 0
-    with storage.open_read(path) as f:
-        while block := f.read(min(_BLOCK, size - seen + 1)):
-            h.update(block)
-            seen += len(block)
-            if seen > size:
-                break
-    if seen != size:
-        raise OSError(f"{seen} bytes read, {size} listed")
-    return h.hexdigest()
+        else:
+            sized.add(rel)
+    return sized
 
 
 def check_scan_files(problem: Problem, present: Mapping[str, int]) -> list[str]:
@@ -124,110 +117,224 @@ def check_scan_files(problem: Problem, present: Mapping[str, int]) -> list[str]:
     return in_samples
 
 
-def _add(problems: list[str], where: str, what: str) -> None:
-    problems.append(f"{where}: {what}")
-
-
 def unreadable(err: Exception) -> str:
     """The problem of a Parquet file that does not read: the error's type and its first 120 characters."""
     return f"not a readable Parquet file ({type(err).__name__}: {str(err)[:120]})"
 
 
-def check_plan(
-    problems: list[str],
-    rel: str,
-    t: pa.Table,
-    e: int,
-    r: int,
-    steps: int,
-    b: int | None,
-    nulls: Mapping[str, int] | None = None,
-) -> bool:
-    """Structure of rank ``r``'s plan ``t`` (file ``rel``) for epoch ``e``: no nulls, exactly ``steps`` x
-    ``b`` rows in (step, slot) order (``b=None``, variable counts: every step holds slots ``0..n-1``
-    with ``n >= 1`` equal to ``rank_count``). A 4.x file's ``epoch`` and ``rank`` columns hold ``e`` and
-    ``r`` on every row (a 3.x file has none: the schema check refuses them). ``nulls``: the null counts
-    of columns ``t`` was read without (its path, counted as it streams). Returns True when the file
-    is usable."""
-    wrong = schemas.misplaced_key(t, e, r)
-    if wrong is not None:
-        _add(
-            problems, rel, f"column {wrong[0]} is not {wrong[1]} on every row (a plan file of another place)"
-        )
-        return False
-    names: tuple[str, ...] = ("step", "slot", "sample_id", "cost", "bucket_id", "path")
-    if b is None:
-        names += ("rank_count", "global_count")
-    for name in names:
-        count = nulls[name] if nulls is not None and name in nulls else t.column(name).null_count
-        if count:
-            _add(problems, rel, f"column {name} holds {count} nulls")
-            return False
-    if b is None:
-        return _check_variable(problems, rel, t, e, r, steps)
-    step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
-    if t.num_rows != steps * b:
-        _add(
-            problems,
-            rel,
-            f"epoch {e} rank {r}: {t.num_rows} rows, but steps_per_epoch[{e}] = {steps} steps x batch_size "
-            f"{b} = {steps * b}",
-        )
-        return False
-    outside = (step < 0) | (step >= steps)
-    if outside.any():
-        _add(
-            problems,
-            rel,
-            f"epoch {e} rank {r}: step {step[outside][0]} outside steps_per_epoch[{e}] = {steps}",
-        )
-        return False
-    per_step = np.bincount(step, minlength=steps)
-    if (per_step != b).any():
-        s = int(np.flatnonzero(per_step != b)[0])
-        _add(problems, rel, f"epoch {e} rank {r} step {s}: {per_step[s]} rows, expected batch_size {b}")
-        return False
-    order = (step != np.repeat(np.arange(steps), b)) | (slot != np.tile(np.arange(b), steps))
-    if order.any():
-        i = int(np.flatnonzero(order)[0])
-        _add(
-            problems,
-            rel,
-            f"epoch {e} rank {r}: row {i} is (step {step[i]}, slot {slot[i]}); rows must be sorted by "
-            f"(step, slot) with slots 0..{b - 1}",
-        )
-        return False
-    return True
+class Store:
+    """Read-only view of one directory (local path or URI) through ``storage``."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/") or "/"
+
+    def listing(self) -> dict[str, FileInfo]:
+        """{relative path: (bytes, mtime)} of every file below the root."""
+        return storage.list_files(self.root)
+
+    def sizes(self) -> dict[str, int]:
+        """{relative path: bytes} of every file below the root."""
+        return {rel: info.size for rel, info in self.listing().items()}
+
+    def read(self, rel: str, max_bytes: int | None = storage.METADATA_MAX_BYTES) -> bytes:
+        """The file ``rel``, never more than ``max_bytes`` (raises OSError)."""
+        return storage.read_bytes(storage.join(self.root, rel), max_bytes)
 
 
-def _check_variable(problems: list[str], rel: str, t: pa.Table, e: int, r: int, steps: int) -> bool:
-    step, slot = t.column("step").to_numpy().astype(np.int64), t.column("slot").to_numpy().astype(np.int64)
-    if step.size and (step.min() < 0 or step.max() >= steps):
-        _add(problems, rel, f"epoch {e} rank {r}: a step outside steps_per_epoch[{e}] = {steps}")
-        return False
-    counts = np.bincount(step, minlength=steps)
-    if (counts < 1).any():
-        s = int(np.argmin(counts))
-        _add(problems, rel, f"epoch {e} rank {r} step {s}: no sample (every rank needs one per step)")
-        return False
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    if (np.diff(step) < 0).any() or not np.array_equal(slot, np.arange(step.size) - starts):
-        i = int(np.flatnonzero((slot != np.arange(step.size) - starts) | np.r_[False, np.diff(step) < 0])[0])
-        _add(
-            problems,
-            rel,
-            f"epoch {e} rank {r}: row {i} is (step {step[i]}, slot {slot[i]}); rows must be "
-            "sorted by (step, slot) with slots 0..n-1",
-        )
-        return False
-    rank_count = t.column("rank_count").to_numpy().astype(np.int64)
-    if not np.array_equal(rank_count, counts[step]):
-        i = int(np.flatnonzero(rank_count != counts[step])[0])
-        _add(
-            problems,
-            rel,
-            f"epoch {e} rank {r} step {step[i]}: rank_count {rank_count[i]}, the step holds "
-            f"{counts[step[i]]} rows",
-        )
-        return False
-    return True
+def _type(t: pa.DataType) -> str:
+    """Type name ignoring the list item's field name (Parquet round trips call it 'element')."""
+    return f"list<{_type(t.value_type)}>" if pa.types.is_list(t) else str(t)
+
+
+def schema_problem(table: pa.Table, want: pa.Schema) -> str | None:
+    """What is wrong with ``table``'s columns against ``want`` (a current contract) as the version the
+    file names wrote it (``schemas.as_written``: a 4.0 file has no 4.1 columns)."""
+    version = (table.schema.metadata or {}).get(b"lidarshard.schema_version", b"").decode()
+    if not schemas.is_readable(version):
+        return f"written with schema version {version!r}, expected {schemas.SCHEMA_VERSION!r} (or an earlier minor)"
+    want = schemas.as_written(want, version)
+    got = {f.name: _type(f.type) for f in table.schema}
+    exp = {f.name: _type(f.type) for f in want}
+    twice = sorted({n for n in table.schema.names if table.schema.names.count(n) > 1})
+    if twice:
+        return f"schema differs from the contract: column {twice[0]!r} appears more than once"
+    if got != exp or list(got) != list(exp):
+        missing, extra = [n for n in exp if n not in got], [n for n in got if n not in exp]
+        typed = [f"{n} is {got[n]}, expected {t}" for n, t in exp.items() if n in got and got[n] != t]
+        parts = [f"missing {missing}"] * bool(missing) + [f"extra {extra}"] * bool(extra) + typed[:3]
+        return "schema differs from the contract: " + ("; ".join(parts) or "column order differs")
+    return None
+
+
+class Problems(list):
+    """Problem lines: the first ``cap`` kept (and a last line counting the rest), ``total`` all of them.
+    Bounds memory whatever a forged manifest claims."""
+
+    def __init__(self, lines: Sequence[str] = (), cap: int = MAX_PROBLEMS) -> None:
+        super().__init__()
+        self.total, self.cap = 0, cap
+        for line in lines:
+            self.append(line)
+
+    def append(self, line: str) -> None:
+        self.total += 1
+        if self.total <= self.cap:
+            super().append(line)
+        elif self.total == self.cap + 1:
+            super().append("... and 1 more problems")
+        else:
+            self[-1] = f"... and {self.total - self.cap} more problems"
+
+
+class Checker:
+    """Accumulates problems (``problem`` lines read ``<where>: <what>``); reads OUT's files, each listed
+    file's bytes checked against its recorded size and sha256 as they are read (``_open``)."""
+
+    def __init__(self, out: str, db: Engine, problems: Problems) -> None:
+        self.store = Store(out)
+        self.problems = problems
+        self.db = db
+        self.listed: Mapping[str, FileEntry] = {}  # the manifest's files
+        self.sized: set[str] = set()  # listed files there at their recorded size
+        self.read: set[str] = set()  # those read (and hashed) so far
+
+    def problem(self, where: str, what: str) -> None:
+        self.problems.append(f"{where}: {what}")
+
+    def hash_the_rest(self) -> None:
+        """Every listed file not read by a check (it was not needed) is hashed all the same."""
+        for rel in sorted(self.sized - self.read):
+            self.read.add(rel)
+            with self._open(rel, None, True) as (_, lines):
+                for line in lines:
+                    self.problems.append(line)
+
+    @contextlib.contextmanager
+    def _open(
+        self, rel: str, want: pa.Schema | None, listed: bool
+    ) -> Iterator[tuple[pq.ParquetFile | None, list[str]]]:
+        """(the Parquet file ``rel`` when it reads and has the ``want`` schema, else None; the problem lines): a
+        listed file read through the open file its recorded sha256 was checked on (``planfiles.recorded_file``:
+        what is checked is what was hashed). Runs on the reading thread."""
+        lines: list[str] = []
+        with contextlib.ExitStack() as stack:
+            file, bad = None, None
+            try:
+                if listed:
+                    source = recorded_file(storage.join(self.store.root, rel), self.listed[rel])
+                    if source is None:
+                        lines.append(
+                            f"{rel}: sha256 differs from the one recorded at commit (file was modified)"
+                        )
+                else:
+                    source = storage.open_read(storage.join(self.store.root, rel))
+                if source is not None:
+                    stack.enter_context(source)
+                    if want is not None:  # None: only hashed
+                        file = parquet_file(source)
+                        bad = schema_problem(file.schema_arrow.empty_table(), want)
+            except OSError as e:
+                bad = f"cannot be read ({e})" if not isinstance(e, pa.ArrowException) else unreadable(e)
+            except (pa.ArrowException, ValueError) as e:
+                bad = unreadable(e)
+            if bad:
+                file, lines = None, [*lines, f"{rel}: {bad}"]
+            yield file, lines
+
+    def plans(self, rels: Sequence[str]) -> Iterator[tuple[str, pa.Table | None]]:
+        """(rel, the plan file whole when it is usable, else None and a problem) for each of ``rels``."""
+
+        def read(rel: str) -> tuple[str, pa.Table | None, list[str]]:
+            with self._open(rel, schemas.plan_schema(), True) as (file, lines):
+                try:
+                    return rel, None if file is None else file.read(use_threads=False), lines
+                except (pa.ArrowException, OSError, ValueError) as e:
+                    return rel, None, [*lines, f"{rel}: {unreadable(e)}"]
+
+        listed = [r for r in rels if r in self.sized]
+        self.read.update(listed)
+        for rel, table, lines in ahead(read(r) for r in listed):
+            for line in lines:
+                self.problems.append(line)
+            yield rel, table
+
+    def samples(
+        self,
+        parts: list[str] | None,
+        want: pa.Schema,
+        accepted: object,
+        fingerprint: str,
+        root: object = False,
+        model_cost: Callable[[pa.Table], np.ndarray] | None = None,
+        keep: Sequence[str] = (),
+    ) -> Samples | None:
+        """The samples ``parts`` (relative paths in order; None: unusable) streamed as one into the database
+        (``validate_samples``), a row group decoded ahead on the reading thread, against the recorded
+        ``accepted`` count and ``fingerprint``; stored paths checked against a manifest's ``path_root``
+        ``root`` (``False``: not checked, a scan directory, whose parts are not listed)."""
+        if parts is None:
+            return None
+        listed = root is not False
+        if listed and not set(parts) <= self.sized:
+            return None
+        if listed:
+            self.read.update(parts)
+
+        def groups() -> Iterator[tuple[str, pa.Table | None, list[str]]]:
+            for rel in parts:
+                path = storage.join(self.store.root, rel)
+                with self._open(rel, want, listed) as (file, lines):
+                    if file is None:
+                        yield path, None, lines
+                        return
+                    columns, empty = sample_columns(file.schema_arrow.names, keep), True
+                    for batch in file.iter_batches(_SAMPLE_ROWS, columns=columns, use_threads=False):
+                        yield path, pa.Table.from_batches([batch]), lines
+                        lines, empty = [], False
+                    if empty:  # a part of no rows (an empty scan): its schema all the same
+                        yield path, file.schema_arrow.empty_table().select(columns), lines
+
+        def reported() -> Iterator[tuple[str, pa.Table | None]]:
+            for path, t, lines in ahead(groups(), depth=1):
+                for line in lines:
+                    self.problems.append(line)
+                yield path, t
+
+        try:
+            return check_samples(
+                self.db, reported(), accepted, fingerprint, root, self.problem, model_cost, keep
+            )
+        except (pa.ArrowException, OSError, ValueError, KeyError) as e:
+            if isinstance(e, ScratchError):
+                raise
+            self.problem(
+                schemas.SAMPLES_DIR, f"not readable Parquet parts ({type(e).__name__}: {str(e)[:120]})"
+            )
+            return None
+
+    def rejects(self, usable: bool, counts: ScanCounts, listed: bool = True) -> None:
+        """rejects.parquet (read when ``usable``) against the recorded ``counts``, and
+        scanned = accepted + rejected."""
+        rel = schemas.REJECTS_FILE
+        rejects = None
+        if usable:
+            self.read.add(rel)
+            with self._open(rel, schemas.reject_schema(), listed) as (file, lines):
+                rejects = file.read(use_threads=False) if file is not None else None
+            for line in lines:
+                self.problems.append(line)
+        if rejects is not None:
+            reasons = rejects.column("reason").to_pylist()
+            unknown = sorted({r for r in reasons if r not in schemas.REJECT_REASONS}, key=str)
+            if unknown:
+                self.problem(rel, f"unknown reject reasons {unknown[:_MAX_SHOWN]}")
+            if rejects.num_rows != counts.rejected:
+                self.problem(rel, f"{rejects.num_rows} rows, counts.rejected is {counts.rejected}")
+            by_reason = {r: reasons.count(r) for r in set(reasons)}
+            if by_reason != counts.rejected_by_reason:
+                self.problem(
+                    rel, f"reasons {by_reason} != counts.rejected_by_reason {counts.rejected_by_reason}"
+                )
+        accepted, rejected = counts.accepted, counts.rejected
+        if counts.scanned != accepted + rejected:
+            self.problem("counts", f"scanned {counts.scanned} != accepted {accepted} + rejected {rejected}")

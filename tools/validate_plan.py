@@ -15,14 +15,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from lidarshard import schemas
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.tools.validate_keys import Match
 from lidarshard.tools.validate_repeat import check_realized
-from lidarshard.tools.validate_samples import SamplesView, row_keys
+from lidarshard.tools.validate_samples import Samples
 from lidarshard.transforms.features.repeat import repeat_counts
 from lidarshard.transforms.plan.caps import Breach, Caps, cap_breaches, rank_step_sums
 from lidarshard.transforms.plan.memory import MemoryModel
@@ -30,8 +28,7 @@ from lidarshard.transforms.plan.metrics import BalanceSums, balance_entry, plan_
 from lidarshard.transforms.plan.order import step_peaks
 
 __all__ = [
-    "KEY_ROWS",
-    "lookup", "file_row_keys", "rank_rows", "check_counts", "cap_values", "group_breaches",
+    "local_rows", "check_counts", "cap_values", "group_breaches",
     "report_breaches", "heaviest_values", "Heaviest", "Values", "Coverage", "file_sums",
     "check_balance",
 ]  # fmt: skip
@@ -41,30 +38,18 @@ def _add(problems: list[str], where: str, what: str) -> None:
     problems.append(f"{where}: {what}")
 
 
-#: Plan rows whose strings are read, joined and hashed at a time (``file_row_keys``). A reader's batch
-#: spans row groups, so this bounds it: at 9 sweeps a row, 4,096 rows raise a 4M-sample validate's
-#: high-water mark ~0.1 GiB, a whole 62,500-row rank file ~0.25 GiB (the joins' buffers).
-KEY_ROWS = 1 << 12
-#: What an epoch keeps of each rank's plan file once its strings are checked: (n,) int32 columns, and
-#: the values ``Values`` checks against the samples'.
-_KEPT = ("step", "slot", "rank_count", "global_count")
+def local_rows(members: NDArray[np.integer], rows: NDArray[np.integer]) -> NDArray[np.int64]:
+    """(n,) the position of each samples row of ``rows`` among a group's ``members`` (ascending, holding
+    them); the rows themselves when the group is every sample (G = 1)."""
+    if members.size and members[0] == 0 and members[-1] == members.size - 1:
+        return np.asarray(rows, dtype=np.int64)
+    return np.searchsorted(members, rows)
+
+
 _VALUES = {"cost": np.float64, "bucket_id": np.int32}
 #: (costs (n,), points (n,) or None, predicted bytes (n,) or None) of one group's samples: what the caps
 #: are checked on.
 CapValues = tuple[NDArray, NDArray | None, NDArray | None]
-
-
-def rank_rows(t: pa.Table, idx: NDArray[np.int64], n: int) -> dict[str, NDArray]:
-    """The numbers an epoch's checks need of one rank's plan table ``t`` (its strings checked):
-    ``_KEPT`` as int32 copies (nothing of ``t`` stays referenced), its cost and bucket_id (NaN where
-    null) and ``row``, the sample index of each of the (m,) rows (``lookup``), int32 when the ``n``
-    samples allow it."""
-    out: dict[str, NDArray] = {k: np.array(t.column(k).to_numpy(), dtype=np.int32) for k in _KEPT}
-    for k, dtype in _VALUES.items():
-        got = t.column(k).to_numpy()
-        out[k] = np.array(got, dtype=dtype) if got.dtype == dtype else np.asarray(got, np.float64)
-    out["row"] = idx.astype(np.int32) if n < 2**31 else idx
-    return out
 
 
 def check_counts(
@@ -179,39 +164,6 @@ class Heaviest:
             )
 
 
-def lookup(
-    problems: list[str],
-    rel: str,
-    e: int,
-    r: int,
-    t: pa.Table,
-    samples: SamplesView,
-    path_keys: Callable[[], NDArray[np.uint64]],
-) -> Match | None:
-    """``samples.match`` of the n rows of rank ``r``'s plan table ``t`` (epoch ``e``,
-    file ``rel``; its path columns need not be there), after checking that every sample_id exists and
-    path and sweep_paths equal the sample's (through their row keys: ``path_keys()``, (n,), e.g.
-    ``file_row_keys``). Cost and bucket_id are checked group by group (``Values``)."""
-
-    def where(i: int) -> str:
-        step, slot = (t.column(k)[i].as_py() for k in ("step", "slot"))
-        return f"{rel}: epoch {e} rank {r} step {step} slot {slot}"
-
-    ids = t.column("sample_id")
-    found = samples.match(ids)
-    idx = found.rows
-    if (idx < 0).any():
-        i = int(np.flatnonzero(idx < 0)[0])
-        _add(problems, where(i), f"sample_id {ids[i]} is not in the samples")
-        return None
-    got = path_keys()
-    if not np.array_equal(got, found.row_keys):
-        i = int(np.flatnonzero(got != found.row_keys)[0])
-        _add(problems, where(i), f"path or sweep_paths of {ids[i]} differs from the samples")
-        return None
-    return found
-
-
 class Values:
     """Each plan row's cost and bucket_id against its sample's (as the epoch is planned), one group at a
     time: of each rank file, the first row (in (step, slot) order) whose cost differs, else whose
@@ -222,8 +174,8 @@ class Values:
 
     def add(self, rows: dict[str, NDArray], group: pa.Table) -> None:
         """One group's parked plan rows ``rows`` (``rank_rows`` plus ``rank``) and its samples ``group``
-        (``SamplesView.group``, as planned)."""
-        local = np.searchsorted(group.column("row").to_numpy(), rows["row"])
+        (``Samples.group``, as planned)."""
+        local = local_rows(group.column("row").to_numpy(), rows["row"])
         for name in _VALUES:
             bad = np.flatnonzero(rows[name] != group.column(name).to_numpy()[local])
             if not bad.size:
@@ -236,7 +188,7 @@ class Values:
                 if key not in self.first or got < self.first[key]:
                     self.first[key] = got
 
-    def report(self, problems: list[str], m: Manifest, e: int, samples: SamplesView) -> set[int]:
+    def report(self, problems: list[str], m: Manifest, e: int, samples: Samples) -> set[int]:
         """One line for each rank file whose rows differ from their samples -> those ranks."""
         bad = sorted({r for r, _ in self.first})
         for r in bad:
@@ -246,16 +198,6 @@ class Values:
             _add(problems, f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}",
                  f"{name} of {sid} differs from the samples")  # fmt: skip
         return set(bad)
-
-
-def file_row_keys(file: pq.ParquetFile) -> NDArray[np.uint64]:
-    """(n,) ``row_keys`` of a plan file's rows, read ``KEY_ROWS`` rows at a time: its path columns are
-    never held whole."""
-    batches = file.iter_batches(
-        batch_size=KEY_ROWS, columns=["sample_id", "path", "sweep_paths"], use_threads=False
-    )
-    keys = [row_keys(b.column(0), b.column(1), b.column(2)) for b in batches]
-    return np.concatenate(keys) if keys else np.empty(0, np.uint64)
 
 
 class Coverage:
@@ -280,7 +222,7 @@ class Coverage:
         self.realized: dict[str, float] = {}
 
     def add(self, group: pa.Table, entries: NDArray[np.integer]) -> None:
-        """One group: its samples ``group`` (``SamplesView.group`` as planned: ``weight``, ``bucket_id``
+        """One group: its samples ``group`` (``Samples.group`` as planned: ``weight``, ``bucket_id``
         and ``row`` (n_g,), ascending), the sample rows of its plan rows ``entries``."""
         members = group.column("row").to_numpy()
         weights = group.column("weight").to_numpy()  # x bucket weights, all 1 in a re-plan's earlier epochs
@@ -288,7 +230,7 @@ class Coverage:
             weights = self.bucket[group.column("bucket_id").to_numpy()] * weights
         self.ones &= bool((weights == 1).all())
         self.entries += entries.size
-        seen = np.bincount(np.searchsorted(members, entries), minlength=members.size)
+        seen = np.bincount(local_rows(members, entries), minlength=members.size)
         if self.held is not None:
             (presence,) = self.held
             part = repeat_counts(None if presence is None else presence[members], seen)
@@ -306,7 +248,7 @@ class Coverage:
             i = int(bad[0])
             self.over = (int(members[i]), int(seen[i]), float(weights[i]))
 
-    def check(self, problems: list[str], m: Manifest, e: int, samples: SamplesView) -> None:
+    def check(self, problems: list[str], m: Manifest, e: int, samples: Samples) -> None:
         """After every group of epoch ``e``: the counts and copies against manifest ``m``."""
         n, where = samples.num_rows, f"epoch {e}"
         planned, dropped, padded = m.counts.planned[e], m.counts.dropped[e], m.counts.padded[e]

@@ -77,7 +77,7 @@ def check_sample_weights(
 ) -> tuple[NDArray[np.bool_] | None] | None:
     """The ``weight`` column against ``m.repeat``; returns (lidarseg presence (N, C), or None when the
     counts are under ``'all'``) for :func:`check_realized`, or None when there is nothing (more) to check.
-    ``samples``: validate's view (``validate_samples.SamplesView``). Without repeat factors the weights are
+    ``samples``: validate's view (``validate_samples.Samples``). Without repeat factors the weights are
     read a chunk at a time; with them, re-deriving them holds the weights and bucket ids whole (12 bytes a
     sample; lidarseg's presence C more)."""
     rep, not_one, weight = m.repeat, -1, 1.0
@@ -94,7 +94,7 @@ def check_sample_weights(
             problems.append(f"samples: {samples.column('sample_id')[not_one]} has weight {weight:g} but the "
                             "manifest records no repeat factors or sample weights")  # fmt: skip
         return None
-    whole = samples.columns.table(["weight", "bucket_id"])
+    whole = samples.table(["weight", "bucket_id"])
     w = whole.column("weight").to_numpy()
     mode, scale = rep.mode, rep.datasets or {}
     by_dataset = dataset_scale(_datasets(samples, m), scale)

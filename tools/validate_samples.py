@@ -1,279 +1,196 @@
-"""The samples parts for ``lidarshard validate``, read one row group at a time.
+"""The samples parts for ``lidarshard validate``: one pass in row order, into validate's DuckDB tables.
 
-What the checks need of every sample is numeric (``NUMERIC``) plus two 64-bit keys: one of its
-sample_id (to find a plan row's sample) and one of (sample_id, path, sweep_paths) (to check that a
-plan row copies its sample). Paths and sweep paths are hashed as they stream by and never held:
-1M samples with 9 sweeps are ~1 GB of strings, 16 MB of keys. The numbers and keys are parked on local
-disk as they stream by (``validate_columns``, ``validate_keys``): validate holds one step group's,
-not the epoch's. A sample_id is read back from its row group only to name it in a message. Keys are
-BLAKE2b-64 of the values with separators; the rare case of two ids sharing a key is detected and
-reported as a problem of the validator, not a pass.
+Each row group is checked as it streams by (non-null, strictly increasing ids; stored paths against
+``path_root``; the inputs fingerprint; costs against the recorded cost model) and its numbers go to the
+table ``samples``: the row index ``rid``, the sample_id, ``rkey`` (``validate_db.ROW_KEY`` of its path and
+sweep paths: the strings are never held) and the ``NUMERIC`` columns. :class:`Samples` reads them back a chunk, a step group or a row at
+a time. ``check_scored`` checks bucket ids and counts; ``cost_model_of`` reads the recorded cost model.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from lidarshard import schemas
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.tools.validate_columns import ParkedColumns
-from lidarshard.tools.validate_keys import Match, ParkedKeys
+from lidarshard.tools.validate_db import ROW_KEY, Engine
 from lidarshard.transforms.core.groups import deal
+from lidarshard.transforms.core.plan_writer import NUMERIC_INPUT
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
 from lidarshard.transforms.features.buckets import assign_buckets
 from lidarshard.transforms.features.cost import checked_model, sample_costs
-from lidarshard.transforms.io import paths, storage
-from lidarshard.transforms.io.arrow import parquet_file, read_rows, release_memory, row_groups
-from lidarshard.transforms.io.parts import ParquetParts, open_parts, read_parts
+from lidarshard.transforms.io import paths
+from lidarshard.transforms.io.arrow import release_memory
+from lidarshard.transforms.io.parts import read_parts
 from lidarshard.transforms.plan.seeds import sample_keys
 
-__all__ = [
-    "NUMERIC",
-    "SamplesView",
-    "check_samples",
-    "id_keys",
-    "row_keys",
-    "read_samples",
-    "cost_model_of",
-    "check_scored",
-]
+__all__ = ["NUMERIC", "Samples", "sample_columns", "check_samples", "cost_model_of", "check_scored"]
 
-#: Sample columns parked (those absent from a scan's samples are skipped): what plans are checked and
-#: re-planned from, 28 bytes a sample on disk.
-NUMERIC = ["cost", "bucket_id", "num_points", "weight"]
+#: Sample columns kept in the ``samples`` table (those absent from the parts are skipped): what a plan is
+#: decided from (``plan_writer.NUMERIC_INPUT``); ``keep`` adds the cost features where they are needed.
+NUMERIC = NUMERIC_INPUT
+_FEATURES = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]  # fingerprint, cost models
+#: (rows whose cost differs from the cost model, the first such row, its cost, the model's)
+Mismatch = tuple[int, int, float, float]
 
 
-def _digests(values: pa.Array) -> NDArray[np.uint64]:
-    """BLAKE2b-64 of each (non-null) string of ``values``, as uint64 (little-endian digest bytes).
+class _Ids:
+    """``ids[i]``: the sample_id of samples row ``i`` (for messages)."""
 
-    The loop is the cost of validate at scale (~0.4 us a short row): one copy of a keyed-once hasher
-    per row and one join of the digests, no per-row int conversion."""
-    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    arr = arr.cast(pa.large_string()) if not pa.types.is_large_string(arr.type) else arr
-    if len(arr) == 0:
-        return np.empty(0, dtype=np.uint64)
-    offsets = np.frombuffer(arr.buffers()[1], np.int64, count=arr.offset + len(arr) + 1)[
-        arr.offset :
-    ].tolist()
-    data = memoryview(arr.buffers()[2] or b"")
-    new = hashlib.blake2b(digest_size=8).copy
-    out: list[bytes] = []
-    add = out.append
-    for a, b in zip(offsets, offsets[1:]):  # noqa: B905 (one shorter by construction)
-        h = new()
-        h.update(data[a:b])
-        add(h.digest())
-    return np.frombuffer(b"".join(out), dtype="<u8").astype(np.uint64, copy=False)
+    def __init__(self, db: Engine) -> None:
+        self.db = db
+
+    def __getitem__(self, i: int) -> str | None:
+        got = self.db.rows("SELECT sample_id FROM samples WHERE rid = ?", [int(i)])
+        return got[0][0] if got else None
 
 
-def id_keys(ids: pa.Array) -> NDArray[np.uint64]:
-    """(N,) key of each sample_id."""
-    return _digests(ids)
+class Samples:
+    """The samples as validate's checks see them: ``num_rows``, ``column("sample_id")[i]``, the numbers
+    by ``chunks``, whole (``table``) or a step ``group`` at a time, other columns from the files (``select``).
+    ``cost_mismatch``: see ``Mismatch`` (None: no model applied)."""
 
-
-def row_keys(ids: pa.Array, path: pa.Array, sweep_paths: pa.Array) -> NDArray[np.uint64]:
-    """(N,) key of each (sample_id, path, sweep_paths): equal rows, equal keys."""
-    sweeps = pc.fill_null(pc.binary_join(sweep_paths, "\x1f"), "\x00")
-    count = pc.cast(pc.fill_null(pc.list_value_length(sweep_paths), -1), pa.string())
-    joined = pc.binary_join_element_wise(ids, pc.fill_null(path, "\x00"), count, sweeps, "\x1e")
-    return _digests(joined)
-
-
-class _LazyIds:
-    """``ids[i]``: the sample_id of row ``i`` of the samples parts at ``files`` (``file``, their
-    ``ParquetParts``), read from its row group of its part when asked (for messages)."""
-
-    def __init__(self, files: list[str], file: ParquetParts) -> None:
-        self.files = files
-        self._starts = np.cumsum([0, *file.part_rows])
-
-    def __getitem__(self, i: int) -> str:
-        part = int(np.searchsorted(self._starts, int(i), side="right")) - 1
-        row = int(i) - int(self._starts[part])
-        with storage.open_read(self.files[part]) as f:
-            return read_rows(parquet_file(f), row, row + 1, ["sample_id"]).column(0)[0].as_py()
-
-
-class SamplesView:
-    """The samples as validate's checks see them, nothing O(N) held: the ``NUMERIC`` columns (and any kept)
-    parked on disk (``validate_columns.ParkedColumns``: ``chunks`` in row order, or one step ``group``
-    at a time), the id, row and group keys parked too (``validate_keys.ParkedKeys``: ``match``),
-    ``column("sample_id")`` indexable for messages (read from its row group when asked).
-
-    ``cost_mismatch`` is (rows whose cost differs from the recorded cost model, the first such row,
-    its cost, the model's), or None when no model was applied.
-    """
-
-    def __init__(
-        self,
-        columns: ParkedColumns,
-        ids: _LazyIds,
-        keys: ParkedKeys,
-        cost_mismatch: tuple[int, int, np.float64, np.float64] | None = None,
-    ):
-        self.columns, self._ids, self.keys = columns, ids, keys
+    def __init__(self, db: Engine, files: list[str], names: list[str], num_rows: int,
+                 cost_mismatch: Mismatch | None) -> None:  # fmt: skip
+        self.db, self.files, self.names, self.num_rows = db, files, names, num_rows
         self.cost_mismatch = cost_mismatch
-        self.num_rows = columns.num_rows
+        self._dealt: tuple[int, int, int] | None = None
 
-    def column(self, name: str) -> _LazyIds:
-        """``column("sample_id")[i]``: row ``i``'s id (the numbers: ``chunks``, ``group``)."""
+    def column(self, name: str) -> _Ids:
         if name != "sample_id":
-            raise KeyError(f"validate's samples view holds {name!r} on disk: read it by chunks or group")
-        return self._ids
+            raise KeyError(f"validate's samples hold {name!r} in a table: read it by chunks or group")
+        return _Ids(self.db)
+
+    def _cols(self, names: Sequence[str] | None) -> str:
+        return ", ".join(f'"{n}"' for n in (self.names if names is None else names))
 
     def chunks(self, names: Sequence[str] | None = None) -> Iterator[tuple[int, pa.Table]]:
-        """(first row, the columns ``names`` (None: all parked) of the next rows), in row order."""
-        return self.columns.chunks(names)
+        """(first row, the columns ``names`` (None: all kept) of the next rows), in row order."""
+        start = 0
+        for t in self.db.batches(f"SELECT {self._cols(names)} FROM samples ORDER BY rid"):
+            yield start, t
+            start += t.num_rows
+
+    def table(self, names: Sequence[str] | None = None) -> pa.Table:
+        """Every sample's columns ``names`` (None: all kept), in row order."""
+        return self.db.table(f"SELECT {self._cols(names)} FROM samples ORDER BY rid")
+
+    def deal(self, seed: int, e: int, groups: int) -> None:
+        """The table ``dealt`` (rid, grp): the step group of each sample in epoch ``e`` (``groups.deal`` of
+        its ``groups.sample_keys``, kept in the table ``gkeys`` once made)."""
+        if self._dealt == (seed, e, groups):
+            return
+        if self._dealt is None:
+            self.db.run("CREATE OR REPLACE TABLE gkeys (rid BIGINT, gkey UBIGINT)")
+            for t in self.db.batches("SELECT rid, sample_id FROM samples"):
+                keys = sample_keys(pc.fill_null(t.column("sample_id"), ""))
+                self.db.run(
+                    "INSERT INTO gkeys SELECT * FROM k", k=pa.table({"rid": t.column("rid"), "gkey": keys})
+                )
+        self.db.run("CREATE OR REPLACE TABLE dealt (rid BIGINT, grp INTEGER)")
+        for t in self.db.batches("SELECT rid, gkey FROM gkeys"):
+            grp = pa.table(
+                {"rid": t.column("rid"), "grp": deal(t.column("gkey").to_numpy(), seed, e, groups)}
+            )
+            self.db.run("INSERT INTO dealt SELECT * FROM grp", grp=grp)
+        self._dealt = (seed, e, groups)
 
     def group(self, g: int, seed: int, e: int, groups: int) -> pa.Table:
-        """Step group ``g`` of epoch ``e`` (``groups.deal`` of the group keys with ``seed``): the parked
-        columns of its samples and ``row`` (n_g,), their rows, ascending. One group: every sample."""
+        """Step group ``g`` of epoch ``e``: the kept columns of its samples and ``row`` (n_g,), ascending."""
         if groups == 1:
-            whole = self.columns.table()
-            return whole.append_column("row", pa.array(np.arange(self.num_rows, dtype=np.int64)))
-        self.columns.deal(
-            lambda a, n: deal(self.keys.group_keys(a, n), seed, e, groups), groups, (seed, e, groups)
+            return self.db.table(f'SELECT {self._cols(None)}, rid AS "row" FROM samples ORDER BY rid')
+        self.deal(seed, e, groups)
+        return self.db.table(
+            f'SELECT {self._cols(None)}, rid AS "row" FROM samples JOIN dealt USING (rid) WHERE grp = ? '
+            "ORDER BY rid",
+            [g],
         )
-        return self.columns.group(g)
 
     def select(self, names: list[str]) -> pa.Table:
-        """Other columns, read from the file when asked (e.g. ``label_path`` to re-derive repeat factors)."""
-        return read_parts(self._ids.files, columns=names)
-
-    def drop_keys(self) -> None:
-        """Remove the parked id and row keys once no plan file is left to look up (the group keys stay
-        for ``group``); ``find`` refuses afterwards."""
-        self.keys.drop()
-
-    def key_clash(self) -> bool:
-        """True when two sample ids share a key (then ``find`` cannot be trusted)."""
-        return self.keys.clash
-
-    def match(self, ids: pa.Array) -> Match:
-        """The samples of the sample_ids ``ids`` (n,): rows (-1 when no sample has its key), row keys
-        (``row_keys``: path and sweep_paths) and group keys."""
-        return self.keys.match(id_keys(ids))
-
-    def find(self, ids: pa.Array) -> NDArray[np.int64]:
-        """(n,) row of each sample_id in ``ids``, -1 when no sample has its key."""
-        return self.match(ids).rows
+        """Other columns, read from the files (e.g. ``label_path`` to re-derive repeat factors)."""
+        return read_parts(self.files, columns=names)
 
 
-def read_samples(
-    files: list[str],
-    file: ParquetParts,
+def sample_columns(have: Sequence[str], keep: Sequence[str] = ()) -> list[str]:
+    """The columns of samples parts (of columns ``have``) that ``check_samples`` reads, ``keep`` among them."""
+    wanted = ["sample_id", *paths.PATH_COLUMNS, *NUMERIC, *keep, *_FEATURES]
+    return [n for n in dict.fromkeys(wanted) if n in have]
+
+
+def check_samples(
+    db: Engine,
+    groups: Iterable[tuple[str, pa.Table | None]],
+    accepted: object,
+    fingerprint: str,
     root: object,
-    problem: Callable[[str], None],
-    scratch: str,
+    problem: Callable[[str, str], None],
     model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
     keep: Sequence[str] = (),
-    part_keys: int | None = None,
-) -> tuple[SamplesView, str, str | None]:
-    """Stream ``file`` (the samples parts at ``files`` as one, its schema checked), reporting null or unordered ids
-    through ``problem``; ``model_cost(row group) -> (n,)`` costs are compared with ``cost`` row group
-    by row group (``view.cost_mismatch``; the feature columns they need are kept only when named in
-    ``keep``: an earlier cost model's epochs, ``epochs.as_planned``); the numbers and keys are parked in
-    ``scratch`` (a local directory the caller removes), the keys ``part_keys`` samples a partition (None:
-    ``validate_keys.PART_KEYS``). Returns (the view,
-    the inputs fingerprint, the first stored-path problem for ``path_root`` ``root`` or None)."""
-    names = file.schema_arrow.names
-    numeric_names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in names]
-    features = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]  # fingerprint, cost models
-    columns = list(
-        dict.fromkeys(
-            ["sample_id", *(n for n in paths.PATH_COLUMNS if n in names), *numeric_names, *features]
-        )
-    )
-    h, keys = hashlib.sha256(), ParkedKeys(sum(file.part_rows), os.path.join(scratch, "keys"), part_keys)
-    schema = file.schema_arrow
-    parked = ParkedColumns(
-        pa.schema([schema.field(n) for n in numeric_names]), os.path.join(scratch, "columns")
-    )
-    last, first_row, path_bad = None, 0, None
-    mismatch = None if model_cost is None else (0, -1, np.float64(0), np.float64(0))
-    for t in row_groups(file, columns):
+) -> Samples | None:
+    """The samples parts' row groups (part path, its ``sample_columns``, or None for an unusable part), in
+    order, streamed into ``db`` and checked against ``accepted`` and ``fingerprint``; stored paths against a
+    manifest's ``path_root`` ``root`` (``False``: not checked, a scan directory); ``model_cost(row group) ->
+    (n,)`` costs compared with ``cost`` (the feature columns they need kept only when named in ``keep``).
+    ``problem(where, what)`` reports; None when the parts cannot be used."""
+    rel, held = "samples", []  # problems of the parts, reported when every part was usable
+    h, last, first, path_bad, names = hashlib.sha256(), None, 0, None, None
+    mismatch: Mismatch | None = None if model_cost is None else (0, -1, 0.0, 0.0)
+    files: list[str] = []
+    for path, t in groups:
+        if t is None:
+            return None
+        if not files or files[-1] != path:
+            files.append(path)
+        if names is None:
+            names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in t.column_names]
+            db.run(f'CREATE OR REPLACE TABLE samples AS SELECT 0::BIGINT AS rid, sample_id, {ROW_KEY} AS rkey, '
+                   f'{", ".join(names)} FROM t LIMIT 0', t=t.slice(0, 0))  # fmt: skip
         ids = t.column("sample_id").combine_chunks()
         if ids.null_count:
-            problem(f"{ids.null_count} rows have a null sample_id")
+            held.append(f"{ids.null_count} rows have a null sample_id")
         elif len(ids):
             i = first_not_increasing(ids, last)
             if i is not None:
-                problem(f"sample_id not strictly increasing at row {first_row + i} ({ids[i]})")
+                held.append(f"sample_id not strictly increasing at row {first + i} ({ids[i]})")
             last = ids[-1].as_py()
-        if path_bad is None:
-            path_bad = paths.path_problem(t, root)
+        path_bad = path_bad or paths.path_problem(t, root)
         fingerprint_update(h, t)
-        parked.add(t.select(numeric_names))
-        if mismatch is not None and model_cost is not None:  # both or neither
-            mismatch = _cost_mismatch(mismatch, t, model_cost(t), first_row)
-        keys.add(id_keys(ids), row_keys(ids, t.column("path"), t.column("sweep_paths")), _group_keys(ids))
-        first_row += t.num_rows
-        del t, ids
+        if mismatch is not None and model_cost is not None:
+            mismatch = _cost_mismatch(mismatch, t, model_cost(t), first)
+        batch = t.append_column("rid", pa.array(np.arange(first, first + len(ids))))
+        db.run(f"INSERT INTO samples SELECT rid, sample_id, {ROW_KEY}, {', '.join(names)} FROM batch",
+               batch=batch)  # fmt: skip
+        first += t.num_rows
+        del t, ids, batch
         release_memory()  # the row group's strings: Arrow's pool keeps freed pages otherwise
-    keys.seal()
-    view = SamplesView(parked, _LazyIds(files, file), keys, mismatch)
-    release_memory()
-    return view, h.hexdigest(), path_bad
+    if names is None:
+        problem(rel, "not readable Parquet parts (ValueError: no samples part to read)")
+        return None
+    for line in held:
+        problem(rel, line)
+    if path_bad and root is not False:
+        problem(rel, path_bad)
+    if first != accepted:
+        problem(rel, f"{first} rows, counts.accepted is {accepted}")
+    if h.hexdigest() != fingerprint:
+        problem(rel, "inputs_fingerprint recomputed from (sample_id, file_bytes) differs")
+    return Samples(db, files, names, first, mismatch)
 
 
-def _group_keys(ids: pa.Array) -> NDArray[np.uint64]:
-    """(n,) ``seeds.sample_keys`` of a row group's ids (a null id, reported, keys as the empty one)."""
-    return sample_keys(pc.fill_null(ids, "") if ids.null_count else ids)
-
-
-def _cost_mismatch(
-    seen: tuple[int, int, np.float64, np.float64], t: pa.Table, want: NDArray[np.float64], start: int
-) -> tuple[int, int, np.float64, np.float64]:
-    """``seen`` (count, first row, its cost, its model cost) updated with row group ``t`` (first row
-    ``start``) and its model costs ``want``."""
+def _cost_mismatch(seen: Mismatch, t: pa.Table, want: NDArray[np.float64], start: int) -> Mismatch:
+    """``seen`` updated with row group ``t`` (first row ``start``) and its model costs ``want``."""
     cost = t.column("cost").to_numpy()
     bad = np.flatnonzero(~np.isclose(cost, want, rtol=1e-12, atol=0))
     if seen[0] or not bad.size:
         return (seen[0] + int(bad.size), *seen[1:])
     i = int(bad[0])
-    return int(bad.size), start + i, cost[i], want[i]
-
-
-def check_samples(
-    files: list[str],
-    accepted: object,
-    fingerprint: str,
-    root: object,
-    problem: Callable[[str, str], None],
-    scratch: str,
-    model_cost: Callable[[pa.Table], NDArray[np.float64]] | None = None,
-    keep: Sequence[str] = (),
-) -> SamplesView | None:
-    """The samples parts at ``files`` (in order, schemas checked) streamed as one (``read_samples``, parked
-    in ``scratch``) and checked against ``counts.accepted`` and ``inputs_fingerprint``; stored paths against
-    a manifest's ``path_root`` ``root`` (``False``: not checked, a scan directory). ``problem(where, what)``
-    reports; None when the parts cannot be read."""
-    rel = schemas.SAMPLES_DIR
-    try:
-        with open_parts(files) as file:
-            view, digest, path_bad = read_samples(
-                files, file, root or None, lambda what: problem(rel, what), scratch, model_cost, keep
-            )
-    except (pa.ArrowException, OSError, ValueError) as e:
-        problem(rel, f"not readable Parquet parts ({type(e).__name__}: {str(e)[:120]})")
-        return None
-    if path_bad and root is not False:
-        problem(rel, path_bad)
-    if view.key_clash():
-        problem(rel, "two sample ids share a 64-bit key: validate cannot check this manifest's plan rows")
-    if view.num_rows != accepted:
-        problem(rel, f"{view.num_rows} rows, counts.accepted is {accepted}")
-    if digest != fingerprint:
-        problem(rel, "inputs_fingerprint recomputed from (sample_id, file_bytes) differs")
-    return view
+    return int(bad.size), start + i, float(cost[i]), float(want[i])
 
 
 def cost_model_of(m: Manifest) -> tuple[Callable[[pa.Table], np.ndarray] | None, str | None]:
@@ -288,48 +205,38 @@ def cost_model_of(m: Manifest) -> tuple[Callable[[pa.Table], np.ndarray] | None,
 
 
 def check_scored(
-    problem: Callable[[str, str], None], m: Manifest, samples: SamplesView, bad_model: str | None
+    problem: Callable[[str, str], None], m: Manifest, samples: Samples, bad_model: str | None
 ) -> None:
     """Costs from the recorded cost model (``samples.cost_mismatch``), bucket ids from the edges, bucket
-    counts, a chunk of samples at a time; ``problem(where, what)`` reports, ``bad_model`` is
-    ``cost_model_of``'s reason. (K-1 edges, K weights and K counts: checked by ``Manifest.from_json``.)"""
-    rel = schemas.SAMPLES_DIR
+    counts; ``problem(where, what)`` reports, ``bad_model`` is ``cost_model_of``'s reason. (K-1 edges, K
+    weights and K counts: checked by ``Manifest.from_json``.)"""
+    rel = "samples"
     if bad_model:
         problem("_manifest.json", bad_model)
     elif samples.cost_mismatch is not None and samples.cost_mismatch[0]:
         count, first, got, want = samples.cost_mismatch
         sid = samples.column("sample_id")[first]
         problem(rel, f"{count} costs differ from cost_model, first {sid}: {got} != {want}")
+    nulls = samples.db.rows("SELECT count(*) FROM samples WHERE bucket_id IS NULL")[0][0]
+    if nulls:
+        problem(rel, f"{nulls} rows have a null bucket_id")
+        return
     edges = np.asarray(m.buckets.edges, dtype=np.float64)
-    counts = np.zeros(m.buckets.k, np.int64)
-    bad_count, first_bad, negative, nulls = 0, -1, False, 0
+    bad_count, first_bad = 0, -1
     for start, t in samples.chunks(["cost", "bucket_id"]):
-        if t.column("bucket_id").null_count:
-            nulls += t.column("bucket_id").null_count
-            continue
-        ids = t.column("bucket_id").to_numpy()
         try:
-            bad = np.flatnonzero(assign_buckets(t.column("cost").to_numpy(), edges) != ids)
+            bad = np.flatnonzero(assign_buckets(t.column("cost").to_numpy(), edges) != t.column(1).to_numpy())
         except ValueError as e:
             problem(rel, f"costs or bucket edges are invalid ({e})")
             return
         if bad.size and first_bad < 0:
             first_bad = start + int(bad[0])
         bad_count += bad.size
-        if (ids < 0).any():
-            negative = True
-            continue
-        here = np.bincount(ids, minlength=m.buckets.k)
-        if here.size > counts.size:
-            counts = np.concatenate([counts, np.zeros(here.size - counts.size, np.int64)])
-        counts[: here.size] += here
-    if nulls:
-        problem(rel, f"{nulls} rows have a null bucket_id")
-        return
     if bad_count:
         problem(
             rel,
             f"{bad_count} bucket_ids disagree with buckets.edges, first {samples.column('sample_id')[first_bad]}",
         )
-    if negative or tuple(counts.tolist()) != m.buckets.counts:
+    counts = dict(samples.db.rows("SELECT bucket_id, count(*) FROM samples GROUP BY bucket_id"))
+    if counts != {k: n for k, n in enumerate(m.buckets.counts) if n}:
         problem("_manifest.json", "buckets.counts differ from the bucket_ids in the samples")

@@ -134,6 +134,11 @@ def _timed(model: CostModel, units: object, step_ms: object) -> CostModel:
         raise ValueError(
             f"cost model units must be {TIME_UNITS!r} (as calibrate writes) or absent, got {units!r}"
         )
+    if units is not None and model.name in _NAMED:  # a proxy's costs are points or voxels, not time
+        raise ValueError(
+            f"cost model units {units!r} belong to a model calibrate fitted (linear), not to the "
+            f"{model.name!r} proxy, whose costs count {model.name}"
+        )
     if step_ms is not None and (
         units is None
         or isinstance(step_ms, bool)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -108,12 +109,22 @@ def path_problem(table: pa.Table, root: object) -> str | None:
         col = table.column(name).combine_chunks()
         values = (col.flatten() if pa.types.is_list(col.type) else col).drop_null()
         full = pc.or_(pc.starts_with(values, "/"), pc.match_substring(values, "://"))
-        bad = pc.match_substring_regex(values, r"(^|/)\.\.(/|$)")
+        bad = _dot_dot(values)
         bad = pc.or_(bad, full if root is not None else pc.invert(full))
         if pc.any(bad).as_py():
             want = f"relative to path_root {root} and inside it" if root else "a full path (no path_root)"
             return f"{name} {values.filter(bad)[0].as_py()!r} is not {want}"
     return None
+
+
+def _dot_dot(values: pa.Array) -> pa.Array:
+    """(n,) bool: which of ``values`` hold a ``..`` component (the regex runs only on those holding ``..``)."""
+    maybe = np.flatnonzero(pc.match_substring(values, "..").to_numpy(zero_copy_only=False))
+    out = np.zeros(len(values), dtype=bool)
+    if maybe.size:
+        found = pc.match_substring_regex(values.take(pa.array(maybe)), r"(^|/)\.\.(/|$)")
+        out[maybe] = found.to_numpy(zero_copy_only=False)
+    return pa.array(out)
 
 
 class PathResolver:

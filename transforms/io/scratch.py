@@ -6,9 +6,9 @@ add up. The build's steps instead write each task's columns (a shard's plan entr
 members: (n,) numpy arrays, no nulls) to one small Parquet file under ``OUT/_work`` and pass its name;
 the consumer reads it back. Names are fixed by the task (epoch, group, shard start), so a retried task
 rewrites the same file with the same bytes; this module is the one place that names them.
-``lidarshard validate`` parks its plan rows group by group the same way, in a temporary directory of
-its own (``spill_path``, ``pair_path``): ``temporary_dir``, which a signal handler that ends the process
-with ``os._exit`` removes first (``remove_temporary``).
+``lidarshard validate`` keeps its tables in a temporary directory of its own (``temporary_dir``), which
+goes when it returns, on the signals that end a process (``signals_exit``), and first when a signal
+handler ends the process with ``os._exit`` (``remove_temporary``).
 """
 
 from __future__ import annotations
@@ -34,11 +34,10 @@ __all__ = [
     "members_path",
     "group_entries_path",
     "entries_path",
-    "spill_path",
-    "pair_path",
     "temporary_dir",
     "remove_temporary",
-    "sigterm_exits",
+    "EXIT_SIGNALS",
+    "signals_exit",
 ]
 
 #: The ``temporary_dir``s of this process still open.
@@ -78,18 +77,6 @@ def read_columns(path: str) -> dict[str, NDArray]:
     return {name: table.column(name).to_numpy() for name in table.column_names}
 
 
-def spill_path(work: str, epoch: int, group: int, rank: int) -> str:
-    """``lidarshard validate``'s numbers of rank ``rank``'s plan rows of step group ``group`` in ``epoch``
-    (under a temporary directory of its own, never the output it checks)."""
-    return storage.join(work, "spill", f"epoch-{epoch}", f"group-{group}", f"rank-{rank:05d}.parquet")
-
-
-def pair_path(work: str, kind: str, group: int) -> str:
-    """``lidarshard validate``'s (step id, row) entries of step group ``group`` of epoch 0 in the ``kind``
-    plan (``plan`` or ``random``), for the pair repeat rate."""
-    return storage.join(work, "pairs", kind, f"group-{group}.parquet")
-
-
 @contextlib.contextmanager
 def temporary_dir(prefix: str) -> Iterator[str]:
     """A local temporary directory of this process (the system's temp, never inside an output), removed
@@ -111,10 +98,17 @@ def remove_temporary() -> None:
     _OPEN.clear()
 
 
+#: The signals whose default action ends the process without cleanup: ``signals_exit`` makes them exit
+#: through Python (SIGINT already raises KeyboardInterrupt).
+EXIT_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
+
+
 @contextlib.contextmanager
-def sigterm_exits() -> Iterator[None]:
-    """SIGTERM raises SystemExit(143) in the body, so its ``temporary_dir``s go (as on Ctrl-C); the
-    previous handler after it. Outside the main thread: nothing."""
+def signals_exit() -> Iterator[None]:
+    """``EXIT_SIGNALS`` raise SystemExit(128 + signal) in the body, so its ``temporary_dir``s go (as on
+    Ctrl-C); the previous handlers after it. Outside the main thread: nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -122,8 +116,9 @@ def sigterm_exits() -> Iterator[None]:
     def stop(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = {s: signal.signal(s, stop) for s in EXIT_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
