@@ -22,8 +22,8 @@ from lidarshard import schemas
 from lidarshard.loaders.reader import read_samples
 from lidarshard.pipelines import launch, understood
 from lidarshard.pipelines.checks import check_locations
-from lidarshard.pipelines.flags import CommandParser, UsageError
-from lidarshard.pipelines.options import BuildOptions, declare
+from lidarshard.pipelines.flags import BeamParser
+from lidarshard.pipelines.options import BuildOptions
 from lidarshard.pipelines.preflight import build_settings
 from lidarshard.pipelines.scan import scan_samples
 from lidarshard.pipelines.settings import BuildSettings
@@ -33,6 +33,7 @@ from lidarshard.transforms.beam.scan_transform import scan_results
 from lidarshard.transforms.core.score import Source, previous_source
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.metadata import load_manifest
+from lidarshard.transforms.options import UsageError, from_flags
 from lidarshard.transforms.plan.epoch_time import untimed
 from lidarshard.transforms.plan.memory import format_bytes
 from lidarshard.transforms.plan.metrics import COLUMNS, plan_buys
@@ -55,19 +56,11 @@ def _summary_help() -> str:
     return "\n".join(lines)
 
 
-def parser() -> CommandParser:
-    """The ``build`` command line: paths, the flags of ``BuildOptions`` (scan, output, plan), Beam
-    options; ``--help`` also says what the summary's numbers mean."""
+def parser() -> BeamParser:
+    """The ``build`` command line: the arguments of ``BuildOptions`` (INPUT... OUT, scan, output, plan),
+    Beam options; ``--help`` also says what the summary's numbers mean."""
     about = __doc__.split("\n\n")[0].replace("``", "")
-    p = CommandParser("lidarshard build", f"{about}\n\n{_summary_help()}", usage=USAGE)
-    p.add_argument(
-        "paths",
-        nargs="+",
-        metavar="PATH",
-        help="INPUT... OUT, or only OUT with --from-samples; INPUT is [NAME=]PATH",
-    )
-    declare(p, BuildOptions)
-    return p
+    return BeamParser("lidarshard build", f"{about}\n\n{_summary_help()}", BuildOptions, usage=USAGE)
 
 
 def _scan_source(gathered: dict[str, list], scratch: str, root: str | None) -> Source:
@@ -83,18 +76,17 @@ def build_pipeline(
     """Wire the build: ``source`` (a staged table), else the ``--from-samples`` samples, else the scan
     of INPUT, into the build core."""
     job = settings.job(staging)
-    scan = settings.scan
     if source is not None:
         sources = pipeline | "Table" >> beam.Create([source])
-    elif settings.from_samples:  # read where it is used: passing the table along would pickle it
+    elif settings.options.from_samples:  # read where it is used: passing the table along would pickle it
         sources = (
             pipeline
-            | "Previous" >> beam.Create([settings.from_samples])
+            | "Previous" >> beam.Create([settings.options.from_samples])
             | "PreviousSource" >> beam.Map(previous_source, settings.path_root)
         )
     else:
         scratch = storage.join(job.work, SCANNED_DIR)
-        scanned = pipeline | "Scan" >> scan_samples(scan, job.work, scratch)
+        scanned = pipeline | "Scan" >> scan_samples(settings, job.work, scratch)
         sources = scanned.gathered() | "ScanSource" >> beam.Map(_scan_source, scratch, settings.path_root)
     _ = sources | "Build" >> BuildManifest(job)
 
@@ -188,7 +180,7 @@ def run(argv: list[str] | None = None) -> int:
     args, beam_argv = p.parse(argv)
     try:
         dry_run = launch.dry_run_requested(beam_argv)
-        settings = build_settings(BuildOptions.from_namespace(args), args.paths, dry_run)
+        settings = build_settings(from_flags(BuildOptions, args), dry_run)
         if not dry_run:  # a dry run works offline
             check_locations(beam_argv)
     except UsageError as e:

@@ -20,11 +20,11 @@ import lidarshard
 from lidarshard import schemas
 from lidarshard.loaders.elastic import load_epoch_plan, replan_remaining
 from lidarshard.loaders.reader import load_manifest
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core import groups
 from lidarshard.transforms.core.config import AUTO_RULE, GROUP_SAMPLES, PlanConfig, auto_groups
 from lidarshard.transforms.core.epochs import plan_pool, plan_samples
+from lidarshard.transforms.options import UsageError
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, order, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
 from lidarshard.transforms.plan.group_stats import combine, group_sums

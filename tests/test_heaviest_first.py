@@ -15,12 +15,12 @@ import pytest
 import lidarshard
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import bucket_costs, plan_samples
 from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
+from lidarshard.transforms.options import UsageError
 from lidarshard.transforms.plan import STRATEGIES
 from lidarshard.transforms.plan.caps import Caps
 from lidarshard.transforms.plan.memory import MemoryCap, MemoryModel

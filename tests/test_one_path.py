@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import lidarshard
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
-from lidarshard.pipelines.flags import UsageError
+from lidarshard.transforms.options import UsageError
 from lidarshard.transforms.plan import STRATEGIES
 from tests.helpers import BEAM_TEST_FLAGS, samples_table
 

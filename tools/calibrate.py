@@ -34,9 +34,9 @@ Default output: ``OUT/report/cost_model.json`` (``report/`` is outside the manif
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +53,7 @@ from lidarshard.tools.speeds_fit import learn_speeds, speed_lines
 from lidarshard.tools.timings import at_mean_speed, design, fit_cost, read_timings_at
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.options import Parser, int_in, option, path
 from lidarshard.transforms.plan.epoch_time import time_factors
 
 __all__ = ["run", "calibrate"]
@@ -150,22 +151,26 @@ def _check_lines(checks: dict) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True, kw_only=True)
+class CalibrateOptions:
+    """``lidarshard calibrate``'s arguments."""
+
+    out: str = option("the manifest directory the timings were measured on", positional=True, check=path(),
+                      metavar="OUT")  # fmt: skip
+    timings: str = option("the recorder's timings-rank-*.parquet (a directory or one file), or a CSV: ms + "
+                          "sample_id, or ms + step, rank [, epoch]", check=path())  # fmt: skip
+    epoch: int = option("epoch of step/rank timings without an epoch column", 0, check=int_in(0), metavar="E")
+    output: str | None = option("JSON to write", None, check=path(), short="-o",
+                                shown=f"OUT/{REPORT_DIR}/cost_model.json")  # fmt: skip
+
+
+def parser() -> Parser:
+    """The ``calibrate`` command line: the arguments of ``CalibrateOptions``."""
+    return Parser("lidarshard calibrate", __doc__.split("\n\n")[0], CalibrateOptions)
+
+
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="lidarshard calibrate", description=__doc__.split("\n\n")[0], allow_abbrev=False
-    )
-    parser.add_argument("out", metavar="OUT", help="the manifest directory the timings were measured on")
-    parser.add_argument(
-        "--timings",
-        required=True,
-        help="the recorder's timings-rank-*.parquet (a directory or one file), or a CSV: "
-        "ms + sample_id, or ms + step, rank [, epoch]",
-    )
-    parser.add_argument(
-        "--epoch", type=int, default=0, help="epoch of step/rank timings without an epoch column"
-    )
-    parser.add_argument("-o", "--output", help=f"JSON to write (default OUT/{REPORT_DIR}/cost_model.json)")
-    args = parser.parse_args(argv)
+    args, _ = parser().read(argv)
     output = args.output or f"{args.out.rstrip('/')}/{REPORT_DIR}/cost_model.json"
     directory, _, name = output.rpartition("/")
     try:

@@ -16,7 +16,6 @@ summary says so). Reads local paths and URIs through ``lidarshard.transforms.io.
 
 from __future__ import annotations
 
-import argparse
 import collections
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,7 +29,7 @@ from lidarshard.transforms.io.metadata import load_manifest, load_scan
 from lidarshard.transforms.io.parts import listed_parts, open_parts, part_files
 from lidarshard.transforms.io.paths import PathResolver
 
-__all__ = ["check_data", "add_flags", "DEFAULT_WORKERS", "MAX_WORKERS", "BLOCK", "WINDOW_PER_WORKER"]
+__all__ = ["check_data", "DEFAULT_WORKERS", "MAX_WORKERS", "BLOCK", "WINDOW_PER_WORKER"]
 
 #: Threads checking files (``--workers``): I/O bound on object stores, CPU bound (hashing) on a local disk.
 DEFAULT_WORKERS = 8
@@ -173,29 +172,3 @@ def _summary(t: _Tally) -> str:
     elif t.unhashed:
         line += f"; {t.unhashed} of them by size only (no {schemas.CONTENT_HASH} recorded: --features stat)"
     return line
-
-
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """``validate``'s ``--data``, ``--root`` and ``--workers``."""
-    parser.add_argument(
-        "--data",
-        action="store_true",
-        help="also check that every keyframe, sweep and label file exists with the size and "
-        f"{schemas.CONTENT_HASH} the scan recorded (reads every byte; one line per file that differs)",
-    )
-    parser.add_argument(
-        "--root", help="with --data: where the data lives now (default: the recorded path_root)"
-    )
-    parser.add_argument(
-        "--workers",
-        type=_workers,
-        default=DEFAULT_WORKERS,
-        help=f"with --data: files checked at once, 1..{MAX_WORKERS} (default: {DEFAULT_WORKERS})",
-    )
-
-
-def _workers(text: str) -> int:
-    value = int(text) if text.isascii() and text.isdigit() else 0
-    if not 1 <= value <= MAX_WORKERS:
-        raise argparse.ArgumentTypeError(f"must be an integer in 1..{MAX_WORKERS}, got {text!r}")
-    return value

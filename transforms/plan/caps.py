@@ -20,7 +20,8 @@ from numpy.typing import NDArray
 
 from lidarshard.schemas.memory_cap import MemoryCapRecord
 from lidarshard.schemas.records import CapsRecord
-from lidarshard.transforms.plan.memory import MemoryCap, format_bytes
+from lidarshard.transforms.options import float_in, int_in, nested, option
+from lidarshard.transforms.plan.memory import OVER_CAP, MemoryCap, format_bytes
 
 __all__ = ["Caps", "PoolLimits", "Breach", "over_cap", "rank_step_sums", "cap_breaches", "check_caps"]
 
@@ -29,10 +30,16 @@ __all__ = ["Caps", "PoolLimits", "Breach", "over_cap", "rank_step_sums", "cap_br
 class Caps:
     """Per-rank-step limits; ``None`` means no limit."""
 
-    max_points: int | None = None
-    max_cost: float | None = None
-    max_samples: int | None = None
-    memory: MemoryCap | None = None  # --max-step-memory with its memory model
+    max_points: int | None = option(
+        "hard cap on points (num_points) one rank gets at one step" + OVER_CAP, None,
+        flag="--max-points-per-rank-step", check=int_in(1), metavar="N")  # fmt: skip
+    max_cost: float | None = option(
+        "hard cap on predicted cost one rank gets at one step" + OVER_CAP, None, flag="--max-cost-per-rank-step",
+        check=float_in(0.0, above=True), metavar="C")  # fmt: skip
+    max_samples: int | None = option(
+        "hard cap on samples one rank gets at one step", None, flag="--max-samples-per-rank-step",
+        check=int_in(1), metavar="N")  # fmt: skip
+    memory: MemoryCap | None = nested(None)  # --max-step-memory with its memory model
 
     def __post_init__(self) -> None:
         for name, value in (("points", self.max_points), ("samples", self.max_samples)):

@@ -17,6 +17,7 @@ heaviest rank-step by predicted peak at step 0.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from numpy.typing import NDArray
 
 from lidarshard.schemas.memory_cap import MemoryCapRecord, MemoryModelRecord
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.options import option, parsed_by
 
 __all__ = [
     "UNITS",
@@ -38,7 +40,13 @@ __all__ = [
     "sample_features",
     "load_memory_model",
     "memory_model_of",
+    "OVER_CAP",
 ]
+
+#: What a per-rank-step cap does, as its flag's help says.
+OVER_CAP = (
+    "; a sample above it is rejected as over_cap, budget plans within it, other strategies fail over it"
+)
 
 #: Byte units ``--max-step-memory`` takes (binary: 1 KiB = 1024 B).
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -68,9 +76,13 @@ def checked_bytes(value: object) -> int:
     """A cap given to the Python API: an int of bytes, or a size text (``parse_bytes``)."""
     if isinstance(value, str):
         return parse_bytes(value)
-    if type(value) is not int or not 1 <= value <= MAX_BYTES:
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, numbers.Integral)
+        or not 1 <= int(value) <= MAX_BYTES
+    ):
         raise ValueError(f"max_step_memory {value!r}: give bytes (an int >= 1) or a size such as '20GiB'")
-    return value
+    return int(value)
 
 
 def format_bytes(n: float) -> str:
@@ -147,8 +159,16 @@ class MemoryModel:
 class MemoryCap:
     """``--max-step-memory``: every rank-step's predicted peak (``model``) at most ``max_bytes``."""
 
-    max_bytes: int
-    model: MemoryModel
+    max_bytes: int = option(
+        "SIZE, e.g. 20GiB (B, KiB, MiB, GiB, TiB): hard cap on every rank-step's predicted peak device memory, "
+        "by the --memory-model" + OVER_CAP, flag="--max-step-memory", metavar="SIZE",
+        check=parsed_by(parse_bytes, checked_bytes), alone="needs --memory-model FILE: the JSON of lidarshard "
+        "calibrate over timings recorded on the device (its memory_model)")  # fmt: skip
+    model: MemoryModel = option(
+        "FILE: lidarshard calibrate's JSON whose memory_model (fitted to the recorder's peak_bytes) predicts a "
+        "rank-step's peak; needed by --max-step-memory and recorded in the manifest", flag="--memory-model",
+        metavar="FILE", check=parsed_by(lambda path: load_memory_model(path), lambda v: memory_model_of(v, "memory_model")),
+        alone="is used by --max-step-memory: give the cap too (e.g. 20GiB)")  # fmt: skip
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_bytes <= MAX_BYTES:
