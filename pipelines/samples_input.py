@@ -21,7 +21,7 @@ from lidarshard import schemas
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel, sample_costs
-from lidarshard.transforms.io.paths import path_problem
+from lidarshard.transforms.io.paths import PATH_COLUMNS, bad_path, path_problem
 from lidarshard.transforms.options import UsageError
 
 __all__ = ["COUNT_COLUMNS", "as_table", "samples_table", "check_rows"]
@@ -155,6 +155,14 @@ def _check_values(table: pa.Table) -> None:
             raise UsageError(
                 f"samples: {f'row {i}' if name == 'sample_id' else _row(table, i)} has no {name} (null)"
             )
+    for name in PATH_COLUMNS:  # what no path may be (paths.bad_path), named by its row
+        col = table.column(name).combine_chunks()
+        many = pa.types.is_list(col.type)
+        flat = pc.list_flatten(col) if many else col
+        i = _first(pc.fill_null(pc.or_(pc.equal(flat, ""), pc.match_substring(flat, "\0")), False))
+        if i is not None:
+            row = int(pc.list_parent_indices(col)[i].as_py()) if many else i
+            raise UsageError(f"samples: {_row(table, row)}: {name} {bad_path(flat[i].as_py())}")
     problem = path_problem(table, None)  # write_manifest records no path_root: the paths are stored as given
     if problem:
         raise UsageError(f"samples: {problem}: pass full paths or URIs (e.g. os.path.abspath)")

@@ -56,6 +56,14 @@ def _is_bool(value: Any) -> bool:
     return isinstance(value, (bool, np.bool_))
 
 
+def _shown(value: Any) -> str:
+    """``value`` as a message names it: on one line, bounded (an array by its shape)."""
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape}"
+    text = repr(value.item() if isinstance(value, np.generic) else value)
+    return text if len(text) <= 80 and "\n" not in text else f"a {type(value).__name__}"
+
+
 def _items(value: Any) -> list | None:
     """The items of a list, tuple or 1-d array (None for anything else)."""
     if isinstance(value, np.ndarray):
@@ -77,7 +85,7 @@ class Check:
         return self(value) if isinstance(value, str) else self.typed(value)
 
     def typed(self, value: Any) -> Any:
-        raise _Bad(f"{value!r} is not a valid value")
+        raise _Bad(f"{_shown(value)} is not a valid value")
 
 
 class int_in(Check):  # noqa: N801 - reads as a function: check=int_in(1, 64)
@@ -155,7 +163,7 @@ class float_list(Check):  # noqa: N801
     def typed(self, value: Any) -> tuple[float, ...]:
         items = _items(value)
         if items is None:
-            raise _Bad(f"{value!r} is not a sequence of numbers: must be {self.allowed}")
+            raise _Bad(f"{_shown(value)} is not a sequence of numbers: must be {self.allowed}")
         return self._checked(items, ",".join(map(str, items)))
 
     def _checked(self, items: list, shown: str) -> tuple[float, ...]:
@@ -197,7 +205,9 @@ class path(Check):  # noqa: N801
         items = _items(value) if self.many else None
         if items is not None:
             return tuple(path().value(v) for v in items)
-        raise _Bad(f"{value!r} is not a path: give a str or os.PathLike" + (" or a list of them" * self.many))
+        raise _Bad(
+            f"{_shown(value)} is not a path: give a str or os.PathLike" + (" or a list of them" * self.many)
+        )
 
 
 class parsed_by(Check):  # noqa: N801
@@ -240,12 +250,12 @@ class per_name(Check):  # noqa: N801
     def typed(self, value: Any) -> Any:
         if not isinstance(value, Mapping):
             if self.pairs:
-                raise _Bad(f"{value!r} is not NAME=VALUE pairs (a dict from Python)")
+                raise _Bad(f"{_shown(value)} is not NAME=VALUE pairs (a dict from Python)")
             return self.each.value(value)
         out = []
         for name, one in value.items():
             if not isinstance(name, str) or not name:
-                raise _Bad(f"{name!r} is not a NAME")
+                raise _Bad(f"{_shown(name)} is not a NAME")
             try:
                 out.append((name, self.each.value(one)))
             except _Bad as e:
@@ -359,11 +369,11 @@ def _checked(leaf: _Leaf, value: Any) -> Any:
     """One keyword argument's value, checked as the flag's text is."""
     try:
         if _is_bool(value):
-            raise _Bad(f"{value!r} is not a valid value")
+            raise _Bad(f"{_shown(value)} is not a valid value")
         if leaf.spec.check is not None:
             return leaf.spec.check.value(value)
         if not isinstance(value, str):
-            raise _Bad(f"{value!r} is not a valid value (a string)")
+            raise _Bad(f"{_shown(value)} is not a valid value (a string)")
         return value
     except _Bad as e:
         raise UsageError(_said(leaf.name, str(e))) from None
@@ -397,7 +407,7 @@ def from_keywords(cls: type[_T], values: Mapping[str, Any]) -> _T:
         if key in switches:
             leaf, s = switches[key]
             if not (_is_bool(value) and value):
-                raise UsageError(f"{s.name} is a switch: pass True, got {value!r}")
+                raise UsageError(f"{s.name} is a switch: pass True, got {_shown(value)}")
             given[leaf.route], name = s.const, s.name
         else:
             leaf = leaves[key]
