@@ -26,29 +26,14 @@ import pyarrow as pa
 import pytest
 
 import lidarshard
-from lidarshard.pipelines import build as build_cmd
 from lidarshard.pipelines.cli import main
 from lidarshard.pipelines.options import BuildOptions
 from lidarshard.transforms.options import UsageError, from_keywords
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
+from tests.test_hostile_api import _one_line, no_beam  # noqa: F401  the fixture: refused before Beam
 
 W, B = 2, 2
 PLAIN = {"out": "o", "world_size": 2, "batch_size": 2}
-
-
-@pytest.fixture
-def no_beam(monkeypatch) -> None:
-    """The case must be refused before the build launches Beam."""
-
-    def launched(*args, **kwargs):
-        raise AssertionError("Beam started")
-
-    monkeypatch.setattr(build_cmd, "launch_build", launched)
-
-
-def _one_line(text: str) -> str:
-    assert text and "\n" not in text and "Traceback" not in text, text
-    return text
 
 
 def _rows(n: int = 16) -> list[dict]:
@@ -207,9 +192,8 @@ CALLS = {
 
 @pytest.mark.hostile("python api")
 @pytest.mark.parametrize("case", sorted(CALLS))
-def test_an_argument_of_another_type_is_one_line_before_beam(
-    tmp_path: Path, no_beam, capfd, case: str
-) -> None:
+@pytest.mark.usefixtures("no_beam")
+def test_an_argument_of_another_type_is_one_line_before_beam(tmp_path: Path, capfd, case: str) -> None:
     call, says = CALLS[case]
     with pytest.raises(UsageError) as e:
         call(tmp_path)
@@ -265,7 +249,8 @@ ROWS = {
 @pytest.mark.parametrize(
     "case", [pytest.param(c, marks=pytest.mark.hostile(ROWS[c][0])) for c in sorted(ROWS)]
 )
-def test_a_row_no_manifest_can_hold_is_named_before_beam(tmp_path: Path, no_beam, capfd, case: str) -> None:
+@pytest.mark.usefixtures("no_beam")
+def test_a_row_no_manifest_can_hold_is_named_before_beam(tmp_path: Path, capfd, case: str) -> None:
     _, edit, says = ROWS[case]
     with pytest.raises(UsageError) as e:
         rows = edit(_rows())
@@ -351,7 +336,8 @@ def test_no_writer_publishes_into_the_cwd_or_another_manifest(
 
 
 @pytest.mark.hostile("memory caps")
-def test_heaviest_first_memory_without_a_memory_cap_is_a_usage_error(tmp_path: Path, no_beam, capsys) -> None:
+@pytest.mark.usefixtures("no_beam")
+def test_heaviest_first_memory_without_a_memory_cap_is_a_usage_error(tmp_path: Path, capsys) -> None:
     bins = make_bins(tmp_path / "bins", n=4)
     argv = ["build", str(bins), str(tmp_path / "o"), "--world-size", "1", "--batch-size", "1"]
     assert main([*argv, "--heaviest-first", "memory", *BEAM_TEST_FLAGS]) == 2
