@@ -99,16 +99,11 @@ def launch_build(
 ) -> bool:
     """Run the checked build and publish it; False for a dry run (nothing published). ``stage(staging)``
     writes a table's source into the staging directory first (``lidarshard.write_manifest``)."""
-    staged: list[Source] = []
-
-    def before(staging: str) -> None:
-        if stage is not None:
-            staged.append(stage(staging))
 
     def write(pipeline: beam.Pipeline, staging: str) -> None:
-        build_pipeline(pipeline, settings, staging, staged[0] if staged else None)
+        build_pipeline(pipeline, settings, staging, stage(staging) if stage is not None else None)
 
-    return launch.launch(write, beam_argv, settings.output, default_runner, before)
+    return launch.launch(write, beam_argv, settings.output, default_runner)
 
 
 def print_summary(out: str) -> None:

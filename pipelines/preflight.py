@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from lidarshard import __version__
 from lidarshard.pipelines import checks, inputs, understood
@@ -31,44 +31,37 @@ from lidarshard.transforms.options import UsageError
 
 __all__ = ["scan_settings", "build_settings", "table_settings"]
 
+_O = TypeVar("_O", bound=ScanOptions)
+
 
 def scan_settings(opts: ScanOptions, dry_run: bool = False) -> ScanSettings:
     """INPUTs and OUT checked, the scan's settings (``dry_run``: only the job graph will be built; remote
     paths are not looked at, and OUT is not checked for replacing)."""
-    out, datasets = location(opts.out), _datasets(opts, dry_run)
+    out, (datasets, look) = location(opts.out), _datasets(opts, dry_run)
     checks.check_output(out, [d.root for d in datasets], publish=not dry_run)
-    return _scan(opts, datasets, out, opts.max_reject_fraction, dry_run)
+    maps = inputs.label_maps(datasets, look)
+    return ScanSettings(_resolved(opts, out, opts.max_reject_fraction), datasets[0].root, datasets, maps)
 
 
-def _datasets(opts: ScanOptions, dry_run: bool) -> tuple[Dataset, ...]:
-    """The INPUTs, located, checked and given their layouts (``pipelines.inputs``) and weights."""
+def _datasets(opts: ScanOptions, dry_run: bool) -> tuple[tuple[Dataset, ...], bool]:
+    """The INPUTs, located, checked, given their layouts (``pipelines.inputs``) and weights, and the flags
+    their layouts must honour checked; and whether the files were looked at (not in an offline dry run)."""
     located = []
     for spec in opts.input:
         name, where = inputs.split_input(spec)
         located.append(f"{name}={location(where)}" if name else location(where))
     look = not dry_run or all(storage.is_local(inputs.split_input(s)[1]) for s in located)
     weights = dict(opts.plan.repeat.datasets) if isinstance(opts, BuildOptions) else {}
-    return inputs.resolve_datasets(located, opts.dataset, weights, opts.nuscenes_version, look)
-
-
-def _scan(
-    opts: ScanOptions,
-    datasets: tuple[Dataset, ...],
-    out: str,
-    fraction: float | None,
-    dry_run: bool,
-    **more: Any,
-) -> Any:
-    """The settings of checked INPUTs (``fraction`` None: the default); ``more``: a build's."""
-    look = not dry_run or all(storage.is_local(d.root) for d in datasets)
+    datasets = inputs.resolve_datasets(located, opts.dataset, weights, opts.nuscenes_version, look)
     if look:
         _check_layout_flags(opts, datasets)
+    return datasets, look
+
+
+def _resolved(opts: _O, out: str, fraction: float | None, **changes: Any) -> _O:
+    """``opts`` as the run uses them: OUT located, the reject fraction resolved (None: the default)."""
     fraction = DEFAULT_REJECT_FRACTION if fraction is None else fraction
-    options = dataclasses.replace(opts, out=out, max_reject_fraction=fraction)
-    first, maps = datasets[0].root if datasets else None, inputs.label_maps(datasets, look)
-    if isinstance(options, BuildOptions):
-        return BuildSettings(options, first, datasets, maps, **more)
-    return ScanSettings(options, first, datasets, maps)
+    return dataclasses.replace(opts, out=out, max_reject_fraction=fraction, **changes)
 
 
 def _check_layout_flags(opts: ScanOptions, datasets: Sequence[Dataset]) -> None:
@@ -110,12 +103,12 @@ def build_settings(opts: BuildOptions, dry_run: bool = False, kept: Kept | None 
     check_plan_size(opts.plan)
     if opts.from_samples:
         return _from_samples(opts, model, dry_run, kept)
-    out, datasets = location(opts.out), _datasets(opts, dry_run)
-    look = not dry_run or all(storage.is_local(d.root) for d in datasets)
+    out, (datasets, look) = location(opts.out), _datasets(opts, dry_run)
     _check_weights(opts, datasets, None, look)
     checks.check_output(out, [d.root for d in datasets], publish=not dry_run)
+    options, maps = _resolved(opts, out, opts.max_reject_fraction), inputs.label_maps(datasets, look)
     root = _path_root(opts, datasets, None)
-    return _scan(opts, datasets, out, opts.max_reject_fraction, dry_run, model=model, path_root=root)
+    return BuildSettings(options, datasets[0].root, datasets, maps, model=model, path_root=root)
 
 
 def _from_samples(opts: BuildOptions, model: CostModel, dry_run: bool, kept: Kept | None) -> BuildSettings:
@@ -139,10 +132,9 @@ def _from_samples(opts: BuildOptions, model: CostModel, dry_run: bool, kept: Kep
     recorded_scan: dict[str, Any] = {}
     if look:  # the samples' features were computed under their scan's rule: the loaders must apply it
         recorded_scan = {"config": _recorded_rule(opts.config, samples), **_recorded_sweeps(samples)}
-    opts = dataclasses.replace(opts, from_samples=samples, **recorded_scan)
+    options = _resolved(opts, out, fraction, from_samples=samples, **recorded_scan)
     root = _path_root(opts, (), samples)
-    settings = _scan(opts, (), out, fraction, dry_run, model=model, path_root=root, kept=kept)
-    return dataclasses.replace(settings, input=samples, datasets=datasets, label_maps=maps)
+    return BuildSettings(options, samples, datasets, maps, model=model, path_root=root, kept=kept)
 
 
 def _recorded_sweeps(samples: str) -> dict[str, Any]:
@@ -196,8 +188,7 @@ def table_settings(opts: BuildOptions, model: CostModel) -> BuildSettings:
     out = location(opts.out)
     checks.check_output(out, [])
     check_plan_size(opts.plan)
-    fraction = DEFAULT_REJECT_FRACTION if opts.max_reject_fraction is None else opts.max_reject_fraction
-    options = dataclasses.replace(opts, out=out, max_reject_fraction=fraction)
+    options = _resolved(opts, out, opts.max_reject_fraction)
     return BuildSettings(options, created_by=f"lidarshard {__version__} write_manifest", model=model)
 
 

@@ -134,13 +134,6 @@ class BuildSettings(ScanSettings):
 # --------------------------------------------------------------------------------------- plan size
 
 
-def _manifest_bytes(cfg: PlanConfig) -> int:
-    """Bytes ``_manifest.json`` takes to list the plan files of ``cfg`` (one per epoch and rank), at most."""
-    entry = {schemas.plan_file(cfg.epochs - 1, cfg.world_size - 1): {"bytes": 2**40, "sha256": "0" * 64}}
-    one = len(json.dumps({"files": entry}, indent=2)) - len(json.dumps({"files": {}}, indent=2))
-    return cfg.epochs * cfg.world_size * one
-
-
 def check_plan_size(
     cfg: PlanConfig, rows: int | None = None, where: str = "", sample_weight: float | None = None
 ) -> None:
@@ -158,7 +151,11 @@ def check_plan_size(
     Raises:
         UsageError: one line with the numbers and what to lower.
     """
-    listed = _manifest_bytes(cfg)
+    entry = {schemas.plan_file(cfg.epochs - 1, cfg.world_size - 1): {"bytes": 2**40, "sha256": "0" * 64}}
+    one = len(json.dumps({"files": entry}, indent=2)) - len(json.dumps({"files": {}}, indent=2))
+    listed = (
+        cfg.epochs * cfg.world_size * one
+    )  # bytes _manifest.json takes to list one file per epoch and rank
     if listed > storage.METADATA_MAX_BYTES:
         raise UsageError(
             f"--epochs {cfg.epochs} x --world-size {cfg.world_size} = {cfg.epochs * cfg.world_size:,} plan "

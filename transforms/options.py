@@ -99,19 +99,16 @@ class int_in(Check):  # noqa: N801 - reads as a function: check=int_in(1, 64)
 
     def __call__(self, text: str) -> int:
         try:
-            return self._within(int(text), text)
+            return self.typed(int(text))
         except ValueError:
             raise _Bad(f"{text!r} is not {self.allowed}") from None
 
     def typed(self, value: Any) -> int:
         if _is_bool(value) or not isinstance(value, numbers.Integral):
             raise _Bad(f"{str(value)!r} is not {self.allowed}")
-        return self._within(int(value), str(value))
-
-    def _within(self, value: int, shown: str) -> int:
         if value < self.lo or (self.hi is not None and value > self.hi):
-            raise _Bad(f"{shown} is out of range: must be {self.allowed}")
-        return value
+            raise _Bad(f"{value} is out of range: must be {self.allowed}")
+        return int(value)
 
 
 def _finite(value: Any, allowed: str) -> float:
