@@ -106,7 +106,7 @@ class int_in(Check):  # noqa: N801 - reads as a function: check=int_in(1, 64)
     def typed(self, value: Any) -> int:
         if _is_bool(value) or not isinstance(value, numbers.Integral):
             raise _Bad(f"{str(value)!r} is not {self.allowed}")
-        if value < self.lo or (self.hi is not None and value > self.hi):
+        if not self.lo <= int(value) <= (int(value) if self.hi is None else self.hi):
             raise _Bad(f"{value} is out of range: must be {self.allowed}")
         return int(value)
 
