@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import shutil
 from pathlib import Path
@@ -346,3 +347,43 @@ def test_heaviest_first_memory_without_a_memory_cap_is_a_usage_error(tmp_path: P
     with pytest.raises(UsageError, match="heaviest-first memory needs"):
         lidarshard.build(str(bins), str(tmp_path / "o"), world_size=1, batch_size=1, heaviest_first="memory")
     assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------- files and cli: the tools' flags
+
+
+#: case -> (argv after ``lidarshard``, what the one error line says): the tools' flags are generated from
+#: their options dataclasses by the parser of every command (strict, one line, exit 2, before any work)
+TOOL_FLAGS = {
+    "validate_typo": (["validate", "{out}", "--dat"], "unknown flag --dat; did you mean --data?"),
+    "validate_empty_out": (["validate", ""], "argument OUT: '' is not a path"),
+    "validate_root_without_data": (["validate", "{out}", "--root", "/x"], "--root needs --data"),
+    "validate_workers_zero": (["validate", "{out}", "--data", "--workers", "0"], "--workers: 0 is out of range"),
+    "report_negative_epoch": (["report", "{out}", "--epoch", "-1"], "argument --epoch: -1 is out of range"),
+    "report_empty_output_dir": (["report", "{out}", "--output-dir", ""], "argument --output-dir: '' is not a path"),
+    "report_abbreviated_flag": (["report", "{out}", "--time", "t.csv"], "unknown flag --time; did you mean --timings?"),
+    "calibrate_no_timings": (["calibrate", "{out}"], "the following arguments are required: --timings"),
+    "calibrate_empty_output": (["calibrate", "{out}", "--timings", "t.csv", "-o", ""], "argument -o/--output: '' is not a path"),
+    "calibrate_epoch_text": (["calibrate", "{out}", "--timings", "t.csv", "--epoch", "one"], "--epoch: 'one' is not an integer"),
+}  # fmt: skip
+
+
+@pytest.mark.hostile("files and cli")
+@pytest.mark.parametrize("case", sorted(TOOL_FLAGS))
+def test_the_tools_flags_are_strict_and_one_line(published: Path, capsys, case: str) -> None:
+    argv, says = TOOL_FLAGS[case]
+    before = sorted(p.relative_to(published) for p in published.rglob("*"))
+    assert main([a.format(out=published) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"lidarshard {argv[0]}: error: ") and says in err[-1], err
+    assert sorted(p.relative_to(published) for p in published.rglob("*")) == before
+
+
+@pytest.mark.hostile("files and cli")
+def test_the_tools_take_debug_and_their_help_shows_every_default(published: Path, capsys) -> None:
+    """The control: ``--debug`` is every command's flag; ``--help`` is generated from the options."""
+    assert main(["validate", str(published), "--debug"]) == 0
+    for tool in ("validate", "report", "calibrate"):
+        with pytest.raises(SystemExit) as e:
+            importlib.import_module(f"lidarshard.tools.{tool}").parser().parse(["--help"])
+        assert e.value.code == 0 and "(default: " in capsys.readouterr().out
