@@ -2,7 +2,7 @@
 
 Both take the command's flags as keyword arguments (``--bucket-weights`` -> ``bucket_weights``): the
 options of ``lidarshard.pipelines.options.BuildOptions``, checked as typed values by the checks the command
-line parses with (a bad value raises :class:`~lidarshard.transforms.options.UsageError`, a ``ValueError``,
+line parses with (a bad value raises :class:`~lidarshard.transforms.declare.UsageError`, a ``ValueError``,
 with the same one line; ``os.PathLike`` paths, numpy numbers and arrays are taken), and run the same build
 core and the same publish, returning the same summary::
 
@@ -42,10 +42,11 @@ from lidarshard.pipelines.samples_input import as_table, samples_table
 from lidarshard.pipelines.settings import check_plan_size
 from lidarshard.transforms.core.record import Kept
 from lidarshard.transforms.core.score import GIVEN, PREPARED, Source
+from lidarshard.transforms.declare import from_keywords, keyword
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
 from lidarshard.transforms.io.metadata import load_manifest
-from lidarshard.transforms.options import UsageError, from_keywords, keyword
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["build", "replan", "write_manifest", "summary"]
 

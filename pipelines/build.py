@@ -31,12 +31,13 @@ from lidarshard.tools.epoch_seconds import epoch_lines, plan_loads
 from lidarshard.transforms.beam.build_transform import BuildManifest
 from lidarshard.transforms.beam.scan_transform import scan_results
 from lidarshard.transforms.core.score import Source, previous_source
+from lidarshard.transforms.declare import from_flags
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.metadata import load_manifest
-from lidarshard.transforms.options import UsageError, from_flags
 from lidarshard.transforms.plan.epoch_time import untimed
 from lidarshard.transforms.plan.memory import format_bytes
 from lidarshard.transforms.plan.metrics import COLUMNS, plan_buys
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
 

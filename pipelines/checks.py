@@ -1,5 +1,5 @@
 """Every check of a path the user gave, made before Beam starts: INPUT, OUT, the nuScenes version and
-``--from-samples``. Each raises :class:`~lidarshard.transforms.options.UsageError` with one line naming
+``--from-samples``. Each raises :class:`~lidarshard.transforms.declare.UsageError` with one line naming
 the path and what is wrong. Where any run may publish is one rule (``check_output_parent``, with
 ``tools.outputs``): never inside another published manifest or scan.
 """
@@ -18,7 +18,7 @@ from lidarshard.schemas import SUCCESS_FILE
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.transforms.core import recorded
 from lidarshard.transforms.io import paths, storage
-from lidarshard.transforms.options import UsageError
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = [
     "REMOTE_TIMEOUT_S",

@@ -38,7 +38,7 @@ from types import FrameType
 
 from lidarshard import __version__
 from lidarshard.transforms import progress
-from lidarshard.transforms.options import DEBUG_ENV
+from lidarshard.transforms.declare import DEBUG_ENV
 
 __all__ = [
     "main",

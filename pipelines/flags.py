@@ -1,6 +1,6 @@
 """The parser of the Beam commands (``scan``, ``build``, ``synth``): their options, Beam's passed through.
 
-The options are declared once, on frozen dataclasses (``lidarshard.transforms.options``: the flags,
+The options are declared once, on frozen dataclasses (``lidarshard.transforms.declare``: the flags,
 ``--help`` and the Python API's keywords all come from them). :class:`BeamParser` adds what a pipeline
 run shows (``-v``, ``--progress``) and accepts the real Beam pipeline options (``--runner``,
 ``--temp_location``, ...), passed through to the runner untouched; anything else (a typo such as
@@ -19,7 +19,7 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from lidarshard.transforms.options import Parser, add_flag
+from lidarshard.transforms.declare import Parser, add_flag
 
 __all__ = ["BeamParser"]
 

@@ -6,7 +6,7 @@ components), recognised from what is there (``transforms.layouts.detect``) unles
 names it. Several INPUTs make one plan: each sample_id is prefixed with its dataset's NAME (default:
 the INPUT's last path component), ``--dataset-weights NAME=W,...`` scales a dataset's expected copies
 per epoch, and paths are stored relative to the INPUTs' common parent. Problems raise
-:class:`~lidarshard.transforms.options.UsageError` with one line.
+:class:`~lidarshard.transforms.declare.UsageError` with one line.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from lidarshard.pipelines import checks, understood
 from lidarshard.transforms import layouts
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts import FILES, Dataset
-from lidarshard.transforms.options import UsageError
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = [
     "resolve_datasets",

@@ -3,7 +3,7 @@
 ``ScanOptions`` holds INPUT, OUT, how the INPUTs are read, the feature config (``ScanConfig``, composed)
 and what the run publishes; ``BuildOptions`` adds the plan (``PlanConfig``, composed: ``world_size`` and
 every other plan setting live there, once), the cost model and the re-plan's sources. The flags, ``--help``
-and the Python API's keywords are generated from these fields (``lidarshard.transforms.options``); the
+and the Python API's keywords are generated from these fields (``lidarshard.transforms.declare``); the
 rules between them are their ``__post_init__``. ``lidarshard.write_manifest`` takes the plan's keywords and
 the output group's (``TABLE_KEYS``).
 """
@@ -13,22 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.declare import nested, option, options_of
 from lidarshard.transforms.features.cost import COST_MODEL_HELP, CostModel, parse_cost_model
 from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.io.parts import PART_ROWS
 from lidarshard.transforms.layouts import LAYOUT_NAMES
-from lidarshard.transforms.options import (
-    UsageError,
-    choice,
-    float_in,
-    int_in,
-    nested,
-    option,
-    options_of,
-    parsed_by,
-    path,
-    per_name,
-)
+from lidarshard.transforms.value_checks import UsageError, choice, float_in, int_in, parsed_by, path, per_name
 
 __all__ = ["DEFAULT_REJECT_FRACTION", "ScanOptions", "BuildOptions", "TABLE_KEYS", "cost_model"]
 

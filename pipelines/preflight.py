@@ -2,7 +2,7 @@
 (INPUTs and their layouts, label maps, OUT, the ``--from-samples`` table and the manifest beside it), made
 before Beam starts, and the settings of the run: the options with OUT located, defaults resolved and what
 ``--from-samples`` recorded. The options themselves were checked where they were built (flags or keywords,
-``lidarshard.pipelines.options``). A problem raises :class:`~lidarshard.transforms.options.UsageError`.
+``lidarshard.pipelines.options``). A problem raises :class:`~lidarshard.transforms.declare.UsageError`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.layouts import FILES, Dataset
 from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS
-from lidarshard.transforms.options import UsageError
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["scan_settings", "build_settings", "table_settings"]
 

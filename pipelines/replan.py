@@ -16,7 +16,7 @@ from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.record import Kept, kept_from
 from lidarshard.transforms.core.recorded import previous_dir
 from lidarshard.transforms.io.metadata import load_manifest
-from lidarshard.transforms.options import UsageError
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["KEPT_SETTINGS", "continued"]
 

@@ -11,7 +11,7 @@ import difflib
 import importlib.util
 from collections.abc import Sequence
 
-from lidarshard.transforms.options import UsageError
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["RUNNER_ALIASES", "resolve_runner"]
 

@@ -22,7 +22,7 @@ from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.io.paths import PATH_COLUMNS, bad_path, path_problem
-from lidarshard.transforms.options import UsageError
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["COUNT_COLUMNS", "as_table", "samples_table", "check_rows"]
 

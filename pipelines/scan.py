@@ -20,13 +20,14 @@ from lidarshard.pipelines.preflight import scan_settings
 from lidarshard.pipelines.settings import ScanSettings
 from lidarshard.transforms.beam.scan_transform import ScanSamples, scan_results
 from lidarshard.transforms.core.previous import fingerprint_kept
+from lidarshard.transforms.declare import from_flags
 from lidarshard.transforms.features.accounting import counts_or_stop
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
 from lidarshard.transforms.io.metadata import load_scan
 from lidarshard.transforms.io.parts import open_parts
 from lidarshard.transforms.layouts import FILES
-from lidarshard.transforms.options import UsageError, from_flags
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["run", "parser", "build_scan", "scan_samples"]
 

@@ -31,8 +31,8 @@ from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts import Dataset
 from lidarshard.transforms.layouts.task import LayoutOptions
-from lidarshard.transforms.options import UsageError
 from lidarshard.transforms.plan import VARIABLE_COUNT
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["ScanSettings", "BuildSettings", "location", "rejects_path", "check_plan_size"]
 

@@ -59,10 +59,11 @@ from lidarshard.pipelines.checks import check_output_parent
 from lidarshard.pipelines.cli import running
 from lidarshard.pipelines.flags import BeamParser
 from lidarshard.transforms import progress
+from lidarshard.transforms.declare import from_flags, nested, option
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.options import UsageError, choice, from_flags, nested, option, path
 from lidarshard.transforms.synth import dataroot as synth
 from lidarshard.transforms.synth import nuscenes_tables as tb
+from lidarshard.transforms.value_checks import UsageError, choice, path
 
 #: What ``synth --layout`` writes: the nuScenes dataroot, or one of ``LAYOUT_WRITERS``.
 SYNTH_LAYOUTS = ("nuscenes", "av2", "semantickitti", "waymo_v2")

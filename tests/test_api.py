@@ -16,7 +16,7 @@ import lidarshard
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
 from lidarshard.tools.validate import validate
-from lidarshard.transforms.options import UsageError
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, write_samples
 
 #: _manifest.json keys that record where the samples came from (a scan vs a table).
@@ -151,7 +151,7 @@ def test_keyword_arguments_give_the_options_of_the_command_line() -> None:
     with, as typed values, and give the same options."""
     from lidarshard.pipelines import build as build_cmd
     from lidarshard.pipelines.options import BuildOptions
-    from lidarshard.transforms.options import from_flags, from_keywords
+    from lidarshard.transforms.declare import from_flags, from_keywords
 
     argv = ["in", "out", "--world-size", "4", "--batch-size", "2", "--epochs", "3", "--pad",
             "--bucket-weights", "1,2.5", "--max-points-per-rank-step", "9000", "--strategy", "budget"]  # fmt: skip

@@ -15,7 +15,7 @@ import pytest
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.cli import BeamRootRecords, main
-from lidarshard.transforms.options import Parser
+from lidarshard.transforms.declare import Parser
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 PLAN = ["--world-size", "2", "--batch-size", "2"]

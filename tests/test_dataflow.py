@@ -26,7 +26,7 @@ from apache_beam.runners.portability.stager import Stager
 from lidarshard.pipelines import build, launch, scan
 from lidarshard.pipelines.options import BuildOptions, ScanOptions
 from lidarshard.pipelines.preflight import build_settings, scan_settings
-from lidarshard.transforms.options import from_flags
+from lidarshard.transforms.declare import from_flags
 from tests.helpers import PACKAGES, make_bins
 
 pytestmark = pytest.mark.slow  # wheel builds and Dataflow job graphs

@@ -24,11 +24,11 @@ from lidarshard.tools.validate import validate
 from lidarshard.transforms.core import groups
 from lidarshard.transforms.core.config import AUTO_RULE, GROUP_SAMPLES, PlanConfig, auto_groups
 from lidarshard.transforms.core.epochs import plan_pool, plan_samples
-from lidarshard.transforms.options import UsageError
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, order, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
 from lidarshard.transforms.plan.group_stats import combine, group_sums
 from lidarshard.transforms.plan.metrics import balance_summary
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest, make_bins, scored_pool
 
 #: sha256[:16] of (plan, baseline) bytes of ``_today``'s epoch 1 per strategy, and of the plan rows of

@@ -20,11 +20,11 @@ from lidarshard.tools.validate import validate
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import bucket_costs, plan_samples
 from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
-from lidarshard.transforms.options import UsageError
 from lidarshard.transforms.plan import STRATEGIES
 from lidarshard.transforms.plan.caps import Caps
 from lidarshard.transforms.plan.memory import MemoryCap, MemoryModel
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST, heaviest_first, heaviest_step, step_peaks
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, balance_entry, make_bins, scored_pool
 
 FLAGS = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]

@@ -24,7 +24,7 @@ from lidarshard.pipelines import build as build_cmd
 from lidarshard.pipelines.api_output import BEAM_LOGGER
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.transforms.formats.discover import walk_local
-from lidarshard.transforms.options import UsageError
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, slow_after
 
 W, B = 2, 2

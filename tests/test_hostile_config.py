@@ -2,7 +2,7 @@
 
 * **python api** (items 18, 20, 21): a value is taken as Python users pass it (``os.PathLike``, numpy scalars,
   1-d arrays) by every keyword alike, because every keyword is checked by the one declaration its flag is
-  generated from (``transforms.options``): the options equal those of the plain values. Anything else is one
+  generated from (``transforms.declare``): the options equal those of the plain values. Anything else is one
   ``UsageError`` line naming the keyword, before Beam. ``write_manifest``'s rows are cast and checked where
   they enter (``pipelines.samples_input``): a path no manifest can store (a NUL byte, empty) and a count given
   as booleans or text are refused naming the row. ``replan`` without a cost model is refused.
@@ -29,7 +29,8 @@ import pytest
 import lidarshard
 from lidarshard.pipelines.cli import main
 from lidarshard.pipelines.options import BuildOptions
-from lidarshard.transforms.options import UsageError, from_keywords
+from lidarshard.transforms.declare import from_keywords
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 from tests.test_hostile_api import _one_line, no_beam  # noqa: F401  the fixture: refused before Beam
 

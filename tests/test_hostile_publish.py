@@ -44,7 +44,7 @@ from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.options import UsageError
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, slow_after
 from tests.object_store import MemoryObjectStore
 

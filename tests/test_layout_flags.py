@@ -1,5 +1,5 @@
 """Flags a layout cannot honour are one-line usage errors before Beam; ``--sweeps`` per INPUT for mixed
-builds (issue 39 item 2: ``pipelines/preflight.py``, ``transforms/options.per_name``)."""
+builds (issue 39 item 2: ``pipelines/preflight.py``, ``transforms/declare.per_name``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from lidarshard.pipelines.cli import main
 from lidarshard.pipelines.options import BuildOptions
 from lidarshard.pipelines.preflight import build_settings
 from lidarshard.tools.validate import validate
+from lidarshard.transforms.declare import from_keywords
 from lidarshard.transforms.layouts.task import LayoutOptions
-from lidarshard.transforms.options import UsageError, from_keywords, int_in, per_name
+from lidarshard.transforms.value_checks import UsageError, int_in, per_name
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 AV2 = "av2/sensor"

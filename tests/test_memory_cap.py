@@ -16,11 +16,12 @@ from lidarshard.pipelines.options import BuildOptions
 from lidarshard.schemas.jsonread import Reader
 from lidarshard.schemas.memory_cap import MemoryCapRecord
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.options import UsageError, from_keywords
+from lidarshard.transforms.declare import from_keywords
 from lidarshard.transforms.plan import STRATEGIES, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits, cap_breaches, over_cap
 from lidarshard.transforms.plan.memory import MemoryCap, MemoryModel, format_bytes, parse_bytes
 from lidarshard.transforms.plan.order import heaviest_first, step_peaks
+from lidarshard.transforms.value_checks import UsageError
 
 GIB = 1 << 30
 

@@ -1,4 +1,4 @@
-"""``pipelines.options`` and the checks of ``transforms.options``: one declaration per flag serves the
+"""``pipelines.options`` and the checks of ``transforms.declare``: one declaration per flag serves the
 command line and the Python API; a typed keyword value gets the check and the message its text gets."""
 
 from __future__ import annotations
@@ -12,15 +12,8 @@ from lidarshard.pipelines import build as build_cmd
 from lidarshard.pipelines import scan as scan_cmd
 from lidarshard.pipelines.options import TABLE_KEYS, BuildOptions, ScanOptions
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.options import (
-    UsageError,
-    float_in,
-    float_list,
-    from_flags,
-    from_keywords,
-    int_in,
-    options_of,
-)
+from lidarshard.transforms.declare import from_flags, from_keywords, options_of
+from lidarshard.transforms.value_checks import UsageError, float_in, float_list, int_in
 
 SIZE = {"out": "o", "world_size": 2, "batch_size": 3}
 

@@ -42,7 +42,7 @@ from lidarshard.pipelines.options import BuildOptions
 from lidarshard.pipelines.preflight import build_settings
 from lidarshard.tools.validate import validate
 from lidarshard.transforms import progress
-from lidarshard.transforms.options import from_flags
+from lidarshard.transforms.declare import from_flags
 
 pytestmark = pytest.mark.slow
 
@@ -404,7 +404,7 @@ def test_counters_report_every_outcome(dataroot: Path, tmp_path: Path) -> None:
     ],
 )
 def test_a_runner_typo_is_one_line_with_the_nearest_name(argv: list[str], near: str | None) -> None:
-    from lidarshard.transforms.options import UsageError
+    from lidarshard.transforms.value_checks import UsageError
 
     with pytest.raises(UsageError) as err:
         runners.resolve_runner(argv)

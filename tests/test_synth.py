@@ -324,7 +324,7 @@ def test_pipeline_sizes_read_back_from_files(written):
 
 def test_cli_flags_map_to_the_config_and_beam_options():
     from lidarshard.pipelines.synth import SynthOptions, parser
-    from lidarshard.transforms.options import from_flags
+    from lidarshard.transforms.declare import from_flags
 
     parsed, beam_argv = parser().parse(
         ["out", "--scenes", "3", "--labels", "--seed=9", "--direct_num_workers=2"]

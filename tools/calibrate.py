@@ -51,10 +51,11 @@ from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report import REPORT_DIR, read_plan
 from lidarshard.tools.speeds_fit import learn_speeds, speed_lines
 from lidarshard.tools.timings import at_mean_speed, design, fit_cost, read_timings_at
+from lidarshard.transforms.declare import Parser, option
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.options import Parser, int_in, option, path
 from lidarshard.transforms.plan.epoch_time import time_factors
+from lidarshard.transforms.value_checks import int_in, path
 
 __all__ = ["run", "calibrate"]
 

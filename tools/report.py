@@ -33,10 +33,11 @@ from lidarshard.tools.report_page import epoch_figure, page
 from lidarshard.tools.timings import Timings, at_mean_speed, fit_cost, observe, read_timings_at
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned, plan_samples
+from lidarshard.transforms.declare import Parser, option
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.options import Parser, int_in, option, path
 from lidarshard.transforms.plan.epoch_time import time_factors
 from lidarshard.transforms.plan.metrics import load_linearity, plan_buys, rank_costs
+from lidarshard.transforms.value_checks import int_in, path
 
 __all__ = [
     "run",

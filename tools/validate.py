@@ -32,7 +32,6 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -63,9 +62,9 @@ from lidarshard.tools.validate_samples import (
 )
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import COST_FEATURES
+from lidarshard.transforms.declare import Parser
 from lidarshard.transforms.io import metadata, scratch, storage
 from lidarshard.transforms.io.arrow import parquet_file, release_memory
-from lidarshard.transforms.options import Parser, UsageError, int_in, option, path, switch
 
 __all__ = ["run", "validate"]
 
@@ -347,28 +346,9 @@ def _validate(c: _Checker, out: str) -> tuple[list[str], str]:
     return c.problems.lines(), summary
 
 
-@dataclass(frozen=True, kw_only=True)
-class ValidateOptions:
-    """``lidarshard validate``'s arguments."""
-
-    out: str = option("manifest (or scan) directory: local path or URI", positional=True, check=path(),
-                      metavar="OUT")  # fmt: skip
-    data: bool = switch(f"also check that every keyframe, sweep and label file exists with the size and "
-                        f"{schemas.CONTENT_HASH} the scan recorded (reads every byte; one line per file that differs)")  # fmt: skip
-    root: str | None = option(
-        "with --data: where the data lives now", None, check=path(), shown="the recorded path_root"
-    )
-    workers: int = option(f"with --data: files checked at once, 1..{validate_data.MAX_WORKERS}",
-                          validate_data.DEFAULT_WORKERS, check=int_in(1, validate_data.MAX_WORKERS))  # fmt: skip
-
-    def __post_init__(self) -> None:
-        if self.root is not None and not self.data:
-            raise UsageError("--root needs --data")
-
-
 def parser() -> Parser:
-    """The ``validate`` command line: the arguments of ``ValidateOptions``."""
-    return Parser("lidarshard validate", __doc__.split("\n\n")[0], ValidateOptions)
+    """The ``validate`` command line: the arguments of ``validate_data.ValidateOptions``."""
+    return Parser("lidarshard validate", __doc__.split("\n\n")[0], validate_data.ValidateOptions)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -389,7 +369,9 @@ def run(argv: list[str] | None = None) -> int:
     return 1
 
 
-def _with_data(args: ValidateOptions, problems: list[str], summary: str) -> tuple[list[str], str]:
+def _with_data(
+    args: validate_data.ValidateOptions, problems: list[str], summary: str
+) -> tuple[list[str], str]:
     """``--data``: the files the samples name, checked once the directory is valid (its samples are
     then the ones committed)."""
     if problems:

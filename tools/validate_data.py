@@ -23,13 +23,15 @@ from dataclasses import dataclass
 
 from lidarshard import schemas
 from lidarshard.loaders.points import Recorded, difference
+from lidarshard.transforms.declare import option, switch
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import row_groups
 from lidarshard.transforms.io.metadata import load_manifest, load_scan
 from lidarshard.transforms.io.parts import listed_parts, open_parts, part_files
 from lidarshard.transforms.io.paths import PathResolver
+from lidarshard.transforms.value_checks import UsageError, int_in, path
 
-__all__ = ["check_data", "DEFAULT_WORKERS", "MAX_WORKERS", "BLOCK", "WINDOW_PER_WORKER"]
+__all__ = ["check_data", "ValidateOptions", "DEFAULT_WORKERS", "MAX_WORKERS", "BLOCK", "WINDOW_PER_WORKER"]
 
 #: Threads checking files (``--workers``): I/O bound on object stores, CPU bound (hashing) on a local disk.
 DEFAULT_WORKERS = 8
@@ -172,3 +174,22 @@ def _summary(t: _Tally) -> str:
     elif t.unhashed:
         line += f"; {t.unhashed} of them by size only (no {schemas.CONTENT_HASH} recorded: --features stat)"
     return line
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidateOptions:
+    """``lidarshard validate``'s arguments (``--data``, ``--root`` and ``--workers`` are this module's)."""
+
+    out: str = option("manifest (or scan) directory: local path or URI", positional=True, check=path(),
+                      metavar="OUT")  # fmt: skip
+    data: bool = switch(f"also check that every keyframe, sweep and label file exists with the size and "
+                        f"{schemas.CONTENT_HASH} the scan recorded (reads every byte; one line per file that differs)")  # fmt: skip
+    root: str | None = option(
+        "with --data: where the data lives now", None, check=path(), shown="the recorded path_root"
+    )
+    workers: int = option(f"with --data: files checked at once, 1..{MAX_WORKERS}",
+                          DEFAULT_WORKERS, check=int_in(1, MAX_WORKERS))  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.root is not None and not self.data:
+            raise UsageError("--root needs --data")

@@ -1,5 +1,5 @@
 """What decides a plan besides the samples (``PlanConfig``): frozen, built once and passed down. Each field
-that a user sets is an option (``lidarshard.transforms.options``): ``lidarshard build``'s flags and the
+that a user sets is an option (``lidarshard.transforms.declare``): ``lidarshard build``'s flags and the
 Python API's keywords are generated from these fields, so the planner's config is the one declaration of
 its settings. Built from the flags or keywords of a build (composed into ``pipelines.options.BuildOptions``)
 or from the manifest a plan was written with (``PlanConfig.from_manifest``: validate, report, a re-plan).
@@ -15,22 +15,14 @@ from typing import Any
 
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.plan_groups import MAX_PLAN_GROUPS
+from lidarshard.transforms.declare import Switch, nested, option
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, checked_model
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
-from lidarshard.transforms.options import (
-    Switch,
-    choice,
-    float_in,
-    float_list,
-    int_in,
-    nested,
-    option,
-    parsed_by,
-)
 from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP, order
 from lidarshard.transforms.plan.caps import Caps
 from lidarshard.transforms.plan.speeds import parse_rank_speed, rank_speeds
+from lidarshard.transforms.value_checks import choice, float_in, float_list, int_in, parsed_by
 
 __all__ = [
     "MAX_PLAN_FACTOR",
@@ -90,33 +82,34 @@ class PlanConfig:
     strategy: str = option("how each step is filled, one of:\n" + STRATEGY_HELP, DEFAULT_STRATEGY,
                            check=choice(*sorted(STRATEGIES)))  # fmt: skip
     #: None: ``buckets.default_num_buckets(N)``, or the number of ``weights`` when there are several.
+    policy: str = option("what fills the last step", "drop_last", switches=(
+        Switch("--drop-last", "drop_last", "drop the samples that do not fill a last step", "on"),
+        Switch("--pad", "pad", "repeat random samples to fill the last step", "off (--drop-last)")))  # fmt: skip
     num_buckets: int | None = option(
         "cost buckets K in [1, 4096]", None, flag="--buckets", check=int_in(1, 4096), metavar="K",
         shown="clamp(sqrt(N)/4, 4, 64), or the number of --bucket-weights")  # fmt: skip
     weights: tuple[float, ...] | None = option(
         "w0,w1,..: per-bucket sampling weight, w>1 repeats a bucket, w<1 thins it", None, flag="--bucket-weights",
         check=float_list(lo=0.0), shown="all 1", metavar="W0,W1,..")  # fmt: skip
+    caps: Caps = nested(Caps())
     max_plan_factor: float = option(
         "refuse a plan with more than this many entries per input sample per epoch", MAX_PLAN_FACTOR,
         check=float_in(1.0, 1e6), metavar="X")  # fmt: skip
-    policy: str = option("what fills the last step", "drop_last", switches=(
-        Switch("--drop-last", "drop_last", "drop the samples that do not fill a last step", "on"),
-        Switch("--pad", "pad", "repeat random samples to fill the last step", "off (--drop-last)")))  # fmt: skip
-    caps: Caps = nested(Caps())
+    repeat: WeightSpec = nested(
+        WeightSpec()
+    )  # where per-sample weights come from (the manifest's repeat.mode)
+    #: Step groups G of each epoch's plan (``transforms.core.groups``); None: ``auto_groups``.
     heaviest_first: str = option(
         "off | points | cost | memory: fail fast on memory: each epoch's step 0 is the step holding its heaviest "
         "rank-step by points (num_points), predicted cost or predicted peak memory (needs --max-step-memory), the "
         "sums the caps bound; only the order of the steps changes", "off", check=choice(*order.HEAVIEST_FIRST))  # fmt: skip
     #: (W,) relative speed of each rank (mixed hardware), None: all equal.
+    earlier: tuple[tuple[int, CostModel, tuple[float, ...]], ...] = ()
     rank_speed: tuple[float, ...] | None = option(
         "S0,S1,.. or @file.json: each rank's relative speed (mixed hardware, e.g. 1,1,0.6,0.6): budget gives "
         "each rank work in proportion at every step; other strategies hand each step's heaviest batch to the "
         "fastest rank", None, check=parsed_by(parse_rank_speed, rank_speeds), shown="all equal",
         metavar="S0,S1,..")  # fmt: skip
-    repeat: WeightSpec = nested(
-        WeightSpec()
-    )  # where per-sample weights come from (the manifest's repeat.mode)
-    #: Step groups G of each epoch's plan (``transforms.core.groups``); None: ``auto_groups``.
     plan_groups: int | None = option(
         "advanced: plan each epoch in G step groups (samples dealt by a stable hash of sample_id, seed and epoch; "
         "each group planned alone, the steps interleaved), so no process plans the whole epoch; 1 is one pool",
@@ -124,7 +117,6 @@ class PlanConfig:
     #: ``(until_epoch, model, bucket edges)`` ascending: epochs before ``until_epoch`` (and from the previous
     #: entry's on) were planned with ``model``'s costs in those buckets, later ones with the samples' own
     #: ``cost`` and ``bucket_id`` (``build --replan-from``).
-    earlier: tuple[tuple[int, CostModel, tuple[float, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_buckets is None and self.weights is not None and len(self.weights) > 1:

@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from lidarshard.transforms.options import float_in, option, parsed_by, per_name
+from lidarshard.transforms.declare import option
+from lidarshard.transforms.value_checks import float_in, parsed_by, per_name
 
 __all__ = [
     "WeightSpec",

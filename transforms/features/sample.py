@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.transforms.declare import option
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.size import DEFAULT_VOXEL_SIZE, MAX_ABS_COORD, compute_features
 from lidarshard.transforms.formats import readers
@@ -32,7 +33,7 @@ from lidarshard.transforms.layouts.multisweep import (
     check_close_points,
 )
 from lidarshard.transforms.layouts.task import FRAMES_FORMAT, ScanTask
-from lidarshard.transforms.options import choice, float_in, float_list, int_in, option
+from lidarshard.transforms.value_checks import choice, float_in, float_list, int_in
 
 __all__ = ["ScanConfig", "featurize", "file_task", "FEATURE_MODES"]
 
@@ -49,28 +50,28 @@ class ScanConfig:
     """What shapes a feature row. Every field is recorded in ``_scan.json``; those a user sets are options of
     ``scan`` and ``build``."""
 
-    format: str | None = option("override extension-based format detection", None,
-                                check=choice(*readers.FORMATS), shown="by extension")  # fmt: skip
-    point_dims: int | None = option("float32 values per point of headerless .bin files", None, check=int_in(3, 64),
-                                    shown="by format", metavar="N")  # fmt: skip
     voxel_size: float = option(f"occupancy voxel edge, metres, in [{VOXEL_RANGE[0]:g}, {VOXEL_RANGE[1]:g}]",
                                DEFAULT_VOXEL_SIZE, check=float_in(*VOXEL_RANGE), metavar="M")  # fmt: skip
     point_cloud_range: tuple[float, ...] | None = option(
         "x0,y0,z0,x1,y1,z1 metres: points outside are ignored", None, check=float_list(6), shown="all points",
         metavar="X0,Y0,Z0,X1,Y1,Z1")  # fmt: skip
+    point_dims: int | None = option("float32 values per point of headerless .bin files", None, check=int_in(3, 64),
+                                    shown="by format", metavar="N")  # fmt: skip
+    format: str | None = option("override extension-based format detection", None,
+                                check=choice(*readers.FORMATS), shown="by extension")  # fmt: skip
     features: str = option("'stat' sizes fixed-record files from their byte count, unread", "full",
                            check=choice(*FEATURE_MODES))  # fmt: skip
+    max_file_bytes: int = option("larger files are rejected as too_large before reading", 2 << 30,
+                                 check=int_in(1), shown="2 GiB", metavar="BYTES")  # fmt: skip
+    max_points: int = option("larger clouds are rejected as too_large before allocation", 50_000_000,
+                             check=int_in(1), shown="50M", metavar="N")  # fmt: skip
+    max_abs_coord: float = MAX_ABS_COORD  # m
     backend: str = option("reader for .pcd/.ply", "numpy", check=choice("numpy", "open3d"))
     #: Which clouds lose their close points (``multisweep.CLOSE_POINTS``); the loaders apply the same rule.
     close_points: str = option(
         "which clouds lose their points within 1 m of the sensor (|x|, |y| < 1 m): 'sweeps' (mmdet3d), 'devkit' "
         "(every cloud, the keyframe too: nuScenes from_file_multisweep), 'none'; size features and loaders use "
         "the same rule", DEFAULT_CLOSE_POINTS, check=choice(*CLOSE_POINTS))  # fmt: skip
-    max_file_bytes: int = option("larger files are rejected as too_large before reading", 2 << 30,
-                                 check=int_in(1), shown="2 GiB", metavar="BYTES")  # fmt: skip
-    max_points: int = option("larger clouds are rejected as too_large before allocation", 50_000_000,
-                             check=int_in(1), shown="50M", metavar="N")  # fmt: skip
-    max_abs_coord: float = MAX_ABS_COORD  # m
     extra: dict[str, str] = field(default_factory=dict)
     #: The algorithm of the rows' ``*_crc32`` columns (``schemas.CONTENT_HASH``); None under
     #: ``--features stat``, which reads no file and records sizes only. Derived, not a flag.

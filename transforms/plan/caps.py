@@ -20,8 +20,9 @@ from numpy.typing import NDArray
 
 from lidarshard.schemas.memory_cap import MemoryCapRecord
 from lidarshard.schemas.records import CapsRecord
-from lidarshard.transforms.options import float_in, int_in, nested, option
+from lidarshard.transforms.declare import nested, option
 from lidarshard.transforms.plan.memory import OVER_CAP, MemoryCap, format_bytes
+from lidarshard.transforms.value_checks import float_in, int_in
 
 __all__ = ["Caps", "PoolLimits", "Breach", "over_cap", "rank_step_sums", "cap_breaches", "check_caps"]
 

@@ -27,8 +27,9 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard.schemas.memory_cap import MemoryCapRecord, MemoryModelRecord
+from lidarshard.transforms.declare import option
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.options import option, parsed_by
+from lidarshard.transforms.value_checks import parsed_by
 
 __all__ = [
     "UNITS",

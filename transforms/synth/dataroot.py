@@ -21,12 +21,13 @@ from functools import cached_property
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.transforms.declare import Switch, option
 from lidarshard.transforms.features.size import count_occupied_voxels
 from lidarshard.transforms.layouts.geometry import pose_record, sweep_transform
 from lidarshard.transforms.layouts.multisweep import aggregate
-from lidarshard.transforms.options import Switch, int_in, option
 from lidarshard.transforms.synth import nuscenes_tables as tb
 from lidarshard.transforms.synth import scene as sc
+from lidarshard.transforms.value_checks import int_in
 
 __all__ = [
     "SynthConfig",

@@ -1,18 +1,14 @@
-"""User options declared once, on the frozen dataclasses that hold them: their flags, keywords and checks.
+"""Configuration declared once: the fields of the frozen configs carry their flags, keywords and checks.
 
 A field made with :func:`option` is an option of a command: its metadata says how it reads as a flag
-(``--`` + its keyword in kebab case, help, metavar, group, how its default reads) and how a value is
-checked (a :class:`Check`: one rule for a flag's text and for a Python value). A field made with
-:func:`nested` composes another option dataclass (``PlanConfig`` in the build's options, ``Caps`` in
-``PlanConfig``), whose options are its own. From that one declaration :class:`Parser` adds every flag to a
-command's parser (``--help`` and the README's tables), :func:`from_flags` builds the dataclass from parsed
-flags and :func:`from_keywords` from the Python API's keywords, checked as typed values, never as text. A
-rule a dataclass states in ``__post_init__`` (a ValueError) is a :class:`UsageError` when the values came
-from the user. Parsers are strict: no abbreviations, an unknown flag refused with a "did you mean".
-
-Python values are taken as Python users pass them: ``os.PathLike`` for paths, numpy integers and floats for
-numbers, lists, tuples or 1-d arrays for sequences, ``True``/``np.True_`` for a switch, None for the
-default. Anything else is refused in one line naming the keyword. Pure: no Beam.
+(``--`` + its keyword in kebab case, help, metavar, group, how its default reads) and how a value is checked
+(a ``value_checks.Check``). A field made with :func:`nested` composes another option dataclass
+(``PlanConfig`` in the build's options, ``Caps`` in ``PlanConfig``), whose options are its own. From that one
+declaration :class:`Parser` adds every flag to a command's parser (``--help``, the docs' tables),
+:func:`from_flags` builds the dataclass from parsed flags and :func:`from_keywords` from the Python API's
+keywords, checked as typed values, never as text. A rule a dataclass states in ``__post_init__`` (a
+ValueError) is a ``UsageError`` when the values came from the user. Parsers are strict: no abbreviations,
+an unknown flag refused with a "did you mean", one line and exit 2. Pure: no Beam.
 """
 
 from __future__ import annotations
@@ -21,246 +17,22 @@ import argparse
 import dataclasses
 import difflib
 import functools
-import math
-import numbers
-import os
 import re
 import sys
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
 from typing import Any, NoReturn, TypeVar
 
-import numpy as np
+from lidarshard.transforms.value_checks import Check, UsageError, choice, is_bool, path, shown
 
-from lidarshard.transforms.io.paths import bad_path
-
-__all__ = ["DEBUG_ENV", "UsageError", "Check", "int_in", "float_in", "float_list", "choice", "path", "parsed_by",
-           "per_name", "Switch", "option", "switch", "nested", "options_of", "from_flags", "from_keywords",
+__all__ = ["DEBUG_ENV", "Switch", "option", "switch", "nested", "options_of", "from_flags", "from_keywords",
            "keyword", "Parser", "add_flag"]  # fmt: skip
 
 #: Set to 1 to get the full traceback of a failed run (same as ``--debug``).
 DEBUG_ENV = "LIDARSHARD_DEBUG"
 _T = TypeVar("_T")
 _Bad = argparse.ArgumentTypeError
-
-
-class UsageError(ValueError):
-    """A flag, value or path the user gave is wrong; the message is one line naming it."""
-
-
-# ---------------------------------------------------------------------------------------- value checks
-
-
-def _is_bool(value: Any) -> bool:
-    return isinstance(value, (bool, np.bool_))
-
-
-def _shown(value: Any) -> str:
-    """``value`` as a message names it: on one line, bounded (an array by its shape)."""
-    if isinstance(value, np.ndarray):
-        return f"an array of shape {value.shape}"
-    text = repr(value.item() if isinstance(value, np.generic) else value)
-    return text if len(text) <= 80 and "\n" not in text else f"a {type(value).__name__}"
-
-
-def _items(value: Any) -> list | None:
-    """The items of a list, tuple or 1-d array (None for anything else)."""
-    if isinstance(value, np.ndarray):
-        return value.tolist() if value.ndim == 1 else None
-    return list(value) if isinstance(value, (list, tuple)) else None
-
-
-class Check:
-    """How an option's value is read: ``check(text)`` parses a flag's text, ``check.value(v)`` takes it from
-    Python (a str or path-like as the text). Both raise ``argparse.ArgumentTypeError``, one line."""
-
-    __name__ = "value"
-
-    def __call__(self, text: str) -> Any:
-        raise NotImplementedError
-
-    def value(self, value: Any) -> Any:
-        value = os.fspath(value) if isinstance(value, os.PathLike) else value
-        return self(value) if isinstance(value, str) else self.typed(value)
-
-    def typed(self, value: Any) -> Any:
-        raise _Bad(f"{_shown(value)} is not a valid value")
-
-
-class int_in(Check):  # noqa: N801 - reads as a function: check=int_in(1, 64)
-    """An integer in ``[lo, hi]`` (``hi`` None: no bound); numpy integers too, never a bool."""
-
-    __name__ = "int"
-
-    def __init__(self, lo: int, hi: int | None = None) -> None:
-        self.lo, self.hi = lo, hi
-        self.allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
-
-    def __call__(self, text: str) -> int:
-        try:
-            return self.typed(int(text))
-        except ValueError:
-            raise _Bad(f"{text!r} is not {self.allowed}") from None
-
-    def typed(self, value: Any) -> int:
-        if _is_bool(value) or not isinstance(value, numbers.Integral):
-            raise _Bad(f"{str(value)!r} is not {self.allowed}")
-        if not self.lo <= int(value) <= (int(value) if self.hi is None else self.hi):
-            raise _Bad(f"{value} is out of range: must be {self.allowed}")
-        return int(value)
-
-
-def _finite(value: Any, allowed: str) -> float:
-    """``value`` (text or a real number, numpy's too) as a finite float."""
-    try:
-        if _is_bool(value) or not isinstance(value, (str, numbers.Real)):
-            raise ValueError
-        out = float(value)
-    except ValueError:
-        raise _Bad(f"{str(value)!r} is not a number: must be {allowed}") from None
-    if not math.isfinite(out):
-        raise _Bad(f"{value} is not finite: must be {allowed}")
-    return out
-
-
-class float_in(Check):  # noqa: N801
-    """A finite float in ``[lo, hi]`` (``(lo, ...`` with ``above``; ``hi`` None: no bound)."""
-
-    __name__ = "float"
-
-    def __init__(self, lo: float, hi: float | None = None, *, above: bool = False) -> None:
-        self.lo, self.hi, self.above = lo, hi, above
-        low = f"> {lo:g}" if above else f">= {lo:g}"
-        self.allowed = f"a finite number {low}" if hi is None else f"a finite number in [{lo:g}, {hi:g}]"
-
-    def __call__(self, text: str) -> float:
-        return self.typed(text)
-
-    def typed(self, value: Any) -> float:
-        out = _finite(value, self.allowed)
-        if out < self.lo or (self.above and out == self.lo) or (self.hi is not None and out > self.hi):
-            raise _Bad(f"{value} is out of range: must be {self.allowed}")
-        return out
-
-
-class float_list(Check):  # noqa: N801
-    """Comma-separated finite floats (``count`` of them, each >= ``lo``); from Python a sequence of numbers."""
-
-    __name__ = "list"
-
-    def __init__(self, count: int | None = None, lo: float | None = None) -> None:
-        self.count, self.lo = count, lo
-        allowed = "comma-separated finite numbers" + (f" >= {lo:g}" if lo is not None else "")
-        self.allowed = f"{count} {allowed}" if count else allowed
-
-    def __call__(self, text: str) -> tuple[float, ...]:
-        return self._checked(text.split(","), text)
-
-    def typed(self, value: Any) -> tuple[float, ...]:
-        items = _items(value)
-        if items is None:
-            raise _Bad(f"{_shown(value)} is not a sequence of numbers: must be {self.allowed}")
-        return self._checked(items, ",".join(map(str, items)))
-
-    def _checked(self, items: list, shown: str) -> tuple[float, ...]:
-        values = tuple(_finite(v, self.allowed) for v in items)
-        if self.count and len(values) != self.count:
-            raise _Bad(f"{shown!r} has {len(values)} values: must be {self.allowed}")
-        if self.lo is not None and (not values or min(values) < self.lo):
-            raise _Bad(f"{shown!r} is out of range: must be {self.allowed}")
-        return values
-
-
-class choice(Check):  # noqa: N801
-    """One of ``choices`` (``--help`` lists them)."""
-
-    def __init__(self, *choices: str) -> None:
-        self.choices, self.__name__ = choices, "{" + ",".join(choices) + "}"
-
-    def __call__(self, text: str) -> str:
-        if text not in self.choices:
-            raise _Bad(f"invalid choice: {text!r} is not one of {', '.join(self.choices)}")
-        return text
-
-
-class path(Check):  # noqa: N801
-    """A path or URI (``paths.bad_path``: not empty, no NUL byte); ``many``: one or a list of them, a tuple."""
-
-    __name__ = "path"
-
-    def __init__(self, many: bool = False) -> None:
-        self.many = many
-
-    def __call__(self, text: str) -> Any:
-        problem = bad_path(text)
-        if problem:
-            raise _Bad(problem)
-        return (text,) if self.many else text
-
-    def typed(self, value: Any) -> Any:
-        items = _items(value) if self.many else None
-        if items is not None:
-            return tuple(path().value(v) for v in items)
-        raise _Bad(
-            f"{_shown(value)} is not a path: give a str or os.PathLike" + (" or a list of them" * self.many)
-        )
-
-
-class parsed_by(Check):  # noqa: N801
-    """A value ``parse(text)`` reads (raising ValueError); from Python the value itself, ``typed(value)``."""
-
-    def __init__(self, parse: Callable[[str], Any], typed: Callable[[Any], Any]) -> None:
-        self._parse, self._typed, self.__name__ = parse, typed, parse.__name__
-
-    def __call__(self, text: str) -> Any:
-        try:
-            return self._parse(text)
-        except ValueError as e:
-            raise _Bad(str(e)) from None
-
-    def typed(self, value: Any) -> Any:
-        try:
-            return self._typed(value)
-        except (TypeError, ValueError) as e:
-            raise _Bad(str(e)) from None
-
-
-class per_name(Check):  # noqa: N801
-    """One value for every INPUT, or ``NAME=V,...`` (``--sweeps 9`` or ``nusc=9,kitti=0``): the value as
-    ``each`` checks it, or sorted (name, value) pairs; from Python a mapping. ``pairs``: pairs only."""
-
-    def __init__(self, each: Check, pairs: bool = False) -> None:
-        self.each, self.pairs, self.__name__ = each, pairs, each.__name__
-
-    def __call__(self, text: str) -> Any:
-        if "=" not in text and not self.pairs:
-            return self.each(text)
-        items = [item.partition("=") for item in text.split(",")]
-        bad = next((name + eq + value for name, eq, value in items if not (name and eq and value)), None)
-        if bad is not None:
-            raise _Bad(f"{text!r}: expected NAME=VALUE pairs separated by commas, got {bad!r}")
-        if len({name for name, _, _ in items}) != len(items):
-            raise _Bad(f"{text!r}: a NAME is given twice")
-        return self.typed({name: value for name, _, value in items})
-
-    def typed(self, value: Any) -> Any:
-        if not isinstance(value, Mapping):
-            if self.pairs:
-                raise _Bad(f"{_shown(value)} is not NAME=VALUE pairs (a dict from Python)")
-            return self.each.value(value)
-        out = []
-        for name, one in value.items():
-            if not isinstance(name, str) or not name:
-                raise _Bad(f"{_shown(name)} is not a NAME")
-            try:
-                out.append((name, self.each.value(one)))
-            except _Bad as e:
-                raise _Bad(f"{name}: {e}") from None
-        return tuple(sorted(out))
-
-
-# ------------------------------------------------------------------------------------- declarations
 
 
 @dataclass(frozen=True)
@@ -365,12 +137,12 @@ def _said(name: str, message: str) -> str:
 def _checked(leaf: _Leaf, value: Any) -> Any:
     """One keyword argument's value, checked as the flag's text is."""
     try:
-        if _is_bool(value):
-            raise _Bad(f"{_shown(value)} is not a valid value")
+        if is_bool(value):
+            raise _Bad(f"{shown(value)} is not a valid value")
         if leaf.spec.check is not None:
             return leaf.spec.check.value(value)
         if not isinstance(value, str):
-            raise _Bad(f"{_shown(value)} is not a valid value (a string)")
+            raise _Bad(f"{shown(value)} is not a valid value (a string)")
         return value
     except _Bad as e:
         raise UsageError(_said(leaf.name, str(e))) from None
@@ -399,12 +171,12 @@ def from_keywords(cls: type[_T], values: Mapping[str, Any]) -> _T:
         if key not in leaves and key not in switches:
             close = difflib.get_close_matches(key, [*leaves, *switches], n=1, cutoff=0.6)
             raise UsageError(f"unknown argument {key}" + (f"; did you mean {close[0]}?" if close else ""))
-        if value is None or (key in switches and _is_bool(value) and not value):
+        if value is None or (key in switches and is_bool(value) and not value):
             continue
         if key in switches:
             leaf, s = switches[key]
-            if not (_is_bool(value) and value):
-                raise UsageError(f"{s.name} is a switch: pass True, got {_shown(value)}")
+            if not (is_bool(value) and value):
+                raise UsageError(f"{s.name} is a switch: pass True, got {shown(value)}")
             given[leaf.route], name = s.const, s.name
         else:
             leaf = leaves[key]
