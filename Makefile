@@ -28,7 +28,7 @@ RELINK := $(MODULES) | cmp -s - $(VENV)/.modules || { echo "module files changed
 # package and `mypy -p lidarshard` would check lidarshard/__init__.py alone.
 MYPY := cd $(VENV) && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/pyproject.toml -p lidarshard
 
-.PHONY: setup demo demo-lane test test-slow test-trainer test-torch-min lint bench wheel clean
+.PHONY: setup demo demo-lane test test-slow hostile test-trainer test-torch-min lint bench wheel clean
 
 # What the demo needs: the Beam pipeline and the report plots (no torch, no cloud SDKs).
 $(VENV)/.installed: pyproject.toml
@@ -90,9 +90,11 @@ lint: $(VENV)/.test-installed
 
 # Two lanes, each in TEST_WORKERS processes (pytest-xdist; --dist loadfile keeps a test module on one
 # worker, so its module-scoped fixtures, the Beam builds, are made once; TEST_WORKERS=0: one process).
-# `make test`: lint, then every test not marked slow (minutes). `make test-slow`: the tests marked slow
-# (trainer subprocesses under load, every Beam runner, the S3 server, signals to builds, the benchmarks'
-# smoke runs, clean installs of the wheel). .ci/run runs both.
+# `make test`: lint, then every test marked neither slow nor hostile (minutes). `make test-slow`: the tests
+# marked slow (trainer subprocesses under load, every Beam runner, the S3 server, signals to builds, the
+# benchmarks' smoke runs, clean installs of the wheel) and the whole hostile-input suite (`make hostile`: every
+# test marked hostile, of either lane, then tried / clean per family; tests/hostile_suite.py). The two lanes
+# share no test, so .ci/run, which runs both, runs each test once.
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
@@ -104,12 +106,16 @@ test: $(VENV)/.test-installed $(VENV)/.oracles
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@( $(MYPY) ) > $(VENV)/mypy.out 2>&1 & mypy=$$!; \
-	echo '$(PYTEST) -m "not slow"'; $(PYTEST) -m "not slow"; status=$$?; \
+	echo '$(PYTEST) -m "not slow and not hostile"'; $(PYTEST) -m "not slow and not hostile"; status=$$?; \
 	echo "mypy:"; wait $$mypy || status=1; cat $(VENV)/mypy.out; exit $$status
 
 test-slow: $(VENV)/.test-installed $(VENV)/.oracles
 	@$(RELINK)
-	$(PYTEST) -m slow
+	$(PYTEST) -m "slow or hostile"
+
+hostile: $(VENV)/.test-installed $(VENV)/.oracles
+	@$(RELINK)
+	$(PYTEST) -m hostile
 
 # Every benchmark's smoke run first (tests/test_benchmarks.py, in the slow lane: about 3 minutes), then
 # the figures of docs/BENCHMARKS.md at their sizes (about 25 minutes on 2 idle cores, 10 of them the 10M build). A benchmark whose

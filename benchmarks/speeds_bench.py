@@ -13,8 +13,9 @@ rank 1's core, so rank 1 gets about half a core: a slower rank, with no sleep an
    without distinguished speeds the calibrated model alone), and predicts each epoch's seconds
    (``lidarshard.transforms.plan.epoch_time``, as the report and the build's summary do);
 3. run B trains that plan, pinned and burned the same way: epoch 0 records (the speeds already planned
-   for), epochs 1.. train its own re-calibration (the speeds kept); ``lidarshard report AWARE --timings``
-   then prints epoch 0's predicted against the recorder's measured seconds.
+   for), epochs 1.. train its own re-calibration (the speeds kept); ``lidarshard report`` of the plan
+   run B trained (AWARE's epoch 0, then its re-plan) ``--timings`` then prints epoch 0's predicted against
+   the recorder's measured seconds.
 
 Prints the learned speeds with their 95% intervals and the measured linearity of the ranks' compute times
 (what a speed-aware plan evens out) of run A's epochs 0 (default) and 1 (calibrated, speed-blind) and run
@@ -186,8 +187,8 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     again = work / "timings-b"
     _train([*base, "--manifest", str(aware), "--replan-after", "1", "--timings", str(again),
             "--json-out", str(work / "b.json")], args.cores)  # fmt: skip
-    report = subprocess.run(
-        [sys.executable, "-m", "lidarshard.pipelines.cli", "report", str(aware), "--timings", str(again),
+    report = subprocess.run(  # on the plan run B trained: AWARE's epoch 0, then its re-plan (switch_plan)
+        [sys.executable, "-m", "lidarshard.pipelines.cli", "report", str(again / "replan"), "--timings", str(again),
          "--output-dir", str(work / "report")],
         env=_env(), capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -231,7 +232,7 @@ def _print(r: dict[str, Any], burner: bool) -> None:
         print(f"  run B epoch {e}, calibrated, {how}:  {lin:.4f}")
     p, m = r["calibrated_predicted_s"], r["calibrated_measured_s"]
     print(f"run A epoch 1: predicted {p:.3f} s, measured {m:.3f} s ({100 * (p - m) / m:+.1f}%)")
-    print("lidarshard report AWARE --timings (the recorder's steps; data loading not in them):")
+    print("lidarshard report AWARE's re-plan --timings (the recorder's steps; data loading not in them):")
     print("\n".join("  " + line for line in r["report"]))
     for e, (p, m) in enumerate(zip(r["predicted_s"], r["measured_s"], strict=False)):
         print(f"run B epoch {e}: predicted {p:.3f} s, measured {m:.3f} s ({100 * (p - m) / m:+.1f}%; train_ddp's epoch "

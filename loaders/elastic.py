@@ -41,28 +41,30 @@ from lidarshard.loaders.position import saved_shape
 from lidarshard.loaders.reader import PathLike, check_int, load_manifest, read_samples
 from lidarshard.loaders.replay import IndexOf, PlanReplay
 from lidarshard.loaders.reshard import ElasticPlan, Switch, check_exact, merge_ranks
+from lidarshard.schemas.manifest import Manifest
+from lidarshard.transforms.core.epochs import plan_input
 from lidarshard.transforms.plan.caps import Caps, PoolLimits
 
 __all__ = ["ElasticPlan", "ElasticBatchSampler", "load_epoch_plan", "merge_ranks", "replan_remaining"]
 
 
-def load_epoch_plan(out_dir: PathLike, epoch: int) -> ElasticPlan:
+def load_epoch_plan(out_dir: PathLike, epoch: int, manifest: Manifest | None = None) -> ElasticPlan:
     """The manifest's plan of ``epoch`` for all ranks, as an :class:`ElasticPlan` with no history.
 
     Reads the samples and the epoch's plan files (``epoch_plan.read_epoch_plan``: each checked against
-    its recorded size and sha256); ``epoch`` must be planned.
+    its recorded size and sha256); ``epoch`` must be planned. ``manifest``: the ``load_manifest`` of
+    ``out_dir`` a sampler read when it was made (default: read now); the files must still be its own.
 
     Raises:
         ValueError: the epoch is not planned, or its files do not hold exactly the plan the manifest
             records (``steps_per_epoch``, ``counts.planned``, every slot filled once; one line).
+        lidarshard.loaders.held.RebuiltError: OUT was rebuilt since ``manifest`` was read.
     """
-    manifest = load_manifest(out_dir)
+    manifest = load_manifest(out_dir) if manifest is None else manifest
     caps = Caps.from_record(manifest.caps, manifest.memory_cap)
     heaviest = manifest.caps.heaviest_first if manifest.caps is not None else "off"
-    extra = ["num_points"] if caps.max_points is not None or heaviest == "points" else []
-    if caps.memory is not None:  # the features the memory model reads
-        extra = ["num_points", "num_in_range", "occupied_voxels"]
-    samples = read_samples(out_dir, ["sample_id", "cost", "bucket_id", *extra])
+    # the columns the build plans from (the costs come from the plan rows: no earlier model to apply again)
+    samples = read_samples(out_dir, ["sample_id", *plan_input(caps.memory is not None)], manifest=manifest)
     read = read_epoch_plan(os.fspath(out_dir), manifest, epoch, samples["sample_id"], ["cost", "bucket_id"])
     plan, at, rows = read.table, read.at, read.plan
     costs = samples["cost"].to_numpy().astype(np.float64)  # the costs that planned the epoch: its rows'
@@ -174,7 +176,7 @@ class ElasticBatchSampler(PlanReplay):
         if epoch >= epochs and not self.cycle:
             raise ValueError(f"epoch {epoch} was not planned (epochs 0..{epochs - 1}); pass cycle=True")
         if self._base is None or self._base.epoch != epoch % epochs:
-            self._base = load_epoch_plan(self.out_dir, epoch % epochs)
+            self._base = load_epoch_plan(self.out_dir, epoch % epochs, self.manifest)  # the plan opened
         p = self._base
         for c, w, b in history:
             p = p.switch(c, w, b)

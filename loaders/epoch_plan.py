@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from lidarshard.loaders.held import same_plan
 from lidarshard.loaders.planfiles import read_rank_plan
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.plan.dense import dense_plan
@@ -65,12 +66,13 @@ def read_epoch_plan(
     s, variable = m.steps(epoch), m.variable_count
     cols = ["step", "slot", "sample_id", *(c for c in columns if c not in ("step", "slot", "sample_id"))]
     parts = []
-    for r in range(w):
-        try:
-            t = read_rank_plan(out, m, epoch, r, cols, verify)[0]
-        except FileNotFoundError as e:
-            raise ValueError(f"epoch {epoch}: {e}; rebuild the manifest") from None
-        parts.append(t.append_column("rank", pa.array(np.full(t.num_rows, r, np.int64))))
+    with same_plan(out, m, epoch, verify):  # OUT still holds the plan ``m`` records (not a rebuild since)
+        for r in range(w):
+            try:
+                t = read_rank_plan(out, m, epoch, r, cols, verify)[0]
+            except FileNotFoundError as e:
+                raise ValueError(f"epoch {epoch}: {e}; rebuild the manifest") from None
+            parts.append(t.append_column("rank", pa.array(np.full(t.num_rows, r, np.int64))))
     table = pa.concat_tables(parts)
     planned = m.counts.planned[epoch]
     if table.num_rows != planned or (not variable and planned != s * w * b):

@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 if TYPE_CHECKING:  # pyarrow.dataset is imported where it is used: it doubles the import time
     import pyarrow.dataset as ds
 
+from lidarshard.loaders.held import same_plan
 from lidarshard.loaders.planfiles import listed_plan_files, modified_message, read_rank_plan, verified_bytes
 from lidarshard.loaders.planfiles import read_plan_file as read_plan_file  # re-exported; home: planfiles
 from lidarshard.schemas import (
@@ -115,9 +116,24 @@ def read_samples(
     """
     base = os.fspath(out_dir)
     manifest = load_manifest(out_dir) if manifest is None else manifest
+    whole = columns is None or any(c in PATH_COLUMNS for c in columns)  # then each part's sha256 is checked
+    with same_plan(
+        base, manifest, None, verify and whole
+    ):  # OUT still holds the samples ``manifest`` records
+        table = _read_parts(base, manifest, columns, verify)
+    problem = path_problem(table, manifest.path_root)
+    if problem:  # a forged part must not point the trainer outside the dataset
+        raise ValueError(
+            f"{base.rstrip('/')}/{SAMPLES_DIR}: {problem}; refusing to read it (rebuild the manifest)"
+        )
+    return table
+
+
+def _read_parts(base: str, manifest: Manifest, columns: Sequence[str] | None, verify: bool) -> pa.Table:
+    """The samples parts ``manifest`` lists, concatenated (``read_samples``'s checks of each part)."""
     rels = listed_parts(manifest.files)
     present = storage.list_files(storage.join(base, SAMPLES_DIR)) if verify else {}
-    whole = columns is None or any(c in PATH_COLUMNS for c in columns)
+    whole = columns is None or any(c in PATH_COLUMNS for c in columns)  # a trainer opens those paths
     tables = []
     for rel in rels:
         path, entry = storage.join(base, rel), manifest.files[rel]
@@ -143,13 +159,7 @@ def read_samples(
             if isinstance(e, FileNotFoundError):
                 raise
             raise ValueError(f"{path}: not a readable samples part ({str(e).splitlines()[0]})") from None
-    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    problem = path_problem(table, manifest.path_root)
-    if problem:  # a forged part must not point the trainer outside the dataset
-        raise ValueError(
-            f"{base.rstrip('/')}/{SAMPLES_DIR}: {problem}; refusing to read it (rebuild the manifest)"
-        )
-    return table
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
 def _columns(columns: Sequence[str] | None) -> list[str] | None:
@@ -251,12 +261,15 @@ class ManifestReader:
         self._load_plan()
 
     def _load_plan(self) -> None:
-        table, rank_dir = read_rank_plan(
-            os.fspath(self.out_dir), self.manifest, self.plan_epoch, self.rank, _PLAN_COLUMNS, self.verify
-        )
-        starts = self._step_starts(table, rank_dir)
-        global_count = table["global_count"].to_numpy()[starts[:-1]].astype(np.int64)
-        self._check_counts(np.diff(starts), global_count, rank_dir)
+        with same_plan(
+            self.out_dir, self.manifest, self.plan_epoch, self.verify
+        ):  # OUT holds the plan opened
+            table, rank_dir = read_rank_plan(
+                os.fspath(self.out_dir), self.manifest, self.plan_epoch, self.rank, _PLAN_COLUMNS, self.verify
+            )
+            starts = self._step_starts(table, rank_dir)
+            global_count = table["global_count"].to_numpy()[starts[:-1]].astype(np.int64)
+            self._check_counts(np.diff(starts), global_count, rank_dir)
         self._starts = starts
         self._global = global_count
         self._ids: list[str] = table["sample_id"].to_pylist()

@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 from lidarshard.loaders.clocks import clock_for
 from lidarshard.loaders.reader import check_int
 from lidarshard.loaders.timing_files import (
+    MAX_PEAK_BYTES,
     MAX_STEP_S,
     METHODS,
     PART_PATTERN,
@@ -216,7 +217,7 @@ class StepTimer:
         if not 0 <= compute_s <= wall <= MAX_STEP_S:  # what read_timing_files takes back
             raise ValueError(f"need 0 <= compute_s <= wall_s <= {MAX_STEP_S:g}, got {compute_s} and {wall}")
         if peak_bytes is not None:
-            check_int("peak_bytes", peak_bytes, 0, 2**63 - 1)
+            check_int("peak_bytes", peak_bytes, 0, MAX_PEAK_BYTES)  # what read_timing_files takes back
         given = _Open(epoch, step, [str(s) for s in sample_ids], None, None, "given", peak_bytes)
         self._begin(epoch, step)
         self._append(given, compute_s, wall)

@@ -10,10 +10,20 @@ import re
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from lidarshard.schemas.memory_cap import MAX_BYTES
 from lidarshard.transforms.io import storage
 
-__all__ = ["TIMING_FIELDS", "PEAK_FIELD", "TIMING_SCHEMA", "METHODS", "timing_file", "read_timing_files"]
+__all__ = [
+    "TIMING_FIELDS",
+    "PEAK_FIELD",
+    "MAX_PEAK_BYTES",
+    "TIMING_SCHEMA",
+    "METHODS",
+    "timing_file",
+    "read_timing_files",
+]
 
 #: The recorder's file schema: (name, Arrow type, meaning).
 TIMING_FIELDS: tuple[tuple[str, pa.DataType, str], ...] = (
@@ -54,11 +64,13 @@ PART_PATTERN = re.compile(r"timings-rank-(\d+)-part-(\d+)\.parquet$")
 
 #: The longest step a timings file may record (s; 1e6 s is 11.6 days): beyond, a fit would overflow.
 MAX_STEP_S = 1e6
+#: The largest peak a timings file may record (1 EiB, ``schemas.memory_cap.MAX_BYTES``; no device has more).
+MAX_PEAK_BYTES = MAX_BYTES
 
 
 def _check_seconds(path: str, table: pa.Table) -> None:
-    """Every row's ``0 <= compute_s <= wall_s <= MAX_STEP_S`` and ``peak_bytes`` null or >= 0 (what
-    ``StepTimer`` writes); ValueError naming the file and the first row that is not."""
+    """Every row's ``0 <= compute_s <= wall_s <= MAX_STEP_S`` and ``peak_bytes`` null or in
+    ``0..MAX_PEAK_BYTES`` (what ``StepTimer`` writes); ValueError naming the file and the first row that is not."""
     compute, wall = (table.column(c).to_numpy() for c in ("compute_s", "wall_s"))
     bad = np.flatnonzero(~((compute >= 0) & (compute <= wall) & (wall <= MAX_STEP_S)))
     if bad.size:
@@ -67,10 +79,34 @@ def _check_seconds(path: str, table: pa.Table) -> None:
             f"{path}: row {i} times compute_s {compute[i]!r}, wall_s {wall[i]!r}; a timings file holds "
             f"0 <= compute_s <= wall_s <= {MAX_STEP_S:g} (not written by lidarshard's StepTimer?)"
         )
-    peak = table.column(PEAK_FIELD[0]).to_numpy(zero_copy_only=False)
-    bad = np.flatnonzero(peak < 0)  # nulls read as NaN (float) or None (all null): never < 0
+    peak = table.column(PEAK_FIELD[0])
+    outside = pc.or_(pc.less(peak, 0), pc.greater(peak, MAX_PEAK_BYTES))  # null where no peak
+    bad = np.flatnonzero(pc.fill_null(outside, False).to_numpy(zero_copy_only=False))
     if bad.size:
-        raise ValueError(f"{path}: row {int(bad[0])} records peak_bytes {int(peak[bad[0]])}, below 0")
+        raise ValueError(
+            f"{path}: row {int(bad[0])} records peak_bytes {peak[int(bad[0])].as_py()}; a timings file holds "
+            f"0 <= peak_bytes <= {MAX_PEAK_BYTES} (1 EiB; not written by lidarshard's StepTimer?)"
+        )
+
+
+def _check_once_a_part(
+    paths: list[str], sizes: list[int], keys: np.ndarray, part: np.ndarray, order: np.ndarray
+) -> None:
+    """A part records a rank-step once (a restarted run writes the steps it replays into a new part): two
+    rows of one (epoch, step, rank) in one part are refused, naming the file. ``order``: rows by key, then
+    part (``read_timing_files``' sort)."""
+    if order.size < 2:
+        return
+    ordered = np.column_stack([keys[order], part[order]])
+    same = np.flatnonzero((np.diff(ordered, axis=0) == 0).all(axis=1))
+    if same.size:
+        row = int(order[same[0]])
+        path = paths[int(np.searchsorted(np.cumsum(sizes), row, side="right"))]
+        e, s, r = (int(v) for v in keys[row])
+        raise ValueError(
+            f"{path}: epoch {e} step {s} rank {r} is recorded twice in one file (not written by lidarshard's "
+            "StepTimer?): record each step once"
+        )
 
 
 def timing_file(directory: str, rank: int, part: int) -> str:
@@ -107,5 +143,6 @@ def read_timing_files(path: str) -> pa.Table:
     part = np.repeat(np.asarray(order, dtype=np.int64), [t.num_rows for t in tables])
     keys = np.stack([table.column(k).to_numpy().astype(np.int64) for k in ("epoch", "step", "rank")], axis=1)
     latest = np.lexsort((-part, keys[:, 2], keys[:, 1], keys[:, 0]))  # by key, the latest part first
+    _check_once_a_part(paths, [t.num_rows for t in tables], keys, part, latest)
     first = np.r_[True, (np.diff(keys[latest], axis=0) != 0).any(axis=1)] if len(latest) else latest
     return table.take(pa.array(latest[first]))

@@ -13,7 +13,11 @@ from typing import Any
 
 from lidarshard.schemas.jsonread import Reader
 
-__all__ = ["MemoryModelRecord", "MemoryCapRecord", "MEMORY_MODEL_KEYS"]
+__all__ = ["MemoryModelRecord", "MemoryCapRecord", "MEMORY_MODEL_KEYS", "MAX_BYTES"]
+
+#: The most bytes a cap, a recorded peak or a predicted one may be (1 EiB): beyond, the sums of a plan would
+#: lose their integer precision, and no device holds more.
+MAX_BYTES = 1 << 60
 
 #: A memory model's keys: predicted peak bytes of a rank-step = base_bytes + bytes_per_point * its points
 #: + bytes_per_voxel * its occupied voxels (sums over the rank's samples at the step).

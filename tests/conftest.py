@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import PACKAGES, REPO
+from tests.hostile_suite import (  # noqa: F401  the hostile suite's hooks (make hostile)
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_terminal_summary,
+)
 
 try:  # registers memobj:// with Beam for every test; the trainer's Beam-free install has no Beam
     import tests.object_store  # noqa: F401

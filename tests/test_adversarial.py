@@ -21,6 +21,8 @@ from lidarshard.tools.validate import validate
 from tests.adversarial import FILE_FLAGS, TABLES_VERSION, Corpus, write_file_corpus, write_tables_corpus
 from tests.helpers import BEAM_TEST_FLAGS, REPO
 
+pytestmark = pytest.mark.hostile("files and cli")
+
 
 def _outputs(out: Path) -> tuple[dict, list[dict], list[dict]]:
     meta = json.loads(

@@ -292,7 +292,7 @@ def _summaries(out: Path, e: int) -> list:
     out_ = []
     for g in range(3):
         rows = np.flatnonzero(dealt == g).astype(np.int64)
-        out_.append(groups.plan_group(groups.group_table(table, rows), rows, e, g, cfg).summary)
+        out_.append(groups.plan_group(groups.group_table(table, rows, cfg), rows, e, g, cfg).summary)
     return out_
 
 
@@ -428,7 +428,7 @@ def test_the_pair_repeat_rate_from_shards_and_buckets_is_the_assembled_plans(str
         dealt = groups.deal(keys, cfg.seed, e, 3)
         for g in range(3):
             rows = np.flatnonzero(dealt == g).astype(np.int64)
-            gp = groups.plan_group(groups.group_table(table, rows), rows, e, g, cfg)
+            gp = groups.plan_group(groups.group_table(table, rows, cfg), rows, e, g, cfg)
             for kind, plan in (("plan", gp.plan), ("base", gp.baseline)):
                 for start, r, s in group_rows.pair_entries(plan, g, 3):
                     by_shard.setdefault(start, {}).setdefault((kind, e), []).append((r, s))
@@ -485,7 +485,7 @@ def test_validates_pair_repeat_rate_group_by_group_is_the_epochs(
         dealt = groups.deal(keys, cfg.seed, e, forced)
         for g in range(forced):
             rows = np.flatnonzero(dealt == g).astype(np.int64)
-            part = groups.plan_group(groups.group_table(table, rows), rows, e, g, cfg)
+            part = groups.plan_group(groups.group_table(table, rows, cfg), rows, e, g, cfg)
             pairs.add(e, g, forced, (part.plan, part.baseline))
     want = repeat_rates(plan_samples(table, 0, cfg), plan_samples(table, 1, cfg), "mixed")
     assert pairs.rates("mixed") == want and want["mixed"] > 0

@@ -25,6 +25,8 @@ from lidarshard.tools.validate import validate
 from tests.adversarial import TABLES_VERSION, good_cloud, write_tables_corpus
 from tests.helpers import BEAM_TEST_FLAGS
 
+pytestmark = pytest.mark.hostile("files and cli")
+
 LOOSE = ["--max-reject-fraction", "1", *BEAM_TEST_FLAGS]
 TABLE_FLAGS = ["--nuscenes-version", TABLES_VERSION, *LOOSE]
 
@@ -75,6 +77,7 @@ def _rewrite(path: Path, edit) -> None:
     path.write_text(json.dumps(rows))
 
 
+@pytest.mark.hostile("tables")
 def test_a_channel_that_is_not_a_string_is_a_bad_table_reject(tmp_path: Path) -> None:
     root = tmp_path / "root"
     write_tables_corpus(root, good=2)
@@ -85,6 +88,7 @@ def test_a_channel_that_is_not_a_string_is_a_bad_table_reject(tmp_path: Path) ->
     assert any("channel ['LIDAR_TOP'] is not a string" in d for _, d in rejects.values())
 
 
+@pytest.mark.hostile("tables")
 def test_a_table_with_no_lidar_keyframe_is_an_error(tmp_path: Path) -> None:
     root = tmp_path / "root"
     write_tables_corpus(root, good=2)
@@ -105,6 +109,7 @@ def test_a_pattern_that_matches_nothing_is_an_error(tmp_path: Path, capsys) -> N
 HUGE = "1" + "0" * 400  # 10**400 as a JSON literal
 
 
+@pytest.mark.hostile("tables")
 @pytest.mark.parametrize(
     "table, field, literal",
     [
@@ -131,6 +136,7 @@ def test_huge_numbers_in_tables_are_bad_table_rejects(
     assert any(reason == "bad_table" and "finite number" in detail for reason, detail in rejects.values())
 
 
+@pytest.mark.hostile("tables")
 @pytest.mark.parametrize("table", ["sample_data", "sensor", "ego_pose"])
 def test_deeply_nested_table_json_is_a_one_line_error(tmp_path: Path, table: str) -> None:
     root = tmp_path / "root"
@@ -350,6 +356,7 @@ def special_tables(tmp_path_factory) -> tuple[Path, dict[str, dict], dict]:
     return root, samples, rejects
 
 
+@pytest.mark.hostile("tables")
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", SPECIAL)
 def test_special_files_named_by_tables_are_rejected_unread(special_tables, kind: str) -> None:
@@ -361,6 +368,7 @@ def test_special_files_named_by_tables_are_rejected_unread(special_tables, kind:
     assert reason == "unreadable" and "not a regular file" in detail
 
 
+@pytest.mark.hostile("tables")
 @pytest.mark.timeout(120)
 def test_a_fifo_table_is_a_one_line_error_not_a_hang(tmp_path: Path) -> None:
     root = tmp_path / "root"
@@ -505,6 +513,7 @@ def _rehash(out: Path, *rels: str) -> None:
     _manifest(out, edit)
 
 
+@pytest.mark.hostile("integrity")
 def test_swapped_ranks_fail_validate_even_with_matching_hashes(built: Path, tmp_path: Path) -> None:
     out = _copy(built, tmp_path)
     a, b = (out / schemas.plan_file(0, r) for r in (0, 1))
@@ -516,6 +525,7 @@ def test_swapped_ranks_fail_validate_even_with_matching_hashes(built: Path, tmp_
     assert any("column rank is not 0 on every row" in p for p in problems), problems  # 4.0: the key
 
 
+@pytest.mark.hostile("integrity")
 @pytest.mark.parametrize(
     "key, value",
     [("strategy", "random"), ("seed", 7), ("pair_repeat_rate", {"balanced": 0.0, "random": 0.0})],
@@ -527,6 +537,7 @@ def test_forged_plan_settings_fail_validate(built: Path, tmp_path: Path, key: st
     assert problems and any(key in p for p in problems), problems
 
 
+@pytest.mark.hostile("integrity")
 @pytest.mark.parametrize("world_size", [10**6, 10**7, 10**12])
 def test_a_forged_world_size_costs_one_line_and_bounded_memory(
     built: Path, tmp_path: Path, world_size: int
@@ -543,6 +554,7 @@ def test_a_forged_world_size_costs_one_line_and_bounded_memory(
     assert any(f"world_size {world_size} x epochs 2 need" in p for p in problems)
 
 
+@pytest.mark.hostile("integrity")
 def test_validate_caps_the_problems_it_keeps(built: Path, tmp_path: Path) -> None:
     out = _copy(built, tmp_path)
     _manifest(
@@ -553,6 +565,7 @@ def test_validate_caps_the_problems_it_keeps(built: Path, tmp_path: Path) -> Non
     assert len(problems) <= 202 and problems[-1].startswith("... and ") and "more problems" in problems[-1]
 
 
+@pytest.mark.hostile("integrity")
 @pytest.mark.parametrize("where", ["manifest", "scan"])
 def test_deeply_nested_metadata_is_one_validate_line(
     built: Path, scanned: Path, tmp_path: Path, where: str
@@ -566,6 +579,7 @@ def test_deeply_nested_metadata_is_one_validate_line(
     assert problems == [f"{name} is not usable JSON: nested too deeply"]
 
 
+@pytest.mark.hostile("integrity")
 @pytest.mark.parametrize("value", ["[" * 100_000 + "]" * 100_000, f'{{"world_size": {HUGE}}}', "[]", "nul"])
 def test_manifest_reader_refuses_hostile_json_in_one_line(built: Path, tmp_path: Path, value: str) -> None:
     from lidarshard.loaders.reader import ManifestReader
@@ -577,6 +591,7 @@ def test_manifest_reader_refuses_hostile_json_in_one_line(built: Path, tmp_path:
     assert "\n" not in str(info.value) and str(out) in str(info.value)
 
 
+@pytest.mark.hostile("integrity")
 def test_manifest_reader_checks_each_plan_file_against_the_manifest(built: Path, tmp_path: Path) -> None:
     from lidarshard.loaders.reader import ManifestReader
 
@@ -599,6 +614,7 @@ def test_manifest_reader_checks_each_plan_file_against_the_manifest(built: Path,
     assert any(rel in p and "bytes, recorded" in p or "sha256 differs" in p for p in validate(str(out))[0])
 
 
+@pytest.mark.hostile("integrity")
 @pytest.mark.parametrize("forged", ["../../../etc/shadow", "/etc/shadow", "samples/../../x.bin"])
 def test_manifest_reader_refuses_paths_outside_the_recorded_root(
     scanned: Path, tmp_path: Path, forged: str

@@ -27,6 +27,8 @@ from lidarshard.transforms.formats.discover import walk_local
 from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, slow_after
 
+pytestmark = pytest.mark.hostile("python api")
+
 W, B = 2, 2
 
 

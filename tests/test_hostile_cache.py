@@ -18,6 +18,8 @@ import pytest
 from lidarshard.loaders.fetch import Fetcher, FileCache
 from lidarshard.loaders.points import MAX_RECORDED_BYTES, Recorded
 
+pytestmark = pytest.mark.hostile("cache")
+
 URI = "s3://bucket/scan.bin"
 DATA = bytes(range(256)) * 4
 

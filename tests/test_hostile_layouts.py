@@ -16,6 +16,8 @@ from lidarshard.transforms.formats.labels import MAX_YAML_DEPTH, parse_learning_
 from lidarshard.transforms.layouts import STORAGE_IO, semantickitti
 from lidarshard.transforms.layouts.task import LayoutOptions
 
+pytestmark = pytest.mark.hostile("files and cli")
+
 
 def _laughs(levels: int, fan: int = 9) -> bytes:
     """A billion-laughs document: ``fan ** levels`` strings from a few hundred bytes of aliases."""

@@ -48,6 +48,8 @@ from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, slow_after
 from tests.object_store import MemoryObjectStore
 
+pytestmark = pytest.mark.hostile("publishing")
+
 PLAN = ["--world-size", "2", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.5"]
 CASES: Counter[str] = Counter()  # family -> generated cases run
 

@@ -21,6 +21,8 @@ import pytest
 
 from lidarshard.loaders.timing import TIMING_SCHEMA, StepTimer, read_timing_files
 
+pytestmark = pytest.mark.hostile("recorder")
+
 
 def test_two_processes_cannot_record_one_rank_into_one_directory(tmp_path: Path) -> None:
     first = StepTimer(str(tmp_path), rank=0, world_size=2, device="cpu")

@@ -19,6 +19,8 @@ import lidarshard
 from lidarshard.loaders.elastic import ElasticBatchSampler
 from tests.helpers import BEAM_TEST_FLAGS
 
+pytestmark = pytest.mark.hostile("replan")
+
 torch = pytest.importorskip("torch")
 from lidarshard.loaders.torch import BalancedBatchSampler, PlanLoader  # noqa: E402
 

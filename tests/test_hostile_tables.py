@@ -35,6 +35,8 @@ from lidarshard.transforms.layouts.multisweep import aggregate
 from lidarshard.transforms.layouts.nuscenes_tasks import MAX_FIELD_CHARS, load_tasks
 from tests.helpers import BEAM_TEST_FLAGS, IDENTITY_Q, yaw_q
 
+pytestmark = pytest.mark.hostile("tables")
+
 VERSION = "v1.0-hostile"
 GOOD = ("good0", "good1", "good2")
 TABLES = ("sample_data", "calibrated_sensor", "sensor", "ego_pose", "lidarseg")

@@ -16,6 +16,8 @@ from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.tools.validate import validate
 from tests.helpers import build_bins_manifest
 
+pytestmark = pytest.mark.hostile("epoch-time reports")
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
@@ -53,6 +55,7 @@ def test_absurd_timings_are_one_line(built: Path, tmp_path: Path, capsys, case: 
     assert words in err and "\n" not in err and not (tmp_path / "f.json").exists()
 
 
+@pytest.mark.hostile("recorder")
 @pytest.mark.parametrize("compute, wall", [(1e300, 1e300), (-1.0, 1.0), (2.0, 1.0), (float("nan"), 1.0)])
 def test_a_forged_recorder_file_is_refused_naming_it(
     built: Path, tmp_path: Path, capsys, compute, wall
@@ -74,6 +77,7 @@ def test_a_forged_recorder_file_is_refused_naming_it(
 INSIDE = ["_manifest.json", "samples/part-00000.parquet", "plan/fit.json", "rejects.parquet", "new/fit.json"]
 
 
+@pytest.mark.hostile("publishing")
 @pytest.mark.parametrize("rel", INSIDE)
 def test_calibrate_never_writes_into_a_published_manifest(
     built: Path, tmp_path: Path, capsys, rel: str
@@ -92,6 +96,7 @@ def test_calibrate_never_writes_into_a_published_manifest(
     assert validate(str(built))[0] == []
 
 
+@pytest.mark.hostile("publishing")
 @pytest.mark.parametrize("rel", ["plan", "samples", ".", "plan/epoch-0"])
 def test_report_never_writes_into_a_published_manifest(built: Path, capsys, rel: str) -> None:
     before = {p: p.read_bytes() for p in built.rglob("*") if p.is_file()}

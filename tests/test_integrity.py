@@ -29,6 +29,8 @@ from lidarshard.transforms.layouts.task import ScanTask, SweepRef
 from tests.helpers import BEAM_TEST_FLAGS, mem_io
 from tests.legacy import as_written_by
 
+pytestmark = pytest.mark.hostile("integrity")
+
 VERSION = "v1.0-synth"
 PLAN = ["--world-size", "2", "--batch-size", "2"]
 IDENTITY = tuple(float(v) for v in np.eye(4).ravel())

@@ -48,6 +48,7 @@ def test_a_size_without_a_binary_unit_or_out_of_range_is_one_line(text: str) -> 
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.hostile("memory caps")
 @pytest.mark.parametrize(
     "coefs", [(-1.0, 1.0, 0.0), (0.0, math.nan, 1.0), (0.0, 1.0, math.inf), (1e9, 0.0, 0.0), (0.0, -2.0, 3.0)]
 )

@@ -129,6 +129,7 @@ def test_equal_ranks_write_no_speeds_and_the_build_says_why(built: Path, tmp_pat
         parse_rank_speed(f"@{tmp_path / 'fit.json'}")
 
 
+@pytest.mark.hostile("rank speeds")
 @pytest.mark.parametrize(
     ("body", "message"),
     [

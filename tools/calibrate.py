@@ -48,9 +48,9 @@ from lidarshard.tools import balance, memory_fit
 from lidarshard.tools import fit as cal
 from lidarshard.tools.epoch_seconds import step_overhead_ms
 from lidarshard.tools.outputs import check_output_path
-from lidarshard.tools.report import REPORT_DIR, read_plan
+from lidarshard.tools.report import REPORT_DIR, plan_table, read_epochs, read_plan
 from lidarshard.tools.speeds_fit import learn_speeds, speed_lines
-from lidarshard.tools.timings import at_mean_speed, design, fit_cost, read_timings_at
+from lidarshard.tools.timings import at_mean_speed, check_this_plan, design, fit_cost, read_timings_at
 from lidarshard.transforms.declare import Parser, option
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
@@ -70,6 +70,9 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     manifest = load_manifest(out)
     samples = read_samples(out)
     timings = read_timings_at(timings_path)
+    check_this_plan(  # before a number of theirs sizes anything: placed in this plan, or refused
+        timings, manifest, lambda epochs: plan_table(read_epochs(out, manifest, samples, epochs)), epoch
+    )
     mean_rank = at_mean_speed(timings, manifest.rank_speed)  # a plan of --rank-speed: one model fits
     fit, (obs, timed, raw, keys) = fit_cost(
         mean_rank, samples, lambda: read_plan(out, manifest, samples), epoch

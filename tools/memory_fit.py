@@ -17,7 +17,10 @@ import pyarrow.compute as pc
 from lidarshard.tools import fit as cal
 from lidarshard.tools.timings import Timings, design
 
-__all__ = ["memory_model", "memory_line"]
+__all__ = ["MIN_R2", "memory_model", "memory_line"]
+
+#: The least R^2 a memory model is written with: below, the peaks are not explained by the samples' sizes.
+MIN_R2 = 0.5
 
 
 def memory_model(timings: Timings, samples: pa.Table) -> dict:
@@ -25,7 +28,8 @@ def memory_model(timings: Timings, samples: pa.Table) -> dict:
 
     The model holds ``base_bytes, bytes_per_point, bytes_per_voxel`` (what ``--memory-model`` reads) and
     ``r2``, ``rmse_bytes``, ``n`` (rank-steps fitted) and ``devices``; None, with the reason in the note,
-    when the timings hold no peak (a CSV, CPU steps) or no non-negative fit explains them.
+    when the timings hold no peak (a CSV, CPU steps) or no non-negative fit explains them (R^2 below
+    ``MIN_R2``); ``build --memory-model`` repeats the note.
     """
     if not timings.recorded:
         return _none("a timings CSV records no memory: record with lidarshard.loaders.timing.StepTimer")
@@ -49,6 +53,12 @@ def memory_model(timings: Timings, samples: pa.Table) -> dict:
         fit = cal.fit_linear(x, y)
     except ValueError:
         return _none("no non-negative fit: the recorded peaks do not grow with points or voxels")
+    if fit.r2 < MIN_R2:  # a cap on a model that does not explain the peaks would promise nothing
+        return _none(
+            f"the recorded peaks do not grow with points or voxels: the best non-negative fit explains R^2 "
+            f"{fit.r2:.4f} of them over {fit.n} rank-steps, below {MIN_R2}; record steps of varied sizes on "
+            "the device"
+        )
     devices = sorted(set(rows.column("device").to_pylist()))
     model = {
         "base_bytes": fit.c0,

@@ -14,6 +14,7 @@ Python, no Beam pipeline.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +31,14 @@ from lidarshard.tools import fit as cal
 from lidarshard.tools.epoch_seconds import epoch_lines
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.tools.report_page import epoch_figure, page
-from lidarshard.tools.timings import Timings, at_mean_speed, fit_cost, observe, read_timings_at
+from lidarshard.tools.timings import (
+    Timings,
+    at_mean_speed,
+    check_this_plan,
+    fit_cost,
+    observe,
+    read_timings_at,
+)
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned, plan_samples
 from lidarshard.transforms.declare import Parser, option
@@ -56,11 +64,14 @@ __all__ = [
 REPORT_DIR = schemas.REPORT_DIR
 
 
-def read_epochs(out: str, m: Manifest, samples: pa.Table) -> list[EpochRows]:
-    """Every epoch's plan (``read_epoch_plan``: the files verified, every sample_id looked up in
-    ``samples``), each with its ``cost`` and ``bucket_id`` columns."""
+def read_epochs(
+    out: str, m: Manifest, samples: pa.Table, epochs: Sequence[int] | None = None
+) -> list[EpochRows]:
+    """Every epoch's plan (or ``epochs``'), read by ``read_epoch_plan`` (the files verified, every
+    sample_id looked up in ``samples``), each with its ``cost`` and ``bucket_id`` columns."""
     ids = samples.column("sample_id")
-    return [read_epoch_plan(out, m, e, ids, ["cost", "bucket_id"]) for e in range(m.epochs)]
+    wanted = range(m.epochs) if epochs is None else epochs
+    return [read_epoch_plan(out, m, e, ids, ["cost", "bucket_id"]) for e in wanted]
 
 
 def plan_table(epochs: list[EpochRows]) -> pa.Table:
@@ -147,10 +158,9 @@ def _spread(loads: NDArray[np.float64]) -> float:
 def _timings(data: ReportData, path: str, epoch: int) -> tuple[dict[str, bytes], list[str]]:
     """Predicted-vs-measured figure and summary lines for timings (recorder files or a CSV)."""
     read = read_timings_at(path)
+    check_this_plan(read, data.manifest, lambda _: data.plan, epoch)  # placed in this plan, or refused
     timed = observe(read, data.samples, lambda: data.plan, epoch)
     obs, timings = timed.obs, timed.raw
-    if obs.num_rows == 0:
-        raise ValueError(f"no row of {path} matches a sample (or step/rank) of this manifest")
     pred, ms = obs.column("cost").to_numpy(), obs.column("ms").to_numpy()
     what = timed.timed
     unit = cost_unit(data.manifest)
@@ -232,8 +242,8 @@ def _what_if(
     )
     factors, out = time_factors(data.manifest.rank_speed, data.manifest.world_size), []
     for e in epochs:
-        if 0 <= e < len(data.plans):
-            chosen, random = data.plans[e]
+        if e >= 0 and data.plans:  # a cycled run's epoch e trained the plan of e % epochs
+            chosen, random = data.plans[e % len(data.plans)]
             out.append(
                 (
                     e,

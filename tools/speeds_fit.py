@@ -78,14 +78,20 @@ def learn_speeds(obs: pa.Table, predicted: NDArray[np.float64]) -> dict:
     world = int(obs.column("world_size").to_numpy().max()) if obs.num_rows else 0
     ms = obs.column("ms").to_numpy()
     predicted = np.asarray(predicted, dtype=np.float64)
+    empty: dict[str, list[float]] = {
+        k: [] for k in ("factor", "factor_low", "factor_high", "speed", "speed_low", "speed_high")
+    }
+    if world > rank.size:  # more ranks than rows: some recorded nothing (nothing sized by the world size)
+        present = np.unique(rank)
+        gap = np.flatnonzero(present != np.arange(present.size))
+        r = int(gap[0]) if gap.size else int(present.size)
+        note = f"cannot tell the ranks' speeds apart: rank {r} recorded 0 steps, fewer than {MIN_STEPS}"
+        return {"world_size": world, "steps": [], "distinguished": False} | empty | {"note": note}
     pairs = [
         (ms[(rank == r) & (predicted > 0)], predicted[(rank == r) & (predicted > 0)]) for r in range(world)
     ]
     steps = [int(p.size) for _, p in pairs]
     out: dict = {"world_size": world, "steps": steps, "distinguished": False}
-    empty: dict[str, list[float]] = {
-        k: [] for k in ("factor", "factor_low", "factor_high", "speed", "speed_low", "speed_high")
-    }
     if world < 2:
         return out | empty | {"note": "cannot tell the ranks' speeds apart: the timings hold one rank"}
     if min(steps) < MIN_STEPS:

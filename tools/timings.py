@@ -2,6 +2,16 @@
 ``lidarshard report --timings`` share. The timings are the recorder's Parquet files
 (``lidarshard.loaders.timing.StepTimer``: a directory, or one ``.parquet`` file) or a CSV of ms per
 sample or per rank-step (``tools.fit.read_timings``). No Beam.
+
+**This plan** (``check_this_plan``, the one rule both commands apply before a number of the timings sizes
+anything): timings placed by (epoch, step, rank) must be the manifest's plan's. A recorder row's
+``world_size`` is the manifest's, its rank, epoch and step are in the plan (an epoch past those planned is
+``epoch % epochs``, as ``cycle=True`` replays it) and its ``sample_ids`` are the plan's batch there, in
+order; a CSV row's keys are in the plan (its epochs planned ones), once each, and its ``sample_id`` (when it
+has one) is in the plan's batch there. Timings of another plan (another seed, world size, cost model or strategy, a re-plan's
+later epochs, shifted steps) are refused in one line naming the first row that is not this plan's. A CSV of
+``step, rank, ms`` carries no sample ids: its keys are all that can be checked. Timings keyed by sample alone
+(``sample_id, ms``) are not placed in the plan: rows whose sample is not the manifest's are left out, counted.
 """
 
 from __future__ import annotations
@@ -13,14 +23,17 @@ from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard.loaders.timing import read_timing_files
+from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools import fit as cal
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.epoch_time import time_factors
 
 __all__ = [
+    "check_this_plan",
     "Timings",
     "Timed",
     "is_recorded",
@@ -57,10 +70,142 @@ class Timed(NamedTuple):
 
 
 def read_timings_at(timings_path: str) -> Timings:
-    """The timings at ``timings_path``: the recorder's Parquet files or a CSV, read once."""
-    if is_recorded(timings_path):
-        return Timings(timings_path, True, read_timing_files(timings_path))
-    return Timings(timings_path, False, cal.read_timings(storage.read_bytes(timings_path)))
+    """The timings at ``timings_path``: the recorder's Parquet files or a CSV, read once.
+
+    Raises:
+        ValueError: no timings there, or a file that is not one (one line naming it and what to give).
+        OSError: it cannot be read.
+    """
+    try:
+        if is_recorded(timings_path):
+            return Timings(timings_path, True, read_timing_files(timings_path))
+        return Timings(timings_path, False, cal.read_timings(storage.read_bytes(timings_path)))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--timings {timings_path}: no such file or directory") from None
+    except pa.ArrowException as e:  # Arrow's own words say what, not where: the file and what it should be
+        raise ValueError(
+            f"--timings {timings_path}: not a timings file ({' '.join(str(e).split())[:200]}); give the recorder's "
+            "timings-rank-*.parquet (a directory or one file) or a CSV of ms plus sample_id, or step, rank [, epoch]"
+        ) from None
+
+
+def _keys(timings: Timings, epoch: int) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """(n,) int64 epoch, step and rank of each row (``epoch`` for a CSV without an epoch column)."""
+    rows = timings.rows
+    col = {k: rows.column(k).to_numpy(zero_copy_only=False).astype(np.int64) for k in ("step", "rank")}
+    if "epoch" in rows.column_names:
+        epochs = rows.column("epoch").to_numpy(zero_copy_only=False).astype(np.int64)
+    else:
+        epochs = np.full(rows.num_rows, epoch, np.int64)
+    return epochs, col["step"], col["rank"]
+
+
+def check_this_plan(
+    timings: Timings, m: Manifest, plan_of: Callable[[list[int]], pa.Table], epoch: int = 0
+) -> None:
+    """Refuse ``timings`` unless every row placed by (epoch, step, rank) is manifest ``m``'s plan's (the rule
+    in the module docstring). ``plan_of(epochs)`` gives those planned epochs' rows (``epoch, step, rank,
+    slot, sample_id``; read only when rows carry sample ids); ``epoch``: that of CSV rows without one.
+
+    Raises:
+        ValueError: the first row that is not this plan's, named, with what to give instead (one line).
+    """
+    rows, w, n_epochs = timings.rows, m.world_size, m.epochs
+    names = set(rows.column_names)
+    if not {"step", "rank"} <= names:
+        return  # keyed by sample alone: not placed in the plan
+    another = "these timings are another plan's; give those of a run that trained this manifest"
+    epochs, steps, ranks = _keys(timings, epoch)
+    if timings.recorded:
+        world = rows.column("world_size").to_numpy().astype(np.int64)
+        bad = np.flatnonzero(world != w)
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"{_name(timings, epochs, steps, ranks, i)} was recorded at world_size {int(world[i])}, but the "
+                f"manifest plans world_size {w}: {another} (at world_size {w})"
+            )
+    # a per-sample CSV without an epoch column holds the epochs in training order: any epoch's batch there
+    anywhere = not timings.recorded and "sample_id" in names and "epoch" not in names
+    planned = np.asarray(m.steps_per_epoch, dtype=np.int64)
+    of = np.where(
+        epochs >= 0, epochs % n_epochs, 0
+    )  # a cycled run's epoch replays the plan of epoch % epochs
+    last = np.full(of.size, planned.max()) if anywhere else planned[of]
+    unplanned = epochs >= (np.iinfo(np.int64).max if timings.recorded else n_epochs)  # a CSV is joined as is
+    bad = np.flatnonzero(
+        (epochs < 0) | unplanned | (ranks < 0) | (ranks >= w) | (steps < 0) | (steps >= last)
+    )
+    if bad.size:
+        raise ValueError(
+            f"{_name(timings, epochs, steps, ranks, int(bad[0]))} is not in the manifest's plan ({n_epochs} "
+            f"epochs of {list(m.steps_per_epoch)} steps x ranks 0..{w - 1}): {another}"
+        )
+    if not timings.recorded and "sample_id" not in names:  # a CSV of rank-steps: each one timed once
+        _, first, count = np.unique(
+            np.stack([of, steps, ranks], axis=1), axis=0, return_index=True, return_counts=True
+        )
+        if (count > 1).any():
+            raise ValueError(
+                f"{_name(timings, epochs, steps, ranks, int(first[count > 1][0]))} is timed twice: one row per "
+                "rank-step (add an epoch column to tell epochs apart)"
+            )
+        return
+    plan = plan_of(list(range(n_epochs)) if anywhere else sorted({int(e) for e in np.unique(of)}))
+    bad = _foreign(timings, of, steps, ranks, plan, anywhere)
+    if bad.size:
+        raise ValueError(
+            f"{_name(timings, epochs, steps, ranks, int(bad[0]))} timed samples the manifest's plan does not "
+            f"hold there: {another}"
+        )
+
+
+def _name(
+    timings: Timings, epochs: NDArray[np.int64], steps: NDArray[np.int64], ranks: NDArray[np.int64], i: int
+) -> str:
+    return f"{timings.path}: epoch {epochs[i]} step {steps[i]} rank {ranks[i]}"
+
+
+def _foreign(
+    timings: Timings,
+    epochs: NDArray[np.int64],
+    steps: NDArray[np.int64],
+    ranks: NDArray[np.int64],
+    plan: pa.Table,
+    anywhere: bool,
+) -> NDArray[np.int64]:
+    """Rows (ascending) whose samples are not the plan's batch at their (epoch, step, rank): a recorder row's
+    ``sample_ids`` must be the whole batch in slot order (a row without ids, from a plain loop, is placed by
+    its keys alone), a CSV row's ``sample_id`` one of the batch (of any epoch when ``anywhere``)."""
+    keys = ["step", "rank"] if anywhere else ["epoch", "step", "rank"]
+    plan = plan.select(["epoch", "step", "rank", "slot", "sample_id"]).cast(
+        pa.schema([(k, pa.int64()) for k in ("epoch", "step", "rank", "slot")] + [("sample_id", pa.string())])
+    )
+    n = timings.rows.num_rows
+    mine = {"row": np.arange(n), "epoch": epochs, "step": steps, "rank": ranks}
+    if timings.recorded:
+        ids = timings.rows.column("sample_ids").combine_chunks()
+        parent = pc.list_parent_indices(ids).to_numpy().astype(np.int64)
+        offsets = ids.offsets.to_numpy().astype(np.int64)
+        got = pa.table({k: v[parent] for k, v in mine.items()})
+        got = got.append_column("slot", pa.array(np.arange(parent.size, dtype=np.int64) - offsets[parent]))
+        got = got.append_column("sample_id", pc.cast(pc.list_flatten(ids), pa.string()))
+        on = [*keys, "slot", "sample_id"]
+        sizes = plan.group_by(keys).aggregate([("slot", "count")])
+        size = pa.table(mine).join(sizes, keys, join_type="left outer").sort_by("row").column("slot_count")
+        had = np.diff(offsets)
+        wrong = (had > 0) & (had != pc.fill_null(size, 0).to_numpy())
+    else:
+        got = pa.table(mine).append_column(
+            "sample_id", pc.cast(timings.rows.column("sample_id"), pa.string())
+        )
+        on = [*keys, "sample_id"]
+        wrong = np.zeros(n, dtype=bool)
+    known = plan.select(on).group_by(on).aggregate([])
+    known = known.append_column("planned", pa.array(np.ones(known.num_rows, dtype=bool)))
+    found = got.select(["row", *on]).join(known, on, join_type="left outer")
+    wrong[found.filter(pc.is_null(found.column("planned"))).column("row").to_numpy()] = True
+    return np.flatnonzero(wrong)
 
 
 def at_mean_speed(timings: Timings, speeds: Sequence[float] | None) -> Timings:
@@ -90,16 +235,23 @@ def observe(
         plan: gives the manifest's plan rows; called only for a CSV of step/rank rows without sample ids.
         epoch: the epoch of CSV step/rank rows without an epoch column.
         q: the exponent the samples' voxels are raised to before they are summed (a cost model's ``q``).
+
+    Raises:
+        ValueError: no row of the timings matches the samples (or the plan's step/rank).
     """
     if timings.recorded:
         obs = cal.step_observations(timings.rows, samples, q)
+    else:
+        per_sample = "sample_id" in timings.rows.column_names
+        obs = cal.observations(timings.rows, samples, None if per_sample else plan(), epoch, q)
+    if obs.num_rows == 0:
+        raise ValueError(f"--timings {timings.path}: no row matches a sample (or step/rank) of this manifest")
+    if timings.recorded:
         keys = [
             f"{e}:{s}"
             for e, s in zip(obs.column("epoch").to_pylist(), obs.column("step").to_pylist(), strict=True)
         ]
         return Timed(obs, "recorded rank-step", timings.rows, keys)
-    per_sample = "sample_id" in timings.rows.column_names
-    obs = cal.observations(timings.rows, samples, None if per_sample else plan(), epoch, q)
     return Timed(
         obs, "sample" if per_sample else "rank-step", timings.rows, [str(i) for i in range(obs.num_rows)]
     )
@@ -130,10 +282,11 @@ def fit_cost(
     """
     plan = functools.lru_cache(maxsize=1)(plan)
     linear = observe(timings, samples, plan, epoch)
-    if linear.obs.num_rows == 0:
-        raise ValueError(f"no row of {timings.path} matches a sample (or step/rank) of this manifest")
     ms = linear.obs.column("ms").to_numpy()
-    best = (cal.fit_linear(design(linear.obs), ms), linear)
+    try:
+        best = (cal.fit_linear(design(linear.obs), ms), linear)
+    except ValueError as e:
+        raise ValueError(f"--timings {timings.path}: {e}") from None
     if np.isnan(linear.obs.column("voxels").to_numpy(zero_copy_only=False)).all():
         return best  # no voxels: nothing to bend
     score = cal.cross_validated_r2(design(linear.obs), ms, linear.keys)

@@ -67,7 +67,7 @@ class Derived:
                 self.stats = whole.stats
                 return whole.plan, whole.baseline
             rows = samples.column("row").to_numpy()
-            part = plan_group(group_table(samples, np.arange(rows.size)), rows, e, g, cfg)
+            part = plan_group(group_table(samples, np.arange(rows.size), cfg), rows, e, g, cfg)
         except (ValueError, TypeError, KeyError) as err:
             _add(
                 self.problems,

@@ -39,7 +39,7 @@ from lidarshard.transforms.core import group_rows, groups, previous
 from lidarshard.transforms.core import plan_writer as sharded
 from lidarshard.transforms.core import record as manifest
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import COST_FEATURES, EpochPlan, as_planned, plan_samples, repeat_rates
+from lidarshard.transforms.core.epochs import EpochPlan, as_planned, plan_columns, plan_samples, repeat_rates
 from lidarshard.transforms.core.rank_stream import stream_rank
 from lidarshard.transforms.core.score import ScoreSettings, Source, prepare, settle_and_score
 from lidarshard.transforms.features.cost import CostModel
@@ -164,11 +164,7 @@ def _plan_epoch(task: tuple[int, dict], job: BuildJob) -> Iterator[tuple[str, ob
     epoch, scored = task
     parts = _parts(scored, job.staging)
     earlier = job.cfg.planned_with(epoch) is not None
-    features = earlier or job.cfg.caps.memory is not None  # costs of an earlier model, or the memory model
-    columns = sharded.NUMERIC_INPUT + [
-        c for c in COST_FEATURES if features and c not in sharded.NUMERIC_INPUT
-    ]
-    numeric = as_planned(read_parts(parts, columns=columns), epoch, job.cfg)
+    numeric = as_planned(read_parts(parts, columns=plan_columns(job.cfg, epoch)), epoch, job.cfg)
     planned = plan_samples(numeric, epoch, job.cfg)
     Metrics.counter(NAMESPACE, "planned").inc(planned.stats["planned"])
     yield "stats", planned.stats
@@ -216,13 +212,13 @@ def _global_steps(piece: pa.Table, counts: list, epoch: int, cfg: PlanConfig) ->
 
 def _write_rank(grouped: tuple[tuple[int, int], list], job: BuildJob) -> dict:
     """Rank ``rank``'s plan file of epoch ``epoch`` from its pieces (``grouped``: ((epoch, rank), piece
-    starts, and with step groups each group's ``("count", group, steps, peak)``), streamed a row group
+    starts, and with step groups each group's ``("count", group, steps, peak, G)``), streamed a row group
     at a time through a local spill (``rank_stream.stream_rank``: never all its rows at once); its
     ``files`` entry."""
     (epoch, rank), values = grouped
     values = list(values)
     starts = sorted({v for v in values if isinstance(v, int)} - {-1})
-    counts = [tuple(v[1:]) for v in values if isinstance(v, tuple)]  # ("count", group, steps, peak)
+    counts = [tuple(v[1:]) for v in values if isinstance(v, tuple)]  # ("count", group, steps, peak, G)
 
     def read(i: int, columns: Sequence[str] | None) -> pa.Table:
         piece = storage.read_parquet(_piece_path(job.work, epoch, rank, starts[i]), columns)

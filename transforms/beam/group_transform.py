@@ -29,9 +29,8 @@ from apache_beam.metrics import Metrics
 from lidarshard.transforms.beam.scan_transform import NAMESPACE
 from lidarshard.transforms.beam.tagged import SplitTags
 from lidarshard.transforms.core import group_rows
-from lidarshard.transforms.core import plan_writer as sharded
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import COST_FEATURES
+from lidarshard.transforms.core.epochs import plan_columns
 from lidarshard.transforms.core.groups import plan_group
 from lidarshard.transforms.io.arrow import read_rows, release_memory
 from lidarshard.transforms.io.parts import open_parts
@@ -53,8 +52,7 @@ def _deal(task: tuple, cfg: PlanConfig, work: str) -> Iterator[tuple[str, object
     rows are)."""
     start, stop, holding, groups = task
     parts, first = holding
-    columns = ["sample_id", *sharded.NUMERIC_INPUT]
-    columns += [c for c in COST_FEATURES if cfg.earlier and c not in columns]
+    columns = ["sample_id", *plan_columns(cfg)]  # every epoch's, dealt from one read
     with open_parts(parts) as file:
         chunk = read_rows(file, start - first, stop - first, columns)
     for epoch in range(cfg.epochs):
@@ -77,7 +75,7 @@ def _plan(
 ) -> Iterator[tuple[str, object]]:
     """One group planned alone (its members read from the shards' scratch files), its plan rows written
     to one scratch file per shard it has rows in: ``("entries", ((epoch, shard start), ("entries",
-    group)))`` per such shard, ``("rank", ((epoch, rank), ("count", group, steps, peak)))`` per rank,
+    group)))`` per such shard, ``("rank", ((epoch, rank), ("count", group, steps, peak, G)))`` per rank,
     ``("summary", (epoch, group, GroupSummary))`` and, for the pair-repeat epochs, ``("pair", (shard
     start, (kind, 0 | 1, group, rows, step ids)))`` of its plan (``"plan"``) and random reference."""
     (epoch, g, groups), starts = grouped
@@ -90,7 +88,7 @@ def _plan(
         yield "entries", ((epoch, start), ("entries", g))
     s = planned.summary
     for rank in range(cfg.world_size):
-        yield "rank", ((epoch, rank), ("count", g, s.steps, s.peak))
+        yield "rank", ((epoch, rank), ("count", g, s.steps, s.peak, groups))
     yield "summary", (epoch, g, s)
     if cfg.epochs > 1 and epoch in pairs:
         for kind, plan in (("plan", planned.plan), ("random", planned.baseline)):

@@ -19,7 +19,7 @@ from lidarshard.transforms.declare import Switch, nested, option
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, checked_model
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
-from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP, order
+from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP, budget, order
 from lidarshard.transforms.plan.caps import Caps
 from lidarshard.transforms.plan.speeds import parse_rank_speed, rank_speeds
 from lidarshard.transforms.value_checks import choice, float_in, float_list, int_in, parsed_by
@@ -133,6 +133,9 @@ class PlanConfig:
             raise ValueError(
                 f"unknown --heaviest-first {self.heaviest_first!r}; choose from {list(order.HEAVIEST_FIRST)}"
             )
+        problem = budget.caps_problem(self.caps, self.world_size) if self.strategy == "budget" else None
+        if problem:
+            raise ValueError(problem)
         if self.heaviest_first == "memory" and self.caps.memory is None:
             raise ValueError(
                 "--heaviest-first memory needs the memory model of --max-step-memory: give --max-step-memory "

@@ -20,6 +20,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.plan_writer import NUMERIC_INPUT
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, sample_costs
 from lidarshard.transforms.plan import VARIABLE_COUNT, order, plan_epoch, seeds
@@ -32,6 +33,8 @@ __all__ = [
     "memory_bytes",
     "EpochPlan",
     "COST_FEATURES",
+    "plan_columns",
+    "plan_input",
     "as_planned",
     "bucket_costs",
     "plan_samples",
@@ -114,6 +117,22 @@ def bucket_record(edges: NDArray[np.float64], counts: NDArray[np.int64], cfg: Pl
 
 #: The size features a cost model reads (``sample_costs``): what ``as_planned`` needs of an earlier epoch.
 COST_FEATURES = ("num_in_range", "num_points", "occupied_voxels")
+
+
+def plan_columns(cfg: PlanConfig, epoch: int | None = None) -> list[str]:
+    """The scored columns epoch ``epoch``'s plan is decided from (any epoch's when None): ``NUMERIC_INPUT``
+    (``plan_pool``: costs, buckets, the points the caps and ``--heaviest-first points`` read, weights), and
+    ``COST_FEATURES`` where a cost model is applied again (an epoch planned before a re-plan, ``as_planned``)
+    or the memory model reads them (``--max-step-memory``). The one list the build, the grouped build, each
+    step group's table and the elastic re-plan read (a table may lack the optional ``num_points``, ``weight``)."""
+    earlier = cfg.planned_with(epoch) is not None if epoch is not None else bool(cfg.earlier)
+    return plan_input(earlier or cfg.caps.memory is not None)
+
+
+def plan_input(features: bool) -> list[str]:
+    """``NUMERIC_INPUT``, with the ``COST_FEATURES`` it lacks when ``features`` (``plan_columns``' rule; the
+    elastic re-plan, which takes the costs from the plan rows, asks for them where a memory model reads them)."""
+    return [*NUMERIC_INPUT, *(c for c in COST_FEATURES if features and c not in NUMERIC_INPUT)]
 
 
 class _Recosted:

@@ -24,8 +24,8 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.core import plan_writer
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import as_planned
-from lidarshard.transforms.core.groups import GROUP_COLUMNS, GroupPlan, deal, interleave, sample_keys
+from lidarshard.transforms.core.epochs import as_planned, plan_columns
+from lidarshard.transforms.core.groups import GroupPlan, deal, interleave, sample_keys, too_few
 
 __all__ = [
     "deal_shard",
@@ -46,12 +46,12 @@ Members = tuple[int, NDArray[np.int64], dict[str, NDArray]]
 def deal_shard(chunk: pa.Table, start: int, epoch: int, cfg: PlanConfig, groups: int) -> dict[int, Members]:
     """Samples [start, start + chunk.num_rows) dealt into the epoch's groups: {group: its members}.
 
-    ``chunk`` holds ``sample_id`` and the plan columns (``GROUP_COLUMNS``; ``COST_FEATURES`` too for
-    an epoch planned before a re-plan, whose costs ``as_planned`` recomputes here).
+    ``chunk`` holds ``sample_id`` and the plan columns (``epochs.plan_columns``: with the size features for
+    an epoch planned before a re-plan, whose costs ``as_planned`` recomputes here, or a memory model).
     """
     planned = as_planned(chunk, epoch, cfg)
     dealt = deal(sample_keys(chunk.column("sample_id")), cfg.seed, epoch, groups)
-    names = [c for c in GROUP_COLUMNS if c in chunk.column_names]
+    names = [c for c in plan_columns(cfg) if c in chunk.column_names]
     columns = {c: np.asarray(planned.column(c).to_numpy()) for c in names}
     out: dict[int, Members] = {}
     for g in np.unique(dealt).tolist():
@@ -64,7 +64,7 @@ def group_members(members: Iterable[Members]) -> tuple[NDArray[np.int64], pa.Tab
     """One group's members from every shard (any order) -> ((n,) its rows ascending, its plan table)."""
     parts = sorted(members, key=lambda m: m[0])
     rows = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64)
-    names = list(parts[0][2]) if parts else list(GROUP_COLUMNS[:2])
+    names = list(parts[0][2]) if parts else ["cost", "bucket_id"]
     table = pa.table({c: np.concatenate([p[2][c] for p in parts]) if parts else np.empty(0) for c in names})
     return rows, table
 
@@ -101,19 +101,24 @@ def merge_entries(pieces: Sequence[tuple[int, dict[str, NDArray]]]) -> dict[str,
 
 
 def global_steps(
-    encoded: NDArray[np.integer], counts: Sequence[tuple[int, int, float]], epoch: int, cfg: PlanConfig
+    encoded: NDArray[np.integer], counts: Sequence[tuple[int, int, float, int]], epoch: int, cfg: PlanConfig
 ) -> NDArray[np.int32]:
-    """The epoch's step of each encoded step ``local * G + group``; ``counts``: (group, steps, peak) of
-    every group (any order), from which ``groups.interleave`` orders the epoch's steps."""
+    """The epoch's step of each encoded step ``local * G + group``; ``counts``: (group, steps, peak, G) of
+    every group that planned (any order), from which ``groups.interleave`` orders the epoch's steps.
+
+    Raises:
+        ValueError: a group of the G never planned (the deal gave it no sample): ``groups.too_few``.
+    """
     counts = sorted(counts)
-    if [g for g, _, _ in counts] != list(range(len(counts))):
-        raise RuntimeError(f"the rank writer got step counts of groups {[g for g, _, _ in counts]}")
-    peaks = [p for _, _, p in counts] if cfg.heaviest_first != "off" else None
-    labels = interleave([s for _, s, _ in counts], peaks, cfg.seed, epoch)
+    g = counts[0][3] if counts else 0
+    missing = sorted(set(range(g)) - {c[0] for c in counts})
+    if missing:  # more groups than the samples allow
+        raise too_few(epoch, missing[0], 0, cfg)
+    peaks = [c[2] for c in counts] if cfg.heaviest_first != "off" else None
+    labels = interleave([c[1] for c in counts], peaks, cfg.seed, epoch)
     positions = np.argsort(labels, kind="stable")  # group g's steps, in order, one group after another
-    first = np.r_[0, np.cumsum([s for _, s, _ in counts])]
+    first = np.r_[0, np.cumsum([c[1] for c in counts])]
     enc = np.asarray(encoded, dtype=np.int64)
-    g = len(counts)
     return positions[first[enc % g] + enc // g].astype(np.int32)
 
 

@@ -28,8 +28,8 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import epoch_pool, plan_pool, to_samples
-from lidarshard.transforms.plan import order, plan_epoch, seeds
+from lidarshard.transforms.core.epochs import epoch_pool, plan_columns, plan_pool, to_samples
+from lidarshard.transforms.plan import VARIABLE_COUNT, order, plan_epoch, seeds
 from lidarshard.transforms.plan.group_stats import GroupSums, combine, group_sums
 from lidarshard.transforms.plan.metrics import equal_count_pool
 
@@ -44,6 +44,8 @@ __all__ = [
     "deal",
     "group_table",
     "group_seed",
+    "one_step",
+    "too_few",
     "group_config",
     "interleave",
     "plan_group",
@@ -51,9 +53,6 @@ __all__ = [
     "plan_hierarchical",
     "pool_copies",
 ]
-
-#: The plan columns a group's table needs (``weight`` and ``num_points`` when the scored table has them).
-GROUP_COLUMNS = ("cost", "bucket_id", "num_points", "weight")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,10 +134,10 @@ def interleave(
     return labels
 
 
-def group_table(scored: Any, rows: NDArray[np.int64]) -> pa.Table:
-    """The plan columns (``GROUP_COLUMNS``) of ``scored`` (a table or ``as_planned`` view) at ``rows`` (n,):
-    what ``plan_group`` plans a group from."""
-    names = [c for c in GROUP_COLUMNS if c in scored.column_names]
+def group_table(scored: Any, rows: NDArray[np.int64], cfg: PlanConfig) -> pa.Table:
+    """The plan columns (``epochs.plan_columns``: the memory model's size features too) of ``scored`` (a
+    table or ``as_planned`` view) at ``rows`` (n,): what ``plan_group`` plans a group from."""
+    names = [c for c in plan_columns(cfg) if c in scored.column_names]
     return pa.table({c: np.asarray(scored.column(c).to_numpy())[rows] for c in names})
 
 
@@ -146,7 +145,7 @@ def plan_group(table: Any, rows: NDArray[np.int64], epoch: int, group: int, cfg:
     """Plan group ``group`` of epoch ``epoch`` alone.
 
     Args:
-        table: the group's plan columns (``GROUP_COLUMNS``), one row per sample of the group, in
+        table: the group's plan columns (``group_table``), one row per sample of the group, in
             sample order; costs as the epoch is planned (``epochs.as_planned``).
         rows: (n,) the group's sample row indices in the whole table, ascending.
     """
@@ -155,12 +154,9 @@ def plan_group(table: Any, rows: NDArray[np.int64], epoch: int, group: int, cfg:
     try:
         plan, pool, costs, dropped, padded = plan_pool(table, epoch, gcfg)
     except ValueError as e:
-        if table.num_rows >= w * b:
+        if table.num_rows >= one_step(cfg):
             raise
-        raise ValueError(
-            f"epoch {epoch}: step group {group} holds {table.num_rows} samples, fewer than one step of W*B = "
-            f"{w * b}: lower --plan-groups ({cfg.plan_groups or 'auto'})"
-        ) from e
+        raise too_few(epoch, group, table.num_rows, cfg) from e
     reference = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=gcfg.seed, epoch=epoch)
     sums = group_sums(plan, costs, w, b, reference, cfg.rank_speed)
     peak = 0.0
@@ -170,6 +166,24 @@ def plan_group(table: Any, rows: NDArray[np.int64], epoch: int, group: int, cfg:
     global_pool = rows[pool]
     summary = GroupSummary(int(plan.shape[0]), peak, sums, int(pool.size), dropped, padded)
     return GroupPlan(to_samples(plan, global_pool), to_samples(reference, global_pool), summary)
+
+
+def one_step(cfg: PlanConfig) -> int:
+    """The fewest samples a step group needs: one step, W*B (W under ``budget``, whose counts vary)."""
+    return cfg.world_size * (1 if cfg.strategy in VARIABLE_COUNT else cfg.batch_size)
+
+
+def too_few(epoch: int, group: int, held: int, cfg: PlanConfig) -> ValueError:
+    """The one line refusing a plan whose step group ``group`` of epoch ``epoch`` holds ``held`` samples,
+    fewer than ``one_step`` (the deal left it short: more groups than the samples allow)."""
+    need = one_step(cfg)
+    what = f"W = {need}" if cfg.strategy in VARIABLE_COUNT else f"W*B = {need}"
+    forced = cfg.plan_groups is not None
+    return ValueError(
+        f"epoch {epoch}: step group {group} holds {held} sample{'' if held == 1 else 's'}, fewer than one step "
+        f"of {what}: "
+        + (f"lower --plan-groups ({cfg.plan_groups}), or leave it auto" if forced else "lower --plan-groups")
+    )
 
 
 def step_labels(summaries: Sequence[GroupSummary], epoch: int, cfg: PlanConfig) -> NDArray[np.int32]:
@@ -218,7 +232,7 @@ def plan_hierarchical(
     parts = []
     for g in range(groups):
         rows = order_[cuts[g] : cuts[g + 1]].astype(np.int64)
-        parts.append(plan_group(group_table(scored, rows), rows, epoch, g, cfg))
+        parts.append(plan_group(group_table(scored, rows, cfg), rows, epoch, g, cfg))
     return assemble(parts, epoch, cfg)
 
 

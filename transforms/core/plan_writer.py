@@ -40,7 +40,8 @@ __all__ = [
     "finish_rank",
 ]
 
-#: The scored columns an epoch's plan is decided from.
+#: The scored columns every epoch's plan is decided from (``epochs.plan_columns`` adds the size features
+#: where a plan needs them).
 NUMERIC_INPUT = ["cost", "bucket_id", "num_points", "weight"]
 #: The scored columns every plan row copies from its sample.
 COPIED = ["sample_id", "path", "sweep_paths", "cost", "bucket_id"]

@@ -56,6 +56,7 @@ from lidarshard.transforms.plan.metrics import load_linearity
 
 __all__ = [
     "plan",
+    "caps_problem",
     "SLACK_LADDER",
     "TARGET",
     "JITTER_LADDER",
@@ -227,13 +228,29 @@ def _memory_as_points(limits: PoolLimits) -> PoolLimits:
     mem = limits.caps.memory
     if mem is None or limits.memory is None:
         return limits
-    if limits.caps.max_points is not None:
-        raise ValueError(
-            "budget plans within --max-step-memory or --max-points-per-rank-step, not both: drop one"
-        )
     room = max(int(np.floor(mem.max_bytes - mem.model.base)), 1)
     caps = dataclasses.replace(limits.caps, max_points=room, memory=None)
     return PoolLimits(caps, np.ceil(limits.memory).astype(np.int64))
+
+
+def caps_problem(caps: Caps, world_size: int) -> str | None:
+    """Why ``budget`` cannot plan under ``caps`` on ``world_size`` ranks whatever the pool, or None: refused
+    for every pool alike, before anything is planned (``PlanConfig`` asks, and ``plan`` again).
+
+    The memory cap is planned as a points cap (``_memory_as_points``), so the two cannot be combined. Every
+    rank-step holds at least one sample and nothing is dropped or padded, so a cap of one sample per rank-step
+    leaves every rank-step exactly one: each epoch's pool (and each step group's, after its weights) would have
+    to be a multiple of W, which depends on the pool, not on the plan (a plan of 200 samples succeeds and one of
+    201, or a step group of 61, cannot be made)."""
+    if caps.memory is not None and caps.max_points is not None:
+        return "budget plans within --max-step-memory or --max-points-per-rank-step, not both: drop one"
+    if caps.max_samples == 1 and world_size > 1:
+        return (
+            f"--max-samples-per-rank-step 1 with --strategy budget on {world_size} ranks leaves every rank-step "
+            f"exactly one sample, so every epoch's pool would have to be a multiple of {world_size}: give 2 or "
+            "more, or plan one sample a rank-step with an equal-count strategy (--batch-size 1)"
+        )
+    return None
 
 
 def _min_steps(costs: NDArray[np.float64], w: int, limits: PoolLimits) -> int:
@@ -320,6 +337,9 @@ def plan(
     w, p = world_size, costs.size
     if p < w:
         raise ValueError(f"budget needs at least W = {w} samples per epoch, the pool holds {p}")
+    problem = caps_problem(limits.caps, w) if limits is not None else None
+    if problem:
+        raise ValueError(problem)
     limits = _memory_as_points(limits or PoolLimits(Caps()))
     u, tie = rng.uniform(-1.0, 1.0, p), rng.random(p)
     logc = log_cost(costs)
@@ -332,7 +352,10 @@ def plan(
     ladder = [min(max(int(np.ceil(p / (w * batch_size * f))), lo, 1), p // w) for f in SLACK_LADDER]
     best = attempt(0.0, ladder, ("level", "sorted"))
     if best is None:
-        raise ValueError(f"budget: the caps leave no room to plan {p} samples on {w} ranks")
+        raise ValueError(
+            f"budget: the caps leave no room to plan {p} samples on {w} ranks with a sample in every rank-step "
+            "and none over a cap: raise the caps"
+        )
     # the jittered plans keep the exact order's step count and way of packing; they may cost up to
     # TOLERANCE, but never take a plan at or above FLOOR below it
     again = [len(best[2])]

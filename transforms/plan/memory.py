@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from lidarshard.schemas.memory_cap import MemoryCapRecord, MemoryModelRecord
+from lidarshard.schemas.memory_cap import MAX_BYTES, MemoryCapRecord, MemoryModelRecord
 from lidarshard.transforms.declare import option
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.value_checks import parsed_by
@@ -52,8 +52,6 @@ OVER_CAP = (
 #: Byte units ``--max-step-memory`` takes (binary: 1 KiB = 1024 B).
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)")
-#: The largest cap taken (1 EiB): beyond, the sums of a plan would lose their integer precision.
-MAX_BYTES = 1 << 60
 
 
 def parse_bytes(text: str) -> int:
@@ -207,9 +205,11 @@ def memory_model_of(obj: object, where: str) -> MemoryModel:
     if isinstance(obj, MemoryModel):
         return obj
     if isinstance(obj, dict) and "memory_model" in obj:
+        note = obj.get("memory_note")
         obj, where = obj["memory_model"], f"{where}: memory_model"
-        if obj is None:
-            raise ValueError(f"{where} is null: the timings recorded no peak memory (train on a GPU or NPU)")
+        if obj is None:  # calibrate wrote why it fitted none
+            why = note if isinstance(note, str) and note else "the timings recorded no peak memory"
+            raise ValueError(f"{where} is null: {' '.join(why.split())} (calibrate wrote no memory model)")
     return MemoryModel.from_record(MemoryModelRecord.parse(obj, where))
 
 

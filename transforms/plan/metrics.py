@@ -75,6 +75,8 @@ def step_linearity(step_costs: NDArray[np.float64], world_size: int, batch_size:
 def step_loads(step_costs: NDArray[np.float64], world_size: int, batch_size: int) -> NDArray[np.float64]:
     """(S, W) rank loads of (S, W*B) item costs per step split across ranks by ``lpt_assign``."""
     s = step_costs.shape[0]
+    if s == 0:  # a pool smaller than one equal-count step (a step group of ``budget``): no step
+        return np.zeros((0, world_size))
     cols = lpt_assign(step_costs, world_size, batch_size).reshape(s, -1)
     items = np.take_along_axis(step_costs, cols, axis=1)
     return items.reshape(s, world_size, batch_size).sum(-1)
