@@ -97,3 +97,17 @@ def test_write_manifest_takes_the_plan_and_output_flags_but_paths() -> None:
     keys = TABLE_KEYS
     assert {"epochs", "pad", "drop_last", "part_rows", "max_reject_fraction", "rank_speed"} <= keys
     assert not keys & {"from_samples", "replan_from", "relative_to", "world_size", "policy", "sweeps"}
+
+
+def test_world_size_has_one_typed_home_until_the_manifest(tmp_path: Path) -> None:
+    """The plan the keywords build is the one object the pre-flight's settings and the build core's job hold
+    (composed, never copied into a second config)."""
+    from lidarshard.pipelines.preflight import build_settings
+    from tests.helpers import make_bins
+
+    opts = from_keywords(
+        BuildOptions, SIZE | {"input": make_bins(tmp_path / "in", n=4), "out": tmp_path / "o"}
+    )
+    settings = build_settings(opts)
+    assert settings.cfg is opts.plan and settings.job(str(tmp_path / "staging")).cfg is opts.plan
+    assert not hasattr(settings, "world_size") and not hasattr(opts, "world_size")
