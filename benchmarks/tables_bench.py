@@ -38,6 +38,7 @@ def _tables(n_key: int, per: int) -> dict[str, bytes]:
         "calibrated_sensor": [{"token": "c", "sensor_token": "l"} | _IDENTITY],
         "sensor": [{"token": "l", "channel": "LIDAR_TOP"}],
         "ego_pose": [{"token": "p"} | _IDENTITY],
+        "sample": [{"token": f"s{k}", "scene_token": f"scene{k}"} for k in range(n_key)],
     }
     return {f"/r/{VERSION}/{k}.json": json.dumps(v).encode() for k, v in tables.items()}
 

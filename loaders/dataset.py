@@ -17,14 +17,18 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.loaders._atexit import drain_arrow_at_exit
 from lidarshard.loaders.fetch import Fetcher, File, FileCache
-from lidarshard.loaders.points import Recorded, load_points, moved_hint
+from lidarshard.loaders.points import Recorded, check_time_lags, load_points, moved_hint
 from lidarshard.loaders.reader import PathLike, load_manifest, needs_torch, read_samples
 from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.formats.labels import decode_labels, label_format
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.paths import PathResolver
-from lidarshard.transforms.layouts.multisweep import check_close_points, nan_rows, recorded_close_points
+from lidarshard.transforms.layouts.multisweep import (
+    check_close_points,
+    non_finite_rows,
+    recorded_close_points,
+)
 
 try:
     import torch
@@ -89,9 +93,10 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
             the keyframe (its rows 0, each sweep's rows its ``sweep_time_lags``), the fifth input of
             multi-sweep detectors (CenterPoint, mmdet3d's nuScenes configs); every sample with sweeps
             must record its lags (schema 4.3 scans).
-        keep_nan: keep the rows with a NaN in x, y or z (organised PCDs' no-return pixels, AV2 nulls).
-            Default: they are dropped, as open3d's ``remove_nan_points`` does (with their labels), and
-            ``points`` holds the rows the scan's ``num_points`` counts.
+        keep_nan: keep the rows with a NaN or infinite x, y or z (organised PCDs' no-return pixels, AV2
+            nulls, +inf "no return" values). Default: they are dropped, as open3d's
+            ``remove_non_finite_points`` does (with their labels), and ``points`` holds the rows the scan's
+            ``num_points`` counts (``multisweep.NON_FINITE_RULE``).
 
     Raises:
         ValueError: a samples part edited after the build (``read_samples``), sweep records not
@@ -162,7 +167,7 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
                 'a --features stat scan or a table given to write_manifest); use verify="size"'
             )
         if time_lag and sweeps:
-            _check_lags(table)
+            check_time_lags(table)
         self.time_lag = time_lag
         self.keep_nan = keep_nan
         self._ids = _column(table, "sample_id")
@@ -267,10 +272,10 @@ class PointCloudDataset(Dataset[dict[str, Any]]):
             label_map = self._label_maps.get(c["dataset"][i].as_py() or "")
             labels = _keyframe_labels(files[-1][0], data, len(points), label_map)
         if not self.keep_nan:
-            nan = nan_rows(points)
-            if nan.any():
-                points = points[~nan]
-                labels = labels[~nan] if labels is not None else None
+            bad = non_finite_rows(points)
+            if bad.any():
+                points = points[~bad]
+                labels = labels[~bad] if labels is not None else None
         item = {"index": int(i), "sample_id": self._ids[i].as_py(), "points": torch.from_numpy(points)}
         if labels is not None:
             item["labels"] = torch.from_numpy(labels)
@@ -333,20 +338,6 @@ def _misaligned(table: pa.Table) -> str | None:
             first = table["sample_id"].filter(bad)[0].as_py()
             return f"sample {first!r}: {name} does not hold one value per sweep path"
     return None
-
-
-def _check_lags(table: pa.Table) -> None:
-    """ValueError naming the first sample with sweeps but no recorded ``sweep_time_lags``."""
-    missing = pc.and_(
-        pc.greater(pc.list_value_length(table["sweep_paths"]), 0), table["sweep_time_lags"].is_null()
-    )
-    count = pc.sum(missing).as_py() or 0
-    if count:
-        first = table["sample_id"].filter(missing)[0].as_py()
-        raise ValueError(
-            f"time_lag=True: {count} samples with sweeps record no sweep_time_lags (first: {first}; a manifest "
-            "written before schema 4.3, or a table given to write_manifest); rescan to record them"
-        )
 
 
 def _keyframe_labels(

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from lidarshard import schemas
@@ -25,7 +27,7 @@ from lidarshard.transforms.formats.readers import detect_format, read_points
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.base import FileTooLargeError
 from lidarshard.transforms.layouts.geometry import sweep_matrices
-from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS, aggregate, drop_nan_rows
+from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS, aggregate, drop_non_finite_rows
 from lidarshard.transforms.layouts.task import FRAMES_FORMAT
 
 #: The largest file size a manifest may record (1 TiB): a larger number is a corrupt record.
@@ -38,6 +40,8 @@ __all__ = [
     "read_recorded",
     "difference",
     "moved_hint",
+    "bad_time_lag",
+    "check_time_lags",
 ]
 
 
@@ -128,6 +132,43 @@ def read_recorded(path: str, recorded: Recorded | None) -> bytes:
     return data
 
 
+def bad_time_lag(lags: Sequence[float] | NDArray[np.floating]) -> int | None:
+    """The index of the first of ``lags`` (s, from a sweep to its keyframe) that is no finite number
+    >= 0 (NaN, an infinity, a negative lag: a sweep after its keyframe), or None when all are."""
+    values = np.asarray(lags, dtype=np.float64)
+    bad = np.flatnonzero(~(np.isfinite(values) & (values >= 0)))
+    return int(bad[0]) if len(bad) else None
+
+
+def check_time_lags(table: pa.Table) -> None:
+    """What a dataset that serves the time-lag channel checks of its samples (``sample_id``,
+    ``sweep_paths``, ``sweep_time_lags`` columns): ValueError naming the first sample with sweeps but no
+    recorded lags, or one with a lag that is no finite number >= 0 (``bad_time_lag``: NaN, an infinity,
+    a negative lag of a sweep after its keyframe; a null lag)."""
+    missing = pc.and_(
+        pc.greater(pc.list_value_length(table["sweep_paths"]), 0), table["sweep_time_lags"].is_null()
+    )
+    count = pc.sum(missing).as_py() or 0
+    if count:
+        first = table["sample_id"].filter(missing)[0].as_py()
+        raise ValueError(
+            f"time_lag=True: {count} samples with sweeps record no sweep_time_lags (first: {first}; a manifest "
+            "written before schema 4.3, or a table given to write_manifest); rescan to record them"
+        )
+    lags = table["sweep_time_lags"].combine_chunks() if table.num_rows else None
+    if lags is None:
+        return
+    values = pc.list_flatten(lags).to_numpy(zero_copy_only=False)  # a null lag reads as NaN
+    bad = bad_time_lag(values)
+    if bad is not None:
+        rows = pc.list_parent_indices(lags).to_numpy()
+        sample = table["sample_id"][int(rows[bad])].as_py()
+        raise ValueError(
+            f"time_lag=True: sample {sample!r} records a sweep time lag of {float(values[bad])!r} s; a lag is the finite "
+            "number of seconds >= 0 from a sweep to its keyframe: rebuild the manifest from the data"
+        )
+
+
 def load_points(
     path: str,
     fmt: str | None,
@@ -158,10 +199,11 @@ def load_points(
             group (``transforms.layouts.waymo_v2.read_frame``), each file checked on its size.
         close_points: which clouds lose their close points (``multisweep.CLOSE_POINTS``): the rule the
             scan recorded (``multisweep.recorded_close_points``), so the points are those it counted.
-        time_lags: S lags (s, the samples' ``sweep_time_lags``): append the time-lag channel (0 on
-            the keyframe's rows); None: no such column.
-        drop_nan: drop the rows with a NaN in x, y or z (``multisweep.drop_nan_rows``, open3d's
-            ``remove_nan_points``: organised clouds' no-return pixels), as the scan's ``num_points``.
+        time_lags: S lags (s, the samples' ``sweep_time_lags``, each a finite number >= 0): append the
+            time-lag channel (0 on the keyframe's rows); None: no such column.
+        drop_nan: drop the rows with a NaN or infinite x, y or z (``multisweep.drop_non_finite_rows``,
+            open3d's ``remove_non_finite_points``: organised clouds' no-return pixels), which the scan's
+            ``num_points`` does not count (``multisweep.NON_FINITE_RULE``); False: every row as read.
 
     Returns:
         (N' + sum M', C) float32, xyz first (the keyframe only when ``sweep_paths`` is empty); C + 1
@@ -169,11 +211,20 @@ def load_points(
 
     Raises:
         FileChangedError: a file is not the one recorded (naming it).
+        ValueError: a time lag that is no finite number >= 0 (naming the keyframe and the sweep).
     """
+    lags = None if time_lags is None else np.asarray(time_lags, dtype=np.float64)  # None reads as NaN
+    bad = None if lags is None else bad_time_lag(lags)
+    if bad is not None:
+        assert lags is not None
+        raise ValueError(
+            f"{path}: time lag {float(lags[bad])!r} of sweep {bad} is no finite number of seconds >= 0; "
+            "rebuild the manifest from the data"
+        )
     points = _load(
         path, fmt, sweep_paths, sweep_transforms, point_dims, recorded, read, frames, close_points, time_lags
     )
-    return drop_nan_rows(points) if drop_nan else points
+    return drop_non_finite_rows(points) if drop_nan else points
 
 
 def _load(
@@ -188,7 +239,7 @@ def _load(
     close_points: str,
     time_lags: Sequence[float] | None,
 ) -> NDArray[np.float32]:
-    """``load_points`` but the NaN rows."""
+    """``load_points`` with every row, finite or not."""
     files = [path, *sweep_paths]
     checks: list[Recorded | None] = list(recorded) if recorded is not None else [None] * len(files)
     if len(checks) != len(files):

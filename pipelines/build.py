@@ -112,12 +112,14 @@ def print_summary(out: str) -> None:
     --help`` says what each means), what the plan buys in plain words, and where the manifest is."""
     m = load_manifest(out)
     c = m.counts
-    for line in understood.input_lines(m.provenance, understood.accepted_by_input(out)):
+    short = understood.short_sweeps_by_input(out, m.provenance)
+    for line in understood.input_lines(m.provenance, understood.accepted_by_input(out), short):
         print(line)
     print(
         understood.counts_line(c.scanned, c.accepted, c.rejected, c.dropped, c.padded)
         + "".join(f"\n  rejected {r}: {n}" for r, n in sorted(c.rejected_by_reason.items()))
     )
+    print(understood.points_line(m.provenance))
     print(
         f"plan: {m.strategy}, world size {m.world_size}, batch {m.batch_size}, "
         f"{m.buckets.k} buckets, cost model {m.cost_model.name} (columns: lidarshard build --help)"

@@ -92,11 +92,13 @@ def _empty_ok(settings: ScanSettings) -> bool:
 def print_summary(out: str) -> None:
     scan = load_scan(out)
     c = scan.counts
-    for line in understood.input_lines(scan.provenance, understood.accepted_by_input(out)):
+    short = understood.short_sweeps_by_input(out, scan.provenance)
+    for line in understood.input_lines(scan.provenance, understood.accepted_by_input(out), short):
         print(line)
     print(understood.counts_line(c.scanned, c.accepted, c.rejected))
     for reason, n in sorted(c.rejected_by_reason.items()):
         print(f"  rejected {reason}: {n}")
+    print(understood.points_line(scan.provenance))
     print(f"wrote {out}")
 
 

@@ -17,12 +17,15 @@ from lidarshard import schemas
 from lidarshard.transforms.formats.labels import SEMANTICKITTI_LEARNING_MAP
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts import FILES
+from lidarshard.transforms.layouts.multisweep import NON_FINITE_RULE
 
 __all__ = [
     "TITLES",
     "sweeps_of",
     "accepted_by_input",
+    "short_sweeps_by_input",
     "input_lines",
+    "points_line",
     "counts_line",
     "live_output",
     "warn_live",
@@ -36,6 +39,11 @@ TITLES = {
     "waymo_v2": "Waymo Open v2 components",
     FILES: "point-cloud files",
 }
+
+
+#: Where each layout's sweep chains start (a sample near it has fewer previous sweeps than asked; a
+#: nuScenes chain that leaves the keyframe's scene is cut there, ``layouts.nuscenes_tasks``).
+_CHAIN_STARTS = {"nuscenes": "scene", "av2": "log", "semantickitti": "sequence", "waymo_v2": "segment"}
 
 
 def sweeps_of(sweeps: int | Mapping[str, int] | None, name: str) -> int:
@@ -62,10 +70,35 @@ def accepted_by_input(out: str) -> dict[str, int]:
     return {c["values"]: c["counts"] for c in counts}
 
 
-def input_lines(meta: Mapping[str, Any], accepted: Mapping[str, int] | None = None) -> list[str]:
+def short_sweeps_by_input(out: str, meta: Mapping[str, Any]) -> dict[str, int]:
+    """{INPUT name: accepted samples with fewer previous sweeps than ``meta`` records for it} of the
+    published scan or manifest ``out`` (its samples' ``dataset`` and ``num_sweeps``; empty when the
+    samples name no INPUT)."""
+    from lidarshard.transforms.io.parts import read_parts, samples_files
+
+    try:
+        files = samples_files(storage.join(out, schemas.SAMPLES_DIR))
+        table = read_parts(files, ["dataset", "num_sweeps"]) if files else None
+    except (OSError, ValueError, KeyError):  # no samples folder, or samples of before the column
+        return {}
+    if table is None:
+        return {}
+    short = {}
+    for d in meta.get("datasets") or []:
+        name = d.get("name", "")
+        mine = pc.equal(table["dataset"], name)
+        fewer = pc.less(table["num_sweeps"], sweeps_of(meta.get("sweeps"), name))
+        short[name] = int(pc.sum(pc.and_kleene(mine, fewer)).as_py() or 0)
+    return short
+
+
+def input_lines(
+    meta: Mapping[str, Any], accepted: Mapping[str, int] | None = None, short: Mapping[str, int] | None = None
+) -> list[str]:
     """One line per INPUT of a run's metadata (``_scan.json`` or a manifest's provenance), with its
-    ``accepted`` count when given: ``INPUT nusc: nuScenes dataroot, tables v1.0-mini, keyframe + 9
-    previous sweeps (/data/nuscenes): 404 samples accepted``."""
+    ``accepted`` count when given, and how many of them have fewer sweeps than asked (``short``):
+    ``INPUT nusc: nuScenes dataroot, tables v1.0-mini, keyframe + 9 previous sweeps (/data/nuscenes):
+    404 samples accepted, 10 with fewer sweeps: their scene starts sooner``."""
     lines = []
     for d in meta.get("datasets") or []:
         layout = d.get("layout", FILES)
@@ -83,6 +116,11 @@ def input_lines(meta: Mapping[str, Any], accepted: Mapping[str, int] | None = No
         if accepted:  # empty: not known
             n = accepted.get(d.get("name"), 0)
             line += f": {n} sample{'s' * (n != 1)} accepted"
+            fewer = (short or {}).get(d.get("name"), 0)
+            if fewer:
+                line += (
+                    f", {fewer} with fewer sweeps: their {_CHAIN_STARTS.get(layout, 'scene')} starts sooner"
+                )
         lines.append(line)
     return lines
 
@@ -95,6 +133,16 @@ def _labels(label_map: Mapping[str, int] | None) -> str:
     if {int(k): v for k, v in label_map.items()} == SEMANTICKITTI_LEARNING_MAP:
         return f", labels mapped by the standard SemanticKITTI learning_map ({classes} classes)"
     return f", labels mapped by the learning_map of its semantic-kitti.yaml ({classes} classes)"
+
+
+def points_line(meta: Mapping[str, Any]) -> str:
+    """The rule for non-finite rows (``multisweep.NON_FINITE_RULE``) as one line of a run's summary; a
+    ``--features stat`` scan (``scan_config.features``) reads no point, so its counts include them."""
+    config = meta.get("scan_config")
+    stat = isinstance(config, Mapping) and config.get("features") == "stat"
+    return f"points: {NON_FINITE_RULE}" + (
+        " (--features stat reads no point: its counts hold every row)" if stat else ""
+    )
 
 
 def counts_line(

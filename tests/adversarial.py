@@ -19,6 +19,8 @@ from pathlib import Path
 import lzf
 import numpy as np
 
+from tests.helpers import one_scene_samples
+
 __all__ = [
     "FILE_FLAGS",
     "TABLES_VERSION",
@@ -199,7 +201,7 @@ class _Tables:
 
     def write(self) -> None:
         (self.root / TABLES_VERSION).mkdir(parents=True, exist_ok=True)
-        for name, rows in self.t.items():
+        for name, rows in (self.t | {"sample": one_scene_samples(self.t["sample_data"])}).items():
             (self.root / TABLES_VERSION / f"{name}.json").write_text(json.dumps(rows))
 
 

@@ -36,6 +36,15 @@ def slow_after(keep: int, values: list) -> list:
             for i, v in enumerate(values)]  # fmt: skip
 
 
+def one_scene_samples(sample_data: list) -> list[dict]:
+    """``sample.json`` rows for every sample token that ``sample_data`` rows name, all in one scene
+    (tables whose sweeps are followed need the keyframe's scene, ``sample.scene_token``); tokens over
+    4096 characters are left out (their rows are refused on their length before any lookup)."""
+    tokens = {r.get("sample_token") for r in sample_data if isinstance(r, dict)}
+    kept = sorted(t for t in tokens if isinstance(t, str) and len(t) <= 4096)
+    return [{"token": t, "scene_token": "scene-0"} for t in kept]
+
+
 def yaw_q(theta: float) -> list[float]:
     return [math.cos(theta / 2), 0.0, 0.0, math.sin(theta / 2)]
 

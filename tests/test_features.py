@@ -48,8 +48,8 @@ def test_extents_percentiles_and_range_filter() -> None:
     pts = np.concatenate([xyz, np.full((3, 3), np.nan, np.float32), np.full((2, 3), np.inf, np.float32)])
     f = compute_features(pts, point_cloud_range=(10, -1, 0, 50, 1, 3))
     assert set(f) == set(FEATURE_NAMES)
-    # NaN rows are not points (the loaders drop them, as open3d's remove_nan_points); inf rows are
-    assert (f["num_points"], f["num_finite"], f["num_in_range"]) == (102, 100, 40)
+    # NaN and inf rows are no points (the loaders drop them, as open3d's remove_non_finite_points)
+    assert (f["num_points"], f["num_finite"], f["num_in_range"]) == (100, 100, 40)
     assert (f["x_min"], f["x_max"]) == (10.0, 49.0)
     assert f["x_p01"] == pytest.approx(10.39) and f["x_p99"] == pytest.approx(48.61)
     assert f["occupied_voxels"] == 40

@@ -33,7 +33,7 @@ from lidarshard.transforms.layouts import nuscenes_tasks as tables
 from lidarshard.transforms.layouts.geometry import MAX_TRANSLATION_M, quaternion_matrix
 from lidarshard.transforms.layouts.multisweep import aggregate
 from lidarshard.transforms.layouts.nuscenes_tasks import MAX_FIELD_CHARS, load_tasks
-from tests.helpers import BEAM_TEST_FLAGS, IDENTITY_Q, yaw_q
+from tests.helpers import BEAM_TEST_FLAGS, IDENTITY_Q, one_scene_samples, yaw_q
 
 pytestmark = pytest.mark.hostile("tables")
 
@@ -129,7 +129,7 @@ class Root:
 
     def write(self) -> str:
         (self.path / VERSION).mkdir(parents=True, exist_ok=True)
-        for name, rows in self.t.items():
+        for name, rows in (self.t | {"sample": one_scene_samples(self.t["sample_data"])}).items():
             (self.path / VERSION / f"{name}.json").write_text(json.dumps(rows))
         for name, data in self.files.items():
             (self.path / name).parent.mkdir(parents=True, exist_ok=True)

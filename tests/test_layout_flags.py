@@ -96,7 +96,8 @@ def test_a_mixed_build_asks_sweeps_of_one_input_only(tmp_path: Path, realdata: P
     m = json.loads((out / schemas.MANIFEST_FILE).read_text())
     assert m["sweeps"] == {"av2": 1}
     assert printed[:2] == [
-        f"INPUT av2: Argoverse 2 sensor logs, keyframe + 1 previous sweep ({data / 'av2'}): 2 samples accepted",
+        f"INPUT av2: Argoverse 2 sensor logs, keyframe + 1 previous sweep ({data / 'av2'}): 2 samples accepted, "
+        "1 with fewer sweeps: their log starts sooner",  # the log's first sweep has none before it
         f"INPUT kitti: SemanticKITTI sequences, no sweeps, labels mapped by the standard SemanticKITTI "
         f"learning_map (20 classes) ({data / 'kitti'}): 1 sample accepted",
     ]

@@ -47,6 +47,7 @@ class Dataset:
                 },
             ],
             "ego_pose": [],
+            "sample": [],
             "sample_data": [],
             "lidarseg": [],
         }
@@ -92,6 +93,7 @@ class Dataset:
             self.t["sample_data"].append(rec)
             self.points[rec["filename"]] = self.npoints[token] = 10 + i
             if kind == "K":
+                self.t["sample"].append({"token": sample, "timestamp": ts, "scene_token": f"scene{scene}"})
                 cam = f"cam{scene}{k}"
                 self.t["ego_pose"].append(
                     {"token": f"ep_{cam}", "translation": [0, 0, 0], "rotation": IDENTITY_Q}
@@ -571,6 +573,7 @@ def test_real_lyft_tables_in_nuscenes_schema(realdata: Path) -> None:
     assert rejects == [] and len(tasks) == 1  # LIDAR_FRONT_LEFT/RIGHT and the cameras are ignored
     assert tasks[0].path == f"{root}/lidar/host-a101_lidar1_1240710385903083166.bin"
     assert tasks[0].sweeps == () and tasks[0].label_path is None
+    assert tasks[0].format == "nuscenes_bin"  # Lyft's *.bin: float32 x 5, not KITTI's x 4
     tasks, rejects = load_tasks(root, "v1.01-train", 1, read_local)
     assert tasks == [] and [(r[0], r[1]) for r in rejects] == [
         (f"{root}/lidar/host-a101_lidar1_1240710385903083166.bin", "bad_table")

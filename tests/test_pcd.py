@@ -110,13 +110,26 @@ def test_real_v05_header_without_viewpoint(realdata):
     assert (h.points, h.data, h.fields) == (397, "ascii", ("x", "y", "z"))
 
 
-@pytest.mark.parametrize("rel", [r[0] for r in REAL_PCD if r[0] != "pcl/bunny.pcd"])
+@pytest.mark.parametrize("rel", [r[0] for r in REAL_PCD if r[0] != "pcl/bunny.pcd"])  # pypcd4 reads v0.7 only
 def test_real_pcd_matches_pypcd4(realdata, rel):
+    """Every field of every real PCD pypcd4 reads, every point, exactly: scalar fields as its values (cast to
+    float32, NaN where it has NaN), a packed rgb/rgba as its ``decode_rgb`` channels (alpha: bits 24-31)."""
     pypcd4 = pytest.importorskip("pypcd4")
     path = realdata / "pcd" / rel
     with open(path, "rb") as f:
-        ref = pypcd4.PointCloud.from_fileobj(f).numpy(("x", "y", "z"))
-    np.testing.assert_array_equal(read_pcd(path.read_bytes())[:, :3], ref.astype(np.float32))
+        ref = pypcd4.PointCloud.from_fileobj(f)
+    ours, columns = read_pcd(path.read_bytes()), parse_header(path.read_bytes()).columns
+    expected = []
+    for field in ref.fields:
+        values = ref.pc_data[field]
+        if field in ("rgb", "rgba"):
+            expected.append(pypcd4.PointCloud.decode_rgb(values).astype(np.float32))
+            if field == "rgba":
+                expected.append(((values.view(np.uint32) >> 24) & 255).astype(np.float32)[:, None])
+        else:
+            expected.append(values.astype(np.float32)[:, None])
+    assert ours.shape == (ref.points, len(columns))
+    np.testing.assert_array_equal(ours, np.hstack(expected))
 
 
 # ------------------------------------------------------------------------------------- generated files

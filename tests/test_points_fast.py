@@ -296,9 +296,9 @@ def test_load_points_is_the_old_load_points(fmt: str, data: st.DataObject) -> No
         if got[0] == "ok":
             for out in (load_points(*args, drop_nan=False), load_points(*args)):
                 assert out.flags.writeable and out.flags.owndata  # never a view of the files' bytes
-            # by default the rows with a NaN x, y or z are dropped (open3d's remove_nan_points)
+            # by default the rows with a NaN or infinite x, y or z are dropped (remove_non_finite_points)
             np.testing.assert_array_equal(
-                load_points(*args), multisweep.drop_nan_rows(oracle.load_points(*args))
+                load_points(*args), multisweep.drop_non_finite_rows(oracle.load_points(*args))
             )
 
 

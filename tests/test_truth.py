@@ -84,6 +84,15 @@ def _input(g: re.Match, m: dict, out: Path) -> None:
     names = pq.read_table(out / schemas.SAMPLES_DIR, columns=["dataset", "num_sweeps"])
     assert int(g["accepted"]) == pc.sum(pc.equal(names["dataset"], g["name"])).as_py()
     assert pc.max(names["num_sweeps"]).as_py() == m["sweeps"]
+    fewer = pc.sum(pc.less(names["num_sweeps"], m["sweeps"])).as_py()
+    assert int(g["short"] or 0) == fewer > 0  # each scene's first keyframe: synth's chains start there
+    assert g["unit"] in (None, "scene")
+
+
+def _points(g: re.Match, m: dict, out: Path) -> None:
+    """No row the samples count is a non-finite one: num_points counts only finite points."""
+    counted = pq.read_table(out / schemas.SAMPLES_DIR, columns=["num_points", "num_finite"])
+    assert pc.all(pc.equal(counted["num_points"], counted["num_finite"])).as_py()
 
 
 def _counts(g: re.Match, m: dict, out: Path) -> None:
@@ -171,7 +180,10 @@ def _report_epoch(g: re.Match, m: dict, out: Path) -> None:
 _F = r"[-+]?[0-9.]+"
 TEMPLATES: list[Template] = [
     (r"INPUT (?P<name>\S+): (?P<title>[^,]+), tables (?P<version>\S+), keyframe \+ (?P<sweeps>\d+) previous "
-     r"sweeps \((?P<root>[^)]+)\): (?P<accepted>\d+) samples accepted", _input),
+     r"sweeps \((?P<root>[^)]+)\): (?P<accepted>\d+) samples accepted"
+     r"(, (?P<short>\d+) with fewer sweeps: their (?P<unit>\w+) starts sooner)?", _input),
+    (r"points: a row with a NaN or infinite x, y or z is no point: not counted, not costed, not served to "
+     r"training", _points),
     (r"scanned (?P<scanned>\d+): accepted (?P<accepted>\d+), rejected (?P<rejected>\d+)"
      r"(; (?P<dropped>\d+) dropped to fill whole steps \(--pad keeps them\))?", _counts),
     (r"plan: (?P<strategy>\w+), world size (?P<world>\d+), batch (?P<batch>\d+), (?P<buckets>\d+) buckets, "

@@ -261,7 +261,7 @@ def featurize(
     if isinstance(task, _BadName):
         raise RejectError("unreadable", task.detail)
     frames = task.frame is not None
-    fmt = FRAMES_FORMAT if frames else cfg.format or readers.detect_format(task.path)
+    fmt = FRAMES_FORMAT if frames else cfg.format or task.format or readers.detect_format(task.path)
     row: dict = {
         "sample_id": task.sample_id,
         "dataset": task.dataset,

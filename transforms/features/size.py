@@ -8,7 +8,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard.transforms.errors import RejectError
-from lidarshard.transforms.layouts.multisweep import nan_rows
 
 __all__ = [
     "compute_features",
@@ -66,7 +65,8 @@ def compute_features(
     """Size features of one (possibly aggregated) cloud.
 
     Args:
-        points: (N, C>=3) float32, columns 0..2 are x, y, z in metres; NaN/inf allowed.
+        points: (N, C>=3) float32, columns 0..2 are x, y, z in metres; NaN/inf allowed (rows that are
+            no points: ``num_points`` and every other feature leave them out).
         voxel_size: edge of the occupancy voxels, metres.
         point_cloud_range: (x_min, y_min, z_min, x_max, y_max, z_max) in metres, or None for all
             finite points. Extents, percentiles and voxels are computed over in-range points.
@@ -102,10 +102,9 @@ def compute_features(
             raise RejectError(
                 "empty_after_filter", f"0 of {num_finite} finite points inside {list(point_cloud_range)}"
             )
-    # The loaders drop rows with a NaN in x, y or z (multisweep.drop_nan_rows): num_points counts the rest.
-    points_kept = n - int(np.count_nonzero(nan_rows(points))) if num_finite < n else n
+    # A row with a non-finite x, y or z is no point (multisweep.NON_FINITE_RULE): the loaders drop it.
     out: dict[str, int | float] = {
-        "num_points": points_kept,
+        "num_points": num_finite,
         "num_finite": num_finite,
         "num_in_range": int(len(xyz)),
     }

@@ -19,9 +19,12 @@ The scan computes ``num_points`` and the other size features under the rule it r
 column and returns a time-lag row; here extra columns pass through untouched and time lags live in
 ``SweepRef.time_lag_s`` (appended as a column with ``time_lags``).
 
-Rows with a NaN in x, y or z (the no-return pixels of organised PCDs, AV2 nulls) are not points: the
-loaders drop them (``drop_nan_rows``, open3d's ``remove_nan_points``) and the scan's ``num_points``
-does not count them.
+Rows with a NaN or an infinite x, y or z (the no-return pixels of organised PCDs, AV2 nulls, a driver's
++inf for "no return", ``nan``/``inf`` words of an ASCII file) are not points, by one rule everywhere
+(``NON_FINITE_RULE``): the loaders drop them (``drop_non_finite_rows``, open3d's
+``remove_non_finite_points``), and the scan's ``num_points`` and size features (hence the cost) do not
+count them. A sweep's row that becomes non-finite only through its transform is refused instead
+(``absurd_coordinates``, see ``aggregate``).
 
 This module never imports ``apache_beam``.
 """
@@ -44,8 +47,9 @@ __all__ = [
     "check_close_points",
     "recorded_close_points",
     "remove_close",
-    "nan_rows",
-    "drop_nan_rows",
+    "NON_FINITE_RULE",
+    "non_finite_rows",
+    "drop_non_finite_rows",
     "aggregate",
     "check_labels",
 ]
@@ -55,6 +59,10 @@ CLOSE_RADIUS_M = 1.0
 #: The close-point rules: which clouds of a sample lose the points inside the ``CLOSE_RADIUS_M`` box.
 CLOSE_POINTS = ("sweeps", "devkit", "none")
 DEFAULT_CLOSE_POINTS = "sweeps"
+#: The rule for rows that are no points, in the words the build summary prints.
+NON_FINITE_RULE = (
+    "a row with a NaN or infinite x, y or z is no point: not counted, not costed, not served to training"
+)
 _F32_MAX = float(np.finfo(np.float32).max)
 #: Largest float64 scratch (bytes, 2 x 3 x 8 a point) ``aggregate`` keeps per thread between calls.
 _SCRATCH_KEEP_BYTES = 16 << 20
@@ -92,7 +100,7 @@ def remove_close(points: NDArray[np.float32], radius: float = CLOSE_RADIUS_M) ->
     """Drop points inside the sensor-centred box ``|x| < radius and |y| < radius``.
 
     Devkit semantics: a square box in the x/y plane (any z), not a radius. Rows keep their order;
-    NaN coordinates are never "close" and are kept.
+    NaN and infinite coordinates are never "close" and are kept.
 
     Args:
         points: (N, C) float32, x, y, z (m, sensor frame) in the first three columns.
@@ -108,20 +116,21 @@ def remove_close(points: NDArray[np.float32], radius: float = CLOSE_RADIUS_M) ->
     return out
 
 
-def nan_rows(points: NDArray[np.floating]) -> NDArray[np.bool_]:
-    """(N,) bool: the rows of (N, >=3) ``points`` with a NaN in x, y or z."""
-    nan = np.isnan(points[:, 0])
-    nan |= np.isnan(points[:, 1])
-    nan |= np.isnan(points[:, 2])
-    return nan
+def non_finite_rows(points: NDArray[np.floating]) -> NDArray[np.bool_]:
+    """(N,) bool: the rows of (N, >=3) ``points`` with a NaN or an infinite x, y or z (no points)."""
+    finite = np.isfinite(points[:, 0])
+    finite &= np.isfinite(points[:, 1])
+    finite &= np.isfinite(points[:, 2])
+    return np.logical_not(finite, out=finite)
 
 
-def drop_nan_rows(points: NDArray[np.float32]) -> NDArray[np.float32]:
-    """(M, C) ``points`` without the rows that have a NaN in x, y or z (open3d's ``remove_nan_points``;
-    inf rows stay); ``points`` itself when there is none."""
+def drop_non_finite_rows(points: NDArray[np.float32]) -> NDArray[np.float32]:
+    """(M, C) ``points`` without the rows that have a NaN or an infinite x, y or z (open3d's
+    ``remove_non_finite_points``; the other columns may hold anything); ``points`` itself when there
+    is none."""
     _check_points(points, "points")
-    nan = nan_rows(points)
-    return points[~nan] if nan.any() else points
+    bad = non_finite_rows(points)
+    return points[~bad] if bad.any() else points
 
 
 def _outside(points: NDArray[np.float32], radius: float) -> NDArray[np.bool_]:

@@ -10,6 +10,12 @@ work alike. It joins the tables the way nuscenes-devkit does:
   the keyframe. The devkit's ``from_file_multisweep(nsweeps=K)`` counts the keyframe as the first of its
   K frames, so ``--sweeps N`` equals devkit ``nsweeps=N + 1``. Like the devkit, the chain runs through
   earlier keyframes too, and stops early at the scene start (``prev == ""``).
+* scenes: sweeps stay in the keyframe's scene. The schema defines ``prev`` as the record of the same
+  sensor before this one, ``""`` at the start of the scene, and the devkit follows it unchecked; so a
+  ``prev`` naming a record of another scene (``sample_data.sample_token -> sample.scene_token``) is
+  where the scene starts: the chain ends there (it never re-enters), and the sample is served with
+  the sweeps before the cut, as at a scene's first keyframes (the build summary counts the samples with
+  fewer sweeps than asked). ``sample.json`` is read, and required, when sweeps are asked for.
 * transforms: ``geometry.sweep_transform`` composes ``ref_from_car @ car_from_global @ global_from_car
   @ car_from_current`` exactly as the devkit does; quaternions are (w, x, y, z) and normalized.
 
@@ -18,7 +24,9 @@ is absolute, a URI or escapes the root is ``outside_root``: no returned path lie
 
 Errors: a missing or corrupt required table is fatal (``ValueError``). A bad record rejects the sample
 it would have produced: ``bad_table`` (missing/mistyped keys, unknown or duplicated tokens, a prev chain
-that breaks, cycles or does not go back in time, a malformed pose, an overlong string), ``outside_root``,
+that cannot be followed as the schema defines it: a ``prev`` that names no record, a record of another
+channel, one of an unknown sample or scene, one not strictly earlier than the record before it (so a
+loop), a file named twice in one sample; a malformed pose, an overlong string), ``outside_root``,
 ``duplicate_id``. A reject not tied to a keyframe path is named
 ``<dataroot>/<version>/<table>.json#<token or [row]>``.
 
@@ -33,8 +41,6 @@ the other keyframes are scanned as usual.
 from __future__ import annotations
 
 import json
-import math
-import posixpath
 import re
 from collections.abc import Callable
 from typing import Any
@@ -44,14 +50,25 @@ from numpy.typing import NDArray
 
 from lidarshard.schemas.jsonsafe import loads, short
 from lidarshard.transforms.errors import RejectError
-from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.storage import FileTooLargeError
 from lidarshard.transforms.layouts.geometry import pose_matrix
 from lidarshard.transforms.layouts.multisweep import check_labels
+from lidarshard.transforms.layouts.nuscenes_records import (
+    MAX_FIELD_CHARS,
+    by_token,
+    check_sd,
+    join_under_root,
+    name_of,
+    root_of,
+    str_or_empty,
+    timestamp_of,
+    too_long,
+)
 from lidarshard.transforms.layouts.task import Reject, ScanTask, SweepRef
 
 __all__ = [
     "LIDAR_CHANNEL",
+    "LIDAR_FORMAT",
     "MAX_TABLE_BYTES",
     "MAX_FIELD_CHARS",
     "load_tasks",
@@ -60,122 +77,26 @@ __all__ = [
 ]
 
 LIDAR_CHANNEL = "LIDAR_TOP"
+#: The reader of every LIDAR_TOP ``*.bin`` the tables name, ``*.pcd.bin`` (nuScenes) or ``*.bin`` (Lyft) alike:
+#: float32 x 5 records, as the devkit's (and Lyft SDK's) ``LidarPointCloud.from_file`` reads them, never
+#: KITTI's x 4. Files of other extensions (a custom dataset's ``.pcd``, ``.npy``) are read by extension.
+LIDAR_FORMAT = "nuscenes_bin"
 #: Largest table file read (bytes); a larger one is refused before reading, naming file and limit.
 MAX_TABLE_BYTES = 4 << 30
-#: Longest token or filename (characters) a sample_data/lidarseg row may hold; longer rejects the sample.
-MAX_FIELD_CHARS = 4096
-_SD_KEYS = (
-    "token", "sample_token", "ego_pose_token", "calibrated_sensor_token",
-    "filename", "timestamp", "is_key_frame", "prev",
-)  # fmt: skip
-_STR_KEYS = ("token", "sample_token", "ego_pose_token", "calibrated_sensor_token", "prev")
-_BOUNDED_KEYS = (*_STR_KEYS, "filename")
-
 ReadBytes = Callable[[str, int | None], bytes]  # (path, limit): at most limit + 1 bytes
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
-def _root(dataroot: str) -> str:
-    """``dataroot`` without trailing slashes ("/" becomes "", so joins give "/name")."""
-    if not dataroot:
-        raise ValueError("dataroot must not be empty")
-    return dataroot.rstrip("/")
-
-
-def join_under_root(dataroot: str, filename: object) -> str:
-    """Join a table ``filename`` under ``dataroot`` with ``/``, refusing anything outside it.
-
-    Args:
-        dataroot: local path or URI (``gs://bucket/root``); trailing slashes are ignored.
-        filename: the table's relative filename, e.g. ``samples/LIDAR_TOP/x.pcd.bin``.
-
-    Returns:
-        ``<dataroot>/<normalized filename>``.
-
-    Raises:
-        RejectError: ``outside_root`` (absolute path, URI, or ``..`` escaping the root) or
-            ``bad_table`` (not a non-empty string, longer than ``MAX_FIELD_CHARS``, NUL byte, names
-            the root itself).
-    """
-    if not isinstance(filename, str) or not filename:
-        raise RejectError("bad_table", f"filename {short(filename)} is not a non-empty string")
-    if len(filename) > MAX_FIELD_CHARS:
-        raise RejectError("bad_table", f"filename of {len(filename)} characters (limit {MAX_FIELD_CHARS})")
-    if "\x00" in filename:
-        raise RejectError("bad_table", f"filename {filename!r} holds a NUL byte")
-    if filename.startswith("/") or storage.has_scheme(filename):
-        raise RejectError("outside_root", f"filename {filename!r} is absolute, not relative to the dataroot")
-    norm = posixpath.normpath(filename)
-    if norm == ".." or norm.startswith("../"):
-        raise RejectError("outside_root", f"filename {filename!r} normalizes outside the dataroot")
-    if norm == ".":
-        raise RejectError("bad_table", f"filename {filename!r} names the dataroot itself")
-    return f"{_root(dataroot)}/{norm}"
-
-
-def _timestamp(record: dict[str, Any]) -> float:
-    ts = record["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-        raise RejectError(
-            "bad_table", f"sample_data {record['token']}: timestamp {short(ts)} is not a finite number"
-        )
-    return ts
-
-
-def _check_sd(record: object, what: str) -> dict[str, Any]:
-    """Validate the keys and types of one sample_data record (``what`` names it in details)."""
-    if not isinstance(record, dict):
-        raise RejectError("bad_table", f"{what} is not a JSON object")
-    missing = [k for k in _SD_KEYS if k not in record]
-    if missing:
-        raise RejectError("bad_table", f"{what} lacks keys {missing}")
-    bad = [k for k in _STR_KEYS if not isinstance(record[k], str)]
-    if bad or not isinstance(record["is_key_frame"], bool):
-        raise RejectError("bad_table", f"{what} has mistyped keys {bad or ['is_key_frame']}")
-    long = [f"{k} of {len(record[k])}" for k in _BOUNDED_KEYS if _too_long(record[k])]
-    if long:
-        raise RejectError("bad_table", f"{what} holds {', '.join(long)} characters (limit {MAX_FIELD_CHARS})")
-    return record
-
-
-def _too_long(value: object) -> bool:
-    return isinstance(value, str) and len(value) > MAX_FIELD_CHARS
-
-
-def _name(token: object, i: int) -> str:
-    """How a row is named in paths and details: its token, or ``[i]`` when that is no usable string."""
-    return token if isinstance(token, str) and not _too_long(token) else f"[{i}]"
-
-
-def _str(value: object) -> str:
-    """``value`` if it is a string, else "" (a safe dict key for JSON values of any type)."""
-    return value if isinstance(value, str) else ""
-
-
-def _index(rows: list[Any]) -> tuple[dict[str, dict[str, Any]], set[str]]:
-    """token -> first record with it, and the set of tokens that occur more than once."""
-    index: dict[str, dict[str, Any]] = {}
-    dups: set[str] = set()
-    for row in rows:
-        token = row.get("token") if isinstance(row, dict) else None
-        if isinstance(token, str):
-            if token in index:
-                dups.add(token)
-            else:
-                index[token] = row
-    return index, dups
 
 
 class _Tables:
     """The joined tables of one dataroot; ``task`` resolves one keyframe or raises ``RejectError``."""
 
     def __init__(self, dataroot: str, version: str, tables: dict[str, list[Any]]) -> None:
-        self.root, self.ref = dataroot, f"{_root(dataroot)}/{version}"
-        self.sd, self.sd_dups = _index(tables["sample_data"])
-        self.index = {name: _index(tables[name]) for name in ("calibrated_sensor", "ego_pose")}
-        channels = {token: sensor.get("channel") for token, sensor in _index(tables["sensor"])[0].items()}
+        self.root, self.ref = dataroot, f"{root_of(dataroot)}/{version}"
+        self.sd, self.sd_dups = by_token(tables["sample_data"])
+        self.index = {name: by_token(tables[name]) for name in ("calibrated_sensor", "ego_pose", "sample")}
+        channels = {token: sensor.get("channel") for token, sensor in by_token(tables["sensor"])[0].items()}
         self.channel = {  # calibrated_sensor token -> sensor channel (None when unknown)
-            token: channels.get(_str(cs.get("sensor_token")))
+            token: channels.get(str_or_empty(cs.get("sensor_token")))
             for token, cs in self.index["calibrated_sensor"][0].items()
         }
         self.labels: dict[str, object] = {}  # sample_data token -> lidarseg filename
@@ -193,7 +114,7 @@ class _Tables:
         self.cs_cache: dict[tuple[str, bool], NDArray[np.float64]] = {}
 
     def channel_of(self, record: dict[str, Any]) -> object:
-        return self.channel.get(_str(record.get("calibrated_sensor_token")))
+        return self.channel.get(str_or_empty(record.get("calibrated_sensor_token")))
 
     def _lookup(self, table: str, token: str, owner: str) -> dict[str, Any]:
         index, dups = self.index[table]
@@ -212,24 +133,40 @@ class _Tables:
     def _pose(self, record: dict[str, Any], owner: str, inverse: bool) -> NDArray[np.float64]:
         return pose_matrix(self._lookup("ego_pose", record["ego_pose_token"], owner), inverse)
 
+    def _scene(self, record: dict[str, Any], owner: str) -> str:
+        """The scene of sample_data ``record``: ``sample_token -> sample.scene_token``."""
+        sample = self._lookup("sample", record["sample_token"], owner)
+        scene = sample.get("scene_token")
+        if not isinstance(scene, str) or not scene or too_long(scene):
+            raise RejectError("bad_table", f"{owner}: sample {record['sample_token']} has no scene_token")
+        return scene
+
     def task(self, record: dict[str, Any], path: str, sweeps: int) -> ScanTask:
         """Resolve keyframe ``record`` (already validated, ``path`` joined) into a task."""
         token = record["token"]
         owner = f"keyframe sample_data {token}"
         if not record["sample_token"]:
             raise RejectError("bad_table", f"{owner} has an empty sample_token")
-        t_ref = _timestamp(record)
+        t_ref = timestamp_of(record)
         ref_from_car = self._cs_matrix(record["calibrated_sensor_token"], owner, True)
         ref_from_global = ref_from_car @ self._pose(record, owner, True)  # @ car_from_global
         refs: list[SweepRef] = []
         cur, t_cur = record, t_ref
+        scene, served = None, {path}
         for _ in range(sweeps):
             prev = cur["prev"]
             if prev == "":
                 break
             try:
-                rec, t_prev = self._sweep_record(prev, cur["token"], t_cur)
+                scene = scene or self._scene(record, owner)
+                found = self._sweep_record(prev, cur["token"], t_cur, scene)
+                if found is None:  # another scene's record: the keyframe's scene starts after it
+                    break
+                rec, t_prev = found
                 sweep_path = join_under_root(self.root, rec["filename"])
+                if sweep_path in served:
+                    raise RejectError("bad_table", f"sample_data {prev} names {rec['filename']!r} again")
+                served.add(sweep_path)
                 tf = (
                     ref_from_global
                     @ self._pose(rec, f"sample_data {prev}", False)
@@ -240,17 +177,25 @@ class _Tables:
             lag = 1e-6 * t_ref - 1e-6 * t_prev  # the devkit's from_file_multisweep arithmetic, to the bit
             refs.append(SweepRef(sweep_path, tuple(tf.ravel().tolist()), lag))
             cur, t_cur = rec, t_prev
-        return ScanTask(record["sample_token"], path, tuple(refs), self._label_path(token))
+        label = self._label_path(token)
+        fmt = LIDAR_FORMAT if path.lower().endswith(".bin") else None
+        return ScanTask(record["sample_token"], path, tuple(refs), label, format=fmt)
 
-    def _sweep_record(self, prev: str, child: str, t_child: float) -> tuple[dict[str, Any], float]:
+    def _sweep_record(
+        self, prev: str, child: str, t_child: float, scene: str
+    ) -> tuple[dict[str, Any], float] | None:
+        """The record ``prev`` of ``child`` and its timestamp; None when it lies in another scene than
+        ``scene`` (checked before its time: a record outside the scene is never followed)."""
         if prev in self.sd_dups:
             raise RejectError("bad_table", f"prev {prev!r} of {child}: sample_data token appears twice")
         if prev not in self.sd:
             raise RejectError("bad_table", f"prev {prev!r} of {child} is not a known sample_data token")
-        rec = _check_sd(self.sd[prev], f"sample_data {prev}")
+        rec = check_sd(self.sd[prev], f"sample_data {prev}")
         if self.channel_of(rec) != LIDAR_CHANNEL:
             raise RejectError("bad_table", f"prev {prev!r} of {child} is not a {LIDAR_CHANNEL} record")
-        t_prev = _timestamp(rec)
+        if self._scene(rec, f"sample_data {prev}") != scene:
+            return None
+        t_prev = timestamp_of(rec)
         if not t_prev < t_child:
             detail = f"prev {prev!r} of {child} is not earlier ({t_prev} >= {t_child}): broken/cyclic chain"
             raise RejectError("bad_table", detail)
@@ -271,7 +216,7 @@ def _read_table(
     dataroot: str, version: str, name: str, read_bytes: ReadBytes, optional: bool = False
 ) -> list[Any]:
     """The records of table ``name``; an ``optional`` table that is absent has none."""
-    path = f"{_root(dataroot)}/{version}/{name}.json"
+    path = f"{root_of(dataroot)}/{version}/{name}.json"
     limit = f"{MAX_TABLE_BYTES >> 30} GiB" if MAX_TABLE_BYTES % (1 << 30) == 0 else f"{MAX_TABLE_BYTES} bytes"
     too_large = f"nuScenes table {path} is larger than {limit}, the limit for a table (MAX_TABLE_BYTES)"
     try:
@@ -279,7 +224,10 @@ def _read_table(
     except FileNotFoundError:
         if optional:
             return []
-        raise ValueError(f"nuScenes table {path} not found (is --nuscenes-version right?)") from None
+        why = " (is --nuscenes-version right?)"
+        if name == "sample":  # read for the sweeps alone
+            why = ": sweeps stay in their keyframe's scene, which it names (is --nuscenes-version right?)"
+        raise ValueError(f"nuScenes table {path} not found{why}") from None
     except FileTooLargeError:
         raise ValueError(too_large) from None
     except OSError as err:
@@ -329,15 +277,16 @@ def load_tasks(
         raise ValueError(f"sweeps must be an int >= 0, got {sweeps!r}")
     if not version or "/" in version or version in (".", ".."):
         raise ValueError(f"nuScenes version {version!r} must be one folder name, e.g. v1.0-mini")
-    names = ("sample_data", "calibrated_sensor", "sensor", "ego_pose")
+    names = ("sample_data", "calibrated_sensor", "sensor", "ego_pose", *(("sample",) if sweeps else ()))
     tables = {name: _read_table(dataroot, version, name, read_bytes) for name in names}
+    tables.setdefault("sample", [])  # only sweeps need the scenes
     tables["lidarseg"] = _read_table(dataroot, version, "lidarseg", read_bytes, optional=True)
     db = _Tables(dataroot, version, tables)
     rejects: list[Reject] = list(db.label_rejects)
     by_sample: dict[str, ScanTask] = {}
     for i, row in enumerate(tables["sample_data"]):
         token = row.get("token") if isinstance(row, dict) else None
-        name = _name(token, i)
+        name = name_of(token, i)
         ref = f"{db.ref}/sample_data.json#{name}"
         if isinstance(row, dict):
             if row.get("is_key_frame") is False:
@@ -354,7 +303,7 @@ def load_tasks(
             if channel != LIDAR_CHANNEL:
                 continue  # another sensor
         try:
-            record = _check_sd(row, f"sample_data {name}")
+            record = check_sd(row, f"sample_data {name}")
             path = join_under_root(dataroot, record["filename"])
         except RejectError as err:
             rejects.append((ref, err.reason, err.detail))

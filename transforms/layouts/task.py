@@ -49,6 +49,8 @@ class ScanTask:
         label_path: the keyframe's per-point label file, or None.
         frame: the keyframe's row key inside a multi-frame file (see ``SweepRef.frame``), or None.
         dataset: the name of the INPUT it came from (set by the scan, not by layouts).
+        format: the reader of its files (``formats.readers.FORMATS``) when the layout defines it
+            whatever their names (nuScenes/Lyft lidar files: ``nuscenes_bin``); None: by extension.
     """
 
     sample_id: str
@@ -57,6 +59,7 @@ class ScanTask:
     label_path: str | None
     frame: int | None = None
     dataset: str | None = None
+    format: str | None = None
 
 
 @dataclass(frozen=True)
