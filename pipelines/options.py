@@ -47,7 +47,7 @@ def _model_spec(spec: str) -> str:
     return spec
 
 
-def _text(value: object) -> str:
+def _refused(value: object) -> str:
     raise ValueError(f"{value!r} is not a valid value")
 
 
@@ -94,7 +94,7 @@ class BuildOptions(ScanOptions):
     input: tuple[str, ...] = option(_INPUT + "Waymo Open v2; local, gs://, s3://); none with --from-samples", (),
                                     positional="*", check=path(many=True), metavar="INPUT")  # fmt: skip
     plan: PlanConfig = nested(group="plan")
-    cost_model: str = option(COST_MODEL_HELP, "voxels", group="plan", check=parsed_by(_model_spec, _text),
+    cost_model: str = option(COST_MODEL_HELP, "voxels", group="plan", check=parsed_by(_model_spec, _refused),
                              metavar="MODEL")  # fmt: skip
     from_samples: str | None = option(
         "re-plan from a previous run's samples, OUT/samples (or a 2.x samples.parquet); no rescan", None,
