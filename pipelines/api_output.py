@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from lidarshard.pipelines.cli import BeamRootRecords, one_line
-from lidarshard.pipelines.flags import UsageError
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["BEAM_LOGGER", "beam_output_held"]
 

@@ -22,8 +22,8 @@ from lidarshard import schemas
 from lidarshard.loaders.reader import read_samples
 from lidarshard.pipelines import launch, understood
 from lidarshard.pipelines.checks import check_locations
-from lidarshard.pipelines.flags import CommandParser, UsageError
-from lidarshard.pipelines.options import BuildOptions, declare
+from lidarshard.pipelines.flags import BeamParser
+from lidarshard.pipelines.options import BuildOptions
 from lidarshard.pipelines.preflight import build_settings
 from lidarshard.pipelines.runners import check_workers_reach, run_paths
 from lidarshard.pipelines.scan import scan_samples
@@ -32,11 +32,13 @@ from lidarshard.tools.epoch_seconds import epoch_lines, plan_loads
 from lidarshard.transforms.beam.build_transform import BuildManifest
 from lidarshard.transforms.beam.scan_transform import scan_results
 from lidarshard.transforms.core.score import Source, previous_source
+from lidarshard.transforms.declare import from_flags
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.metadata import load_manifest
 from lidarshard.transforms.plan.epoch_time import untimed
 from lidarshard.transforms.plan.memory import format_bytes
 from lidarshard.transforms.plan.metrics import COLUMNS, plan_buys
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
 
@@ -56,19 +58,11 @@ def _summary_help() -> str:
     return "\n".join(lines)
 
 
-def parser() -> CommandParser:
-    """The ``build`` command line: paths, the flags of ``BuildOptions`` (scan, output, plan), Beam
-    options; ``--help`` also says what the summary's numbers mean."""
+def parser() -> BeamParser:
+    """The ``build`` command line: the arguments of ``BuildOptions`` (INPUT... OUT, scan, output, plan),
+    Beam options; ``--help`` also says what the summary's numbers mean."""
     about = __doc__.split("\n\n")[0].replace("``", "")
-    p = CommandParser("lidarshard build", f"{about}\n\n{_summary_help()}", usage=USAGE)
-    p.add_argument(
-        "paths",
-        nargs="+",
-        metavar="PATH",
-        help="INPUT... OUT, or only OUT with --from-samples; INPUT is [NAME=]PATH",
-    )
-    declare(p, BuildOptions)
-    return p
+    return BeamParser("lidarshard build", f"{about}\n\n{_summary_help()}", BuildOptions, usage=USAGE)
 
 
 def _scan_source(gathered: dict[str, list], scratch: str, root: str | None) -> Source:
@@ -84,18 +78,17 @@ def build_pipeline(
     """Wire the build: ``source`` (a staged table), else the ``--from-samples`` samples, else the scan
     of INPUT, into the build core."""
     job = settings.job(staging)
-    scan = settings.scan
     if source is not None:
         sources = pipeline | "Table" >> beam.Create([source])
-    elif settings.from_samples:  # read where it is used: passing the table along would pickle it
+    elif settings.options.from_samples:  # read where it is used: passing the table along would pickle it
         sources = (
             pipeline
-            | "Previous" >> beam.Create([settings.from_samples])
+            | "Previous" >> beam.Create([settings.options.from_samples])
             | "PreviousSource" >> beam.Map(previous_source, settings.path_root)
         )
     else:
         scratch = storage.join(job.work, SCANNED_DIR)
-        scanned = pipeline | "Scan" >> scan_samples(scan, job.work, scratch)
+        scanned = pipeline | "Scan" >> scan_samples(settings, job.work, scratch)
         sources = scanned.gathered() | "ScanSource" >> beam.Map(_scan_source, scratch, settings.path_root)
     _ = sources | "Build" >> BuildManifest(job)
 
@@ -108,16 +101,11 @@ def launch_build(
 ) -> bool:
     """Run the checked build and publish it; False for a dry run (nothing published). ``stage(staging)``
     writes a table's source into the staging directory first (``lidarshard.write_manifest``)."""
-    staged: list[Source] = []
-
-    def before(staging: str) -> None:
-        if stage is not None:
-            staged.append(stage(staging))
 
     def write(pipeline: beam.Pipeline, staging: str) -> None:
-        build_pipeline(pipeline, settings, staging, staged[0] if staged else None)
+        build_pipeline(pipeline, settings, staging, stage(staging) if stage is not None else None)
 
-    return launch.launch(write, beam_argv, settings.output, default_runner, before)
+    return launch.launch(write, beam_argv, settings.output, default_runner)
 
 
 def print_summary(out: str) -> None:
@@ -191,8 +179,8 @@ def run(argv: list[str] | None = None) -> int:
     args, beam_argv = p.parse(argv)
     try:
         dry_run = launch.dry_run_requested(beam_argv)
-        opts = BuildOptions.from_namespace(args)
-        settings = build_settings(opts, args.paths, dry_run)
+        opts = from_flags(BuildOptions, args)
+        settings = build_settings(opts, dry_run)
         check_workers_reach(beam_argv, run_paths(settings), opts.shared_filesystem)
         if not dry_run:  # a dry run works offline
             check_locations(beam_argv)

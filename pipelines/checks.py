@@ -1,6 +1,7 @@
 """Every check of a path the user gave, made before Beam starts: INPUT, OUT, the nuScenes version and
-``--from-samples``. Each raises :class:`~lidarshard.pipelines.flags.UsageError` with one line naming
-the path and what is wrong.
+``--from-samples``. Each raises :class:`~lidarshard.transforms.declare.UsageError` with one line naming
+the path and what is wrong. Where any run may publish is one rule (``check_output_parent``, with
+``tools.outputs``): never inside another published manifest or scan.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.owned import check_replaceable
 from lidarshard.pipelines.publish import NAME_MAX
 from lidarshard.schemas import SUCCESS_FILE
+from lidarshard.tools.outputs import check_output_path
 from lidarshard.transforms.core import earlier_run
 from lidarshard.transforms.io import paths, storage
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = [
     "REMOTE_TIMEOUT_S",
@@ -27,6 +29,8 @@ __all__ = [
     "check_from_samples",
     "check_locations",
     "is_pattern",
+    "real",
+    "under",
 ]
 
 #: Seconds a remote store (gs://, s3://, ...) has to answer the first look at INPUT, OUT or a Beam
@@ -143,15 +147,16 @@ def check_locations(beam_argv: Sequence[str]) -> None:
             _answer(f"--{flag}", where, lambda: storage.is_dir(where))  # noqa: B023 - called at once
 
 
-def _resolved(path: str) -> str:
+def real(path: str) -> str:
     """A local path with its links resolved (remote paths as given), no trailing slash."""
     if storage.is_local(path):
         return os.path.realpath(storage.local_path(path)).rstrip("/") or "/"
     return path.rstrip("/")
 
 
-def _contains(outer: str, inner: str) -> bool:
-    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+def under(path: str, root: str) -> bool:
+    """``path`` lies strictly inside ``root`` (both as ``real`` gives them)."""
+    return path.startswith(root.rstrip("/") + "/")
 
 
 def check_output(out: str, inputs: list[str], publish: bool = True) -> None:
@@ -161,14 +166,14 @@ def check_output(out: str, inputs: list[str], publish: bool = True) -> None:
     writable (``publish=False``, a dry run: only the first checks)."""
     for inp in inputs:
         root = _root_of(inp)
-        outer, inner = _resolved(root), _resolved(out)
+        outer, inner = real(root), real(out)
         if outer == inner:
             raise UsageError(f"OUT {out} is INPUT: write the manifest to another directory")
-        if _contains(outer, inner):
+        if under(inner, outer):
             raise UsageError(
                 f"OUT {out} is inside INPUT {root}: a later scan would read it; choose another OUT"
             )
-        if _contains(inner, outer):
+        if under(outer, inner):
             raise UsageError(
                 f"INPUT {root} is inside OUT {out}: publishing replaces OUT and would delete the input; "
                 "choose another OUT"
@@ -184,7 +189,12 @@ def check_output(out: str, inputs: list[str], publish: bool = True) -> None:
 
 
 def check_output_parent(out: str) -> None:
-    """OUT must not be a file and (local) its nearest existing parent must be writable."""
+    """OUT must not lie inside another published manifest or scan (but in its ``report/``: the rule of every
+    writer, ``tools.outputs``), must not be a file and (local) its nearest existing parent must be writable."""
+    try:
+        _answer("OUT", out, lambda: check_output_path(out, "OUT"))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if not storage.is_local(out):
         return
     path = os.path.abspath(out.rstrip("/").removeprefix("file://"))

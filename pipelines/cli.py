@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from types import FrameType
 
 from lidarshard import __version__
-from lidarshard.pipelines import DEBUG_ENV
 from lidarshard.transforms import progress
+from lidarshard.transforms.declare import DEBUG_ENV
 
 __all__ = [
     "main",
@@ -295,9 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = _switch(rest, "--debug") or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     beam = name in BEAM_COMMANDS
-    if not beam:
-        rest = [a for a in rest if a != "--debug"]
-    # The parsers declare -v/--verbose and --progress (flags.CommandParser); they act here, before
+    # The parsers declare -v/--verbose and --progress (flags.BeamParser); they act here, before
     # Beam is imported: its import-time records and Dask's logging follow them.
     verbose = debug or (beam and _switch(rest, "-v", "--verbose"))
     shown = beam and (_switch(rest, "--progress") or (sys.stderr.isatty() and not verbose))

@@ -6,7 +6,7 @@ components), recognised from what is there (``transforms.layouts.detect``) unles
 names it. Several INPUTs make one plan: each sample_id is prefixed with its dataset's NAME (default:
 the INPUT's last path component), ``--dataset-weights NAME=W,...`` scales a dataset's expected copies
 per epoch, and paths are stored relative to the INPUTs' common parent. Problems raise
-:class:`~lidarshard.pipelines.flags.UsageError` with one line.
+:class:`~lidarshard.transforms.declare.UsageError` with one line.
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ import re
 from collections.abc import Mapping, Sequence
 
 from lidarshard.pipelines import checks, understood
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.transforms import layouts
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.layouts import FILES, LAYOUT_NAMES, Dataset
+from lidarshard.transforms.layouts import FILES, Dataset
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = [
     "resolve_datasets",
     "split_input",
     "common_root",
-    "parse_pairs",
     "label_maps",
     "dataset_json",
     "LAYOUT_IO",
@@ -46,31 +45,15 @@ def split_input(spec: str) -> tuple[str | None, str]:
     return None, spec
 
 
-def parse_pairs(text: str | None, flag: str) -> dict[str, str]:
-    """``NAME=VALUE,NAME=VALUE`` -> {NAME: VALUE} (``flag`` names it in errors); None -> {}."""
-    if not text:
+def _layouts_flag(given: str | tuple[tuple[str, str], ...] | None, names: Sequence[str]) -> dict[str, str]:
+    """``--dataset`` (one layout for every INPUT, or (NAME, LAYOUT) pairs) -> {dataset name: layout}."""
+    if given is None:
         return {}
-    out: dict[str, str] = {}
-    for item in text.split(","):
-        name, eq, value = item.partition("=")
-        if not eq or not name or not value:
-            raise UsageError(f"{flag} {text}: expected NAME=VALUE pairs separated by commas, got {item!r}")
-        if name in out:
-            raise UsageError(f"{flag} {text}: {name} is given twice")
-        out[name] = value
-    return out
-
-
-def _layouts_flag(text: str | None, names: Sequence[str]) -> dict[str, str]:
-    """``--dataset``: one LAYOUT for every INPUT, or NAME=LAYOUT pairs -> {dataset name: layout}."""
-    if not text:
-        return {}
-    pairs = parse_pairs(text, "--dataset") if "=" in text else dict.fromkeys(names, text)
-    for name, layout in pairs.items():
-        if layout not in LAYOUT_NAMES:
-            raise UsageError(f"--dataset {text}: {layout!r} is not one of {', '.join(LAYOUT_NAMES)}")
+    pairs = dict(given) if isinstance(given, tuple) else dict.fromkeys(names, given)
+    for name in pairs:
         if name not in names:
-            raise UsageError(f"--dataset {text}: no INPUT is named {name!r} (INPUTs: {', '.join(names)})")
+            shown = ",".join(f"{k}={v}" for k, v in pairs.items())
+            raise UsageError(f"--dataset {shown}: no INPUT is named {name!r} (INPUTs: {', '.join(names)})")
     return pairs
 
 
@@ -123,10 +106,14 @@ def _layout(path: str, forced: str | None, version: str | None, look: bool) -> s
 
 
 def resolve_datasets(
-    specs: Sequence[str], dataset: str | None, weights: Mapping[str, float], version: str | None, look: bool
+    specs: Sequence[str],
+    dataset: str | tuple[tuple[str, str], ...] | None,
+    weights: Mapping[str, float],
+    version: str | None,
+    look: bool,
 ) -> tuple[Dataset, ...]:
     """The checked INPUTs of a run (``specs``: ``[NAME=]PATH`` each, paths already absolute or URIs;
-    ``weights``: the parsed ``--dataset-weights``).
+    ``dataset``, ``weights``: the checked ``--dataset`` and ``--dataset-weights``).
 
     Raises:
         UsageError: a missing INPUT, two with one name, a layout flag that does not fit, bad weights.
@@ -156,10 +143,10 @@ def resolve_datasets(
 def _check_apart(paths: Sequence[str], look: bool) -> None:
     """No INPUT holds another or shares a file with it (its files would be scanned twice, under two
     names): directories by their paths, patterns (``look``: they are listed) by the files they match."""
-    roots = [(_real(p), p) for p in paths if not checks.is_pattern(p)]
+    roots = [(checks.real(p), p) for p in paths if not checks.is_pattern(p)]
     for i, (a, shown_a) in enumerate(roots):
         for b, shown_b in roots[i + 1 :]:
-            if a == b or _under(a, b) or _under(b, a):
+            if a == b or checks.under(a, b) or checks.under(b, a):
                 inner, outer = (shown_a, shown_b) if len(a) >= len(b) else (shown_b, shown_a)
                 raise UsageError(
                     f"INPUT {outer} holds INPUT {inner}: its files would be scanned twice; give them apart"
@@ -168,9 +155,9 @@ def _check_apart(paths: Sequence[str], look: bool) -> None:
         return
     matched: list[tuple[str, set[str]]] = []
     for pattern in (p for p in paths if checks.is_pattern(p)):
-        files = {_real(f) for f in storage.glob(pattern)}
+        files = {checks.real(f) for f in storage.glob(pattern)}
         for root, shown in roots:
-            inside = sorted(f for f in files if _under(f, root))
+            inside = sorted(f for f in files if checks.under(f, root))
             if inside:
                 raise UsageError(
                     f"INPUT {shown} holds {inside[0]}, which INPUT {pattern} matches too: "
@@ -184,15 +171,6 @@ def _check_apart(paths: Sequence[str], look: bool) -> None:
                     "give them apart"
                 )
         matched.append((pattern, files))
-
-
-def _real(path: str) -> str:
-    """A local path with its links resolved (a URI as given), no trailing slash."""
-    return os.path.realpath(storage.local_path(path)) if storage.is_local(path) else path.rstrip("/")
-
-
-def _under(path: str, root: str) -> bool:
-    return path.startswith(root.rstrip("/") + "/")
 
 
 def label_maps(datasets: Sequence[Dataset], look: bool) -> dict[str, dict[int, int]]:

@@ -60,12 +60,10 @@ def launch(
     beam_argv: Sequence[str],
     out: str,
     default_runner: Sequence[str] | None = None,
-    before: Callable[[str], None] | None = None,
 ) -> bool:
     """Run the pipeline ``write(pipeline, staging)`` builds and publish its staging directory as ``out``.
 
-    A stale ``OUT.rejects.parquet`` of an earlier failed run goes first; ``before(staging)`` runs
-    once the staging directory is named (e.g. to stage a table as the build's source).
+    A stale ``OUT.rejects.parquet`` of an earlier failed run goes first.
 
     Returns:
         False for ``--dry_run``: the runner built the job graph, nothing ran, nothing is published
@@ -91,8 +89,6 @@ def launch(
     staging = publish.new_staging(out)
 
     def run() -> None:
-        if before is not None:
-            before(staging)
         pipeline = beam.Pipeline(options=opts)
         write(pipeline, staging)
         with running():  # the command's progress line; Beam's and the workers' output hidden unless -v

@@ -1,103 +1,67 @@
 """The pre-flight of ``scan``, ``build`` and the Python API: every check that reads what the user named
-(INPUTs and their layouts, label maps, OUT, the ``--from-samples`` table, a ``@file.json`` cost model),
-made before Beam starts, and the settings built from the options and what was read.
-
-The conversion itself (options -> ``ScanConfig`` / ``PlanConfig``, the rules between flags) is pure and
-lives in ``lidarshard.pipelines.settings``; this module adds what needs the files. A problem raises
-:class:`~lidarshard.pipelines.flags.UsageError` with one line.
+(INPUTs and their layouts, label maps, OUT, the ``--from-samples`` table and the manifest beside it), made
+before Beam starts, and the settings of the run: the options with OUT located, defaults resolved and what
+``--from-samples`` recorded. The options themselves were checked where they were built (flags or keywords,
+``lidarshard.pipelines.options``). A problem raises :class:`~lidarshard.transforms.declare.UsageError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from lidarshard import __version__
 from lidarshard.pipelines import checks, inputs, understood
-from lidarshard.pipelines.flags import UsageError
-from lidarshard.pipelines.options import DEFAULT_REJECT_FRACTION, BuildOptions, ScanOptions
-from lidarshard.pipelines.replan import replan_settings
-from lidarshard.pipelines.settings import (
-    BuildSettings,
-    ScanSettings,
-    check_plan_size,
-    dataset_weights,
-    location,
-    plan_config,
-    scan_config,
-    weights_text,
-)
+from lidarshard.pipelines.options import DEFAULT_REJECT_FRACTION, BuildOptions, ScanOptions, cost_model
+from lidarshard.pipelines.replan import continued
+from lidarshard.pipelines.settings import BuildSettings, ScanSettings, check_plan_size, location
 from lidarshard.pipelines.understood import sweeps_of
-from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.core import earlier_run
-from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.core.manifest_writer import Kept
 from lidarshard.transforms.features import repeat
-from lidarshard.transforms.features.cost import CostModel, parse_cost_model
+from lidarshard.transforms.features.cost import CostModel
 from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.layouts import FILES, Dataset
 from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS
+from lidarshard.transforms.value_checks import UsageError
 
-__all__ = ["cost_model", "scan_settings", "build_settings", "table_settings"]
+__all__ = ["scan_settings", "build_settings", "table_settings"]
 
-
-def cost_model(spec: str) -> CostModel:
-    """Parse ``--cost-model`` once, in the launcher (``@file.json`` is read here, not by workers)."""
-    try:
-        return parse_cost_model(spec)
-    except FileNotFoundError:
-        raise UsageError(f"--cost-model {spec}: no such file") from None
-    except (ValueError, OSError) as e:
-        raise UsageError(f"--cost-model {spec}: {getattr(e, 'strerror', None) or e}") from None
+_O = TypeVar("_O", bound=ScanOptions)
 
 
-def scan_settings(
-    opts: ScanOptions, specs: Sequence[str], output: str, dry_run: bool = False
-) -> ScanSettings:
-    """INPUTs (``[NAME=]PATH`` each) and OUT checked, the scan options as settings (``dry_run``: only the
-    job graph will be built; remote paths are not looked at, and OUT is not checked for replacing)."""
-    if opts.dataset_weights is not None:
-        raise UsageError(
-            f"--dataset-weights {opts.dataset_weights} weights a plan: give it to build (a scan plans nothing)"
-        )
-    output = location(output)
-    datasets = _datasets(opts, specs, dry_run)
-    checks.check_output(output, [d.root for d in datasets], publish=not dry_run)
-    return _scan(opts, datasets, output, opts.max_reject_fraction, dry_run)
+def scan_settings(opts: ScanOptions, dry_run: bool = False) -> ScanSettings:
+    """INPUTs and OUT checked, the scan's settings (``dry_run``: only the job graph will be built; remote
+    paths are not looked at, and OUT is not checked for replacing)."""
+    out, (datasets, look) = location(opts.out), _datasets(opts, dry_run)
+    checks.check_output(out, [d.root for d in datasets], publish=not dry_run)
+    maps = inputs.label_maps(datasets, look)
+    return ScanSettings(_resolved(opts, out, opts.max_reject_fraction), datasets[0].root, datasets, maps)
 
 
-def _datasets(opts: ScanOptions, specs: Sequence[str], dry_run: bool) -> tuple[Dataset, ...]:
-    """The INPUTs, located, checked and given their layouts (``pipelines.inputs``)."""
+def _datasets(opts: ScanOptions, dry_run: bool) -> tuple[tuple[Dataset, ...], bool]:
+    """The INPUTs, located, checked, given their layouts (``pipelines.inputs``) and weights, and the flags
+    their layouts must honour checked; and whether the files were looked at (not in an offline dry run)."""
     located = []
-    for spec in specs:
-        name, path = inputs.split_input(spec)
-        located.append(f"{name}={location(path)}" if name else location(path))
+    for spec in opts.input:
+        name, where = inputs.split_input(spec)
+        located.append(f"{name}={location(where)}" if name else location(where))
     look = not dry_run or all(storage.is_local(inputs.split_input(s)[1]) for s in located)
-    weights = dict(dataset_weights(opts.dataset_weights))
-    return inputs.resolve_datasets(located, opts.dataset, weights, opts.nuscenes_version, look)
-
-
-def _scan(
-    opts: ScanOptions, datasets: tuple[Dataset, ...], output: str, fraction: float | None, dry_run: bool
-) -> ScanSettings:
-    """The scan options of checked INPUTs as settings (``fraction`` None: the default)."""
-    look = not dry_run or all(storage.is_local(d.root) for d in datasets)
+    weights = dict(opts.plan.repeat.datasets) if isinstance(opts, BuildOptions) else {}
+    datasets = inputs.resolve_datasets(located, opts.dataset, weights, opts.nuscenes_version, look)
     if look:
         _check_layout_flags(opts, datasets)
-    return ScanSettings(
-        input=datasets[0].root if datasets else None,
-        output=output,
-        config=scan_config(opts),
-        nuscenes_version=opts.nuscenes_version,
-        sweeps=opts.sweeps,
-        part_rows=opts.part_rows,
-        max_reject_fraction=DEFAULT_REJECT_FRACTION if fraction is None else fraction,
-        datasets=datasets,
-        label_maps=inputs.label_maps(datasets, look),
-    )
+    return datasets, look
+
+
+def _resolved(opts: _O, out: str, fraction: float | None, **changes: Any) -> _O:
+    """``opts`` as the run uses them: OUT located, the reject fraction resolved (None: the default)."""
+    fraction = DEFAULT_REJECT_FRACTION if fraction is None else fraction
+    return dataclasses.replace(opts, out=out, max_reject_fraction=fraction, **changes)
 
 
 def _check_layout_flags(opts: ScanOptions, datasets: Sequence[Dataset]) -> None:
@@ -107,7 +71,7 @@ def _check_layout_flags(opts: ScanOptions, datasets: Sequence[Dataset]) -> None:
     names = [d.name for d in datasets]
     if not datasets:  # --from-samples (checked in build_settings) or a table
         return
-    sweeps = opts.sweeps if isinstance(opts.sweeps, int) else dict(opts.sweeps)
+    sweeps = opts.recorded_sweeps
     shown = sweeps if isinstance(sweeps, int) else ",".join(f"{k}={v}" for k, v in sweeps.items())
     unknown = sorted(set(sweeps) - set(names)) if isinstance(sweeps, dict) else []
     if unknown:
@@ -127,69 +91,50 @@ def _check_layout_flags(opts: ScanOptions, datasets: Sequence[Dataset]) -> None:
         )
 
 
-def build_settings(
-    opts: BuildOptions,
-    paths: Sequence[str],
-    dry_run: bool = False,
-    replan: tuple[PlanConfig, Manifest] | None = None,
-) -> BuildSettings:
-    """The checked settings of ``lidarshard build`` (``paths``: INPUT... OUT, or OUT with
-    ``--from-samples``); see ``scan_settings`` for ``dry_run``. ``replan``: the plan and the manifest
-    it continues, which ``lidarshard.replan`` constructed from the manifest it holds; they stand for the
-    plan options and the manifest beside ``--from-samples``."""
-    if (len(paths) != 1) if opts.from_samples else (len(paths) < 2):
+def build_settings(opts: BuildOptions, dry_run: bool = False, kept: Kept | None = None) -> BuildSettings:
+    """The checked settings of ``lidarshard build`` (INPUT... OUT, or OUT with ``--from-samples``); see
+    ``scan_settings`` for ``dry_run``. ``kept``: a re-plan's, when ``lidarshard.replan`` constructed its plan
+    from the manifest it holds (``replan.continued``); else a ``--replan-from`` is continued here."""
+    if (len(opts.input) != 0) if opts.from_samples else not opts.input:
         raise UsageError("expected OUT with --from-samples" if opts.from_samples else "expected INPUT OUT")
     if opts.from_samples and opts.sweeps:
         raise UsageError("--sweeps: --from-samples re-plans samples scanned already, with their sweeps")
-    if opts.replan_from is not None and not opts.from_samples:
-        raise UsageError(
-            f"--replan-from {opts.replan_from} re-plans a manifest: add --from-samples PREV/samples"
-        )
-    cfg = plan_config(opts) if replan is None else replan[0]
     model = cost_model(opts.cost_model)
-    check_plan_size(cfg)
+    check_plan_size(opts.plan)
     if opts.from_samples:
-        return _from_samples(opts, cfg, model, location(paths[0]), dry_run, replan and replan[1])
-    output = location(paths[-1])
-    datasets = _datasets(opts, paths[:-1], dry_run)
-    look = not dry_run or all(storage.is_local(d.root) for d in datasets)
-    _check_weights(opts, cfg, datasets, None, look)
-    checks.check_output(output, [d.root for d in datasets], publish=not dry_run)
-    scan = _scan(opts, datasets, output, opts.max_reject_fraction, dry_run)
-    return BuildSettings(scan, cfg, model, None, _path_root(opts, datasets, None))
+        return _from_samples(opts, model, dry_run, kept)
+    out, (datasets, look) = location(opts.out), _datasets(opts, dry_run)
+    _check_weights(opts, datasets, None, look)
+    checks.check_output(out, [d.root for d in datasets], publish=not dry_run)
+    options, maps = _resolved(opts, out, opts.max_reject_fraction), inputs.label_maps(datasets, look)
+    root = _path_root(opts, datasets, None)
+    return BuildSettings(options, datasets[0].root, datasets, maps, model=model, path_root=root)
 
 
-def _from_samples(
-    opts: BuildOptions,
-    cfg: PlanConfig,
-    model: CostModel,
-    output: str,
-    dry_run: bool,
-    previous: Manifest | None,
-) -> BuildSettings:
-    """``build OUT --from-samples S`` (``--replan-from E``: continuing ``previous``, or the manifest beside S)."""
+def _from_samples(opts: BuildOptions, model: CostModel, dry_run: bool, kept: Kept | None) -> BuildSettings:
+    """``build OUT --from-samples S`` (``--replan-from E``: continuing the manifest beside S)."""
     assert opts.from_samples is not None
     samples = location(opts.from_samples).rstrip("/") or "/"  # may be given with a trailing slash
+    out = location(opts.out)
     look = not dry_run or storage.is_local(samples)
     fraction, rows = opts.max_reject_fraction, None
     if look:
         rows, recorded_fraction = checks.check_from_samples(samples)
         fraction = recorded_fraction if fraction is None else fraction
-    kept = None
-    if opts.replan_from is not None:
-        cfg, kept = replan_settings(cfg, samples, opts.replan_from, previous)
-    weight = _check_weights(opts, cfg, (), samples, look)
+    if opts.replan_from is not None and kept is None:
+        plan, kept = continued(samples, opts.replan_from, opts.plan.epochs, opts.plan)
+        opts = dataclasses.replace(opts, plan=plan)
+    weight = _check_weights(opts, (), samples, look)
     if rows is not None:
-        check_plan_size(cfg, rows, f"--from-samples {samples}", weight)
-    checks.check_output(output, [samples], publish=not dry_run)
-    datasets, maps = _recorded_datasets(opts, cfg, samples, look)
-    scan = dataclasses.replace(
-        _scan(opts, (), output, fraction, dry_run), input=samples, datasets=datasets, label_maps=maps
-    )
+        check_plan_size(opts.plan, rows, f"--from-samples {samples}", weight)
+    checks.check_output(out, [samples], publish=not dry_run)
+    datasets, maps = _recorded_datasets(opts, samples, look)
+    recorded_scan: dict[str, Any] = {}
     if look:  # the samples' features were computed under their scan's rule: the loaders must apply it
-        scan = dataclasses.replace(scan, config=_recorded_rule(opts, scan.config, samples))
-        scan = dataclasses.replace(scan, **_recorded_sweeps(samples))
-    return BuildSettings(scan, cfg, model, samples, _path_root(opts, (), samples), kept)
+        recorded_scan = {"config": _recorded_rule(opts.config, samples), **_recorded_sweeps(samples)}
+    options = _resolved(opts, out, fraction, from_samples=samples, **recorded_scan)
+    root = _path_root(opts, (), samples)
+    return BuildSettings(options, samples, datasets, maps, model=model, path_root=root, kept=kept)
 
 
 def _recorded_sweeps(samples: str) -> dict[str, Any]:
@@ -202,23 +147,23 @@ def _recorded_sweeps(samples: str) -> dict[str, Any]:
     return {"sweeps": pairs, "nuscenes_version": version}
 
 
-def _recorded_rule(opts: BuildOptions, config: ScanConfig, samples: str) -> ScanConfig:
+def _recorded_rule(config: ScanConfig, samples: str) -> ScanConfig:
     """``config`` with the close-point rule the scan of ``samples`` recorded; a different
     ``--close-points`` is a usage error (the recorded features were not computed under it)."""
     try:
         rule = earlier_run.previous_close_points(samples)
     except ValueError as e:
         raise UsageError(f"--from-samples {samples}: {e}") from None
-    if opts.close_points not in (rule, DEFAULT_CLOSE_POINTS):
+    if config.close_points not in (rule, DEFAULT_CLOSE_POINTS):
         raise UsageError(
-            f"--close-points {opts.close_points}: {samples} was scanned under --close-points {rule}; "
+            f"--close-points {config.close_points}: {samples} was scanned under --close-points {rule}; "
             "rescan to change the rule"
         )
     return dataclasses.replace(config, close_points=rule)
 
 
 def _recorded_datasets(
-    opts: BuildOptions, cfg: PlanConfig, samples: str, look: bool
+    opts: BuildOptions, samples: str, look: bool
 ) -> tuple[tuple[Dataset, ...], dict[str, dict[int, int]]]:
     """The datasets and label maps the run that wrote ``samples`` recorded, weighted by ``--dataset-weights``
     (each of whose names must be one of them); nothing when not looked at."""
@@ -226,28 +171,25 @@ def _recorded_datasets(
         before = earlier_run.previous_datasets(samples) if look else ()
     except ValueError as e:
         raise UsageError(str(e)) from None
-    scale = dict(cfg.repeat.datasets)
+    scale = dict(opts.plan.repeat.datasets)
     kept = tuple(Dataset(d.name, d.root, d.layout, scale.get(d.name, 1.0)) for d in before)
     unknown = sorted(set(scale) - {d.name for d in kept})
     if unknown and look:
         have = ", ".join(d.name for d in kept) or "none recorded"
-        given = opts.dataset_weights or weights_text(cfg.repeat.datasets)
+        given = ",".join(f"{name}={weight:g}" for name, weight in opts.plan.repeat.datasets)
         raise UsageError(
             f"--dataset-weights {given}: {samples} holds no dataset named {unknown[0]!r} (datasets: {have})"
         )
     return kept, label_maps(before)
 
 
-def table_settings(opts: BuildOptions, output: str, model: CostModel) -> BuildSettings:
+def table_settings(opts: BuildOptions, model: CostModel) -> BuildSettings:
     """The settings of ``lidarshard.write_manifest``: a user's table, its paths stored as given."""
-    output = location(output)
-    checks.check_output(output, [])
-    fraction = DEFAULT_REJECT_FRACTION if opts.max_reject_fraction is None else opts.max_reject_fraction
-    created = f"lidarshard {__version__} write_manifest"
-    scan = ScanSettings(None, output, ScanConfig(), None, 0, opts.part_rows, fraction, created)
-    cfg = plan_config(opts)
-    check_plan_size(cfg)
-    return BuildSettings(scan, cfg, model)
+    out = location(opts.out)
+    checks.check_output(out, [])
+    check_plan_size(opts.plan)
+    options = _resolved(opts, out, opts.max_reject_fraction)
+    return BuildSettings(options, created_by=f"lidarshard {__version__} write_manifest", model=model)
 
 
 def _path_root(opts: BuildOptions, datasets: Sequence[Dataset], from_samples: str | None) -> str | None:
@@ -264,12 +206,13 @@ def _path_root(opts: BuildOptions, datasets: Sequence[Dataset], from_samples: st
 
 
 def _check_weights(
-    opts: BuildOptions, cfg: PlanConfig, datasets: Sequence[Dataset], from_samples: str | None, look: bool
+    opts: BuildOptions, datasets: Sequence[Dataset], from_samples: str | None, look: bool
 ) -> float | None:
     """``--sample-weights`` names a good column of the ``--from-samples`` table; ``--repeat-factors``
     has lidarseg labels to read (a dataroot with ``lidarseg.json``, or labelled samples). Files are
     only looked at with ``look`` (not in an offline dry run). Returns the mean sample weight (None:
     no ``--sample-weights``, or not looked at)."""
+    cfg = opts.plan
     column = cfg.repeat.column
     if column is not None and not from_samples:
         raise UsageError(

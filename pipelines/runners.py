@@ -15,14 +15,11 @@ import difflib
 import importlib.util
 import socket
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from lidarshard.pipelines.flags import UsageError
+from lidarshard.pipelines.settings import BuildSettings, ScanSettings
 from lidarshard.transforms.io import storage
-
-if TYPE_CHECKING:
-    from lidarshard.pipelines.settings import BuildSettings, ScanSettings
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["RUNNER_ALIASES", "check_workers_reach", "remote_workers", "resolve_runner", "run_paths"]
 
@@ -149,14 +146,11 @@ def check_workers_reach(beam_argv: Sequence[str], paths: Sequence[tuple[str, str
         )
 
 
-def run_paths(settings: ScanSettings | BuildSettings) -> list[tuple[str, str]]:
+def run_paths(settings: ScanSettings) -> list[tuple[str, str]]:
     """(what, path) of what a scan's or build's workers read or write: OUT, each INPUT, --from-samples."""
-    from lidarshard.pipelines.settings import BuildSettings
-
-    scan = settings.scan if isinstance(settings, BuildSettings) else settings
-    from_samples = settings.from_samples if isinstance(settings, BuildSettings) else None
+    from_samples = settings.options.from_samples if isinstance(settings, BuildSettings) else None
     return [
-        ("OUT", scan.output),
-        *(("INPUT", d.root) for d in scan.datasets),
+        ("OUT", settings.output),
+        *(("INPUT", d.root) for d in settings.datasets),
         *([("--from-samples", from_samples)] if from_samples else []),
     ]

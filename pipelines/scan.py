@@ -14,32 +14,30 @@ import apache_beam as beam
 from lidarshard import schemas
 from lidarshard.pipelines import launch, understood
 from lidarshard.pipelines.checks import check_locations
-from lidarshard.pipelines.flags import CommandParser, UsageError
-from lidarshard.pipelines.options import ScanOptions, declare
+from lidarshard.pipelines.flags import BeamParser
+from lidarshard.pipelines.options import ScanOptions
 from lidarshard.pipelines.preflight import scan_settings
 from lidarshard.pipelines.runners import check_workers_reach, run_paths
 from lidarshard.pipelines.settings import ScanSettings
 from lidarshard.transforms.beam.scan_transform import ScanSamples, scan_results
 from lidarshard.transforms.core.previous import fingerprint_kept
+from lidarshard.transforms.declare import from_flags
 from lidarshard.transforms.features.accounting import counts_or_stop
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
 from lidarshard.transforms.io.metadata import load_scan
 from lidarshard.transforms.io.parts import open_parts
 from lidarshard.transforms.layouts import FILES
+from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["run", "parser", "build_scan", "scan_samples"]
 
 
-def parser() -> CommandParser:
-    p = CommandParser("lidarshard scan", __doc__.split("\n\n")[0].replace("``", ""))
-    p.add_argument(
-        "input", metavar="INPUT", nargs="+",
-        help="[NAME=]PATH: a directory or glob of point clouds, or a dataset root (nuScenes, Argoverse 2, "
-        "SemanticKITTI, Waymo Open v2; local, gs://, s3://); several make one dataset of all",
-    )  # fmt: skip
-    p.add_argument("output", metavar="OUT", help="output directory (replaced atomically on success)")
-    declare(p, ScanOptions)
+def parser() -> BeamParser:
+    """The ``scan`` command line: the arguments of ``ScanOptions``, Beam options; a plan's flags are refused
+    naming build."""
+    p = BeamParser("lidarshard scan", __doc__.split("\n\n")[0].replace("``", ""), ScanOptions)
+    p.elsewhere = {"--dataset-weights": "weights a plan: give it to build (a scan plans nothing)"}
     return p
 
 
@@ -71,7 +69,7 @@ def scan_samples(settings: ScanSettings, work: str, parts: str) -> ScanSamples:
         settings.config,
         work,
         parts,
-        settings.part_rows,
+        settings.options.part_rows,
         settings.label_maps,
     )
 
@@ -111,8 +109,8 @@ def run(argv: list[str] | None = None) -> int:
     args, beam_argv = p.parse(argv)
     try:
         dry_run = launch.dry_run_requested(beam_argv)
-        opts = ScanOptions.from_namespace(args)
-        settings = scan_settings(opts, args.input, args.output, dry_run)
+        opts = from_flags(ScanOptions, args)
+        settings = scan_settings(opts, dry_run)
         check_workers_reach(beam_argv, run_paths(settings), opts.shared_filesystem)
         if not dry_run:  # a dry run works offline
             check_locations(beam_argv)

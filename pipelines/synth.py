@@ -55,18 +55,20 @@ from apache_beam.runners.runner import PipelineState
 from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_output_parent
 from lidarshard.pipelines.cli import running
-from lidarshard.pipelines.flags import CommandParser, UsageError, int_in
-from lidarshard.pipelines.options import Options, Switch, declare, option, shared_filesystem
+from lidarshard.pipelines.flags import BeamParser
+from lidarshard.pipelines.options import shared_filesystem
 from lidarshard.pipelines.runners import check_workers_reach
 from lidarshard.transforms import progress
+from lidarshard.transforms.declare import from_flags, nested, option
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.synth import dataroot as synth
 from lidarshard.transforms.synth import nuscenes_tables as tb
+from lidarshard.transforms.value_checks import UsageError, choice, path
 
 #: What ``synth --layout`` writes: the nuScenes dataroot, or one of ``LAYOUT_WRITERS``.
 SYNTH_LAYOUTS = ("nuscenes", "av2", "semantickitti", "waymo_v2")
 
-__all__ = ["GenerateDataroot", "SynthOptions", "parser", "synth_config", "run"]
+__all__ = ["GenerateDataroot", "SynthOptions", "parser", "run"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -75,42 +77,23 @@ DEFAULT_RUNNER = launch.LOCAL_RUNNER
 
 
 @dataclass(frozen=True, kw_only=True)
-class SynthOptions(Options):
-    """``lidarshard synth``'s flags (group ``dataset``); one name per concept with ``build``."""
+class SynthOptions:
+    """``lidarshard synth``'s arguments: OUT, the dataset's shape (``SynthConfig``, composed; one name per
+    concept with ``build``) and its layout."""
 
-    scenes: int = option("number of scenes", "dataset", 4, check=int_in(1, 100_000), metavar="N")
-    keyframes_per_scene: int = option("keyframes (samples) per scene", "dataset", 10, check=int_in(1, 10_000),
-                                      metavar="N")  # fmt: skip
-    sweeps_per_keyframe: int = option("sweeps between two keyframes", "dataset", 9, check=int_in(0, 100),
-                                      metavar="N")  # fmt: skip
-    seed: int = option("dataset seed", "dataset", 0, check=int_in(0, 2**63 - 1), metavar="S")
-    nuscenes_version: str = option(
-        "table folder name, v1.0-<name>", "dataset", "v1.0-synth", metavar="V1.0-XXX"
+    out: str = option(
+        "dataroot to write (local path or gs:// URI)", positional=True, check=path(), metavar="OUT"
     )
-    labels: bool = option("also write lidarseg labels", "dataset", False,
-                          switches=(Switch("--labels", True, "also write lidarseg labels", "off"),))  # fmt: skip
+    config: synth.SynthConfig = nested(synth.SynthConfig(), group="dataset")
     layout: str = option("dataset layout to write; other than nuscenes: --scenes logs/sequences/segments of "
-                         "--keyframes-per-scene frames each", "dataset", "nuscenes", choices=SYNTH_LAYOUTS)  # fmt: skip
+                         "--keyframes-per-scene frames each", "nuscenes", group="dataset",
+                         check=choice(*SYNTH_LAYOUTS))  # fmt: skip
     shared_filesystem: bool = shared_filesystem()
 
 
-def parser() -> CommandParser:
-    """The ``synth`` command line: OUT and the flags of ``SynthOptions``."""
-    p = CommandParser("lidarshard synth", __doc__)
-    p.add_argument("out", metavar="OUT", help="dataroot to write (local path or gs:// URI)")
-    declare(p, SynthOptions)
-    return p
-
-
-def synth_config(args: SynthOptions) -> synth.SynthConfig:
-    """The generator config of the ``synth`` options (raises UsageError on a bad table folder name)."""
-    try:
-        return synth.SynthConfig(
-            seed=args.seed, scenes=args.scenes, keyframes_per_scene=args.keyframes_per_scene,
-            sweeps_per_keyframe=args.sweeps_per_keyframe, labels=args.labels, version=args.nuscenes_version,
-        )  # fmt: skip
-    except ValueError as e:
-        raise UsageError(f"--nuscenes-version {args.nuscenes_version}: {e}") from None
+def parser() -> BeamParser:
+    """The ``synth`` command line: the arguments of ``SynthOptions``, Beam options."""
+    return BeamParser("lidarshard synth", __doc__, SynthOptions)
 
 
 def _write(out: str, rel: str, data: bytes) -> None:
@@ -243,10 +226,9 @@ def run(argv: list[str] | None = None) -> int:
     logging.getLogger("apache_beam.typehints.native_type_compatibility").setLevel(logging.WARNING)
     p = parser()
     parsed, beam_argv = p.parse(argv)
-    args = SynthOptions.from_namespace(parsed)
     try:
-        cfg = synth_config(args)
-        out = storage.absolute(parsed.out)
+        args = from_flags(SynthOptions, parsed)
+        cfg, out = args.config, storage.absolute(args.out)
         check_output_parent(out)
         check_workers_reach(beam_argv, [("OUT", out)], args.shared_filesystem)
     except UsageError as e:
@@ -275,11 +257,11 @@ def run(argv: list[str] | None = None) -> int:
 
 def _run_layout(args: SynthOptions, out: str, opts: beam.options.pipeline_options.PipelineOptions) -> int:
     """``synth --layout av2|semantickitti|waymo_v2``: ``--scenes`` units of ``--keyframes-per-scene`` frames."""
-    units, frames = args.scenes, args.keyframes_per_scene
-    for rel, data in _writer(args.layout).static_files(args.seed):  # shared files first (a label map)
+    units, frames = args.config.scenes, args.config.keyframes_per_scene
+    for rel, data in _writer(args.layout).static_files(args.config.seed):  # shared files first (a label map)
         _write(out, rel, data)
     pipeline = beam.Pipeline(options=opts)
-    _ = pipeline | "Synth" >> GenerateLayout(out, args.layout, args.seed, units, frames)
+    _ = pipeline | "Synth" >> GenerateLayout(out, args.layout, args.config.seed, units, frames)
     with running():
         result = pipeline.run()
         result.wait_until_finish()

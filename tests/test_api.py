@@ -15,8 +15,8 @@ import pytest
 import lidarshard
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.tools.validate import validate
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, write_samples
 
 #: _manifest.json keys that record where the samples came from (a scan vs a table).
@@ -151,19 +151,20 @@ def test_keyword_arguments_give_the_options_of_the_command_line() -> None:
     with, as typed values, and give the same options."""
     from lidarshard.pipelines import build as build_cmd
     from lidarshard.pipelines.options import BuildOptions
+    from lidarshard.transforms.declare import from_flags, from_keywords
 
     argv = ["in", "out", "--world-size", "4", "--batch-size", "2", "--epochs", "3", "--pad",
             "--bucket-weights", "1,2.5", "--max-points-per-rank-step", "9000", "--strategy", "budget"]  # fmt: skip
     parsed, _ = build_cmd.parser().parse(argv)
-    kw = {"world_size": 4, "batch_size": 2, "epochs": 3, "pad": True, "bucket_weights": (1, 2.5),
-          "max_points_per_rank_step": 9000, "strategy": "budget"}  # fmt: skip
-    assert BuildOptions.from_keywords(kw) == BuildOptions.from_namespace(parsed)
+    kw = {"input": "in", "out": "out", "world_size": 4, "batch_size": 2, "epochs": 3, "pad": True,
+          "bucket_weights": (1, 2.5), "max_points_per_rank_step": 9000, "strategy": "budget"}  # fmt: skip
+    assert from_keywords(BuildOptions, kw) == from_flags(BuildOptions, parsed)
     with pytest.raises(UsageError, match="--world-size: True is not a valid value"):
-        BuildOptions.from_keywords({"world_size": True, "batch_size": 1})
+        from_keywords(BuildOptions, {"out": "o", "world_size": True, "batch_size": 1})
     with pytest.raises(UsageError, match="'2.5' is not an integer"):
-        BuildOptions.from_keywords({"world_size": 2.5, "batch_size": 1})
+        from_keywords(BuildOptions, {"out": "o", "world_size": 2.5, "batch_size": 1})
     with pytest.raises(UsageError, match="invalid choice: 'balancd'"):
-        BuildOptions.from_keywords({"strategy": "balancd"})
+        from_keywords(BuildOptions, {"strategy": "balancd"})
 
 
 # ------------------------------------------------------------------- what a new user runs into first

@@ -146,9 +146,10 @@ def test_a_batch_larger_than_a_known_pool_is_refused_before_beam(built: Path, tm
     import pyarrow as pa
 
     import lidarshard
-    from lidarshard.pipelines.flags import UsageError
     from lidarshard.pipelines.options import BuildOptions
-    from lidarshard.pipelines.settings import check_plan_size, plan_config
+    from lidarshard.pipelines.settings import check_plan_size
+    from lidarshard.transforms.declare import from_keywords
+    from lidarshard.transforms.value_checks import UsageError
 
     out = tmp_path / "again"
     argv = ["build", str(out), "--from-samples", str(built / schemas.SAMPLES_DIR), "--world-size", "1"]
@@ -174,5 +175,5 @@ def test_a_batch_larger_than_a_known_pool_is_refused_before_beam(built: Path, tm
         {"bucket_weights": (1.0, 3.0)},
     ):  # the planner's call
         check_plan_size(
-            plan_config(BuildOptions.from_keywords({"world_size": 1, "batch_size": 200} | flags)), 40
+            from_keywords(BuildOptions, {"out": "o", "world_size": 1, "batch_size": 200} | flags).plan, 40
         )

@@ -15,7 +15,7 @@ import pytest
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.cli import BeamRootRecords, main
-from lidarshard.pipelines.flags import CommandParser
+from lidarshard.transforms.declare import Parser
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 PLAN = ["--world-size", "2", "--batch-size", "2"]
@@ -230,7 +230,7 @@ def test_beam_options_pass_through_and_version(capsys) -> None:
                                            "--experiments", "b", "--save_main_session", "--temp_location=gs://t"])  # fmt: skip
     assert beam == ["--runner=FnApiRunner", "--experiments=a", "--experiments=b", "--save_main_session",
                     "--temp_location=gs://t"]  # fmt: skip
-    assert args.paths == ["i", "o"] and args.world_size == 2
+    assert (args.input, args.out, args.world_size) == (["i"], "o", 2)
     assert main(["--version"]) == 0 and capsys.readouterr().out.startswith("lidarshard 0.")
     assert main(["buidl"]) == 2 and "did you mean build?" in capsys.readouterr().err
     assert main(["synth", "x", "--version", "v1.0-x"]) == 2
@@ -247,7 +247,7 @@ def test_runner_options_defined_beside_their_runner_pass_through() -> None:
 def test_every_flag_has_help_and_its_default(command: str) -> None:
     from importlib import import_module
 
-    parser: CommandParser = import_module(f"lidarshard.pipelines.{command}").parser()
+    parser: Parser = import_module(f"lidarshard.pipelines.{command}").parser()
     for action in parser._actions:
         if action.help == "==SUPPRESS==" or not action.option_strings or action.dest == "help":
             continue

@@ -15,8 +15,8 @@ import lidarshard  # noqa: E402
 from lidarshard.loaders import read_samples  # noqa: E402
 from lidarshard.loaders.points import load_points  # noqa: E402
 from lidarshard.loaders.torch import PointCloudDataset  # noqa: E402
-from lidarshard.pipelines.flags import UsageError  # noqa: E402
 from lidarshard.transforms.layouts.multisweep import aggregate, recorded_close_points  # noqa: E402
+from lidarshard.transforms.value_checks import UsageError  # noqa: E402
 from tests.manifest_fixture import make_fixture  # noqa: E402
 
 CLOSE = np.array([0.2, -0.3, 1.0, 7.0, 0.0], np.float32)  # inside the |x| < 1, |y| < 1 m box

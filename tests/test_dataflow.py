@@ -26,6 +26,7 @@ from apache_beam.runners.portability.stager import Stager
 from lidarshard.pipelines import build, launch, scan
 from lidarshard.pipelines.options import BuildOptions, ScanOptions
 from lidarshard.pipelines.preflight import build_settings, scan_settings
+from lidarshard.transforms.declare import from_flags
 from tests.helpers import PACKAGES, make_bins
 
 pytestmark = pytest.mark.slow  # wheel builds and Dataflow job graphs
@@ -128,13 +129,13 @@ def _dry_run(wheel: Path, construct, argv: list[str]) -> set[str]:
 
 def _build(pipeline: beam.Pipeline, argv: list[str]) -> None:
     args, _ = build.parser().parse(argv)
-    settings = build_settings(BuildOptions.from_namespace(args), args.paths, dry_run=True)
+    settings = build_settings(from_flags(BuildOptions, args), dry_run=True)
     build.build_pipeline(pipeline, settings, f"{settings.output}.staging-dryrun")
 
 
 def _scan(pipeline: beam.Pipeline, argv: list[str]) -> None:
     args, _ = scan.parser().parse(argv)
-    settings = scan_settings(ScanOptions.from_namespace(args), args.input, args.output, dry_run=True)
+    settings = scan_settings(from_flags(ScanOptions, args), dry_run=True)
     scan.build_scan(pipeline, settings, f"{settings.output}.staging-dryrun")
 
 

@@ -48,7 +48,7 @@ import pytest
 import lidarshard
 from lidarshard import schemas
 from lidarshard.pipelines.cli import BEAM_COMMANDS, SUBCOMMANDS, main
-from lidarshard.pipelines.flags import UsageError
+from lidarshard.transforms.value_checks import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -20,7 +20,6 @@ import lidarshard
 from lidarshard import schemas
 from lidarshard.loaders.elastic import load_epoch_plan, replan_remaining
 from lidarshard.loaders.reader import load_manifest
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core import groups
 from lidarshard.transforms.core.config import AUTO_RULE, GROUP_SAMPLES, PlanConfig, auto_groups
@@ -29,6 +28,7 @@ from lidarshard.transforms.core.pool import plan_pool
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, order, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
 from lidarshard.transforms.plan.metrics import balance_entry, balance_summary, mate_counts, plan_sums
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest, make_bins, scored_pool
 
 #: sha256[:16] of (plan, baseline) bytes of ``_today``'s epoch 1 per strategy, and of the plan rows of

@@ -15,7 +15,6 @@ import pytest
 import lidarshard
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core.config import PlanConfig
@@ -25,6 +24,7 @@ from lidarshard.transforms.plan import STRATEGIES
 from lidarshard.transforms.plan.caps import Caps
 from lidarshard.transforms.plan.memory import MemoryCap, MemoryModel
 from lidarshard.transforms.plan.order import HEAVIEST_FIRST, heaviest_first, heaviest_step, step_peaks
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, balance_entry, make_bins, scored_pool
 
 FLAGS = ["--world-size", "4", "--batch-size", "2", "--epochs", "2", "--max-reject-fraction", "0.1"]

@@ -23,8 +23,8 @@ import lidarshard
 from lidarshard.pipelines import build as build_cmd
 from lidarshard.pipelines.api_output import BEAM_LOGGER
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.transforms.formats.discover import walk_local
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, slow_after
 
 pytestmark = pytest.mark.hostile("python api")

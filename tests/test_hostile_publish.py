@@ -42,10 +42,10 @@ from lidarshard.loaders.reader import ManifestReader, load_manifest, plan_datase
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines import checks, publish, settings
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, make_bins, slow_after
 from tests.object_store import Handler, MemoryObjectStore
 

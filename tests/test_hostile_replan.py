@@ -185,7 +185,7 @@ def test_switching_after_epoch_e_began_is_refused_and_the_epoch_goes_on(runs, ki
 
 @pytest.mark.parametrize("from_epoch", [None, 0, -1, 3, 99, 1.0, True, "1"])
 def test_replan_from_epoch_out_of_range_or_not_an_int_is_one_line(runs, tmp_path: Path, from_epoch) -> None:
-    from lidarshard.pipelines.flags import UsageError
+    from lidarshard.transforms.value_checks import UsageError
 
     with pytest.raises(UsageError) as e:
         lidarshard.replan(str(runs["out"]), str(tmp_path / "x"), from_epoch, MODEL)

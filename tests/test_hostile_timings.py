@@ -295,7 +295,7 @@ def test_peaks_no_device_records_are_refused(
 def test_peaks_no_model_explains_give_no_memory_model_and_build_says_why(
     made: dict[str, Path], tmp_path: Path, capsys, case: str
 ) -> None:
-    from lidarshard.transforms.plan.caps import load_memory_model
+    from lidarshard.transforms.plan.memory import load_memory_model
 
     path = _peaks(made, tmp_path / "t", PEAKS_NO_MODEL[case])
     assert _run("calibrate", made["out"], path, tmp_path / "w") == 0

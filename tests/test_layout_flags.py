@@ -1,5 +1,5 @@
 """Flags a layout cannot honour are one-line usage errors before Beam; ``--sweeps`` per INPUT for mixed
-builds (issue 39 item 2: ``pipelines/preflight.py``, ``pipelines/flags.per_name``)."""
+builds (issue 39 item 2: ``pipelines/preflight.py``, ``transforms/declare.per_name``)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import pytest
 
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
-from lidarshard.pipelines.flags import UsageError, int_in, per_name
 from lidarshard.pipelines.options import BuildOptions
 from lidarshard.pipelines.preflight import build_settings
 from lidarshard.tools.validate import validate
+from lidarshard.transforms.declare import from_keywords
 from lidarshard.transforms.layouts.task import LayoutOptions
+from lidarshard.transforms.value_checks import UsageError, int_in, per_name
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 AV2 = "av2/sensor"
@@ -69,16 +70,17 @@ def test_nuscenes_version_of_another_layout_is_refused(tmp_path: Path, realdata:
 
 
 def test_sweeps_per_input_reach_each_layout(tmp_path: Path, realdata: Path) -> None:
-    opts = BuildOptions.from_keywords({"world_size": 1, "batch_size": 1, "sweeps": {"av2": 1}})
-    paths = [f"av2={realdata / AV2}", f"kitti={realdata / KITTI}", str(tmp_path / "out")]
-    scan = build_settings(opts, paths).scan
+    inputs = [f"av2={realdata / AV2}", f"kitti={realdata / KITTI}"]
+    given = {"input": inputs, "out": tmp_path / "out", "world_size": 1, "batch_size": 1, "sweeps": {"av2": 1}}
+    scan = build_settings(from_keywords(BuildOptions, given))
     assert scan.layout_options == {"av2": LayoutOptions(1), "kitti": LayoutOptions(0)}
     assert scan.meta()["sweeps"] == {"av2": 1}
     with pytest.raises(UsageError, match="--from-samples re-plans samples scanned already"):
-        opts = BuildOptions.from_keywords(
-            {"world_size": 1, "batch_size": 1, "sweeps": 2, "from_samples": "S"}
+        opts = from_keywords(
+            BuildOptions,
+            {"out": tmp_path / "out", "world_size": 1, "batch_size": 1, "sweeps": 2, "from_samples": "S"},
         )
-        build_settings(opts, [str(tmp_path / "out")])
+        build_settings(opts)
 
 
 def test_a_mixed_build_asks_sweeps_of_one_input_only(tmp_path: Path, realdata: Path, capsys) -> None:

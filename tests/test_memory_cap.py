@@ -12,16 +12,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.pipelines.options import BuildOptions
-from lidarshard.pipelines.settings import plan_config
 from lidarshard.schemas.jsonread import Reader
 from lidarshard.schemas.memory_cap import MemoryCapRecord
 from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.declare import from_keywords
 from lidarshard.transforms.plan import STRATEGIES, plan_epoch
 from lidarshard.transforms.plan.caps import Caps, PoolLimits, cap_breaches, over_cap
 from lidarshard.transforms.plan.memory import MemoryCap, MemoryModel, format_bytes, parse_bytes
 from lidarshard.transforms.plan.order import heaviest_first, step_peaks
+from lidarshard.transforms.value_checks import UsageError
 
 GIB = 1 << 30
 
@@ -145,7 +145,7 @@ def test_the_manifest_record_round_trips_and_refuses_hostile_values() -> None:
 
 
 def _options(tmp_path: Path, **kw) -> PlanConfig:
-    return plan_config(BuildOptions.from_keywords({"world_size": 2, "batch_size": 2} | kw))
+    return from_keywords(BuildOptions, {"out": tmp_path / "o", "world_size": 2, "batch_size": 2} | kw).plan
 
 
 def test_the_flags_need_each_other_and_a_usable_model(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import lidarshard
 from lidarshard import schemas
 from lidarshard.pipelines.cli import main
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.transforms.plan import STRATEGIES
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, samples_table
 
 pytestmark = pytest.mark.slow  # three full builds, one per entry point, compared byte for byte

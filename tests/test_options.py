@@ -1,21 +1,21 @@
-"""``pipelines.options`` and the validators of ``pipelines.flags``: one declaration per flag serves the
+"""``pipelines.options`` and the checks of ``transforms.declare``: one declaration per flag serves the
 command line and the Python API; a typed keyword value gets the check and the message its text gets."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from lidarshard.pipelines import build as build_cmd
 from lidarshard.pipelines import scan as scan_cmd
-from lidarshard.pipelines.flags import UsageError, float_in, float_list, int_in
-from lidarshard.pipelines.options import BuildOptions, ScanOptions, table_keys
-from lidarshard.pipelines.settings import plan_config
+from lidarshard.pipelines.options import TABLE_KEYS, BuildOptions, ScanOptions
+from lidarshard.transforms.core.config import PlanConfig
+from lidarshard.transforms.declare import from_flags, from_keywords, options_of
+from lidarshard.transforms.value_checks import UsageError, float_in, float_list, int_in
 
-SIZE = {"world_size": 2, "batch_size": 3}
+SIZE = {"out": "o", "world_size": 2, "batch_size": 3}
 
 
 @pytest.mark.parametrize(
@@ -48,25 +48,29 @@ def test_typed_values_pass_unchanged_and_text_is_still_read() -> None:
 
 
 def test_the_parsers_declare_one_flag_per_field_in_field_order() -> None:
-    """Every field is a flag (``policy`` through its two switches), in the order of the fields."""
+    """Every option field is a flag (``policy`` through its two switches; nested configs' fields in place), in
+    the order of the fields."""
     for command, cls in ((build_cmd, BuildOptions), (scan_cmd, ScanOptions)):
-        declared = [a.dest for a in command.parser()._actions if a.option_strings and a.dest not in
+        declared = [a.dest for a in command.parser()._actions if a.dest not in
                     ("help", "debug", "verbose", "progress", "_beam")]  # fmt: skip
-        assert list(dict.fromkeys(declared)) == [f.name for f in fields(cls)]
+        assert list(dict.fromkeys(declared)) == [leaf.key for leaf in options_of(cls)]
     parsed, _ = build_cmd.parser().parse(["o", "--world-size", "2", "--batch-size", "3"])
-    assert BuildOptions.from_namespace(parsed) == BuildOptions(**SIZE)  # the defaults are the fields'
+    assert from_flags(BuildOptions, parsed) == BuildOptions(
+        out="o", plan=PlanConfig(2, 3)
+    )  # the fields' defaults
 
 
 def test_keyword_values_are_typed_not_text(tmp_path: Path) -> None:
-    opts = BuildOptions.from_keywords(
-        SIZE | {"rank_speed": [1, 0.5], "repeat_factors": 0.25, "from_samples": tmp_path, "drop_last": True}
+    opts = from_keywords(
+        BuildOptions,
+        SIZE | {"rank_speed": [1, 0.5], "repeat_factors": 0.25, "from_samples": tmp_path, "drop_last": True},
     )
-    assert opts.rank_speed == (1.0, 0.5) and opts.repeat_factors == 0.25
-    assert opts.from_samples == str(tmp_path) and opts.policy == "drop_last"
-    assert BuildOptions.from_keywords(SIZE | {"repeat_factors": "lidarseg:t=0.25"}) == BuildOptions(
-        **SIZE, repeat_factors=0.25
+    assert opts.plan.rank_speed == (1.0, 0.5) and opts.plan.repeat.threshold == 0.25
+    assert opts.from_samples == str(tmp_path) and opts.plan.policy == "drop_last"
+    assert from_keywords(BuildOptions, SIZE | {"repeat_factors": "lidarseg:t=0.25"}) == from_keywords(
+        BuildOptions, SIZE | {"repeat_factors": 0.25}
     )
-    assert plan_config(BuildOptions.from_keywords(SIZE | {"rank_speed": (1, 2)})).rank_speed == (1.0, 2.0)
+    assert from_keywords(BuildOptions, SIZE | {"rank_speed": (1, 2)}).plan.rank_speed == (1.0, 2.0)
 
 
 @pytest.mark.parametrize(
@@ -86,10 +90,24 @@ def test_keyword_values_are_typed_not_text(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_a_bad_keyword_is_one_line_naming_the_flag(given: dict, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        BuildOptions.from_keywords(SIZE | given)
+        from_keywords(BuildOptions, SIZE | given)
 
 
 def test_write_manifest_takes_the_plan_and_output_flags_but_paths() -> None:
-    keys = table_keys()
+    keys = TABLE_KEYS
     assert {"epochs", "pad", "drop_last", "part_rows", "max_reject_fraction", "rank_speed"} <= keys
     assert not keys & {"from_samples", "replan_from", "relative_to", "world_size", "policy", "sweeps"}
+
+
+def test_world_size_has_one_typed_home_until_the_manifest(tmp_path: Path) -> None:
+    """The plan the keywords build is the one object the pre-flight's settings and the build core's job hold
+    (composed, never copied into a second config)."""
+    from lidarshard.pipelines.preflight import build_settings
+    from tests.helpers import make_bins
+
+    opts = from_keywords(
+        BuildOptions, SIZE | {"input": make_bins(tmp_path / "in", n=4), "out": tmp_path / "o"}
+    )
+    settings = build_settings(opts)
+    assert settings.cfg is opts.plan and settings.job(str(tmp_path / "staging")).cfg is opts.plan
+    assert not hasattr(settings, "world_size") and not hasattr(opts, "world_size")

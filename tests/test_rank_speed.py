@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 
 import lidarshard
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.plan import SPEED_AWARE, STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.metrics import linearity, rank_costs, speed_linearity
 from lidarshard.transforms.plan.speeds import fastest_heaviest, normalized, parse_rank_speed
+from lidarshard.transforms.value_checks import UsageError
 
 SPEEDS = (1.0, 1.0, 0.6, 0.6)
 

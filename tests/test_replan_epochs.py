@@ -14,9 +14,9 @@ import lidarshard
 from lidarshard.loaders.elastic import ElasticBatchSampler
 from lidarshard.loaders.reader import load_manifest
 from lidarshard.pipelines.cli import main as cli_main
-from lidarshard.pipelines.flags import UsageError
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate import validate
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, make_bins
 
 torch = pytest.importorskip("torch")

@@ -42,6 +42,7 @@ from lidarshard.pipelines.options import BuildOptions
 from lidarshard.pipelines.preflight import build_settings
 from lidarshard.tools.validate import validate
 from lidarshard.transforms import progress
+from lidarshard.transforms.declare import from_flags
 
 pytestmark = pytest.mark.slow
 
@@ -380,7 +381,7 @@ def test_counters_report_every_outcome(dataroot: Path, tmp_path: Path) -> None:
     """Beam counters (namespace ``lidarshard``): what remote runners show while a job runs."""
     args, _ = build.parser().parse([str(dataroot), str(tmp_path / "out"), *PLAN])
     pipeline = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
-    settings = build_settings(BuildOptions.from_namespace(args), args.paths)
+    settings = build_settings(from_flags(BuildOptions, args))
     build.build_pipeline(pipeline, settings, str(tmp_path / "staging"))
     result = pipeline.run()
     result.wait_until_finish()
@@ -403,7 +404,7 @@ def test_counters_report_every_outcome(dataroot: Path, tmp_path: Path) -> None:
     ],
 )
 def test_a_runner_typo_is_one_line_with_the_nearest_name(argv: list[str], near: str | None) -> None:
-    from lidarshard.pipelines.flags import UsageError
+    from lidarshard.transforms.value_checks import UsageError
 
     with pytest.raises(UsageError) as err:
         runners.resolve_runner(argv)

@@ -323,13 +323,14 @@ def test_pipeline_sizes_read_back_from_files(written):
 
 
 def test_cli_flags_map_to_the_config_and_beam_options():
-    from lidarshard.pipelines.synth import SynthOptions, parser, synth_config
+    from lidarshard.pipelines.synth import SynthOptions, parser
+    from lidarshard.transforms.declare import from_flags
 
     parsed, beam_argv = parser().parse(
         ["out", "--scenes", "3", "--labels", "--seed=9", "--direct_num_workers=2"]
     )
     assert beam_argv == ["--direct_num_workers=2"]
-    cfg = synth_config(SynthOptions.from_namespace(parsed))
+    cfg = from_flags(SynthOptions, parsed).config
     assert (cfg.scenes, cfg.seed, cfg.labels, cfg.keyframes_per_scene, cfg.version) == (
         3,
         9,
@@ -338,7 +339,7 @@ def test_cli_flags_map_to_the_config_and_beam_options():
         "v1.0-synth",
     )
     parsed, _ = parser().parse(["out", "--nuscenes-version", "v1.0-mini"])
-    assert synth_config(SynthOptions.from_namespace(parsed)).version == "v1.0-mini"
+    assert from_flags(SynthOptions, parsed).config.version == "v1.0-mini"
 
 
 def test_cli_rejects_bad_values_and_prints_help(tmp_path, capsys):

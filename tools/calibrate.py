@@ -34,9 +34,9 @@ Default output: ``OUT/report/cost_model.json`` (``report/`` is outside the manif
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -58,9 +58,11 @@ from lidarshard.tools.timings import (
     missing_timings,
     read_timings_at,
 )
+from lidarshard.transforms.declare import Parser, option
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.epoch_time import time_factors
+from lidarshard.transforms.value_checks import int_in, path
 
 __all__ = ["run", "calibrate"]
 
@@ -162,22 +164,26 @@ def _check_lines(checks: dict) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True, kw_only=True)
+class CalibrateOptions:
+    """``lidarshard calibrate``'s arguments."""
+
+    out: str = option("the manifest directory the timings were measured on", positional=True, check=path(),
+                      metavar="OUT")  # fmt: skip
+    timings: str = option("the recorder's timings-rank-*.parquet (a directory or one file), or a CSV: ms + "
+                          "sample_id, or ms + step, rank [, epoch]", check=path())  # fmt: skip
+    epoch: int = option("epoch of step/rank timings without an epoch column", 0, check=int_in(0), metavar="E")
+    output: str | None = option("JSON to write", None, check=path(), short="-o",
+                                shown=f"OUT/{REPORT_DIR}/cost_model.json")  # fmt: skip
+
+
+def parser() -> Parser:
+    """The ``calibrate`` command line: the arguments of ``CalibrateOptions``."""
+    return Parser("lidarshard calibrate", __doc__.split("\n\n")[0], CalibrateOptions)
+
+
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="lidarshard calibrate", description=__doc__.split("\n\n")[0], allow_abbrev=False
-    )
-    parser.add_argument("out", metavar="OUT", help="the manifest directory the timings were measured on")
-    parser.add_argument(
-        "--timings",
-        required=True,
-        help="the recorder's timings-rank-*.parquet (a directory or one file), or a CSV: "
-        "ms + sample_id, or ms + step, rank [, epoch]",
-    )
-    parser.add_argument(
-        "--epoch", type=int, default=0, help="epoch of step/rank timings without an epoch column"
-    )
-    parser.add_argument("-o", "--output", help=f"JSON to write (default OUT/{REPORT_DIR}/cost_model.json)")
-    args = parser.parse_args(argv)
+    args, _ = parser().read(argv)
     missing = missing_timings(args.timings)
     if missing:
         print(f"lidarshard calibrate: {missing}", file=sys.stderr)

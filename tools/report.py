@@ -13,7 +13,6 @@ Python, no Beam pipeline.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,9 +42,11 @@ from lidarshard.tools.timings import (
 )
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned, plan_samples
+from lidarshard.transforms.declare import Parser, option
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.epoch_time import time_factors
 from lidarshard.transforms.plan.metrics import load_linearity, plan_buys, rank_costs
+from lidarshard.transforms.value_checks import int_in, path
 
 __all__ = [
     "run",
@@ -342,24 +343,28 @@ def write_report(
     return lines
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions:
+    """``lidarshard report``'s arguments."""
+
+    out: str = option(
+        "a manifest directory written by lidarshard build", positional=True, check=path(), metavar="OUT"
+    )
+    timings: str | None = option(
+        "the training recorder's timings-rank-*.parquet (a directory or one file), or a CSV of measured ms "
+        "(sample_id and/or step, rank): adds predicted vs measured and the measured linearity", None, check=path())  # fmt: skip
+    epoch: int | None = option("the one epoch of the per-step plots", None, check=int_in(0), metavar="E",
+                               shown="every epoch, up to 8")  # fmt: skip
+    output_dir: str | None = option("where to write", None, check=path(), shown=f"OUT/{REPORT_DIR}")
+
+
+def parser() -> Parser:
+    """The ``report`` command line: the arguments of ``ReportOptions``."""
+    return Parser("lidarshard report", __doc__.split("\n\n")[0], ReportOptions)
+
+
 def run(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="lidarshard report", description=__doc__.split("\n\n")[0], allow_abbrev=False
-    )
-    parser.add_argument("out", metavar="OUT", help="a manifest directory written by lidarshard build")
-    parser.add_argument(
-        "--timings",
-        help="the training recorder's timings-rank-*.parquet (a directory or one file), or a CSV of "
-        "measured ms (sample_id and/or step, rank): adds predicted vs measured and the measured linearity",
-    )
-    parser.add_argument(
-        "--epoch",
-        type=int,
-        default=None,
-        help="the one epoch of the per-step plots (default: every epoch, up to 8)",
-    )
-    parser.add_argument("--output-dir", help=f"where to write (default OUT/{REPORT_DIR})")
-    args = parser.parse_args(argv)
+    args, _ = parser().read(argv)
     missing = missing_timings(args.timings) if args.timings is not None else None
     if missing:
         print(f"lidarshard report: {missing}", file=sys.stderr)

@@ -30,7 +30,6 @@ s3://, ...) through ``lidarshard.transforms.io.storage``.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import sys
@@ -61,6 +60,7 @@ from lidarshard.tools.validate_samples import (
 )
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.pool import plan_input
+from lidarshard.transforms.declare import Parser
 from lidarshard.transforms.io import metadata, scratch, storage
 from lidarshard.transforms.io.arrow import release_memory
 from lidarshard.transforms.io.storage import FileInfo
@@ -261,16 +261,14 @@ def _validate(c: Checker, out: str) -> tuple[Problems, str]:
     return c.problems, summary
 
 
+def parser() -> Parser:
+    """The ``validate`` command line: the arguments of ``validate_data.ValidateOptions``."""
+    return Parser("lidarshard validate", __doc__.split("\n\n")[0], validate_data.ValidateOptions)
+
+
 def run(argv: list[str] | None = None) -> int:
     """CLI entry: prints ``OK <summary>`` and returns 0, or prints the problems and returns 1."""
-    parser = argparse.ArgumentParser(
-        prog="lidarshard validate", description=__doc__.split("\n\n")[0], allow_abbrev=False
-    )
-    parser.add_argument("out", help="manifest (or scan) directory: local path or URI")
-    validate_data.add_flags(parser)
-    args = parser.parse_args(argv)
-    if args.root is not None and not args.data:
-        parser.error("--root needs --data")
+    args, _ = parser().read(argv)
     with scratch.signals_exit():  # its temporary directory goes on SIGTERM, SIGHUP and SIGQUIT too
         try:
             problems, summary = validate(args.out)
@@ -291,7 +289,7 @@ def run(argv: list[str] | None = None) -> int:
     return 1
 
 
-def _with_data(args: argparse.Namespace, problems: Problems, summary: str) -> tuple[Problems, str]:
+def _with_data(args: validate_data.ValidateOptions, problems: Problems, summary: str) -> tuple[Problems, str]:
     """``--data``: the files the samples name, checked once the directory is valid (its samples are
     then the ones committed)."""
     if problems:

@@ -16,7 +16,6 @@ summary says so). Reads local paths and URIs through ``lidarshard.transforms.io.
 
 from __future__ import annotations
 
-import argparse
 import collections
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,13 +23,15 @@ from dataclasses import dataclass
 
 from lidarshard import schemas
 from lidarshard.loaders.points import Recorded, difference
+from lidarshard.transforms.declare import option, switch
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import row_groups
 from lidarshard.transforms.io.metadata import load_manifest, load_scan
 from lidarshard.transforms.io.parts import listed_parts, open_parts, part_files
 from lidarshard.transforms.io.paths import PathResolver
+from lidarshard.transforms.value_checks import UsageError, int_in, path
 
-__all__ = ["check_data", "add_flags", "DEFAULT_WORKERS", "MAX_WORKERS", "BLOCK", "WINDOW_PER_WORKER"]
+__all__ = ["check_data", "ValidateOptions", "DEFAULT_WORKERS", "MAX_WORKERS", "BLOCK", "WINDOW_PER_WORKER"]
 
 #: Threads checking files (``--workers``): I/O bound on object stores, CPU bound (hashing) on a local disk.
 DEFAULT_WORKERS = 8
@@ -175,27 +176,20 @@ def _summary(t: _Tally) -> str:
     return line
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """``validate``'s ``--data``, ``--root`` and ``--workers``."""
-    parser.add_argument(
-        "--data",
-        action="store_true",
-        help="also check that every keyframe, sweep and label file exists with the size and "
-        f"{schemas.CONTENT_HASH} the scan recorded (reads every byte; one line per file that differs)",
-    )
-    parser.add_argument(
-        "--root", help="with --data: where the data lives now (default: the recorded path_root)"
-    )
-    parser.add_argument(
-        "--workers",
-        type=_workers,
-        default=DEFAULT_WORKERS,
-        help=f"with --data: files checked at once, 1..{MAX_WORKERS} (default: {DEFAULT_WORKERS})",
-    )
+@dataclass(frozen=True, kw_only=True)
+class ValidateOptions:
+    """``lidarshard validate``'s arguments (``--data``, ``--root`` and ``--workers`` are this module's)."""
 
+    out: str = option("manifest (or scan) directory: local path or URI", positional=True, check=path(),
+                      metavar="OUT")  # fmt: skip
+    data: bool = switch(f"also check that every keyframe, sweep and label file exists with the size and "
+                        f"{schemas.CONTENT_HASH} the scan recorded (reads every byte; one line per file that differs)")  # fmt: skip
+    root: str | None = option(
+        "with --data: where the data lives now", None, check=path(), shown="the recorded path_root"
+    )
+    workers: int = option(f"with --data: files checked at once, 1..{MAX_WORKERS}",
+                          DEFAULT_WORKERS, check=int_in(1, MAX_WORKERS))  # fmt: skip
 
-def _workers(text: str) -> int:
-    value = int(text) if text.isascii() and text.isdigit() else 0
-    if not 1 <= value <= MAX_WORKERS:
-        raise argparse.ArgumentTypeError(f"must be an integer in 1..{MAX_WORKERS}, got {text!r}")
-    return value
+    def __post_init__(self) -> None:
+        if self.root is not None and not self.data:
+            raise UsageError("--root needs --data")

@@ -1,21 +1,28 @@
-"""What decides a plan besides the samples (``PlanConfig``): frozen, built once from the options of a build
-(``lidarshard.pipelines.settings.plan_config``) or from the manifest a plan was written with
-(``PlanConfig.from_manifest``: validate, report, a re-plan), and passed down. Pure.
+"""What decides a plan besides the samples (``PlanConfig``): frozen, built once and passed down. Each field
+that a user sets is an option (``lidarshard.transforms.declare``): ``lidarshard build``'s flags and the
+Python API's keywords are generated from these fields, so the planner's config is the one declaration of
+its settings. Built from the flags or keywords of a build (composed into ``pipelines.options.BuildOptions``)
+or from the manifest a plan was written with (``PlanConfig.from_manifest``: validate, report, a re-plan).
+Pure.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.plan_groups import MAX_PLAN_GROUPS
+from lidarshard.transforms.declare import Switch, nested, option
 from lidarshard.transforms.features import buckets
 from lidarshard.transforms.features.cost import CostModel, checked_model
 from lidarshard.transforms.features.repeat import WeightSpec, parse_repeat_factors
-from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, budget, order
+from lidarshard.transforms.plan import DEFAULT_STRATEGY, STRATEGIES, STRATEGY_HELP, budget, order
 from lidarshard.transforms.plan.caps import Caps
+from lidarshard.transforms.plan.speeds import parse_rank_speed, rank_speeds
+from lidarshard.transforms.value_checks import choice, float_in, float_list, int_in, parsed_by
 
 __all__ = [
     "MAX_PLAN_FACTOR",
@@ -45,10 +52,12 @@ def auto_groups(n: int) -> int:
 def plan_groups_value(value: int | None) -> int | None:
     """``--plan-groups`` as given to the API: None (auto) or an int in 1..MAX_PLAN_GROUPS."""
     if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PLAN_GROUPS
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or not 1 <= value <= MAX_PLAN_GROUPS
     ):
         raise ValueError(f"{value!r} is not auto or an integer in [1, {MAX_PLAN_GROUPS}]")
-    return value
+    return None if value is None else int(value)
 
 
 def parse_plan_groups(text: str) -> int | None:
@@ -64,30 +73,54 @@ def parse_plan_groups(text: str) -> int | None:
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """Everything that decides a plan besides the samples."""
+    """Everything that decides a plan besides the samples; the fields a user sets are ``build``'s options."""
 
-    world_size: int
-    batch_size: int
-    epochs: int = 1
-    seed: int = 0
-    strategy: str = DEFAULT_STRATEGY
-    policy: str = "drop_last"
-    num_buckets: int | None = None  # None: buckets.default_num_buckets(N)
-    weights: tuple[float, ...] | None = None
-    caps: Caps = Caps()
-    max_plan_factor: float = MAX_PLAN_FACTOR  # plan entries per sample per epoch, at most
-    repeat: WeightSpec = WeightSpec()  # where per-sample weights come from (the manifest's repeat.mode)
-    heaviest_first: str = "off"  # order.HEAVIEST_FIRST: by which rank-step sums put the heaviest step at 0
+    world_size: int = option("data-parallel ranks W", check=int_in(1, 1 << 20), metavar="W")
+    batch_size: int = option("samples per rank per step B", check=int_in(1, 1 << 20), metavar="B")
+    epochs: int = option("epochs to plan", 1, check=int_in(1, 10_000), metavar="E")
+    seed: int = option("plan seed", 0, check=int_in(0, 2**63 - 1), metavar="S")
+    strategy: str = option("how each step is filled, one of:\n" + STRATEGY_HELP, DEFAULT_STRATEGY,
+                           check=choice(*sorted(STRATEGIES)))  # fmt: skip
+    #: None: ``buckets.default_num_buckets(N)``, or the number of ``weights`` when there are several.
+    policy: str = option("what fills the last step", "drop_last", switches=(
+        Switch("--drop-last", "drop_last", "drop the samples that do not fill a last step", "on"),
+        Switch("--pad", "pad", "repeat random samples to fill the last step", "off (--drop-last)")))  # fmt: skip
+    num_buckets: int | None = option(
+        "cost buckets K in [1, 4096]", None, flag="--buckets", check=int_in(1, 4096), metavar="K",
+        shown="clamp(sqrt(N)/4, 4, 64), or the number of --bucket-weights")  # fmt: skip
+    weights: tuple[float, ...] | None = option(
+        "w0,w1,..: per-bucket sampling weight, w>1 repeats a bucket, w<1 thins it", None, flag="--bucket-weights",
+        check=float_list(lo=0.0), shown="all 1", metavar="W0,W1,..")  # fmt: skip
+    caps: Caps = nested(Caps())
+    max_plan_factor: float = option(
+        "refuse a plan with more than this many entries per input sample per epoch", MAX_PLAN_FACTOR,
+        check=float_in(1.0, 1e6), metavar="X")  # fmt: skip
+    repeat: WeightSpec = nested(
+        WeightSpec()
+    )  # where per-sample weights come from (the manifest's repeat.mode)
+    #: Step groups G of each epoch's plan (``transforms.core.groups``); None: ``auto_groups``.
+    heaviest_first: str = option(
+        "off | points | cost | memory: fail fast on memory: each epoch's step 0 is the step holding its heaviest "
+        "rank-step by points (num_points), predicted cost or predicted peak memory (needs --max-step-memory), the "
+        "sums the caps bound; only the order of the steps changes", "off", check=choice(*order.HEAVIEST_FIRST))  # fmt: skip
+    #: (W,) relative speed of each rank (mixed hardware), None: all equal.
+    earlier: tuple[tuple[int, CostModel, tuple[float, ...]], ...] = ()
+    rank_speed: tuple[float, ...] | None = option(
+        "S0,S1,.. or @file.json: each rank's relative speed (mixed hardware, e.g. 1,1,0.6,0.6): budget gives "
+        "each rank work in proportion at every step; other strategies hand each step's heaviest batch to the "
+        "fastest rank", None, check=parsed_by(parse_rank_speed, rank_speeds), shown="all equal",
+        metavar="S0,S1,..")  # fmt: skip
+    plan_groups: int | None = option(
+        "advanced: plan each epoch in G step groups (samples dealt by a stable hash of sample_id, seed and epoch; "
+        "each group planned alone, the steps interleaved), so no process plans the whole epoch; 1 is one pool",
+        None, check=parsed_by(parse_plan_groups, plan_groups_value), shown=AUTO_RULE, metavar="auto|G")  # fmt: skip
     #: ``(until_epoch, model, bucket edges)`` ascending: epochs before ``until_epoch`` (and from the previous
     #: entry's on) were planned with ``model``'s costs in those buckets, later ones with the samples' own
     #: ``cost`` and ``bucket_id`` (``build --replan-from``).
-    earlier: tuple[tuple[int, CostModel, tuple[float, ...]], ...] = ()
-    #: ``--rank-speed``: (W,) relative speed of each rank (mixed hardware), None: all equal.
-    rank_speed: tuple[float, ...] | None = None
-    #: ``--plan-groups``: step groups G of each epoch's plan (``transforms.core.groups``); None: ``auto_groups``.
-    plan_groups: int | None = None
 
     def __post_init__(self) -> None:
+        if self.num_buckets is None and self.weights is not None and len(self.weights) > 1:
+            object.__setattr__(self, "num_buckets", len(self.weights))  # one bucket per weight
         if self.world_size < 1 or self.batch_size < 1 or self.epochs < 1:
             raise ValueError("--world-size, --batch-size and --epochs must be >= 1")
         if self.seed < 0:
@@ -104,14 +137,17 @@ class PlanConfig:
         if problem:
             raise ValueError(problem)
         if self.heaviest_first == "memory" and self.caps.memory is None:
-            raise ValueError("--heaviest-first memory needs the memory model of --max-step-memory")
+            raise ValueError(
+                "--heaviest-first memory needs the memory model of --max-step-memory: give --max-step-memory "
+                "and --memory-model, or order by points or cost"
+            )
         if self.rank_speed is not None and (
             len(self.rank_speed) != self.world_size
             or not all(math.isfinite(v) and v > 0 for v in self.rank_speed)
         ):
             raise ValueError(
-                f"--rank-speed gives {len(self.rank_speed)} speeds for --world-size {self.world_size} ranks: "
-                "give one finite speed > 0 per rank"
+                f"--rank-speed gives {len(self.rank_speed)} speeds but --world-size is {self.world_size}: give "
+                "one finite speed > 0 per rank"
             )
         if self.plan_groups is not None and not 1 <= self.plan_groups <= MAX_PLAN_GROUPS:
             raise ValueError(f"--plan-groups must be auto or in 1..{MAX_PLAN_GROUPS}, got {self.plan_groups}")
@@ -202,6 +238,22 @@ class PlanConfig:
             "plan_groups": _recorded_groups(m),
         }
         return cls(**(fields | changes))
+
+    @classmethod
+    def continuing(cls, m: Manifest, epoch: int, epochs: int) -> PlanConfig:
+        """The settings of a re-plan of ``m`` from ``epoch`` on, over ``epochs`` epochs (``build --replan-from``):
+        ``m``'s own, its epochs before ``epoch`` planned as ``m`` planned them (its cost history up to there,
+        then the model that planned epoch ``epoch - 1``); later ones with the samples' new costs.
+
+        Raises:
+            ValueError: a setting ``m`` records is not a valid one, or ``epoch`` is outside ``1..epochs-1``.
+        """
+        history = tuple((h.until_epoch, checked_model(h.cost_model), h.bucket_edges) for h in m.cost_history)
+        then = next(((model, edges) for end, model, edges in history if epoch - 1 < end), None)
+        then = then or (checked_model(m.cost_model), m.buckets.edges)
+        return cls.from_manifest(
+            m, epochs=epochs, earlier=(*(h for h in history if h[0] < epoch), (epoch, *then))
+        )
 
 
 def _recorded_groups(m: Manifest) -> int | None:

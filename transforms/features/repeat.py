@@ -14,6 +14,7 @@ Pure numpy/pyarrow.
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -22,7 +23,9 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from lidarshard.transforms.declare import option
 from lidarshard.transforms.formats.labels import decode_labels, label_format
+from lidarshard.transforms.value_checks import float_in, parsed_by, per_name
 
 __all__ = [
     "WeightSpec",
@@ -48,10 +51,20 @@ class WeightSpec:
     """Where per-sample weights come from: ``lidarseg`` repeat factors with threshold ``t``, or a
     ``column`` of the --from-samples table; ``None`` everywhere means weight 1."""
 
-    threshold: float | None = None
-    column: str | None = None
-    #: ``--dataset-weights``: (dataset name, weight) pairs multiplying its samples' weights.
-    datasets: tuple[tuple[str, float], ...] = ()
+    threshold: float | None = option(
+        "LVIS-style repeat factors from the lidarseg labels: a sample's weight is the max over its classes c of "
+        "max(1, sqrt(T / f_c)), f_c the share of labelled samples holding c", None, flag="--repeat-factors",
+        check=parsed_by(lambda spec: parse_repeat_factors(spec), lambda t: repeat_threshold(t)),
+        metavar="lidarseg:t=T", exclusive="repeat")  # fmt: skip
+    column: str | None = option(
+        "per-sample weights (CBGS, your own) from this numeric column of the --from-samples table; fractional "
+        "weights are realized per epoch by seeded stochastic rounding", None, flag="--sample-weights",
+        metavar="COLUMN", exclusive="repeat")  # fmt: skip
+    #: (dataset name, weight) pairs multiplying its samples' weights.
+    datasets: tuple[tuple[str, float], ...] = option(
+        "NAME=W,...: expected copies per epoch of each sample of INPUT NAME (x its repeat factor)", (),
+        flag="--dataset-weights", check=per_name(float_in(0.0, above=True), pairs=True), shown="1 each",
+        metavar="NAME=W")  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.threshold is not None and self.column is not None:
@@ -77,7 +90,7 @@ def parse_repeat_factors(spec: str) -> float:
 
 def repeat_threshold(t: object, spec: str | None = None) -> float:
     """``t`` as a repeat-factor threshold (0 < t <= 1); ``spec``: the text it was read from, for errors."""
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
+    if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 < float(t) <= 1:
         raise ValueError(f"expected lidarseg:t=T with 0 < T <= 1, got {t if spec is None else spec!r}")
     return float(t)
 

@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard import schemas
+from lidarshard.transforms.declare import option
 from lidarshard.transforms.errors import RejectError
 from lidarshard.transforms.features.size import DEFAULT_VOXEL_SIZE, MAX_ABS_COORD, compute_features
 from lidarshard.transforms.formats import readers
@@ -26,13 +27,20 @@ from lidarshard.transforms.formats.labels import label_format, read_labels
 from lidarshard.transforms.formats.open3d_backend import read_points_open3d
 from lidarshard.transforms.io.storage import FileTooLargeError
 from lidarshard.transforms.io.storage import NotRegularFileError as NotRegularFile
-from lidarshard.transforms.layouts.multisweep import DEFAULT_CLOSE_POINTS, aggregate, check_close_points
+from lidarshard.transforms.layouts.multisweep import (
+    CLOSE_POINTS,
+    DEFAULT_CLOSE_POINTS,
+    aggregate,
+    check_close_points,
+)
 from lidarshard.transforms.layouts.task import FRAMES_FORMAT, ScanTask
 from lidarshard.transforms.layouts.waymo_v2 import read_frame
+from lidarshard.transforms.value_checks import choice, float_in, float_list, int_in
 
 __all__ = ["ScanConfig", "featurize", "file_task", "FEATURE_MODES"]
 
 FEATURE_MODES = ("full", "stat")
+VOXEL_RANGE = (1e-3, 1e3)  # m: below 1 mm the int64 voxel grid of a 100 km cloud overflows
 
 ReadBytes = Callable[[str, int | None], bytes]  # (path, limit): at most limit + 1 bytes
 SizeOf = Callable[[str], int]
@@ -41,19 +49,31 @@ OpenRead = Callable[[str], BinaryIO]
 
 @dataclass(frozen=True)
 class ScanConfig:
-    """What shapes a feature row. Every field is recorded in ``_scan.json``."""
+    """What shapes a feature row. Every field is recorded in ``_scan.json``; those a user sets are options of
+    ``scan`` and ``build``."""
 
-    voxel_size: float = DEFAULT_VOXEL_SIZE  # m
-    point_cloud_range: tuple[float, ...] | None = None  # (x0, y0, z0, x1, y1, z1) m
-    point_dims: int | None = None  # float32 values per point for headerless .bin
-    format: str | None = None  # override extension-based detection
-    features: str = "full"  # "full" reads every point; "stat" sizes fixed-record files only
-    max_file_bytes: int = 2 << 30
-    max_points: int = 50_000_000
+    voxel_size: float = option(f"occupancy voxel edge, metres, in [{VOXEL_RANGE[0]:g}, {VOXEL_RANGE[1]:g}]",
+                               DEFAULT_VOXEL_SIZE, check=float_in(*VOXEL_RANGE), metavar="M")  # fmt: skip
+    point_cloud_range: tuple[float, ...] | None = option(
+        "x0,y0,z0,x1,y1,z1 metres: points outside are ignored", None, check=float_list(6), shown="all points",
+        metavar="X0,Y0,Z0,X1,Y1,Z1")  # fmt: skip
+    point_dims: int | None = option("float32 values per point of headerless .bin files", None, check=int_in(3, 64),
+                                    shown="by format", metavar="N")  # fmt: skip
+    format: str | None = option("override extension-based format detection", None,
+                                check=choice(*readers.FORMATS), shown="by extension")  # fmt: skip
+    features: str = option("'stat' sizes fixed-record files from their byte count, unread", "full",
+                           check=choice(*FEATURE_MODES))  # fmt: skip
+    max_file_bytes: int = option("larger files are rejected as too_large before reading", 2 << 30,
+                                 check=int_in(1), shown="2 GiB", metavar="BYTES")  # fmt: skip
+    max_points: int = option("larger clouds are rejected as too_large before allocation", 50_000_000,
+                             check=int_in(1), shown="50M", metavar="N")  # fmt: skip
     max_abs_coord: float = MAX_ABS_COORD  # m
-    backend: str = "numpy"  # or "open3d" for .pcd/.ply
+    backend: str = option("reader for .pcd/.ply", "numpy", check=choice("numpy", "open3d"))
     #: Which clouds lose their close points (``multisweep.CLOSE_POINTS``); the loaders apply the same rule.
-    close_points: str = DEFAULT_CLOSE_POINTS
+    close_points: str = option(
+        "which clouds lose their points within 1 m of the sensor (|x|, |y| < 1 m): 'sweeps' (mmdet3d), 'devkit' "
+        "(every cloud, the keyframe too: nuScenes from_file_multisweep), 'none'; size features and loaders use "
+        "the same rule", DEFAULT_CLOSE_POINTS, check=choice(*CLOSE_POINTS))  # fmt: skip
     extra: dict[str, str] = field(default_factory=dict)
     #: The algorithm of the rows' ``*_crc32`` columns (``schemas.CONTENT_HASH``); None under
     #: ``--features stat``, which reads no file and records sizes only. Derived, not a flag.
@@ -65,8 +85,12 @@ class ScanConfig:
         object.__setattr__(self, "content_hash", None if self.features == "stat" else schemas.CONTENT_HASH)
         if self.voxel_size <= 0:
             raise ValueError(f"--voxel-size must be > 0, got {self.voxel_size}")
-        if self.point_cloud_range is not None and len(self.point_cloud_range) != 6:
+        box = self.point_cloud_range
+        if box is not None and len(box) != 6:
             raise ValueError("--point-cloud-range needs 6 numbers: x0,y0,z0,x1,y1,z1")
+        if box is not None and not all(box[i] < box[i + 3] for i in range(3)):
+            shown = ",".join(f"{v:g}" for v in box)
+            raise ValueError(f"--point-cloud-range {shown}: needs x0 < x1, y0 < y1, z0 < z1")
         check_close_points(self.close_points)
 
 

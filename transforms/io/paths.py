@@ -22,6 +22,7 @@ __all__ = [
     "PATH_COLUMNS",
     "PathResolver",
     "absolute",
+    "bad_path",
     "is_relative",
     "path_problem",
     "relative_to",
@@ -30,6 +31,13 @@ __all__ = [
 
 #: Columns of the samples and of the plan that hold paths (string or list<string>).
 PATH_COLUMNS = ("path", "sweep_paths", "label_path")
+
+
+def bad_path(path: str) -> str | None:
+    """What no path (a user's, or a sample's as stored) may be: empty, or holding a NUL byte; None if fine."""
+    if not path:
+        return "'' is not a path: give a file or directory (. for this one)"
+    return f"{path!r} holds a NUL byte, which no path may" if "\0" in path else None
 
 
 def is_relative(path: str) -> bool:
@@ -108,6 +116,9 @@ def path_problem(table: pa.Table, root: object) -> str | None:
             continue
         col = table.column(name).combine_chunks()
         values = (col.flatten() if pa.types.is_list(col.type) else col).drop_null()
+        odd = pc.or_(pc.equal(values, ""), pc.match_substring(values, "\0"))
+        if pc.any(odd).as_py():
+            return f"{name} {bad_path(values.filter(odd)[0].as_py())}"
         full = pc.or_(pc.starts_with(values, "/"), pc.match_substring(values, "://"))
         bad = _dot_dot(values)
         bad = pc.or_(bad, full if root is not None else pc.invert(full))

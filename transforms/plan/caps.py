@@ -20,12 +20,12 @@ from numpy.typing import NDArray
 
 from lidarshard.schemas.memory_cap import MemoryCapRecord, MemoryModelRecord
 from lidarshard.schemas.records import CapsRecord
-from lidarshard.transforms.io import storage
-from lidarshard.transforms.plan.memory import MemoryCap, MemoryModel, format_bytes
+from lidarshard.transforms.declare import nested, option
+from lidarshard.transforms.plan.memory import OVER_CAP, MemoryCap, format_bytes, model_of_record
+from lidarshard.transforms.value_checks import float_in, int_in
 
 __all__ = [
     "Caps", "PoolLimits", "Breach", "over_cap", "rank_step_sums", "cap_breaches", "check_caps",
-    "memory_model_of", "load_memory_model",
 ]  # fmt: skip
 
 
@@ -33,10 +33,16 @@ __all__ = [
 class Caps:
     """Per-rank-step limits; ``None`` means no limit."""
 
-    max_points: int | None = None
-    max_cost: float | None = None
-    max_samples: int | None = None
-    memory: MemoryCap | None = None  # --max-step-memory with its memory model
+    max_points: int | None = option(
+        "hard cap on points (num_points) one rank gets at one step" + OVER_CAP, None,
+        flag="--max-points-per-rank-step", check=int_in(1), metavar="N")  # fmt: skip
+    max_cost: float | None = option(
+        "hard cap on predicted cost one rank gets at one step" + OVER_CAP, None, flag="--max-cost-per-rank-step",
+        check=float_in(0.0, above=True), metavar="C")  # fmt: skip
+    max_samples: int | None = option(
+        "hard cap on samples one rank gets at one step", None, flag="--max-samples-per-rank-step",
+        check=int_in(1), metavar="N")  # fmt: skip
+    memory: MemoryCap | None = nested(None)  # --max-step-memory with its memory model
 
     def __post_init__(self) -> None:
         for name, value in (("points", self.max_points), ("samples", self.max_samples)):
@@ -65,50 +71,12 @@ class Caps:
     @classmethod
     def from_record(cls, rec: CapsRecord | None, memory: MemoryCapRecord | None = None) -> Caps:
         """A manifest's typed ``caps`` and ``memory_cap`` (None: none), checked as the flags are."""
-        mem = None if memory is None else MemoryCap(memory.max_step_bytes, _model(memory.model))
+        mem = None if memory is None else MemoryCap(memory.max_step_bytes, model_of_record(memory.model))
         if rec is None:
             return cls(memory=mem)
         return cls(
             rec.max_points_per_rank_step, rec.max_cost_per_rank_step, rec.max_samples_per_rank_step, mem
         )
-
-
-def _model(rec: MemoryModelRecord) -> MemoryModel:
-    """The memory model of its record (checked as the flags are)."""
-    return MemoryModel(rec.base_bytes, rec.bytes_per_point, rec.bytes_per_voxel)
-
-
-def memory_model_of(obj: object, where: str) -> MemoryModel:
-    """The memory model in ``obj``: ``lidarshard calibrate``'s JSON (its ``memory_model``), or the model's
-    object itself; ``where`` names it in errors.
-
-    Raises:
-        ValueError: no usable model there (one line).
-    """
-    if isinstance(obj, MemoryModel):
-        return obj
-    if isinstance(obj, dict) and "memory_model" in obj:
-        note = obj.get("memory_note")
-        obj, where = obj["memory_model"], f"{where}: memory_model"
-        if obj is None:  # calibrate wrote why it fitted none
-            why = note if isinstance(note, str) and note else "the timings recorded no peak memory"
-            raise ValueError(f"{where} is null: {' '.join(why.split())} (calibrate wrote no memory model)")
-    return _model(MemoryModelRecord.parse(obj, where))
-
-
-def load_memory_model(path: str) -> MemoryModel:
-    """``--memory-model FILE``: the memory model in ``lidarshard calibrate``'s JSON at ``path``.
-
-    Raises:
-        ValueError: the file cannot be read or holds no usable model (one line).
-    """
-    try:
-        obj = storage.read_json(path, what="the file")
-    except FileNotFoundError:
-        raise ValueError(f"--memory-model {path}: no such file") from None
-    except OSError as e:
-        raise ValueError(f"--memory-model {path}: {e.strerror or e}") from None
-    return memory_model_of(obj, f"--memory-model {path}")
 
 
 @dataclass(frozen=True)

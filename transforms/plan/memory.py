@@ -12,12 +12,13 @@ The cap rides with the other caps (``caps.Caps.memory``): a sample alone over it
 (``over_cap``), ``budget`` plans within it, every strategy's plan is checked against it
 (``caps.cap_breaches``, which ``validate`` runs again), and ``--heaviest-first memory`` puts each epoch's
 heaviest rank-step by predicted peak at step 0. The manifest's and calibrate's records of the model and
-the cap convert to these types in ``caps`` only.
+the cap convert to these types in one place each: ``model_of_record`` here, ``caps.Caps.from_record``.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,8 +27,11 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from lidarshard.schemas.memory_cap import MAX_BYTES
+from lidarshard.schemas.memory_cap import MAX_BYTES, MemoryModelRecord
+from lidarshard.transforms.declare import option
 from lidarshard.transforms.features.cost import points_column
+from lidarshard.transforms.io import storage
+from lidarshard.transforms.value_checks import parsed_by
 
 __all__ = [
     "UNITS",
@@ -37,7 +41,16 @@ __all__ = [
     "MemoryModel",
     "MemoryCap",
     "sample_features",
+    "load_memory_model",
+    "model_of_record",
+    "memory_model_of",
+    "OVER_CAP",
 ]
+
+#: What a per-rank-step cap does, as its flag's help says.
+OVER_CAP = (
+    "; a sample above it is rejected as over_cap, budget plans within it, other strategies fail over it"
+)
 
 #: Byte units ``--max-step-memory`` takes (binary: 1 KiB = 1024 B).
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -65,9 +78,13 @@ def checked_bytes(value: object) -> int:
     """A cap given to the Python API: an int of bytes, or a size text (``parse_bytes``)."""
     if isinstance(value, str):
         return parse_bytes(value)
-    if type(value) is not int or not 1 <= value <= MAX_BYTES:
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, numbers.Integral)
+        or not 1 <= int(value) <= MAX_BYTES
+    ):
         raise ValueError(f"max_step_memory {value!r}: give bytes (an int >= 1) or a size such as '20GiB'")
-    return value
+    return int(value)
 
 
 def format_bytes(n: float) -> str:
@@ -132,8 +149,16 @@ class MemoryModel:
 class MemoryCap:
     """``--max-step-memory``: every rank-step's predicted peak (``model``) at most ``max_bytes``."""
 
-    max_bytes: int
-    model: MemoryModel
+    max_bytes: int = option(
+        "SIZE, e.g. 20GiB (B, KiB, MiB, GiB, TiB): hard cap on every rank-step's predicted peak device memory, "
+        "by the --memory-model" + OVER_CAP, flag="--max-step-memory", metavar="SIZE",
+        check=parsed_by(parse_bytes, checked_bytes), alone="needs --memory-model FILE: the JSON of lidarshard "
+        "calibrate over timings recorded on the device (its memory_model)")  # fmt: skip
+    model: MemoryModel = option(
+        "FILE: lidarshard calibrate's JSON whose memory_model (fitted to the recorder's peak_bytes) predicts a "
+        "rank-step's peak; needed by --max-step-memory and recorded in the manifest", flag="--memory-model",
+        metavar="FILE", check=parsed_by(lambda path: load_memory_model(path), lambda v: memory_model_of(v, "memory_model")),
+        alone="is used by --max-step-memory: give the cap too (e.g. 20GiB)")  # fmt: skip
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_bytes <= MAX_BYTES:
@@ -151,3 +176,41 @@ class MemoryCap:
     def detail(self, peak: float) -> str:
         """``predicted peak X > --max-step-memory Y`` for a rank-step or a sample."""
         return f"predicted peak {format_bytes(peak)} > --max-step-memory {format_bytes(self.max_bytes)}"
+
+
+def model_of_record(rec: MemoryModelRecord) -> MemoryModel:
+    """The memory model of its record (checked as the flags are)."""
+    return MemoryModel(rec.base_bytes, rec.bytes_per_point, rec.bytes_per_voxel)
+
+
+def memory_model_of(obj: object, where: str) -> MemoryModel:
+    """The memory model in ``obj``: ``lidarshard calibrate``'s JSON (its ``memory_model``), or the model's
+    object itself; ``where`` names it in errors.
+
+    Raises:
+        ValueError: no usable model there (one line).
+    """
+    if isinstance(obj, MemoryModel):
+        return obj
+    if isinstance(obj, dict) and "memory_model" in obj:
+        note = obj.get("memory_note")
+        obj, where = obj["memory_model"], f"{where}: memory_model"
+        if obj is None:  # calibrate wrote why it fitted none
+            why = note if isinstance(note, str) and note else "the timings recorded no peak memory"
+            raise ValueError(f"{where} is null: {' '.join(why.split())} (calibrate wrote no memory model)")
+    return model_of_record(MemoryModelRecord.parse(obj, where))
+
+
+def load_memory_model(path: str) -> MemoryModel:
+    """``--memory-model FILE``: the memory model in ``lidarshard calibrate``'s JSON at ``path``.
+
+    Raises:
+        ValueError: the file cannot be read or holds no usable model (one line).
+    """
+    try:
+        obj = storage.read_json(path, what="the file")
+    except FileNotFoundError:
+        raise ValueError(f"--memory-model {path}: no such file") from None
+    except OSError as e:
+        raise ValueError(f"--memory-model {path}: {e.strerror or e}") from None
+    return memory_model_of(obj, f"--memory-model {path}")

@@ -21,11 +21,13 @@ from functools import cached_property
 import numpy as np
 from numpy.typing import NDArray
 
+from lidarshard.transforms.declare import Switch, option
 from lidarshard.transforms.features.size import count_occupied_voxels
 from lidarshard.transforms.layouts.geometry import pose_record, sweep_transform
 from lidarshard.transforms.layouts.multisweep import aggregate
 from lidarshard.transforms.synth import nuscenes_tables as tb
 from lidarshard.transforms.synth import scene as sc
+from lidarshard.transforms.value_checks import int_in
 
 __all__ = [
     "SynthConfig",
@@ -58,20 +60,27 @@ _JITTER_US = 200  # lidar timestamps wander +-200 us around the 50 ms grid
 
 @dataclass(frozen=True)
 class SynthConfig:
-    """Dataset shape. ``frames_per_scene = (keyframes - 1) * (sweeps + 1) + 1`` (ends on a keyframe)."""
+    """Dataset shape (``lidarshard synth``'s options). ``frames_per_scene = (keyframes - 1) * (sweeps + 1) + 1``
+    (ends on a keyframe)."""
 
-    seed: int = 0
-    scenes: int = 4
-    keyframes_per_scene: int = 10
-    sweeps_per_keyframe: int = 9
-    labels: bool = False
-    version: str = "v1.0-synth"
+    scenes: int = option("number of scenes", 4, check=int_in(1, 100_000), metavar="N")
+    keyframes_per_scene: int = option(
+        "keyframes (samples) per scene", 10, check=int_in(1, 10_000), metavar="N"
+    )
+    sweeps_per_keyframe: int = option("sweeps between two keyframes", 9, check=int_in(0, 100), metavar="N")
+    seed: int = option("dataset seed", 0, check=int_in(0, 2**63 - 1), metavar="S")
+    version: str = option("table folder name, v1.0-<name>", "v1.0-synth", flag="--nuscenes-version",
+                          metavar="V1.0-XXX")  # fmt: skip
+    labels: bool = option("also write lidarseg labels", False,
+                          switches=(Switch("--labels", True, "also write lidarseg labels", "off"),))  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.seed < 0 or self.scenes < 1 or self.keyframes_per_scene < 1 or self.sweeps_per_keyframe < 0:
             raise ValueError(f"need seed >= 0, scenes >= 1, keyframes >= 1, sweeps >= 0: {self}")
         if not self.version or "/" in self.version or self.version in (".", ".."):
-            raise ValueError(f"version must be a plain folder name, got {self.version!r}")
+            raise ValueError(
+                f"--nuscenes-version {self.version!r}: the table folder must be a plain folder name"
+            )
 
     @property
     def frames_per_scene(self) -> int:
