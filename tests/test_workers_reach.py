@@ -10,7 +10,7 @@ import pytest
 
 import lidarshard
 from lidarshard.pipelines.cli import main
-from lidarshard.pipelines.flags import UsageError
+from lidarshard.transforms.value_checks import UsageError
 from lidarshard.pipelines.runners import check_workers_reach, remote_workers
 from tests.helpers import make_bins
 
