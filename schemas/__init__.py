@@ -147,9 +147,10 @@ def plan_key(rel: str) -> tuple[int, int] | None:
     return (e, r) if plan_file(e, r) == rel else None
 
 
-#: Strategies whose plan files hold a variable ``rank_count`` per step (``--strategy budget``); the
-#: planner's registry (``lidarshard.transforms.plan``) reads this list, so the contract names no planner.
-VARIABLE_COUNT = frozenset({"budget"})
+#: Strategies whose plan files hold a variable ``rank_count`` per step (``--strategy budget``, ``rebalance``,
+#: ``auto``); the planner's registry (``lidarshard.transforms.plan``) reads this list, so the contract names no
+#: planner.
+VARIABLE_COUNT = frozenset({"budget", "rebalance", "auto"})
 
 #: Fixed vocabulary of reject reasons; ``detail`` carries the specifics.
 REJECT_REASONS: dict[str, str] = {
