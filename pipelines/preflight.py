@@ -145,8 +145,8 @@ def build_settings(
         raise UsageError(
             f"--replan-from {opts.replan_from} re-plans a manifest: add --from-samples PREV/samples"
         )
-    cfg = plan_config(opts) if replan is None else replan[0]
     model = cost_model(opts.cost_model)
+    cfg = priced(plan_config(opts) if replan is None else replan[0], model)
     check_plan_size(cfg)
     if opts.from_samples:
         return _from_samples(opts, cfg, model, location(paths[0]), dry_run, replan and replan[1])
@@ -245,9 +245,14 @@ def table_settings(opts: BuildOptions, output: str, model: CostModel) -> BuildSe
     fraction = DEFAULT_REJECT_FRACTION if opts.max_reject_fraction is None else opts.max_reject_fraction
     created = f"lidarshard {__version__} write_manifest"
     scan = ScanSettings(None, output, ScanConfig(), None, 0, opts.part_rows, fraction, created)
-    cfg = plan_config(opts)
+    cfg = priced(plan_config(opts), model)
     check_plan_size(cfg)
     return BuildSettings(scan, cfg, model)
+
+
+def priced(cfg: PlanConfig, model: CostModel) -> PlanConfig:
+    """``cfg`` with the ``launch_ms`` of the ``model`` that plans it (what every rank-step adds)."""
+    return dataclasses.replace(cfg, launch=model.launch_ms or 0.0)
 
 
 def _path_root(opts: BuildOptions, datasets: Sequence[Dataset], from_samples: str | None) -> str | None:

@@ -60,6 +60,18 @@ def test_balance_bench(tmp_path: Path) -> None:
     assert table and all(0.0 < float(v) <= 1.0 for row in table for v in row.split())
 
 
+def test_peer_bench(tmp_path: Path) -> None:
+    """Every sampler of the peer table on tiny pools: each figure a share, both verdict counts printed."""
+    out = bench("peer_bench", "--smoke", "--json-out", str(tmp_path / "p.json"), cwd=tmp_path)
+    rows = json.loads((tmp_path / "p.json").read_text())
+    assert rows and {r["n"] for r in rows} == {1250, 1248}
+    for r in rows:
+        for name in ("drivingsdk", "verl", "fairseq", "megabatch", "random", "mixed", "auto", "rebalance"):
+            assert 0.0 < r[name][0] <= 1.0
+        assert r["rebalance"][1] == pytest.approx(1.0)  # random's steps: random's pair repeat
+    assert len(floats(r"Pareto-ahead of the best peer .*: (\d+) of \d+ cells", out)) == 2
+
+
 def test_elastic_bench(tmp_path: Path) -> None:
     out = bench("elastic_bench", "--samples", "4096", cwd=tmp_path)
     lin = floats(r"linearity ([\d.]+), greedy reference", out)
@@ -190,6 +202,20 @@ def test_gpu_cost_scatter_backbone(tmp_path: Path) -> None:
     args = ("--scenes", "1", "--sweeps", "1", "--repeats", "1", "--backbone", "scatter")
     out = bench("gpu_cost", *args, "--json-out", str(tmp_path / "r.json"), cwd=tmp_path)
     assert re.search(r"R\^2", out), out
+
+
+@pytest.mark.timeout(900)
+def test_gpu_check_smoke(tmp_path: Path) -> None:
+    """The GPU check at smoke size on the CPU: both backbone sizes, every plan, the floor; no memory on a CPU."""
+    pytest.importorskip("torch")
+    out = bench("gpu_check", "--smoke", "--json-out", str(tmp_path / "g.json"), cwd=tmp_path, timeout=880)
+    result = json.loads((tmp_path / "g.json").read_text())
+    assert [r["size"] for r in result["results"]] == ["small", "mink"]
+    for res in result["results"]:
+        assert {(r["B"], r["plan"]) for r in res["rows"]} >= {(1, "random"), (2, "rebalance"), (2, "auto")}
+        for r in res["rows"]:
+            assert 0.0 < r["measured"] <= 1.0 and 0.0 < r["floor"] <= 1.0 and r["batch_ms"] > 0
+    assert "no peak bytes on this device" in out or result["device"] != "cpu"
 
 
 def test_dask_multi_output_repro(tmp_path: Path) -> None:

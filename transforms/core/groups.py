@@ -162,7 +162,7 @@ def plan_group(table: Any, rows: NDArray[np.int64], epoch: int, group: int, cfg:
             f"{w * b}: lower --plan-groups ({cfg.plan_groups or 'auto'})"
         ) from e
     reference = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=gcfg.seed, epoch=epoch)
-    sums = group_sums(plan, costs, w, b, reference, cfg.rank_speed)
+    sums = group_sums(plan, costs, w, b, reference, cfg.rank_speed, cfg.step_cost(epoch))
     peak = 0.0
     if cfg.heaviest_first != "off" and plan.shape[0]:
         values = costs if cfg.heaviest_first == "cost" else table.column("num_points").to_numpy()[pool]

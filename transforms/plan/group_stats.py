@@ -59,16 +59,18 @@ def group_sums(
     batch_size: int,
     baseline: NDArray[np.int64],
     speeds: Sequence[float] | None,
+    step_cost: float = 0.0,
 ) -> GroupSums:
     """The sums of one group's plan (S, W, M) over its pool costs (P,), its ``random`` baseline (S', W, B)
-    over the pool's equal-count part, with rank ``speeds`` (W,) or None."""
+    over the pool's equal-count part, with rank ``speeds`` (W,) or None; every rank-step holding a sample
+    adds ``step_cost`` (``metrics.rank_costs``)."""
     w, b = world_size, batch_size
     fitted = equal_count_pool(costs, w, b)
-    rc = rank_costs(plan, costs)
-    base = rank_costs(baseline, fitted)
+    rc = rank_costs(plan, costs, step_cost)
+    base = rank_costs(baseline, fitted, step_cost)
     loads = {
         "plan": rc,
-        "greedy": step_loads(np.sort(fitted).reshape(-1, w * b), w, b),
+        "greedy": step_loads(np.sort(fitted).reshape(-1, w * b), w, b) + step_cost,
         "random": base,
     }
     if speeds is not None:

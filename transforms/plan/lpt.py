@@ -261,10 +261,10 @@ def lpt_free(
         used[:, first, :] = need[:, :w, :]
     for j in range(w, n):
         finish = (loads + cost[:, j : j + 1]) / speed[None, :]
-        if need is not None and used is not None:
-            fits = (used + need[:, j, None, :] <= room).all(axis=2)
+        if need is not None and used is not None and room is not None:
+            fits = np.all(used + need[:, j, None, :] <= room, axis=2)
             r = np.argmin(np.where(fits, finish, np.inf), axis=1)
-            stuck = ~fits.any(axis=1)
+            stuck = ~np.any(fits, axis=1)
             r[stuck] = np.argmin(finish[stuck], axis=1)
             used[rows, r] += need[:, j, :]
         else:

@@ -2,7 +2,8 @@
 
 Linearity is the predicted scaling efficiency of synchronous data parallelism when step time is
 proportional to the slowest rank's cost: ``sum_s mean_r cost[s, r] / sum_s max_r cost[s, r]``
-(1.0 = no rank ever waits). ``load_linearity`` is the one place that formula is written; plans,
+(1.0 = no rank ever waits). A rank-step's cost is its samples' costs plus, with a cost model calibrated on
+rank-steps (``launch_ms``), the ``step_cost`` every rank pays once per rank-step whatever its samples. ``load_linearity`` is the one place that formula is written; plans,
 the greedy reference, reports, calibration and elastic re-plans all reduce to it. Nothing here plans:
 the random baseline of ``balance_summary`` is planned by the caller. ``plan_buys`` is the one place
 the numbers are put in plain words (the build's summary and the report), ``COLUMNS`` the one glossary.
@@ -29,6 +30,7 @@ __all__ = [
     "greedy_reference_linearity",
     "REFERENCE_KEY",
     "plan_buys",
+    "LITTLE_TO_WIN",
     "COLUMNS",
     "spearman_step_cost",
     "pair_repeat_rate",
@@ -37,9 +39,15 @@ __all__ = [
 ]
 
 
-def rank_costs(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> NDArray[np.float64]:
-    """(S, W) cost each rank processes at each step: ``costs[plan].sum(-1)``, ``-1`` slots count 0."""
-    return np.append(np.asarray(costs, dtype=np.float64), 0.0)[plan].sum(axis=-1)
+def rank_costs(
+    plan: NDArray[np.int64], costs: NDArray[np.float64], step_cost: float = 0.0
+) -> NDArray[np.float64]:
+    """(S, W) cost each rank processes at each step: ``costs[plan].sum(-1)``, ``-1`` slots count 0, plus
+    ``step_cost`` at every rank-step that holds a sample."""
+    loads = np.append(np.asarray(costs, dtype=np.float64), 0.0)[plan].sum(axis=-1)
+    if step_cost:
+        loads = loads + step_cost * (plan >= 0).any(axis=-1)
+    return loads
 
 
 def load_linearity(loads: NDArray[np.float64]) -> float:
@@ -50,9 +58,10 @@ def load_linearity(loads: NDArray[np.float64]) -> float:
     return float(loads.mean(axis=1).sum() / top) if top > 0 else 1.0
 
 
-def linearity(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
-    """Predicted linearity of ``plan`` (S, W, B) in [1/W, 1]; 1.0 for empty or zero-cost plans."""
-    return load_linearity(rank_costs(plan, costs))
+def linearity(plan: NDArray[np.int64], costs: NDArray[np.float64], step_cost: float = 0.0) -> float:
+    """Predicted linearity of ``plan`` (S, W, B) in [1/W, 1] (``step_cost``: ``rank_costs``); 1.0 for empty
+    or zero-cost plans."""
+    return load_linearity(rank_costs(plan, costs, step_cost))
 
 
 def speed_linearity(plan: NDArray[np.int64], costs: NDArray[np.float64], speeds: Sequence[float]) -> float:
@@ -87,7 +96,9 @@ def equal_count_pool(costs: NDArray[np.float64], world_size: int, batch_size: in
     return costs[: costs.size - costs.size % (world_size * batch_size)]
 
 
-def greedy_reference_linearity(costs: NDArray[np.float64], world_size: int, batch_size: int) -> float:
+def greedy_reference_linearity(
+    costs: NDArray[np.float64], world_size: int, batch_size: int, step_cost: float = 0.0
+) -> float:
     """Linearity of the greedy equal-count reference plan (the manifest's ``greedy_reference``).
 
     Sort all costs, cut into consecutive steps of ``W*B``, split each step with equal-count LPT
@@ -97,12 +108,15 @@ def greedy_reference_linearity(costs: NDArray[np.float64], world_size: int, batc
 
     Args:
         costs: (P,) pool costs with ``P % (W*B) == 0``.
+        step_cost: what every rank-step adds (``rank_costs``).
     """
     costs = np.asarray(costs, dtype=np.float64)
     step = world_size * batch_size
     if costs.size % step:
         raise ValueError(f"pool size {costs.size} is not a multiple of W*B = {step}")
-    return step_linearity(np.sort(costs).reshape(-1, step), world_size, batch_size)
+    if not step_cost:
+        return step_linearity(np.sort(costs).reshape(-1, step), world_size, batch_size)
+    return load_linearity(step_loads(np.sort(costs).reshape(-1, step), world_size, batch_size) + step_cost)
 
 
 #: The ``balance`` key of ``greedy_reference_linearity``.
@@ -195,8 +209,10 @@ def balance_summary(
     baseline: NDArray[np.int64],
     epoch: int,
     speeds: Sequence[float] | None = None,
+    step_cost: float = 0.0,
 ) -> dict[str, float | int]:
-    """The manifest's per-epoch ``balance`` object (floats rounded to 6 decimals).
+    """The manifest's per-epoch ``balance`` object (floats rounded to 6 decimals); every rank-step's cost
+    includes ``step_cost`` (``rank_costs``: a calibrated model's ``launch_ms``).
 
     ``baseline`` is the (S', W, B) plan to compare against, planned by the caller (the manifest
     uses the ``random`` strategy on the same pool, seed and epoch).
@@ -209,24 +225,26 @@ def balance_summary(
     linearity of the ranks' times ``cost / speed``, and ``random_speed_linearity``, that of ``baseline``. With variable counts (``-1`` pads, any pool size) the
     equal-count ``greedy_reference`` and ``random_linearity`` use the pool's first ``P - P % (W*B)`` entries.
     """
-    rc = rank_costs(plan, costs)
+    rc = rank_costs(plan, costs, step_cost)
     fitted = equal_count_pool(costs, world_size, batch_size)
+    base = rank_costs(baseline, fitted, step_cost)
     step_max = rc.max(axis=1) if rc.size else np.empty(0)
     pos = step_max > 0
     worst = float((rc.mean(axis=1)[pos] / step_max[pos]).min()) if pos.any() else 1.0
     totals = rc.sum(axis=0) if rc.size else np.zeros(1)
     cv = float(totals.std() / totals.mean()) if totals.mean() > 0 else 0.0
     values = {
-        "linearity": linearity(plan, costs),
-        REFERENCE_KEY: greedy_reference_linearity(fitted, world_size, batch_size),
-        "random_linearity": linearity(baseline, fitted),
+        "linearity": load_linearity(rc),
+        REFERENCE_KEY: greedy_reference_linearity(fitted, world_size, batch_size, step_cost),
+        "random_linearity": load_linearity(base),
         "spearman_step_cost": spearman_step_cost(plan, costs),
         "worst_step_linearity": worst,
         "rank_total_cv": cv,
     }
     if speeds is not None:
-        values["speed_linearity"] = speed_linearity(plan, costs, speeds)
-        values["random_speed_linearity"] = speed_linearity(baseline, fitted, speeds)
+        inverse = 1.0 / np.asarray(speeds, dtype=np.float64)[None, :]
+        values["speed_linearity"] = load_linearity(rc * inverse)
+        values["random_speed_linearity"] = load_linearity(base * inverse)
     counts = (plan >= 0).sum(axis=-1)
     out: dict[str, float | int] = {"epoch": int(epoch), "steps": int(plan.shape[0])}
     out["max_count"] = int(counts.max(initial=0))
@@ -244,7 +262,9 @@ def plan_buys(entry: BalanceEntry) -> str | None:
     ``random_linearity / linearity``: ``"epoch 0: predicted time 0.86x a random plan's (14% less time):
     ranks wait 4.2% of it instead of 17.7%"``. A plan of ``--rank-speed`` is worded on the measure it
     optimised, the ranks' times ``cost / speed`` (``speed_linearity`` against ``random_speed_linearity``),
-    and says so ("at the ranks' speeds").
+    and says so ("at the ranks' speeds"). Where the random plan is itself at least ``LITTLE_TO_WIN``
+    linear (a launch-bound model, whose per-rank-step constant dominates, or samples of one size) the line
+    says there is little to win instead of promising a gain.
     """
     speeds = entry.speed_linearity is not None and entry.random_speed_linearity is not None
     keys = ("speed_linearity", "random_speed_linearity") if speeds else ("linearity", "random_linearity")
@@ -260,9 +280,17 @@ def plan_buys(entry: BalanceEntry) -> str | None:
     wait, random_wait = 100 * (1 - lin), 100 * (1 - rnd)
     epoch = entry.epoch
     at = " at the ranks' speeds" if speeds else ""
+    little = (
+        "; step time hardly depends on size here: expect random's balance" if rnd >= LITTLE_TO_WIN else ""
+    )
     return (
         f"epoch {epoch}: predicted time{at} {how}: ranks wait {wait:.1f}% of it instead of {random_wait:.1f}%"
+        + little
     )
+
+
+#: A random plan's predicted linearity at which the summary says there is little to win (``plan_buys``).
+LITTLE_TO_WIN = 0.98
 
 
 #: What each number of the build's summary (and the report) means: name as printed -> meaning.
