@@ -28,7 +28,7 @@ RELINK := $(MODULES) | cmp -s - $(VENV)/.modules || { echo "module files changed
 # package and `mypy -p lidarshard` would check lidarshard/__init__.py alone.
 MYPY := cd $(VENV) && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/pyproject.toml -p lidarshard
 
-.PHONY: setup demo test test-slow test-torch-min lint bench wheel clean
+.PHONY: setup demo demo-lane test test-slow test-trainer test-torch-min lint bench wheel clean
 
 # What the demo needs: the Beam pipeline and the report plots (no torch, no cloud SDKs).
 $(VENV)/.installed: pyproject.toml
@@ -59,6 +59,11 @@ demo: setup
 		--world-size 4 --batch-size 2 --epochs 2 --seed 0
 	$(VENV)/bin/lidarshard validate $(DEMO)/manifest
 	$(VENV)/bin/lidarshard report $(DEMO)/manifest
+
+# The demo's lane as CI runs it on a clean clone: `make demo` in a .venv holding only what it installs, then
+# every product module imported there and the demo manifest read by ManifestReader (tests/lane_check.py).
+demo-lane: demo
+	$(PY) -m tests.lane_check $(DEMO)/manifest
 
 # Optional oracles for the tests: open3d (cross-checks our PCD/PLY readers), nuscenes-devkit
 # (loads the synthetic dataroot) in its own venv .venv-devkit because it pins numpy 1.26, made here
@@ -123,25 +128,43 @@ bench: $(VENV)/.test-installed
 	$(PY) benchmarks/plan_bench.py --sizes 1000000,4000000,10000000 --sweeps 9 --baseline 0 --plan-groups auto
 	$(PY) benchmarks/plan_bench.py --sizes 200000 --baseline 0 --runners direct,dask --plan-groups 3
 
-# The loaders at the lowest torch they declare (pyproject: torch>=2.1), installed as a trainer installs them:
-# `pip install .` without extras (no Beam) + torch $(TORCH_MIN), in a venv outside the repository
-# ($(TORCH_MIN_VENV)), the Beam-free tests run from a copy (the repository's lidarshard/ folder would shadow
-# the installed package). PyPI has only the CUDA build of torch 2.1 (~2.5 GB with its nvidia-* wheels), so
-# this is not part of `make test` or .ci/run; torch 2.1 was built against numpy 1.x: numpy<2, pyarrow<22.
+# The trainer's install as a trainer installs it: `pip install .` (no extras: no Beam, no pandas) in a fresh venv
+# outside the repository, at the lowest versions pyproject.toml allows (numpy 1.24.0, pyarrow 14.0.0 and
+# python-neo-lzf 0.3.0, which all install on Python 3.11 here), with torch 2.13.0 (the CPU build on disk: the
+# loaders' torch adapters; `make test-torch-min` has the lowest torch). Then, on the demo's manifest:
+# `lidarshard validate`, every product module imported and ManifestReader over every rank (tests/lane_check.py),
+# and the Beam-free tests, run from a copy (the repository's bare lidarshard/ folder would shadow the install).
+TRAINER_PINS := "numpy==1.24.0" "pyarrow==14.0.0" "python-neo-lzf==0.3.0"
+TRAINER_VENV ?= $(HOME)/.cache/lidarshard/venv-trainer
+TRAINER_TESTS := test_timing test_hostile_recorder test_loaders_torch test_loaders_evaluation \
+	test_epoch_plan test_points_fast test_nan_points test_devkit_points test_hostile_cache test_exit
+TEST_TOOLS := "pytest>=7" "pytest-timeout>=2.2" "hypothesis>=6.90"
+# $(1): the venv, $(2): what to install beside the package (its pins, torch, the test tools)
+define trainer_lane
+	test -f $(DEMO)/manifest/_SUCCESS || $(MAKE) demo
+	rm -rf $(1) && $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip -q --disable-pip-version-check install . $(2)
+	! $(1)/bin/python -c "import apache_beam" 2>/dev/null  # the trainer's install has no Beam
+	! $(1)/bin/python -c "import pandas" 2>/dev/null  # nor pandas
+	rm -rf $(1)/run && mkdir -p $(1)/run
+	cp -r tests examples benchmarks pyproject.toml $(1)/run/
+	$(1)/bin/lidarshard validate $(abspath $(DEMO))/manifest
+	cd $(1)/run && ../bin/python -c "import numpy, pyarrow, torch; print('numpy', numpy.__version__, \
+		'pyarrow', pyarrow.__version__, 'torch', torch.__version__)" && \
+		../bin/python -m tests.lane_check $(abspath $(DEMO))/manifest && \
+		../bin/python -m pytest -q -p no:cacheprovider $(TRAINER_TESTS:%=tests/%.py)
+endef
+
+test-trainer:
+	$(call trainer_lane,$(TRAINER_VENV),$(TRAINER_PINS) torch==2.13.0 $(TEST_TOOLS))
+
+# The same lane at the lowest torch the loaders declare (pyproject: torch>=2.1). PyPI has only the CUDA build of
+# torch 2.1 (~2.5 GB with its nvidia-* wheels), so this is not part of `make test` or .ci/run; torch 2.1 was
+# built against numpy 1.x: numpy<2, pyarrow<22.
 TORCH_MIN ?= 2.1.2
 TORCH_MIN_VENV ?= $(HOME)/.cache/lidarshard/venv-torch-$(TORCH_MIN)
-TORCH_MIN_TESTS := test_timing test_hostile_recorder test_loaders_torch test_loaders_evaluation \
-	test_epoch_plan test_points_fast test_nan_points test_devkit_points test_hostile_cache test_exit
 test-torch-min:
-	test -x $(TORCH_MIN_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_MIN_VENV)
-	$(TORCH_MIN_VENV)/bin/python -m pip -q --disable-pip-version-check install "torch==$(TORCH_MIN)" "numpy<2" \
-		"pyarrow>=14,<22" "pytest>=7" "pytest-timeout>=2.2" "hypothesis>=6.90" python-neo-lzf
-	$(TORCH_MIN_VENV)/bin/python -m pip -q --disable-pip-version-check install --no-deps --force-reinstall .
-	! $(TORCH_MIN_VENV)/bin/python -c "import apache_beam" 2>/dev/null  # the trainer's install has no Beam
-	rm -rf $(TORCH_MIN_VENV)/run && mkdir -p $(TORCH_MIN_VENV)/run
-	cp -r tests examples benchmarks pyproject.toml $(TORCH_MIN_VENV)/run/
-	cd $(TORCH_MIN_VENV)/run && ../bin/python -c "import torch; print('torch', torch.__version__)" && \
-		../bin/python -m pytest -q -p no:cacheprovider $(TORCH_MIN_TESTS:%=tests/%.py)
+	$(call trainer_lane,$(TORCH_MIN_VENV),"torch==$(TORCH_MIN)" "numpy<2" "pyarrow>=14,<22" $(TEST_TOOLS))
 
 # The wheel to install into your own training environment: pip install dist/lidarshard-*.whl
 wheel: setup
