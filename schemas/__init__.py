@@ -325,11 +325,7 @@ PLAN_FIELDS: list[tuple[str, pa.DataType, str]] = PLAN_KEY_FIELDS + [
     ("sweep_paths", pa.list_(_STR), "sweep paths, as in the samples"),
     ("cost", _F64, "the sample's predicted cost"),
     ("bucket_id", pa.int32(), "the sample's cost bucket"),
-    (
-        "rank_count",
-        pa.int32(),
-        "samples this rank trains at this step (batch_size unless --strategy budget, rebalance or auto)",
-    ),
+    ("rank_count", pa.int32(), "samples this rank trains at this step (batch_size but for variable counts)"),
     (
         "global_count",
         pa.int32(),

@@ -204,11 +204,11 @@ def test_gpu_cost_scatter_backbone(tmp_path: Path) -> None:
     assert re.search(r"R\^2", out), out
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_gpu_check_smoke(tmp_path: Path) -> None:
     """The GPU check at smoke size on the CPU: both backbone sizes, every plan, the floor; no memory on a CPU."""
     pytest.importorskip("torch")
-    out = bench("gpu_check", "--smoke", "--json-out", str(tmp_path / "g.json"), cwd=tmp_path, timeout=880)
+    out = bench("gpu_check", "--smoke", "--json-out", str(tmp_path / "g.json"), cwd=tmp_path, timeout=1780)
     result = json.loads((tmp_path / "g.json").read_text())
     assert [r["size"] for r in result["results"]] == ["small", "mink"]
     for res in result["results"]:
