@@ -42,7 +42,7 @@ from lidarshard.transforms.plan.metrics import (
 )
 from lidarshard.transforms.plan.speeds import normalized
 
-COMPARED = ("random", "stratified", "megabatch", "balanced", "mixed", "budget")
+COMPARED = ("random", "stratified", "megabatch", "balanced", "mixed", "budget", "rebalance")
 SEED = 0
 
 

@@ -61,7 +61,8 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 class ScatterUNet(nn.Module):
     """Sparse-UNet stand-in from torch ops: per level, voxel MLP + max over the 6 face neighbours;
     stride-2 pooling down, gather back up, skip connections. Cost ~ voxels at each level. Takes the
-    coords of one sample, (V, 4) [0, x, y, z] as ``voxelize_batch`` gives them, like ``SpconvUNet``."""
+    coords of a batch, (V, 4) [sample, x, y, z] as ``voxelize_batch`` gives them, like ``SpconvUNet``;
+    runs on the device of its inputs (CPU or CUDA)."""
 
     def __init__(self, widths: tuple[int, ...] = (16, 32, 64), classes: int = 16) -> None:
         super().__init__()
@@ -73,30 +74,37 @@ class ScatterUNet(nn.Module):
         self.head = nn.Linear(widths[0], classes)
 
     @staticmethod
-    def _neighbour_max(coords: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        key = (coords[:, 0] * 4096 + coords[:, 1]) * 4096 + coords[:, 2]
+    def _key(coords: torch.Tensor) -> torch.Tensor:
+        """(V,) int64 key of (V, 4) [sample, x, y, z] voxel coords (each axis below 4096)."""
+        return ((coords[:, 0] * 4096 + coords[:, 1]) * 4096 + coords[:, 2]) * 4096 + coords[:, 3]
+
+    @classmethod
+    def _neighbour_max(cls, coords: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        key = cls._key(coords)
         order = torch.argsort(key)
         skey = key[order]
         out = torch.full_like(feats, -1e9)
-        for axis in range(3):
+        for axis in range(1, 4):
             for step in (-1, 1):
-                shift = torch.zeros(3, dtype=torch.long)
+                shift = torch.zeros(4, dtype=torch.long, device=coords.device)
                 shift[axis] = step
-                n = coords + shift
-                nk = (n[:, 0] * 4096 + n[:, 1]) * 4096 + n[:, 2]
+                nk = cls._key(coords + shift)
                 pos = torch.searchsorted(skey, nk).clamp_max(len(skey) - 1)
                 hit = skey[pos] == nk
                 out = torch.where(hit[:, None], torch.maximum(out, feats[order[pos]]), out)
         return torch.where(out > -1e8, out, torch.zeros_like(out))
 
     def forward(self, coords: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        coords = coords[:, 1:].long()
+        coords = coords.long()
         levels, inverses = [], []
         x = feats / 50.0
         for i, lin in enumerate(self.down):
             if i:
-                coords, inv = torch.unique(coords // 2, dim=0, return_inverse=True)
-                x = torch.zeros(len(coords), x.shape[1]).index_reduce_(0, inv, x, "amax", include_self=False)
+                halved = torch.cat(
+                    [coords[:, :1], coords[:, 1:] // 2], dim=1
+                )  # a sample's voxels stay its own
+                coords, inv = torch.unique(halved, dim=0, return_inverse=True)
+                x = x.new_zeros(len(coords), x.shape[1]).index_reduce_(0, inv, x, "amax", include_self=False)
                 inverses.append(inv)
             x = F.relu(lin(torch.cat([x, self._neighbour_max(coords, x)], dim=1)))
             levels.append(x)

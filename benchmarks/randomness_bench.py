@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.metrics import greedy_reference_linearity, linearity, pair_repeat_rate
 
-COMPARED = ("random", "stratified", "balanced", "megabatch", "mixed", "budget")
+COMPARED = ("random", "stratified", "balanced", "megabatch", "mixed", "budget", "rebalance")
 #: Cells whose closing summary line is printed (heavy tails: where balance costs randomness).
 HEAVY = ("logn1.0", "heavy400")
 #: Small pools repeat few pairs (random: ~7 of 400 at W=4 B=2), so they average this many times more seeds.

@@ -1,4 +1,4 @@
-"""A real sparse-convolution backbone for the example and the benchmarks: a 3-level spconv UNet.
+"""A real sparse-convolution backbone for the example and the benchmarks: a spconv UNet (3 levels by default).
 
 The one home of the spconv UNet (``SpconvUNet``), of the voxelization it runs on (``voxelize_batch``) and of the CPU stream patch (``patch_cpu_stream``); ``examples/train_ddp.py
 --backbone spconv``, ``benchmarks/gpu_cost.py`` and ``benchmarks/ddp_bench.py`` all use it from here.
@@ -24,6 +24,8 @@ __all__ = [
     "require_spconv",
     "patch_cpu_stream",
     "voxelize_batch",
+    "SMALL",
+    "MINK",
     "SpconvUNet",
     "SparseSegNet",
 ]
@@ -83,8 +85,14 @@ def voxelize_batch(
     return uniq.int(), feats, inverse
 
 
-def SpconvUNet(classes: int = 16) -> nn.Module:  # noqa: N802 - builds a class lazily (spconv is optional)
-    """A 3-level spconv UNet: SubM blocks, stride-2 SparseConv down, SparseInverseConv up, skips.
+#: The widths of the UNet's levels: ``SMALL`` (this example's, 3 levels) and ``MINK`` (MinkUNet-sized: 4 levels,
+#: 32 to 256 channels, as MinkUNet and Cylinder3D-class segmentation backbones at 0.05 m).
+SMALL = (16, 32, 64)
+MINK = (32, 64, 128, 256)
+
+
+def SpconvUNet(classes: int = 16, widths: tuple[int, ...] = SMALL) -> nn.Module:  # noqa: N802 - builds a class lazily
+    """A spconv UNet of ``len(widths)`` levels: SubM blocks, stride-2 SparseConv down, SparseInverseConv up, skips.
 
     The module maps ((V, 4) int32 [sample, x, y, z] coords, (V, 4) float voxel features) to (V, classes)
     voxel logits, in the order of the coords. Raises ``ImportError(SPCONV_MISSING)`` without spconv.
@@ -107,25 +115,36 @@ def SpconvUNet(classes: int = 16) -> nn.Module:  # noqa: N802 - builds a class l
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.enc1, self.enc2, self.enc3 = block(4, 16, "s1"), block(32, 32, "s2"), block(64, 64, "s3")
-            self.down1 = sp.SparseConv3d(16, 32, 3, stride=2, indice_key="d1", bias=False)
-            self.down2 = sp.SparseConv3d(32, 64, 3, stride=2, indice_key="d2", bias=False)
-            self.up2 = sp.SparseInverseConv3d(64, 32, 3, indice_key="d2", bias=False)
-            self.up1 = sp.SparseInverseConv3d(32, 16, 3, indice_key="d1", bias=False)
-            self.dec2, self.dec1 = block(64, 32, "s2"), block(32, 16, "s1")
-            self.head = nn.Linear(16, classes)
+            w = widths
+            self.enc = nn.ModuleList(
+                [block(4, w[0], "s0")] + [block(w[i], w[i], f"s{i}") for i in range(1, len(w))]
+            )
+            self.down = nn.ModuleList(
+                sp.SparseConv3d(w[i - 1], w[i], 3, stride=2, indice_key=f"d{i}", bias=False)
+                for i in range(1, len(w))
+            )
+            self.up = nn.ModuleList(
+                sp.SparseInverseConv3d(w[i], w[i - 1], 3, indice_key=f"d{i}", bias=False)
+                for i in range(1, len(w))
+            )
+            self.dec = nn.ModuleList(block(2 * w[i], w[i], f"s{i}") for i in range(len(w) - 1))
+            self.head = nn.Linear(w[0], classes)
 
         def forward(self, coords: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-            shape = (coords[:, 1:].max(0).values + 1).tolist()
+            low = 2 ** len(
+                widths
+            )  # each level halves the grid: a flat sample still keeps a cell at the bottom
+            shape = [max(int(v), low) for v in (coords[:, 1:].max(0).values + 1).tolist()]
             samples = int(coords[:, 0].max()) + 1
-            x1 = self.enc1(sp.SparseConvTensor(feats / 50.0, coords, shape, samples))
-            x2 = self.enc2(self.down1(x1))
-            x3 = self.enc3(self.down2(x2))
-            u2 = self.up2(x3)
-            u2 = self.dec2(u2.replace_feature(torch.cat([u2.features, x2.features], 1)))
-            u1 = self.up1(u2)
-            u1 = self.dec1(u1.replace_feature(torch.cat([u1.features, x1.features], 1)))
-            return self.head(u1.features)
+            x = self.enc[0](sp.SparseConvTensor(feats / 50.0, coords, shape, samples))
+            skips = [x]
+            for down, enc in zip(self.down, self.enc[1:], strict=True):
+                x = enc(down(x))
+                skips.append(x)
+            for i in reversed(range(len(self.up))):
+                x = self.up[i](x)
+                x = self.dec[i](x.replace_feature(torch.cat([x.features, skips[i].features], 1)))
+            return self.head(x.features)
 
     return Net()
 

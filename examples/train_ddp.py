@@ -3,7 +3,7 @@
 Each rank runs one thread (``torch.set_num_threads(1)``; ``--pin-cores``: each rank on its own core) and
 reads the manifest directly: ``BalancedBatchSampler`` + ``PointCloudDataset`` (``--sampler lidarshard``,
 default) or, as baselines over the same samples, PyTorch's ``DistributedSampler`` (``--sampler
-distributed``) or the DrivingSDK-style sorted buckets (``--sampler drivingsdk``,
+distributed``) or DrivingSDK's load balancing as shipped (``--sampler drivingsdk``,
 ``examples/drivingsdk_sampler.py``). The model (``--backbone mlp``, default) is a small point-voxel net:
 per-point MLP, voxel max-pooling (``torch.scatter_reduce``), voxel MLP, per-point head, so its cost grows
 with points and occupied voxels like a real sparse backbone; ``--backbone spconv`` trains a real one, the
@@ -249,18 +249,29 @@ def _loader(
         sampler: Any = BalancedBatchSampler(args.manifest, 0 if args.identical else rank, world)
         return PlanLoader(dataset, sampler, **opts), sampler  # state_dict() counts trained batches
     if args.sampler == "drivingsdk":
-        sampler = _drivingsdk(args, rank, world, batch)
+        sampler = _drivingsdk(args, dataset, rank, world, batch)
         return DataLoader(dataset, batch_sampler=sampler, **opts), sampler
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed, drop_last=True)
     return DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch, drop_last=True), **opts), sampler
 
 
-def _drivingsdk(args: argparse.Namespace, rank: int, world: int, batch: int) -> Any:
-    """The DrivingSDK-style sorted buckets over the manifest's voxel counts (points without them)."""
-    samples = read_samples(args.manifest, ["occupied_voxels", "num_points"])
-    voxels = samples.column("occupied_voxels")  # null when the manifest was planned without a scan
-    sizes = voxels if voxels.null_count == 0 else samples.column("num_points")
-    return _sibling("drivingsdk_sampler").BucketBatchSampler(sizes.to_numpy(), rank, world, batch, args.seed)
+def _drivingsdk(
+    args: argparse.Namespace, dataset: PointCloudDataset, rank: int, world: int, batch: int
+) -> Any:
+    """DrivingSDK as shipped (``examples/drivingsdk_sampler.py``): mx_driving's voxel key of every sample's
+    keyframe + sweeps (its sweep points within 1 m dropped where the manifest records time lags), its sorted
+    buckets of W and its replica sampler. mx_driving computes the keys when the info files are made: before
+    training, as here."""
+    peer = _sibling("drivingsdk_sampler")
+    try:  # the time-lag channel tells sweep points from the keyframe's (4.3 scans record the lags)
+        lagged = PointCloudDataset(args.manifest, sweeps=True, time_lag=True) if not args.no_sweeps else None
+    except ValueError:
+        lagged = None
+    keys = []
+    for i in range(len(dataset)):
+        points = (lagged or dataset)[i]["points"].numpy()
+        keys.append(peer.voxel_key(points, points[:, -1] != 0 if lagged is not None else None))
+    return peer.BucketBatchSampler(keys, rank, world, batch)
 
 
 def _replan(args: argparse.Namespace, rank: int) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch, seeds
+from lidarshard.transforms.plan import ANY_POOL, STRATEGIES, VARIABLE_COUNT, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
 from lidarshard.transforms.plan.lpt import lpt_rounds
 from lidarshard.transforms.plan.metrics import greedy_reference_linearity, linearity
@@ -112,7 +112,7 @@ def replan_pool(
         return np.where(p >= 0, entries[p], -1)
 
     try:
-        if strategy in VARIABLE_COUNT:  # any pool size >= W: nothing left over
+        if strategy in ANY_POOL:  # any pool size >= W: nothing left over
             return plan(order)
         step = w * b
         q, r = divmod(r_all, step)

@@ -19,6 +19,7 @@ from lidarshard.pipelines.settings import BuildSettings, ScanSettings, check_pla
 from lidarshard.pipelines.understood import sweeps_of
 from lidarshard.schemas.records import label_maps
 from lidarshard.transforms.core import earlier_run
+from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.manifest_writer import Kept
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.cost import CostModel
@@ -100,6 +101,7 @@ def build_settings(opts: BuildOptions, dry_run: bool = False, kept: Kept | None 
     if opts.from_samples and opts.sweeps:
         raise UsageError("--sweeps: --from-samples re-plans samples scanned already, with their sweeps")
     model = cost_model(opts.cost_model)
+    opts = dataclasses.replace(opts, plan=priced(opts.plan, model))
     check_plan_size(opts.plan)
     if opts.from_samples:
         return _from_samples(opts, model, dry_run, kept)
@@ -123,7 +125,7 @@ def _from_samples(opts: BuildOptions, model: CostModel, dry_run: bool, kept: Kep
         fraction = recorded_fraction if fraction is None else fraction
     if opts.replan_from is not None and kept is None:
         plan, kept = continued(samples, opts.replan_from, opts.plan.epochs, opts.plan)
-        opts = dataclasses.replace(opts, plan=plan)
+        opts = dataclasses.replace(opts, plan=priced(plan, model))
     weight = _check_weights(opts, (), samples, look)
     if rows is not None:
         check_plan_size(opts.plan, rows, f"--from-samples {samples}", weight)
@@ -187,9 +189,15 @@ def table_settings(opts: BuildOptions, model: CostModel) -> BuildSettings:
     """The settings of ``lidarshard.write_manifest``: a user's table, its paths stored as given."""
     out = location(opts.out)
     checks.check_output(out, [])
+    opts = dataclasses.replace(opts, plan=priced(opts.plan, model))
     check_plan_size(opts.plan)
     options = _resolved(opts, out, opts.max_reject_fraction)
     return BuildSettings(options, created_by=f"lidarshard {__version__} write_manifest", model=model)
+
+
+def priced(cfg: PlanConfig, model: CostModel) -> PlanConfig:
+    """``cfg`` with the ``launch_ms`` of the ``model`` that plans it (what every rank-step adds)."""
+    return dataclasses.replace(cfg, launch=model.launch_ms or 0.0)
 
 
 def _path_root(opts: BuildOptions, datasets: Sequence[Dataset], from_samples: str | None) -> str | None:

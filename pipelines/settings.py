@@ -31,7 +31,7 @@ from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.layouts import Dataset
 from lidarshard.transforms.layouts.task import LayoutOptions
-from lidarshard.transforms.plan import VARIABLE_COUNT
+from lidarshard.transforms.plan import ANY_POOL
 from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["ScanSettings", "BuildSettings", "location", "rejects_path", "check_plan_size"]
@@ -167,7 +167,7 @@ def check_plan_size(
     _check_pool(cfg, rows, where, sample_weight)
     factor = sum(cfg.weights) / len(cfg.weights) if cfg.weights else 1.0
     factor = min(factor * (1.0 if sample_weight is None else sample_weight), cfg.max_plan_factor)
-    pad = 0 if cfg.strategy in VARIABLE_COUNT else cfg.step_size
+    pad = 0 if cfg.strategy in ANY_POOL else cfg.step_size
     entries = math.ceil(rows * factor) + pad
     what = f"{where} holds {rows:,} samples; at ~{factor:.3g} plan entries each an epoch plans ~{entries:.3g}"
     if entries > MAX_EPOCH_ENTRIES:
@@ -190,7 +190,7 @@ def _check_pool(cfg: PlanConfig, rows: int, where: str, sample_weight: float | N
     samples, ``--pad`` repeats them, ``budget`` plans every sample: those are left to the planner)."""
     repeat = cfg.repeat
     weighted = cfg.weights or sample_weight is not None or repeat.threshold is not None or repeat.datasets
-    if rows >= cfg.step_size or cfg.policy != "drop_last" or weighted or cfg.strategy in VARIABLE_COUNT:
+    if rows >= cfg.step_size or cfg.policy != "drop_last" or weighted or cfg.strategy in ANY_POOL:
         return
     raise UsageError(
         f"--world-size {cfg.world_size} x --batch-size {cfg.batch_size} = {cfg.step_size} samples per step, "

@@ -22,7 +22,9 @@ Versions: a major version changes the layout (4.0: the plan moved to ``plan/epoc
 ``epoch`` and ``rank`` as columns of each file); a minor only adds fields (``ADDED_IN``: 4.1 the samples'
 ``dataset``, ``frame``, ``sweep_frames``; 4.2 the manifest's ``cost_history`` and ``rank_speed``; 4.3 the
 samples' ``sweep_time_lags``; 4.4 the manifest's ``memory_cap`` and ``plan_groups`` and the cost model's ``units``
-and ``step_ms``), so a 4.4 reader reads 4.0 files as ``sample_schema("4.0")`` describes them. This lidarshard reads 4.x and writes 4.4; an older output is refused in one line naming its version
+and ``step_ms``; 4.5 the cost model's ``launch_ms`` and the variable-count strategies ``rebalance`` and ``auto``),
+so a 4.5 reader reads 4.0 files as ``sample_schema("4.0")`` describes them. This lidarshard reads 4.x and writes
+4.5; an older output is refused in one line naming its version
 and the command that rebuilds it from its samples (``check_version``; ``build --from-samples`` still
 reads 3.x samples and a 2.x ``samples.parquet``, whose fields ``ADDED_IN`` dates).
 """
@@ -78,7 +80,7 @@ __all__ = [
     "as_written",
 ]
 
-SCHEMA_VERSION = "4.4"
+SCHEMA_VERSION = "4.5"
 #: {major schema version this lidarshard reads: the newest minor of it}.
 READABLE: dict[str, str] = {"4": SCHEMA_VERSION}
 READABLE_MAJORS = tuple(READABLE)
@@ -147,9 +149,10 @@ def plan_key(rel: str) -> tuple[int, int] | None:
     return (e, r) if plan_file(e, r) == rel else None
 
 
-#: Strategies whose plan files hold a variable ``rank_count`` per step (``--strategy budget``); the
-#: planner's registry (``lidarshard.transforms.plan``) reads this list, so the contract names no planner.
-VARIABLE_COUNT = frozenset({"budget"})
+#: Strategies whose plan files hold a variable ``rank_count`` per step (``--strategy budget``, ``rebalance``,
+#: ``auto``); the planner's registry (``lidarshard.transforms.plan``) reads this list, so the contract names no
+#: planner.
+VARIABLE_COUNT = frozenset({"budget", "rebalance", "auto"})
 
 #: Fixed vocabulary of reject reasons; ``detail`` carries the specifics.
 REJECT_REASONS: dict[str, str] = {
@@ -322,7 +325,7 @@ PLAN_FIELDS: list[tuple[str, pa.DataType, str]] = PLAN_KEY_FIELDS + [
     ("sweep_paths", pa.list_(_STR), "sweep paths, as in the samples"),
     ("cost", _F64, "the sample's predicted cost"),
     ("bucket_id", pa.int32(), "the sample's cost bucket"),
-    ("rank_count", pa.int32(), "samples this rank trains at this step (batch_size unless --strategy budget)"),
+    ("rank_count", pa.int32(), "samples this rank trains at this step (batch_size but for variable counts)"),
     (
         "global_count",
         pa.int32(),

@@ -120,8 +120,9 @@ class Manifest:
         "the repeat factors / sample weights (records.RepeatRecord) or null", None
     )
     cost_model: CostModel = _key(
-        "{'name', 'c0', 'a', 'b'[, 'q', 'units', 'step_ms']}: cost = c0 + a*points + b*voxels^q; 'units' 'ms' "
-        "and 'step_ms' (4.4, absent when unknown): a calibrated model's ms and per-step overhead"
+        "{'name', 'c0', 'a', 'b'[, 'q', 'units', 'step_ms', 'launch_ms']}: cost = c0 + a*points + b*voxels^q; "
+        "'units' 'ms' and 'step_ms' (4.4, absent when unknown): a calibrated model's ms and per-step overhead; "
+        "'launch_ms' (4.5, absent when not fitted): ms each rank pays once per rank-step, whatever its samples"
     )
     cost_history: tuple[HistoryEntry, ...] = _key(
         "[{'until_epoch', 'cost_model', 'bucket_edges'}] (4.2, absent when empty): the models that planned the "

@@ -125,7 +125,9 @@ class CostModel:
     """``cost = c0 + a * points + b * voxels ** q`` (units: whatever the fit used, e.g. ms); the manifest's
     ``cost_model``. Whether it can be applied is ``lidarshard.transforms.features.cost.checked_model``'s.
     ``units`` ("ms" when ``lidarshard calibrate`` fitted it to measured milliseconds) and ``step_ms`` (the
-    fitted ms a step lasts beyond its slowest rank's compute) are 4.4, absent when not known."""
+    fitted ms a step lasts beyond its slowest rank's compute) are 4.4, absent when not known; ``launch_ms``
+    (4.5, absent when not fitted) the ms each rank pays once per rank-step whatever its samples (kernel
+    launches), beside the per-sample terms."""
 
     name: str
     c0: float = 0.0
@@ -134,10 +136,11 @@ class CostModel:
     q: float = 1.0
     units: str | None = None
     step_ms: float | None = None
+    launch_ms: float | None = None
 
     def to_json(self) -> dict:
-        """The manifest's ``cost_model`` (``q`` only when it is not 1, ``units``/``step_ms`` only when known:
-        older manifests keep their bytes)."""
+        """The manifest's ``cost_model`` (``q`` only when it is not 1, ``units``/``step_ms``/``launch_ms`` only
+        when known: older manifests keep their bytes)."""
         out = asdict(self)
         if self.q == 1.0:
             del out["q"]
@@ -146,22 +149,31 @@ class CostModel:
     @classmethod
     def parse(cls, obj: object, where: str) -> CostModel:
         """A recorded cost model: ``name`` and numbers ``c0``, ``a``, ``b`` (0 when absent), ``q`` (1), an
-        optional ``units`` text and ``step_ms`` number."""
+        optional ``units`` text and ``step_ms`` and ``launch_ms`` numbers."""
         keys = ("c0", "a", "b", "q")
         if (
             not isinstance(obj, dict)
             or not isinstance(obj.get("name"), str)
-            or set(obj) - {"name", *keys, "units", "step_ms"}
-            or not all(number_ok(obj.get(k, 0.0)) for k in (*keys, "step_ms"))
+            or set(obj) - {"name", *keys, "units", "step_ms", "launch_ms"}
+            or not all(number_ok(obj.get(k, 0.0)) for k in (*keys, "step_ms", "launch_ms"))
             or not isinstance(obj.get("units", ""), str)
         ):
             raise ValueError(
-                f"{where} must be {{'name', 'c0', 'a', 'b'[, 'q', 'units', 'step_ms']}} (finite numbers), "
-                f"got {short(obj)}"
+                f"{where} must be {{'name', 'c0', 'a', 'b'[, 'q', 'units', 'step_ms', 'launch_ms']}} (finite "
+                f"numbers), got {short(obj)}"
             )
         c0, a, b, q = (float(obj.get(k, 1.0 if k == "q" else 0.0)) for k in keys)
-        step = obj.get("step_ms")
-        return cls(obj["name"], c0, a, b, q, obj.get("units"), None if step is None else float(step))
+        step, launch = obj.get("step_ms"), obj.get("launch_ms")
+        return cls(
+            obj["name"],
+            c0,
+            a,
+            b,
+            q,
+            obj.get("units"),
+            None if step is None else float(step),
+            None if launch is None else float(launch),
+        )
 
 
 #: Most bucket edges a recorded history entry may hold.

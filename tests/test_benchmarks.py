@@ -55,9 +55,21 @@ def test_balance_bench(tmp_path: Path) -> None:
     out = bench("balance_bench", "--smoke", cwd=tmp_path)
     assert "target balanced within 0.005 of the reference" in out
     assert "budget with speeds: min" in out and "budget / balanced:" in out
-    # Every linearity in the main table (reference and the six strategies) is a share of the ideal.
-    table = re.findall(r"^(?:logn\S+|synth)\s+\d+\s+\d+\s+\d+((?:\s+[\d.]+){7})\s", out, re.M)
+    # Every linearity in the main table (reference and the seven strategies) is a share of the ideal.
+    table = re.findall(r"^(?:logn\S+|synth)\s+\d+\s+\d+\s+\d+((?:\s+[\d.]+){8})\s", out, re.M)
     assert table and all(0.0 < float(v) <= 1.0 for row in table for v in row.split())
+
+
+def test_peer_bench(tmp_path: Path) -> None:
+    """Every sampler of the peer table on tiny pools: each figure a share, both verdict counts printed."""
+    out = bench("peer_bench", "--smoke", "--json-out", str(tmp_path / "p.json"), cwd=tmp_path)
+    rows = json.loads((tmp_path / "p.json").read_text())
+    assert rows and {r["n"] for r in rows} == {1250, 1248}
+    for r in rows:
+        for name in ("drivingsdk", "verl", "fairseq", "megabatch", "random", "mixed", "auto", "rebalance"):
+            assert 0.0 < r[name][0] <= 1.0
+        assert r["rebalance"][1] == pytest.approx(1.0)  # random's steps: random's pair repeat
+    assert len(floats(r"Pareto-ahead of the best peer .*: (\d+) of \d+ cells", out)) == 2
 
 
 def test_elastic_bench(tmp_path: Path) -> None:
@@ -163,17 +175,17 @@ def test_ddp_bench(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("batch", ["1", "2"])
 def test_ddp_bench_closed_loop(tmp_path: Path, batch: str) -> None:
-    """The five samplers of ``--closed-loop`` on 8 samples (B=1: spconv's UNet at 1 m voxels when it is
+    """The six samplers of ``--closed-loop`` on 8 samples (B=1: spconv's UNet at 1 m voxels when it is
     installed, else the example's MLP; B=2: the MLP): the JSON holds them all, each figure is a share,
-    the DrivingSDK-style fixed buckets repeat every pair (B=1: P - 1 times random's rate), identical
-    work predicts 1.0."""
+    DrivingSDK's fixed buckets repeat every pair (B=1: P - 1 times random's rate), rebalance holds random's
+    steps (B=1: it is random), identical work predicts 1.0."""
     pytest.importorskip("torch")
     spconv = batch == "1" and importlib.util.find_spec("spconv") is not None
     backbone = ["--backbone", "spconv", "--train-args", "--voxel-size 1.0"] if spconv else []
     args = ("--fixture", "--fixture-samples", "8", "--closed-loop", "--batch-size", batch, *backbone)
     out = bench("ddp_bench", *args, "--json-out", str(tmp_path / "r.json"), cwd=tmp_path, timeout=880)
     result = json.loads((tmp_path / "r.json").read_text())
-    assert list(result) == ["distributed", "drivingsdk", "default", "calibrated", "identical"]
+    assert list(result) == ["distributed", "drivingsdk", "default", "calibrated", "rebalance", "identical"]
     for r in result.values():
         assert 0.0 < r["measured_linearity"] <= 1.0 and 0.0 < r["predicted_linearity"] <= 1.0
         assert r["epoch_s"] > 0 and r["steps_per_epoch"] == 8 // (2 * int(batch))
@@ -190,6 +202,20 @@ def test_gpu_cost_scatter_backbone(tmp_path: Path) -> None:
     args = ("--scenes", "1", "--sweeps", "1", "--repeats", "1", "--backbone", "scatter")
     out = bench("gpu_cost", *args, "--json-out", str(tmp_path / "r.json"), cwd=tmp_path)
     assert re.search(r"R\^2", out), out
+
+
+@pytest.mark.timeout(1800)
+def test_gpu_check_smoke(tmp_path: Path) -> None:
+    """The GPU check at smoke size on the CPU: both backbone sizes, every plan, the floor; no memory on a CPU."""
+    pytest.importorskip("torch")
+    out = bench("gpu_check", "--smoke", "--json-out", str(tmp_path / "g.json"), cwd=tmp_path, timeout=1780)
+    result = json.loads((tmp_path / "g.json").read_text())
+    assert [r["size"] for r in result["results"]] == ["small", "mink"]
+    for res in result["results"]:
+        assert {(r["B"], r["plan"]) for r in res["rows"]} >= {(1, "random"), (2, "rebalance"), (2, "auto")}
+        for r in res["rows"]:
+            assert 0.0 < r["measured"] <= 1.0 and 0.0 < r["floor"] <= 1.0 and r["batch_ms"] > 0
+    assert "no peak bytes on this device" in out or result["device"] != "cpu"
 
 
 def test_dask_multi_output_repro(tmp_path: Path) -> None:

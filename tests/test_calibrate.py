@@ -379,3 +379,56 @@ def test_a_bent_cost_model_builds_and_validates(tmp_path: Path) -> None:
     costs = pq.read_table(out / schemas.SAMPLES_DIR, columns=["occupied_voxels", "cost"]).to_pydict()
     np.testing.assert_allclose(costs["cost"], 2e-4 * np.asarray(costs["occupied_voxels"], float) ** 1.3)
     assert validate(str(out))[0] == []  # validate recomputes every cost with the exponent
+
+
+def test_a_launch_bound_model_calibrates_to_a_plan_no_worse_than_random(tmp_path: Path, capsys) -> None:
+    """Issue 52: rank-steps that cost 12 ms whatever their samples (kernel launches) + 0.05 ms a sample +
+    a little per point, timed on a budget plan (counts differ): calibrate fits the per-rank-step constant,
+    says a random plan is as good, and a plan on the fit prices it so: no gain promised, and its true
+    linearity is no worse than a random plan's."""
+    import lidarshard
+    from lidarshard.loaders import load_manifest, read_samples
+    from lidarshard.loaders.timing import StepTimer
+    from lidarshard.transforms.core.config import PlanConfig
+    from lidarshard.transforms.core.epochs import plan_samples
+    from lidarshard.transforms.plan.metrics import load_linearity, plan_buys
+
+    rng = np.random.default_rng(7)
+    n = 480
+    points = np.round(np.exp(rng.normal(np.log(1.2e5), 0.8, n))).astype(np.int64)
+    rows = {"sample_id": [f"s{i:04d}" for i in range(n)], "path": [f"/d/{i}.bin" for i in range(n)]}
+    table = pa.table(rows | {"num_points": points, "num_in_range": points})
+
+    def true_ms(ids: list[int]) -> float:
+        return 12.0 + 0.05 * len(ids) + 2e-7 * float(points[ids].sum())
+
+    first = tmp_path / "first"
+    lidarshard.write_manifest(table, str(first), 4, 3, cost_model="points", strategy="budget")
+    assert "less time" in plan_buys(load_manifest(str(first)).balance[0])  # the points model promises a gain
+    index = {f"s{i:04d}": i for i in range(n)}
+    for rank in range(4):
+        with StepTimer(str(tmp_path / "t"), rank=rank, world_size=4, device="cpu") as timer:
+            plan = pq.read_table(first / schemas.plan_file(0, rank)).to_pydict()
+            for step in sorted(set(plan["step"])):
+                ids = [s for s, st in zip(plan["sample_id"], plan["step"], strict=True) if st == step]
+                ms = true_ms([index[s] for s in ids]) * (1 + 0.002 * rng.normal())
+                timer.record(0, step, ids, ms / 1000)
+    fit_path = tmp_path / "fit.json"
+    assert cli_main(["calibrate", str(first), "--timings", str(tmp_path / "t"), "-o", str(fit_path)]) == 0
+    printed = capsys.readouterr().out
+    body = json.loads(fit_path.read_text())
+    assert body["cost_model"]["launch_ms"] == pytest.approx(12.0, rel=0.05) and "per rank-step" in printed
+    assert body["random_linearity"] >= 0.98 and "step time hardly depends on size here" in printed
+    again = tmp_path / "again"
+    lidarshard.write_manifest(table, str(again), 4, 3, cost_model=f"@{fit_path}", strategy="budget")
+    m = load_manifest(str(again))
+    assert m.cost_model.launch_ms == pytest.approx(body["cost_model"]["launch_ms"])
+    line = plan_buys(m.balance[0])
+    assert "step time hardly depends on size here: expect random's balance" in line
+    assert float(line.split("predicted time ")[1].split("x")[0]) >= 0.98  # no gain promised
+    planned = plan_samples(read_samples(str(again)), 0, PlanConfig.from_manifest(m))
+    truth = {
+        name: load_linearity(np.array([[true_ms([int(i) for i in r if i >= 0]) for r in s] for s in p]))
+        for name, p in (("plan", planned.plan), ("random", planned.baseline))
+    }
+    assert truth["plan"] >= truth["random"] - 1e-3

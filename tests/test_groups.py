@@ -25,20 +25,23 @@ from lidarshard.transforms.core import groups
 from lidarshard.transforms.core.config import AUTO_RULE, GROUP_SAMPLES, PlanConfig, auto_groups
 from lidarshard.transforms.core.epochs import plan_samples
 from lidarshard.transforms.core.pool import plan_pool
-from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, order, plan_epoch, seeds
+from lidarshard.transforms.plan import ANY_POOL, STRATEGIES, VARIABLE_COUNT, order, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
 from lidarshard.transforms.plan.metrics import balance_entry, balance_summary, mate_counts, plan_sums
 from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import BEAM_TEST_FLAGS, build_bins_manifest, make_bins, scored_pool
 
 #: sha256[:16] of (plan, baseline) bytes of ``_today``'s epoch 1 per strategy, and of the plan rows of
-#: ``build_bins_manifest(61, 2, 4)``, as main at 8c7fc1f (before step groups) wrote them.
+#: ``build_bins_manifest(61, 2, 4)``, as main at 8c7fc1f (before step groups) wrote them; ``rebalance`` and
+#: ``auto`` as first written (issue 52).
 TODAY = {
     "balanced": "41bddf583477c292",
     "budget": "3cdfb76fce570b2f",
     "megabatch": "5ced17d7203be17a",
     "mixed": "983c27fc970a4899",
     "random": "bada43c8d96c7ae4",
+    "rebalance": "45b30f6b492f4242",
+    "auto": "0ede799677694c0b",
     "stratified": "52593431183c029b",
     "rows": "bdc12ebc337b6c31",
 }
@@ -111,7 +114,7 @@ def _copies(plan: np.ndarray, n: int) -> np.ndarray:
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_plans_each_group_with_its_settings(strategy: str) -> None:
     table = scored_pool(3000, 2)
-    caps = Caps(max_points=4000) if strategy in VARIABLE_COUNT else Caps()
+    caps = Caps(max_points=4000) if strategy in ANY_POOL else Caps()  # planned within: budget's
     cfg = PlanConfig(4, 8, epochs=2, strategy=strategy, plan_groups=3, heaviest_first="points", rank_speed=SPEEDS,
                      caps=caps)  # fmt: skip
     p = plan_samples(table, 0, cfg)
@@ -120,8 +123,9 @@ def test_every_strategy_plans_each_group_with_its_settings(strategy: str) -> Non
         table.column("bucket_id").to_numpy(), table.column("weight").to_numpy(), keys, 0, cfg
     )
     assert p.stats["planned"] == int((p.plan >= 0).sum()) == copies.sum()
-    if strategy not in VARIABLE_COUNT:  # every pool entry once; only whole steps
-        assert (_copies(p.plan, table.num_rows) == copies).all() and p.plan.shape[2] == 8
+    if strategy not in ANY_POOL:  # every pool entry once; only whole steps (of B each, equal counts)
+        assert (_copies(p.plan, table.num_rows) == copies).all()
+        assert p.plan.shape[2] == 8 or strategy in VARIABLE_COUNT
     points = table.column("num_points").to_numpy()
     assert order.heaviest_step(p.plan, points) == 0
     if caps.active:

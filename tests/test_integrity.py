@@ -123,7 +123,7 @@ def test_the_scan_records_every_files_size_and_crc32(built: Path, dataroot: Path
             assert (size, crc) == (len(data), zlib.crc32(data)), rel
         assert r["file_bytes"] == r["path_bytes"] + sum(r["sweep_bytes"])
     m = json.loads((built / schemas.MANIFEST_FILE).read_text())
-    assert m["schema_version"] == schemas.SCHEMA_VERSION == "4.4"
+    assert m["schema_version"] == schemas.SCHEMA_VERSION == "4.5"
     assert m["scan_config"]["content_hash"] == schemas.CONTENT_HASH == "crc32"
     assert set(schemas.INTEGRITY_FIELDS) <= {f["name"] for f in m["sample_schema"]}
     assert pq.read_schema(built / schemas.samples_part(0)).names == schemas.scored_schema().names
@@ -489,9 +489,9 @@ def test_validate_checks_each_file_against_its_own_versions_contract(
     out = Path(shutil.copytree(built, tmp_path / "out"))
     t = pq.read_table(out / schemas.samples_part(0))
     for version, needle in (
-        ("3.0", "written with schema version '3.0', expected '4.4' (or an earlier minor)"),  # 3.x: not read
-        ("3.2", "written with schema version '3.2', expected '4.4' (or an earlier minor)"),  # no 3.2 exists
-        ("4.5", "written with schema version '4.5', expected '4.4' (or an earlier minor)"),
+        ("3.0", "written with schema version '3.0', expected '4.5' (or an earlier minor)"),  # 3.x: not read
+        ("3.2", "written with schema version '3.2', expected '4.5' (or an earlier minor)"),  # no 3.2 exists
+        ("4.6", "written with schema version '4.6', expected '4.5' (or an earlier minor)"),
         ("2.1", "written with schema version '2.1'"),
     ):
         _rewrite(
@@ -520,7 +520,7 @@ def test_schema_versions_and_the_content_hash() -> None:
     assert schemas.sample_schema("3.1").names[-len(schemas.INTEGRITY_FIELDS) :] == list(
         schemas.INTEGRITY_FIELDS
     )
-    readable = [schemas.is_readable(v) for v in ("3.0", "3.1", "3.2", "2.1", "", "4.0", "4.5", "5.0")]
+    readable = [schemas.is_readable(v) for v in ("3.0", "3.1", "3.2", "2.1", "", "4.0", "4.6", "5.0")]
     assert readable == [0, 0, 0, 0, 0, 1, 0, 0]
     assert schemas.is_before("3.9", "3.10") and not schemas.is_before("3.1", "3.1")
     data = os.urandom(5000)

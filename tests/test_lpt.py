@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lidarshard.transforms.plan.lpt import CountRoom, lpt_assign, lpt_heap, lpt_rounds
+from lidarshard.transforms.plan.lpt import CountRoom, lpt_assign, lpt_free, lpt_heap, lpt_rounds
 
 
 def _rule(key0: np.ndarray, tie: np.ndarray, x: np.ndarray, size: list[int] | None = None) -> list[int]:
@@ -61,3 +61,25 @@ def test_count_room_gives_the_extra_places_to_the_first_bins_to_fill() -> None:
     room = CountRoom(3, 1, 1)  # 4 items on 3 bins: one bin takes 2
     assert [room.add(0, 0), room.add(1, 1), room.add(0, 2)] == [False, False, True]
     assert room.blocked(1, 3) == 2 and room.blocked(2, 3) == -1  # extras used up: bin 1 is full
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    w=st.integers(1, 6), n_extra=st.integers(0, 12), steps=st.integers(1, 4), seed=st.integers(0, 2**32 - 1)
+)
+def test_free_count_split_follows_the_rule(w: int, n_extra: int, steps: int, seed: int) -> None:
+    """Positive costs, equal speeds, no caps: the rule itself (the W heaviest fill the W empty ranks)."""
+    rng = np.random.default_rng(seed)
+    costs = rng.integers(1, 5, (steps, w + n_extra)).astype(np.float64)
+    got = lpt_free(costs, w)
+    for s in range(steps):
+        order = np.argsort(-costs[s], kind="stable")
+        assert got[s][order].tolist() == _rule(np.zeros(w), np.zeros(w), costs[s][order])
+    speeds = rng.uniform(0.5, 2.0, w)  # with speeds: the heaviest to the fastest, each rank at least one
+    fast = lpt_free(costs, w, speeds)
+    assert all(set(row.tolist()) == set(range(w)) for row in fast)
+    assert (fast[np.arange(steps), np.argmax(costs, axis=1)] == np.argmax(speeds)).all()
+    ones = np.ones((steps, costs.shape[1], 1))  # a samples cap of 2 a rank-step: never more where it fits
+    capped = lpt_free(costs, w, None, ones, np.array([2.0]))
+    if costs.shape[1] <= 2 * w:
+        assert all(np.bincount(row, minlength=w).max() <= 2 for row in capped)

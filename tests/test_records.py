@@ -111,11 +111,12 @@ def test_a_malformed_record_is_one_line_naming_the_key(obj: dict, message: str) 
         {"name": "linear", "b": 1.0, "units": 3},
         {"name": "linear", "b": 1.0, "units": "ms", "step_ms": None},
         {"name": "linear", "b": 1.0, "units": "ms", "step_ms": float("inf")},
+        {"name": "linear", "b": 1.0, "units": "ms", "launch_ms": "12"},
     ],
 )
 def test_a_cost_model_lidarshard_does_not_write_is_refused(model: object) -> None:
     with pytest.raises(
-        ValueError, match=r"^m must be \{'name', 'c0', 'a', 'b'\[, 'q', 'units', 'step_ms'\]\}"
+        ValueError, match=r"^m must be \{'name', 'c0', 'a', 'b'\[, 'q', 'units', 'step_ms', 'launch_ms'\]\}"
     ):
         CostModel.parse(model, "m")
 
@@ -126,6 +127,11 @@ def test_a_calibrated_cost_model_keeps_its_units_and_step_overhead() -> None:
     assert CostModel.parse(timed, "m").to_json() == timed
     assert CostModel.parse(timed, "m").step_ms == 12.5
     assert CostModel("voxels", b=1.0).to_json() == {"name": "voxels", "c0": 0.0, "a": 0.0, "b": 1.0}
+    launched = timed | {"launch_ms": 11.5}  # 4.5: a per-rank-step constant round-trips too
+    assert (
+        CostModel.parse(launched, "m").to_json() == launched
+        and CostModel.parse(launched, "m").launch_ms == 11.5
+    )
 
 
 def test_a_cost_history_out_of_order_is_refused() -> None:

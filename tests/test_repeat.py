@@ -25,7 +25,7 @@ from lidarshard.transforms.features.repeat import (
     parse_repeat_factors,
     repeat_counts,
 )
-from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT
+from lidarshard.transforms.plan import ANY_POOL, STRATEGIES
 
 
 def test_lvis_factors_by_hand() -> None:
@@ -139,8 +139,8 @@ def test_every_strategy_plans_each_sample_as_often_as_its_rounded_weight(strateg
         seen = np.bincount(plan[plan >= 0], minlength=n)
         np.testing.assert_array_equal(seen, np.bincount(pool, minlength=n))  # the plan holds the pool
         assert (seen[w == 0] == 0).all()  # weight 0 never planned, not even as padding
-        assert (seen <= np.ceil(w) + (strategy not in VARIABLE_COUNT)).all()  # pad adds at most one
-        if strategy in VARIABLE_COUNT:  # nothing fitted: exactly floor or ceil of the weight
+        assert (seen <= np.ceil(w) + (strategy not in ANY_POOL)).all()  # pad adds at most one
+        if strategy in ANY_POOL:  # nothing fitted: exactly floor or ceil of the weight
             assert ((seen == np.floor(w)) | (seen == np.ceil(w))).all() and stats["padded"] == 0
 
 

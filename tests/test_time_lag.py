@@ -97,6 +97,6 @@ def test_a_scan_records_the_lags_of_its_layout(tmp_path: Path) -> None:
         np.testing.assert_allclose(
             r["sweep_time_lags"], [0.1 * (k + 1) for k in range(len(r["sweep_paths"]))], atol=0.005
         )
-    assert json.loads((out / "_manifest.json").read_text())["schema_version"] == "4.4"
+    assert json.loads((out / "_manifest.json").read_text())["schema_version"] == "4.5"
     item = PointCloudDataset(out, time_lag=True)[0]["points"].numpy()
     assert item[:, -1].min() == 0.0

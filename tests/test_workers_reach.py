@@ -10,8 +10,8 @@ import pytest
 
 import lidarshard
 from lidarshard.pipelines.cli import main
-from lidarshard.transforms.value_checks import UsageError
 from lidarshard.pipelines.runners import check_workers_reach, remote_workers
+from lidarshard.transforms.value_checks import UsageError
 from tests.helpers import make_bins
 
 PLAN = ["--world-size", "2", "--batch-size", "2"]

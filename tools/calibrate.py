@@ -14,6 +14,12 @@ voxels`` (non-negative least squares, see ``lidarshard.tools.fit``) is written a
      "memory_model": {"base_bytes", "bytes_per_point", "bytes_per_voxel", "r2", ...} | null,
      "memory_note": "..."}
 
+From rank-steps whose sample counts differ (``--strategy budget``, ``rebalance``), ``launch_ms`` too: the ms
+each rank pays once per rank-step whatever its samples (kernel launches), beside the per-sample terms
+(``tools.fit``). ``random_linearity``: a random plan of OUT's samples priced on the fit (launch included);
+where it is at least 0.98 the fit says so ("step time hardly depends on size here: expect random's
+balance"), as the build's summary of a plan on it does, instead of promising a gain.
+
 ``held_out``: the fit refitted on ~80% of the steps (or samples) and scored on the rest
 (``tools.fit.held_out_fit``). ``linearity`` (recorder files only): per epoch, over
 the steps every rank recorded, the measured ``linearity`` and mean per-step ``max_mean`` next to those
@@ -61,7 +67,9 @@ from lidarshard.tools.timings import (
 from lidarshard.transforms.declare import Parser, option
 from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.epoch_time import time_factors
+from lidarshard.transforms.plan.metrics import LITTLE_TO_WIN, equal_count_pool, linearity
 from lidarshard.transforms.value_checks import int_in, path
 
 __all__ = ["run", "calibrate"]
@@ -87,7 +95,8 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
     x, ms = design(obs), obs.column("ms").to_numpy()
     at = _rank_factors(obs, manifest)  # a rank-step takes its mean-rank time x its rank's factor
     measured = obs.set_column(obs.column_names.index("ms"), "ms", pa.array(ms * at))  # as measured
-    checks = {"predicted": obs.column("cost").to_numpy() * at, "fitted": fit.predict(x) * at}
+    launched = obs.column("cost").to_numpy() + (manifest.cost_model.launch_ms or 0.0) * x[:, 3]
+    checks = {"predicted": launched * at, "fitted": fit.predict(x) * at}
     source = {
         "manifest": out,
         "timings": timings_path,
@@ -102,8 +111,23 @@ def calibrate(out: str, timings_path: str, epoch: int = 0) -> tuple[cal.LinearFi
         "memory": memory_fit.memory_model(timings, samples),
         "step_ms": step_overhead_ms(timings.rows) if timings.recorded else None,
         "rank_speeds": learn_speeds(measured, fit.predict(x)) if timings.recorded else None,
+        "random_linearity": _random_linearity(manifest, samples, fit),
     }
     return fit, source, np.stack([fit.predict(x), ms], axis=1)
+
+
+def _random_linearity(manifest: Manifest, samples: pa.Table, fit: cal.LinearFit) -> float:
+    """Predicted linearity of a random plan of ``samples`` (epoch 0 of the manifest's W, B and seed) priced on
+    ``fit``: each sample its fitted work, each rank-step ``fit.launch`` more."""
+    feats = cal.sample_features(samples, fit.q)
+    voxels = np.nan_to_num(feats.column("voxels").to_numpy(zero_copy_only=False))
+    work = fit.predict(
+        np.stack([np.ones(samples.num_rows), feats.column("points").to_numpy(), voxels], axis=1)
+    )
+    w, b = manifest.world_size, manifest.batch_size
+    pool = equal_count_pool(work, w, b)
+    plan = plan_epoch("random", pool, w, b, seed=manifest.seed, epoch=0)
+    return linearity(plan, pool, fit.launch)
 
 
 def _rank_factors(obs: pa.Table, manifest: Manifest) -> np.ndarray:
@@ -164,6 +188,14 @@ def _check_lines(checks: dict) -> list[str]:
     return lines
 
 
+def _random_line(random: float) -> str:
+    """What a random plan of OUT's samples is predicted to reach on the fit, and whether a plan can win."""
+    line = f"a random plan of these samples, priced on the fit: linearity {random:.3f}"
+    if random >= LITTLE_TO_WIN:
+        return line + ": step time hardly depends on size here: expect random's balance"
+    return line
+
+
 @dataclass(frozen=True, kw_only=True)
 class CalibrateOptions:
     """``lidarshard calibrate``'s arguments."""
@@ -197,13 +229,13 @@ def run(argv: list[str] | None = None) -> int:
         print(f"lidarshard calibrate: {e}", file=sys.stderr)
         return 1
     try:  # never write a model the build would refuse (a fit of absurd timings)
-        checked_model(CostModel("linear", fit.c0, fit.a, fit.b, fit.q))
+        checked_model(CostModel("linear", fit.c0, fit.a, fit.b, fit.q, "ms", None, fit.launch or None))
     except ValueError as e:
         print(f"lidarshard calibrate: the fit is no usable cost model: {e}", file=sys.stderr)
         return 1
     png = _residual_png(fit, pairs, "sample" if source["timed"] == "sample" else "rank-step")
     plot_name = name.removesuffix(".json") + "_residuals.png"
-    checks = {k: source.pop(k) for k in ("held_out", "linearity")}
+    checks = {k: source.pop(k) for k in ("held_out", "linearity", "random_linearity")}
     memory = source.pop("memory")
     body = (
         fit.to_json("ms") | checks | memory | {"residual_plot": plot_name if png else None, "source": source}
@@ -216,11 +248,14 @@ def run(argv: list[str] | None = None) -> int:
         storage.write_bytes(storage.join(directory or ".", file_name), data)
     print(
         f"fit over {fit.n} timed {source['timed']}s ({source['rows'] - source['matched']} rows unmatched): "
-        f"ms = {fit.c0:.6g} + {fit.a:.6g} * points + {fit.b:.6g} * voxels{_power(fit)} per sample\n"
+        f"ms = {fit.c0:.6g} + {fit.a:.6g} * points + {fit.b:.6g} * voxels{_power(fit)} per sample"
+        + (f" + {fit.launch:.6g} per rank-step" if fit.launch > 0 else "")
+        + "\n"
         f"R^2 {fit.r2:.4f}, rmse {fit.rmse:.4g} ms"
         + (f"; dropped (negative when fitted): {', '.join(fit.dropped)}" if fit.dropped else "")
     )
     print("\n".join(_check_lines(checks)))
+    print(_random_line(checks["random_linearity"]))
     print(memory_fit.memory_line(memory))
     if body.get("rank_speeds"):
         print("\n".join(speed_lines(body["rank_speeds"])))

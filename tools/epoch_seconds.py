@@ -53,13 +53,16 @@ def step_overhead_ms(rows: pa.Table) -> float | None:
 
 
 def plan_loads(out: str, m: Manifest, samples: pa.Table) -> list[NDArray[np.float64]]:
-    """Per epoch, the (S, W) predicted cost of each rank at each step, in the costs that planned it."""
+    """Per epoch, the (S, W) predicted cost of each rank at each step, in the costs that planned it (with the
+    model's ``launch_ms`` at every rank-step)."""
     cfg = PlanConfig.from_manifest(m)
     ids = samples.column("sample_id")
     loads = []
     for e in range(m.epochs):
         plan = read_epoch_plan(out, m, e, ids).plan
-        loads.append(rank_costs(plan, as_planned(samples, e, cfg).column("cost").to_numpy()))
+        loads.append(
+            rank_costs(plan, as_planned(samples, e, cfg).column("cost").to_numpy(), cfg.step_cost(e))
+        )
     return loads
 
 

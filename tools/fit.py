@@ -1,10 +1,14 @@
-"""Fit the linear cost model ``ms = c0 + a * points + b * voxels`` to measured timings. Pure.
+"""Fit the linear cost model ``ms = launch + c0 * count + a * points + b * voxels`` to measured timings. Pure.
 
 A timing is one measured duration (ms) over a *group* of samples: one sample (a timings CSV with
 ``sample_id``), one rank's batch at one step (``step, rank``, mapped to samples through the
 plan) or one row of the training recorder's files (``lidarshard.loaders.step_timer``: a rank-step's
 ``compute_s`` and its ``sample_ids``, no plan needed). A group contributes the row ``[count, sum points, sum voxels]`` of the design matrix, so
 ``c0`` is always per sample and the fitted model plugs straight into ``lidarshard.transforms.features.cost``.
+A design of rank-steps may add a fourth column, the rank-steps a row holds (1 each): where the rows' sample
+counts differ, ``launch`` (ms a rank pays once per rank-step whatever its samples: kernel launches) is fitted
+beside ``c0``; where every row holds as many samples the two cannot be told apart and the constant stays
+per sample (``c0``), as before.
 
 ``points`` and ``voxels`` are the features ``lidarshard.transforms.features.cost.sample_costs`` uses: ``num_in_range``
 (``num_points`` when range features are missing) and ``occupied_voxels``.
@@ -46,8 +50,8 @@ __all__ = [
     "cross_validated_r2",
 ]
 
-#: Coefficient names, in design-matrix column order: per-sample overhead, per point, per voxel.
-TERMS = ("c0", "a", "b")
+#: Coefficient names, in design-matrix column order: per-sample overhead, per point, per voxel, per rank-step.
+TERMS = ("c0", "a", "b", "launch")
 
 
 @dataclass(frozen=True)
@@ -63,17 +67,21 @@ class LinearFit:
     n: int
     dropped: tuple[str, ...] = ()
     q: float = 1.0
+    launch: float = 0.0
 
     def predict(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
-        """(n,) predictions for an (n, 3) design matrix ``[count, points, voxels]`` (NaN voxels = 0)."""
+        """(n,) predictions for an (n, 3) design matrix ``[count, points, voxels]`` (NaN voxels = 0): the
+        samples' work; an (n, 4) one ``[..., rank-steps]`` adds ``launch`` per rank-step."""
         x = np.nan_to_num(np.asarray(x, dtype=np.float64))
-        return x @ np.array([self.c0, self.a, self.b])
+        work = x[:, :3] @ np.array([self.c0, self.a, self.b])
+        return work + self.launch * x[:, 3] if x.shape[1] == 4 else work
 
     def to_json(self, units: str = "ms") -> dict:
         """The calibration file body; ``build --cost-model @file.json`` reads its ``cost_model``."""
         return {
             "cost_model": {"name": "linear", "c0": self.c0, "a": self.a, "b": self.b}
-            | ({"q": self.q} if self.q != 1.0 else {}),
+            | ({"q": self.q} if self.q != 1.0 else {})
+            | ({"launch_ms": self.launch} if self.launch > 0 else {}),
             "r2": self.r2,
             "rmse": self.rmse,
             "n": self.n,
@@ -96,12 +104,13 @@ def fit_linear(x: NDArray[np.float64], ms: NDArray[np.float64]) -> LinearFit:
     """Non-negative least-squares fit of ``ms ~ c0 * count + a * points + b * voxels``.
 
     Args:
-        x: (n, 3) design matrix ``[count, points, voxels]``; an all-NaN voxels column means the
-            feature is unavailable (the ``b`` term is then left out).
+        x: (n, 3) design matrix ``[count, points, voxels]``, or (n, 4) with the rank-steps of each row
+            (``launch`` is fitted where the counts differ between rows); an all-NaN voxels column means
+            the feature is unavailable (the ``b`` term is then left out).
         ms: (n,) measured durations, finite.
 
     Returns:
-        the best fit with ``c0, a, b >= 0`` and ``a + b > 0``.
+        the best fit with ``c0, a, b, launch >= 0`` and ``a + b > 0``.
 
     Raises:
         ValueError: too few or non-finite observations, or no non-negative fit that grows with size
@@ -109,9 +118,11 @@ def fit_linear(x: NDArray[np.float64], ms: NDArray[np.float64]) -> LinearFit:
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(ms, dtype=np.float64)
-    if x.ndim != 2 or x.shape[1] != 3 or y.shape != (x.shape[0],):
-        raise ValueError(f"need x (n, 3) and ms (n,), got {x.shape} and {y.shape}")
+    if x.ndim != 2 or x.shape[1] not in (3, 4) or y.shape != (x.shape[0],):
+        raise ValueError(f"need x (n, 3) or (n, 4) and ms (n,), got {x.shape} and {y.shape}")
     terms = [0, 1, 2] if np.isfinite(x[:, 2]).all() else [0, 1]
+    if x.shape[1] == 4 and np.isfinite(x[:, [0, 3]]).all() and np.ptp(x[:, 0]) > 0:
+        terms.append(3)  # counts differ: a per-rank-step constant is told apart from the per-sample one
     if not (np.isfinite(x[:, terms]).all() and np.isfinite(y).all()):
         raise ValueError("timings and features must be finite")
     if y.size < len(terms):
@@ -123,10 +134,11 @@ def fit_linear(x: NDArray[np.float64], ms: NDArray[np.float64]) -> LinearFit:
     for size in range(1, len(terms) + 1):
         for subset in combinations(range(len(terms)), size):
             cols = list(subset)
-            if not any(terms[c] > 0 for c in cols):
+            sized = [terms[c] in (1, 2) for c in cols]
+            if not any(sized):
                 continue  # a model without points or voxels does not rank samples by size
             coef, *_ = np.linalg.lstsq(xs[:, cols], y, rcond=None)
-            if (coef < 0).any() or not (coef[[terms[c] > 0 for c in cols]] > 0).any():
+            if (coef < 0).any() or not (coef[sized] > 0).any():
                 continue
             full = np.zeros(len(terms))
             full[cols] = coef
@@ -138,9 +150,11 @@ def fit_linear(x: NDArray[np.float64], ms: NDArray[np.float64]) -> LinearFit:
             "no non-negative fit: the measured times do not grow with points or voxels "
             "(check that the timings belong to this manifest)"
         )
-    coef = np.zeros(3)
+    coef = np.zeros(4)
     coef[terms] = best[1] / scale
-    fit = LinearFit(float(coef[0]), float(coef[1]), float(coef[2]), 0.0, 0.0, int(y.size))
+    fit = LinearFit(
+        float(coef[0]), float(coef[1]), float(coef[2]), 0.0, 0.0, int(y.size), launch=float(coef[3])
+    )
     yhat = fit.predict(x)
     r2 = r_squared(y, yhat)
     if r2 <= 0 and np.ptp(y) > 0:
@@ -150,7 +164,7 @@ def fit_linear(x: NDArray[np.float64], ms: NDArray[np.float64]) -> LinearFit:
         )
     dropped = tuple(TERMS[t] for t in terms if coef[t] == 0)
     rmse = float(np.sqrt(((y - yhat) ** 2).mean()))
-    return LinearFit(fit.c0, fit.a, fit.b, r2, rmse, int(y.size), dropped)
+    return LinearFit(fit.c0, fit.a, fit.b, r2, rmse, int(y.size), dropped, launch=fit.launch)
 
 
 #: The longest step or sample a timing may say (ms; 1e9 ms is 11.6 days): beyond, a fit would overflow.
@@ -309,7 +323,10 @@ def held_out_fit(x: NDArray[np.float64], ms: NDArray[np.float64], keys: Sequence
         return out | {"r2": None, "rmse": None, "note": str(e)}
     yhat = fit.predict(x[test])
     rmse = float(np.sqrt(((ms[test] - yhat) ** 2).mean()))
-    return out | {"r2": r_squared(ms[test], yhat), "rmse": rmse, "c0": fit.c0, "a": fit.a, "b": fit.b}
+    launch = {"launch_ms": fit.launch} if fit.launch > 0 else {}
+    return (
+        out | {"r2": r_squared(ms[test], yhat), "rmse": rmse, "c0": fit.c0, "a": fit.a, "b": fit.b} | launch
+    )
 
 
 def cross_validated_r2(x: NDArray[np.float64], ms: NDArray[np.float64], keys: Sequence[str]) -> float:

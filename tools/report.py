@@ -248,8 +248,8 @@ def _what_if(
             out.append(
                 (
                     e,
-                    1 - load_linearity(rank_costs(chosen, per_sample) * factors),
-                    1 - load_linearity(rank_costs(random, per_sample) * factors),
+                    1 - load_linearity(rank_costs(chosen, per_sample, fit.launch) * factors),
+                    1 - load_linearity(rank_costs(random, per_sample, fit.launch) * factors),
                 )
             )
     return out

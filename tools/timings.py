@@ -275,8 +275,10 @@ Q_MIN_GAIN = 0.002
 
 
 def design(obs: pa.Table) -> NDArray[np.float64]:
-    """(n, 3) ``[count, points, voxels]`` of observations (``cal.fit_linear``'s design matrix)."""
-    return np.stack([obs.column(c).to_numpy() for c in ("count", "points", "voxels")], axis=1)
+    """(n, 4) ``[count, points, voxels, rank-steps]`` of observations (``cal.fit_linear``'s design matrix;
+    each observation is one rank-step, or one sample timed alone)."""
+    cols = [obs.column(c).to_numpy() for c in ("count", "points", "voxels")]
+    return np.stack([*cols, np.ones(obs.num_rows)], axis=1)
 
 
 def fit_cost(

@@ -188,7 +188,8 @@ class _Epoch:
             self.breaches += group_breaches(mine, steps, self.cfg.caps, values)
             self.heaviest.add(mine, steps, heaviest_values(self.cfg.heaviest_first, samples, self.model))
         costs = samples.column("cost").to_numpy()
-        self.sums.append(file_sums(mine, costs, m.batch_size, m.rank_speed))
+        step_cost = self.cfg.step_cost(e) if self.cfg is not None else m.cost_model.launch_ms or 0.0
+        self.sums.append(file_sums(mine, costs, m.batch_size, m.rank_speed, step_cost))
         return plan, steps
 
     def finish(self, derived: Derived, samples: Samples) -> None:

@@ -293,15 +293,20 @@ class Coverage:
 
 
 def file_sums(
-    plan: NDArray[np.int64], costs: NDArray[np.float64], batch_size: int, speeds: Sequence[float] | None
+    plan: NDArray[np.int64],
+    costs: NDArray[np.float64],
+    batch_size: int,
+    speeds: Sequence[float] | None,
+    step_cost: float = 0.0,
 ) -> BalanceSums:
     """One group's balance sums (``metrics.plan_sums``) of its plan (S_g, W, M) as the plan files
     hold it, over its samples' ``costs`` (n_g,; the plan's entries index them): its pool is its entries by
-    sample row (as the build pools a group); no random reference (the files hold none)."""
+    sample row (as the build pools a group); no random reference (the files hold none); every rank-step
+    adds ``step_cost`` (the cost model's ``launch_ms``)."""
     pool = np.sort(plan[plan >= 0])
     in_pool = np.searchsorted(pool, plan)
     in_pool[plan < 0] = -1
-    return plan_sums(in_pool, costs[pool], batch_size, None, speeds)
+    return plan_sums(in_pool, costs[pool], batch_size, None, speeds, step_cost)
 
 
 def check_balance(

@@ -117,6 +117,9 @@ class PlanConfig:
     #: ``(until_epoch, model, bucket edges)`` ascending: epochs before ``until_epoch`` (and from the previous
     #: entry's on) were planned with ``model``'s costs in those buckets, later ones with the samples' own
     #: ``cost`` and ``bucket_id`` (``build --replan-from``).
+    #: The cost model's ``launch_ms``: what every rank-step adds whatever its samples (0: none fitted); the
+    #: balance numbers price it (``step_cost``), the planners plan the per-sample costs.
+    launch: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_buckets is None and self.weights is not None and len(self.weights) > 1:
@@ -151,6 +154,8 @@ class PlanConfig:
             )
         if self.plan_groups is not None and not 1 <= self.plan_groups <= MAX_PLAN_GROUPS:
             raise ValueError(f"--plan-groups must be auto or in 1..{MAX_PLAN_GROUPS}, got {self.plan_groups}")
+        if not (math.isfinite(self.launch) and self.launch >= 0):
+            raise ValueError(f"the cost model's launch_ms must be a finite number >= 0, got {self.launch}")
         ends = [e for e, _, _ in self.earlier]
         if ends != sorted(set(ends)) or any(not 0 < e < self.epochs for e in ends):
             raise ValueError(
@@ -161,6 +166,12 @@ class PlanConfig:
         """(the model, its bucket edges) that planned ``epoch`` when they are not the samples' own costs
         and buckets (an epoch before a re-plan, ``earlier``), else None."""
         return next(((model, edges) for end, model, edges in self.earlier if epoch < end), None)
+
+    def step_cost(self, epoch: int) -> float:
+        """What every rank-step of ``epoch`` adds to its samples' costs: the ``launch_ms`` of the model that
+        planned it (``planned_with``), else ``launch``."""
+        then = self.planned_with(epoch)
+        return (then[0].launch_ms or 0.0) if then is not None else self.launch
 
     def groups(self, n: int) -> int:
         """G, the step groups each epoch of ``n`` accepted samples is planned in: forced or ``auto_groups``."""
@@ -236,6 +247,7 @@ class PlanConfig:
             "earlier": earlier,
             "rank_speed": m.rank_speed,
             "plan_groups": _recorded_groups(m),
+            "launch": m.cost_model.launch_ms or 0.0,
         }
         return cls(**(fields | changes))
 

@@ -162,7 +162,16 @@ def plan_samples(scored: pa.Table, epoch: int, cfg: PlanConfig, *, baseline: boo
         return EpochPlan(to_samples(plan, pool), np.empty((0, cfg.world_size, cfg.batch_size), np.int64), {})
     w, b = cfg.world_size, cfg.batch_size
     reference = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=cfg.seed, epoch=epoch)
-    stats = balance_summary(plan, costs, w, b, baseline=reference, epoch=epoch, speeds=cfg.rank_speed)
+    stats = balance_summary(
+        plan,
+        costs,
+        w,
+        b,
+        baseline=reference,
+        epoch=epoch,
+        speeds=cfg.rank_speed,
+        step_cost=cfg.step_cost(epoch),
+    )
     stats |= {"planned": int(pool.size), "dropped": int(dropped), "padded": int(padded)}
     del costs
     return EpochPlan(to_samples(plan, pool), to_samples(reference, pool), stats)

@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.pool import epoch_pool, plan_columns, plan_pool, to_samples
-from lidarshard.transforms.plan import VARIABLE_COUNT, order, plan_epoch, seeds
+from lidarshard.transforms.plan import ANY_POOL, order, plan_epoch, seeds
 from lidarshard.transforms.plan.metrics import BalanceSums, balance_entry, equal_count_pool, plan_sums
 
 __all__ = [
@@ -150,7 +150,7 @@ def plan_group(table: Any, rows: NDArray[np.int64], epoch: int, group: int, cfg:
             raise
         raise too_few(epoch, group, table.num_rows, cfg) from e
     reference = plan_epoch("random", equal_count_pool(costs, w, b), w, b, seed=gcfg.seed, epoch=epoch)
-    sums = plan_sums(plan, costs, b, reference, cfg.rank_speed)
+    sums = plan_sums(plan, costs, b, reference, cfg.rank_speed, cfg.step_cost(epoch))
     peak = 0.0
     if cfg.heaviest_first != "off" and plan.shape[0]:
         values = costs if cfg.heaviest_first == "cost" else table.column("num_points").to_numpy()[pool]
@@ -161,15 +161,15 @@ def plan_group(table: Any, rows: NDArray[np.int64], epoch: int, group: int, cfg:
 
 
 def one_step(cfg: PlanConfig) -> int:
-    """The fewest samples a step group needs: one step, W*B (W under ``budget``, whose counts vary)."""
-    return cfg.world_size * (1 if cfg.strategy in VARIABLE_COUNT else cfg.batch_size)
+    """The fewest samples a step group needs: one step, W*B (W for a strategy that plans any pool: ``budget``)."""
+    return cfg.world_size * (1 if cfg.strategy in ANY_POOL else cfg.batch_size)
 
 
 def too_few(epoch: int, group: int, held: int, cfg: PlanConfig) -> ValueError:
     """The one line refusing a plan whose step group ``group`` of epoch ``epoch`` holds ``held`` samples,
     fewer than ``one_step`` (the deal left it short: more groups than the samples allow)."""
     need = one_step(cfg)
-    what = f"W = {need}" if cfg.strategy in VARIABLE_COUNT else f"W*B = {need}"
+    what = f"W = {need}" if cfg.strategy in ANY_POOL else f"W*B = {need}"
     forced = cfg.plan_groups is not None
     return ValueError(
         f"epoch {epoch}: step group {group} holds {held} sample{'' if held == 1 else 's'}, fewer than one step "

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.plan_writer import NUMERIC_INPUT
 from lidarshard.transforms.features import buckets
-from lidarshard.transforms.plan import VARIABLE_COUNT, order, plan_epoch, seeds
+from lidarshard.transforms.plan import ANY_POOL, order, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import PoolLimits
 from lidarshard.transforms.plan.speeds import normalized
 
@@ -157,6 +157,6 @@ def epoch_pool(
     rng = seeds.rng(cfg.seed, epoch, "pool")
     pool = buckets.weighted_pool(ids, weights, rng, sample_weights)
     dropped = padded = 0
-    if cfg.strategy not in VARIABLE_COUNT:
+    if cfg.strategy not in ANY_POOL:
         pool, dropped, padded = buckets.fit_pool(pool, cfg.world_size * cfg.batch_size, cfg.policy, rng)
     return pool, dropped, padded, rng

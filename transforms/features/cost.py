@@ -1,10 +1,13 @@
 """Cost models: predicted compute cost of a sample from its size features. Pure numpy/pyarrow.
 
-``cost = c0 + a * points + b * voxels ** q`` (q = 1 unless given) where ``points`` is ``num_in_range`` (the points a model
+``cost = c0 + a * points + b * voxels ** q`` (q = 1 unless given) per sample, where ``points`` is ``num_in_range`` (the points a model
 sees after the range filter; ``num_points`` under ``--features stat``) and ``voxels`` is
 ``occupied_voxels``. ``points`` and ``voxels`` are the special cases (0, 1, 0) and (0, 0, 1);
 ``lidarshard calibrate`` fits (c0, a, b) to measured timings, and q when a cost grows faster than the voxels
-(attention-like backbones), and writes ``@file.json``.
+(attention-like backbones), and writes ``@file.json``. A model calibrated on rank-steps of varying counts also
+holds ``launch_ms``: what each rank pays once per rank-step whatever its samples (kernel launches), which is not
+a sample's cost: the planners plan the per-sample costs and the balance numbers add it to every rank-step
+(``PlanConfig.step_cost``).
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ def parse_cost_model(spec: str) -> CostModel:
             )
         power = float(model.get("q", 1.0))
         fitted = _linear(float(model["c0"]), float(model["a"]), float(model["b"]), name="linear", q=power)
-        return _timed(fitted, model.get("units"), model.get("step_ms"))
+        return _timed(fitted, model.get("units"), model.get("step_ms"), model.get("launch_ms"))
     raise ValueError(f"unknown --cost-model {spec!r}: use points, voxels, linear:c0,a,b or @file.json")
 
 
@@ -118,7 +121,8 @@ def checked_model(model: CostModel, *, given_ok: bool = False) -> CostModel:
         if given_ok:
             return model
         raise ValueError("the costs were given with the samples: no cost model recomputes them")
-    return _timed(_linear(model.c0, model.a, model.b, name=model.name, q=model.q), model.units, model.step_ms)
+    linear = _linear(model.c0, model.a, model.b, name=model.name, q=model.q)
+    return _timed(linear, model.units, model.step_ms, model.launch_ms)
 
 
 #: The one unit a cost model's ``units`` may name: calibrate fits measured milliseconds.
@@ -127,9 +131,9 @@ TIME_UNITS = "ms"
 MAX_STEP_MS = 1e9
 
 
-def _timed(model: CostModel, units: object, step_ms: object) -> CostModel:
-    """``model`` with ``units`` (None or "ms") and ``step_ms`` (None or a number in 0..``MAX_STEP_MS``,
-    ms only), checked: one ValueError line."""
+def _timed(model: CostModel, units: object, step_ms: object, launch_ms: object = None) -> CostModel:
+    """``model`` with ``units`` (None or "ms"), ``step_ms`` and ``launch_ms`` (each None or a number in
+    0..``MAX_STEP_MS``, ms only), checked: one ValueError line."""
     if units is not None and units != TIME_UNITS:
         raise ValueError(
             f"cost model units must be {TIME_UNITS!r} (as calibrate writes) or absent, got {units!r}"
@@ -139,16 +143,28 @@ def _timed(model: CostModel, units: object, step_ms: object) -> CostModel:
             f"cost model units {units!r} belong to a model calibrate fitted (linear), not to the "
             f"{model.name!r} proxy, whose costs count {model.name}"
         )
-    if step_ms is not None and (
+    return dataclasses.replace(
+        model,
+        units=units,
+        step_ms=_ms("step_ms", step_ms, units),
+        launch_ms=_ms("launch_ms", launch_ms, units),
+    )
+
+
+def _ms(name: str, value: object, units: object) -> float | None:
+    """``value`` of the cost model's ``name``: None, or a number of ms in 0..``MAX_STEP_MS`` beside units "ms"."""
+    if value is None:
+        return None
+    if (
         units is None
-        or isinstance(step_ms, bool)
-        or not isinstance(step_ms, (int, float))
-        or not 0 <= step_ms <= MAX_STEP_MS
+        or isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= MAX_STEP_MS
     ):
         raise ValueError(
-            f"cost model step_ms must be a number of ms in 0..{MAX_STEP_MS:g} beside units 'ms', got {step_ms!r}"
+            f"cost model {name} must be a number of ms in 0..{MAX_STEP_MS:g} beside units 'ms', got {value!r}"
         )
-    return dataclasses.replace(model, units=units, step_ms=None if step_ms is None else float(step_ms))
+    return float(value)
 
 
 def _column(samples: pa.Table, name: str, lacking: Mapping[str, int] | None = None) -> NDArray[np.float64]:

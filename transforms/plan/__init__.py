@@ -3,11 +3,12 @@
 A plan for one epoch is an int64 array of shape ``(S, W, M)`` (steps x ranks x slots) whose
 entries index the epoch's pool; every pool entry appears exactly once. Equal-count strategies
 return ``M = B`` with every slot used and need ``P % (W*B) == 0``; variable-count strategies
-(``VARIABLE_COUNT``: ``budget``) take any ``P >= W`` and mark empty slots ``-1``, every rank-step
-holding at least one entry. Each strategy is one module exporting
+(``VARIABLE_COUNT``: ``budget``, ``rebalance``, ``auto``) mark empty slots ``-1``, every rank-step holding at least
+one entry; ``ANY_POOL`` ones (``budget``) take any ``P >= W``. Each strategy is one module exporting
 ``plan(costs, world_size, batch_size, rng, bucket_ids, limits)``; ``STRATEGIES`` maps names to
 those functions and ``plan_epoch`` validates inputs, seeds the generator, dispatches and checks
-the caps (``lidarshard.transforms.plan.caps``). Balance metrics live in
+the caps (``lidarshard.transforms.plan.caps``). A strategy seeded as another (``SEEDED_AS``: ``rebalance``
+splits ``random``'s steps) gets that strategy's generator. Balance metrics live in
 ``lidarshard.transforms.plan.metrics``.
 """
 
@@ -20,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from lidarshard import schemas
-from lidarshard.transforms.plan import balanced, budget, megabatch, mixed, seeds, stratified
+from lidarshard.transforms.plan import auto, balanced, budget, megabatch, mixed, rebalance, seeds, stratified
 from lidarshard.transforms.plan import random as random_
 from lidarshard.transforms.plan.caps import PoolLimits, check_caps
 from lidarshard.transforms.plan.speeds import fastest_heaviest
@@ -29,6 +30,8 @@ __all__ = [
     "PlanFn",
     "STRATEGIES",
     "VARIABLE_COUNT",
+    "ANY_POOL",
+    "SEEDED_AS",
     "SPEED_AWARE",
     "DEFAULT_STRATEGY",
     "STRATEGY_HELP",
@@ -49,14 +52,26 @@ STRATEGIES: dict[str, PlanFn] = {
     "megabatch": megabatch.plan,
     "budget": budget.plan,
     "mixed": mixed.plan,
+    "rebalance": rebalance.plan,
+    "auto": auto.plan,
 }
 
 #: Strategies whose rank-steps hold a variable number of samples (``-1`` pads the plan): the contract's list.
 VARIABLE_COUNT = schemas.VARIABLE_COUNT
 
+#: Variable-count strategies that plan a pool of any size ``P >= W`` (nothing dropped or padded to whole
+#: steps); the others, ``rebalance`` included, plan a pool of whole steps of ``W*B``.
+ANY_POOL = frozenset({"budget"})
+
+#: Strategies seeded as another: ``rebalance`` gets ``random``'s generator (it splits ``random``'s steps).
+SEEDED_AS: dict[str, str] = {"rebalance": "random"}
+
 #: Strategies that plan for per-rank speeds themselves: ``fn(costs, W, B, rng, bucket_ids, limits, speeds)``
 #: with (W,) speeds of mean 1, each rank's load at a step ~ its speed; the others are reordered per step.
-SPEED_AWARE: dict[str, Callable[..., NDArray[np.int64]]] = {"budget": budget.plan}
+SPEED_AWARE: dict[str, Callable[..., NDArray[np.int64]]] = {
+    "budget": budget.plan,
+    "rebalance": rebalance.plan,
+}
 
 DEFAULT_STRATEGY = "mixed"
 
@@ -88,12 +103,12 @@ def plan_epoch(
 
     Args:
         strategy: a key of ``STRATEGIES``.
-        costs: (P,) finite costs >= 0 of the pool; ``P % (world_size * batch_size) == 0`` for
-            equal-count strategies, ``P >= world_size`` for ``VARIABLE_COUNT`` ones.
+        costs: (P,) finite costs >= 0 of the pool; ``P % (world_size * batch_size) == 0``, or
+            ``P >= world_size`` for ``ANY_POOL`` ones.
         world_size: W >= 1 ranks.
         batch_size: B >= 1 samples per rank per step.
-        seed: run seed >= 0; with ``epoch`` and the strategy it seeds
-            ``seeds.rng(seed, epoch, strategy)``.
+        seed: run seed >= 0; with ``epoch`` and the strategy (``SEEDED_AS`` the one it is seeded as) it
+            seeds ``seeds.rng(seed, epoch, strategy)``.
         epoch: epoch index >= 0.
         bucket_ids: optional (P,) bucket ids >= 0 (used by ``stratified``).
         limits: optional caps with the pool's points; honoured by ``budget``, checked for all.
@@ -117,10 +132,10 @@ def plan_epoch(
     if costs.ndim != 1 or not np.isfinite(costs).all() or (costs < 0).any():
         raise ValueError("costs must be a 1-D array of finite values >= 0")
     step = world_size * batch_size
-    variable = strategy in VARIABLE_COUNT
-    if costs.size % step and not variable:
+    variable, any_pool = strategy in VARIABLE_COUNT, strategy in ANY_POOL
+    if costs.size % step and not any_pool:
         raise ValueError(f"pool size {costs.size} is not a multiple of W*B = {step}; use fit_pool")
-    if variable and 0 < costs.size < world_size:
+    if any_pool and 0 < costs.size < world_size:
         raise ValueError(f"pool size {costs.size} is smaller than world_size {world_size}")
     if bucket_ids is not None:
         bucket_ids = np.asarray(bucket_ids)
@@ -129,7 +144,7 @@ def plan_epoch(
     shape = (costs.size // step, world_size, batch_size)
     if costs.size == 0:
         return np.empty(shape, dtype=np.int64)
-    rng = seeds.rng(seed, epoch, strategy)
+    rng = seeds.rng(seed, epoch, SEEDED_AS.get(strategy, strategy))
     if speeds is not None:
         speeds = np.asarray(speeds, dtype=np.float64)
         if speeds.shape != (world_size,) or not (np.isfinite(speeds) & (speeds > 0)).all():
@@ -140,7 +155,8 @@ def plan_epoch(
         out = STRATEGIES[strategy](costs, world_size, batch_size, rng, bucket_ids, limits)
         if speeds is not None:
             out = fastest_heaviest(out, costs, speeds)
-    if (out.shape[1] != world_size or (out[..., 0] < 0).any()) if variable else out.shape != shape:
+    wrong = out.shape[1] != world_size or (out[..., 0] < 0).any() or (not any_pool and len(out) > shape[0])
+    if wrong if variable else out.shape != shape:
         raise AssertionError(f"strategy {strategy!r} returned a plan of shape {out.shape}, expected {shape}")
     check_caps(out, limits, costs, epoch)
     return out

@@ -27,7 +27,7 @@ from lidarshard.transforms.plan._partition import partition_steps, permute_ranks
 from lidarshard.transforms.plan.caps import PoolLimits
 from lidarshard.transforms.plan.metrics import greedy_reference_linearity, step_linearity
 
-__all__ = ["plan", "choose_eps", "log_cost", "jittered_order", "EPS_LADDER", "TOLERANCE"]
+__all__ = ["plan", "plan_within", "choose_eps", "log_cost", "jittered_order", "EPS_LADDER", "TOLERANCE"]
 
 #: Jitter amplitudes in natural-log units, largest (most random) first, halving down to ~6e-5,
 #: then 0. The fine end matters for B == 1, where a step's max-to-mean spread grows about
@@ -76,9 +76,13 @@ def _linearity(order: NDArray[np.int64], costs: NDArray[np.float64], w: int, b: 
 
 
 def choose_eps(
-    costs: NDArray[np.float64], world_size: int, batch_size: int, u: NDArray[np.float64]
+    costs: NDArray[np.float64],
+    world_size: int,
+    batch_size: int,
+    u: NDArray[np.float64],
+    tolerance: float = TOLERANCE,
 ) -> tuple[float, NDArray[np.int64]]:
-    """Largest ladder eps within ``TOLERANCE`` of the bound, and its (P,) step order.
+    """Largest ladder eps within ``tolerance`` of the bound, and its (P,) step order.
 
     Args:
         costs: (P,) pool costs, P % (W*B) == 0.
@@ -92,7 +96,7 @@ def choose_eps(
     while lo < hi:
         mid = (lo + hi) // 2
         order = jittered_order(logc, u, EPS_LADDER[mid])
-        if _linearity(order, costs, w, b) >= bound - TOLERANCE:
+        if _linearity(order, costs, w, b) >= bound - tolerance:
             hi, best = mid, order
         else:
             lo = mid + 1
@@ -114,7 +118,14 @@ def plan(
         (S, W, B) int64 pool indices.
     """
     del bucket_ids, limits  # works on exact costs
+    return plan_within(costs, world_size, batch_size, rng, TOLERANCE)
+
+
+def plan_within(
+    costs: NDArray[np.float64], world_size: int, batch_size: int, rng: np.random.Generator, tolerance: float
+) -> NDArray[np.int64]:
+    """``plan`` held within ``tolerance`` of the bound (``plan`` is ``TOLERANCE``'s): (S, W, B) pool indices."""
     u = rng.uniform(-1.0, 1.0, costs.size)
-    _, order = choose_eps(costs, world_size, batch_size, u)
+    _, order = choose_eps(costs, world_size, batch_size, u, tolerance)
     steps = permute_ranks(partition_steps(order, costs, world_size, batch_size), rng)
     return steps[rng.permutation(steps.shape[0])]

@@ -13,6 +13,9 @@ it give the same assignment (``tests/test_lpt.py`` holds them to one scalar refe
 - ``lpt_assign``: equal counts (each of ``W`` ranks takes ``B`` items of a step, keys start at 0,
   ties by rank), vectorized across all the steps of an epoch at once: the equal-count planners.
 
+``lpt_free`` splits each step with free counts (every rank at least one item, caps and rank speeds):
+``rebalance``'s split of random's steps. Without speeds and caps, on positive costs, it is the rule too.
+
 Pure numpy.
 """
 
@@ -24,7 +27,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Room", "CountRoom", "lpt_heap", "lpt_rounds", "lpt_assign"]
+__all__ = ["Room", "CountRoom", "lpt_heap", "lpt_rounds", "lpt_assign", "lpt_free"]
 
 _MIN_ROUND = 64  # items tried at least per round: after a short round, the next tries 4x as many
 
@@ -212,4 +215,62 @@ def lpt_assign(step_costs: NDArray[np.float64], world_size: int, batch_size: int
         loads[rows, r] += ordered[:, j]
         counts[rows, r] = slot + 1
         open_loads[rows, r] = np.where(slot + 1 < b, loads[rows, r], np.inf)
+    return out
+
+
+def lpt_free(
+    step_costs: NDArray[np.float64],
+    world_size: int,
+    speeds: NDArray[np.float64] | None = None,
+    needs: NDArray[np.float64] | None = None,
+    room: NDArray[np.float64] | None = None,
+) -> NDArray[np.int64]:
+    """Free-count LPT of every step at once: each rank gets at least one item, counts are otherwise free.
+
+    Items are taken heaviest first (ties: lower column). The ``W`` heaviest go one to each rank, the
+    heaviest to the fastest (ties: lowest rank); each later item goes to the rank that would finish it
+    first, ``(load + cost) / speed`` (ties: lowest rank), among the ranks whose room it fits; where it fits
+    none, to the one that would finish it first (the caller's cap check then names the breach).
+
+    Args:
+        step_costs: (S, n) cost of each item of each step, n >= W.
+        speeds: (W,) relative rank speeds > 0; None: all equal.
+        needs: (S, n, k) what each item takes of a rank-step's room (samples, cost, points, bytes), or None.
+        room: (k,) each rank-step's room in those units (with ``needs``).
+
+    Returns:
+        (S, n) int64 rank of each item.
+    """
+    s, n = step_costs.shape
+    w = world_size
+    if n < w:
+        raise ValueError(f"a step of {n} items cannot give each of {w} ranks one")
+    order = np.argsort(-step_costs, axis=1, kind="stable")
+    cost = np.take_along_axis(step_costs, order, axis=1)
+    speed = np.ones(w) if speeds is None else np.asarray(speeds, dtype=np.float64)
+    first = np.argsort(-speed, kind="stable")  # ranks, fastest first
+    ranks = np.empty((s, n), dtype=np.int64)
+    ranks[:, :w] = first[None, :]
+    loads = np.zeros((s, w))
+    loads[:, first] = cost[:, :w]
+    rows = np.arange(s)
+    need = None if needs is None else np.take_along_axis(needs, order[:, :, None], axis=1)
+    used = None
+    if need is not None:
+        used = np.zeros((s, w, need.shape[2]))
+        used[:, first, :] = need[:, :w, :]
+    for j in range(w, n):
+        finish = (loads + cost[:, j : j + 1]) / speed[None, :]
+        if need is not None and used is not None and room is not None:
+            fits = np.all(used + need[:, j, None, :] <= room, axis=2)
+            r = np.argmin(np.where(fits, finish, np.inf), axis=1)
+            stuck = ~np.any(fits, axis=1)
+            r[stuck] = np.argmin(finish[stuck], axis=1)
+            used[rows, r] += need[:, j, :]
+        else:
+            r = np.argmin(finish, axis=1)
+        ranks[:, j] = r
+        loads[rows, r] += cost[:, j]
+    out = np.empty_like(ranks)
+    np.put_along_axis(out, order, ranks, axis=1)
     return out

@@ -2,7 +2,9 @@
 
 Linearity is the predicted scaling efficiency of synchronous data parallelism when step time is
 proportional to the slowest rank's cost: ``sum_s mean_r cost[s, r] / sum_s max_r cost[s, r]``
-(1.0 = no rank ever waits). ``load_linearity`` is the one place that formula is written; plans,
+(1.0 = no rank ever waits). A rank-step's cost is its samples' costs plus, with a cost model calibrated on
+rank-steps (``launch_ms``), the ``step_cost`` every rank pays once per rank-step whatever its samples.
+``load_linearity`` is the one place that formula is written; plans,
 the greedy reference, reports, calibration and elastic re-plans all reduce to it. Nothing here plans:
 the random baseline of ``balance_summary`` is planned by the caller. ``plan_buys`` is the one place
 the numbers are put in plain words (the build's summary and the report), ``COLUMNS`` the one glossary.
@@ -26,15 +28,21 @@ from lidarshard.transforms.plan.lpt import lpt_assign
 
 __all__ = [
     "load_linearity", "rank_costs", "linearity", "step_linearity", "step_loads", "speed_linearity",
-    "equal_count_pool", "greedy_reference_linearity", "REFERENCE_KEY", "plan_buys", "COLUMNS",
+    "equal_count_pool", "greedy_reference_linearity", "REFERENCE_KEY", "plan_buys", "LITTLE_TO_WIN", "COLUMNS",
     "spearman_step_cost", "mate_counts", "repeat_rate", "pair_repeat_rate", "plan_mates", "repeat_rates",
     "mate_cost_correlation", "BalanceSums", "balance_sums", "plan_sums", "balance_entry", "balance_summary",
 ]  # fmt: skip
 
 
-def rank_costs(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> NDArray[np.float64]:
-    """(S, W) cost each rank processes at each step: ``costs[plan].sum(-1)``, ``-1`` slots count 0."""
-    return np.append(np.asarray(costs, dtype=np.float64), 0.0)[plan].sum(axis=-1)
+def rank_costs(
+    plan: NDArray[np.int64], costs: NDArray[np.float64], step_cost: float = 0.0
+) -> NDArray[np.float64]:
+    """(S, W) cost each rank processes at each step: ``costs[plan].sum(-1)``, ``-1`` slots count 0, plus
+    ``step_cost`` at every rank-step that holds a sample."""
+    loads = np.append(np.asarray(costs, dtype=np.float64), 0.0)[plan].sum(axis=-1)
+    if step_cost:
+        loads = loads + step_cost * (plan >= 0).any(axis=-1)
+    return loads
 
 
 def load_linearity(loads: NDArray[np.float64]) -> float:
@@ -45,9 +53,10 @@ def load_linearity(loads: NDArray[np.float64]) -> float:
     return float(loads.mean(axis=1).sum() / top) if top > 0 else 1.0
 
 
-def linearity(plan: NDArray[np.int64], costs: NDArray[np.float64]) -> float:
-    """Predicted linearity of ``plan`` (S, W, B) in [1/W, 1]; 1.0 for empty or zero-cost plans."""
-    return load_linearity(rank_costs(plan, costs))
+def linearity(plan: NDArray[np.int64], costs: NDArray[np.float64], step_cost: float = 0.0) -> float:
+    """Predicted linearity of ``plan`` (S, W, B) in [1/W, 1] (``step_cost``: ``rank_costs``); 1.0 for empty
+    or zero-cost plans."""
+    return load_linearity(rank_costs(plan, costs, step_cost))
 
 
 def speed_linearity(plan: NDArray[np.int64], costs: NDArray[np.float64], speeds: Sequence[float]) -> float:
@@ -84,7 +93,9 @@ def equal_count_pool(costs: NDArray[np.float64], world_size: int, batch_size: in
     return costs[: costs.size - costs.size % (world_size * batch_size)]
 
 
-def greedy_reference_linearity(costs: NDArray[np.float64], world_size: int, batch_size: int) -> float:
+def greedy_reference_linearity(
+    costs: NDArray[np.float64], world_size: int, batch_size: int, step_cost: float = 0.0
+) -> float:
     """Linearity of the greedy equal-count reference plan (the manifest's ``greedy_reference``).
 
     Sort all costs, cut into consecutive steps of ``W*B``, split each step with equal-count LPT
@@ -94,12 +105,15 @@ def greedy_reference_linearity(costs: NDArray[np.float64], world_size: int, batc
 
     Args:
         costs: (P,) pool costs with ``P % (W*B) == 0``.
+        step_cost: what every rank-step adds (``rank_costs``).
     """
     costs = np.asarray(costs, dtype=np.float64)
     step = world_size * batch_size
     if costs.size % step:
         raise ValueError(f"pool size {costs.size} is not a multiple of W*B = {step}")
-    return step_linearity(np.sort(costs).reshape(-1, step), world_size, batch_size)
+    if not step_cost:
+        return step_linearity(np.sort(costs).reshape(-1, step), world_size, batch_size)
+    return load_linearity(step_loads(np.sort(costs).reshape(-1, step), world_size, batch_size) + step_cost)
 
 
 #: The ``balance`` key of ``greedy_reference_linearity``.
@@ -239,14 +253,19 @@ def balance_sums(
     *,
     random: NDArray[np.float64] | None = None,
     speeds: Sequence[float] | None = None,
+    step_cost: float = 0.0,
 ) -> BalanceSums:
     """The ``BalanceSums`` of a part of an epoch from its sums per (step, rank): (S, W) ``loads`` (the cost
     of each rank at each step, in step order) and ``counts`` (its samples); ``pool_costs`` (P,) of the
     part's pool (the greedy reference plans its ``equal_count_pool``); ``random`` (S', W) the loads of the
-    ``random`` baseline on that pool (None: not known); ``speeds`` (W,) rank speeds or None."""
+    ``random`` baseline on that pool (None: not known); ``speeds`` (W,) rank speeds or None; ``step_cost``
+    what every rank-step adds (in ``loads`` and ``random`` already; added here to the greedy reference's)."""
     w = loads.shape[1]
     fitted = equal_count_pool(pool_costs, w, batch_size)
-    kinds = {"plan": loads, "greedy": step_loads(np.sort(fitted).reshape(-1, w * batch_size), w, batch_size)}
+    kinds = {
+        "plan": loads,
+        "greedy": step_loads(np.sort(fitted).reshape(-1, w * batch_size), w, batch_size) + step_cost,
+    }
     if random is not None:
         kinds["random"] = random
     if speeds is not None:
@@ -274,14 +293,17 @@ def plan_sums(
     batch_size: int,
     baseline: NDArray[np.int64] | None = None,
     speeds: Sequence[float] | None = None,
+    step_cost: float = 0.0,
 ) -> BalanceSums:
     """``balance_sums`` of a plan (S, W, M) over its pool's costs (P,), with its ``random`` baseline
-    (S', W, B) over the pool's equal-count part (None: not known)."""
+    (S', W, B) over the pool's equal-count part (None: not known); every rank-step holding a sample adds
+    ``step_cost`` (``rank_costs``)."""
     random = None
     if baseline is not None:
-        random = rank_costs(baseline, equal_count_pool(costs, plan.shape[1], batch_size))
+        random = rank_costs(baseline, equal_count_pool(costs, plan.shape[1], batch_size), step_cost)
     counts = (plan >= 0).sum(axis=-1)
-    return balance_sums(rank_costs(plan, costs), counts, costs, batch_size, random=random, speeds=speeds)
+    loads = rank_costs(plan, costs, step_cost)
+    return balance_sums(loads, counts, costs, batch_size, random=random, speeds=speeds, step_cost=step_cost)
 
 
 _ENTRY_KEYS = {
@@ -329,6 +351,7 @@ def balance_summary(
     baseline: NDArray[np.int64],
     epoch: int,
     speeds: Sequence[float] | None = None,
+    step_cost: float = 0.0,
 ) -> dict[str, float | int]:
     """The ``balance`` entry of a plan (S, W, M) of one pool of ``costs`` (P,): ``balance_entry`` of its
     ``plan_sums``. ``baseline``: the (S', W, B) ``random`` plan of the pool's equal-count part (planned by
@@ -336,10 +359,11 @@ def balance_summary(
     (``greedy_reference_linearity``), ``random_linearity`` (of ``baseline``), ``spearman_step_cost``,
     ``worst_step_linearity`` (min over steps of mean/max rank cost), ``rank_total_cv`` (of the per-rank
     epoch totals), ``mean_count`` and ``max_count`` (samples per rank-step); with rank ``speeds`` (W,)
-    ``speed_linearity`` and ``random_speed_linearity``, of the ranks' times ``cost / speed``."""
+    ``speed_linearity`` and ``random_speed_linearity``, of the ranks' times ``cost / speed``. Every
+    rank-step's cost includes ``step_cost`` (``rank_costs``: a calibrated model's ``launch_ms``)."""
     if plan.shape[1] != world_size:
         raise ValueError(f"a plan of {plan.shape[1]} ranks, not W = {world_size}")
-    return balance_entry([plan_sums(plan, costs, batch_size, baseline, speeds)], epoch)
+    return balance_entry([plan_sums(plan, costs, batch_size, baseline, speeds, step_cost)], epoch)
 
 
 def plan_buys(entry: BalanceEntry) -> str | None:
@@ -351,7 +375,9 @@ def plan_buys(entry: BalanceEntry) -> str | None:
     ``random_linearity / linearity``: ``"epoch 0: predicted time 0.86x a random plan's (14% less time):
     ranks wait 4.2% of it instead of 17.7%"``. A plan of ``--rank-speed`` is worded on the measure it
     optimised, the ranks' times ``cost / speed`` (``speed_linearity`` against ``random_speed_linearity``),
-    and says so ("at the ranks' speeds").
+    and says so ("at the ranks' speeds"). Where the random plan is itself at least ``LITTLE_TO_WIN``
+    linear (a launch-bound model, whose per-rank-step constant dominates, or samples of one size) the line
+    says there is little to win instead of promising a gain.
     """
     speeds = entry.speed_linearity is not None and entry.random_speed_linearity is not None
     keys = ("speed_linearity", "random_speed_linearity") if speeds else ("linearity", "random_linearity")
@@ -367,9 +393,17 @@ def plan_buys(entry: BalanceEntry) -> str | None:
     wait, random_wait = 100 * (1 - lin), 100 * (1 - rnd)
     epoch = entry.epoch
     at = " at the ranks' speeds" if speeds else ""
+    little = (
+        "; step time hardly depends on size here: expect random's balance" if rnd >= LITTLE_TO_WIN else ""
+    )
     return (
         f"epoch {epoch}: predicted time{at} {how}: ranks wait {wait:.1f}% of it instead of {random_wait:.1f}%"
+        + little
     )
+
+
+#: A random plan's predicted linearity at which the summary says there is little to win (``plan_buys``).
+LITTLE_TO_WIN = 0.98
 
 
 #: What each number of the build's summary (and the report) means: name as printed -> meaning.

@@ -39,7 +39,7 @@ from lidarshard.transforms.plan.caps import PoolLimits
 from lidarshard.transforms.plan.lpt import lpt_assign
 from lidarshard.transforms.plan.metrics import linearity, step_linearity
 
-__all__ = ["plan", "choose_steps"]
+__all__ = ["plan", "plan_within", "choose_steps"]
 
 
 #: Steps re-split at a time: LPT's temporaries (~5 arrays of the steps' size) stay bounded.
@@ -160,9 +160,13 @@ class _Split:
 
 
 def choose_steps(
-    costs: NDArray[np.float64], world_size: int, batch_size: int, rng: np.random.Generator
+    costs: NDArray[np.float64],
+    world_size: int,
+    batch_size: int,
+    rng: np.random.Generator,
+    tolerance: float = balanced.TOLERANCE,
 ) -> tuple[int, NDArray[np.int64]]:
-    """Fewest tail steps, then most jitter (tail first, then head), within ``TOLERANCE`` of the bound.
+    """Fewest tail steps, then most jitter (tail first, then head), within ``tolerance`` of the bound.
 
     The heaviest ``k`` steps' worth of samples are planned as ``balanced`` plans (jittered
     sort of single costs, LPT); the rest as random batches (module docstring). ``k`` runs up
@@ -177,7 +181,7 @@ def choose_steps(
     """
     w, b = world_size, batch_size
     per_step = w * b
-    target = step_linearity(np.sort(costs).reshape(-1, per_step), w, b) - balanced.TOLERANCE
+    target = step_linearity(np.sort(costs).reshape(-1, per_step), w, b) - tolerance
     u_item = rng.uniform(-1.0, 1.0, costs.size)
     shuffled = rng.permutation(costs.size).astype(np.int64, copy=False)
     u_head = rng.uniform(-1.0, 1.0, costs.size // b)
@@ -232,8 +236,16 @@ def plan(
     Returns:
         (S, W, B) int64 pool indices.
     """
+    del bucket_ids, limits
+    return plan_within(costs, world_size, batch_size, rng, balanced.TOLERANCE)
+
+
+def plan_within(
+    costs: NDArray[np.float64], world_size: int, batch_size: int, rng: np.random.Generator, tolerance: float
+) -> NDArray[np.int64]:
+    """``plan`` held within ``tolerance`` of the bound (``plan`` is ``balanced.TOLERANCE``'s): (S, W, B)."""
     if batch_size == 1:
-        return balanced.plan(costs, world_size, batch_size, rng, bucket_ids, limits)
-    _, steps = choose_steps(costs, world_size, batch_size, rng)
+        return balanced.plan_within(costs, world_size, batch_size, rng, tolerance)
+    _, steps = choose_steps(costs, world_size, batch_size, rng, tolerance)
     steps = permute_ranks(steps, rng)
     return steps[rng.permutation(steps.shape[0])]
