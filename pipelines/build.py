@@ -36,8 +36,8 @@ from lidarshard.transforms.declare import from_flags
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.metadata import load_manifest
 from lidarshard.transforms.plan.epoch_time import untimed
+from lidarshard.transforms.plan.explain import COLUMNS, plan_buys
 from lidarshard.transforms.plan.memory import format_bytes
-from lidarshard.transforms.plan.metrics import COLUMNS, plan_buys
 from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
@@ -51,7 +51,7 @@ SCANNED_DIR = "scanned"
 
 
 def _summary_help() -> str:
-    """What the summary a build prints means (``--help``): ``metrics.COLUMNS``, wrapped."""
+    """What the summary a build prints means (``--help``): ``explain.COLUMNS``, wrapped."""
     lines = ["After a build, a table per epoch and one line saying what the plan buys:"]
     for name, meaning in COLUMNS.items():
         lines.append(textwrap.fill(meaning, 100, initial_indent=f"  {name}: ", subsequent_indent="    "))

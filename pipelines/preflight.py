@@ -197,7 +197,8 @@ def table_settings(opts: BuildOptions, model: CostModel) -> BuildSettings:
 
 def priced(cfg: PlanConfig, model: CostModel) -> PlanConfig:
     """``cfg`` with the ``launch_ms`` of the ``model`` that plans it (what every rank-step adds)."""
-    return dataclasses.replace(cfg, launch=model.launch_ms or 0.0)
+    launch = model.launch_ms or 0.0
+    return cfg if cfg.launch == launch else dataclasses.replace(cfg, launch=launch)
 
 
 def _path_root(opts: BuildOptions, datasets: Sequence[Dataset], from_samples: str | None) -> str | None:

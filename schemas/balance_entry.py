@@ -29,7 +29,7 @@ BALANCE_SPEED_NUMBERS = ("speed_linearity", "random_speed_linearity")
 @dataclass(frozen=True)
 class BalanceEntry:
     """One epoch's ``balance`` entry: what the plan buys, predicted from the cost model
-    (``transforms.plan.metrics.COLUMNS`` says what each number means)."""
+    (``transforms.plan.explain.COLUMNS`` says what each number means)."""
 
     epoch: int
     steps: int

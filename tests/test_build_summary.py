@@ -14,7 +14,8 @@ from lidarshard import schemas
 from lidarshard.pipelines import build as build_cli
 from lidarshard.pipelines.cli import main
 from lidarshard.schemas.balance_entry import BalanceEntry
-from lidarshard.transforms.plan.metrics import COLUMNS, REFERENCE_KEY, plan_buys
+from lidarshard.transforms.plan.explain import COLUMNS, plan_buys
+from lidarshard.transforms.plan.metrics import REFERENCE_KEY
 from tests.helpers import build_bins_manifest
 
 
@@ -73,7 +74,7 @@ def test_a_manifest_written_with_bound_is_refused_in_one_line(built: Path, tmp_p
 
 
 def test_the_cli_reference_explains_the_summary_columns() -> None:
-    """docs/CLI.md's glossary of the build's summary is ``metrics.COLUMNS`` (one source, like the flag tables)."""
+    """docs/CLI.md's glossary of the build's summary is ``explain.COLUMNS`` (one source, like the flag tables)."""
     rows = ["| column | meaning |", "|---|---|", *(f"| `{k}` | {v} |" for k, v in COLUMNS.items())]
     table = "\n".join(rows)
     reference = (Path(__file__).resolve().parents[1] / "docs" / "CLI.md").read_text()

@@ -388,10 +388,11 @@ def test_a_launch_bound_model_calibrates_to_a_plan_no_worse_than_random(tmp_path
     linearity is no worse than a random plan's."""
     import lidarshard
     from lidarshard.loaders import load_manifest, read_samples
-    from lidarshard.loaders.timing import StepTimer
+    from lidarshard.loaders.step_timer import StepTimer
     from lidarshard.transforms.core.config import PlanConfig
     from lidarshard.transforms.core.epochs import plan_samples
-    from lidarshard.transforms.plan.metrics import load_linearity, plan_buys
+    from lidarshard.transforms.plan.explain import plan_buys
+    from lidarshard.transforms.plan.metrics import load_linearity
 
     rng = np.random.default_rng(7)
     n = 480

@@ -9,8 +9,8 @@ import pytest
 
 from lidarshard.schemas.balance_entry import BALANCE_NUMBERS, BalanceEntry
 from lidarshard.transforms.plan import plan_epoch
+from lidarshard.transforms.plan.explain import COLUMNS, plan_buys
 from lidarshard.transforms.plan.metrics import (
-    COLUMNS,
     REFERENCE_KEY,
     balance_summary,
     greedy_reference_linearity,
@@ -18,7 +18,6 @@ from lidarshard.transforms.plan.metrics import (
     load_linearity,
     mate_cost_correlation,
     pair_repeat_rate,
-    plan_buys,
     rank_costs,
     spearman_step_cost,
     step_linearity,

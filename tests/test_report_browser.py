@@ -20,7 +20,7 @@ from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools import report
 from lidarshard.transforms.io import storage
-from lidarshard.transforms.plan.metrics import plan_buys
+from lidarshard.transforms.plan.explain import plan_buys
 from tests.helpers import build_bins_manifest
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)

@@ -69,7 +69,8 @@ from lidarshard.transforms.features.cost import checked_model
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan import plan_epoch
 from lidarshard.transforms.plan.epoch_time import time_factors
-from lidarshard.transforms.plan.metrics import LITTLE_TO_WIN, equal_count_pool, linearity
+from lidarshard.transforms.plan.explain import LITTLE_TO_WIN
+from lidarshard.transforms.plan.metrics import equal_count_pool, linearity
 from lidarshard.transforms.value_checks import int_in, path
 
 __all__ = ["run", "calibrate"]

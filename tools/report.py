@@ -45,7 +45,8 @@ from lidarshard.transforms.core.epochs import as_planned, plan_samples
 from lidarshard.transforms.declare import Parser, option
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.epoch_time import time_factors
-from lidarshard.transforms.plan.metrics import load_linearity, plan_buys, rank_costs
+from lidarshard.transforms.plan.explain import plan_buys
+from lidarshard.transforms.plan.metrics import load_linearity, rank_costs
 from lidarshard.transforms.value_checks import int_in, path
 
 __all__ = [

@@ -1,12 +1,12 @@
 """The report's HTML page: what the plan buys first, the summary, every figure with its caption, and
-what each number means (``metrics.COLUMNS`` and the report's own ``REPORT_COLUMNS``)."""
+what each number means (``explain.COLUMNS`` and the report's own ``REPORT_COLUMNS``)."""
 
 from __future__ import annotations
 
 import html
 import re
 
-from lidarshard.transforms.plan.metrics import COLUMNS
+from lidarshard.transforms.plan.explain import COLUMNS
 
 __all__ = ["REPORT_COLUMNS", "epoch_figure", "page"]
 
@@ -54,7 +54,7 @@ _FIGURES = [
 ]
 
 
-#: The report's own numbers (beside the build's, ``metrics.COLUMNS``): name as printed -> meaning.
+#: The report's own numbers (beside the build's, ``explain.COLUMNS``): name as printed -> meaning.
 REPORT_COLUMNS = {
     "worst step max/mean": "the slowest rank's cost / the mean rank's at the most uneven step of the epoch",
     "rank totals within": "the largest difference of one rank's total cost over the epoch from the mean rank's",

@@ -6,8 +6,8 @@ proportional to the slowest rank's cost: ``sum_s mean_r cost[s, r] / sum_s max_r
 rank-steps (``launch_ms``), the ``step_cost`` every rank pays once per rank-step whatever its samples.
 ``load_linearity`` is the one place that formula is written; plans,
 the greedy reference, reports, calibration and elastic re-plans all reduce to it. Nothing here plans:
-the random baseline of ``balance_summary`` is planned by the caller. ``plan_buys`` is the one place
-the numbers are put in plain words (the build's summary and the report), ``COLUMNS`` the one glossary.
+the random baseline of ``balance_summary`` is planned by the caller. ``explain`` puts the numbers
+in plain words (``plan_buys``, the ``COLUMNS`` glossary).
 
 One definition each, whoever does the table work before them: an epoch's ``balance`` entry is
 ``balance_entry`` of the ``balance_sums`` of (S, W) sums per (step, rank) of its parts (the whole epoch
@@ -23,12 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.schemas.balance_entry import BalanceEntry
 from lidarshard.transforms.plan.lpt import lpt_assign
 
 __all__ = [
     "load_linearity", "rank_costs", "linearity", "step_linearity", "step_loads", "speed_linearity",
-    "equal_count_pool", "greedy_reference_linearity", "REFERENCE_KEY", "plan_buys", "LITTLE_TO_WIN", "COLUMNS",
+    "equal_count_pool", "greedy_reference_linearity", "REFERENCE_KEY",
     "spearman_step_cost", "mate_counts", "repeat_rate", "pair_repeat_rate", "plan_mates", "repeat_rates",
     "mate_cost_correlation", "BalanceSums", "balance_sums", "plan_sums", "balance_entry", "balance_summary",
 ]  # fmt: skip
@@ -364,69 +363,3 @@ def balance_summary(
     if plan.shape[1] != world_size:
         raise ValueError(f"a plan of {plan.shape[1]} ranks, not W = {world_size}")
     return balance_entry([plan_sums(plan, costs, batch_size, baseline, speeds, step_cost)], epoch)
-
-
-def plan_buys(entry: BalanceEntry) -> str | None:
-    """One manifest ``balance`` entry in plain words: the epoch's predicted training time against a
-    random plan of the same samples, and the share of it the ranks wait (``1 - linearity``); None when
-    the entry lacks a number.
-
-    Time for the same work is proportional to ``1 / linearity``, so the ratio is
-    ``random_linearity / linearity``: ``"epoch 0: predicted time 0.86x a random plan's (14% less time):
-    ranks wait 4.2% of it instead of 17.7%"``. A plan of ``--rank-speed`` is worded on the measure it
-    optimised, the ranks' times ``cost / speed`` (``speed_linearity`` against ``random_speed_linearity``),
-    and says so ("at the ranks' speeds"). Where the random plan is itself at least ``LITTLE_TO_WIN``
-    linear (a launch-bound model, whose per-rank-step constant dominates, or samples of one size) the line
-    says there is little to win instead of promising a gain.
-    """
-    speeds = entry.speed_linearity is not None and entry.random_speed_linearity is not None
-    keys = ("speed_linearity", "random_speed_linearity") if speeds else ("linearity", "random_linearity")
-    lin, rnd = (entry.value(k) for k in keys)
-    if lin is None or rnd is None or lin <= 0:
-        return None
-    ratio = rnd / lin
-    change = round(100 * (1 - ratio))
-    if change == 0:
-        how = f"{ratio:.2f}x a random plan's (the same)"
-    else:
-        how = f"{ratio:.2f}x a random plan's ({abs(change)}% {'less' if change > 0 else 'more'} time)"
-    wait, random_wait = 100 * (1 - lin), 100 * (1 - rnd)
-    epoch = entry.epoch
-    at = " at the ranks' speeds" if speeds else ""
-    little = (
-        "; step time hardly depends on size here: expect random's balance" if rnd >= LITTLE_TO_WIN else ""
-    )
-    return (
-        f"epoch {epoch}: predicted time{at} {how}: ranks wait {wait:.1f}% of it instead of {random_wait:.1f}%"
-        + little
-    )
-
-
-#: A random plan's predicted linearity at which the summary says there is little to win (``plan_buys``).
-LITTLE_TO_WIN = 0.98
-
-
-#: What each number of the build's summary (and the report) means: name as printed -> meaning.
-COLUMNS: dict[str, str] = {
-    "linearity": "the share of each step the ranks spend computing rather than waiting for the slowest "
-    "one, predicted from the cost model: sum over steps of the mean rank's cost / sum of the slowest "
-    "rank's cost. 1.0 = no rank ever waits; it is also the predicted scaling efficiency of synchronous "
-    "data-parallel training (DDP)",
-    "random": "the same linearity for a random plan of the same samples and seed (PyTorch "
-    "DistributedSampler semantics): what the plan is compared with",
-    "greedy_reference": "the linearity of a simple equal-count reference plan: sort all costs, cut them "
-    "into consecutive steps of W*B, give each step's samples, largest first, to the least loaded rank "
-    "with room (B each). A reference, not a bound: balanced and mixed (the default) plan within 0.005 "
-    "of it and may beat it; budget (unequal counts) often does.",
-    "spearman": "rank correlation, in [-1, 1], of a step's position in the epoch with its mean cost: "
-    "near 0 = big and small scenes spread over the whole epoch; near +1 (-1) = the epoch runs from small "
-    "to big scenes (big to small), a size curriculum you may not want",
-    "samples/rank-step": "samples one rank gets at one step, mean and max over all rank-steps: B for "
-    "the equal-count strategies, varying under budget",
-    "pair repeat rate": "of the sample pairs that share a step in epoch 0, the share that share a step "
-    "again in epoch 1; random's rate is the floor (about (W*B-1)/(N-1)), higher = batches repeat "
-    "between epochs",
-    "predicted time": "random linearity / linearity: the plan's predicted training time for the same "
-    "work as a multiple of a random plan's; ranks wait 1 - linearity of it. With --rank-speed both "
-    "linearities are of the ranks' times (cost / speed), the measure such a plan optimises",
-}
