@@ -26,11 +26,11 @@ from numpy.typing import NDArray
 
 __all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error", "ahead"]
 
-#: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory (a query's result is
-#: held in it until read: a group's rows, ~40 B a row).
-MEMORY_LIMIT = "128MB"
+#: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory (results are read
+#: ``BATCH_ROWS`` at a time; a join is never sorted by it: that would pin it whole).
+MEMORY_LIMIT = "64MB"
 #: Rows a query's result is read back at a time (``Engine.batches``).
-BATCH_ROWS = 1 << 20
+BATCH_ROWS = 1 << 16
 #: A row's 64-bit key of (path, sweep_paths): equal values, equal keys (DuckDB's hash of the values, their
 #: nulls and list positions included; a check of what lidarshard wrote against itself, not a signature).
 ROW_KEY = "hash(path, sweep_paths, sweep_paths IS NULL)"  # a null list hashes as an empty one
@@ -111,8 +111,14 @@ class Engine:
             raise scratch_error(self.dir, e) from None
 
     def table(self, query: str, params: Any = None, **tables: pa.Table) -> pa.Table:
-        """The result of ``query`` as an Arrow table."""
-        return self._do(lambda: self.con.sql(query, params=params).to_arrow_table(), tables)
+        """The result of ``query`` as an Arrow table, read ``BATCH_ROWS`` rows at a time (DuckDB never
+        holds it whole)."""
+
+        def read() -> pa.Table:
+            reader = _reader(self.con.sql(query, params=params), BATCH_ROWS)
+            return pa.Table.from_batches(list(reader), schema=reader.schema).combine_chunks()
+
+        return self._do(read, tables)
 
     def arrays(self, query: str, params: Any = None, **tables: pa.Table) -> dict[str, NDArray]:
         """The result of ``query`` as {column: (n,) numpy array} (no nulls expected)."""
@@ -127,9 +133,7 @@ class Engine:
         """The result of ``query``, ``BATCH_ROWS`` rows at a time (read on a cursor of its own)."""
         rows, cursor = BATCH_ROWS, self.con.cursor()  # the module's, read now (tests set it)
         try:
-            relation = cursor.sql(query, params=params)
-            fetch = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader  # DuckDB 1.x
-            for batch in fetch(rows):
+            for batch in _reader(cursor.sql(query, params=params), rows):
                 yield pa.Table.from_batches([batch])
         except _SCRATCH_FAILED as e:
             raise scratch_error(self.dir, e) from None
@@ -138,6 +142,12 @@ class Engine:
 
     def close(self) -> None:
         self.con.close()
+
+
+def _reader(relation: Any, rows: int) -> pa.RecordBatchReader:
+    """``relation``'s result, ``rows`` at a time."""
+    fetch = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader  # DuckDB 1.x
+    return fetch(rows)
 
 
 def dense_counts(got: dict[str, NDArray], steps: int, w: int) -> NDArray[np.int32]:

@@ -20,7 +20,7 @@ from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_db import Engine
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import plan_samples
-from lidarshard.transforms.core.groups import GroupSummary, epoch_stats, group_table, plan_group, step_labels
+from lidarshard.transforms.core.groups import GroupSummary, epoch_stats, plan_group, step_labels
 from lidarshard.transforms.plan.metrics import repeat_rates
 
 __all__ = [
@@ -63,7 +63,7 @@ class Derived:
                 self.stats = whole.stats
                 return whole.plan, whole.baseline
             rows = samples.column("row").to_numpy()
-            part = plan_group(group_table(samples, np.arange(rows.size), cfg), rows, e, g, cfg)
+            part = plan_group(samples, rows, e, g, cfg)  # its plan columns and more: no copy
         except (ValueError, TypeError, KeyError) as err:
             _add(
                 self.problems,

@@ -39,10 +39,8 @@ from lidarshard.tools.validate_derived import (
 from lidarshard.tools.validate_plan import (
     Coverage,
     Heaviest,
-    Values,
     cap_values,
     check_balance,
-    check_counts,
     file_sums,
     group_breaches,
     heaviest_values,
@@ -53,14 +51,13 @@ from lidarshard.tools.validate_samples import Samples
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.epochs import as_planned
 from lidarshard.transforms.io.arrow import release_memory
-from lidarshard.transforms.plan.dense import dense_plan
 
 __all__ = ["check_epoch_files"]
 
-#: ``read_plans(rels)``: (rel, the plan file when it is usable (its bytes as recorded, its schema the
-#: contract's), else None and a problem said) for each of ``rels`` there at its recorded size, in order.
-ReadPlans = Callable[[Sequence[str]], Iterator[tuple[str, pa.Table | None]]]
-_ROWS = "rank, step, slot, rank_count, global_count, cost, bucket_id"
+#: ``read_plans(rels)``: for each of ``rels`` there at its recorded size, in order: (rel, its columns but
+#: sweep_paths, None) when it is usable (its bytes as recorded, its schema the contract's), then (rel, None, its
+#: next rows) to its end; (rel, None, None) and a problem said when it is not (at once or midway).
+ReadPlans = Callable[[Sequence[str]], Iterator[tuple[str, pa.Table | None, pa.Table | None]]]
 
 
 def _add(problems: list[str], where: str, what: str) -> None:
@@ -76,19 +73,23 @@ def _load(
     insert = f"SELECT 0 AS rank, step, slot, rank_count, global_count, cost, bucket_id, sample_id, {ROW_KEY} AS rkey FROM t"
     db.run(f"CREATE OR REPLACE TABLE plan_rows AS {insert} LIMIT 0", t=schemas.plan_schema().empty_table())
     ranks = {m.plan_file(e, r): r for r in range(m.world_size)}
-    for rel, t in read_plans(list(ranks)):
+    for rel, head, rows in read_plans(list(ranks)):
         r = ranks[rel]
-        if t is None:
-            continue
-        count += t.num_rows
-        problem = plan_problem(t, e, r, m.steps(e), None if m.variable_count else m.batch_size)
-        if problem is not None:
-            _add(problems, rel, problem)
+        if rows is not None:
+            if r in usable:
+                db.run(f"INSERT INTO plan_rows {insert.replace('0 AS rank', str(r), 1)}", t=rows)
+        elif head is None:  # not usable (said): none of its rows
+            if r in usable:
+                usable.discard(r)
+                db.run("DELETE FROM plan_rows WHERE rank = ?", [r])
         else:
-            usable.add(r)
-            db.run(f"INSERT INTO plan_rows {insert.replace('0 AS rank', str(r), 1)}", t=t)
-        del t
-        release_memory()
+            count += head.num_rows
+            problem = plan_problem(head, e, r, m.steps(e), None if m.variable_count else m.batch_size)
+            if problem is not None:
+                _add(problems, rel, problem)
+            else:
+                usable.add(r)
+        del head, rows
     db.run("CREATE OR REPLACE TABLE epoch_rows AS SELECT p.rank, p.step, p.slot, p.rank_count, p.global_count, "
            "p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, "
            "CASE WHEN s.rid IS NULL THEN p.sample_id END AS unknown "
@@ -115,14 +116,30 @@ def _keep(db: Engine, ranks: set[int]) -> None:
     db.run(f"DELETE FROM epoch_rows{keep}")
 
 
-def _rows(db: Engine, g: int, groups: int) -> dict[str, NDArray]:
-    """Group ``g``'s plan rows of every usable rank, rank-major (each rank's in (step, slot) order)."""
-    if groups == 1:
-        return db.arrays(f'SELECT {_ROWS}, rid AS "row" FROM epoch_rows ORDER BY rank, step, slot')
-    return db.arrays(
-        f'SELECT {_ROWS}, rid AS "row" FROM epoch_rows JOIN dealt USING (rid) WHERE grp = ? ORDER BY rank, step, slot',
-        [g],
+def _of_group(g: int, groups: int) -> str:
+    """The clause that keeps group ``g``'s rows of ``epoch_rows`` (none when the epoch is one group)."""
+    return "" if groups == 1 else f" JOIN dealt USING (rid) WHERE grp = {int(g)}"
+
+
+def _files_plan(db: Engine, g: int, groups: int, w: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Group ``g``'s plan as the rank files hold it -> (its plan (S_g, W, M) of sample rows, its steps in the
+    epoch (S_g,)), filled from its rows ``BATCH_ROWS`` at a time (no row is held).
+
+    Raises:
+        ValueError: two rows in one slot (the rank files' own structure is checked before: ``plan_problem``).
+    """
+    steps = db.arrays(f"SELECT DISTINCT step FROM epoch_rows{_of_group(g, groups)} ORDER BY step")["step"]
+    steps = steps.astype(np.int64)
+    ((slots, count),) = db.rows(
+        f"SELECT coalesce(max(slot) + 1, 1), count(*) FROM epoch_rows{_of_group(g, groups)}"
     )
+    plan = np.full((steps.size, w, int(slots)), -1, np.int64)
+    for t in db.batches(f"SELECT step, rank, slot, rid FROM epoch_rows{_of_group(g, groups)}"):
+        step, rank, slot, rid = (t.column(k).to_numpy() for k in ("step", "rank", "slot", "rid"))
+        plan[np.searchsorted(steps, step), rank, slot] = rid
+    if np.count_nonzero(plan >= 0) != count:
+        raise ValueError("two plan rows share one (step, rank, slot), or a row has no sample")
+    return plan, steps
 
 
 def _planned(group: pa.Table, e: int, cfg: PlanConfig | None) -> Any:
@@ -138,7 +155,6 @@ class _Epoch:
         self.problems, self.m, self.cfg, self.e = problems, m, cfg, e
         self.counts = counts  # (S, W) rows per rank-step
         self.broken = False  # a group's rows do not form a plan: the epoch's sums are not checked
-        self.skip: set[str] = set()
         self.owner = np.full(counts.shape[0], -1, np.int32)  # the group of each step, as the files hold it
         self.owned: list[NDArray[np.int64]] = []
         self.sums: list = []
@@ -149,22 +165,18 @@ class _Epoch:
         self.heaviest = Heaviest("off" if cfg is None else cfg.heaviest_first)
 
     def group(
-        self, g: int, groups: int, samples: Any, rows: dict
+        self, g: int, groups: int, samples: Any, db: Engine
     ) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
-        """Group ``g``: its samples ``samples`` (``Samples.group`` as planned), its plan rows
-        ``rows`` (emptied) -> (its plan (S_g, W, M) of sample rows as the files hold it, its steps in the
-        epoch (S_g,)), or None when its rows do not form a plan (a problem; the epoch's sums are then not
-        checked)."""
+        """Group ``g``: its samples ``samples`` (``Samples.group`` as planned), its plan rows in ``db`` ->
+        (its plan (S_g, W, M) of sample rows as the files hold it, its steps in the epoch (S_g,)), or None
+        when its rows do not form a plan (a problem; the epoch's sums are then not checked)."""
         m, e, problems = self.m, self.e, self.problems
-        steps = np.unique(rows["step"]).astype(np.int64)  # its steps in the epoch, in order
         try:
-            local = local_rows(steps, rows["step"])
-            plan = dense_plan(local, rows["rank"], rows["slot"], rows["row"], steps.size, m.world_size)
+            plan, steps = _files_plan(db, g, groups, m.world_size)
         except ValueError as err:
             _add(problems, f"epoch {e}", str(err))
             self.broken = True
             return None
-        del local
         if groups > 1:
             taken = self.owner[steps]
             if (taken >= 0).any():
@@ -172,9 +184,7 @@ class _Epoch:
                 _add(problems, f"epoch {e} step {s}", f"holds samples of step groups {self.owner[s]} and {g}")
             self.owner[steps] = g
         self.owned.append(steps)
-        check_counts(problems, e, rows, self.counts, m.plan_file, self.skip)
-        self.coverage.add(samples, rows["row"])
-        rows.clear()  # the parked rows are in ``plan`` now
+        self.coverage.add(samples, plan[plan >= 0])
         # the plan over the group's samples: entries index its columns (its rows are ascending)
         mine = local_rows(samples.column("row").to_numpy(), plan)
         mine[plan < 0] = -1
@@ -211,6 +221,65 @@ class _Epoch:
             check_steps(problems, m, e, labels, self.owned)
 
 
+def _planned_values(
+    problems: list[str], samples: Samples, e: int, cfg: PlanConfig | None
+) -> PlanConfig | None:
+    """The view ``planned`` (rid, cost, bucket_id): each sample's values as epoch ``e`` is planned
+    (``as_planned`` a chunk at a time into the table ``recosted``; the samples' own when no re-plan recosts
+    it) -> ``cfg``, or None when those costs cannot be recomputed (a problem)."""
+    db, own = samples.db, "CREATE OR REPLACE VIEW planned AS SELECT rid, cost, bucket_id FROM samples"
+    if cfg is None or cfg.planned_with(e) is None:
+        db.run(own)
+        return cfg
+    db.run("CREATE OR REPLACE TABLE recosted (rid BIGINT, cost DOUBLE, bucket_id BIGINT)")
+    db.run("CREATE OR REPLACE VIEW planned AS SELECT * FROM recosted")
+    try:
+        for start, chunk in samples.chunks():
+            again = as_planned(chunk, e, cfg)
+            ids = np.asarray(again.column("bucket_id").to_numpy(), np.int64)
+            part = pa.table({"rid": np.arange(start, start + chunk.num_rows), "cost": again.column("cost").to_numpy(), "bucket_id": ids})  # fmt: skip
+            db.run("INSERT INTO recosted SELECT * FROM part", part=part)
+    except ValueError as err:
+        _add(problems, f"epoch {e}", f"the costs of cost_history cannot be recomputed: {err}")
+        db.run(own)
+        return None
+    return cfg
+
+
+def _values(problems: list[str], m: Manifest, e: int, db: Engine) -> set[int]:
+    """Each plan row's cost and bucket_id against its sample's as planned (``planned``): one line for each
+    rank file whose rows differ (its first row, in (step, slot) order, whose cost differs, else whose
+    bucket_id does) -> those ranks."""
+    bad = db.rows(
+        "SELECT rank, step, slot, name, s.sample_id FROM (SELECT r.rank, r.step, r.slot, r.rid, CASE WHEN "
+        "r.cost IS DISTINCT FROM p.cost THEN 'cost' ELSE 'bucket_id' END AS name FROM epoch_rows r JOIN planned p "
+        "USING (rid) WHERE r.cost IS DISTINCT FROM p.cost OR r.bucket_id IS DISTINCT FROM p.bucket_id) JOIN "
+        "samples s USING (rid) QUALIFY row_number() OVER (PARTITION BY rank ORDER BY name = 'bucket_id', step, "
+        "slot) = 1 ORDER BY rank"
+    )
+    for r, step, slot, name, sid in bad:
+        _add(problems, f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}",
+             f"{name} of {sid} differs from the samples")  # fmt: skip
+    return {r for r, *_ in bad}
+
+
+def _check_counts(problems: list[str], m: Manifest, e: int, db: Engine) -> None:
+    """``rank_count`` and ``global_count`` of every plan row against the rows its rank-step and its step
+    hold: the first row (in (rank, step, slot) order) that differs, once per column."""
+    for name, want in (("rank_count", "n"), ("global_count", "sum(n) OVER (PARTITION BY step)")):
+        got = db.rows(
+            f"WITH c AS (SELECT step, rank, n, {want} AS want FROM (SELECT step, rank, count(*) AS n FROM "
+            f"epoch_rows GROUP BY step, rank)) SELECT rank, step, {name}, want FROM epoch_rows JOIN c USING "
+            f"(step, rank) WHERE {name} <> want ORDER BY rank, step, slot LIMIT 1"
+        )
+        for r, step, value, count in got:
+            _add(
+                problems,
+                f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step}",
+                f"{name} {value}, the plan holds {count}",
+            )
+
+
 def check_epoch_files(
     problems: list[str],
     read_plans: ReadPlans,
@@ -224,28 +293,20 @@ def check_epoch_files(
     """Epoch ``e``'s plan files checked and its plan re-derived with the recorded settings ``cfg`` (None:
     not valid, reported) group by group; epochs 0 and 1's groups go to ``pairs``. Returns the epoch's plan
     rows."""
-    if cfg is not None and cfg.planned_with(e) is not None:  # recomputed costs plan it: can they be?
-        try:
-            for _, chunk in samples.chunks():
-                as_planned(chunk, e, cfg)
-        except ValueError as err:
-            _add(problems, f"epoch {e}", f"the costs of cost_history cannot be recomputed: {err}")
-            cfg = None
+    cfg = _planned_values(problems, samples, e, cfg)
     groups = cfg.groups(samples.num_rows) if cfg is not None else m.groups
     seed = cfg.seed if cfg is not None else m.seed
     w, db = m.world_size, samples.db
     if groups > 1:
         samples.deal(seed, e, groups)
     rows, usable = _load(problems, read_plans, m, e, db)
-    values = Values()
-    for g in range(groups):  # a file whose costs or buckets are not its samples' is not checked further
-        values.add(_rows(db, g, groups), _planned(samples.group(g, seed, e, groups), e, cfg))
-        release_memory()
-    usable -= values.report(problems, m, e, samples)
+    usable -= _values(problems, m, e, db)  # a file whose costs or buckets are not its samples' stops there
+    _keep(db, usable)
     derived = Derived(problems, m, cfg, e, groups)
     epoch = None
     if len(usable) == w:
         counts = db.arrays("SELECT step, rank, count(*) AS n FROM epoch_rows GROUP BY step, rank")
+        _check_counts(problems, m, e, db)
         epoch = _Epoch(problems, m, cfg, e, held, dense_counts(counts, m.steps(e), w))
     _groups(problems, m, e, cfg, samples, (seed, groups), epoch, derived, pairs)
     db.run("DROP TABLE epoch_rows")
@@ -261,18 +322,18 @@ def _groups(problems: list[str], m: Manifest, e: int, cfg: PlanConfig | None, sa
     """Each group of epoch ``e``: its plan rows checked (``epoch``, when every rank file is usable) and against
     the plan ``derived`` re-derives (epochs 0 and 1 go to ``pairs``)."""
     (seed, groups), db = dealt, samples.db
-    for g in range(groups):  # the files' side first: only its plan (8 B an entry) waits for the planner's
+    for g in range(groups):  # the planner first, with nothing else of the group held
         group = _planned(samples.group(g, seed, e, groups), e, cfg)
-        held_plan = None
-        if epoch is not None and not epoch.broken:
-            held_plan = epoch.group(g, groups, group, _rows(db, g, groups))
-            release_memory()
         planned = derived.group(g, group)
-        del group
         if pairs is not None:
             pairs.add(e, g, groups, planned)
-        if planned is not None and held_plan is not None:
-            where = f" step group {g}" * (groups > 1)
-            check_replan(problems, m, e, held_plan[0], planned[0], held_plan[1], samples, where)
-        del planned, held_plan
+        want = None if planned is None else planned[0]  # its random reference is the pairs' only
+        del planned
+        if epoch is not None and not epoch.broken:
+            held_plan = epoch.group(g, groups, group, db)
+            if want is not None and held_plan is not None:
+                where = f" step group {g}" * (groups > 1)
+                check_replan(problems, m, e, held_plan[0], want, held_plan[1], samples, where)
+            del held_plan
+        del group, want
         release_memory()

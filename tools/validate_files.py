@@ -35,6 +35,8 @@ MAX_PROBLEMS = 200
 _MAX_SHOWN = 5  # list items shown in one message
 #: Samples rows checked (and decoded ahead) at a time: at 9 sweeps a row, ~6 MB of strings.
 _SAMPLE_ROWS = 4096
+#: Plan rows read (and decoded ahead) at a time: a rank file is never held whole (N / W rows).
+_PLAN_ROWS = 8192
 
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
@@ -241,22 +243,30 @@ class Checker:
                 file, lines = None, [*lines, f"{rel}: {bad}"]
             yield file, lines
 
-    def plans(self, rels: Sequence[str]) -> Iterator[tuple[str, pa.Table | None]]:
-        """(rel, the plan file whole when it is usable, else None and a problem) for each of ``rels``."""
+    def plans(self, rels: Sequence[str]) -> Iterator[tuple[str, pa.Table | None, pa.Table | None]]:
+        """Each of ``rels``, read on the reading thread: (rel, its columns but ``sweep_paths`` (its structure),
+        None), then (rel, None, its next ``_PLAN_ROWS`` rows) until its end; (rel, None, None) and a problem
+        when it is not usable (at once, or midway: its rows are then not to be used)."""
 
-        def read(rel: str) -> tuple[str, pa.Table | None, list[str]]:
+        def read(rel: str) -> Iterator[tuple[str, pa.Table | None, pa.Table | None, list[str]]]:
             with self._open(rel, schemas.plan_schema(), True) as (file, lines):
                 try:
-                    return rel, None if file is None else file.read(use_threads=False), lines
+                    if file is None:
+                        yield rel, None, None, lines
+                        return
+                    names = [n for n in file.schema_arrow.names if n != "sweep_paths"]
+                    yield rel, file.read(names, use_threads=False), None, lines
+                    for batch in file.iter_batches(_PLAN_ROWS, use_threads=False):
+                        yield rel, None, pa.Table.from_batches([batch]), []
                 except (pa.ArrowException, OSError, ValueError) as e:
-                    return rel, None, [*lines, f"{rel}: {unreadable(e)}"]
+                    yield rel, None, None, [f"{rel}: {unreadable(e)}"]
 
         listed = [r for r in rels if r in self.sized]
         self.read.update(listed)
-        for rel, table, lines in ahead(read(r) for r in listed):
+        for rel, head, rows, lines in ahead(item for r in listed for item in read(r)):
             for line in lines:
                 self.problems.append(line)
-            yield rel, table
+            yield rel, head, rows
 
     def samples(
         self,

@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from lidarshard import schemas
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_repeat import check_realized
 from lidarshard.tools.validate_samples import Samples
@@ -28,8 +27,8 @@ from lidarshard.transforms.plan.metrics import BalanceSums, balance_entry, plan_
 from lidarshard.transforms.plan.order import step_peaks
 
 __all__ = [
-    "local_rows", "check_counts", "cap_values", "group_breaches",
-    "report_breaches", "heaviest_values", "Heaviest", "Values", "Coverage", "file_sums",
+    "local_rows", "cap_values", "group_breaches",
+    "report_breaches", "heaviest_values", "Heaviest", "Coverage", "file_sums",
     "check_balance",
 ]  # fmt: skip
 
@@ -46,36 +45,9 @@ def local_rows(members: NDArray[np.integer], rows: NDArray[np.integer]) -> NDArr
     return np.searchsorted(members, rows)
 
 
-_VALUES = {"cost": np.float64, "bucket_id": np.int32}
 #: (costs (n,), points (n,) or None, predicted bytes (n,) or None) of one group's samples: what the caps
 #: are checked on.
 CapValues = tuple[NDArray, NDArray | None, NDArray | None]
-
-
-def check_counts(
-    problems: list[str],
-    e: int,
-    rows: dict[str, NDArray],
-    counts: NDArray[np.integer],
-    file_of: Callable[[int, int], str] = schemas.plan_file,
-    skip: set[str] | None = None,
-) -> None:
-    """``rank_count`` and ``global_count`` of plan rows (``rank_rows`` plus ``rank``: one group's) against
-    epoch ``e``'s rows per rank-step ``counts`` (S, W). ``file_of(e, r)``: the rank's plan file, for the
-    message (``Manifest.plan_file``); ``skip``: the names already reported this epoch (one line each),
-    updated."""
-    skip = set() if skip is None else skip
-    step, rank = rows["step"], rows["rank"]
-    for name, want in (("rank_count", counts[step, rank]), ("global_count", counts.sum(axis=1)[step])):
-        bad = np.flatnonzero(rows[name] != want)
-        if bad.size and name not in skip:
-            skip.add(name)
-            i = int(bad[0])
-            _add(
-                problems,
-                f"{file_of(e, int(rank[i]))}: epoch {e} rank {rank[i]} step {step[i]}",
-                f"{name} {rows[name][i]}, the plan holds {want[i]}",
-            )
 
 
 def cap_values(problems: list[str], e: int, caps: Caps, samples: pa.Table) -> CapValues:
@@ -162,42 +134,6 @@ class Heaviest:
                 f"{top:.6g} {self.mode} is more than step 0's heaviest rank-step ({first:.6g}), but the "
                 f"manifest records heaviest_first {self.mode}: step 0 must hold the epoch's heaviest rank-step",
             )
-
-
-class Values:
-    """Each plan row's cost and bucket_id against its sample's (as the epoch is planned), one group at a
-    time: of each rank file, the first row (in (step, slot) order) whose cost differs, else whose
-    bucket_id does."""
-
-    def __init__(self) -> None:
-        self.first: dict[tuple[int, str], tuple[int, int, int]] = {}  # (rank, name) -> (step, slot, row)
-
-    def add(self, rows: dict[str, NDArray], group: pa.Table) -> None:
-        """One group's parked plan rows ``rows`` (``rank_rows`` plus ``rank``) and its samples ``group``
-        (``Samples.group``, as planned)."""
-        local = local_rows(group.column("row").to_numpy(), rows["row"])
-        for name in _VALUES:
-            bad = np.flatnonzero(rows[name] != group.column(name).to_numpy()[local])
-            if not bad.size:
-                continue
-            rank, step, slot = rows["rank"][bad], rows["step"][bad], rows["slot"][bad]
-            order = np.lexsort((slot, step, rank))
-            firsts = order[np.flatnonzero(np.diff(rank[order], prepend=-1) != 0)]
-            for i in firsts.tolist():
-                key, got = (int(rank[i]), name), (int(step[i]), int(slot[i]), int(rows["row"][bad[i]]))
-                if key not in self.first or got < self.first[key]:
-                    self.first[key] = got
-
-    def report(self, problems: list[str], m: Manifest, e: int, samples: Samples) -> set[int]:
-        """One line for each rank file whose rows differ from their samples -> those ranks."""
-        bad = sorted({r for r, _ in self.first})
-        for r in bad:
-            name = "cost" if (r, "cost") in self.first else "bucket_id"
-            step, slot, row = self.first[(r, name)]
-            sid = samples.column("sample_id")[row]
-            _add(problems, f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}",
-                 f"{name} of {sid} differs from the samples")  # fmt: skip
-        return set(bad)
 
 
 class Coverage:

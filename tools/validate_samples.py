@@ -105,12 +105,17 @@ class Samples:
         """Step group ``g`` of epoch ``e``: the kept columns of its samples and ``row`` (n_g,), ascending."""
         if groups == 1:
             return self.db.table(f'SELECT {self._cols(None)}, rid AS "row" FROM samples ORDER BY rid')
-        self.deal(seed, e, groups)
-        return self.db.table(
-            f'SELECT {self._cols(None)}, rid AS "row" FROM samples JOIN dealt USING (rid) WHERE grp = ? '
-            "ORDER BY rid",
-            [g],
+        self.deal(
+            seed, e, groups
+        )  # a join sorted by DuckDB would pin it whole: sorted here, a column at a time
+        t = self.db.table(
+            f'SELECT {self._cols(None)}, rid AS "row" FROM samples JOIN dealt USING (rid) WHERE grp = ?', [g]
         )
+        order, names, columns = pc.sort_indices(t.column("row")), t.column_names, []
+        for name in names:
+            columns.append(t.column(name).take(order))
+            t = t.drop_columns([name])
+        return pa.table(columns, names=names)
 
     def select(self, names: list[str]) -> pa.Table:
         """Other columns, read from the files (e.g. ``label_path`` to re-derive repeat factors)."""
