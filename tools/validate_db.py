@@ -12,11 +12,13 @@ A failure of that scratch space (full, read-only, removed) is an I/O failure, ne
 
 from __future__ import annotations
 
+import collections
 import errno
 import os
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import duckdb
@@ -24,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-__all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error", "ahead"]
+__all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error", "ahead", "in_order"]
 
 #: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory (results are read
 #: ``BATCH_ROWS`` at a time; a join is never sorted by it: that would pin it whole).
@@ -158,6 +160,21 @@ def dense_counts(got: dict[str, NDArray], steps: int, w: int) -> NDArray[np.int3
 
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def in_order(work: Callable[[_T], _R], items: Iterable[_T]) -> Iterator[_R]:
+    """``work(item)`` of each of ``items`` on every core (pyarrow's kernels release the GIL), in order, at most
+    one more in flight than there are cores; an exception is raised here, in order."""
+    cores = os.cpu_count() or 1
+    window: collections.deque[Future] = collections.deque()
+    with ThreadPoolExecutor(cores, thread_name_prefix="lidarshard-validate-check") as pool:
+        for item in items:
+            window.append(pool.submit(work, item))
+            if len(window) > cores:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
 
 
 def ahead(items: Iterable[_T], depth: int = 2) -> Iterator[_T]:

@@ -34,7 +34,7 @@ __all__ = [
 MAX_PROBLEMS = 200
 _MAX_SHOWN = 5  # list items shown in one message
 #: Samples rows checked (and decoded ahead) at a time: at 9 sweeps a row, ~6 MB of strings.
-_SAMPLE_ROWS = 4096
+_SAMPLE_ROWS = 8192
 #: Plan rows read (and decoded ahead) at a time: a rank file is never held whole (N / W rows).
 _PLAN_ROWS = 8192
 

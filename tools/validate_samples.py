@@ -9,6 +9,7 @@ a time. ``check_scored`` checks bucket ids and counts; ``cost_model_of`` reads t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -19,7 +20,7 @@ from numpy.typing import NDArray
 
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.tools.validate_db import ROW_KEY, Engine
+from lidarshard.tools.validate_db import ROW_KEY, Engine, in_order
 from lidarshard.transforms.core.groups import deal
 from lidarshard.transforms.core.plan_writer import NUMERIC_INPUT
 from lidarshard.transforms.features.accounting import fingerprint_update, first_not_increasing
@@ -147,7 +148,7 @@ def check_samples(
     h, last, first, path_bad, names = hashlib.sha256(), None, 0, None, None
     mismatch: Mismatch | None = None if model_cost is None else (0, -1, 0.0, 0.0)
     files: list[str] = []
-    for path, t in groups:
+    for path, t, bad, want in in_order(functools.partial(_prepare, root, model_cost), groups):
         if t is None:
             return None
         if not files or files[-1] != path:
@@ -164,10 +165,10 @@ def check_samples(
             if i is not None:
                 held.append(f"sample_id not strictly increasing at row {first + i} ({ids[i]})")
             last = ids[-1].as_py()
-        path_bad = path_bad or paths.path_problem(t, root)
+        path_bad = path_bad or bad
         fingerprint_update(h, t)
-        if mismatch is not None and model_cost is not None:
-            mismatch = _cost_mismatch(mismatch, t, model_cost(t), first)
+        if mismatch is not None and want is not None:
+            mismatch = _cost_mismatch(mismatch, t, want, first)
         batch = t.append_column("rid", pa.array(np.arange(first, first + len(ids))))
         db.run(f"INSERT INTO samples SELECT rid, sample_id, {ROW_KEY}, {', '.join(names)} FROM batch",
                batch=batch)  # fmt: skip
@@ -186,6 +187,17 @@ def check_samples(
     if h.hexdigest() != fingerprint:
         problem(rel, "inputs_fingerprint recomputed from (sample_id, file_bytes) differs")
     return Samples(db, files, names, first, mismatch)
+
+
+def _prepare(root: object, model_cost: Callable[[pa.Table], NDArray[np.float64]] | None,
+             item: tuple[str, pa.Table | None]) -> tuple[str, pa.Table | None, str | None, NDArray | None]:  # fmt: skip
+    """What a row group's checks need that no other row group does, made on a core of its own: (part path,
+    the row group, its stored paths' problem (``root`` False: not checked), its costs under ``model_cost``)."""
+    path, t = item
+    if t is None:
+        return path, None, None, None
+    bad = None if root is False else paths.path_problem(t, root)
+    return path, t, bad, None if model_cost is None else model_cost(t)
 
 
 def _cost_mismatch(seen: Mismatch, t: pa.Table, want: NDArray[np.float64], start: int) -> Mismatch:
