@@ -22,7 +22,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
@@ -150,13 +149,6 @@ def _reader(relation: Any, rows: int) -> pa.RecordBatchReader:
     """``relation``'s result, ``rows`` at a time."""
     fetch = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader  # DuckDB 1.x
     return fetch(rows)
-
-
-def dense_counts(got: dict[str, NDArray], steps: int, w: int) -> NDArray[np.int32]:
-    """(steps, w) counts from a query's ``step``, ``rank``, ``n`` columns."""
-    out = np.zeros((steps, w), np.int32)
-    out[got["step"].astype(np.int64), got["rank"].astype(np.int64)] = got["n"]
-    return out
 
 
 _T = TypeVar("_T")

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 from lidarshard import schemas
 from lidarshard.loaders.planfiles import plan_problem
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.tools.validate_db import ROW_KEY, Engine, dense_counts
+from lidarshard.tools.validate_db import ROW_KEY, Engine
 from lidarshard.tools.validate_derived import (
     Derived,
     PairRepeat,
@@ -151,11 +151,10 @@ class _Epoch:
     """The checks of one epoch whose every rank file was usable, fed one group at a time."""
 
     def __init__(self, problems: list[str], m: Manifest, cfg: PlanConfig | None, e: int,
-                 held: tuple | None, counts: NDArray[np.int32]) -> None:  # fmt: skip
+                 held: tuple | None) -> None:  # fmt: skip
         self.problems, self.m, self.cfg, self.e = problems, m, cfg, e
-        self.counts = counts  # (S, W) rows per rank-step
         self.broken = False  # a group's rows do not form a plan: the epoch's sums are not checked
-        self.owner = np.full(counts.shape[0], -1, np.int32)  # the group of each step, as the files hold it
+        self.owner = np.full(m.steps(e), -1, np.int32)  # the group of each step, as the files hold it
         self.owned: list[NDArray[np.int64]] = []
         self.sums: list = []
         self.breaches: list = []
@@ -205,15 +204,8 @@ class _Epoch:
     def finish(self, derived: Derived, samples: Samples) -> None:
         """After every group: what needs the whole epoch's few numbers (``samples``: to name one)."""
         m, e, problems = self.m, self.e, self.problems
-        b = None if m.variable_count else m.batch_size
-        if b is not None and (self.counts != b).any():
-            _add(
-                problems,
-                f"epoch {e}",
-                f"a rank-step holds {self.counts[self.counts != b][0]} samples, batch_size is {b}",
-            )
         report_breaches(problems, e, self.breaches, m.plan_file)
-        self.heaviest.check(problems, e, self.counts.shape[0], m.plan_file)
+        self.heaviest.check(problems, e, m.steps(e), m.plan_file)
         self.coverage.check(problems, m, e, samples)
         check_balance(problems, m, e, self.sums, derived.stats)
         labels = derived.labels()
@@ -264,8 +256,14 @@ def _values(problems: list[str], m: Manifest, e: int, db: Engine) -> set[int]:
 
 
 def _check_counts(problems: list[str], m: Manifest, e: int, db: Engine) -> None:
-    """``rank_count`` and ``global_count`` of every plan row against the rows its rank-step and its step
-    hold: the first row (in (rank, step, slot) order) that differs, once per column."""
+    """Every rank-step holds ``batch_size`` rows (equal-count strategies); ``rank_count`` and ``global_count``
+    of every plan row against the rows its rank-step and its step hold: the first row (in (rank, step, slot)
+    order) that differs, once per column."""
+    if not m.variable_count:
+        odd = db.rows("SELECT count(*) AS n FROM epoch_rows GROUP BY step, rank HAVING n <> ? ORDER BY step, rank "
+                      "LIMIT 1", [m.batch_size])  # fmt: skip
+        for (n,) in odd:
+            _add(problems, f"epoch {e}", f"a rank-step holds {n} samples, batch_size is {m.batch_size}")
     for name, want in (("rank_count", "n"), ("global_count", "sum(n) OVER (PARTITION BY step)")):
         got = db.rows(
             f"WITH c AS (SELECT step, rank, n, {want} AS want FROM (SELECT step, rank, count(*) AS n FROM "
@@ -305,9 +303,8 @@ def check_epoch_files(
     derived = Derived(problems, m, cfg, e, groups)
     epoch = None
     if len(usable) == w:
-        counts = db.arrays("SELECT step, rank, count(*) AS n FROM epoch_rows GROUP BY step, rank")
         _check_counts(problems, m, e, db)
-        epoch = _Epoch(problems, m, cfg, e, held, dense_counts(counts, m.steps(e), w))
+        epoch = _Epoch(problems, m, cfg, e, held)
     _groups(problems, m, e, cfg, samples, (seed, groups), epoch, derived, pairs)
     db.run("DROP TABLE epoch_rows")
     if epoch is not None and not epoch.broken:
@@ -322,18 +319,18 @@ def _groups(problems: list[str], m: Manifest, e: int, cfg: PlanConfig | None, sa
     """Each group of epoch ``e``: its plan rows checked (``epoch``, when every rank file is usable) and against
     the plan ``derived`` re-derives (epochs 0 and 1 go to ``pairs``)."""
     (seed, groups), db = dealt, samples.db
-    for g in range(groups):  # the planner first, with nothing else of the group held
+    for g in range(groups):  # the files' side first: only its plan (8 B an entry) waits for the planner's
         group = _planned(samples.group(g, seed, e, groups), e, cfg)
-        planned = derived.group(g, group)
-        if pairs is not None:
-            pairs.add(e, g, groups, planned)
-        want = None if planned is None else planned[0]  # its random reference is the pairs' only
-        del planned
+        held_plan = None
         if epoch is not None and not epoch.broken:
             held_plan = epoch.group(g, groups, group, db)
-            if want is not None and held_plan is not None:
-                where = f" step group {g}" * (groups > 1)
-                check_replan(problems, m, e, held_plan[0], want, held_plan[1], samples, where)
-            del held_plan
-        del group, want
+            release_memory()
+        planned = derived.group(g, group)
+        del group
+        if pairs is not None:
+            pairs.add(e, g, groups, planned)
+        if planned is not None and held_plan is not None:
+            where = f" step group {g}" * (groups > 1)
+            check_replan(problems, m, e, held_plan[0], planned[0], held_plan[1], samples, where)
+        del planned, held_plan
         release_memory()
