@@ -13,6 +13,7 @@ A failure of that scratch space (full, read-only, removed) is an I/O failure, ne
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import os
 import queue
@@ -25,11 +26,15 @@ import duckdb
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from lidarshard.transforms.io.arrow import release_memory
+
 __all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error", "ahead", "in_order"]
 
 #: DuckDB's memory limit: beyond it, its tables and joins spill to the scratch directory (results are read
 #: ``BATCH_ROWS`` at a time; a join is never sorted by it: that would pin it whole).
 MEMORY_LIMIT = "64MB"
+#: DuckDB's memory limit while no query runs and the build's planner re-plans a group (``Engine.lean``).
+LEAN_LIMIT = "4MB"
 #: Rows a query's result is read back at a time (``Engine.batches``).
 BATCH_ROWS = 1 << 16
 #: A row's 64-bit key of (path, sweep_paths): equal values, equal keys (DuckDB's hash of the values, their
@@ -140,6 +145,17 @@ class Engine:
             raise scratch_error(self.dir, e) from None
         finally:
             cursor.close()
+
+    @contextlib.contextmanager
+    def lean(self) -> Iterator[None]:
+        """No query runs within: DuckDB's memory limit ``LEAN_LIMIT`` meanwhile, so that it evicts the pages it
+        caches (its tables stay in the database file), then ``MEMORY_LIMIT`` again."""
+        self.run(f"SET memory_limit = '{LEAN_LIMIT}'")
+        release_memory()
+        try:
+            yield
+        finally:
+            self.run(f"SET memory_limit = '{MEMORY_LIMIT}'")
 
     def close(self) -> None:
         self.con.close()

@@ -325,7 +325,8 @@ def _groups(problems: list[str], m: Manifest, e: int, cfg: PlanConfig | None, sa
         if epoch is not None and not epoch.broken:
             held_plan = epoch.group(g, groups, group, db)
             release_memory()
-        planned = derived.group(g, group)
+        with db.lean():  # the planner's peak is validate's: DuckDB gives back its cached pages meanwhile
+            planned = derived.group(g, group)
         del group
         if pairs is not None:
             pairs.add(e, g, groups, planned)
