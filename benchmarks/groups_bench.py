@@ -29,7 +29,7 @@ from balance_bench import synth_costs  # noqa: E402
 
 from lidarshard.transforms.core import groups  # noqa: E402
 from lidarshard.transforms.core.config import PlanConfig  # noqa: E402
-from lidarshard.transforms.core.epochs import bucket_costs, plan_samples  # noqa: E402
+from lidarshard.transforms.core.planner import bucket_costs, plan_samples  # noqa: E402
 from lidarshard.transforms.plan.metrics import pair_repeat_rate  # noqa: E402
 
 TARGET = 0.002

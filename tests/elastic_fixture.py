@@ -2,7 +2,7 @@
 
 ``tests/manifest_fixture.py`` plans with a stand-in (its strategies are not registered, so nothing can
 re-plan them); the elastic tests need the manifest's own strategy. This writer keeps that fixture's
-samples table and file layout and plans every epoch with ``lidarshard.transforms.core.epochs.plan_samples``,
+samples table and file layout and plans every epoch with ``lidarshard.transforms.core.planner.plan_samples``,
 the function the build calls: weighted pools (repeats), ``drop_last``/``pad`` and caps included.
 No Beam, no point files (paths are placeholders; the samplers never open them).
 """
@@ -26,7 +26,7 @@ from lidarshard.schemas import (
     samples_part,
 )
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import plan_samples
+from lidarshard.transforms.core.planner import plan_samples
 from lidarshard.transforms.plan.caps import Caps
 from tests.manifest_fixture import _scored_table, _sha, write_plan_files
 

@@ -9,8 +9,8 @@ import pyarrow as pa
 
 from lidarshard import schemas
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import plan_samples
 from lidarshard.transforms.core.plan_writer import plan_rows
+from lidarshard.transforms.core.planner import plan_samples
 
 
 def plan_tables(scored: pa.Table, epoch: int, cfg: PlanConfig) -> tuple[list[pa.Table], dict]:

@@ -281,7 +281,7 @@ def test_speeds_bench(tmp_path: Path) -> None:
     """Equal ranks (no burner: the suite's other tests share the cores), the smallest plan: the learned
     speeds, the three linearities and run B's predicted against measured seconds are printed and consistent."""
     pytest.importorskip("torch")
-    args = ("--samples", "24", "--batch-size", "1", "--no-burner", "--train-args", "--width 8")
+    args = ("--samples", "24", "--batch-size", "1", "--no-burner", "--train-args", "--width 32")
     out = bench("speeds_bench", *args, "--json-out", str(tmp_path / "r.json"), cwd=tmp_path, timeout=600)
     checks = re.findall(r"^check: (.*): (\S+)$", out, re.M)
     assert len(checks) == 3 and all(v == "ok" for _, v in checks), out

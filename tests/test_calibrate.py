@@ -390,7 +390,7 @@ def test_a_launch_bound_model_calibrates_to_a_plan_no_worse_than_random(tmp_path
     from lidarshard.loaders import load_manifest, read_samples
     from lidarshard.loaders.step_timer import StepTimer
     from lidarshard.transforms.core.config import PlanConfig
-    from lidarshard.transforms.core.epochs import plan_samples
+    from lidarshard.transforms.core.planner import plan_samples
     from lidarshard.transforms.plan.explain import plan_buys
     from lidarshard.transforms.plan.metrics import load_linearity
 

@@ -61,8 +61,8 @@ def test_wheel_holds_every_module_and_imports_alone(wheel: Path, tmp_path: Path)
 import sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()]
 sys.path[:] = [{str(wheel)!r}] + [p for p in sys.path if p not in ("", ".", {str(REPO)!r})]
-import lidarshard.pipelines.build, lidarshard.pipelines.scan, lidarshard.pipelines.cli, lidarshard.transforms.beam.scan_transform, lidarshard.transforms.core.epochs
-for m in (lidarshard.pipelines.build, lidarshard.transforms.beam.scan_transform, lidarshard.transforms.core.epochs):
+import lidarshard.pipelines.build, lidarshard.pipelines.scan, lidarshard.pipelines.cli, lidarshard.transforms.beam.scan_transform, lidarshard.transforms.core.planner
+for m in (lidarshard.pipelines.build, lidarshard.transforms.beam.scan_transform, lidarshard.transforms.core.planner):
     assert m.__file__.startswith({str(wheel)!r}), m.__file__
 print("ok")
 """

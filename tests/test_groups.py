@@ -23,7 +23,7 @@ from lidarshard.loaders.reader import load_manifest
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core import groups
 from lidarshard.transforms.core.config import AUTO_RULE, GROUP_SAMPLES, PlanConfig, auto_groups
-from lidarshard.transforms.core.epochs import plan_samples
+from lidarshard.transforms.core.planner import plan_samples
 from lidarshard.transforms.core.pool import plan_pool
 from lidarshard.transforms.plan import ANY_POOL, STRATEGIES, VARIABLE_COUNT, order, plan_epoch, seeds
 from lidarshard.transforms.plan.caps import Caps, rank_step_sums
@@ -419,7 +419,7 @@ def test_the_pair_repeat_rate_from_shards_and_buckets_is_the_assembled_plans(str
     """The build's pair repeat rate without a gather (group_rows.pair_*, metrics.mate_counts), on 100-row shards, equals
     ``epoch_repeat_rates`` of the assembled epochs (weights up to 2.3: samples planned twice)."""
     from lidarshard.transforms.core import group_rows, plan_writer
-    from lidarshard.transforms.core.epochs import epoch_repeat_rates
+    from lidarshard.transforms.core.planner import epoch_repeat_rates
 
     monkeypatch.setattr(plan_writer, "ROWS_PER_SHARD", 100)
     table = scored_pool(3000, 5)
@@ -471,7 +471,7 @@ def test_validates_pair_repeat_rate_group_by_group_is_the_epochs(forced: int, tm
     counted by a query) gives ``epoch_repeat_rates`` of the two assembled epochs, for one group and for three."""
     from lidarshard.tools.validate_db import Engine
     from lidarshard.tools.validate_derived import PairRepeat
-    from lidarshard.transforms.core.epochs import epoch_repeat_rates
+    from lidarshard.transforms.core.planner import epoch_repeat_rates
 
     table = scored_pool(3000, 2)
     cfg = PlanConfig(4, 8, epochs=2, strategy="mixed", policy="pad", plan_groups=forced)

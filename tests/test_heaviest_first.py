@@ -18,7 +18,7 @@ from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import bucket_costs, plan_samples
+from lidarshard.transforms.core.planner import bucket_costs, plan_samples
 from lidarshard.transforms.io.arrow import parquet_bytes, sha256_hex
 from lidarshard.transforms.plan import STRATEGIES
 from lidarshard.transforms.plan.caps import Caps

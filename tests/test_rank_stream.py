@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from lidarshard import schemas
 from lidarshard.transforms.core import plan_writer, rank_stream
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import plan_samples
+from lidarshard.transforms.core.planner import plan_samples
 from lidarshard.transforms.io.arrow import ParquetStream, parquet_bytes
 from tests.helpers import scored_pool
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import plan_samples
+from lidarshard.transforms.core.planner import plan_samples
 from lidarshard.transforms.core.pool import epoch_pool
 from lidarshard.transforms.core.score import repeat_info
 from lidarshard.transforms.features.buckets import weighted_pool

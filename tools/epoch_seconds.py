@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from lidarshard.loaders.epoch_plan import read_epoch_plan
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import as_planned
+from lidarshard.transforms.core.planner import as_planned
 from lidarshard.transforms.plan.epoch_time import epoch_ms, time_factors, untimed
 from lidarshard.transforms.plan.metrics import rank_costs
 

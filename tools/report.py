@@ -4,7 +4,7 @@ Writes ``OUT/report/report.html`` and its PNGs next to it in ``OUT/report/`` (``
 put them elsewhere, e.g. when OUT is read-only). ``report/`` is not part of the manifest contract:
 it is not listed in ``_manifest.json['files']`` and a rebuild of OUT removes it.
 
-The random baseline is recomputed, not read: ``lidarshard.transforms.core.epochs.plan_samples`` with
+The random baseline is recomputed, not read: ``lidarshard.transforms.core.planner.plan_samples`` with
 the manifest's settings (``PlanConfig.from_manifest``) plans each epoch again and gives its
 ``baseline``, the ``random`` plan of the same pool behind the manifest's ``random_linearity``. The
 chosen plan is read by ``loaders.epoch_plan.read_epoch_plan``, the one reader of an epoch's plan. Plain
@@ -41,7 +41,7 @@ from lidarshard.tools.timings import (
     read_timings_at,
 )
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import as_planned, plan_samples
+from lidarshard.transforms.core.planner import as_planned, plan_samples
 from lidarshard.transforms.declare import Parser, option
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.plan.epoch_time import time_factors

@@ -132,7 +132,7 @@ def _check_manifest(c: Checker) -> str:
     samples = c.samples(
         parts, schemas.scored_schema(), m.counts.accepted, m.inputs_fingerprint, m.path_root,
         model_cost if bad_model is None else None,
-        plan_input(bool(m.cost_history) or m.memory_cap is not None),  # epochs.plan_columns' rule
+        plan_input(bool(m.cost_history) or m.memory_cap is not None),  # planner.plan_columns' rule
     )  # fmt: skip
     c.rejects(schemas.REJECTS_FILE in c.sized, m.counts)
     if samples is None:

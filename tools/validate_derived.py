@@ -19,8 +19,8 @@ from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_db import Engine
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import plan_samples
 from lidarshard.transforms.core.groups import GroupSummary, epoch_stats, plan_group, step_labels
+from lidarshard.transforms.core.planner import plan_samples
 from lidarshard.transforms.plan.metrics import repeat_rates
 
 __all__ = [
@@ -52,7 +52,7 @@ class Derived:
 
     def group(self, g: int, samples: Any) -> Planned | None:
         """Group ``g`` planned alone from its ``samples`` (``Samples.group`` as the epoch is planned,
-        ``epochs.as_planned``: the plan columns and ``row`` (n_g,), ascending), or None when it cannot be
+        ``planner.as_planned``: the plan columns and ``row`` (n_g,), ascending), or None when it cannot be
         (a problem, once: no later group is derived)."""
         if self.failed or self.cfg is None:
             return None

@@ -4,7 +4,7 @@
                           (the numbers, the sample_id and ``validate_db.ROW_KEY`` of the paths)
     a query:              each row joined to its sample (``rid``) by sample_id: an unknown id or a path that
                           differs is named, first per file, and the file not checked further
-    for each group g:     its samples (``Samples.group``, as planned: ``epochs.as_planned``) against its rows'
+    for each group g:     its samples (``Samples.group``, as planned: ``planner.as_planned``) against its rows'
                           costs and bucket ids (``validate_plan.Values``)
     for each group g:     re-derive it alone (``validate_derived.Derived``), check its rows against it, the
                           counts, caps and coverage; its balance sums
@@ -49,7 +49,7 @@ from lidarshard.tools.validate_plan import (
 )
 from lidarshard.tools.validate_samples import Samples
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import as_planned
+from lidarshard.transforms.core.planner import as_planned
 from lidarshard.transforms.io.arrow import release_memory
 
 __all__ = ["check_epoch_files"]

@@ -11,7 +11,7 @@ Steps (each a thin wrapper of a pure function)::
     SettleAndScore score.settle_and_score     rejects, counts, cost, buckets, weights; one task a part
     WriteSamples   previous.write_part        the new samples parts, in parallel
     SamplesWritten                            every part written once, together the accepted samples
-    PlanEpoch      epochs.plan_samples        each epoch planned once, from the numeric columns
+    PlanEpoch      planner.plan_samples        each epoch planned once, from the numeric columns
     PlanInGroups   group_transform            or, with G > 1 step groups, each (epoch, group) alone
     WritePieces    sharded.rank_pieces        each rank's rows of a range of samples (scratch files)
     WriteRanks     rank_stream.stream_rank    each (epoch, rank) plan file, a row group at a time
@@ -39,7 +39,7 @@ from lidarshard.transforms.core import group_rows, groups, previous
 from lidarshard.transforms.core import manifest_writer as manifest
 from lidarshard.transforms.core import plan_writer as sharded
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import EpochPlan, as_planned, epoch_repeat_rates, plan_samples
+from lidarshard.transforms.core.planner import EpochPlan, as_planned, epoch_repeat_rates, plan_samples
 from lidarshard.transforms.core.pool import plan_columns
 from lidarshard.transforms.core.rank_stream import stream_rank
 from lidarshard.transforms.core.score import ScoreSettings, Source, prepare, settle_and_score
@@ -58,7 +58,7 @@ from lidarshard.transforms.plan.metrics import repeat_rates
 
 __all__ = ["BuildJob", "BuildManifest", "writer", "PLANNED_PAIRS"]
 
-#: The epochs whose plans give the pair repeat rates (``epochs.epoch_repeat_rates``).
+#: The epochs whose plans give the pair repeat rates (``planner.epoch_repeat_rates``).
 PLANNED_PAIRS = (0, 1)
 
 

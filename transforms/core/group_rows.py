@@ -24,8 +24,8 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.core import plan_writer
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.core.epochs import as_planned
 from lidarshard.transforms.core.groups import GroupPlan, deal, interleave, too_few
+from lidarshard.transforms.core.planner import as_planned
 from lidarshard.transforms.core.pool import plan_columns
 from lidarshard.transforms.plan import seeds
 

@@ -1,6 +1,6 @@
 """Hierarchical planning: an epoch planned in G step groups, so no step needs the whole pool. Pure.
 
-``plan_samples`` (``transforms.core.epochs``) plans an epoch in one pool when G = 1 (today's plan, byte
+``plan_samples`` (``transforms.core.planner``) plans an epoch in one pool when G = 1 (today's plan, byte
 for byte) and here when G > 1 (``PlanConfig.groups``: forced by ``--plan-groups`` or the auto rule)::
 
     group = spread(crc32(sample_id), seed, epoch, "groups") % G     # deal: a stable hash per sample
@@ -104,7 +104,7 @@ def group_seed(seed: int, epoch: int, group: int) -> int:
 
 def group_config(cfg: PlanConfig, epoch: int, group: int) -> PlanConfig:
     """``cfg`` as group ``group`` of epoch ``epoch`` plans: its own seed, one group, no re-costing (the
-    caller hands it the costs that plan the epoch, ``epochs.as_planned``)."""
+    caller hands it the costs that plan the epoch, ``planner.as_planned``)."""
     return dataclasses.replace(cfg, seed=group_seed(cfg.seed, epoch, group), plan_groups=1, earlier=())
 
 
@@ -138,7 +138,7 @@ def plan_group(table: Any, rows: NDArray[np.int64], epoch: int, group: int, cfg:
 
     Args:
         table: the group's plan columns (``group_table``), one row per sample of the group, in
-            sample order; costs as the epoch is planned (``epochs.as_planned``).
+            sample order; costs as the epoch is planned (``planner.as_planned``).
         rows: (n,) the group's sample row indices in the whole table, ascending.
     """
     gcfg = group_config(cfg, epoch, group)

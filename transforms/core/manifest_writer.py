@@ -40,7 +40,7 @@ def build_manifest(
         scored: ``score.settle_and_score``'s metadata (counts, model, buckets, fingerprint, repeat).
         files: every written file's ``write_file`` entry.
         stats: each epoch's ``EpochPlan.stats`` (any order).
-        pair_repeat_rate: ``epochs.epoch_repeat_rates`` of epochs 0 and 1 (None with one epoch).
+        pair_repeat_rate: ``planner.epoch_repeat_rates`` of epochs 0 and 1 (None with one epoch).
     """
     stats = sorted(stats, key=lambda s: s["epoch"])
     balance = [{k: v for k, v in s.items() if k not in ("planned", "dropped", "padded")} for s in stats]

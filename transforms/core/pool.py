@@ -3,7 +3,7 @@
 ``epoch_pool`` realizes the pool (bucket weight x sample weight per sample, seeded stochastic rounding,
 fitted to whole steps for the equal-count strategies) and refuses one too large for this machine;
 ``plan_pool`` plans it with the strategy (caps, rank speeds, ``--heaviest-first``) from the columns
-``plan_columns`` names; ``to_samples`` maps the plan's pool indices to sample rows. ``epochs.plan_samples`` and ``groups.plan_group`` plan with them.
+``plan_columns`` names; ``to_samples`` maps the plan's pool indices to sample rows. ``planner.plan_samples`` and ``groups.plan_group`` plan with them.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ from lidarshard import schemas
 from lidarshard.transforms.core import previous, settle
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.earlier_run import check_schema, previous_rejects, previous_root
-from lidarshard.transforms.core.epochs import bucket_record, streamed_bucket_edges
 from lidarshard.transforms.core.groups import pool_copies
 from lidarshard.transforms.core.manifest_writer import Write, write_file
+from lidarshard.transforms.core.planner import bucket_record, streamed_bucket_edges
 from lidarshard.transforms.features import repeat
 from lidarshard.transforms.features.accounting import DEDUPE_ORDER, counts_or_stop
 from lidarshard.transforms.features.buckets import assign_buckets, bucket_counts, resolve_weights

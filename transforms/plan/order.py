@@ -5,7 +5,7 @@ that holds the heaviest rank-step (most points, most predicted cost or the highe
 the sums the caps bound) to the
 front makes a rank that cannot fit it in memory fail at the first step, not hours in (Hugging Face's
 length-grouped sampler puts its longest batch first for the same reason). The build applies it once per
-epoch, after the strategy (``lidarshard.transforms.core.epochs.plan_samples``); ``lidarshard validate``
+epoch, after the strategy (``lidarshard.transforms.core.planner.plan_samples``); ``lidarshard validate``
 re-derives that plan and checks its step 0 with :func:`step_peaks`.
 
 Plans are ``(S, W, M)`` int64 indices into ``values``, ``-1`` = empty slot.
