@@ -1,13 +1,13 @@
 """One epoch of ``lidarshard validate``: its plan files as a DuckDB table, checked one step group at a time.
 
-    for each rank file:   its structure (``planfiles.plan_problem``, the readers' rule), then its rows into ``plan_rows``
-                          (the numbers, the sample_id and ``validate_db.ROW_KEY`` of the paths)
-    a query:              each row joined to its sample (``rid``) by sample_id: an unknown id or a path that
-                          differs is named, first per file, and the file not checked further
-    for each group g:     its samples (``Samples.group``, as planned: ``planner.as_planned``) against its rows'
-                          costs and bucket ids (``validate_plan.Values``)
-    for each group g:     re-derive it alone (``validate_derived.Derived``), check its rows against it, the
-                          counts, caps and coverage; its balance sums
+    for each rank file:   its structure (``planfiles.plan_problem``, the readers' rule), then its rows into
+                          ``plan_rows`` a batch at a time (the numbers, sample_id, ``validate_db.ROW_KEY`` of the paths)
+    queries:              each row joined to its sample (``rid``) by sample_id: an unknown id or a path that
+                          differs is named, first per file, and the file not checked further; then its cost and
+                          bucket id against its sample's as planned (``planned``: ``planner.as_planned``); the
+                          rows of each rank-step and step (batch_size, rank_count, global_count)
+    for each group g:     its plan filled from its rows, its caps, coverage and balance sums; re-derived alone
+                          (``validate_derived.Derived``, DuckDB lean meanwhile) and checked against it
     then:                 the interleave of the groups' steps, the step order under --heaviest-first,
                           the balance entry (``metrics.balance_entry``) against the manifest
 
