@@ -163,19 +163,23 @@ class _Epoch:
         self.model = None if cfg is None or cfg.caps.memory is None else cfg.caps.memory.model
         self.heaviest = Heaviest("off" if cfg is None else cfg.heaviest_first)
 
-    def group(
-        self, g: int, groups: int, samples: Any, db: Engine
-    ) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
-        """Group ``g``: its samples ``samples`` (``Samples.group`` as planned), its plan rows in ``db`` ->
-        (its plan (S_g, W, M) of sample rows as the files hold it, its steps in the epoch (S_g,)), or None
-        when its rows do not form a plan (a problem; the epoch's sums are then not checked)."""
-        m, e, problems = self.m, self.e, self.problems
+    def plan(self, g: int, groups: int, db: Engine) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
+        """Group ``g``'s ``_files_plan``, or None when its rows do not form a plan (a problem; the epoch's sums
+        are then not checked)."""
         try:
-            plan, steps = _files_plan(db, g, groups, m.world_size)
+            return _files_plan(db, g, groups, self.m.world_size)
         except ValueError as err:
-            _add(problems, f"epoch {e}", str(err))
+            _add(self.problems, f"epoch {self.e}", str(err))
             self.broken = True
             return None
+
+    def group(
+        self, g: int, groups: int, samples: Any, plan: NDArray[np.int64], steps: NDArray[np.int64]
+    ) -> None:
+        """Group ``g``: its samples ``samples`` (``Samples.group`` as planned), its plan (S_g, W, M) of sample
+        rows as the files hold it and its steps in the epoch (S_g,) (``plan``): its steps, coverage, caps,
+        step order and balance sums."""
+        m, e, problems = self.m, self.e, self.problems
         if groups > 1:
             taken = self.owner[steps]
             if (taken >= 0).any():
@@ -199,7 +203,6 @@ class _Epoch:
         costs = samples.column("cost").to_numpy()
         step_cost = self.cfg.step_cost(e) if self.cfg is not None else m.cost_model.launch_ms or 0.0
         self.sums.append(file_sums(mine, costs, m.batch_size, m.rank_speed, step_cost))
-        return plan, steps
 
     def finish(self, derived: Derived, samples: Samples) -> None:
         """After every group: what needs the whole epoch's few numbers (``samples``: to name one)."""
@@ -321,11 +324,11 @@ def _groups(problems: list[str], m: Manifest, e: int, cfg: PlanConfig | None, sa
     (seed, groups), db = dealt, samples.db
     for g in range(groups):  # the files' side first: only its plan (8 B an entry) waits for the planner's
         group = _planned(samples.group(g, seed, e, groups), e, cfg)
-        held_plan = None
-        if epoch is not None and not epoch.broken:
-            held_plan = epoch.group(g, groups, group, db)
-            release_memory()
-        with db.lean():  # the planner's peak is validate's: DuckDB gives back its cached pages meanwhile
+        held_plan = epoch.plan(g, groups, db) if epoch is not None and not epoch.broken else None
+        with db.lean():  # the numpy checks and the planner: DuckDB gives back its cached pages meanwhile
+            if epoch is not None and held_plan is not None:
+                epoch.group(g, groups, group, *held_plan)
+                release_memory()
             planned = derived.group(g, group)
         del group
         if pairs is not None:
