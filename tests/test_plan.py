@@ -207,3 +207,19 @@ def test_mixed_plans_the_same_when_its_steps_are_split_in_chunks(monkeypatch) ->
     whole = mixed.plan(costs, 8, 2, np.random.default_rng(1), None)
     monkeypatch.setattr(mixed, "_CHUNK_STEPS", 3)  # 40 steps re-split 3 at a time
     np.testing.assert_array_equal(mixed.plan(costs, 8, 2, np.random.default_rng(1), None), whole)
+
+
+def test_auto_keeps_whole_steps_and_a_cap_it_cannot_hold_is_the_caps_line() -> None:
+    """``auto`` plans the pool's whole steps: under a points cap budget would need more steps than W*B allows,
+    so it is not a candidate, and a cap that mixed breaches is refused by the caps' one line (an internal
+    AssertionError on the plan's shape before; found by tests/test_one_path at W=1, B=2)."""
+    from lidarshard.transforms.plan.caps import Caps, PoolLimits
+
+    rng = np.random.default_rng(0)
+    costs, points = rng.uniform(1, 100, 18), rng.integers(4_000, 12_000, 18)
+    limits = PoolLimits(Caps(max_points=15_000), points)
+    with pytest.raises(ValueError, match="--max-points-per-rank-step 15000"):
+        plan_epoch("auto", costs, 1, 2, seed=0, epoch=0, limits=limits)
+    roomy = PoolLimits(Caps(max_points=60_000), points)
+    plan = plan_epoch("auto", costs, 1, 2, seed=0, epoch=0, limits=roomy)
+    assert len(plan) <= 18 // 2 and sorted(plan[plan >= 0].tolist()) == list(range(18))

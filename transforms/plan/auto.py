@@ -63,10 +63,11 @@ def plan(
         [mixed.plan_within(costs, w, b, g, TOLERANCE) for g in gens[:2]],
         [budget.plan(costs, w, b, g, bucket_ids, limits) for g in gens[2:]],
     ]
-    fits = [_fits(p[0], costs, limits) for p in plans]
+    steps = costs.size // (w * b)  # auto keeps the pool's whole steps: budget may need more under a cap
+    fits = [_fits(p[0], costs, limits) and len(p[0]) <= steps for p in plans]
     lins = [linearity(p[0], costs) if ok else -1.0 for p, ok in zip(plans, fits, strict=True)]
     even = [k for k, lin in enumerate(lins) if fits[k] and lin >= max(lins) - MARGIN]
-    if not even:  # neither holds the caps: budget's plan, which plan_epoch's check then names
-        return plans[1][0]
+    if not even:  # neither holds the caps in whole steps: mixed's plan, whose breach plan_epoch's check names
+        return plans[0][0]
     pick = min(even, key=lambda k: (pair_repeat_rate(*plans[k]), k))
     return plans[pick][0]
