@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 from lidarshard.transforms.plan import random as random_
 from lidarshard.transforms.plan._partition import permute_ranks
 from lidarshard.transforms.plan.caps import PoolLimits
+from lidarshard.transforms.plan.dense import dense_plan
 from lidarshard.transforms.plan.lpt import lpt_free
 
 __all__ = ["plan"]
@@ -127,7 +128,7 @@ def _room(
 
 def _grouped(items: NDArray[np.int64], ranks: NDArray[np.int64], w: int) -> NDArray[np.int64]:
     """(S, W, M) plan of (S, n) items and their ranks (S, n): each rank's items in their given order,
-    ``-1`` after them."""
+    ``-1`` after them (scattered by ``dense.dense_plan``, the one rows-to-array rule)."""
     s, n = items.shape
     by_rank = np.argsort(ranks, axis=1, kind="stable")
     items = np.take_along_axis(items, by_rank, axis=1)
@@ -136,9 +137,8 @@ def _grouped(items: NDArray[np.int64], ranks: NDArray[np.int64], w: int) -> NDAr
     np.add.at(counts, (np.repeat(np.arange(s), n), ranks.ravel()), 1)
     start = np.cumsum(counts, axis=1) - counts  # (S, W) first position of each rank's items
     slot = np.arange(n)[None, :] - np.take_along_axis(start, ranks, axis=1)
-    out = np.full((s, w, int(counts.max(initial=1))), -1, dtype=np.int64)
-    out[np.arange(s)[:, None], ranks, slot] = items
-    return out
+    step = np.repeat(np.arange(s), n)
+    return dense_plan(step, ranks.ravel(), slot.ravel(), items.ravel(), s, w, int(counts.max(initial=1)))
 
 
 def plan(
