@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -104,49 +103,6 @@ def test_a_read_only_out_is_read_and_never_written(copy: Path) -> None:
     finally:
         os.chmod(copy, 0o755)
     assert {p: p.stat().st_mtime_ns for p in copy.rglob("*")} == before
-
-
-_HELD = """
-import sys
-from lidarshard.tools import validate
-def hold(*args, **kwargs):  # the samples are in validate's database: say so, then wait for the signal
-    print("ready", flush=True)
-    sys.stdin.read()
-validate.check_epoch_files = hold
-if sys.argv[2] == "cli":
-    sys.exit(validate.run([sys.argv[1]]))
-from lidarshard.pipelines._lifeline import interruptible
-with interruptible(lambda: None, "nothing was published"):  # as the build's pre-publish validate
-    validate.validate(sys.argv[1])
-"""
-
-
-@pytest.mark.parametrize("how", ["cli", "build"])
-@pytest.mark.parametrize("sig", ["SIGHUP", "SIGQUIT"])
-def test_hangup_and_quit_mid_validate_leave_no_scratch(
-    built: Path, tmp_path: Path, sig: str, how: str
-) -> None:
-    """``lidarshard validate`` and a build's pre-publish validate, stopped by SIGHUP or SIGQUIT while their
-    samples are in its database: exit 128 + the signal, and its temporary directory is gone."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _HELD, str(built), how],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "TMPDIR": str(tmp)},
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.stderr
-        assert [p.name for p in tmp.iterdir() if p.name.startswith("lidarshard-validate-")]
-        proc.send_signal(getattr(signal, sig))
-        assert proc.wait(timeout=60) == 128 + getattr(signal, sig)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert not [p.name for p in tmp.iterdir() if p.name.startswith("lidarshard-validate-")]
 
 
 def _mid_run(monkeypatch, change) -> None:

@@ -457,7 +457,7 @@ def test_tampered_weights_are_caught(weighted: Path, tmp_path: Path, case: str) 
 _HELD = """
 import sys
 from lidarshard.tools import validate
-def hold(*args, **kwargs):  # the samples are parked: say so, then wait for the signal
+def hold(*args, **kwargs):  # the samples are in validate's database: say so, then wait for the signal
     print("ready", flush=True)
     sys.stdin.read()
 validate.check_epoch_files = hold
@@ -469,10 +469,24 @@ with interruptible(lambda: None, "nothing was published"):  # as the build's pre
 """
 
 
+_SCRATCH_FAMILY = pytest.mark.hostile("validate scratch")
+
+
 @pytest.mark.parametrize("how", ["cli", "build"])
-def test_sigterm_mid_validate_leaves_no_temporary_directory(built: Path, tmp_path: Path, how: str) -> None:
-    """``lidarshard validate`` and a build's pre-publish validate, stopped by SIGTERM while their samples
-    are parked: exit 143 and their temporary directory is gone (the child's TMPDIR is the test's)."""
+@pytest.mark.parametrize(
+    "sig",
+    [
+        "SIGTERM",
+        pytest.param("SIGHUP", marks=_SCRATCH_FAMILY),
+        pytest.param("SIGQUIT", marks=_SCRATCH_FAMILY),
+    ],
+)
+def test_a_signal_mid_validate_leaves_no_temporary_directory(
+    built: Path, tmp_path: Path, how: str, sig: str
+) -> None:
+    """``lidarshard validate`` and a build's pre-publish validate, stopped by SIGTERM, SIGHUP or SIGQUIT while
+    their samples are in its database: exit 128 + the signal (143 for SIGTERM) and their temporary directory
+    is gone (the child's TMPDIR is the test's)."""
     import os
     import signal
     import subprocess
@@ -491,8 +505,8 @@ def test_sigterm_mid_validate_leaves_no_temporary_directory(built: Path, tmp_pat
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.stderr
         assert [p.name for p in tmp.iterdir() if p.name.startswith("lidarshard-validate-")]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 143
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(timeout=60) == 128 + getattr(signal, sig)
     finally:
         proc.kill()
         proc.wait()
