@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from lidarshard.schemas.records import CapsRecord
-from lidarshard.tools.validate_plan import cap_values, group_breaches, report_breaches
+from lidarshard.tools.validate_epoch import cap_values, group_breaches, report_breaches
 from lidarshard.transforms.plan import STRATEGIES, VARIABLE_COUNT, plan_epoch
 from lidarshard.transforms.plan.caps import (
     Caps,

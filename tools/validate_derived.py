@@ -1,9 +1,8 @@
-"""``lidarshard validate``'s checks against the plan re-derived from the samples, one step group at a
-time: each epoch planned again with the recorded strategy, seed and settings (G = 1: ``plan_samples``;
-G > 1: each group alone, ``groups.plan_group``, and the interleave of the groups' step counts) must give
-the plan files' plan and counts, and epochs 0 and 1 the recorded ``pair_repeat_rate`` (the build's sums,
-step-mate pair counts: a query). No group's plan outlives its checks. Appends
-``"<where>: <what>"`` lines to ``problems``.
+"""``lidarshard validate`` against the plan re-derived from the samples, one step group at a time: each epoch
+planned again with the recorded strategy, seed and settings (G = 1: ``plan_samples``; G > 1: each group
+alone, ``groups.plan_group``, and the interleave of the groups' steps) must give the plan files' plan and
+counts; epochs 0 and 1 the recorded ``pair_repeat_rate`` (step-mate pair counts: a query; the rates:
+``metrics.repeat_rates``). No group's plan outlives its checks.
 """
 
 from __future__ import annotations
@@ -23,26 +22,14 @@ from lidarshard.transforms.core.groups import GroupSummary, epoch_stats, plan_gr
 from lidarshard.transforms.core.planner import plan_samples
 from lidarshard.transforms.plan.metrics import repeat_rates
 
-__all__ = [
-    "Derived",
-    "check_replan",
-    "check_derived_counts",
-    "check_steps",
-    "PairRepeat",
-    "check_repeat_rate",
-]
+__all__ = ["Derived", "check_replan", "check_steps", "PairRepeat", "check_repeat_rate"]
 
 #: One group re-derived: (plan (S_g, W, M), its random reference (S'_g, W, B)), sample rows.
 Planned = tuple[NDArray[np.int64], NDArray[np.int64]]
 
 
-def _add(problems: list[str], where: str, what: str) -> None:
-    problems.append(f"{where}: {what}")
-
-
 class Derived:
-    """Epoch ``e`` planned again with the recorded settings ``cfg`` (None: not valid, nothing derived),
-    one of its ``groups`` step groups at a time."""
+    """Epoch ``e`` planned again with ``cfg`` (None: not valid, nothing derived), a step group at a time."""
 
     def __init__(self, problems: list[str], m: Manifest, cfg: PlanConfig | None, e: int, groups: int) -> None:
         self.problems, self.m, self.cfg, self.e, self.groups = problems, m, cfg, e, groups
@@ -51,30 +38,23 @@ class Derived:
         self.stats: dict | None = None  # the epoch's stats, once every group is derived
 
     def group(self, g: int, samples: Any) -> Planned | None:
-        """Group ``g`` planned alone from its ``samples`` (``Samples.group`` as the epoch is planned,
-        ``planner.as_planned``: the plan columns and ``row`` (n_g,), ascending), or None when it cannot be
-        (a problem, once: no later group is derived)."""
+        """Group ``g`` planned alone from its samples as planned (``row`` (n_g,) ascending), or None when it
+        cannot be (a problem, once: no later group is derived)."""
         if self.failed or self.cfg is None:
             return None
-        e, cfg = self.e, self.cfg
         try:
             if self.groups == 1:
-                whole = plan_samples(samples, e, cfg)
+                whole = plan_samples(samples, self.e, self.cfg)
                 self.stats = whole.stats
                 return whole.plan, whole.baseline
-            rows = samples.column("row").to_numpy()
-            part = plan_group(samples, rows, e, g, cfg)  # its plan columns and more: no copy
+            part = plan_group(samples, samples.column("row").to_numpy(), self.e, g, self.cfg)
         except (ValueError, TypeError, KeyError) as err:
-            _add(
-                self.problems,
-                f"epoch {e}",
-                f"the plan cannot be recomputed from strategy {short(self.m.strategy)}: {err}",
-            )
+            self.problems.append(f"epoch {self.e}: the plan cannot be recomputed from strategy {short(self.m.strategy)}: {err}")  # fmt: skip
             self.failed = True
             return None
         self.summaries.append(part.summary)
         if len(self.summaries) == self.groups:
-            self.stats = epoch_stats(self.summaries, e, cfg)
+            self.stats = epoch_stats(self.summaries, self.e, self.cfg)
         return part.plan, part.baseline
 
     def labels(self) -> NDArray[np.int32] | None:
@@ -82,6 +62,14 @@ class Derived:
         if self.cfg is None or self.failed or len(self.summaries) != self.groups:
             return None
         return step_labels(self.summaries, self.e, self.cfg)
+
+    def check_counts(self) -> None:
+        """The epoch's planned/dropped/padded counts equal the re-derived epoch's (when derived)."""
+        stats = self.stats or {}
+        for key in ("planned", "dropped", "padded") if stats else ():
+            got, want = getattr(self.m.counts, key)[self.e], stats[key]
+            if got != want:
+                self.problems.append(f"epoch {self.e}: counts.{key} recorded {got}, re-derived {want}")
 
 
 def _trim(plan: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -94,96 +82,59 @@ def _how(m: Manifest) -> str:
     return f"the plan strategy {m.strategy} with seed {m.seed} recomputes"
 
 
-def check_replan(
-    problems: list[str],
-    m: Manifest,
-    e: int,
-    plan: NDArray[np.int64],
-    want: NDArray[np.int64],
-    steps: NDArray[np.integer],
-    samples: object,
-    group: str = "",
-) -> None:
+def check_replan(problems: list[str], m: Manifest, e: int, plan: NDArray[np.int64], want: NDArray[np.int64],
+                 steps: NDArray[np.integer], samples: Any, group: str = "") -> None:  # fmt: skip
     """One group's plan (S_g, W, M) as the files hold it (its steps in the epoch: ``steps`` (S_g,)) equals
-    ``want``, the one the recorded strategy and seed re-derive: catches swapped ranks or steps and a
-    forged strategy or seed, whatever the hashes say. ``group``: how messages name it (" step group g"
-    when the epoch has several)."""
+    ``want``, the re-derived one: catches swapped ranks or steps, a forged strategy or seed, whatever the
+    hashes say. ``group``: how messages name it (" step group g" when the epoch has several)."""
     want, plan = _trim(want), _trim(plan)
     if want.shape != plan.shape:
-        _add(problems, f"epoch {e}{group}", f"plan shape {plan.shape} differs from {_how(m)} {want.shape}")
+        problems.append(f"epoch {e}{group}: plan shape {plan.shape} differs from {_how(m)} {want.shape}")
         return
     diff = np.argwhere(want != plan)
     if diff.size:
         s, r, k = (int(v) for v in diff[0])
-        sid = samples.column("sample_id")  # type: ignore[attr-defined]
-        _add(
-            problems,
-            f"{m.plan_file(e, r)}: epoch {e} rank {r} step {int(steps[s])} slot {k}",
-            f"{sid[int(plan[s, r, k])]} differs from {_how(m)} ({sid[int(want[s, r, k])]}); {len(diff)} slots differ",
-        )
+        sid = samples.column("sample_id")
+        problems.append(f"{m.plan_file(e, r)}: epoch {e} rank {r} step {int(steps[s])} slot {k}: {sid[int(plan[s, r, k])]} "
+                        f"differs from {_how(m)} ({sid[int(want[s, r, k])]}); {len(diff)} slots differ")  # fmt: skip
 
 
-def check_derived_counts(problems: list[str], m: Manifest, e: int, stats: dict) -> None:
-    """Epoch ``e``'s planned/dropped/padded counts equal the re-derived epoch's ``stats``."""
-    for key in ("planned", "dropped", "padded"):
-        got = getattr(m.counts, key)[e]
-        if got != stats[key]:
-            _add(problems, f"epoch {e}", f"counts.{key} recorded {got}, re-derived {stats[key]}")
-
-
-def check_steps(
-    problems: list[str], m: Manifest, e: int, labels: NDArray[np.int32], owned: Sequence[NDArray[np.integer]]
-) -> None:
+def check_steps(problems: list[str], m: Manifest, e: int, labels: NDArray[np.int32],
+                owned: Sequence[NDArray[np.integer]]) -> None:  # fmt: skip
     """Each group's steps in the epoch as the files hold them (``owned[g]``, ascending) are those the
-    re-derived interleave of the groups' steps gives it (``labels`` (S,): the group of each step)."""
+    re-derived interleave gives it (``labels`` (S,): the group of each step)."""
     for g, steps in enumerate(owned):
         want = np.flatnonzero(labels == g)
         if steps.shape == want.shape and (steps == want).all():
             continue
         n = min(steps.size, want.size)
         i = int(np.flatnonzero(steps[:n] != want[:n])[0]) if (steps[:n] != want[:n]).any() else n
-        got = int(steps[i]) if i < steps.size else None
-        at = int(want[i]) if i < want.size else None
-        _add(
-            problems,
-            f"epoch {e} step group {g}",
-            f"its step {i} is the epoch's step {got}; {_how(m)} step {at} (the interleave of the groups' steps)",
-        )
-
-
-def _entries(plan: NDArray[np.int64], group: int, groups: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """(step ids ``local * G + group``, sample rows) of a group's plan (S_g, W, M), in step order."""
-    steps = np.broadcast_to(np.arange(plan.shape[0], dtype=np.int64)[:, None, None], plan.shape)
-    valid = plan >= 0
-    return steps[valid] * groups + group, plan[valid]
+        got, at = (int(v[i]) if i < v.size else None for v in (steps, want))
+        problems.append(f"epoch {e} step group {g}: its step {i} is the epoch's step {got}; {_how(m)} step {at} "
+                        "(the interleave of the groups' steps)")  # fmt: skip
 
 
 class PairRepeat:
-    """``pair_repeat_rate`` of epochs 0 and 1 as re-derived, one group at a time: each group's (step id, sample
-    row) entries of both plans (``plan``, ``random``) go to the table ``pairs`` of ``db``; the step-mate pair
-    counts are a query (each epoch-0 entry against its sample's last epoch-1 step id), the rates
-    ``metrics.repeat_rates`` of them. Step ids are ``local * G + group``: the same pairs as the epoch's steps,
-    whatever the interleave."""
+    """``pair_repeat_rate`` of epochs 0 and 1 as re-derived: each group's (step id ``local * G + group``,
+    sample row) entries of both plans go to the table ``pairs``; the step-mate pair counts are a query (each
+    epoch-0 entry against its sample's last epoch-1 step id), the rates ``metrics.repeat_rates`` of them."""
 
     KINDS = ("plan", "random")
 
     def __init__(self, db: Engine) -> None:
-        self.db = db
+        self.db, self.missing, self.seen = db, False, set[int]()
         db.run("CREATE OR REPLACE TABLE pairs (epoch TINYINT, kind TINYINT, rid BIGINT, step BIGINT)")
-        self.missing = False
-        self.seen: set[int] = set()  # the epochs added
 
     def add(self, e: int, g: int, groups: int, planned: Planned | None) -> None:
         """Group ``g`` of ``groups`` of epoch ``e`` as re-derived (None: not, the rates cannot be)."""
         if e > 1:
             return
-        if planned is None:
-            self.missing = True
-            return
-        for kind, plan in enumerate(planned):
-            ids, rows = _entries(plan, g, groups)
-            part = pa.table({"epoch": pa.array(np.full(ids.size, e, np.int8)),
-                             "kind": pa.array(np.full(ids.size, kind, np.int8)), "rid": rows, "step": ids})  # fmt: skip
+        self.missing |= planned is None
+        for kind, plan in enumerate(planned or ()):
+            steps = np.broadcast_to(np.arange(plan.shape[0], dtype=np.int64)[:, None, None], plan.shape)
+            valid = plan >= 0
+            part = pa.table({"epoch": np.full(valid.sum(), e, np.int8), "kind": np.full(valid.sum(), kind, np.int8),
+                             "rid": plan[valid], "step": steps[valid] * groups + g})  # fmt: skip
             self.db.run("INSERT INTO pairs SELECT * FROM part", part=part)
         self.seen.add(e)
 
@@ -191,40 +142,32 @@ class PairRepeat:
         """``metrics.repeat_rates`` of the two epochs, or None when either was not (wholly) derived."""
         if self.missing or self.seen != {0, 1}:
             return None
-        mates = (  # each epoch-0 entry: its step, its sample's last step in epoch 1 (NULL: not planned)
-            "WITH last AS (SELECT kind, rid, max(step) AS s1 FROM pairs WHERE epoch = 1 GROUP BY kind, rid), "
-            "mates AS (SELECT p.kind, p.step AS s0, l.s1 FROM pairs p LEFT JOIN last l USING (kind, rid) "
-            "WHERE p.epoch = 0) "
-        )
         counts = {kind: [0, 0] for kind in range(len(self.KINDS))}
-        for i, keys in enumerate(("s0", "s0, s1")):
-            where = "WHERE s1 IS NOT NULL " if i else ""
-            query = (f"{mates}SELECT kind, sum(n * (n - 1))::HUGEINT AS twice FROM (SELECT kind, count(*) AS n "
-                     f"FROM mates {where}GROUP BY kind, {keys}) GROUP BY kind")  # fmt: skip
-            for kind, twice in self.db.rows(query):
+        for i, keys in enumerate(
+            ("s0", "s0, s1")
+        ):  # each epoch-0 entry: its step, its sample's last in epoch 1
+            for kind, twice in self.db.rows(
+                "WITH last AS (SELECT kind, rid, max(step) AS s1 FROM pairs WHERE epoch = 1 GROUP BY kind, rid), "
+                "mates AS (SELECT p.kind, p.step AS s0, l.s1 FROM pairs p LEFT JOIN last l USING (kind, rid) "
+                f"WHERE p.epoch = 0) SELECT kind, sum(n * (n - 1))::HUGEINT FROM (SELECT kind, count(*) AS n FROM "
+                f"mates {'WHERE s1 IS NOT NULL ' * i}GROUP BY kind, {keys}) GROUP BY kind"
+            ):
                 counts[kind][i] = int(twice) // 2
         return repeat_rates({k: (counts[i][0], counts[i][1]) for i, k in enumerate(self.KINDS)}, strategy)
 
 
 def check_repeat_rate(problems: list[str], m: Manifest, again: dict[str, float] | None) -> None:
-    """``pair_repeat_rate`` against ``again``, the rates of epochs 0 and 1 as re-derived (``PairRepeat``;
-    None: not derived, reported), within 1e-6; null when the manifest has one epoch."""
+    """``pair_repeat_rate`` against ``again`` (``PairRepeat.rates``; None: not derived) within 1e-6; null
+    when the manifest has one epoch."""
     got = None if m.pair_repeat_rate is None else dict(m.pair_repeat_rate)
     if m.epochs < 2:
         if got is not None:
-            _add(
-                problems, "_manifest.json", f"pair_repeat_rate recorded {short(got)}, expected null (1 epoch)"
+            problems.append(
+                f"_manifest.json: pair_repeat_rate recorded {short(got)}, expected null (1 epoch)"
             )
-        return
-    if again is None:
-        _add(
-            problems,
-            "_manifest.json",
-            "pair_repeat_rate cannot be recomputed (epoch 0 or 1 was not re-derived)",
+    elif again is None:
+        problems.append(
+            "_manifest.json: pair_repeat_rate cannot be recomputed (epoch 0 or 1 was not re-derived)"
         )
-        return
-    same = (
-        got is not None and set(got) == set(again) and all(abs(got[k] - v) <= 1e-6 for k, v in again.items())
-    )
-    if not same:
-        _add(problems, "_manifest.json", f"pair_repeat_rate recorded {short(got)}, recomputed {again}")
+    elif got is None or set(got) != set(again) or not all(abs(got[k] - v) <= 1e-6 for k, v in again.items()):
+        problems.append(f"_manifest.json: pair_repeat_rate recorded {short(got)}, recomputed {again}")
