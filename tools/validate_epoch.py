@@ -228,7 +228,11 @@ class _Epoch:
         """Group ``g``'s plan as the files hold it: (plan (S_g, W, M) of sample rows, its steps in the epoch
         (S_g,)), filled ``BATCH_ROWS`` rows at a time; None when two rows share a slot (a problem)."""
         of = "" if groups == 1 else f" JOIN dealt USING (rid) WHERE grp = {int(g)}"
-        steps = db.arrays(f"SELECT DISTINCT step FROM epoch_rows{of} ORDER BY step")["step"].astype(np.int64)
+        steps = (
+            db.table(f"SELECT DISTINCT step FROM epoch_rows{of} ORDER BY step")["step"]
+            .to_numpy()
+            .astype(np.int64)
+        )
         ((slots, count),) = db.rows(f"SELECT coalesce(max(slot) + 1, 1), count(*) FROM epoch_rows{of}")
         plan = np.full((steps.size, self.m.world_size, int(slots)), -1, np.int64)
         for t in db.batches(f"SELECT step, rank, slot, rid FROM epoch_rows{of}"):

@@ -9,6 +9,7 @@ against the manifest's ``repeat`` (repeat factors re-derived from the label file
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -60,22 +61,18 @@ class _Ids:
         return got[0][0] if got else None
 
 
+@dataclasses.dataclass
 class Samples:
     """The samples as validate's checks see them: ``num_rows``, ``column("sample_id")[i]``, the kept
     numbers by ``chunks``, whole (``table``) or a step ``group`` at a time; other columns from the files
-    (``select``). ``cost_mismatch``: see ``Mismatch`` (None: no model applied)."""
+    (``select``)."""
 
-    def __init__(
-        self, db: Engine, files: list[str], names: list[str], num_rows: int, mismatch: Mismatch | None
-    ):
-        self.db, self.files, self.names, self.num_rows, self.cost_mismatch = (
-            db,
-            files,
-            names,
-            num_rows,
-            mismatch,
-        )
-        self._dealt: tuple[int, int, int] | None = None
+    db: Engine
+    files: list[str]
+    names: list[str]
+    num_rows: int
+    cost_mismatch: Mismatch | None  # None: no model applied
+    _dealt: tuple[int, int, int] | None = None
 
     def column(self, name: str) -> _Ids:
         if name != "sample_id":
@@ -99,21 +96,16 @@ class Samples:
     def deal(self, seed: int, e: int, groups: int) -> None:
         """The table ``dealt`` (rid, grp): each sample's step group in epoch ``e`` (``groups.deal`` of its
         ``seeds.sample_keys``, kept in the table ``gkeys``)."""
-        if self._dealt == (seed, e, groups):
-            return
         if self._dealt is None:
             self.db.run("CREATE OR REPLACE TABLE gkeys (rid BIGINT, gkey UBIGINT)")
             for t in self.db.batches("SELECT rid, sample_id FROM samples"):
-                k = pa.table(
-                    {"rid": t.column("rid"), "gkey": sample_keys(pc.fill_null(t.column("sample_id"), ""))}
-                )
-                self.db.run("INSERT INTO gkeys SELECT * FROM k", k=k)
-        self.db.run("CREATE OR REPLACE TABLE dealt (rid BIGINT, grp INTEGER)")
-        for t in self.db.batches("SELECT rid, gkey FROM gkeys"):
-            grp = pa.table(
-                {"rid": t.column("rid"), "grp": deal(t.column("gkey").to_numpy(), seed, e, groups)}
-            )
-            self.db.run("INSERT INTO dealt SELECT * FROM grp", grp=grp)
+                keys = sample_keys(pc.fill_null(t.column("sample_id"), ""))
+                self.db.run("INSERT INTO gkeys SELECT * FROM k", k=pa.table({"rid": t["rid"], "gkey": keys}))
+        if self._dealt != (seed, e, groups):
+            self.db.run("CREATE OR REPLACE TABLE dealt (rid BIGINT, grp INTEGER)")
+            for t in self.db.batches("SELECT rid, gkey FROM gkeys"):
+                grp = pa.table({"rid": t["rid"], "grp": deal(t["gkey"].to_numpy(), seed, e, groups)})
+                self.db.run("INSERT INTO dealt SELECT * FROM grp", grp=grp)
         self._dealt = (seed, e, groups)
 
     def group(self, g: int, seed: int, e: int, groups: int) -> pa.Table:
@@ -122,13 +114,12 @@ class Samples:
             return self.db.table(f'SELECT {self._cols(None)}, rid AS "row" FROM samples ORDER BY rid')
         self.deal(
             seed, e, groups
-        )  # a join sorted by DuckDB would pin it whole: sorted here, a column at a time
-        t = self.db.table(
-            f'SELECT {self._cols(None)}, rid AS "row" FROM samples JOIN dealt USING (rid) WHERE grp = ?', [g]
-        )
-        order, names, columns = pc.sort_indices(t.column("row")), t.column_names, []
+        )  # a join sorted by DuckDB would pin it whole: sorted here, column by column
+        query = f'SELECT {self._cols(None)}, rid AS "row" FROM samples JOIN dealt USING (rid) WHERE grp = ?'
+        t = self.db.table(query, [g])
+        order, names, columns = pc.sort_indices(t["row"]), t.column_names, []
         for name in names:
-            columns.append(t.column(name).take(order))
+            columns.append(t[name].take(order))
             t = t.drop_columns([name])
         return pa.table(columns, names=names)
 
