@@ -1,18 +1,11 @@
 """``lidarshard validate OUT``: re-derive everything checkable in a manifest (or scan) directory.
 
-Checks ``_SUCCESS``; ``_manifest.json`` (read once into the typed ``Manifest``); every data file's size,
-sha256, name and schema (``validate_files``); the samples (``validate_samples``: ids, cost model, buckets,
-weights, fingerprint) and rejects; each epoch's plan files (``validate_epoch``: rows against their samples,
-counts, caps, coverage, balance) and the plan re-derived from the samples with the recorded settings, group
-by group (``validate_derived``, with ``pair_repeat_rate``). Table work is queries on a DuckDB database in a
-temporary directory of its own (``validate_db``); numbers come from the build's functions (``metrics``,
-``caps``, the planners). A scan directory (``_scan.json``) gets the samples/rejects/counts checks; files of an
-earlier 4.x minor are checked as that version wrote them. ``--data``: the files the samples name
-(``validate_data``).
-
-Exit 0 with a one-line summary when valid; 1 with one line per problem (the first 50 printed), or one line
-when its own scratch directory fails (``ScratchError``: no verdict) or OUT changes while read; 2 for bad
-arguments. Also ``python -m lidarshard.tools.validate OUT``; local paths and URIs alike (``storage``).
+Checks ``_SUCCESS``, ``_manifest.json`` (read once into the typed ``Manifest``), every data file's name, size,
+sha256 and schema (``validate_files``), the samples and rejects (``validate_samples``), each epoch's plan files
+(``validate_epoch``) and the plan re-derived from the samples with the recorded settings (``validate_derived``);
+a scan directory its samples, rejects and counts; with ``--data`` the files the samples name (``validate_data``).
+Exit 0 with a summary line; 1 with one line per problem (the first 50 printed), or one line when its own
+scratch directory fails (``ScratchError``: no verdict) or OUT changes while read; 2 for bad arguments.
 """
 
 from __future__ import annotations

@@ -107,12 +107,6 @@ def _load(
     return count, usable
 
 
-def _keep(db: Engine, ranks: set[int]) -> None:
-    """Drop the rows of every rank file but ``ranks``."""
-    keep = f" WHERE rank NOT IN ({', '.join(map(str, sorted(ranks)))})" if ranks else ""
-    db.run(f"DELETE FROM epoch_rows{keep}")
-
-
 def _planned_values(
     problems: list[str], samples: Samples, e: int, cfg: PlanConfig | None
 ) -> PlanConfig | None:
@@ -228,10 +222,8 @@ class _Epoch:
         """Group ``g``'s plan as the files hold it: (plan (S_g, W, M) of sample rows, its steps in the epoch
         (S_g,)), filled ``BATCH_ROWS`` rows at a time; None when two rows share a slot (a problem)."""
         of = "" if groups == 1 else f" JOIN dealt USING (rid) WHERE grp = {int(g)}"
-        steps = (
-            db.table(f"SELECT DISTINCT step FROM epoch_rows{of} ORDER BY step")["step"]
-            .to_numpy()
-            .astype(np.int64)
+        steps = np.asarray(
+            db.table(f"SELECT DISTINCT step FROM epoch_rows{of} ORDER BY step")["step"], np.int64
         )
         ((slots, count),) = db.rows(f"SELECT coalesce(max(slot) + 1, 1), count(*) FROM epoch_rows{of}")
         plan = np.full((steps.size, self.m.world_size, int(slots)), -1, np.int64)
@@ -246,9 +238,7 @@ class _Epoch:
         self.broken = True
         return None
 
-    def group(
-        self, g: int, groups: int, samples: Any, plan: NDArray[np.int64], steps: NDArray[np.int64]
-    ) -> None:
+    def group(self, g: int, groups: int, samples: Any, plan: NDArray, steps: NDArray) -> None:
         """Group ``g``: its samples as planned (``row`` (n_g,) ascending), its ``plan``: steps, caps, step
         order and balance sums."""
         m, e, cfg = self.m, self.e, self.cfg
@@ -276,9 +266,7 @@ class _Epoch:
         costs = samples.column("cost").to_numpy()[pool]
         self.sums.append(plan_sums(in_pool, costs, m.batch_size, None, m.rank_speed, step_cost))
 
-    def _heaviest(
-        self, cfg: PlanConfig, plan: NDArray[np.int64], steps: NDArray[np.int64], samples: Any
-    ) -> None:
+    def _heaviest(self, cfg: PlanConfig, plan: NDArray, steps: NDArray, samples: Any) -> None:
         """``--heaviest-first``: the epoch's heaviest rank-step so far (``order.step_peaks``) and step 0's."""
         mode, memory = cfg.heaviest_first, cfg.caps.memory
         if mode == "memory" and memory is not None and plan.shape[0]:
@@ -316,11 +304,8 @@ class _Epoch:
             if derived.stats is not None and key in derived.stats and known:
                 again[key] = derived.stats[key]
         for key, value in again.items():
-            got = (
-                m.balance[e].value(key)
-                if key not in ("epoch", "steps", "max_count")
-                else getattr(m.balance[e], key)
-            )
+            rec = m.balance[e]
+            got = getattr(rec, key) if key in ("epoch", "steps", "max_count") else rec.value(key)
             if got is None or not abs(got - value) <= 1e-6:
                 problems.append(f"epoch {e}: balance.{key} recorded {got}, recomputed {value:.6f}")
         labels = derived.labels()
@@ -339,7 +324,7 @@ def check_epoch_files(problems: list[str], read_plans: ReadPlans, m: Manifest, c
         samples.deal(seed, e, groups)
     rows, usable = _load(problems, read_plans, m, e, db)
     usable -= _check_rows(problems, m, e, db)  # a file whose costs or buckets are not its samples' stops here
-    _keep(db, usable)
+    db.run(f"DELETE FROM epoch_rows WHERE rank NOT IN ({', '.join(map(str, sorted(usable))) or -1})")
     derived, epoch = Derived(problems, m, cfg, e, groups), None
     if len(usable) == m.world_size:
         _check_counts(problems, m, e, db)
