@@ -28,9 +28,9 @@ from lidarshard.transforms.io.storage import FileInfo
 
 __all__ = ["DERIVED_PREFIXES", "Problems", "Checker", "check_listed", "check_recorded", "check_scan_files"]
 
-#: Rows read (and decoded ahead) at a time: 2048 samples rows at 9 sweeps are ~2 MB of strings, several in
-#: flight (at 8192, 1M samples peaked 70 MiB higher: validate_bench's manifest); a rank file is never held whole.
-_SAMPLE_ROWS, _PLAN_ROWS = 2048, 8192
+#: Rows read (and decoded ahead) at a time, several batches in flight: at validate_bench's 1M manifest (9 sweeps)
+#: 8192 peaked at 345-362 MiB, 2048 at 310-317 MiB, in the same time. A rank file is never held whole.
+_ROWS = 2048
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
 #: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
@@ -211,7 +211,7 @@ class Checker:
                         return
                     names = [n for n in file.schema_arrow.names if n != "sweep_paths"]
                     yield rel, file.read(names, use_threads=False), None, lines
-                    for batch in file.iter_batches(_PLAN_ROWS, use_threads=False):
+                    for batch in file.iter_batches(_ROWS, use_threads=False):
                         yield rel, None, pa.Table.from_batches([batch]), []
                 except (pa.ArrowException, OSError, ValueError) as e:
                     yield rel, None, None, [f"{rel}: {_unreadable(e)}"]
@@ -241,7 +241,7 @@ class Checker:
                         yield path, None, lines
                         return
                     columns, empty = sample_columns(file.schema_arrow.names, keep), True
-                    for batch in file.iter_batches(_SAMPLE_ROWS, columns=columns, use_threads=False):
+                    for batch in file.iter_batches(_ROWS, columns=columns, use_threads=False):
                         yield path, pa.Table.from_batches([batch]), lines
                         lines, empty = [], False
                     if empty:  # a part of no rows (an empty scan): its schema all the same
