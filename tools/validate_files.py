@@ -29,8 +29,8 @@ from lidarshard.transforms.io.storage import FileInfo
 __all__ = ["DERIVED_PREFIXES", "Problems", "Checker", "check_listed", "check_recorded", "check_scan_files"]
 
 #: Rows read (and decoded ahead) at a time, several batches in flight: at validate_bench's 1M manifest (9 sweeps)
-#: 8192 peaked at 345-362 MiB, 2048 at 310-317 MiB, in the same time. A rank file is never held whole.
-_ROWS = 2048
+#: 8192 peaked at 351-365 MiB in 9.3-9.6 s, 4096 at 329-330 MiB in 10.2 s, 2048 at 330-332 MiB in 11.4-12 s.
+_ROWS = 4096
 #: ``problem(where, what)``: report one problem.
 Problem = Callable[[str, str], None]
 #: Directories of derived, non-contract files that may sit in OUT (reports, calibrations).
