@@ -12,12 +12,24 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lidarshard import __version__
-from lidarshard.pipelines import publish
+from lidarshard.pipelines import publish, understood
+from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.cli import running
+from lidarshard.pipelines.runners import check_workers_reach, resolve_runner, run_paths
 from lidarshard.pipelines.settings import rejects_path
+from lidarshard.transforms.declare import from_flags
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.value_checks import UsageError
 
-__all__ = ["VERSION", "DRY_RUN_NOTE", "LOCAL_RUNNER", "beam_options", "dry_run_requested", "launch"]
+__all__ = [
+    "VERSION",
+    "DRY_RUN_NOTE",
+    "LOCAL_RUNNER",
+    "beam_options",
+    "dry_run_requested",
+    "launch",
+    "run_command",
+]
 
 VERSION = __version__
 DRY_RUN_NOTE = "dry run: the runner built the job graph; nothing ran and nothing was written"
@@ -29,8 +41,6 @@ def beam_options(beam_args: Sequence[str], default_runner: Sequence[str] | None 
     """Beam options; without ``--runner`` the local DirectRunner on all cores (multi_processing),
     or ``default_runner`` when given; runner aliases (``--runner=dask``) resolved (``pipelines.runners``)."""
     from apache_beam.options.pipeline_options import PipelineOptions
-
-    from lidarshard.pipelines.runners import resolve_runner
 
     args = resolve_runner(beam_args)  # --runner=dask is Beam's DaskRunner
     if not any(a == "--runner" or a.startswith("--runner=") for a in args):
@@ -99,3 +109,33 @@ def launch(
 
     publish.run_and_publish(run, staging, out)
     return True
+
+
+def run_command(
+    name: str,
+    p: Any,
+    argv: list[str] | None,
+    options: type,
+    settings_of: Callable[[Any, bool], Any],
+    start: Callable[[Any, list[str]], bool],
+    print_summary: Callable[[str], None],
+) -> int:
+    """The entry point of ``lidarshard NAME`` (scan, build): flags -> ``options`` -> settings (exit 2 on a
+    usage error, through ``p.fail``), the workers' reach checked, ``start(settings, beam_argv)``, the summary."""
+    args, beam_argv = p.parse(argv)
+    try:
+        dry_run = dry_run_requested(beam_argv)
+        opts: Any = from_flags(options, args)
+        settings = settings_of(opts, dry_run)
+        check_workers_reach(beam_argv, run_paths(settings), opts.shared_filesystem)
+        if not dry_run:  # a dry run works offline
+            check_locations(beam_argv)
+    except UsageError as e:
+        p.fail(str(e))
+    if not dry_run:
+        understood.warn_live(settings.output, name)
+    if start(settings, beam_argv):
+        print_summary(settings.output)
+    else:
+        print(DRY_RUN_NOTE)
+    return 0
