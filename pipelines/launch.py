@@ -29,6 +29,7 @@ __all__ = [
     "dry_run_requested",
     "launch",
     "run_command",
+    "run_pipeline",
 ]
 
 VERSION = __version__
@@ -80,7 +81,6 @@ def launch(
         (publishing would replace ``out`` with an empty directory).
     """
     import apache_beam as beam
-    from apache_beam.runners.runner import PipelineState
 
     opts = beam_options(beam_argv, default_runner)
     if _dry_run(opts):
@@ -98,17 +98,27 @@ def launch(
         storage.delete([rejects_path(out)])
     staging = publish.new_staging(out)
 
-    def run() -> None:
-        pipeline = beam.Pipeline(options=opts)
-        write(pipeline, staging)
-        with running():  # the command's progress line; Beam's and the workers' output hidden unless -v
-            result = pipeline.run()
-            result.wait_until_finish()
-        if result.state != PipelineState.DONE:
-            raise RuntimeError(f"the pipeline ended in state {result.state}; nothing was published")
-
-    publish.run_and_publish(run, staging, out)
+    publish.run_and_publish(
+        lambda: run_pipeline(lambda pipeline: write(pipeline, staging), opts, "; nothing was published"),
+        staging,
+        out,
+    )
     return True
+
+
+def run_pipeline(write: Callable[[Any], None], opts: Any, note: str = "") -> None:
+    """Run the pipeline ``write(pipeline)`` wires to its end behind the command's progress line (Beam's and
+    the workers' output hidden unless -v); RuntimeError (ending in ``note``) unless it ends DONE."""
+    import apache_beam as beam
+    from apache_beam.runners.runner import PipelineState
+
+    pipeline = beam.Pipeline(options=opts)
+    write(pipeline)
+    with running():
+        result = pipeline.run()
+        result.wait_until_finish()
+    if result.state != PipelineState.DONE:
+        raise RuntimeError(f"the pipeline ended in state {result.state}{note}")
 
 
 def run_command(

@@ -11,12 +11,33 @@ Writes what nuscenes-devkit's ``NuScenes(version, OUT)`` loads:
 
 Every lidar file holds 34,688 points (32 rings x 1,084 columns) as float32 x, y, z, intensity, ring
 in the sensor frame, ray-cast from urban / suburban / open street scenes with the ego stopped or
-driving (measured size distribution against real nuScenes: docs/BENCHMARKS.md, "Synthetic data").
-Same options and seed give byte-identical files on any runner and worker count.
+driving. Same options and seed give byte-identical files on any runner and worker count.
+
+Measured sizes: seed 0, defaults except --scenes 40 (400 samples; scene i is the same in every
+dataset, so the default 4 scenes are scenes 0-3 of these). "10-sweep" = keyframe + 9 previous sweeps
+through ego_pose + calibrated_sensor with remove_close(1 m), like the devkit's
+from_file_multisweep; voxels = occupied 0.05 m cells. Kinds cycle urban/suburban/open 5:3:2, every
+4th scene is stopped, the others drive at 1-8 m/s:
+
+                                            min      p10      p50      p90      max
+  keyframe points                        34,688   34,688   34,688   34,688   34,688
+  keyframe points within 1 m (fraction)   0.153    0.157    0.189    0.242    0.269
+  keyframe voxels (all points)           21,546   22,944   24,985   26,489   26,802
+  10-sweep points (n=360)               253,444  262,862  280,804  292,513  293,412
+  10-sweep voxels                        85,780   98,108  167,134  184,414  193,490
+  10-sweep / keyframe voxels, stopped      3.31     3.69     4.04     4.70     4.92
+  10-sweep / keyframe voxels, moving       5.58     6.06     6.94     7.40     8.17
+  first keyframe of a scene (n=40):
+    1-frame points after remove_close    25,342   26,288   28,209   29,270   29,334
+
+Real nuScenes for comparison: 34,688 points per keyframe, ~0.23 within 1 m, 22-28k keyframe
+voxels, 240-300k 10-sweep points, 10-sweep voxels ~4x (stopped) to ~7x (moving) one frame.
+With --keyframes-per-scene 40 (as in nuScenes) 2.5% of samples are first keyframes (10% at 10).
 
 Scenes are generated in parallel (one DoFn call per scene); tables are assembled from all scenes,
-sorted, and written once. Without --runner: FnApiRunner, in memory. The table folder is
---nuscenes-version (default v1.0-synth), the name `lidarshard build` reads it by.
+sorted, and written once. Any Beam runner flag works (--runner, --direct_num_workers, Dataflow);
+OUT may be a gs:// URI. Without --runner: FnApiRunner, in memory.
+The table folder is --nuscenes-version (default v1.0-synth), the name `lidarshard build` reads it by.
 """
 
 from __future__ import annotations
@@ -29,11 +50,9 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import StandardOptions
-from apache_beam.runners.runner import PipelineState
 
 from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_output_parent
-from lidarshard.pipelines.cli import running
 from lidarshard.pipelines.flags import BeamParser
 from lidarshard.pipelines.options import shared_filesystem
 from lidarshard.pipelines.runners import check_workers_reach
@@ -219,13 +238,7 @@ def run(argv: list[str] | None = None) -> int:
         _LOG.warning("%s already holds %s tables: overwriting (files of the old run stay)", out, cfg.version)
     runner = opts.view_as(StandardOptions).runner
     _LOG.info("synth: %d scenes x %d frames -> %s (%s)", cfg.scenes, cfg.frames_per_scene, out, runner)
-    pipeline = beam.Pipeline(options=opts)
-    _ = pipeline | "Synth" >> GenerateDataroot(out, cfg)
-    with running():  # the progress line; Beam's output hidden unless -v
-        result = pipeline.run()
-        result.wait_until_finish()
-    if result.state != PipelineState.DONE:
-        raise RuntimeError(f"the pipeline ended in state {result.state}")
+    launch.run_pipeline(lambda pipeline: pipeline | "Synth" >> GenerateDataroot(out, cfg), opts)
     keyframes = cfg.scenes * cfg.keyframes_per_scene
     print(
         f"wrote {out}: {cfg.scenes} scenes, {keyframes} keyframes, {cfg.scenes * cfg.frames_per_scene} "
@@ -239,13 +252,12 @@ def _run_layout(args: SynthOptions, out: str, opts: beam.options.pipeline_option
     units, frames = args.config.scenes, args.config.keyframes_per_scene
     for rel, data in _writer(args.layout).static_files(args.config.seed):  # shared files first (a label map)
         _write(out, rel, data)
-    pipeline = beam.Pipeline(options=opts)
-    _ = pipeline | "Synth" >> GenerateLayout(out, args.layout, args.config.seed, units, frames)
-    with running():
-        result = pipeline.run()
-        result.wait_until_finish()
-    if result.state != PipelineState.DONE:
-        raise RuntimeError(f"the pipeline ended in state {result.state}")
+    launch.run_pipeline(
+        lambda pipeline: (
+            pipeline | "Synth" >> GenerateLayout(out, args.layout, args.config.seed, units, frames)
+        ),
+        opts,
+    )
     print(f"wrote {out}: {args.layout}, {units} x {frames} frames")
     return 0
 
