@@ -22,12 +22,10 @@ from lidarshard import schemas
 from lidarshard.loaders.reader import read_samples
 from lidarshard.pipelines import launch, understood
 from lidarshard.pipelines.checks import check_locations
-from lidarshard.pipelines.flags import BeamParser
-from lidarshard.pipelines.options import BuildOptions
-from lidarshard.pipelines.preflight import build_settings
+from lidarshard.pipelines.options import BeamParser, BuildOptions
+from lidarshard.pipelines.preflight import BuildSettings, build_settings
 from lidarshard.pipelines.runners import check_workers_reach, run_paths
 from lidarshard.pipelines.scan import scan_samples
-from lidarshard.pipelines.settings import BuildSettings
 from lidarshard.tools.epoch_seconds import epoch_lines, plan_loads
 from lidarshard.transforms.beam.build_transform import BuildManifest
 from lidarshard.transforms.beam.scan_transform import scan_results
@@ -113,8 +111,7 @@ def print_summary(out: str) -> None:
     --help`` says what each means), what the plan buys in plain words, and where the manifest is."""
     m = load_manifest(out)
     c = m.counts
-    short = understood.short_sweeps_by_input(out, m.provenance)
-    for line in understood.input_lines(m.provenance, understood.accepted_by_input(out), short):
+    for line in understood.input_lines(m.provenance, *understood.by_input(out, m.provenance)):
         print(line)
     print(
         understood.counts_line(c.scanned, c.accepted, c.rejected, c.dropped, c.padded)
@@ -185,7 +182,7 @@ def run(argv: list[str] | None = None) -> int:
         if not dry_run:  # a dry run works offline
             check_locations(beam_argv)
     except UsageError as e:
-        p.fail(str(e))
+        p.error(str(e))
     if not dry_run:
         understood.warn_live(settings.output, "build")
     if launch_build(settings, beam_argv):

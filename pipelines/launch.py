@@ -14,7 +14,7 @@ from typing import Any
 from lidarshard import __version__
 from lidarshard.pipelines import publish
 from lidarshard.pipelines.cli import running
-from lidarshard.pipelines.settings import rejects_path
+from lidarshard.pipelines.preflight import rejects_path
 from lidarshard.transforms.io import storage
 
 __all__ = ["VERSION", "DRY_RUN_NOTE", "LOCAL_RUNNER", "beam_options", "dry_run_requested", "launch"]

@@ -14,11 +14,9 @@ import apache_beam as beam
 from lidarshard import schemas
 from lidarshard.pipelines import launch, understood
 from lidarshard.pipelines.checks import check_locations
-from lidarshard.pipelines.flags import BeamParser
-from lidarshard.pipelines.options import ScanOptions
-from lidarshard.pipelines.preflight import scan_settings
+from lidarshard.pipelines.options import BeamParser, ScanOptions
+from lidarshard.pipelines.preflight import ScanSettings, scan_settings
 from lidarshard.pipelines.runners import check_workers_reach, run_paths
-from lidarshard.pipelines.settings import ScanSettings
 from lidarshard.transforms.beam.scan_transform import ScanSamples, scan_results
 from lidarshard.transforms.core.previous import fingerprint_kept
 from lidarshard.transforms.declare import from_flags
@@ -66,7 +64,7 @@ def scan_samples(settings: ScanSettings, work: str, parts: str) -> ScanSamples:
     return ScanSamples(
         settings.datasets,
         settings.layout_options,
-        settings.config,
+        settings.options.config,
         work,
         parts,
         settings.options.part_rows,
@@ -93,8 +91,7 @@ def _empty_ok(settings: ScanSettings) -> bool:
 def print_summary(out: str) -> None:
     scan = load_scan(out)
     c = scan.counts
-    short = understood.short_sweeps_by_input(out, scan.provenance)
-    for line in understood.input_lines(scan.provenance, understood.accepted_by_input(out), short):
+    for line in understood.input_lines(scan.provenance, *understood.by_input(out, scan.provenance)):
         print(line)
     print(understood.counts_line(c.scanned, c.accepted, c.rejected))
     for reason, n in sorted(c.rejected_by_reason.items()):
@@ -115,7 +112,7 @@ def run(argv: list[str] | None = None) -> int:
         if not dry_run:  # a dry run works offline
             check_locations(beam_argv)
     except UsageError as e:
-        p.fail(str(e))
+        p.error(str(e))
     if not dry_run:
         understood.warn_live(settings.output, "scan")
     if launch.launch(

@@ -55,8 +55,7 @@ from apache_beam.runners.runner import PipelineState
 from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_output_parent
 from lidarshard.pipelines.cli import running
-from lidarshard.pipelines.flags import BeamParser
-from lidarshard.pipelines.options import shared_filesystem
+from lidarshard.pipelines.options import BeamParser, shared_filesystem
 from lidarshard.pipelines.runners import check_workers_reach
 from lidarshard.transforms import progress
 from lidarshard.transforms.declare import from_flags, nested, option
@@ -232,7 +231,7 @@ def run(argv: list[str] | None = None) -> int:
         check_output_parent(out)
         check_workers_reach(beam_argv, [("OUT", out)], args.shared_filesystem)
     except UsageError as e:
-        p.fail(str(e))
+        p.error(str(e))
     opts = launch.beam_options(beam_argv, DEFAULT_RUNNER)
     if args.layout != "nuscenes":
         return _run_layout(args, out, opts)
