@@ -27,8 +27,11 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Room", "CountRoom", "lpt_heap", "lpt_rounds", "lpt_assign", "lpt_free"]
+__all__ = ["Room", "CountRoom", "lpt_heap", "lpt_rounds", "lpt_assign", "lpt_free", "chunk_rows"]
 
+#: Items that equal-count LPT and its callers hold temporaries for at a time (a few MiB whatever the epoch's
+#: size; every step is split on its own, so the result is the same as all at once).
+CHUNK_ITEMS = 1 << 18
 _MIN_ROUND = 64  # items tried at least per round: after a short round, the next tries 4x as many
 
 
@@ -197,7 +200,21 @@ def lpt_assign(step_costs: NDArray[np.float64], world_size: int, batch_size: int
         (S, W, B) int64 column indices into ``step_costs`` (each row a permutation of 0..W*B-1).
     """
     s, n = step_costs.shape
-    w, b = world_size, batch_size
+    out = np.empty((s, world_size, batch_size), dtype=np.int64)
+    rows = chunk_rows(n)
+    for a in range(0, s, rows):
+        out[a : a + rows] = _assign(step_costs[a : a + rows], world_size, batch_size)
+    return out
+
+
+def chunk_rows(n: int) -> int:
+    """Steps of ``n`` items each to work on at a time (``CHUNK_ITEMS`` items)."""
+    return max(1, CHUNK_ITEMS // max(n, 1))
+
+
+def _assign(step_costs: NDArray[np.float64], w: int, b: int) -> NDArray[np.int64]:
+    """``lpt_assign`` of (s, W*B) steps at once."""
+    s, n = step_costs.shape
     order = np.argsort(-step_costs, axis=1, kind="stable")
     ordered = np.take_along_axis(step_costs, order, axis=1)
     out = np.empty((s, w, b), dtype=np.int64)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from lidarshard.transforms.plan.lpt import lpt_assign
+from lidarshard.transforms.plan.lpt import chunk_rows, lpt_assign
 
 __all__ = [
     "load_linearity", "rank_costs", "linearity", "step_linearity", "step_loads", "speed_linearity",
@@ -80,9 +80,15 @@ def step_loads(step_costs: NDArray[np.float64], world_size: int, batch_size: int
     s = step_costs.shape[0]
     if s == 0:  # a pool smaller than one equal-count step (a step group of ``budget``): no step
         return np.zeros((0, world_size))
-    cols = lpt_assign(step_costs, world_size, batch_size).reshape(s, -1)
-    items = np.take_along_axis(step_costs, cols, axis=1)
-    return items.reshape(s, world_size, batch_size).sum(-1)
+    loads = np.empty((s, world_size))
+    rows = chunk_rows(step_costs.shape[1])
+    for a in range(0, s, rows):  # LPT's columns held for a chunk of steps at a time
+        part = step_costs[a : a + rows]
+        cols = lpt_assign(part, world_size, batch_size).reshape(part.shape[0], -1)
+        loads[a : a + rows] = (
+            np.take_along_axis(part, cols, axis=1).reshape(-1, world_size, batch_size).sum(-1)
+        )
+    return loads
 
 
 def equal_count_pool(costs: NDArray[np.float64], world_size: int, batch_size: int) -> NDArray[np.float64]:

@@ -28,6 +28,7 @@ the tail's fixed. With ``B == 1`` a batch is one sample and the strategy is ``ba
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import numpy as np
@@ -36,14 +37,14 @@ from numpy.typing import NDArray
 from lidarshard.transforms.plan import balanced
 from lidarshard.transforms.plan._partition import partition_steps, permute_ranks
 from lidarshard.transforms.plan.caps import PoolLimits
-from lidarshard.transforms.plan.lpt import lpt_assign
+from lidarshard.transforms.plan.lpt import chunk_rows, lpt_assign
 from lidarshard.transforms.plan.metrics import linearity, step_linearity
 
 __all__ = ["plan", "plan_within", "choose_steps"]
 
 
-#: Steps re-split at a time: LPT's temporaries (~5 arrays of the steps' size) stay bounded.
-_CHUNK_STEPS = 1 << 12
+#: Steps re-split at a time: LPT's temporaries (~8 arrays of the steps' size) stay small (4 MiB at W*B = 128).
+_CHUNK_STEPS = 1 << 9
 #: Bisection steps that refine the number of tail steps between two rungs of ``_tail_ladder``.
 _K_REFINE = 6
 
@@ -52,16 +53,13 @@ def _split_steps(batches: NDArray[np.int64], costs: NDArray[np.float64], w: int)
     """(S, W, B) steps of ``W`` consecutive batches, each re-split by LPT where that is better.
 
     Args:
-        batches: (P/B, B) pool indices in step order.
+        batches: (P/B, B) pool indices in step order, overwritten (the caller's own copy).
     """
-    b = batches.shape[1]
-    steps = batches.reshape(-1, w, b)
-    if steps.shape[0] <= _CHUNK_STEPS:
-        return _split_chunk(steps, costs)
-    out = np.empty_like(steps)
-    for a in range(0, steps.shape[0], _CHUNK_STEPS):  # every step on its own: same result as at once
-        out[a : a + _CHUNK_STEPS] = _split_chunk(steps[a : a + _CHUNK_STEPS], costs)
-    return out
+    steps = batches.reshape(-1, w, batches.shape[1])
+    rows = chunk_rows(w * batches.shape[1])
+    for a in range(0, steps.shape[0], rows):  # every step on its own: same result as at once
+        steps[a : a + rows] = _split_chunk(steps[a : a + rows], costs)
+    return steps
 
 
 def _split_chunk(steps: NDArray[np.int64], costs: NDArray[np.float64]) -> NDArray[np.int64]:
@@ -90,18 +88,17 @@ def _batch_sums(costs: NDArray[np.float64], batches: NDArray[np.int64]) -> NDArr
 
 
 def _bisect(
-    build: Callable[[float], NDArray[np.int64]],
-    ok: Callable[[NDArray[np.int64]], bool],
-    exact: NDArray[np.int64],
+    build: Callable[[float], NDArray[np.int64]], ok: Callable[[NDArray[np.int64]], bool]
 ) -> tuple[float, NDArray[np.int64]]:
     """The largest ``EPS_LADDER`` rung for which ``ok(build(eps))``, and its steps.
 
-    ``exact`` is ``build(0.0)``, the last rung, already known to pass. Linearity falls as eps
-    grows, so the rungs are bisected like ``balanced.choose_eps``.
+    The last rung (eps 0) is known to pass; linearity falls as eps grows, so the rungs are bisected
+    like ``balanced.choose_eps``. Only the newest passing rung's steps are held (8 bytes a sample);
+    the last rung's are built again when no other rung passes.
     """
     ladder = balanced.EPS_LADDER
     lo, hi = 0, len(ladder) - 1  # invariant: rung hi passes
-    best = exact  # the steps of rung hi (only the newest passing rung is held: 8 bytes a sample)
+    best = None
     while lo < hi:
         mid = (lo + hi) // 2
         steps = build(ladder[mid])
@@ -110,7 +107,7 @@ def _bisect(
         else:
             lo = mid + 1
         del steps
-    return ladder[hi], best
+    return ladder[hi], best if best is not None else build(ladder[hi])
 
 
 class _Split:
@@ -121,7 +118,7 @@ class _Split:
         costs: (P,) pool costs.
         by_cost: (P,) pool order by (cost, ``u_item``); may be empty when ``k == 0``.
         shuffled: (P,) random permutation of the pool (the head batches, in that order).
-        u_item: (P,) per-sample jitter draws in [-1, 1) (the tail's).
+        u_item: (P,) per-sample jitter draws in [-1, 1) (the tail's; empty when ``k == 0``).
         u_head: (P / B,) per-batch jitter draws in [-1, 1) (the head's; a prefix is used).
     """
 
@@ -182,7 +179,9 @@ def choose_steps(
     w, b = world_size, batch_size
     per_step = w * b
     target = step_linearity(np.sort(costs).reshape(-1, per_step), w, b) - tolerance
-    u_item = rng.uniform(-1.0, 1.0, costs.size)
+    again = copy.deepcopy(rng)  # u_item drawn again from here once a tail needs it (k > 0): 8 bytes a sample
+    rng.uniform(-1.0, 1.0, costs.size)
+    u_item = np.empty(0)
     shuffled = rng.permutation(costs.size).astype(np.int64, copy=False)
     u_head = rng.uniform(-1.0, 1.0, costs.size // b)
     by_cost = np.empty(0, np.int64)  # order by (cost, u_item): sorted once a tail is needed (k > 0)
@@ -191,8 +190,9 @@ def choose_steps(
         return linearity(steps, costs) >= target
 
     def split(k: int) -> tuple[_Split, NDArray[np.int64]]:
-        nonlocal by_cost
+        nonlocal by_cost, u_item
         if k and not by_cost.size:
+            u_item = again.uniform(-1.0, 1.0, costs.size)
             by_cost = np.lexsort((u_item, costs)).astype(np.int64, copy=False)
         cut = _Split(k, costs, w, b, by_cost, shuffled, u_item, u_head)
         return cut, cut.build(0.0, 0.0)  # the most balanced jitter: if it misses, so does every other
@@ -203,6 +203,7 @@ def choose_steps(
         if ok(exact):
             break
         missed = k
+        del cut, exact
     else:  # pragma: no cover
         raise AssertionError("k = S, eps = 0 reproduces the bound and must pass")
     for _ in range(_K_REFINE):  # fewer tail steps: bisect between the rung that missed and k
@@ -214,10 +215,10 @@ def choose_steps(
             k, cut, exact = mid, cut_mid, exact_mid
         else:
             missed = mid
-    eps_tail = 0.0
-    if k:
-        eps_tail, exact = _bisect(lambda e: cut.build(0.0, e), ok, exact)
-    eps_head, steps = _bisect(lambda e: cut.build(e, eps_tail), ok, exact)
+        del cut_mid, exact_mid
+    del exact  # what passed at eps 0: _bisect builds it again if no jitter passes
+    eps_tail = _bisect(lambda e: cut.build(0.0, e), ok)[0] if k else 0.0
+    eps_head, steps = _bisect(lambda e: cut.build(e, eps_tail), ok)
     return k, steps
 
 
