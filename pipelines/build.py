@@ -21,11 +21,9 @@ import apache_beam as beam
 from lidarshard import schemas
 from lidarshard.loaders.reader import read_samples
 from lidarshard.pipelines import launch, understood
-from lidarshard.pipelines.flags import BeamParser
-from lidarshard.pipelines.options import BuildOptions
-from lidarshard.pipelines.preflight import build_settings
+from lidarshard.pipelines.options import BeamParser, BuildOptions
+from lidarshard.pipelines.preflight import BuildSettings, build_settings
 from lidarshard.pipelines.scan import scan_samples
-from lidarshard.pipelines.settings import BuildSettings
 from lidarshard.tools.epoch_seconds import epoch_lines, plan_loads
 from lidarshard.transforms.beam.build_transform import BuildManifest
 from lidarshard.transforms.beam.scan_transform import scan_results
@@ -109,8 +107,7 @@ def print_summary(out: str) -> None:
     --help`` says what each means), what the plan buys in plain words, and where the manifest is."""
     m = load_manifest(out)
     c = m.counts
-    short = understood.short_sweeps_by_input(out, m.provenance)
-    for line in understood.input_lines(m.provenance, understood.accepted_by_input(out), short):
+    for line in understood.input_lines(m.provenance, *understood.by_input(out, m.provenance)):
         print(line)
     print(
         understood.counts_line(c.scanned, c.accepted, c.rejected, c.dropped, c.padded)

@@ -15,8 +15,8 @@ from lidarshard import __version__
 from lidarshard.pipelines import publish, understood
 from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.cli import running
+from lidarshard.pipelines.preflight import rejects_path
 from lidarshard.pipelines.runners import check_workers_reach, resolve_runner, run_paths
-from lidarshard.pipelines.settings import rejects_path
 from lidarshard.transforms.declare import from_flags
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.value_checks import UsageError
@@ -131,7 +131,7 @@ def run_command(
     print_summary: Callable[[str], None],
 ) -> int:
     """The entry point of ``lidarshard NAME`` (scan, build): flags -> ``options`` -> settings (exit 2 on a
-    usage error, through ``p.fail``), the workers' reach checked, ``start(settings, beam_argv)``, the summary."""
+    usage error, through ``p.error``), the workers' reach checked, ``start(settings, beam_argv)``, the summary."""
     args, beam_argv = p.parse(argv)
     try:
         dry_run = dry_run_requested(beam_argv)
@@ -141,7 +141,7 @@ def run_command(
         if not dry_run:  # a dry run works offline
             check_locations(beam_argv)
     except UsageError as e:
-        p.fail(str(e))
+        p.error(str(e))
     if not dry_run:
         understood.warn_live(settings.output, name)
     if start(settings, beam_argv):

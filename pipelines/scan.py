@@ -13,10 +13,8 @@ import apache_beam as beam
 
 from lidarshard import schemas
 from lidarshard.pipelines import launch, understood
-from lidarshard.pipelines.flags import BeamParser
-from lidarshard.pipelines.options import ScanOptions
-from lidarshard.pipelines.preflight import scan_settings
-from lidarshard.pipelines.settings import ScanSettings
+from lidarshard.pipelines.options import BeamParser, ScanOptions
+from lidarshard.pipelines.preflight import ScanSettings, scan_settings
 from lidarshard.transforms.beam.scan_transform import ScanSamples, scan_results
 from lidarshard.transforms.core.previous import fingerprint_kept
 from lidarshard.transforms.features.accounting import counts_or_stop
@@ -62,7 +60,7 @@ def scan_samples(settings: ScanSettings, work: str, parts: str) -> ScanSamples:
     return ScanSamples(
         settings.datasets,
         settings.layout_options,
-        settings.config,
+        settings.options.config,
         work,
         parts,
         settings.options.part_rows,
@@ -89,8 +87,7 @@ def _empty_ok(settings: ScanSettings) -> bool:
 def print_summary(out: str) -> None:
     scan = load_scan(out)
     c = scan.counts
-    short = understood.short_sweeps_by_input(out, scan.provenance)
-    for line in understood.input_lines(scan.provenance, understood.accepted_by_input(out), short):
+    for line in understood.input_lines(scan.provenance, *understood.by_input(out, scan.provenance)):
         print(line)
     print(understood.counts_line(c.scanned, c.accepted, c.rejected))
     for reason, n in sorted(c.rejected_by_reason.items()):

@@ -53,8 +53,7 @@ from apache_beam.options.pipeline_options import StandardOptions
 
 from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_output_parent
-from lidarshard.pipelines.flags import BeamParser
-from lidarshard.pipelines.options import shared_filesystem
+from lidarshard.pipelines.options import BeamParser, shared_filesystem
 from lidarshard.pipelines.runners import check_workers_reach
 from lidarshard.transforms import progress
 from lidarshard.transforms.declare import from_flags, nested, option
@@ -230,7 +229,7 @@ def run(argv: list[str] | None = None) -> int:
         check_output_parent(out)
         check_workers_reach(beam_argv, [("OUT", out)], args.shared_filesystem)
     except UsageError as e:
-        p.fail(str(e))
+        p.error(str(e))
     opts = launch.beam_options(beam_argv, DEFAULT_RUNNER)
     if args.layout != "nuscenes":
         return _run_layout(args, out, opts)
