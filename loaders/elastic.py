@@ -1,22 +1,10 @@
 """Elastic world size: continue an epoch at a different number of ranks, balanced, exact.
 
-A job planned for ``W`` ranks restarts on ``W'`` (a node died, 16 -> 8 GPUs; or it grows back).
-Every rank re-derives the same new plan in-process from the manifest, in seconds for 1M samples:
-
-* the steps already finished by all ranks (``consumed_steps``) stay consumed;
-* the remaining entries of the epoch are redistributed over ``W'`` ranks of ``B'`` slots
-  (``lidarshard.loaders.reshard``):
-
-  - **merge** when ``W'`` divides ``W`` and ``B'`` is ``B`` or ``(W/W')*B``: new rank ``r'`` takes old
-    ranks ``r'k .. r'k+k-1`` of every step, their batches concatenated (``B' = k*B``, the default) or
-    run one after another (``B' = B``, k times the steps). Never less balanced than the original over
-    the same steps; no randomness.
-  - **re-plan** otherwise (and always for ``budget``): the remaining entries are planned again with the
-    manifest's strategy (``lidarshard.transforms.plan.plan_epoch``) for ``W' x B'``. Nothing is dropped
-    or padded: when they are not a multiple of ``W'*B'`` the lightest leftover entries form one more
-    step over all ranks, or join the last step when fewer than ``W'``; those steps hold uneven counts,
-    so scale the summed loss by :meth:`ElasticBatchSampler.loss_scale` (``W' / N_step``).
-    Fewer remaining entries than ``W'`` cannot be spread: ValueError.
+A job planned for ``W`` ranks restarts on ``W'`` (a node died, 16 -> 8 GPUs; or it grows back). Every
+rank re-derives the same new plan in-process from the manifest, in seconds for 1M samples: the steps
+all ranks finished (``consumed_steps``) stay consumed and the remaining entries are merged onto ``W'``
+ranks or planned again with the manifest's strategy (``lidarshard.loaders.reshard`` says when and how).
+Steps of a re-plan may hold uneven counts: scale the summed loss by :meth:`ElasticBatchSampler.loss_scale`.
 
 Every entry of the epoch is trained exactly as often as the manifest plans it, whatever the chain of
 switches. The result is a pure function of the manifest, the epoch and the switch history

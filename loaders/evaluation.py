@@ -1,25 +1,11 @@
 """Evaluation sharding: every validation sample exactly once over all ranks, cost balanced.
 
-``DistributedSampler`` pads a validation set to a multiple of the world size by repeating samples
-(which biases metrics) and deals indices round-robin, so one rank can get the large scenes. Here the
-shards are a partition of the dataset (no sample repeated, none left out), per-rank counts differ by
-at most one, and samples go largest-cost first to the least-loaded rank that still has room (LPT with
-a cardinality cap). The costs are the manifest's predicted costs (``lidarshard build`` on the
-validation set) or any per-sample array. Deterministic: no RNG, ties broken by index.
-
-    sampler = EvalSampler.from_manifest("VAL_OUT")          # rank / world size from torch.distributed
-    loader = DataLoader(val_dataset, sampler=sampler, batch_size=1, collate_fn=collate)
-    # gather per-sample results across ranks: every sample appears exactly once
-
-Ranks hold ``N // W`` or ``N // W + 1`` samples, and none when there are more ranks than samples, so
-an evaluation loop under DDP must not run a collective per batch (it would wait forever for a rank
-that has no batch left): evaluate the plain module (``model.module``; the DDP wrapper may sync
-buffers in its forward) under ``torch.no_grad()``, then exchange the results once after the loop
-with a collective every rank calls, samples or not (``dist.all_gather_object``, or ``all_reduce``
-of summed metrics). docs/GUIDE.md shows the loop; ``tests/test_loaders_evaluation.py`` runs it on 2
-gloo ranks with 1 sample.
-
-Needs PyTorch: ``pip install "lidarshard[torch]"``.
+``DistributedSampler`` pads a validation set by repeating samples (which biases metrics) and deals
+round-robin, so one rank can get the large scenes. Here the shards partition the dataset, per-rank
+counts differ by at most one, and samples go largest-cost first to the least-loaded rank with room
+(LPT with a cardinality cap); no RNG, ties broken by index. A rank may hold no sample, so an
+evaluation loop must run no collective per batch (it would wait forever): gather the results once
+after the loop on every rank (docs/GUIDE.md shows the loop). Needs ``pip install "lidarshard[torch]"``.
 """
 
 from __future__ import annotations

@@ -1,41 +1,12 @@
 """OpenMMLab adapter: ``LidarshardSampler`` in mmengine's ``DATA_SAMPLERS`` registry (mmdet3d, mmseg ...).
 
-Importing this module registers four names; then a config only swaps the sampler::
-
-    custom_imports = dict(imports=["lidarshard.loaders.mmengine"], allow_failed_imports=False)
-    train_dataloader = dict(
-        batch_size=4,                      # == the manifest's --batch-size
-        num_workers=4,
-        sampler=dict(type="LidarshardSampler", manifest="gs://bucket/out", id_key="token"),
-        batch_sampler=dict(type="LidarshardBatchSampler"),  # checks batch_size against the manifest
-        dataset=dict(type="NuScenesDataset", ...),
-    )
-    custom_hooks = [dict(type="LidarshardTimingHook")]  # optional: step timings for `lidarshard calibrate`
-    val_dataloader = dict(            # every validation sample exactly once, cost-balanced ranks
-        batch_size=1,
-        sampler=dict(type="LidarshardEvalSampler", manifest="gs://bucket/val_out", id_key="token"),
-        dataset=dict(type="NuScenesDataset", ...),
-    )
-
-How it meets mmengine's conventions:
-
-* **ranks**: rank and world size come from ``mmengine.dist.get_dist_info()``; the manifest must be
-  planned for that world size.
-* **epochs**: ``DistSamplerSeedHook`` (a default hook) calls ``set_epoch(runner.epoch)`` before each
-  epoch, which selects that epoch's plan. ``IterBasedTrainLoop`` restarts the loader when it runs
-  out and calls ``set_epoch(1, 2, ...)`` itself. Epochs past those planned need ``cycle=True``.
-* **seed**: the runner's ``randomness.seed`` reaches the sampler as ``seed`` but does not change
-  the order: that is fixed offline by the manifest's ``--seed`` (the same on every rank).
-* **evaluation**: ``LidarshardEvalSampler`` shards the validation set without mmengine's
-  ``DefaultSampler`` padding (which repeats samples); mmengine's ``collect_results`` interleaves the
-  ranks' results, so metrics must match predictions by sample id (mmdet3d's do), not by position.
-* **timings**: ``LidarshardTimingHook`` (``HOOKS``) records each rank's own compute time and sample ids
-  per step (``lidarshard.loaders.step_timer``) beside the checkpoints, for ``lidarshard calibrate OUT --timings``.
-* **resume**: ``EpochBasedTrainLoop`` resumes at an epoch boundary and replays that epoch's plan;
-  ``IterBasedTrainLoop`` skips ``iter`` batches of the same deterministic order, so a resumed run
-  sees exactly the batches of an uninterrupted one.
-
-Needs ``pip install "lidarshard[mmengine]"`` (mmengine >= 0.10, pure Python, any torch it accepts).
+Importing this module registers ``LidarshardSampler``, ``LidarshardBatchSampler``, ``LidarshardEvalSampler``
+and ``LidarshardTimingHook``; a config then only swaps the sampler. Ranks come from
+``mmengine.dist.get_dist_info()``; ``DistSamplerSeedHook``'s ``set_epoch`` selects the epoch's plan; the
+runner's seed does not change the order (the manifest's ``--seed`` fixed it). ``LidarshardEvalSampler``
+does not pad like ``DefaultSampler``, and ``collect_results`` interleaves the ranks' results, so metrics
+must match predictions by sample id. Config, resume and timings: docs/FRAMEWORKS.md ("mmengine").
+Needs ``pip install "lidarshard[mmengine]"``.
 """
 
 from __future__ import annotations
@@ -87,13 +58,10 @@ class LidarshardSampler(PlanSampler):
 
 @DATA_SAMPLERS.register_module()
 class LidarshardBatchSampler(PlanBatchSampler):
-    """``train_dataloader.batch_sampler``: batches of a :class:`LidarshardSampler`, size checked.
+    """``train_dataloader.batch_sampler``: the planned steps of a :class:`LidarshardSampler`.
 
-    mmengine passes the built ``sampler`` and the dataloader's ``batch_size``; a batch size other
-    than the manifest's (its mean count per rank-step under ``--strategy budget``) is refused
-    (``PlanSampler.check_batch_size``). Batches are the planned steps, of variable length under
-    ``budget`` (``PlanBatchSampler``); the sampler's ``loss_scale(step)`` turns a summed loss into the
-    global-batch mean under DDP.
+    A ``batch_size`` other than the manifest's is refused (``PlanSampler.check_batch_size``); steps are of
+    variable length under ``--strategy budget`` (``PlanBatchSampler``).
     """
 
     def __init__(self, sampler: LidarshardSampler, batch_size: int) -> None:
@@ -134,20 +102,14 @@ class LidarshardEvalSampler(EvalSampler):
 class LidarshardTimingHook(Hook):
     """``custom_hooks = [dict(type="LidarshardTimingHook")]``: per-step timings for ``lidarshard calibrate``.
 
-    Each train iteration, from ``before_train_iter`` to ``after_train_iter`` (priority ``VERY_HIGH``: the
-    other hooks' work after the step, logging and checkpoints, is not counted), is one step of a
-    :class:`~lidarshard.loaders.pointcept.LoopTimer`: this rank's own compute time and the plan's epoch,
-    step and sample ids, under DDP (``MMDistributedDataParallel``) up to the first gradient bucket. Both
-    loops count: epoch-based (``batch_idx`` of ``runner.epoch``) and iter-based (the global iteration,
-    through the planned epochs the loop restarts the loader on; a resumed run continues the count).
+    Each train iteration (``before_train_iter`` .. ``after_train_iter``, priority ``VERY_HIGH`` so logging and
+    checkpoints are not counted) is one step of a :class:`~lidarshard.loaders.pointcept.LoopTimer`, in
+    epoch- and iter-based loops alike. Files are flushed before every checkpoint, after every epoch and at
+    the end.
 
     Args:
-        out_dir: folder of the ``timings-rank-*.parquet`` files; default the ``CheckpointHook``'s (the
-            ``work_dir``, or its ``out_dir``), so they travel with the checkpoints.
-        flush_every, device: as for ``lidarshard.loaders.step_timer.StepTimer``. Files are also flushed
-            before every checkpoint, after every epoch and at the end of training.
-
-    Needs the train loader to replay a manifest (``LidarshardSampler``); refuses another sampler.
+        out_dir: folder of the ``timings-rank-*.parquet`` files; default the ``CheckpointHook``'s.
+        flush_every, device: as for ``lidarshard.loaders.step_timer.StepTimer``.
     """
 
     priority = "VERY_HIGH"

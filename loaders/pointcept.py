@@ -1,29 +1,8 @@
 """Pointcept adapter: plug a lidarshard manifest into Pointcept's ``Trainer`` train loader.
 
-Pointcept (``pointcept/engines/train.py``) builds its train loader as
-``DataLoader(train_data, batch_size=cfg.batch_size_per_gpu, sampler=DistributedSampler(...),
-collate_fn=partial(point_collate_fn, mix_prob=cfg.mix_prob), drop_last=True, ...)`` and, with more
-than one GPU, calls ``train_loader.sampler.set_epoch(epoch)`` before each epoch. So the manifest
-enters as a per-sample :class:`PlanSampler` (this rank's planned indices, step after step) with
-``batch_size`` equal to the manifest's: every ``DataLoader`` batch is then exactly one planned step.
-Mix the trainer class in (Pointcept is not imported here; nothing to install but torch)::
-
-    from pointcept.engines.train import TRAINERS, Trainer
-    from lidarshard.loaders.pointcept import LidarshardTrainerMixin
-
-    @TRAINERS.register_module("LidarshardTrainer")
-    class LidarshardTrainer(LidarshardTrainerMixin, Trainer):
-        pass
-
-    # config: train = dict(type="LidarshardTrainer"); lidarshard = dict(manifest="gs://.../out", id_key="token")
-
-Pointcept's collate convention is offset-based: points of the batch concatenated, ``offset`` the
-cumulative point counts; :func:`offset_collate` produces it from ``lidarshard.loaders.torch.PointCloudDataset``.
-
-Step timings (``lidarshard.loaders.step_timer``) from the same run: ``lidarshard = dict(..., timings=True)``
-records each rank's own compute time per step beside Pointcept's checkpoints (``save_path/model``), for
-``lidarshard calibrate OUT --timings DIR``. :class:`LoopTimer` is that recorder for any framework loop
-(the mmengine adapter's ``LidarshardTimingHook`` uses it too).
+The manifest enters as a per-sample :class:`PlanSampler` with the manifest's ``batch_size``, so every
+``DataLoader`` batch is one planned step; :func:`offset_collate` gives Pointcept's offset layout and
+:class:`LoopTimer` records step timings for any framework loop. Usage: docs/FRAMEWORKS.md ("Pointcept").
 """
 
 from __future__ import annotations
@@ -134,15 +113,12 @@ def build_train_loader(
     """Pointcept's ``Trainer.build_train_loader`` with the manifest's plan as the sampler.
 
     Args:
-        trainer: a Pointcept trainer (or its ``cfg``): reads ``batch_size_per_gpu``,
-            ``num_worker_per_gpu``, ``mix_prob``, ``seed`` and, without ``dataset``, ``data.train``.
-        manifest: committed manifest directory, planned for this job's world size and
-            ``--batch-size`` = ``batch_size_per_gpu``. A dataset with ``loop = L`` (Pointcept sets
-            ``cfg.epoch // cfg.eval_epoch``) trains L planned epochs per trainer epoch: plan
-            ``--epochs`` = ``cfg.epoch``.
-        dataset: the train dataset; default ``pointcept.datasets.build_dataset(cfg.data.train)``.
-        id_of: how dataset items map to sample_ids (:func:`index_from_dataset`); None: the dataset
-            is in the samples' row order (``PointCloudDataset``).
+        trainer: a Pointcept trainer (or its ``cfg``): ``batch_size_per_gpu``, ``num_worker_per_gpu``,
+            ``mix_prob``, ``seed`` and, without ``dataset``, ``data.train``.
+        manifest: committed manifest planned for this world size and ``--batch-size`` = ``batch_size_per_gpu``;
+            a dataset with ``loop = L`` trains L planned epochs per trainer epoch (plan ``--epochs`` = ``cfg.epoch``).
+        dataset: default ``pointcept.datasets.build_dataset(cfg.data.train)``.
+        id_of: dataset items -> sample_ids (:func:`index_from_dataset`); None: the samples' row order.
         collate_fn: default ``partial(pointcept.datasets.point_collate_fn, mix_prob=cfg.mix_prob)``.
 
     Raises:
@@ -187,12 +163,7 @@ def build_train_loader(
 
 
 def plan_sampler_of(loader: DataLoader) -> PlanSampler:
-    """The :class:`PlanSampler` a train loader replays: its ``sampler``, or its batch sampler's
-    (``PlanBatchSampler``, mmengine's ``LidarshardBatchSampler``).
-
-    Raises:
-        TypeError: the loader replays no manifest (one line naming its sampler).
-    """
+    """The :class:`PlanSampler` a train loader replays (its ``sampler`` or its batch sampler's); TypeError if none."""
     sampler = loader.sampler
     if not isinstance(sampler, PlanSampler):
         sampler = getattr(loader.batch_sampler, "sampler", sampler)
@@ -218,9 +189,8 @@ class PlanSteps:
     def __call__(self, epoch: int, index: int) -> tuple[int, int, list[str]]:
         """(planned epoch, step, this rank's sample ids) of batch ``index`` after ``set_epoch(epoch)``.
 
-        Past the end of a planned epoch the count goes on into the next one: the sampler's ``passes``
-        (Pointcept's ``loop``) within a trainer epoch, or the epochs mmengine's ``IterBasedTrainLoop``
-        moves through (``epoch`` 0, ``index`` = the global iteration).
+        Past a planned epoch's end the count goes on into the next: the sampler's ``passes`` (Pointcept's
+        ``loop``), or mmengine's ``IterBasedTrainLoop`` (``epoch`` 0, ``index`` = the global iteration).
         """
         s, m = self.sampler.batches, self.sampler.batches.manifest
         first, planned, base = self._at
@@ -235,16 +205,9 @@ class PlanSteps:
 class LoopTimer:
     """A :class:`~lidarshard.loaders.step_timer.StepTimer` driven by a framework's training loop.
 
-    Rank, world size and each step's (epoch, step, sample ids) come from the loader's plan
-    (:class:`PlanSteps`); a ``DistributedDataParallel`` model gets the timer's comm hook, so
-    ``compute_s`` ends at its first gradient bucket, before the all-reduce waits for the slowest rank.
-
-    Args:
-        loader: the train loader (over a :class:`PlanSampler`).
-        directory: where the rank's ``timings-rank-*.parquet`` files go (the checkpoints' folder).
-        model: the model the loop trains; a ``DistributedDataParallel`` one is hooked (call before its
-            first step).
-        flush_every, device: as for ``StepTimer``.
+    Each step's (epoch, step, sample ids) comes from the loader's plan (:class:`PlanSteps`); a
+    ``DistributedDataParallel`` model gets the timer's comm hook, so ``compute_s`` ends before the
+    all-reduce waits for the slowest rank. ``flush_every`` and ``device`` are ``StepTimer``'s.
     """
 
     def __init__(
@@ -282,17 +245,12 @@ class LoopTimer:
 
 
 class LidarshardTrainerMixin:
-    """Mix into Pointcept's ``Trainer`` (first base) to train on a manifest.
+    """Mix into Pointcept's ``Trainer`` (first base) to train on ``cfg.lidarshard = dict(manifest=..., id_key=None, timings=None)``.
 
-    Reads ``cfg.lidarshard = dict(manifest=..., id_key=None, timings=None)``. Pointcept only calls
-    ``train_loader.sampler.set_epoch`` with more than one GPU; the mixin selects the epoch itself:
-    ``start_epoch`` after the resume hooks ran (``before_train``), and the next epoch after each
-    one (``after_epoch``), so single-GPU and resumed runs replay the planned epochs too.
-
-    ``timings=True`` records each step (``before_step`` .. ``after_step``, the hooks' own work
-    excluded) with a :class:`LoopTimer` into ``cfg.save_path/model``, where Pointcept's
-    ``CheckpointSaver`` writes; a string names another folder. Files are flushed after every epoch
-    (before the checkpoint) and at the end of training.
+    Pointcept calls ``set_epoch`` only with more than one GPU, so the mixin selects the epoch itself
+    (``before_train``: ``start_epoch`` after the resume hooks; ``after_epoch``: the next). ``timings=True``
+    records each step with a :class:`LoopTimer` into ``cfg.save_path/model`` (a string names another folder),
+    flushed after every epoch, before the checkpoint.
     """
 
     cfg: Any

@@ -3,7 +3,8 @@
 Pure numpy; imports neither Beam nor torch. Plans are ``(S, W, M)`` int64 arrays of samples rows,
 ``-1`` marking an empty slot (every rank-step holds >= 1 entry).
 
-* :func:`merge_ranks` folds ``W`` ranks onto a divisor ``W'``: a rearrangement, nothing random.
+* :func:`merge_ranks` folds ``W`` ranks onto a divisor ``W'`` (when ``B'`` is ``B`` or ``(W/W')*B`` and
+  counts are equal): a rearrangement, nothing random, never less balanced than the original steps.
 * :func:`replan_pool` plans a multiset of remaining entries on ``W' x B'`` with the manifest's
   strategy (``lidarshard.transforms.plan.plan_epoch``) and neither drops nor repeats an entry: the
   ``q = R // (W'*B')`` full steps come from the strategy; the ``r = R % (W'*B')`` lightest entries

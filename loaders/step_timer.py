@@ -1,40 +1,16 @@
 """Per-rank step timings from normal training: each rank's own compute time and sample ids, to Parquet.
 
-A :class:`StepTimer` records, for every step of this rank, how long the rank computed on its own
-(``compute_s``), how long the whole step took (``wall_s``, waiting at collectives included) and which
-samples it trained on. ``lidarshard calibrate OUT --timings DIR`` fits the cost model to these files.
+A :class:`StepTimer` records per step of this rank its own compute time (``compute_s``), the whole step
+(``wall_s``, collectives included), the samples and, where the device reports memory, the peak allocated
+bytes (``peak_bytes``, null on CPU), as ``DIR/timings-rank-RRRRR-part-PPPPP.parquet`` (``TIMING_SCHEMA``;
+a restarted run adds parts). ``lidarshard calibrate OUT --timings DIR`` fits the cost model to them.
 
-Under DDP a rank's step time includes waiting for the slowest rank at the gradient all-reduce, which
-hides the imbalance being measured, so the compute time ends *before* any communication:
-
-- DDP: :meth:`StepTimer.attach_ddp` registers a comm hook that marks the moment the first gradient
-  bucket is ready (forward + backward up to that bucket) and then runs DDP's default all-reduce;
-- a loop with its own collective calls :meth:`StepTimer.mark_compute_done` just before it;
-- a plain loop (no mark) times the whole step.
-
-On an accelerator (CUDA, Ascend NPU via torch_npu, ...) times come from its events (the device
-module's ``Event``, torch 2.1 on), resolved lazily so the host never waits for the device; on CPU from
-``time.perf_counter``. ``device="auto"`` uses events only where torch can really use the accelerator
-(the CUDA wheel on a CPU node times with the host clock). Where the device module reports memory
-(``torch.cuda``, ``torch.npu``) each step's peak allocated bytes are recorded too (``peak_bytes``: reset at
-the step's start, read at its end; null on CPU). One process records one rank of a directory (a lock
-file per rank). Files (``TIMING_SCHEMA``)::
-
-    DIR/timings-rank-00003-part-00000.parquet   rank 3's rows of one flush (every ``flush_every`` steps,
-                                                 at each new epoch and at close); a restarted run adds
-                                                 parts after the existing ones, never overwriting
-
-Typical use (``torch.distributed`` initialized)::
-
-    timer = StepTimer(checkpoint_dir)                 # rank / world size from torch.distributed
-    timer.attach_ddp(ddp_model)                       # compute_s ends at the first gradient bucket
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        for batch in timer.steps(loader):             # a PlanLoader: epoch, step, sample ids known
-            loss = ddp_model(batch["points"]).sum(); loss.backward(); opt.step(); opt.zero_grad()
-    timer.close()
-
-PyTorch is optional here: without it (or with ``device="cpu"``) host clocks time a plain loop.
+Under DDP the step time includes waiting for the slowest rank at the all-reduce, which hides the very
+imbalance to measure, so ``compute_s`` ends before any communication: :meth:`StepTimer.attach_ddp` marks
+the first ready gradient bucket, a loop with its own collective calls :meth:`StepTimer.mark_compute_done`,
+a plain loop times the whole step. Accelerators time with their events, never a host wait; CPU with
+``time.perf_counter`` (``lidarshard.loaders.clocks``). One process records one rank of a directory (a lock
+file per rank). Usage: docs/GUIDE.md ("Timing from training itself"). torch is optional here.
 """
 
 from __future__ import annotations

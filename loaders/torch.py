@@ -2,25 +2,10 @@
 ``loaders.sampler``), ``PlanLoader`` that counts trained batches, the per-sample ``PlanSampler`` of the
 framework adapters, and the point-cloud dataset (``loaders.dataset``).
 
-Typical use with ``torch.distributed`` initialized::
-
-    dataset = PointCloudDataset(out_dir)
-    sampler = BalancedBatchSampler(out_dir)          # rank / world size from torch.distributed
-    loader = PlanLoader(dataset, sampler, collate_fn=collate, num_workers=4)  # a DataLoader
-    if resuming:
-        sampler.load_state_dict(checkpoint["sampler"])   # continues after the last trained batch
-    for epoch in range(sampler.epoch, epochs):
-        sampler.set_epoch(epoch)
-        for step, batch in enumerate(loader, start=sampler.state_dict()["step"]):  # still to come
-            train(batch, scale=sampler.loss_scale(step))  # loss = scale * sum(per-sample losses)
-            checkpoint["sampler"] = sampler.state_dict()  # counts trained batches, not prefetched ones
-
 ``loss_scale(step)`` is ``W / N`` (N: samples of all ranks at that step), so under DDP's gradient
-averaging ``loss = scale * sum(per-sample losses)`` gives the mean over the global batch even when
-ranks hold different counts (``--strategy budget``); see :class:`lidarshard.loaders.reader.Batch`.
-The checkpointed state names its plan (world size, batch size, seed, strategy, fingerprint): another
-plan's state is refused, and ``lidarshard.loaders.elastic.ElasticBatchSampler`` resumes it on any world size.
-
+averaging ``loss = scale * sum(per-sample losses)`` is the global-batch mean even when ranks hold
+different counts (``--strategy budget``). The checkpointed state names its plan: another plan's state
+is refused (``ElasticBatchSampler`` resumes it on any world size). Usage: README.md, docs/GUIDE.md.
 Needs PyTorch: ``pip install "lidarshard[torch]"``.
 """
 

@@ -1,28 +1,24 @@
-"""The Python API of the pipeline side: ``lidarshard.build`` and ``lidarshard.write_manifest``.
+"""The Python API of the pipeline side: ``lidarshard.build``, ``lidarshard.replan``, ``lidarshard.write_manifest``.
 
-Both take the command's flags as keyword arguments (``--bucket-weights`` -> ``bucket_weights``): the
-options of ``lidarshard.pipelines.options.BuildOptions``, checked as typed values by the checks the command
-line parses with (a bad value raises :class:`~lidarshard.transforms.declare.UsageError`, a ``ValueError``,
-with the same one line; ``os.PathLike`` paths, numpy numbers and arrays are taken), and run the same build
-core and the same publish, returning the same summary::
+They take the command's flags as keywords (``--bucket-weights`` -> ``bucket_weights``), checked as typed values
+by the command line's checks (a bad one: UsageError, a ValueError, with the same one line), run the same build
+core and publish, and return the same summary::
 
     summary = lidarshard.build("data/", "out/", world_size=8, batch_size=2, epochs=3, runner="FnApiRunner")
     summary = lidarshard.write_manifest(infos_df, "out/", 8, 2, epochs=3)   # your own sample list, no scan
 
-``write_manifest`` is for users who already have their samples (an mmdet3d/OpenPCDet infos file, a
-dataframe): a pyarrow Table, pandas DataFrame or list of dicts with ``sample_id`` (strings), ``path``
-(full paths) and either ``cost`` or the size columns the cost model needs (``num_points``/
-``num_in_range``, ``occupied_voxels``). The table is written as one samples part and built like
-``lidarshard build OUT --from-samples``, in this process (Beam's in-memory runner): the same samples
-give the same plan files.
-
-Needs Apache Beam (``pip install "lidarshard[pipeline]"``); ``import lidarshard`` names that extra when
-``lidarshard.build`` or ``lidarshard.write_manifest`` is asked for without it.
+A run changes nothing of its caller's output: Beam's records and whatever the run writes to fd 2 go to the
+``lidarshard.beam`` logger at DEBUG; a failure raises its one line. Needs ``lidarshard[pipeline]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -32,15 +28,13 @@ import pyarrow.compute as pc
 from lidarshard import schemas
 from lidarshard.pipelines import build as build_cmd
 from lidarshard.pipelines import launch
-from lidarshard.pipelines.api_output import beam_output_held
 from lidarshard.pipelines.checks import check_locations
+from lidarshard.pipelines.cli import BeamRootRecords, one_line
 from lidarshard.pipelines.options import TABLE_KEYS, BuildOptions
 from lidarshard.pipelines.options import cost_model as parse_cost_model
-from lidarshard.pipelines.preflight import build_settings, table_settings
-from lidarshard.pipelines.replan import continued
+from lidarshard.pipelines.preflight import build_settings, check_plan_size, continued, table_settings
 from lidarshard.pipelines.runners import check_workers_reach, run_paths
 from lidarshard.pipelines.samples_input import as_table, samples_table
-from lidarshard.pipelines.settings import check_plan_size
 from lidarshard.transforms.core.manifest_writer import Kept
 from lidarshard.transforms.core.score import GIVEN, PREPARED, Source
 from lidarshard.transforms.declare import from_keywords, keyword
@@ -49,7 +43,11 @@ from lidarshard.transforms.io.arrow import parquet_bytes
 from lidarshard.transforms.io.metadata import load_manifest
 from lidarshard.transforms.value_checks import UsageError
 
-__all__ = ["build", "replan", "write_manifest", "summary"]
+__all__ = ["build", "replan", "write_manifest", "summary", "BEAM_LOGGER"]
+
+#: Where an API run's Beam output goes, at DEBUG.
+BEAM_LOGGER = "lidarshard.beam"
+_BEAM_LOG = logging.getLogger(BEAM_LOGGER)
 
 
 def summary(out: str) -> dict:
@@ -78,15 +76,13 @@ def build(
     pipeline_args: Sequence[str] = (),
     **flags: Any,
 ) -> dict:
-    """Run ``lidarshard build`` in this process; returns :func:`summary` of the published OUT.
+    """``lidarshard build INPUT OUT`` in this process; returns :func:`summary` of OUT.
 
     Args:
-        input: INPUT (``[NAME=]PATH``, a str or ``os.PathLike``: a directory, glob or dataset root; see
-            docs/CLI.md's dataset layouts), or a list of them for one plan; None with ``from_samples=...``.
+        input: INPUT (``[NAME=]PATH``, str or ``os.PathLike``) or a list of them; None with ``from_samples``.
         out: OUT, replaced atomically on success.
         world_size, batch_size: W ranks, B samples per rank per step.
-        runner: Beam runner name (``FnApiRunner``, ``DataflowRunner``, ...); default as the CLI.
-        pipeline_args: further Beam flags, e.g. ``["--direct_num_workers=2"]``.
+        runner, pipeline_args: the Beam runner's name and further Beam flags (``["--direct_num_workers=2"]``).
         **flags: any other ``build`` flag in snake case (``epochs=3``, ``bucket_weights=(1, 2)``, ``pad=True``).
 
     Raises:
@@ -98,7 +94,6 @@ def build(
 
 
 def _beam_argv(runner: Any, pipeline_args: Any) -> list[str]:
-    """``runner`` and ``pipeline_args`` as Beam's command line (a str and a list of str, checked)."""
     if runner is not None and not isinstance(runner, str):
         raise UsageError(f"runner {runner!r} is not a runner's name (a str such as 'FnApiRunner')")
     if isinstance(pipeline_args, str) or not all(isinstance(a, str) for a in pipeline_args or ()):
@@ -109,7 +104,6 @@ def _beam_argv(runner: Any, pipeline_args: Any) -> list[str]:
 
 
 def _run(opts: BuildOptions, runner: Any, pipeline_args: Any, kept: Kept | None = None) -> dict:
-    """The checked build of ``opts`` (``kept``: see ``preflight.build_settings``) run and published."""
     beam_argv = _beam_argv(runner, pipeline_args)
     dry_run = launch.dry_run_requested(beam_argv)
     settings = build_settings(opts, dry_run, kept)
@@ -131,17 +125,9 @@ def replan(
     runner: str | None = None,
     pipeline_args: Sequence[str] = (),
 ) -> dict:
-    """Re-plan manifest ``out`` from epoch ``from_epoch`` on with ``cost_model`` (``@fit.json`` from
-    ``lidarshard calibrate``) into ``new_out``: ``build new_out --from-samples out/samples --replan-from E``
-    with ``out``'s own plan settings, constructed from the manifest read here once (``replan.continued``).
-    Epochs before E keep ``out``'s plan byte for byte; a running sampler moves to ``new_out`` with
-    ``switch_plan(new_out)``. Returns :func:`summary`.
-
-    Raises:
-        UsageError: ``out`` is not a committed manifest, ``from_epoch`` is not an int (None is refused:
-            a re-plan keeps the epochs before it; ``lidarshard.build`` plans every epoch anew) or is outside
-            its epochs, no or a bad model.
-    """
+    """``build new_out --from-samples out/samples --replan-from from_epoch --cost-model cost_model`` with
+    ``out``'s plan settings, constructed from its manifest read once (``preflight.continued``); epochs before
+    keep ``out``'s plan byte for byte (a sampler moves with ``switch_plan(new_out)``). Returns :func:`summary`."""
     out = keyword(BuildOptions, "from_samples", out)
     try:
         m = load_manifest(out)
@@ -182,22 +168,19 @@ def write_manifest(
     cost_model: Any = None,
     **flags: Any,
 ) -> dict:
-    """Plan and write a manifest from your own sample list (no scan), in this process; returns :func:`summary`.
+    """Plan and write a manifest of your own sample list (no scan: ``build OUT --from-samples``), in this
+    process (Beam's in-memory runner); returns :func:`summary`.
 
     Args:
-        samples: pyarrow Table, pandas DataFrame or list of dicts, one row per sample: ``sample_id``
-            (strings; ids are sorted as text, so zero-pad numbers), ``path`` (full paths or URIs), and
-            ``cost`` or the size columns of ``lidarshard.schemas.SAMPLE_FIELDS`` the cost model reads;
-            other sample columns (``sweep_paths``, ...) are kept when present.
-        out: OUT directory (local or any Beam filesystem; a str or ``os.PathLike``), replaced atomically.
+        samples: pyarrow Table, pandas DataFrame or list of dicts, one row per sample: ``sample_id`` (strings,
+            sorted as text: zero-pad numbers), ``path`` (full paths or URIs), and ``cost`` or the size columns
+            the cost model reads; other sample columns (``sweep_paths``, ...) are kept.
+        out: OUT directory (str or ``os.PathLike``), replaced atomically.
         world_size, batch_size: W ranks, B samples per rank per step.
-        rejects: rows already rejected upstream (``lidarshard.schemas.reject_schema()``), kept in
-            rejects.parquet and the counts.
-        cost_model: as ``--cost-model``; None uses the ``cost`` column when there is one, else voxels.
-        **flags: the flags of the plan and output groups in snake case (``epochs``, ``seed``, ``strategy``,
-            ``buckets``, ``bucket_weights``, ``pad``, ``max_plan_factor``, ``max_reject_fraction``,
-            ``part_rows``, caps); ``sample_weights="COLUMN"`` takes per-sample weights from that column
-            of ``samples``, ``repeat_factors="lidarseg:t=T"`` reads each ``label_path`` (as given).
+        rejects: rows rejected upstream (``lidarshard.schemas.reject_schema()``), kept in rejects.parquet.
+        cost_model: as ``--cost-model``; None: the ``cost`` column when there is one, else voxels.
+        **flags: the plan and output groups' flags in snake case (``TABLE_KEYS``); ``sample_weights="COLUMN"``
+            reads a column of ``samples``, ``repeat_factors="lidarseg:t=T"`` each ``label_path``.
 
     Raises:
         UsageError: a bad flag, value or column, before anything is written.
@@ -229,7 +212,6 @@ def write_manifest(
 
 
 def _rejects(rejects: Any) -> pa.Table:
-    """``write_manifest``'s ``rejects`` as the rejects schema (None: none)."""
     if rejects is None:
         return schemas.reject_schema().empty_table()
     try:
@@ -238,3 +220,50 @@ def _rejects(rejects: Any) -> pa.Table:
         raise UsageError(
             f"rejects: not the rejects schema (lidarshard.schemas.reject_schema()): {e}"
         ) from None
+
+
+class _HeldBeamRecords(logging.Handler):  # Beam's records of an API run, re-logged at DEBUG
+    def emit(self, record: logging.LogRecord) -> None:
+        _BEAM_LOG.debug("%s: %s", record.name, record.getMessage(), exc_info=record.exc_info)
+
+
+@contextmanager
+def beam_output_held() -> Iterator[None]:
+    """Around one API run: Beam's records and fd 2 go to ``lidarshard.beam`` at DEBUG, nothing to the caller's
+    stderr; a failure is raised as its one line (``cli.one_line``; its type, else RuntimeError)."""
+    beam, root = logging.getLogger("apache_beam"), logging.getLogger()
+    held, hidden, propagate = _HeldBeamRecords(), BeamRootRecords(logging.CRITICAL + 1), beam.propagate
+    beam.addHandler(held)
+    beam.propagate = False
+    root.addFilter(hidden)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        except UsageError:
+            raise
+        except Exception as e:
+            _BEAM_LOG.debug("the run failed", exc_info=e)
+            raise _one_line_error(e) from None
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            root.removeFilter(hidden)
+            beam.propagate = propagate
+            beam.removeHandler(held)
+            caught.seek(0)
+            text = caught.read().decode("utf-8", "replace")
+            if text:
+                _BEAM_LOG.debug("stderr of the run:\n%s", text)
+
+
+def _one_line_error(e: Exception) -> Exception:
+    line = one_line(e)
+    try:
+        same = type(e)(line)
+    except Exception:
+        return RuntimeError(line)
+    return same if str(same) == line else RuntimeError(line)  # BeamIOError appends its exceptions

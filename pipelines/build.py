@@ -21,24 +21,18 @@ import apache_beam as beam
 from lidarshard import schemas
 from lidarshard.loaders.reader import read_samples
 from lidarshard.pipelines import launch, understood
-from lidarshard.pipelines.checks import check_locations
-from lidarshard.pipelines.flags import BeamParser
-from lidarshard.pipelines.options import BuildOptions
-from lidarshard.pipelines.preflight import build_settings
-from lidarshard.pipelines.runners import check_workers_reach, run_paths
+from lidarshard.pipelines.options import BeamParser, BuildOptions
+from lidarshard.pipelines.preflight import BuildSettings, build_settings
 from lidarshard.pipelines.scan import scan_samples
-from lidarshard.pipelines.settings import BuildSettings
 from lidarshard.tools.epoch_seconds import epoch_lines, plan_loads
 from lidarshard.transforms.beam.build_transform import BuildManifest
 from lidarshard.transforms.beam.scan_transform import scan_results
 from lidarshard.transforms.core.score import Source, previous_source
-from lidarshard.transforms.declare import from_flags
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.metadata import load_manifest
 from lidarshard.transforms.plan.epoch_time import untimed
 from lidarshard.transforms.plan.explain import COLUMNS, plan_buys
 from lidarshard.transforms.plan.memory import format_bytes
-from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["run", "parser", "build_pipeline", "launch_build", "print_summary", "SCANNED_DIR"]
 
@@ -113,8 +107,7 @@ def print_summary(out: str) -> None:
     --help`` says what each means), what the plan buys in plain words, and where the manifest is."""
     m = load_manifest(out)
     c = m.counts
-    short = understood.short_sweeps_by_input(out, m.provenance)
-    for line in understood.input_lines(m.provenance, understood.accepted_by_input(out), short):
+    for line in understood.input_lines(m.provenance, *understood.by_input(out, m.provenance)):
         print(line)
     print(
         understood.counts_line(c.scanned, c.accepted, c.rejected, c.dropped, c.padded)
@@ -175,24 +168,9 @@ def _or_nan(value: float | None) -> float:
 
 def run(argv: list[str] | None = None) -> int:
     """Entry point of ``lidarshard build``: exits 2 on a usage error, raises when the run fails."""
-    p = parser()
-    args, beam_argv = p.parse(argv)
-    try:
-        dry_run = launch.dry_run_requested(beam_argv)
-        opts = from_flags(BuildOptions, args)
-        settings = build_settings(opts, dry_run)
-        check_workers_reach(beam_argv, run_paths(settings), opts.shared_filesystem)
-        if not dry_run:  # a dry run works offline
-            check_locations(beam_argv)
-    except UsageError as e:
-        p.fail(str(e))
-    if not dry_run:
-        understood.warn_live(settings.output, "build")
-    if launch_build(settings, beam_argv):
-        print_summary(settings.output)
-    else:
-        print(launch.DRY_RUN_NOTE)
-    return 0
+    return launch.run_command(
+        "build", parser(), argv, BuildOptions, build_settings, launch_build, print_summary
+    )
 
 
 if __name__ == "__main__":

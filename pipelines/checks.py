@@ -1,7 +1,6 @@
-"""Every check of a path the user gave, made before Beam starts: INPUT, OUT, the nuScenes version and
-``--from-samples``. Each raises :class:`~lidarshard.transforms.declare.UsageError` with one line naming
-the path and what is wrong. Where any run may publish is one rule (``check_output_parent``, with
-``tools.outputs``): never inside another published manifest or scan.
+"""Every check of a path the user gave, before Beam starts: INPUT, OUT, the nuScenes version, ``--from-samples``
+and Beam's temp/staging locations; each a UsageError naming the path. Where any run may publish is one rule
+(``check_output_parent``, with ``tools.outputs``).
 """
 
 from __future__ import annotations
@@ -18,23 +17,13 @@ from lidarshard.schemas import SUCCESS_FILE
 from lidarshard.tools.outputs import check_output_path
 from lidarshard.transforms.core import earlier_run
 from lidarshard.transforms.io import paths, storage
+from lidarshard.transforms.layouts import STORAGE_IO, nuscenes
 from lidarshard.transforms.value_checks import UsageError
 
-__all__ = [
-    "REMOTE_TIMEOUT_S",
-    "check_input",
-    "check_output",
-    "check_output_parent",
-    "check_nuscenes",
-    "check_from_samples",
-    "check_locations",
-    "is_pattern",
-    "real",
-    "under",
-]
+__all__ = ["REMOTE_TIMEOUT_S", "check_input", "check_output", "check_output_parent", "check_nuscenes",
+           "check_from_samples", "check_locations", "is_pattern", "real", "under"]  # fmt: skip
 
-#: Seconds a remote store (gs://, s3://, ...) has to answer the first look at INPUT, OUT or a Beam
-#: temp/staging location before the run is refused (its clients retry for minutes otherwise).
+#: Seconds a remote store has to answer the first look at a path (its clients retry for minutes otherwise).
 REMOTE_TIMEOUT_S = 10.0
 
 _T = TypeVar("_T")
@@ -49,12 +38,8 @@ def _reason(e: BaseException) -> str:
 
 
 def _answer(what: str, path: str, probe: Callable[[], _T]) -> _T:
-    """``probe()``, which looks at ``path``; for a remote path it gets ``REMOTE_TIMEOUT_S`` seconds.
-
-    Raises:
-        UsageError: one line naming ``what`` and ``path``: no filesystem for its scheme, no answer in
-            time, or the store's error (unreachable endpoint, unknown bucket, no credentials).
-    """
+    """``probe()`` of ``path``, given ``REMOTE_TIMEOUT_S`` when remote; UsageError naming ``what`` and ``path``:
+    no filesystem for its scheme, no answer in time, or the store's error."""
     if storage.is_local(path):
         return probe()
     box: dict[str, Any] = {}
@@ -84,11 +69,6 @@ def _answer(what: str, path: str, probe: Callable[[], _T]) -> _T:
     return box["value"]
 
 
-def _matches(pattern: str) -> bool:
-    """True when ``pattern`` (a glob; ``**`` spans folders) matches at least one file."""
-    return bool(storage.glob(pattern))
-
-
 def _kind(path: str) -> str | None:
     """``"file"``, ``"dir"`` (a local directory, or a remote prefix holding a file) or None."""
     if storage.is_local(path):
@@ -97,13 +77,6 @@ def _kind(path: str) -> str | None:
     if storage.exists(path):
         return "file"
     return "dir" if storage.is_dir(path) else None
-
-
-def _exists(path: str) -> bool:
-    """A file or directory (remote: a prefix holding files) at ``path``; a local broken link counts."""
-    if storage.is_local(path):
-        return os.path.lexists(storage.local_path(path))
-    return _kind(path) is not None
 
 
 def is_pattern(path: str) -> bool:
@@ -118,11 +91,9 @@ def _root_of(path: str) -> str:
 
 
 def check_input(path: str) -> None:
-    """INPUT must exist: a directory (remote: a prefix holding files) or a glob matching something. A
-    single file is refused (sample ids are paths relative to INPUT: pass its directory or a glob); a
-    remote INPUT must answer within ``REMOTE_TIMEOUT_S``."""
+    """INPUT is a directory (remote: a prefix holding files) or a glob matching something, never a file."""
     if is_pattern(path):
-        if not _answer("INPUT", path, lambda: _matches(path)):
+        if not _answer("INPUT", path, lambda: bool(storage.glob(path))):
             raise UsageError(f"INPUT {path}: the pattern matches no file")
         return
     kind = _answer("INPUT", path, lambda: _kind(path))
@@ -136,8 +107,7 @@ def check_input(path: str) -> None:
 
 
 def check_locations(beam_argv: Sequence[str]) -> None:
-    """The Beam ``--temp_location`` / ``--staging_location`` of a run, when remote, must answer within
-    ``REMOTE_TIMEOUT_S`` (they need not exist yet). Raises UsageError naming the flag and the path."""
+    """Beam's remote ``--temp_location`` / ``--staging_location`` answer in time (they need not exist yet)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     options = PipelineOptions(list(beam_argv)).get_all_options(drop_default=True)
@@ -160,10 +130,8 @@ def under(path: str, root: str) -> bool:
 
 
 def check_output(out: str, inputs: list[str], publish: bool = True) -> None:
-    """OUT must be replaceable: not a file, neither INPUT nor inside it nor holding it (after resolving
-    links: publishing replaces OUT wholesale), holding nothing lidarshard did not write
-    (``owned.check_replaceable``), reachable within ``REMOTE_TIMEOUT_S`` when remote, its parent
-    writable (``publish=False``, a dry run: only the first checks)."""
+    """OUT is replaceable: apart from every INPUT (links resolved), holding nothing lidarshard did not write,
+    reachable, its parent writable (``publish=False``, a dry run: the first check only)."""
     for inp in inputs:
         root = _root_of(inp)
         outer, inner = real(root), real(out)
@@ -189,8 +157,7 @@ def check_output(out: str, inputs: list[str], publish: bool = True) -> None:
 
 
 def check_output_parent(out: str) -> None:
-    """OUT must not lie inside another published manifest or scan (but in its ``report/``: the rule of every
-    writer, ``tools.outputs``), must not be a file and (local) its nearest existing parent must be writable."""
+    """OUT is not inside another published output (``tools.outputs``) nor a file; a local one's parent writable."""
     try:
         _answer("OUT", out, lambda: check_output_path(out, "OUT"))
     except ValueError as e:
@@ -214,14 +181,6 @@ def check_output_parent(out: str) -> None:
         raise UsageError(f"OUT {out}: cannot write into {parent} ({e.strerror or e})") from None
 
 
-def _versions(dataroot: str) -> list[str]:
-    """The table folders (``v1.*``) under ``dataroot`` that hold ``sample_data.json`` (the nuScenes
-    layout's own listing, given ``REMOTE_TIMEOUT_S`` for a remote root)."""
-    from lidarshard.transforms.layouts import STORAGE_IO, nuscenes
-
-    return _answer("INPUT", dataroot, lambda: nuscenes.versions(dataroot, STORAGE_IO))
-
-
 def check_nuscenes(input: str, version: str | None) -> None:
     """A dataroot needs ``--nuscenes-version``; a version must be one of the folders present."""
     if is_pattern(input):
@@ -230,7 +189,7 @@ def check_nuscenes(input: str, version: str | None) -> None:
                 f"--nuscenes-version {version}: INPUT must be the dataroot directory, not a pattern"
             )
         return
-    present = _versions(input)
+    present = _answer("INPUT", input, lambda: nuscenes.versions(input, STORAGE_IO))
     if version is None:
         if present:
             raise UsageError(
@@ -246,10 +205,14 @@ def check_nuscenes(input: str, version: str | None) -> None:
 
 
 def check_from_samples(path: str) -> tuple[int, float | None]:
-    """``--from-samples`` must be samples of ours, a samples directory or a 2.x samples.parquet
-    (``previous_rows``). Returns
-    (rows, the reject fraction its run recorded, or None)."""
-    if not _answer("--from-samples", path, lambda: _exists(path)):  # a prefix on object stores
+    """``--from-samples`` is samples of ours (``previous_rows``); returns (rows, the recorded reject fraction)."""
+
+    def there() -> bool:  # a local broken link counts; remote: a prefix holding files
+        return (
+            os.path.lexists(storage.local_path(path)) if storage.is_local(path) else _kind(path) is not None
+        )
+
+    if not _answer("--from-samples", path, there):
         raise UsageError(f"--from-samples {path} does not exist")
     try:
         rows, first = earlier_run.previous_rows(path)

@@ -1,20 +1,11 @@
-"""The ``lidarshard`` command: ``lidarshard <subcommand> ...``; each subcommand is a module's ``run``.
+"""The ``lidarshard`` command: ``lidarshard <subcommand> ...``, each subcommand a module's ``run``.
 
-What the command shows is decided here, once per process (:func:`configure`): its own lines, a
-progress line (:func:`running`), and no Beam, Dask or worker output unless asked for
-(``-v``/``--verbose``, ``--debug``). Measured on Beam 2.77, default DirectRunner with 2 worker
-processes, installed as ``make demo`` installs it (no ``[gcp]`` extra): the SDK workers inherit the
-launcher's stderr and log at INFO, and an import-time ``logging.warning("apitools not found")``
-installs a stderr handler in each of them, so the demo's build printed 42 worker lines and a failed
-build (4 samples, ``--world-size 8 --batch-size 4``) 205 before its one line. With
-``--default_sdk_harness_log_level=CRITICAL`` 4 and 77 were left: the import-time lines come before the
-option is read, and the harness ``print``s a failed bundle's traceback to stderr whatever the level
-(``sdk_worker._execute``). So a quiet run points file descriptor 2 at ``/dev/null`` while the
-pipeline runs: every worker process started meanwhile inherits it (DirectRunner ``multi_processing``,
-a local Dask cluster) and in-process runners write there too. Dask's loggers (a local cluster's
-scheduler runs in this process: 53 lines a build) follow ``DASK_LOGGING__DISTRIBUTED``, which its
-worker processes inherit. Our own lines (the summary, the one-line error, Ctrl-C's line) are written
-once stderr is back.
+What the command shows is decided here, once per process (:func:`configure`): its own lines, a progress line
+(:func:`running`), and no Beam, Dask or worker output unless asked for (``-v``, ``--debug``). Beam's SDK workers
+inherit stderr, log at INFO before reading any option and ``print`` a failed bundle's traceback (Beam 2.77: 42
+lines a demo build, 205 before a failed build's one line), so a quiet run points fd 2 at ``/dev/null`` while the
+pipeline runs, which every worker process started meanwhile inherits; Dask follows
+``DASK_LOGGING__DISTRIBUTED``. Our own lines are written once stderr is back.
 """
 
 from __future__ import annotations
@@ -32,7 +23,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from types import FrameType
 
@@ -40,26 +31,15 @@ from lidarshard import __version__
 from lidarshard.transforms import progress
 from lidarshard.transforms.declare import DEBUG_ENV
 
-__all__ = [
-    "main",
-    "one_line",
-    "DEBUG_ENV",
-    "SUBCOMMANDS",
-    "BEAM_COMMANDS",
-    "Console",
-    "configure",
-    "running",
-    "BeamRootRecords",
-    "PROGRESS_EVERY_S",
-]
+__all__ = ["main", "one_line", "DEBUG_ENV", "SUBCOMMANDS", "BEAM_COMMANDS", "Console", "configure", "running",
+           "BeamRootRecords", "PROGRESS_EVERY_S"]  # fmt: skip
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Rejects|Failed)): (.+)$", re.MULTILINE)
 
 
 def one_line(exc: BaseException) -> str:
-    """The one line a person needs from a failed run: the innermost error message, without the
-    tracebacks Beam's runners wrap around it (``[while running 'Step']`` and the `` with exceptions None``
-    each re-raise of a ``BeamIOError`` appends dropped)."""
+    """The innermost error message of a failed run, without Beam's wrapping (``[while running 'Step']``, the
+    `` with exceptions None`` each re-raise of a ``BeamIOError`` appends)."""
     text = str(exc)
     found = _ERROR_LINE.findall(text)
     line = found[-1][1] if found else (text.strip().splitlines() or [type(exc).__name__])[0]
@@ -79,12 +59,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "validate": ("lidarshard.tools.validate", "check a manifest directory against the contract"),
     "report": ("lidarshard.tools.report", "plots and a summary of a manifest directory"),
-    "calibrate": (
-        "lidarshard.tools.calibrate",
-        "fit the linear cost model to measured step timings",
-    ),
+    "calibrate": ("lidarshard.tools.calibrate", "fit the linear cost model to measured step timings"),
 }
-
 
 #: The subcommands that run a Beam pipeline (their parsers take --debug, -v, --progress and Beam options).
 BEAM_COMMANDS = ("synth", "scan", "build")
@@ -105,13 +81,9 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------- what a run shows
-
-
 @dataclass(frozen=True)
 class Console:
-    """What a run shows: ``label`` names it in the progress line; ``quiet`` hides Beam's, Dask's and
-    the workers' output while the pipeline runs; ``progress`` draws the progress line on stderr."""
+    """What a run shows: ``label`` in the progress line; ``quiet``: no Beam, Dask or worker output; ``progress``."""
 
     label: str = "lidarshard"
     quiet: bool = False
@@ -122,11 +94,7 @@ _state = Console()  # the Python API's: nothing hidden, no progress line
 
 
 class BeamRootRecords(logging.Filter):
-    """Hold records that Beam's modules log through the *root* logger to the level set for Beam.
-
-    ``apache_beam.io.gcp...bigquery`` calls ``logging.warning("apitools not found ...")`` when it is
-    imported without the gcp extra; that line would precede every one-line error.
-    """
+    """Records Beam's modules log through the root logger held to Beam's level (``apitools not found``)."""
 
     def __init__(self, level: int) -> None:
         super().__init__()
@@ -138,9 +106,8 @@ class BeamRootRecords(logging.Filter):
 
 
 def configure(label: str, *, verbose: bool, progress: bool) -> None:
-    """Set this process's output once, before the command imports Beam: log levels (with ``verbose``
-    ours, Beam's and Dask's at INFO; else warnings of ours only), Dask's logging in the worker
-    processes it starts, and what :func:`running` does."""
+    """Set this process's output once, before Beam is imported: log levels (``verbose``: ours, Beam's and Dask's
+    at INFO; else our warnings), Dask's in its workers, what :func:`running` does."""
     global _state
     _state = Console(label, quiet=not verbose, progress=progress)
     root = logging.getLogger()
@@ -158,42 +125,31 @@ def configure(label: str, *, verbose: bool, progress: bool) -> None:
 
 @contextmanager
 def running() -> Iterator[None]:
-    """Around one pipeline run: the progress line (when on) and, when quiet, stderr (fd 2) on
-    ``/dev/null`` for everything the run starts or writes; SIGINT/SIGTERM put the terminal back
-    first, then run the handler in force (the launcher's one line)."""
-    state = _state
-    steps: list[Callable[[], None]] = []  # undone last to first, each at most once
-    try:
-        if state.progress:
-            steps.append(_show_progress(state.label))
-        if state.quiet:
-            steps.append(_stderr_to_null())
-        if steps:
-            steps.append(_undo_on_signal(list(steps)))
+    """Around one pipeline run: the progress line, and when quiet fd 2 on ``/dev/null``; SIGINT/SIGTERM put the
+    terminal back first, then run the handler in force."""
+    with ExitStack() as undo:  # undone last to first, each once
+        if _state.progress:
+            undo.callback(_show_progress(_state.label))
+        if _state.quiet:  # worker processes started from now on inherit fd 2
+            sys.stderr.flush()
+            saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 2)
+            os.close(null)
+            undo.callback(_restore_stderr, saved)
+        if (_state.progress or _state.quiet) and threading.current_thread() is threading.main_thread():
+            _undo_on_signal(undo)
         yield
-    finally:
-        _undo(steps)
 
 
-def _undo(steps: list[Callable[[], None]]) -> None:
-    while steps:
-        steps.pop()()
-
-
-def _once(fn: Callable[[], None]) -> Callable[[], None]:
-    done = threading.Event()
-
-    def call() -> None:
-        if not done.is_set():
-            done.set()
-            fn()
-
-    return call
+def _restore_stderr(saved: int) -> None:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
 
 
 def _show_progress(label: str) -> Callable[[], None]:
-    """Start the progress line: a directory for the workers' tallies (``$LIDARSHARD_PROGRESS_DIR``) and
-    a thread redrawing the line every ``PROGRESS_EVERY_S`` s on a copy of stderr. Returns its stop."""
+    """Start the progress line (workers' tallies in ``$LIDARSHARD_PROGRESS_DIR``, redrawn every
+    ``PROGRESS_EVERY_S`` s on a copy of stderr); returns its stop."""
     directory = tempfile.mkdtemp(prefix="lidarshard-progress-")
     before = os.environ.get(progress.ENV)
     os.environ[progress.ENV] = directory
@@ -223,35 +179,17 @@ def _show_progress(label: str) -> Callable[[], None]:
             os.environ[progress.ENV] = before
         shutil.rmtree(directory, ignore_errors=True)
 
-    return _once(stop)
+    return stop
 
 
-def _stderr_to_null() -> Callable[[], None]:
-    """Point fd 2 at /dev/null (worker processes started from now on inherit it). Returns the undo."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    os.close(null)
-
-    def restore() -> None:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-
-    return _once(restore)
-
-
-def _undo_on_signal(steps: list[Callable[[], None]]) -> Callable[[], None]:
-    """SIGINT/SIGTERM handlers that undo ``steps`` (the terminal back) and then call the handlers in
-    force. Main thread only (elsewhere signals cannot be handled). Returns the handlers' removal."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+def _undo_on_signal(undo: ExitStack) -> None:
+    """SIGINT/SIGTERM handlers that close ``undo`` (the terminal back), then call the handlers in force."""
     sigs = (signal.SIGINT, signal.SIGTERM)
     before = {s: signal.getsignal(s) for s in sigs}
+    inner = undo.pop_all()  # what the handler undoes; the handlers are removed after it
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        _undo(steps)
+        inner.close()
         previous = before[signal.Signals(signum)]
         if callable(previous):
             previous(signum, frame)
@@ -261,19 +199,11 @@ def _undo_on_signal(steps: list[Callable[[], None]]) -> Callable[[], None]:
 
     for s in sigs:
         signal.signal(s, handler)
-
-    def remove() -> None:
-        for s, h in before.items():
-            signal.signal(s, h)
-
-    return remove
-
-
-# ------------------------------------------------------------------------------------------ main
+    undo.push(inner)
+    undo.callback(lambda: [signal.signal(s, h) for s, h in before.items()])
 
 
 def _switch(argv: list[str], *names: str) -> bool:
-    """Whether one of the switches ``names`` is given (before a ``--``)."""
     given = argv[: argv.index("--")] if "--" in argv else argv
     return any(a in names for a in given)
 
@@ -295,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = _switch(rest, "--debug") or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     beam = name in BEAM_COMMANDS
-    # The parsers declare -v/--verbose and --progress (flags.BeamParser); they act here, before
-    # Beam is imported: its import-time records and Dask's logging follow them.
+    # -v and --progress (options.BeamParser) act here, before Beam is imported
     verbose = debug or (beam and _switch(rest, "-v", "--verbose"))
     shown = beam and (_switch(rest, "--progress") or (sys.stderr.isatty() and not verbose))
     configure(f"lidarshard {name}", verbose=verbose, progress=shown)

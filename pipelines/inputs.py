@@ -1,12 +1,8 @@
-"""The INPUTs of a run, resolved once before Beam starts: each one's name, layout and weight.
+"""The INPUTs of a run, resolved once before Beam starts: each one's name, layout, weight and label map.
 
-``INPUT`` is ``[NAME=]PATH``: a directory or glob of point-cloud files, or the root of a dataset
-layout (nuScenes/Lyft tables, Argoverse 2 sensor logs, SemanticKITTI sequences, Waymo Open v2
-components), recognised from what is there (``transforms.layouts.detect``) unless ``--dataset``
-names it. Several INPUTs make one plan: each sample_id is prefixed with its dataset's NAME (default:
-the INPUT's last path component), ``--dataset-weights NAME=W,...`` scales a dataset's expected copies
-per epoch, and paths are stored relative to the INPUTs' common parent. Problems raise
-:class:`~lidarshard.transforms.declare.UsageError` with one line.
+``INPUT`` is ``[NAME=]PATH``: a directory or glob of point clouds, or a dataset layout's root, recognised from
+what is there (``transforms.layouts.detect``) unless ``--dataset`` names it. Several make one plan, each
+sample_id prefixed with its NAME (default: the last path component). Problems: UsageError, one line.
 """
 
 from __future__ import annotations
@@ -17,60 +13,39 @@ from collections.abc import Mapping, Sequence
 
 from lidarshard.pipelines import checks, understood
 from lidarshard.transforms import layouts
+from lidarshard.transforms.features import repeat
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.layouts import FILES, Dataset
 from lidarshard.transforms.value_checks import UsageError
 
-__all__ = [
-    "resolve_datasets",
-    "split_input",
-    "common_root",
-    "label_maps",
-    "dataset_json",
-    "LAYOUT_IO",
-]
+__all__ = ["resolve_datasets", "split_input", "common_root", "label_maps", "check_layout_flags",
+           "check_weights", "LAYOUT_IO"]  # fmt: skip
 
-#: Layout access before Beam: the one over ``storage`` the pipeline uses too.
 LAYOUT_IO = layouts.STORAGE_IO
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _TITLES = understood.TITLES | {"nuscenes": "a nuScenes dataroot"}
 
 
 def split_input(spec: str) -> tuple[str | None, str]:
-    """``NAME=PATH`` -> (NAME, PATH); a PATH alone (or one whose ``NAME=`` part is not a plain name,
-    or an existing local path) -> (None, PATH)."""
+    """``NAME=PATH`` -> (NAME, PATH); else (an existing path, a ``NAME=`` that is no plain name) (None, PATH)."""
     name, eq, path = spec.partition("=")
     if eq and _NAME.fullmatch(name) and path and not os.path.exists(spec):
         return name, path
     return None, spec
 
 
-def _layouts_flag(given: str | tuple[tuple[str, str], ...] | None, names: Sequence[str]) -> dict[str, str]:
-    """``--dataset`` (one layout for every INPUT, or (NAME, LAYOUT) pairs) -> {dataset name: layout}."""
-    if given is None:
-        return {}
-    pairs = dict(given) if isinstance(given, tuple) else dict.fromkeys(names, given)
-    for name in pairs:
+def _named(flag: str, given: Mapping[str, object], names: Sequence[str], fmt: str = "") -> None:
+    """Each NAME of ``flag`` (``--dataset``, ``--dataset-weights``, ``--sweeps``) is an INPUT's."""
+    for name in given:
         if name not in names:
-            shown = ",".join(f"{k}={v}" for k, v in pairs.items())
-            raise UsageError(f"--dataset {shown}: no INPUT is named {name!r} (INPUTs: {', '.join(names)})")
-    return pairs
-
-
-def _check_weights(weights: Mapping[str, float], names: Sequence[str]) -> None:
-    """Each NAME of ``--dataset-weights`` (parsed and range-checked with the plan flags) is an INPUT's."""
-    for name in weights:
-        if name not in names:
-            given = ",".join(f"{k}={v:g}" for k, v in weights.items())
-            raise UsageError(
-                f"--dataset-weights {given}: no INPUT is named {name!r} (INPUTs: {', '.join(names)})"
-            )
+            shown = ",".join(f"{k}={v:{fmt}}" for k, v in given.items())
+            raise UsageError(f"{flag} {shown}: no INPUT is named {name!r} (INPUTs: {', '.join(names)})")
 
 
 def _layout(path: str, forced: str | None, version: str | None, look: bool) -> str:
-    """The layout of INPUT ``path``: ``forced`` (checked against what is there), else detected; with
-    ``version`` (``--nuscenes-version`` of a one-INPUT run) nuScenes. Without ``look`` (an offline dry
-    run) nothing is read."""
+    """INPUT ``path``'s layout: ``forced`` (checked against what is there; ``version``: nuScenes), else detected;
+    without ``look`` (an offline dry run) nothing is read."""
     if forced is None and version:
         forced = "nuscenes"
     if not look:
@@ -106,30 +81,26 @@ def _layout(path: str, forced: str | None, version: str | None, look: bool) -> s
 
 
 def resolve_datasets(
-    specs: Sequence[str],
+    specs: Sequence[tuple[str | None, str]],
     dataset: str | tuple[tuple[str, str], ...] | None,
     weights: Mapping[str, float],
     version: str | None,
     look: bool,
 ) -> tuple[Dataset, ...]:
-    """The checked INPUTs of a run (``specs``: ``[NAME=]PATH`` each, paths already absolute or URIs;
-    ``dataset``, ``weights``: the checked ``--dataset`` and ``--dataset-weights``).
-
-    Raises:
-        UsageError: a missing INPUT, two with one name, a layout flag that does not fit, bad weights.
-    """
-    split = [split_input(s) for s in specs]
-    names = [name or layouts.dataset_name(path) for name, path in split]
+    """The checked INPUTs (``specs``: (NAME or None, PATH), paths absolute or URIs) with ``--dataset``'s layouts,
+    ``--dataset-weights``' weights and ``version``."""
+    names = [name or layouts.dataset_name(path) for name, path in specs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise UsageError(
             f"two INPUTs are named {dup[0]!r}: name them, e.g. nusc=/data/nuscenes kitti=/data/kitti"
         )
-    forced = _layouts_flag(dataset, names)
-    _check_weights(weights, names)
-    _check_apart([path for _, path in split], look)
+    forced = dict(dataset) if isinstance(dataset, tuple) else dict.fromkeys(names, dataset) if dataset else {}
+    _named("--dataset", forced, names)
+    _named("--dataset-weights", weights, names, "g")
+    _check_apart([path for _, path in specs], look)
     out = []
-    for name, (_, path) in zip(names, split, strict=True):
+    for name, (_, path) in zip(names, specs, strict=True):
         if look:
             checks.check_input(path)
         # one INPUT: --nuscenes-version says it is a dataroot; several: it serves the nuScenes ones
@@ -141,8 +112,7 @@ def resolve_datasets(
 
 
 def _check_apart(paths: Sequence[str], look: bool) -> None:
-    """No INPUT holds another or shares a file with it (its files would be scanned twice, under two
-    names): directories by their paths, patterns (``look``: they are listed) by the files they match."""
+    """No INPUT holds another or shares a file with it (directories by path, patterns with ``look`` by file)."""
     roots = [(checks.real(p), p) for p in paths if not checks.is_pattern(p)]
     for i, (a, shown_a) in enumerate(roots):
         for b, shown_b in roots[i + 1 :]:
@@ -174,8 +144,7 @@ def _check_apart(paths: Sequence[str], look: bool) -> None:
 
 
 def label_maps(datasets: Sequence[Dataset], look: bool) -> dict[str, dict[int, int]]:
-    """{dataset name: {raw label id: class id}} for the datasets whose layout maps labels (read before
-    Beam, so a bad map is one line now, not a failed run)."""
+    """{dataset name: {raw label id: class id}} of the layouts that map labels (a bad map: one line now)."""
     out = {}
     for d in datasets:
         if not look or d.layout == FILES:
@@ -193,33 +162,106 @@ def label_maps(datasets: Sequence[Dataset], look: bool) -> dict[str, dict[int, i
 
 
 def common_root(roots: Sequence[str]) -> str | None:
-    """The deepest directory holding every one of ``roots`` (local paths, or URIs of one scheme and
-    bucket), or None when they share none (then full paths are stored)."""
+    """The deepest directory holding all ``roots`` (local, or URIs of one scheme and bucket), else None."""
     if not roots:
         return None
     if all(storage.is_local(r) for r in roots):
         try:
-            found = os.path.commonpath([r.rstrip("/") or "/" for r in roots])
+            return os.path.commonpath([r.rstrip("/") or "/" for r in roots])
         except ValueError:
             return None
-        return found if found != "/" else "/"
     schemes = {r.split("://", 1)[0] for r in roots if "://" in r}
     if len(schemes) != 1 or not all("://" in r for r in roots):
         return None
-    parts = [r.rstrip("/").split("/") for r in roots]
-    common = []
-    for level in zip(*parts, strict=False):
-        if len(set(level)) != 1:
-            break
-        common.append(level[0])
+    common = os.path.commonprefix([r.rstrip("/").split("/") for r in roots])
     # scheme://bucket is parts [scheme:, "", bucket]: a common root needs at least the bucket
     return "/".join(common) if len(common) >= 3 and common[2] else None
 
 
-def dataset_json(datasets: Sequence[Dataset], maps: Mapping[str, Mapping[int, int]]) -> list[dict]:
-    """The manifest's ``datasets``: each INPUT with its label map (JSON keys are strings)."""
-    return [
-        d.to_json()
-        | {"label_map": {str(k): v for k, v in sorted(maps[d.name].items())} if d.name in maps else None}
-        for d in datasets
-    ]
+def check_layout_flags(
+    sweeps: int | dict[str, int], version: str | None, datasets: Sequence[Dataset]
+) -> None:
+    """A flag no INPUT's layout can honour is refused, not recorded and ignored: ``--sweeps`` naming no INPUT
+    or of loose files (they have no sweeps), ``--nuscenes-version`` where no INPUT is a nuScenes dataroot."""
+    names = [d.name for d in datasets]
+    if not datasets:  # --from-samples or a table
+        return
+    if isinstance(sweeps, dict):
+        _named("--sweeps", sweeps, names)
+    shown = sweeps if isinstance(sweeps, int) else ",".join(f"{k}={v}" for k, v in sweeps.items())
+    for d in datasets:
+        if d.layout == FILES and understood.sweeps_of(sweeps, d.name):
+            other = "; give sweeps per INPUT: --sweeps NAME=N,..." if len(datasets) > 1 else ""
+            raise UsageError(
+                f"--sweeps {shown}: INPUT {d.name} is loose point-cloud files, one sample each, with no sweeps "
+                f"to aggregate (sweeps need a dataset layout's poses: nuScenes, Argoverse 2, SemanticKITTI, "
+                f"Waymo v2){other}"
+            )
+    if version and not any(d.layout == "nuscenes" for d in datasets):
+        found = ", ".join(f"{d.name} ({understood.TITLES[d.layout]})" for d in datasets)
+        raise UsageError(
+            f"--nuscenes-version {version}: no INPUT is a nuScenes dataroot ({found}); leave it out"
+        )
+
+
+def check_weights(
+    spec: repeat.WeightSpec,
+    max_factor: float,
+    datasets: Sequence[Dataset],
+    from_samples: str | None,
+    look: bool,
+    version: str | None,
+) -> float | None:
+    """``--sample-weights`` names a good column of the ``--from-samples`` table, ``--repeat-factors`` has
+    labels to read (files read only with ``look``). Returns the mean sample weight (None: none or unread)."""
+    column = spec.column
+    if column is not None and not from_samples:
+        raise UsageError(
+            f"--sample-weights {column} reads a column of a --from-samples table: add --from-samples PREV/samples"
+        )
+    if not look:
+        return None
+    files = samples_files(from_samples) if from_samples else []
+    mean = None
+    if column is not None:
+        with open_parts(files) as file:
+            schema = file.schema_arrow
+        table = read_parts(files, columns=[column]) if column in schema.names else schema.empty_table()
+        try:  # only the column: a missing one gets named with the ones there are
+            w = repeat.check_weights(table, column, max_factor)
+        except ValueError as e:
+            raise UsageError(f"--sample-weights {e}") from None
+        mean = float(w.mean()) if w.size else 0.0
+    if spec.threshold is None:
+        return mean
+    if from_samples:
+        labelled = read_parts(files, columns=["label_path"]).column("label_path")
+        if labelled.null_count == len(labelled):
+            raise UsageError(
+                f"--repeat-factors: no sample of {from_samples} has lidarseg labels (label_path)"
+            )
+        return mean
+    labelled_inputs = [d for d in datasets if _has_labels(d, version)]
+    if len(labelled_inputs) > 1:
+        named = ", ".join(d.name for d in labelled_inputs)
+        raise UsageError(
+            f"--repeat-factors: INPUTs {named} all have labels, whose class ids mean different classes; "
+            "repeat factors over them would mix the classes: give one labelled INPUT, or --dataset-weights"
+        )
+    if not labelled_inputs:
+        d = datasets[0]
+        where = f"{d.root}/{version}" if d.layout == "nuscenes" else d.root
+        raise UsageError(
+            f"--repeat-factors reads per-point labels: {where} has no lidarseg.json (a nuScenes dataroot "
+            "with lidarseg) and no SemanticKITTI labels/*.label"
+        )
+    return mean
+
+
+def _has_labels(d: Dataset, version: str | None) -> bool:
+    """``d`` has per-point label files the scan reads (lidarseg tables, SemanticKITTI labels)."""
+    if d.layout == "nuscenes":
+        return bool(version) and storage.exists(storage.join(d.root, version or "", "lidarseg.json"))
+    if d.layout == "semantickitti":
+        return bool(LAYOUT_IO.glob(storage.join(d.root, "**", "labels", "*.label")))
+    return False

@@ -12,12 +12,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lidarshard import __version__
-from lidarshard.pipelines import publish
+from lidarshard.pipelines import publish, understood
+from lidarshard.pipelines.checks import check_locations
 from lidarshard.pipelines.cli import running
-from lidarshard.pipelines.settings import rejects_path
+from lidarshard.pipelines.preflight import rejects_path
+from lidarshard.pipelines.runners import check_workers_reach, resolve_runner, run_paths
+from lidarshard.transforms.declare import from_flags
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.value_checks import UsageError
 
-__all__ = ["VERSION", "DRY_RUN_NOTE", "LOCAL_RUNNER", "beam_options", "dry_run_requested", "launch"]
+__all__ = [
+    "VERSION",
+    "DRY_RUN_NOTE",
+    "LOCAL_RUNNER",
+    "beam_options",
+    "dry_run_requested",
+    "launch",
+    "run_command",
+    "run_pipeline",
+]
 
 VERSION = __version__
 DRY_RUN_NOTE = "dry run: the runner built the job graph; nothing ran and nothing was written"
@@ -29,8 +42,6 @@ def beam_options(beam_args: Sequence[str], default_runner: Sequence[str] | None 
     """Beam options; without ``--runner`` the local DirectRunner on all cores (multi_processing),
     or ``default_runner`` when given; runner aliases (``--runner=dask``) resolved (``pipelines.runners``)."""
     from apache_beam.options.pipeline_options import PipelineOptions
-
-    from lidarshard.pipelines.runners import resolve_runner
 
     args = resolve_runner(beam_args)  # --runner=dask is Beam's DaskRunner
     if not any(a == "--runner" or a.startswith("--runner=") for a in args):
@@ -70,7 +81,6 @@ def launch(
         (publishing would replace ``out`` with an empty directory).
     """
     import apache_beam as beam
-    from apache_beam.runners.runner import PipelineState
 
     opts = beam_options(beam_argv, default_runner)
     if _dry_run(opts):
@@ -88,14 +98,54 @@ def launch(
         storage.delete([rejects_path(out)])
     staging = publish.new_staging(out)
 
-    def run() -> None:
-        pipeline = beam.Pipeline(options=opts)
-        write(pipeline, staging)
-        with running():  # the command's progress line; Beam's and the workers' output hidden unless -v
-            result = pipeline.run()
-            result.wait_until_finish()
-        if result.state != PipelineState.DONE:
-            raise RuntimeError(f"the pipeline ended in state {result.state}; nothing was published")
-
-    publish.run_and_publish(run, staging, out)
+    publish.run_and_publish(
+        lambda: run_pipeline(lambda pipeline: write(pipeline, staging), opts, "; nothing was published"),
+        staging,
+        out,
+    )
     return True
+
+
+def run_pipeline(write: Callable[[Any], None], opts: Any, note: str = "") -> None:
+    """Run the pipeline ``write(pipeline)`` wires to its end behind the command's progress line (Beam's and
+    the workers' output hidden unless -v); RuntimeError (ending in ``note``) unless it ends DONE."""
+    import apache_beam as beam
+    from apache_beam.runners.runner import PipelineState
+
+    pipeline = beam.Pipeline(options=opts)
+    write(pipeline)
+    with running():
+        result = pipeline.run()
+        result.wait_until_finish()
+    if result.state != PipelineState.DONE:
+        raise RuntimeError(f"the pipeline ended in state {result.state}{note}")
+
+
+def run_command(
+    name: str,
+    p: Any,
+    argv: list[str] | None,
+    options: type,
+    settings_of: Callable[[Any, bool], Any],
+    start: Callable[[Any, list[str]], bool],
+    print_summary: Callable[[str], None],
+) -> int:
+    """The entry point of ``lidarshard NAME`` (scan, build): flags -> ``options`` -> settings (exit 2 on a
+    usage error, through ``p.error``), the workers' reach checked, ``start(settings, beam_argv)``, the summary."""
+    args, beam_argv = p.parse(argv)
+    try:
+        dry_run = dry_run_requested(beam_argv)
+        opts: Any = from_flags(options, args)
+        settings = settings_of(opts, dry_run)
+        check_workers_reach(beam_argv, run_paths(settings), opts.shared_filesystem)
+        if not dry_run:  # a dry run works offline
+            check_locations(beam_argv)
+    except UsageError as e:
+        p.error(str(e))
+    if not dry_run:
+        understood.warn_live(settings.output, name)
+    if start(settings, beam_argv):
+        print_summary(settings.output)
+    else:
+        print(DRY_RUN_NOTE)
+    return 0

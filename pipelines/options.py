@@ -1,45 +1,38 @@
-"""What ``scan`` and ``build`` accept, declared once: frozen dataclasses composed of the pure core's configs.
+"""What ``scan`` and ``build`` accept, declared once on frozen dataclasses composed of the core's configs
+(``ScanConfig``, ``PlanConfig``: ``world_size`` lives there, once), and :class:`BeamParser`, the parser of the
+Beam commands: their flags and ``--help`` generated from the fields (``transforms.declare``), Beam's own
+pipeline options passed through to the runner, anything else refused with a "did you mean" (exit 2).
 
-``ScanOptions`` holds INPUT, OUT, how the INPUTs are read, the feature config (``ScanConfig``, composed)
-and what the run publishes; ``BuildOptions`` adds the plan (``PlanConfig``, composed: ``world_size`` and
-every other plan setting live there, once), the cost model and the re-plan's sources. The flags, ``--help``
-and the Python API's keywords are generated from these fields (``lidarshard.transforms.declare``); the
-rules between them are their ``__post_init__``. ``lidarshard.write_manifest`` takes the plan's keywords and
-the output group's (``TABLE_KEYS``).
+Plain argparse, not a ``PipelineOptions`` subclass: Beam registers every subclass in one global parser, where
+two commands' ``--seed`` (or INPUT) would collide.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
+import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lidarshard.transforms.core.config import PlanConfig
-from lidarshard.transforms.declare import nested, option, options_of, switch
+from lidarshard.transforms.declare import Parser, add_flag, nested, option, options_of, switch
 from lidarshard.transforms.features.cost import COST_MODEL_HELP, CostModel, parse_cost_model
 from lidarshard.transforms.features.sample import ScanConfig
 from lidarshard.transforms.io.parts import PART_ROWS
 from lidarshard.transforms.layouts import LAYOUT_NAMES
 from lidarshard.transforms.value_checks import UsageError, choice, float_in, int_in, parsed_by, path, per_name
 
-__all__ = [
-    "DEFAULT_REJECT_FRACTION",
-    "ScanOptions",
-    "BuildOptions",
-    "TABLE_KEYS",
-    "cost_model",
-    "shared_filesystem",
-]
+__all__ = ["DEFAULT_REJECT_FRACTION", "ScanOptions", "BuildOptions", "TABLE_KEYS", "cost_model", "shared_filesystem",
+           "BeamParser"]  # fmt: skip
 
 DEFAULT_REJECT_FRACTION = 0.01
 _INPUT = "[NAME=]PATH: a directory or glob of point clouds, or a dataset root (nuScenes, Argoverse 2, SemanticKITTI, "
 
 
 def cost_model(spec: str) -> CostModel:
-    """``--cost-model`` as a model; ``@file.json`` is read here (by the pre-flight, once, in the launcher).
-
-    Raises:
-        UsageError: one line naming the flag and its value.
-    """
+    """``--cost-model`` as a model (``@file.json`` read here, once, by the pre-flight); UsageError naming it."""
     try:
         return parse_cost_model(spec)
     except (ValueError, OSError) as e:
@@ -47,23 +40,19 @@ def cost_model(spec: str) -> CostModel:
 
 
 def _model_spec(spec: str) -> str:
-    """``--cost-model`` checked where it is given: a named or linear model whole, ``@FILE`` as a path (the
-    file is read by the pre-flight, so a parse alone reads nothing)."""
+    """``--cost-model`` checked where given: a model whole, ``@FILE`` as a path (read by the pre-flight)."""
     if spec.startswith("@"):
         return "@" + path()(spec[1:])
     cost_model(spec)
     return spec
 
 
-_SHARED = (
-    "the local INPUT and OUT are on a filesystem mounted at the same path on every worker: run them on a runner "
-    "whose workers may be on other machines (Dataflow, a remote Dask scheduler, Spark, Flink, containers)"
-)
-
-
 def shared_filesystem() -> Any:
     """The ``--shared-filesystem`` field of the commands whose workers read INPUT or write OUT."""
-    return switch(_SHARED, group="output")
+    return switch(
+        "the local INPUT and OUT are on a filesystem mounted at the same path on every worker: run them on a "
+        "runner whose workers may be on other machines (Dataflow, a remote Dask scheduler, Spark, Flink, "
+        "containers)", group="output")  # fmt: skip
 
 
 def _refused(value: object) -> str:
@@ -72,8 +61,7 @@ def _refused(value: object) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class ScanOptions:
-    """``lidarshard scan``'s arguments: INPUT and OUT, how they are read (group ``scan``, ``ScanConfig``
-    composed), what the run publishes (group ``output``)."""
+    """``lidarshard scan``'s arguments: INPUT, OUT, how they are read (``scan``), what is published (``output``)."""
 
     input: tuple[str, ...] = option(_INPUT + "Waymo Open v2; local, gs://, s3://); several make one dataset of all",
                                     positional="+", check=path(many=True), metavar="INPUT")  # fmt: skip
@@ -108,8 +96,7 @@ class ScanOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class BuildOptions(ScanOptions):
-    """``lidarshard build``'s arguments: the scan's, the plan (``PlanConfig``, composed), the cost model and
-    where a re-plan's samples come from (group ``plan``)."""
+    """``lidarshard build``'s arguments: the scan's, the plan (``PlanConfig``), the cost model, a re-plan's source."""
 
     input: tuple[str, ...] = option(_INPUT + "Waymo Open v2; local, gs://, s3://); none with --from-samples", (),
                                     positional="*", check=path(many=True), metavar="INPUT")  # fmt: skip
@@ -131,7 +118,6 @@ class BuildOptions(ScanOptions):
         "the previous run's root")  # fmt: skip
 
     def __post_init__(self) -> None:
-        """The rules between the flags (one line each, naming them)."""
         if self.replan_from is not None and not self.from_samples:
             raise UsageError(
                 f"--replan-from {self.replan_from} re-plans a manifest: add --from-samples PREV/samples"
@@ -155,8 +141,8 @@ class BuildOptions(ScanOptions):
 
 
 def _table_keys() -> frozenset[str]:
-    """The keywords ``lidarshard.write_manifest`` takes: the plan's (switches by their names) but W and B,
-    which it takes as arguments, and the dataset weights (a table has no INPUTs); the output group's."""
+    """``lidarshard.write_manifest``'s keywords: the plan's and the output group's but W, B (arguments) and the
+    dataset weights (a table has no INPUTs)."""
     keys = set()
     for leaf in options_of(BuildOptions):
         if leaf.route[0] == "plan" or leaf.group == "output":
@@ -165,3 +151,75 @@ def _table_keys() -> frozenset[str]:
 
 
 TABLE_KEYS = _table_keys()
+
+_BEAM_EPILOG = (
+    "Beam pipeline options pass through to the runner (e.g. --runner=FnApiRunner, --direct_num_workers=2, "
+    "Dataflow's --project/--region/--temp_location), listed in apache_beam.options.pipeline_options and at "
+    "https://beam.apache.org/documentation/runners/. Unknown flags are refused, never dropped."
+)
+#: Beam modules that define ``PipelineOptions`` of a runner outside ``pipeline_options``.
+_RUNNER_OPTION_MODULES = ("apache_beam.runners.dask.dask_runner",)
+
+
+class _BeamFlag(argparse.Action):
+    """A Beam pipeline option: records the tokens as given (Beam checks them)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        tokens = list(getattr(namespace, "_beam", None) or [])
+        if self.nargs == 0 or values is None:
+            tokens.append(option_string)
+        elif isinstance(values, str):
+            tokens.append(f"{option_string}={values}")
+        else:
+            tokens += [option_string, *values]
+        namespace._beam = tokens
+
+
+@functools.lru_cache(maxsize=1)
+def _beam_option_actions() -> tuple[tuple[tuple[str, ...], int | str | None], ...]:
+    """(option strings, nargs) of every Beam pipeline option (Beam's own classes, not ours)."""
+    from apache_beam.options import pipeline_options as po
+
+    for module in _RUNNER_OPTION_MODULES:  # options classes Beam defines beside their runners
+        try:
+            importlib.import_module(module)
+        except ImportError:  # that runner's extra is not installed: its flags are unknown here too
+            pass
+    parser = po._BeamArgumentParser(allow_abbrev=False, add_help=False)
+    seen: dict[str, type] = {}
+    for cls in po.PipelineOptions.__subclasses__():
+        if cls.__module__.startswith("apache_beam."):
+            seen.setdefault(f"{cls.__module__}.{cls.__qualname__}", cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)
+    return tuple((tuple(a.option_strings), a.nargs) for a in parser._actions if a.option_strings)
+
+
+class BeamParser(Parser):
+    """A Beam command's parser: ``--debug``, ``-v``, ``--progress``, its options, Beam's passed through."""
+
+    DEBUG_MORE = "; implies --verbose"
+
+    def __init__(self, prog: str, description: str, options: type | None = None, **kw: Any) -> None:
+        super().__init__(prog, description, options, epilog=_BEAM_EPILOG, **kw)
+
+    def _add_common(self) -> None:  # read before Beam is imported: lidarshard.pipelines.cli.main
+        add_flag(self, ["-v", "--verbose"], "show Beam's, Dask's and the workers' log lines, hidden by default",
+             "off", action="store_true", default=False)  # fmt: skip
+        add_flag(self, ["--progress"], "draw the progress line (work done of total, rate, ETA) also when stderr "
+             "is not a terminal: a line every 10 s and the last one", "on a terminal", action="store_true",
+             default=False)  # fmt: skip
+
+    def _add_beam_options(self) -> None:
+        mine = set(self._option_string_actions)
+        for strings, nargs in _beam_option_actions():
+            if not mine.intersection(strings):  # ours win (synth's --labels is not Dataflow's)
+                self.add_argument(
+                    *strings, action=_BeamFlag, nargs=nargs, dest="_beam", help=argparse.SUPPRESS
+                )
+
+    def parse(self, argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
+        """(our args, Beam argv). Exits 2 with usage + one line on an unknown flag or a bad value."""
+        if "--runner" not in self._option_string_actions:
+            self._add_beam_options()
+        return super().parse(argv)

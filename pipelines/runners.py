@@ -17,7 +17,7 @@ import socket
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from lidarshard.pipelines.settings import BuildSettings, ScanSettings
+from lidarshard.pipelines.preflight import BuildSettings, ScanSettings
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.value_checks import UsageError
 

@@ -1,10 +1,6 @@
-"""The samples ``lidarshard.write_manifest`` is given, as the samples schema, checked before Beam starts.
-
-The caller's table (a pyarrow Table, a pandas DataFrame, a list of dicts or any Arrow stream) is cast to
-``schemas.sample_schema()`` column by column (a count given as booleans or text is refused, not converted)
-and every row is checked where it enters: the error names its index in the caller's table and its
-``sample_id``, in one line. The build core would refuse some of these itself, but from inside a Beam step
-and in its own words.
+"""The samples ``lidarshard.write_manifest`` is given, cast to ``schemas.sample_schema()`` column by column (a count
+given as booleans or text is refused, not converted) and checked row by row before Beam starts: an error names
+the row's index in the caller's table and its ``sample_id``, in one line.
 """
 
 from __future__ import annotations
@@ -27,21 +23,13 @@ from lidarshard.transforms.value_checks import UsageError
 __all__ = ["COUNT_COLUMNS", "as_table", "samples_table", "check_rows"]
 
 #: Sample columns that count something (points, voxels, bytes, sweeps): never negative where given.
-COUNT_COLUMNS = (
-    "file_bytes",
-    "num_points",
-    "num_finite",
-    "num_in_range",
-    "occupied_voxels",
-    "num_sweeps",
-    "path_bytes",
-)
+COUNT_COLUMNS = ("file_bytes", "num_points", "num_finite", "num_in_range", "occupied_voxels", "num_sweeps",
+                 "path_bytes")  # fmt: skip
 
 
 def as_table(samples: Any) -> pa.Table:
-    """``write_manifest``'s samples as a pyarrow Table: a Table, a pandas DataFrame (its index dropped), a
-    list of dicts (the union of their keys; a key a row lacks is null there), or any object with the Arrow
-    stream interface (polars)."""
+    """A Table, a pandas DataFrame (index dropped), a list of dicts (a key a row lacks: null) or an Arrow stream
+    (polars) as a pyarrow Table."""
     if isinstance(samples, pa.Table):
         return samples
     if isinstance(samples, list):
@@ -64,14 +52,10 @@ def as_table(samples: Any) -> pa.Table:
     )
 
 
-def _base(kind: pa.DataType) -> pa.DataType:
-    return kind.value_type if pa.types.is_dictionary(kind) else kind
-
-
 def _cast(col: pa.ChunkedArray, name: str, want: pa.DataType) -> pa.ChunkedArray:
-    """Column ``name`` as ``want``: numbers stay numbers (no booleans or text read as counts), text stays
-    text (ids and paths are strings: an integer id would be sorted as text, 2 after 12)."""
-    kind, target = _base(col.type), want.value_type if pa.types.is_list(want) else want
+    """Column ``name`` as ``want``: no booleans or text read as numbers, no numbers as text (2 sorts after 12)."""
+    kind = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+    target = want.value_type if pa.types.is_list(want) else want
     if pa.types.is_list(kind) and pa.types.is_list(want):
         kind = kind.value_type
     numeric = pa.types.is_integer(target) or pa.types.is_floating(target)
@@ -91,9 +75,8 @@ def _cast(col: pa.ChunkedArray, name: str, want: pa.DataType) -> pa.ChunkedArray
 
 
 def samples_table(table: pa.Table, model: CostModel | None, plan: PlanConfig) -> pa.Table:
-    """The caller's samples -> the samples schema (plus ``cost`` when the costs are given, ``model`` None,
-    and the column of ``plan``'s ``--sample-weights``), sorted by (sample_id, path); each row checked
-    first (``check_rows``)."""
+    """The caller's samples checked (``check_rows``) as the samples schema, plus ``cost`` when given (``model``
+    None) and ``plan``'s ``--sample-weights`` column, sorted by (sample_id, path)."""
     if table.num_rows == 0:
         raise UsageError("samples: no rows: a manifest plans at least one sample")
     missing = [c for c in ("sample_id", "path") if c not in table.column_names]
@@ -132,8 +115,7 @@ def samples_table(table: pa.Table, model: CostModel | None, plan: PlanConfig) ->
     return out.sort_by([("sample_id", "ascending"), ("path", "ascending")])
 
 
-def _row(table: pa.Table, i: int) -> str:
-    """``row I (sample_id 'S')``: input row ``i`` as the caller knows it."""
+def _row(table: pa.Table, i: int) -> str:  # input row i as the caller knows it
     return f"row {i} (sample_id {table.column('sample_id')[i].as_py()!r})"
 
 
@@ -147,8 +129,7 @@ def _nulls(col: pa.ChunkedArray) -> NDArray[np.bool_]:
 
 
 def _check_values(table: pa.Table) -> None:
-    """Ids and paths present, paths a manifest can store (``paths.path_problem``: full, no NUL byte), counts
-    never negative, each sweep's time lag a finite number of seconds >= 0, one per sweep."""
+    """Ids and paths present and storable (full, no NUL byte), counts >= 0, one finite lag >= 0 per sweep."""
     for name in ("sample_id", "path"):
         i = _first(_nulls(table.column(name)))
         if i is not None:
@@ -186,34 +167,14 @@ def _check_values(table: pa.Table) -> None:
         )
 
 
-def _model_columns(table: pa.Table, model: CostModel) -> list[str]:
-    """The size columns ``sample_costs`` reads for ``model`` (as it picks them)."""
-    names = []
-    if model.a:
-        in_range = table.column("num_in_range").null_count == 0
-        names.append("num_in_range" if in_range else "num_points")
-    if model.b:
-        names.append("occupied_voxels")
-    return names
-
-
 def check_rows(table: pa.Table, cost: pa.ChunkedArray | None, model: CostModel | None) -> None:
-    """Every row of ``table`` (the samples schema, in the caller's order) can be planned.
-
-    Args:
-        table: (N rows) the caller's samples cast to ``schemas.sample_schema()``.
-        cost: the given ``cost`` column (N,) when the costs come with the samples, else None.
-        model: the cost model computing the costs from size columns when ``cost`` is None.
-
-    Raises:
-        UsageError: a row without ``sample_id`` or ``path``, a path no manifest can store, a negative
-            count, bad sweep time lags; a missing, NaN, infinite or negative cost, or a size column the
-            model needs missing -- naming the row.
-    """
+    """Every row of ``table`` (N rows, the samples schema, the caller's order) can be planned: its values, and a
+    finite cost >= 0, given (``cost``, (N,)) or of the size columns ``model`` reads; else UsageError naming it."""
     _check_values(table)
     if cost is None:
         assert model is not None
-        for name in _model_columns(table, model):
+        in_range = "num_in_range" if table.column("num_in_range").null_count == 0 else "num_points"
+        for name in [in_range] * bool(model.a) + ["occupied_voxels"] * bool(model.b):  # as sample_costs picks
             i = _first(_nulls(table.column(name)))
             if i is not None:
                 raise UsageError(

@@ -13,22 +13,16 @@ import apache_beam as beam
 
 from lidarshard import schemas
 from lidarshard.pipelines import launch, understood
-from lidarshard.pipelines.checks import check_locations
-from lidarshard.pipelines.flags import BeamParser
-from lidarshard.pipelines.options import ScanOptions
-from lidarshard.pipelines.preflight import scan_settings
-from lidarshard.pipelines.runners import check_workers_reach, run_paths
-from lidarshard.pipelines.settings import ScanSettings
+from lidarshard.pipelines.options import BeamParser, ScanOptions
+from lidarshard.pipelines.preflight import ScanSettings, scan_settings
 from lidarshard.transforms.beam.scan_transform import ScanSamples, scan_results
 from lidarshard.transforms.core.previous import fingerprint_kept
-from lidarshard.transforms.declare import from_flags
 from lidarshard.transforms.features.accounting import counts_or_stop
 from lidarshard.transforms.io import storage
 from lidarshard.transforms.io.arrow import parquet_bytes
 from lidarshard.transforms.io.metadata import load_scan
 from lidarshard.transforms.io.parts import open_parts
 from lidarshard.transforms.layouts import FILES
-from lidarshard.transforms.value_checks import UsageError
 
 __all__ = ["run", "parser", "build_scan", "scan_samples"]
 
@@ -66,7 +60,7 @@ def scan_samples(settings: ScanSettings, work: str, parts: str) -> ScanSamples:
     return ScanSamples(
         settings.datasets,
         settings.layout_options,
-        settings.config,
+        settings.options.config,
         work,
         parts,
         settings.options.part_rows,
@@ -93,8 +87,7 @@ def _empty_ok(settings: ScanSettings) -> bool:
 def print_summary(out: str) -> None:
     scan = load_scan(out)
     c = scan.counts
-    short = understood.short_sweeps_by_input(out, scan.provenance)
-    for line in understood.input_lines(scan.provenance, understood.accepted_by_input(out), short):
+    for line in understood.input_lines(scan.provenance, *understood.by_input(out, scan.provenance)):
         print(line)
     print(understood.counts_line(c.scanned, c.accepted, c.rejected))
     for reason, n in sorted(c.rejected_by_reason.items()):
@@ -105,26 +98,13 @@ def print_summary(out: str) -> None:
 
 def run(argv: list[str] | None = None) -> int:
     """Entry point of ``lidarshard scan``: exits 2 on a usage error, raises when the run fails."""
-    p = parser()
-    args, beam_argv = p.parse(argv)
-    try:
-        dry_run = launch.dry_run_requested(beam_argv)
-        opts = from_flags(ScanOptions, args)
-        settings = scan_settings(opts, dry_run)
-        check_workers_reach(beam_argv, run_paths(settings), opts.shared_filesystem)
-        if not dry_run:  # a dry run works offline
-            check_locations(beam_argv)
-    except UsageError as e:
-        p.fail(str(e))
-    if not dry_run:
-        understood.warn_live(settings.output, "scan")
-    if launch.launch(
-        lambda pipeline, staging: build_scan(pipeline, settings, staging), beam_argv, settings.output
-    ):
-        print_summary(settings.output)
-    else:
-        print(launch.DRY_RUN_NOTE)
-    return 0
+
+    def start(settings: ScanSettings, beam_argv: list[str]) -> bool:
+        return launch.launch(
+            lambda pipeline, staging: build_scan(pipeline, settings, staging), beam_argv, settings.output
+        )
+
+    return launch.run_command("scan", parser(), argv, ScanOptions, scan_settings, start, print_summary)
 
 
 if __name__ == "__main__":

@@ -50,13 +50,10 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import StandardOptions
-from apache_beam.runners.runner import PipelineState
 
 from lidarshard.pipelines import launch
 from lidarshard.pipelines.checks import check_output_parent
-from lidarshard.pipelines.cli import running
-from lidarshard.pipelines.flags import BeamParser
-from lidarshard.pipelines.options import shared_filesystem
+from lidarshard.pipelines.options import BeamParser, shared_filesystem
 from lidarshard.pipelines.runners import check_workers_reach
 from lidarshard.transforms import progress
 from lidarshard.transforms.declare import from_flags, nested, option
@@ -232,7 +229,7 @@ def run(argv: list[str] | None = None) -> int:
         check_output_parent(out)
         check_workers_reach(beam_argv, [("OUT", out)], args.shared_filesystem)
     except UsageError as e:
-        p.fail(str(e))
+        p.error(str(e))
     opts = launch.beam_options(beam_argv, DEFAULT_RUNNER)
     if args.layout != "nuscenes":
         return _run_layout(args, out, opts)
@@ -240,13 +237,7 @@ def run(argv: list[str] | None = None) -> int:
         _LOG.warning("%s already holds %s tables: overwriting (files of the old run stay)", out, cfg.version)
     runner = opts.view_as(StandardOptions).runner
     _LOG.info("synth: %d scenes x %d frames -> %s (%s)", cfg.scenes, cfg.frames_per_scene, out, runner)
-    pipeline = beam.Pipeline(options=opts)
-    _ = pipeline | "Synth" >> GenerateDataroot(out, cfg)
-    with running():  # the progress line; Beam's output hidden unless -v
-        result = pipeline.run()
-        result.wait_until_finish()
-    if result.state != PipelineState.DONE:
-        raise RuntimeError(f"the pipeline ended in state {result.state}")
+    launch.run_pipeline(lambda pipeline: pipeline | "Synth" >> GenerateDataroot(out, cfg), opts)
     keyframes = cfg.scenes * cfg.keyframes_per_scene
     print(
         f"wrote {out}: {cfg.scenes} scenes, {keyframes} keyframes, {cfg.scenes * cfg.frames_per_scene} "
@@ -260,13 +251,12 @@ def _run_layout(args: SynthOptions, out: str, opts: beam.options.pipeline_option
     units, frames = args.config.scenes, args.config.keyframes_per_scene
     for rel, data in _writer(args.layout).static_files(args.config.seed):  # shared files first (a label map)
         _write(out, rel, data)
-    pipeline = beam.Pipeline(options=opts)
-    _ = pipeline | "Synth" >> GenerateLayout(out, args.layout, args.config.seed, units, frames)
-    with running():
-        result = pipeline.run()
-        result.wait_until_finish()
-    if result.state != PipelineState.DONE:
-        raise RuntimeError(f"the pipeline ended in state {result.state}")
+    launch.run_pipeline(
+        lambda pipeline: (
+            pipeline | "Synth" >> GenerateLayout(out, args.layout, args.config.seed, units, frames)
+        ),
+        opts,
+    )
     print(f"wrote {out}: {args.layout}, {units} x {frames} frames")
     return 0
 

@@ -1,8 +1,5 @@
-"""What a run understood, in plain words: each INPUT's layout and sweeps, the counts with what the
-plan dropped or repeated, and a warning before a run replaces a live manifest.
-
-``scan`` and ``build`` print these lines; they are computed from what the run recorded (``_scan.json``,
-the manifest's provenance and counts), so what is printed is what was done.
+"""What a run understood, in plain words, from what it recorded (``_scan.json``, the manifest): each INPUT's
+layout and sweeps, the counts with what the plan dropped or repeated, a warning before replacing a live OUT.
 """
 
 from __future__ import annotations
@@ -16,14 +13,14 @@ import pyarrow.compute as pc
 from lidarshard import schemas
 from lidarshard.transforms.formats.labels import SEMANTICKITTI_LEARNING_MAP
 from lidarshard.transforms.io import storage
+from lidarshard.transforms.io.parts import read_parts, samples_files
 from lidarshard.transforms.layouts import FILES
 from lidarshard.transforms.layouts.multisweep import NON_FINITE_RULE
 
 __all__ = [
     "TITLES",
     "sweeps_of",
-    "accepted_by_input",
-    "short_sweeps_by_input",
+    "by_input",
     "input_lines",
     "points_line",
     "counts_line",
@@ -39,66 +36,42 @@ TITLES = {
     "waymo_v2": "Waymo Open v2 components",
     FILES: "point-cloud files",
 }
-
-
-#: Where each layout's sweep chains start (a sample near it has fewer previous sweeps than asked; a
-#: nuScenes chain that leaves the keyframe's scene is cut there, ``layouts.nuscenes_tasks``).
+#: Where each layout's sweep chains start (a sample near it has fewer previous sweeps than asked).
 _CHAIN_STARTS = {"nuscenes": "scene", "av2": "log", "semantickitti": "sequence", "waymo_v2": "segment"}
 
 
 def sweeps_of(sweeps: int | Mapping[str, int] | None, name: str) -> int:
-    """Previous sweeps aggregated for INPUT ``name``: ``sweeps`` is one count for every INPUT or
-    {name: count} (``--sweeps nusc=9,kitti=0``; an INPUT not named gets 0)."""
+    """Previous sweeps of INPUT ``name``: ``sweeps`` is one count for every INPUT or {name: count} (else 0)."""
     if isinstance(sweeps, Mapping):
         return int(sweeps.get(name, 0))
     return int(sweeps or 0)
 
 
-def accepted_by_input(out: str) -> dict[str, int]:
-    """{INPUT name: samples accepted} of the published scan or manifest ``out`` (its samples' ``dataset``
-    column; empty when the samples name none, e.g. a ``write_manifest`` table)."""
-    from lidarshard.transforms.io.parts import read_parts, samples_files
-
-    try:
-        files = samples_files(storage.join(out, schemas.SAMPLES_DIR))
-        names = read_parts(files, ["dataset"]).column("dataset") if files else None
-    except (OSError, ValueError, KeyError):  # no samples folder, or samples of before the column
-        return {}
-    if names is None or names.null_count == len(names):
-        return {}
-    counts = pc.value_counts(names.drop_null()).to_pylist()
-    return {c["values"]: c["counts"] for c in counts}
-
-
-def short_sweeps_by_input(out: str, meta: Mapping[str, Any]) -> dict[str, int]:
-    """{INPUT name: accepted samples with fewer previous sweeps than ``meta`` records for it} of the
-    published scan or manifest ``out`` (its samples' ``dataset`` and ``num_sweeps``; empty when the
-    samples name no INPUT)."""
-    from lidarshard.transforms.io.parts import read_parts, samples_files
-
+def by_input(out: str, meta: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """({INPUT: samples accepted}, {INPUT: of them with fewer sweeps than ``meta`` records}) of the published
+    scan or manifest ``out`` (empty when its samples name no INPUT, e.g. a ``write_manifest`` table's)."""
     try:
         files = samples_files(storage.join(out, schemas.SAMPLES_DIR))
         table = read_parts(files, ["dataset", "num_sweeps"]) if files else None
     except (OSError, ValueError, KeyError):  # no samples folder, or samples of before the column
-        return {}
-    if table is None:
-        return {}
+        return {}, {}
+    if table is None or table["dataset"].null_count == len(table):
+        return {}, {}
+    counts = pc.value_counts(table["dataset"].drop_null()).to_pylist()
     short = {}
     for d in meta.get("datasets") or []:
         name = d.get("name", "")
-        mine = pc.equal(table["dataset"], name)
         fewer = pc.less(table["num_sweeps"], sweeps_of(meta.get("sweeps"), name))
-        short[name] = int(pc.sum(pc.and_kleene(mine, fewer)).as_py() or 0)
-    return short
+        short[name] = int(pc.sum(pc.and_kleene(pc.equal(table["dataset"], name), fewer)).as_py() or 0)
+    return {c["values"]: c["counts"] for c in counts}, short
 
 
 def input_lines(
     meta: Mapping[str, Any], accepted: Mapping[str, int] | None = None, short: Mapping[str, int] | None = None
 ) -> list[str]:
-    """One line per INPUT of a run's metadata (``_scan.json`` or a manifest's provenance), with its
-    ``accepted`` count when given, and how many of them have fewer sweeps than asked (``short``):
-    ``INPUT nusc: nuScenes dataroot, tables v1.0-mini, keyframe + 9 previous sweeps (/data/nuscenes):
-    404 samples accepted, 10 with fewer sweeps: their scene starts sooner``."""
+    """One line per INPUT of a run's metadata, with its ``accepted`` and ``short`` counts (``by_input``):
+    ``INPUT nusc: nuScenes dataroot, tables v1.0-mini, keyframe + 9 previous sweeps (/data/nuscenes): 404
+    samples accepted, 10 with fewer sweeps: their scene starts sooner``."""
     lines = []
     for d in meta.get("datasets") or []:
         layout = d.get("layout", FILES)
@@ -136,8 +109,7 @@ def _labels(label_map: Mapping[str, int] | None) -> str:
 
 
 def points_line(meta: Mapping[str, Any]) -> str:
-    """The rule for non-finite rows (``multisweep.NON_FINITE_RULE``) as one line of a run's summary; a
-    ``--features stat`` scan (``scan_config.features``) reads no point, so its counts include them."""
+    """The rule for non-finite rows as a summary line (a ``--features stat`` scan reads no point)."""
     config = meta.get("scan_config")
     stat = isinstance(config, Mapping) and config.get("features") == "stat"
     return f"points: {NON_FINITE_RULE}" + (
@@ -148,8 +120,8 @@ def points_line(meta: Mapping[str, Any]) -> str:
 def counts_line(
     scanned: int, accepted: int, rejected: int, dropped: Sequence[int] = (), padded: Sequence[int] = ()
 ) -> str:
-    """``scanned 3: accepted 3, rejected 0; 1 dropped to fill whole steps (--pad keeps them)``;
-    ``dropped`` / ``padded``: samples per epoch the plan left out / repeated to fill whole steps."""
+    """``scanned 3: accepted 3, rejected 0; 1 dropped to fill whole steps (--pad keeps them)`` (``dropped`` /
+    ``padded``: per epoch)."""
     line = f"scanned {scanned}: accepted {accepted}, rejected {rejected}"
     if any(dropped):
         line += f"; {_per_epoch(dropped)} dropped to fill whole steps (--pad keeps them)"
@@ -158,14 +130,13 @@ def counts_line(
     return line
 
 
-def _per_epoch(values: Sequence[int]) -> str:
-    """``3`` when every epoch has 3, else ``2-4 per epoch``."""
+def _per_epoch(values: Sequence[int]) -> str:  # "3", or "2-4 per epoch"
     lo, hi = min(values), max(values)
     return f"{lo}" if lo == hi else f"{lo}-{hi} per epoch"
 
 
 def live_output(out: str) -> str | None:
-    """The warning for an OUT that holds a published manifest or scan (None: nothing published there)."""
+    """The warning for an OUT holding a published manifest or scan (None: nothing published there)."""
     if not storage.exists(storage.join(out, schemas.SUCCESS_FILE)):
         return None
     return (
@@ -175,7 +146,6 @@ def live_output(out: str) -> str | None:
 
 
 def warn_live(out: str, command: str) -> None:
-    """Print ``live_output``'s warning (if any) on stderr, before the run starts."""
     warning = live_output(out)
     if warning:
         print(f"lidarshard {command}: warning: {warning}", file=sys.stderr)

@@ -1,22 +1,11 @@
 """The manifest contract: one source of truth for every file lidarshard writes.
 
 Field lists here produce the Arrow schemas the pipeline writes and the loaders check. Schemas are
-plain data (name, Arrow type, doc) and are stored as JSON, never pickled.
-
-Layout of an output directory ``OUT``::
-
-    OUT/_manifest.json            run metadata (see ``manifest.MANIFEST_KEYS``)
-    OUT/samples/part-00000.parquet   accepted samples (``SAMPLE_FIELDS`` + cost, bucket_id, weight),
-                                     sorted by sample_id across consecutive parts (``samples_part``)
-    OUT/rejects.parquet           one row per rejected input (``REJECT_FIELDS``)
-    OUT/plan/epoch-E/rank-R/part-00000.parquet   rank R's plan for epoch E (``PLAN_FIELDS``)
-    OUT/_SUCCESS                  written last; readers refuse a directory without it
-
-``OUT/plan`` holds nothing but the plan. Each file carries its ``epoch`` and ``rank`` as int32 columns
-(constant within the file, equal to its directory names), and the directory names are not hive
-``key=value`` pairs, so any Parquet reader pointed at that one directory (pandas, ``pq.read_table``,
-pyarrow.dataset, DuckDB, polars, Spark) returns the whole plan with plain integer ``epoch`` and ``rank``
-and no option (hive names made pandas and ``pq.read_table`` infer dictionary-encoded categoricals).
+plain data (name, Arrow type, doc) and are stored as JSON, never pickled. The layout of an output
+directory (``_manifest.json``, ``samples/part-NNNNN.parquet``, ``rejects.parquet``,
+``plan/epoch-E/rank-R/part-00000.parquet``, ``_SUCCESS`` last) is docs/MANIFEST.md's. Plan directory
+names are not hive ``key=value`` pairs (hive names made pandas and ``pq.read_table`` infer
+dictionary-encoded categoricals): each file carries ``epoch`` and ``rank`` as int32 columns instead.
 
 Versions: a major version changes the layout (4.0: the plan moved to ``plan/epoch-E/rank-R/`` with
 ``epoch`` and ``rank`` as columns of each file); a minor only adds fields (``ADDED_IN``: 4.1 the samples'
@@ -24,9 +13,9 @@ Versions: a major version changes the layout (4.0: the plan moved to ``plan/epoc
 samples' ``sweep_time_lags``; 4.4 the manifest's ``memory_cap`` and ``plan_groups`` and the cost model's ``units``
 and ``step_ms``; 4.5 the cost model's ``launch_ms`` and the variable-count strategies ``rebalance`` and ``auto``),
 so a 4.5 reader reads 4.0 files as ``sample_schema("4.0")`` describes them. This lidarshard reads 4.x and writes
-4.5; an older output is refused in one line naming its version
-and the command that rebuilds it from its samples (``check_version``; ``build --from-samples`` still
-reads 3.x samples and a 2.x ``samples.parquet``, whose fields ``ADDED_IN`` dates).
+4.5; an older output is refused in one line naming its version and the command that rebuilds it from its
+samples (``check_version``; ``build --from-samples`` still reads 3.x samples and a 2.x ``samples.parquet``,
+whose fields ``ADDED_IN`` dates).
 """
 
 from __future__ import annotations

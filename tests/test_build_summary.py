@@ -148,7 +148,7 @@ def test_a_batch_larger_than_a_known_pool_is_refused_before_beam(built: Path, tm
 
     import lidarshard
     from lidarshard.pipelines.options import BuildOptions
-    from lidarshard.pipelines.settings import check_plan_size
+    from lidarshard.pipelines.preflight import check_plan_size
     from lidarshard.transforms.declare import from_keywords
     from lidarshard.transforms.value_checks import UsageError
 

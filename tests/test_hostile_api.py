@@ -21,7 +21,7 @@ import pytest
 
 import lidarshard
 from lidarshard.pipelines import build as build_cmd
-from lidarshard.pipelines.api_output import BEAM_LOGGER
+from lidarshard.pipelines.api import BEAM_LOGGER
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.transforms.formats.discover import walk_local
 from lidarshard.transforms.value_checks import UsageError

@@ -40,7 +40,8 @@ import pytest
 from lidarshard import schemas
 from lidarshard.loaders.reader import ManifestReader, load_manifest, plan_dataset, read_samples
 from lidarshard.pipelines import build as build_cli
-from lidarshard.pipelines import checks, publish, settings
+from lidarshard.pipelines import checks, publish
+from lidarshard.pipelines import preflight as settings
 from lidarshard.pipelines.cli import main as cli_main
 from lidarshard.tools.validate import validate
 from lidarshard.transforms.core.config import PlanConfig

@@ -109,5 +109,5 @@ def test_world_size_has_one_typed_home_until_the_manifest(tmp_path: Path) -> Non
         BuildOptions, SIZE | {"input": make_bins(tmp_path / "in", n=4), "out": tmp_path / "o"}
     )
     settings = build_settings(opts)
-    assert settings.cfg is opts.plan and settings.job(str(tmp_path / "staging")).cfg is opts.plan
+    assert settings.options.plan is opts.plan and settings.job(str(tmp_path / "staging")).cfg is opts.plan
     assert not hasattr(settings, "world_size") and not hasattr(opts, "world_size")

@@ -197,7 +197,7 @@ def test_plan_loader_and_elastic_switch_too(runs) -> None:
 def test_lidarshard_replan_takes_the_previous_flags(runs, tmp_path: Path, monkeypatch) -> None:
     """``lidarshard.replan`` constructs the re-plan's settings from OUT's manifest, read once: the build
     it runs never reads that manifest again."""
-    from lidarshard.pipelines import replan as replan_settings
+    from lidarshard.pipelines import preflight as replan_settings
 
     def read_again(path: str) -> None:
         raise AssertionError(f"the re-plan read {path}'s manifest a second time")

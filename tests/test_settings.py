@@ -1,4 +1,4 @@
-"""``pipelines.settings``, ``pipelines.preflight`` and ``pipelines.checks``: every value a flag allows
+"""``pipelines.preflight`` and ``pipelines.checks``: every value a flag allows
 either runs to a valid manifest or is refused before Beam starts, with one line."""
 
 from __future__ import annotations

@@ -242,11 +242,19 @@ def test_waymo_v2_range_images_convert_back_to_the_cast(units: dict) -> None:
     assert checked > 150_000
 
 
+def _cast(spec: sc.SceneSpec, boxes: sc.Boxes, el: np.ndarray) -> tuple[np.ndarray, ...]:
+    """First returns of a roof-centred 10 Hz lidar of ``el`` rings, 360 columns, 1.8 m up."""
+    first = beams.scan(
+        spec, boxes, 0.3, np.random.default_rng(2), beams.Lidar(tuple(el.tolist()), 360, 1.8)
+    ).first
+    return first.xyz, first.range, first.intensity, first.label
+
+
 def test_beams_cast_shapes_and_geometry() -> None:
     spec = sc.SceneSpec(0, 1, "urban", 5.0, 11)
     boxes = sc.scene_layout(spec, np.random.default_rng(1))
     el = np.array([5.0, 0.0, -10.0, -20.0])
-    xyz, rng_m, intensity, label = beams.cast(spec, boxes, 0.3, np.random.default_rng(2), el, 360, 1.8)
+    xyz, rng_m, intensity, label = _cast(spec, boxes, el)
     assert xyz.shape == (4 * 360, 3) and rng_m.shape == intensity.shape == label.shape == (4 * 360,)
     assert intensity.dtype == label.dtype == np.uint8
     hit = rng_m > 0
@@ -254,5 +262,5 @@ def test_beams_cast_shapes_and_geometry() -> None:
     # the -20 deg ring hits the ground 1.8 / tan(20 deg) = 4.9 m away unless a box is closer
     ground = (label == sc.ROAD) & (np.repeat(el, 360) == -20.0)
     np.testing.assert_allclose(xyz[ground, 2], -1.8, atol=0.1)
-    again = beams.cast(spec, boxes, 0.3, np.random.default_rng(2), el, 360, 1.8)
+    again = _cast(spec, boxes, el)
     assert all(np.array_equal(a, b) for a, b in zip((xyz, rng_m, intensity, label), again, strict=True))

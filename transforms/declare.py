@@ -1,14 +1,8 @@
-"""Configuration declared once: the fields of the frozen configs carry their flags, keywords and checks.
+"""Configuration declared once: a frozen dataclass's :func:`option` fields carry their flag, keyword and check.
 
-A field made with :func:`option` is an option of a command: its metadata says how it reads as a flag
-(``--`` + its keyword in kebab case, help, metavar, group, how its default reads) and how a value is checked
-(a ``value_checks.Check``). A field made with :func:`nested` composes another option dataclass
-(``PlanConfig`` in the build's options, ``Caps`` in ``PlanConfig``), whose options are its own. From that one
-declaration :class:`Parser` adds every flag to a command's parser (``--help``, the docs' tables),
-:func:`from_flags` builds the dataclass from parsed flags and :func:`from_keywords` from the Python API's
-keywords, checked as typed values, never as text. A rule a dataclass states in ``__post_init__`` (a
-ValueError) is a ``UsageError`` when the values came from the user. Parsers are strict: no abbreviations,
-an unknown flag refused with a "did you mean", one line and exit 2. Pure: no Beam.
+:class:`Parser` makes a command's flags and ``--help`` of them, :func:`from_flags` / :func:`from_keywords` the
+dataclass (keywords checked as typed values, never as text); a ``__post_init__`` ValueError is a UsageError.
+Parsers are strict: no abbreviations, an unknown flag refused with a "did you mean", one line, exit 2. Pure.
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ _Bad = argparse.ArgumentTypeError
 
 @dataclass(frozen=True)
 class Switch:
-    """A flag without a value that sets its field to ``const`` (``--pad``: ``policy="pad"``; name "": the
-    field's own flag)."""
+    """A flag without a value setting its field to ``const`` (``--pad``: ``policy="pad"``; "": the field's flag)."""
 
     name: str
     const: Any
@@ -74,14 +67,13 @@ def switch(help: str, **kw: Any) -> Any:
 
 
 def nested(default: Any = MISSING, group: str | None = None) -> Any:
-    """A field holding another option dataclass, whose options are this class's too. Default None: optional,
-    built when one of its options is given, and then each of them is needed."""
+    """A field holding another option dataclass (default None: built when one of its options is given, then all)."""
     return field(default=default, metadata={"nested": group})
 
 
 @dataclass(frozen=True)
 class _Leaf:
-    """An option as a parser and the keywords see it: its keyword, its field path (``route``), its spec."""
+    """An option as the parser and the keywords see it: keyword, field path (``route``), spec."""
 
     key: str
     route: tuple[str, ...]
@@ -89,33 +81,29 @@ class _Leaf:
     default: Any
     group: str
     required: bool  # no default, in no optional nested dataclass
-    optional: tuple[str, ...] | None  # the route of the optional nested dataclass holding it
 
     @property
     def flag(self) -> str:
         return self.spec.flag or "--" + self.key.replace("_", "-")
 
     @property
-    def name(self) -> str:
-        """How messages name it: the flag, or a positional's keyword."""
+    def name(self) -> str:  # how messages name it
         return self.key if self.spec.positional else self.flag
 
 
 def options_of(cls: Any, group: str = "options", route: tuple[str, ...] = ()) -> tuple[_Leaf, ...]:
     """Every option of ``cls``, nested ones in place, in field order (``route``: the path of ``cls``)."""
-    return _options_of(cls, group, route, None)
+    return _options_of(cls, group, route, False)
 
 
 @functools.cache
-def _options_of(cls: Any, group: str, route: tuple[str, ...], optional: Any) -> tuple[_Leaf, ...]:
+def _options_of(cls: Any, group: str, route: tuple[str, ...], optional: bool) -> tuple[_Leaf, ...]:
     out: list[_Leaf] = []
     for f in dataclasses.fields(cls):
         here = (*route, f.name)
         if "nested" in f.metadata:
             inner = type_of(cls, f.name)
-            out += _options_of(
-                inner, f.metadata["nested"] or group, here, optional or (here if f.default is None else None)
-            )
+            out += _options_of(inner, f.metadata["nested"] or group, here, optional or f.default is None)
         elif "option" in f.metadata:
             spec = f.metadata["option"]
             key = (spec.flag or f.name).lstrip("-").replace("-", "_")
@@ -123,15 +111,10 @@ def _options_of(cls: Any, group: str, route: tuple[str, ...], optional: Any) -> 
                 dataclasses.replace(s, name=s.name or "--" + key.replace("_", "-")) for s in spec.switches
             )
             default = None if f.default is MISSING else f.default
-            required = f.default is MISSING and optional is None
+            required = f.default is MISSING and not optional
             out.append(_Leaf(key, here, dataclasses.replace(spec, switches=named), default, spec.group or group,
-                             required, optional))  # fmt: skip
+                             required))  # fmt: skip
     return tuple(out)
-
-
-def _said(name: str, message: str) -> str:
-    """``argument --flag: message``, the flag named once (a message may already start with it)."""
-    return message if message.startswith(name + " ") else f"argument {name}: {message}"
 
 
 def _checked(leaf: _Leaf, value: Any) -> Any:
@@ -145,7 +128,8 @@ def _checked(leaf: _Leaf, value: Any) -> Any:
             raise _Bad(f"{shown(value)} is not a valid value (a string)")
         return value
     except _Bad as e:
-        raise UsageError(_said(leaf.name, str(e))) from None
+        said = str(e) if str(e).startswith(leaf.name + " ") else f"argument {leaf.name}: {e}"
+        raise UsageError(said) from None
 
 
 def keyword(cls: type, key: str, value: Any) -> Any:
@@ -154,13 +138,8 @@ def keyword(cls: type, key: str, value: Any) -> Any:
 
 
 def from_keywords(cls: type[_T], values: Mapping[str, Any]) -> _T:
-    """``cls`` of the Python API's keyword arguments: option keywords (``bucket_weights=(1, 2)``) or switch
-    names (``pad=True``); None (False for a switch) leaves the default.
-
-    Raises:
-        UsageError: an unknown name (with a "did you mean"), a value its check refuses, two options of one
-            exclusive set, a required one missing, or a rule of the class (the command line's messages).
-    """
+    """``cls`` of the Python API's keywords (``bucket_weights=(1, 2)``, switches by name: ``pad=True``); None
+    (False for a switch) leaves the default. UsageError: the command line's message for the same mistake."""
     leaves = {leaf.key: leaf for leaf in options_of(cls) if not leaf.spec.switches}
     switches = {
         s.name[2:].replace("-", "_"): (leaf, s) for leaf in options_of(cls) for s in leaf.spec.switches
@@ -182,7 +161,12 @@ def from_keywords(cls: type[_T], values: Mapping[str, Any]) -> _T:
             leaf = leaves[key]
             given[leaf.route], name = _checked(leaf, value), leaf.name
         named.append(name)
-    for members in _exclusive_sets(cls):
+    sets: dict[str, list[str]] = {}  # flags of which at most one may be given
+    for leaf in options_of(cls):
+        if leaf.spec.switches or leaf.spec.exclusive:
+            names = [s.name for s in leaf.spec.switches] or [leaf.flag]
+            sets.setdefault(leaf.spec.exclusive or leaf.key, []).extend(names)
+    for members in sets.values():
         both = [m for m in members if m in named]
         if len(both) > 1:
             raise UsageError(f"argument {both[1]}: not allowed with argument {both[0]}")
@@ -200,8 +184,7 @@ def from_flags(cls: type[_T], ns: argparse.Namespace) -> _T:
 
 
 def _build(cls: Any, given: Mapping[tuple[str, ...], Any], route: tuple[str, ...] = ()) -> Any:
-    """``cls`` with the values ``given`` by field path (nested classes first); a ValueError of a rule of a
-    class is a UsageError."""
+    """``cls`` of the values ``given`` by field path (nested classes first)."""
     missing = [leaf.name for leaf in options_of(cls) if leaf.required and leaf.route not in given]
     if missing and not route:
         raise UsageError(f"the following arguments are required: {', '.join(missing)}")
@@ -233,22 +216,8 @@ def type_of(cls: Any, name: str) -> Any:
     )
 
 
-def _exclusive_sets(cls: type) -> list[list[str]]:
-    """Flags of which at most one may be given: a field's switches, options sharing ``exclusive``."""
-    sets: dict[str, list[str]] = {}
-    for leaf in options_of(cls):
-        if leaf.spec.switches:
-            sets[leaf.key] = [s.name for s in leaf.spec.switches]
-        elif leaf.spec.exclusive:
-            sets.setdefault(leaf.spec.exclusive, []).append(leaf.flag)
-    return list(sets.values())
-
-
-# ------------------------------------------------------------------------------------------ the parser
-
-
 def add_flag(where: Any, names: Sequence[str], help: str, shown: str, **kw: Any) -> None:
-    """One flag whose help ends with its default (``shown``: how it reads), recorded for ``flag_table``."""
+    """One flag whose help ends with its default (``shown``), recorded for ``flag_table``."""
     if kw.get("required"):
         full, shown = f"{help} (required)", "required"
     else:
@@ -257,18 +226,15 @@ def add_flag(where: Any, names: Sequence[str], help: str, shown: str, **kw: Any)
     action.table_row = (help, shown)  # what flag_table prints
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Wraps help text but keeps its explicit line breaks (``--strategy`` lists one per line)."""
-
+class _Formatter(argparse.RawDescriptionHelpFormatter):  # wraps help, keeping its line breaks
     def _split_lines(self, text: str, width: int) -> list[str]:
         split = super()._split_lines
         return [w for line in text.splitlines() for w in (split(line, width) or [""])]
 
 
 class Parser(argparse.ArgumentParser):
-    """A command's parser: ``--debug`` and the options of the dataclass ``options``, in field order and their
-    groups. Strict: no abbreviations, an unknown flag or a bad value exits 2 with the usage and one line
-    (``raise_errors``: raises UsageError instead, for the docs' test)."""
+    """A command's parser: ``--debug`` and the options of dataclass ``options`` in their groups; a bad flag exits
+    2 with the usage and one line (``raise_errors``: raises UsageError, for the docs' test)."""
 
     DEBUG_MORE = ""  # what --debug also does
 
@@ -292,7 +258,6 @@ class Parser(argparse.ArgumentParser):
         """Flags every command of this kind has, before its options (``BeamParser``: -v, --progress)."""
 
     def _declare(self, leaf: _Leaf, groups: dict[str, Any], exclusive: dict[str, Any]) -> None:
-        """Add ``leaf``'s positional or flag(s)."""
         spec, default = leaf.spec, leaf.default
         metavar = spec.metavar or (spec.check.__name__ if isinstance(spec.check, choice) else None)
         kw: dict[str, Any] = {"metavar": metavar, "type": spec.check} if spec.check else {"metavar": metavar}
@@ -340,8 +305,7 @@ class Parser(argparse.ArgumentParser):
         return args, passed
 
     def read(self, argv: Sequence[str] | None) -> tuple[Any, list[str]]:
-        """(the options dataclass of ``argv``, the tokens passed through); a rule of the options broken exits 2
-        as a bad flag does."""
+        """(the options dataclass of ``argv``, the tokens passed through); exits 2 on a broken rule."""
         args, passed = self.parse(argv)
         try:
             return from_flags(self.options, args), passed  # type: ignore[arg-type]
@@ -368,13 +332,8 @@ class Parser(argparse.ArgumentParser):
             + f" (see {self.prog} --help)"
         )
 
-    def fail(self, message: str) -> NoReturn:
-        """A usage error found after parsing (paths, rules between options): usage + one line, exit 2."""
-        self.error(message)
-
     def error(self, message: str) -> NoReturn:
-        """argparse's usage + one line + exit 2 (UsageError with ``raise_errors``). A required flag reported
-        missing while an unknown flag was given names the unknown one (a typo: ``--batch-sise``)."""
+        """Usage + one line + exit 2; a required flag missing beside an unknown one names that (``--batch-sise``)."""
         if message.startswith("the following arguments are required"):
             unknown = [a for a in getattr(self, "_argv", []) if a.startswith("--")
                        and a.split("=", 1)[0] not in self._option_string_actions]  # fmt: skip

@@ -1,10 +1,5 @@
-"""The checks of the values a user gives (a flag's text or a Python value), one rule per kind of value.
-
-A :class:`Check` reads a flag's text (``check(text)``) and takes the same value from Python
-(``check.value(v)``) with the same one line for the same value: numbers are finite and in range, numpy
-integers and floats are numbers, lists, tuples and 1-d arrays are sequences, ``os.PathLike`` is a path and a
-path is never empty nor holds a NUL byte (``paths.bad_path``). ``transforms.declare`` attaches them to the
-fields of the frozen configs; a value they refuse is a :class:`UsageError` naming the flag or keyword. Pure.
+"""The checks of a value a user gives, one rule per kind: ``check(text)`` reads a flag's text, ``check.value(v)``
+the same value from Python (numpy numbers, 1-d arrays, ``os.PathLike``), with the same one line. Pure.
 """
 
 from __future__ import annotations
@@ -30,12 +25,12 @@ class UsageError(ValueError):
     """A flag, value or path the user gave is wrong; the message is one line naming it."""
 
 
-def is_bool(value: Any) -> bool:
+def is_bool(value: Any) -> bool:  # numpy's too
     return isinstance(value, (bool, np.bool_))
 
 
 def shown(value: Any) -> str:
-    """``value`` as a message names it: on one line, bounded (an array by its shape)."""
+    """``value`` as a message names it: one bounded line (an array by its shape)."""
     if isinstance(value, np.ndarray):
         return f"an array of shape {value.shape}"
     text = repr(value.item() if isinstance(value, np.generic) else value)
@@ -50,8 +45,7 @@ def _items(value: Any) -> list | None:
 
 
 class Check:
-    """How an option's value is read: ``check(text)`` parses a flag's text, ``check.value(v)`` takes it from
-    Python (a str or path-like as the text). Both raise ``argparse.ArgumentTypeError``, one line."""
+    """How an option's value is read (text or Python; a str or path-like as text); ArgumentTypeError, one line."""
 
     __name__ = "value"
 
@@ -123,7 +117,7 @@ class float_in(Check):  # noqa: N801
 
 
 class float_list(Check):  # noqa: N801
-    """Comma-separated finite floats (``count`` of them, each >= ``lo``); from Python a sequence of numbers."""
+    """Comma-separated finite floats (``count`` of them, each >= ``lo``); from Python a sequence."""
 
     __name__ = "list"
 
@@ -163,7 +157,7 @@ class choice(Check):  # noqa: N801
 
 
 class path(Check):  # noqa: N801
-    """A path or URI (``paths.bad_path``: not empty, no NUL byte); ``many``: one or a list of them, a tuple."""
+    """A path or URI (not empty, no NUL byte); ``many``: one or a list of them, as a tuple."""
 
     __name__ = "path"
 
@@ -186,7 +180,7 @@ class path(Check):  # noqa: N801
 
 
 class parsed_by(Check):  # noqa: N801
-    """A value ``parse(text)`` reads (raising ValueError); from Python the value itself, ``typed(value)``."""
+    """A value ``parse(text)`` reads; from Python ``typed(value)`` (both raising ValueError)."""
 
     def __init__(self, parse: Callable[[str], Any], typed: Callable[[Any], Any]) -> None:
         self._parse, self._typed, self.__name__ = parse, typed, parse.__name__
@@ -205,8 +199,7 @@ class parsed_by(Check):  # noqa: N801
 
 
 class per_name(Check):  # noqa: N801
-    """One value for every INPUT, or ``NAME=V,...`` (``--sweeps 9`` or ``nusc=9,kitti=0``): the value as
-    ``each`` checks it, or sorted (name, value) pairs; from Python a mapping. ``pairs``: pairs only."""
+    """One value for every INPUT or sorted (NAME, value) pairs (``--sweeps 9``, ``nusc=9,kitti=0``, a dict)."""
 
     def __init__(self, each: Check, pairs: bool = False) -> None:
         self.each, self.pairs, self.__name__ = each, pairs, each.__name__

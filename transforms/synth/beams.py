@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from lidarshard.transforms.synth import scene as sc
 
-__all__ = ["Lidar", "Returns", "Scan", "street", "scan", "cast"]
+__all__ = ["Lidar", "Returns", "Scan", "street", "scan"]
 
 _NONE = np.iinfo(np.int64).max
 _PORE_PASS = 0.15  # chance that a ray passes a porous box (foliage) untouched
@@ -289,24 +289,3 @@ def scan(spec: sc.SceneSpec, boxes: sc.Boxes, t_frame: float, rng: np.random.Gen
     lab2 = np.where(box2 >= 0, boxes.label[np.maximum(box2, 0)], 0).astype(np.uint8)
     second = _returns(spec, lidar, t_frame, geometry, (rho_b, box2, ground2 & behind, lab2), rng)
     return Scan(first=first, second=second, phase=phase, column_time=dt)
-
-
-def cast(
-    spec: sc.SceneSpec,
-    boxes: sc.Boxes,
-    t_frame: float,
-    rng: np.random.Generator,
-    elevations_deg: NDArray[np.floating],
-    columns: int,
-    origin_height_m: float,
-) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.uint8], NDArray[np.uint8]]:
-    """First returns of a roof-centred lidar spinning at 10 Hz, turn ending at ``t_frame``.
-
-    Returns:
-        (xyz, range, intensity, label): (R*C, 3) float64 deskewed sensor-frame points (m),
-        (R*C,) range (m, 0 = miss), uint8 intensity, uint8 lidarseg class (0 = miss); rays in
-        (ring, column) row-major order. See ``scan`` for the general sensor.
-    """
-    lidar = Lidar(tuple(float(e) for e in elevations_deg), int(columns), float(origin_height_m))
-    ret = scan(spec, boxes, t_frame, rng, lidar).first
-    return ret.xyz, ret.range, ret.intensity, ret.label
