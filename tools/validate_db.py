@@ -21,7 +21,16 @@ import pyarrow as pa
 
 from lidarshard.transforms.io.arrow import release_memory
 
-__all__ = ["MEMORY_LIMIT", "ROW_KEY", "Engine", "ScratchError", "scratch_error", "ahead", "in_order"]
+__all__ = [
+    "MEMORY_LIMIT",
+    "ID_KEY",
+    "ROW_KEY",
+    "Engine",
+    "ScratchError",
+    "scratch_error",
+    "ahead",
+    "in_order",
+]
 
 #: DuckDB's memory limit (beyond it, tables and joins spill); ``LEAN_LIMIT`` while the planner runs.
 MEMORY_LIMIT, LEAN_LIMIT = "64MB", "4MB"
@@ -30,6 +39,9 @@ BATCH_ROWS = 1 << 16
 #: A row's 64-bit key of (path, sweep_paths): equal values, equal keys (DuckDB's hash, nulls and list
 #: positions included; a check of what lidarshard wrote against itself, not a signature).
 ROW_KEY = "hash(path, sweep_paths, sweep_paths IS NULL)"  # a null list hashes as an empty one
+#: A sample_id's 128-bit key (MD5), by which plan rows find their samples: a fixed-width join key spills
+#: within ``MEMORY_LIMIT`` (joined on the strings, 10M plan rows needed more than 64 MB pinned).
+ID_KEY = "md5_number(sample_id)"
 #: What DuckDB raises when its files in the scratch directory cannot be written or read back.
 _FAILED = (
     duckdb.IOException,

@@ -19,7 +19,7 @@ from lidarshard import schemas
 from lidarshard.loaders.planfiles import plan_problem
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
-from lidarshard.tools.validate_db import ROW_KEY, Engine
+from lidarshard.tools.validate_db import ID_KEY, ROW_KEY, Engine
 from lidarshard.tools.validate_derived import Derived, PairRepeat, check_replan, check_steps
 from lidarshard.tools.validate_samples import Samples, same_counts
 from lidarshard.transforms.core.config import PlanConfig
@@ -75,7 +75,8 @@ def _load(
     """Epoch ``e``'s rank files, each checked (``plan_problem``) and its rows joined to their samples into
     ``epoch_rows`` -> (plan rows read, the ranks whose every row has its sample and the sample's paths)."""
     count, usable = 0, set()
-    insert = f"SELECT 0 AS rank, step, slot, rank_count, global_count, cost, bucket_id, sample_id, {ROW_KEY} AS rkey FROM t"
+    insert = (f"SELECT 0 AS rank, step, slot, rank_count, global_count, cost, bucket_id, sample_id, {ID_KEY} AS "
+              f"skey, {ROW_KEY} AS rkey FROM t")  # fmt: skip
     db.run(f"CREATE OR REPLACE TABLE plan_rows AS {insert} LIMIT 0", t=schemas.plan_schema().empty_table())
     ranks = {m.plan_file(e, r): r for r in range(m.world_size)}
     for rel, head, rows in read_plans(list(ranks)):
@@ -94,11 +95,13 @@ def _load(
                 usable.add(r)
         del head, rows
     db.run("CREATE OR REPLACE TABLE epoch_rows AS SELECT p.rank, p.step, p.slot, p.rank_count, p.global_count, "
-           "p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, CASE WHEN s.rid IS NULL THEN p.sample_id END "
-           "AS unknown FROM plan_rows p LEFT JOIN samples s USING (sample_id); DROP TABLE plan_rows")  # fmt: skip
-    first = db.rows("SELECT rank, step, slot, unknown, s.sample_id FROM epoch_rows LEFT JOIN samples s USING (rid) "
-                    "WHERE rid IS NULL OR NOT same QUALIFY row_number() OVER (PARTITION BY rank ORDER BY rid IS "
-                    "NULL DESC, step, slot) = 1 ORDER BY rank")  # fmt: skip
+           "p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, p.rowid AS prow FROM plan_rows p "
+           "LEFT JOIN (SELECT skey, rid, rkey FROM samples) s USING (skey)")  # fmt: skip
+    first = db.rows("SELECT e.rank, e.step, e.slot, p.sample_id, s.sample_id FROM (SELECT * FROM epoch_rows WHERE rid "
+                    "IS NULL OR NOT same QUALIFY row_number() OVER (PARTITION BY rank ORDER BY rid IS NULL DESC, step, "
+                    "slot) = 1) e JOIN plan_rows p ON p.rowid = e.prow LEFT JOIN samples s USING (rid) ORDER BY "
+                    "e.rank")  # fmt: skip
+    db.run("DROP TABLE plan_rows")
     for r, step, slot, unknown, sid in first:
         what = f"sample_id {unknown} is not in the samples" if sid is None else (
             f"path or sweep_paths of {sid} differs from the samples")  # fmt: skip
@@ -153,11 +156,10 @@ def _check_counts(problems: list[str], m: Manifest, e: int, db: Engine) -> None:
         for (n,) in db.rows("SELECT count(*) AS n FROM epoch_rows GROUP BY step, rank HAVING n <> ? ORDER BY "
                             "step, rank LIMIT 1", [m.batch_size]):  # fmt: skip
             problems.append(f"epoch {e}: a rank-step holds {n} samples, batch_size is {m.batch_size}")
-    for name, want in (("rank_count", "n"), ("global_count", "sum(n) OVER (PARTITION BY step)")):
+    for name, part in (("rank_count", "step, rank"), ("global_count", "step")):  # windows: no join to spill
         for r, step, value, count in db.rows(
-            f"WITH c AS (SELECT step, rank, n, {want} AS want FROM (SELECT step, rank, count(*) AS n FROM "
-            f"epoch_rows GROUP BY step, rank)) SELECT rank, step, {name}, want FROM epoch_rows JOIN c USING "
-            f"(step, rank) WHERE {name} <> want ORDER BY rank, step, slot LIMIT 1"
+            f"SELECT rank, step, {name}, n FROM (SELECT rank, step, slot, {name}, count(*) OVER (PARTITION BY "
+            f"{part}) AS n FROM epoch_rows) WHERE {name} <> n ORDER BY rank, step, slot LIMIT 1"
         ):
             problems.append(f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step}: {name} {value}, the plan holds {count}")  # fmt: skip
 

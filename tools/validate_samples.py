@@ -2,7 +2,7 @@
 
 Each row group is checked as it streams by (non-null, strictly increasing ids; stored paths against
 ``path_root``; the inputs fingerprint; costs against the recorded cost model); ``samples`` keeps the row
-index ``rid``, the sample_id, ``rkey`` (``validate_db.ROW_KEY`` of its paths: no string is held) and the
+index ``rid``, the sample_id and its ``skey`` (``ID_KEY``), ``rkey`` (``validate_db.ROW_KEY`` of its paths: no string is held) and the
 ``NUMERIC`` columns. ``check_scored`` checks bucket ids and counts, ``check_sample_weights`` the weights
 against the manifest's ``repeat`` (repeat factors re-derived from the label files under ``lidarseg:t=T``).
 """
@@ -23,7 +23,7 @@ from lidarshard.schemas import ADDED_IN, is_before
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.schemas.records import label_maps
-from lidarshard.tools.validate_db import ROW_KEY, Engine, in_order
+from lidarshard.tools.validate_db import ID_KEY, ROW_KEY, Engine, in_order
 from lidarshard.transforms.core.groups import deal
 from lidarshard.transforms.core.plan_writer import NUMERIC_INPUT as NUMERIC
 from lidarshard.transforms.errors import RejectError
@@ -154,7 +154,7 @@ def check_samples(db: Engine, groups: Iterable[tuple[str, pa.Table | None]], acc
         t = t.append_column("rid", pa.array(np.arange(first, first + t.num_rows)))
         if names is None:
             names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in t.column_names]
-            select = f"rid, sample_id, {ROW_KEY} AS rkey, {', '.join(names)} FROM t"
+            select = f"rid, sample_id, {ID_KEY} AS skey, {ROW_KEY} AS rkey, {', '.join(names)} FROM t"
             db.run(f"CREATE OR REPLACE TABLE samples AS SELECT {select} LIMIT 0", t=t)
         ids = t.column("sample_id").combine_chunks()
         if ids.null_count:
