@@ -20,8 +20,18 @@ from lidarshard.transforms.io import paths, storage
 from lidarshard.transforms.layouts import STORAGE_IO, nuscenes
 from lidarshard.transforms.value_checks import UsageError
 
-__all__ = ["REMOTE_TIMEOUT_S", "check_input", "check_output", "check_output_parent", "check_nuscenes",
-           "check_from_samples", "check_locations", "is_pattern", "real", "under"]  # fmt: skip
+__all__ = [
+    "REMOTE_TIMEOUT_S",
+    "check_input",
+    "check_output",
+    "check_output_parent",
+    "check_nuscenes",
+    "check_from_samples",
+    "check_locations",
+    "is_pattern",
+    "real",
+    "under",
+]
 
 #: Seconds a remote store has to answer the first look at a path (its clients retry for minutes otherwise).
 REMOTE_TIMEOUT_S = 10.0

@@ -31,8 +31,18 @@ from lidarshard import __version__
 from lidarshard.transforms import progress
 from lidarshard.transforms.declare import DEBUG_ENV
 
-__all__ = ["main", "one_line", "DEBUG_ENV", "SUBCOMMANDS", "BEAM_COMMANDS", "Console", "configure", "running",
-           "BeamRootRecords", "PROGRESS_EVERY_S"]  # fmt: skip
+__all__ = [
+    "main",
+    "one_line",
+    "DEBUG_ENV",
+    "SUBCOMMANDS",
+    "BEAM_COMMANDS",
+    "Console",
+    "configure",
+    "running",
+    "BeamRootRecords",
+    "PROGRESS_EVERY_S",
+]
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Rejects|Failed)): (.+)$", re.MULTILINE)
 

@@ -19,8 +19,15 @@ from lidarshard.transforms.io.parts import open_parts, read_parts, samples_files
 from lidarshard.transforms.layouts import FILES, Dataset
 from lidarshard.transforms.value_checks import UsageError
 
-__all__ = ["resolve_datasets", "split_input", "common_root", "label_maps", "check_layout_flags",
-           "check_weights", "LAYOUT_IO"]  # fmt: skip
+__all__ = [
+    "resolve_datasets",
+    "split_input",
+    "common_root",
+    "label_maps",
+    "check_layout_flags",
+    "check_weights",
+    "LAYOUT_IO",
+]
 
 LAYOUT_IO = layouts.STORAGE_IO
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")

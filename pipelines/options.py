@@ -24,8 +24,15 @@ from lidarshard.transforms.io.parts import PART_ROWS
 from lidarshard.transforms.layouts import LAYOUT_NAMES
 from lidarshard.transforms.value_checks import UsageError, choice, float_in, int_in, parsed_by, path, per_name
 
-__all__ = ["DEFAULT_REJECT_FRACTION", "ScanOptions", "BuildOptions", "TABLE_KEYS", "cost_model", "shared_filesystem",
-           "BeamParser"]  # fmt: skip
+__all__ = [
+    "DEFAULT_REJECT_FRACTION",
+    "ScanOptions",
+    "BuildOptions",
+    "TABLE_KEYS",
+    "cost_model",
+    "shared_filesystem",
+    "BeamParser",
+]
 
 DEFAULT_REJECT_FRACTION = 0.01
 _INPUT = "[NAME=]PATH: a directory or glob of point clouds, or a dataset root (nuScenes, Argoverse 2, SemanticKITTI, "
@@ -52,7 +59,9 @@ def shared_filesystem() -> Any:
     return switch(
         "the local INPUT and OUT are on a filesystem mounted at the same path on every worker: run them on a "
         "runner whose workers may be on other machines (Dataflow, a remote Dask scheduler, Spark, Flink, "
-        "containers)", group="output")  # fmt: skip
+        "containers)",
+        group="output",
+    )
 
 
 def _refused(value: object) -> str:

@@ -37,8 +37,19 @@ from lidarshard.transforms.layouts.task import LayoutOptions
 from lidarshard.transforms.plan import ANY_POOL
 from lidarshard.transforms.value_checks import UsageError
 
-__all__ = ["ScanSettings", "BuildSettings", "scan_settings", "build_settings", "table_settings", "continued",
-           "check_plan_size", "location", "rejects_path", "KEPT_SETTINGS", "PLAN_ENTRY_BYTES"]  # fmt: skip
+__all__ = [
+    "ScanSettings",
+    "BuildSettings",
+    "scan_settings",
+    "build_settings",
+    "table_settings",
+    "continued",
+    "check_plan_size",
+    "location",
+    "rejects_path",
+    "KEPT_SETTINGS",
+    "PLAN_ENTRY_BYTES",
+]
 
 _O = TypeVar("_O", bound=ScanOptions)
 

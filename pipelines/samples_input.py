@@ -23,8 +23,15 @@ from lidarshard.transforms.value_checks import UsageError
 __all__ = ["COUNT_COLUMNS", "as_table", "samples_table", "check_rows"]
 
 #: Sample columns that count something (points, voxels, bytes, sweeps): never negative where given.
-COUNT_COLUMNS = ("file_bytes", "num_points", "num_finite", "num_in_range", "occupied_voxels", "num_sweeps",
-                 "path_bytes")  # fmt: skip
+COUNT_COLUMNS = (
+    "file_bytes",
+    "num_points",
+    "num_finite",
+    "num_in_range",
+    "occupied_voxels",
+    "num_sweeps",
+    "path_bytes",
+)
 
 
 def as_table(samples: Any) -> pa.Table:

@@ -64,13 +64,19 @@ def _plan_config(c: Checker, m: Manifest) -> PlanConfig | None:
         cfg = PlanConfig.from_manifest(m)
     except (ValueError, TypeError) as err:
         caps = {k: v for k, v in (m.caps.to_json() if m.caps else {}).items() if v is not None}
-        c.problem(schemas.MANIFEST_FILE, f"the plan settings (strategy {short(m.strategy)}, caps {short(caps)}) "
-                  f"cannot be used ({err}); the plan is not re-derived")  # fmt: skip
+        c.problem(
+            schemas.MANIFEST_FILE,
+            f"the plan settings (strategy {short(m.strategy)}, caps {short(caps)}) "
+            f"cannot be used ({err}); the plan is not re-derived",
+        )
         return None
     want = cfg.groups_record(m.counts.accepted)
     if m.plan_groups is not None and m.plan_groups.to_json() != want:
-        c.problem(schemas.MANIFEST_FILE, f"plan_groups {short(m.plan_groups.to_json())} contradicts itself: a "
-                  f"build with these settings and {m.counts.accepted} accepted samples records {short(want)}")  # fmt: skip
+        c.problem(
+            schemas.MANIFEST_FILE,
+            f"plan_groups {short(m.plan_groups.to_json())} contradicts itself: a "
+            f"build with these settings and {m.counts.accepted} accepted samples records {short(want)}",
+        )
     return cfg
 
 
@@ -79,9 +85,15 @@ def _check_manifest(c: Checker) -> str:
     complete, parts = check_listed(c.problem, m.files, m.world_size, m.epochs, MAX_PROBLEMS)
     c.listed, c.sized = m.files, check_recorded(c.problem, c.sizes(), m.files)
     model_cost, bad_model = cost_model_of(m)
-    samples = c.samples(parts, schemas.scored_schema(), m.counts.accepted, m.inputs_fingerprint, m.path_root,
-                        model_cost if bad_model is None else None,
-                        plan_input(bool(m.cost_history) or m.memory_cap is not None))  # fmt: skip
+    samples = c.samples(
+        parts,
+        schemas.scored_schema(),
+        m.counts.accepted,
+        m.inputs_fingerprint,
+        m.path_root,
+        model_cost if bad_model is None else None,
+        plan_input(bool(m.cost_history) or m.memory_cap is not None),
+    )
     c.rejects(schemas.REJECTS_FILE in c.sized, m.counts)
     if samples is None:
         return "samples unusable"
@@ -96,15 +108,21 @@ def _check_manifest(c: Checker) -> str:
         if e == min(m.epochs, 2) - 1:
             check_repeat_rate(c.problems, m, pairs.rates(m.strategy) if pairs is not None else None)
     k, plan_files = m.counts, sum(m.plan_key(p) is not None for p in m.files)
-    return (f"{k.scanned} scanned, {k.accepted} accepted, {k.rejected} rejected; world size {m.world_size}, batch "
-            f"{m.batch_size}, {m.epochs} epoch{'s' * (m.epochs != 1)}, {rows} plan rows in {plan_files} plan files")  # fmt: skip
+    return (
+        f"{k.scanned} scanned, {k.accepted} accepted, {k.rejected} rejected; world size {m.world_size}, batch "
+        f"{m.batch_size}, {m.epochs} epoch{'s' * (m.epochs != 1)}, {rows} plan rows in {plan_files} plan files"
+    )
 
 
 def _check_scan(c: Checker) -> str:
     counts = (scan := _read(c, metadata.load_scan, schemas.SCAN_FILE)).counts
     present = c.sizes()
-    c.samples(samples_parts(c.problem, check_scan_files(c.problem, present)), schemas.sample_schema(),
-              counts.accepted, scan.inputs_fingerprint)  # fmt: skip
+    c.samples(
+        samples_parts(c.problem, check_scan_files(c.problem, present)),
+        schemas.sample_schema(),
+        counts.accepted,
+        scan.inputs_fingerprint,
+    )
     c.rejects(schemas.REJECTS_FILE in present, counts, listed=False)
     return f"scan: {counts.scanned} scanned, {counts.accepted} accepted, {counts.rejected} rejected"
 
@@ -159,7 +177,9 @@ def _validate(c: Checker, out: str) -> tuple[Problems, str]:
             raise Invalid(f"{out}: no such directory{_leftover_hint(out)}")
         present = c.sizes()
         if schemas.SUCCESS_FILE not in present:
-            raise Invalid(f"{out}: no {schemas.SUCCESS_FILE}, so it is not a committed lidarshard output{_leftover_hint(out)}")  # fmt: skip
+            raise Invalid(
+                f"{out}: no {schemas.SUCCESS_FILE}, so it is not a committed lidarshard output{_leftover_hint(out)}"
+            )
         scan = schemas.MANIFEST_FILE not in present and schemas.SCAN_FILE in present
         before = None if scan else _snapshot(c)
         summary = _check_scan(c) if scan else _check_manifest(c)
@@ -174,12 +194,22 @@ def _validate(c: Checker, out: str) -> tuple[Problems, str]:
     now = _snapshot(c) if before is not None else None
     if before is None or now == before:
         return c.problems, summary
-    what = "it is gone" if now is None else (
-        f"{schemas.MANIFEST_FILE} was rewritten" if now[0] != before[0] else
-        f"{min(set(now[1]) ^ set(before[1]) or {r for r in now[1] if now[1][r] != before[1].get(r)})} changed"
-    )  # fmt: skip
-    return Problems([f"{out}: changed while validate read it ({what}): another run published into it, so "
-                     "nothing was judged; run validate again once that run is done"], MAX_PROBLEMS), ""  # fmt: skip
+    what = (
+        "it is gone"
+        if now is None
+        else (
+            f"{schemas.MANIFEST_FILE} was rewritten"
+            if now[0] != before[0]
+            else f"{min(set(now[1]) ^ set(before[1]) or {r for r in now[1] if now[1][r] != before[1].get(r)})} changed"
+        )
+    )
+    return Problems(
+        [
+            f"{out}: changed while validate read it ({what}): another run published into it, so "
+            "nothing was judged; run validate again once that run is done"
+        ],
+        MAX_PROBLEMS,
+    ), ""
 
 
 def parser() -> Parser:
@@ -201,7 +231,9 @@ def run(argv: list[str] | None = None) -> int:
         elif args.data:  # the samples are the committed ones
             kept = Problems([], MAX_PROBLEMS)
             try:
-                where = validate_data.check_data(args.out, args.root, lambda w, x: kept.append(f"{w}: {x}"), args.workers)  # fmt: skip
+                where = validate_data.check_data(
+                    args.out, args.root, lambda w, x: kept.append(f"{w}: {x}"), args.workers
+                )
                 problems, summary = kept, f"{summary}; {where}"
             except (OSError, ValueError) as e:
                 problems = Problems([f"--data: the samples cannot be read ({str(e)[:200]})"], MAX_PROBLEMS)

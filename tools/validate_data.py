@@ -56,7 +56,11 @@ def _files(out: str, root: str | None, problem: Callable[[str, str], None]) -> I
     """Every file the samples of ``out`` name, in sample order (``root``: where relative paths live now)."""
     if storage.exists(storage.join(out, schemas.MANIFEST_FILE)):
         m = load_manifest(out)
-        parts, version, resolve = [storage.join(out, rel) for rel in listed_parts(m.files)], m.schema_version, PathResolver(m.path_root, root)  # fmt: skip
+        parts, version, resolve = (
+            [storage.join(out, rel) for rel in listed_parts(m.files)],
+            m.schema_version,
+            PathResolver(m.path_root, root),
+        )
     else:  # a scan: full paths
         parts, version = part_files(storage.join(out, schemas.SAMPLES_DIR)), load_scan(out).schema_version
         resolve = PathResolver(None, root)
@@ -75,12 +79,20 @@ def _files(out: str, root: str | None, problem: Callable[[str, str], None]) -> I
                 yield sid, "keyframe", resolve(row["path"]), Recorded(get("path_bytes"), get("path_crc32"))
                 sizes, hashes = get("sweep_bytes"), get("sweep_crc32")
                 if any(v is not None and len(v) != len(sweeps) for v in (sizes, hashes)):
-                    problem(f"sample {sid!r}", f"sweep_bytes/sweep_crc32 do not hold one value per sweep ({len(sweeps)})")  # fmt: skip
+                    problem(
+                        f"sample {sid!r}",
+                        f"sweep_bytes/sweep_crc32 do not hold one value per sweep ({len(sweeps)})",
+                    )
                     sizes = hashes = None
                 for k, p in enumerate(sweeps):
                     yield sid, f"sweep {k}", resolve(p), Recorded(sizes and sizes[k], hashes and hashes[k])
                 if row["label_path"] is not None:
-                    yield sid, "labels", resolve(row["label_path"]), Recorded(get("label_bytes"), get("label_crc32"))  # fmt: skip
+                    yield (
+                        sid,
+                        "labels",
+                        resolve(row["label_path"]),
+                        Recorded(get("label_bytes"), get("label_crc32")),
+                    )
 
 
 def check_data(
@@ -96,7 +108,12 @@ def check_data(
     for (sid, what, where, rec), bad, seen in in_order(
         _check, _files(out, root, problem), workers, WINDOW_PER_WORKER
     ):
-        files, hashed, unsized, unhashed = files + 1, hashed + seen, unsized + (rec.size is None), unhashed + (rec.crc32 is None)  # fmt: skip
+        files, hashed, unsized, unhashed = (
+            files + 1,
+            hashed + seen,
+            unsized + (rec.size is None),
+            unhashed + (rec.crc32 is None),
+        )
         if bad:
             problem(where, f"{what} of sample {sid!r}: {bad}")
     line = f"data: {files} files as recorded ({hashed / 1e9:.2f} GB hashed)"
@@ -116,12 +133,16 @@ class ValidateOptions:
     out: str = option(
         "manifest (or scan) directory: local path or URI", positional=True, check=path(), metavar="OUT"
     )
-    data: bool = switch(f"also check that every keyframe, sweep and label file exists with the size and "
-                        f"{schemas.CONTENT_HASH} the scan recorded (reads every byte; one line per file that differs)")  # fmt: skip
+    data: bool = switch(
+        f"also check that every keyframe, sweep and label file exists with the size and "
+        f"{schemas.CONTENT_HASH} the scan recorded (reads every byte; one line per file that differs)"
+    )
     root: str | None = option(
         "with --data: where the data lives now", None, check=path(), shown="the recorded path_root"
     )
-    workers: int = option(f"with --data: files checked at once, 1..{MAX_WORKERS}", DEFAULT_WORKERS, check=int_in(1, MAX_WORKERS))  # fmt: skip
+    workers: int = option(
+        f"with --data: files checked at once, 1..{MAX_WORKERS}", DEFAULT_WORKERS, check=int_in(1, MAX_WORKERS)
+    )
 
     def __post_init__(self) -> None:
         if self.root is not None and not self.data:

@@ -70,12 +70,18 @@ def scratch_error(where: str, err: BaseException) -> ScratchError:
     text = (str(err).splitlines() or [type(err).__name__])[0]
     code = getattr(err, "errno", None) or next((c for c in _ERRNOS if os.strerror(c) in text), 0)
     if isinstance(err, duckdb.OutOfMemoryException) and not code:
-        return ScratchError(errno.ENOMEM, f"validate's database in {where} needed more than its {MEMORY_LIMIT} "
-                            f"memory limit and could not spill it there ({text[:200]}); the data was not checked: "
-                            "report this with the manifest's size")  # fmt: skip
-    return ScratchError(code, f"validate's scratch directory {where} failed ({errno.errorcode.get(code, 'errno unknown')}: "
-                        f"{text[:200]}); the data was not checked: free space there or point TMPDIR at a writable "
-                        "local directory, then run validate again")  # fmt: skip
+        return ScratchError(
+            errno.ENOMEM,
+            f"validate's database in {where} needed more than its {MEMORY_LIMIT} "
+            f"memory limit and could not spill it there ({text[:200]}); the data was not checked: "
+            "report this with the manifest's size",
+        )
+    return ScratchError(
+        code,
+        f"validate's scratch directory {where} failed ({errno.errorcode.get(code, 'errno unknown')}: "
+        f"{text[:200]}); the data was not checked: free space there or point TMPDIR at a writable "
+        "local directory, then run validate again",
+    )
 
 
 class Engine:
@@ -83,9 +89,14 @@ class Engine:
 
     def __init__(self, scratch: str) -> None:
         self.dir = scratch
-        config: dict[str, Any] = {"memory_limit": MEMORY_LIMIT, "temp_directory": os.path.join(scratch, "spill"),
-                                  "threads": os.cpu_count() or 1, "preserve_insertion_order": False,
-                                  "autoinstall_known_extensions": False, "autoload_known_extensions": False}  # fmt: skip
+        config: dict[str, Any] = {
+            "memory_limit": MEMORY_LIMIT,
+            "temp_directory": os.path.join(scratch, "spill"),
+            "threads": os.cpu_count() or 1,
+            "preserve_insertion_order": False,
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+        }
         try:
             self.con = duckdb.connect(os.path.join(scratch, "validate.duckdb"), config=config)
         except (*_FAILED, OSError) as e:

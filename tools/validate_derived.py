@@ -49,7 +49,9 @@ class Derived:
                 return whole.plan, whole.baseline
             part = plan_group(samples, samples.column("row").to_numpy(), self.e, g, self.cfg)
         except (ValueError, TypeError, KeyError) as err:
-            self.problems.append(f"epoch {self.e}: the plan cannot be recomputed from strategy {short(self.m.strategy)}: {err}")  # fmt: skip
+            self.problems.append(
+                f"epoch {self.e}: the plan cannot be recomputed from strategy {short(self.m.strategy)}: {err}"
+            )
             self.failed = True
             return None
         self.summaries.append(part.summary)
@@ -82,8 +84,16 @@ def _how(m: Manifest) -> str:
     return f"the plan strategy {m.strategy} with seed {m.seed} recomputes"
 
 
-def check_replan(problems: list[str], m: Manifest, e: int, plan: NDArray[np.int64], want: NDArray[np.int64],
-                 steps: NDArray[np.integer], samples: Any, group: str = "") -> None:  # fmt: skip
+def check_replan(
+    problems: list[str],
+    m: Manifest,
+    e: int,
+    plan: NDArray[np.int64],
+    want: NDArray[np.int64],
+    steps: NDArray[np.integer],
+    samples: Any,
+    group: str = "",
+) -> None:
     """One group's plan (S_g, W, M) as the files hold it (its steps in the epoch: ``steps`` (S_g,)) equals
     ``want``, the re-derived one: catches swapped ranks or steps, a forged strategy or seed, whatever the
     hashes say. ``group``: how messages name it (" step group g" when the epoch has several)."""
@@ -95,12 +105,15 @@ def check_replan(problems: list[str], m: Manifest, e: int, plan: NDArray[np.int6
     if diff.size:
         s, r, k = (int(v) for v in diff[0])
         sid = samples.column("sample_id")
-        problems.append(f"{m.plan_file(e, r)}: epoch {e} rank {r} step {int(steps[s])} slot {k}: {sid[int(plan[s, r, k])]} "
-                        f"differs from {_how(m)} ({sid[int(want[s, r, k])]}); {len(diff)} slots differ")  # fmt: skip
+        problems.append(
+            f"{m.plan_file(e, r)}: epoch {e} rank {r} step {int(steps[s])} slot {k}: {sid[int(plan[s, r, k])]} "
+            f"differs from {_how(m)} ({sid[int(want[s, r, k])]}); {len(diff)} slots differ"
+        )
 
 
-def check_steps(problems: list[str], m: Manifest, e: int, labels: NDArray[np.int32],
-                owned: Sequence[NDArray[np.integer]]) -> None:  # fmt: skip
+def check_steps(
+    problems: list[str], m: Manifest, e: int, labels: NDArray[np.int32], owned: Sequence[NDArray[np.integer]]
+) -> None:
     """Each group's steps in the epoch as the files hold them (``owned[g]``, ascending) are those the
     re-derived interleave gives it (``labels`` (S,): the group of each step)."""
     for g, steps in enumerate(owned):
@@ -110,8 +123,10 @@ def check_steps(problems: list[str], m: Manifest, e: int, labels: NDArray[np.int
         n = min(steps.size, want.size)
         i = int(np.flatnonzero(steps[:n] != want[:n])[0]) if (steps[:n] != want[:n]).any() else n
         got, at = (int(v[i]) if i < v.size else None for v in (steps, want))
-        problems.append(f"epoch {e} step group {g}: its step {i} is the epoch's step {got}; {_how(m)} step {at} "
-                        "(the interleave of the groups' steps)")  # fmt: skip
+        problems.append(
+            f"epoch {e} step group {g}: its step {i} is the epoch's step {got}; {_how(m)} step {at} "
+            "(the interleave of the groups' steps)"
+        )
 
 
 class PairRepeat:
@@ -133,8 +148,14 @@ class PairRepeat:
         for kind, plan in enumerate(planned or ()):
             steps = np.broadcast_to(np.arange(plan.shape[0], dtype=np.int64)[:, None, None], plan.shape)
             valid = plan >= 0
-            part = pa.table({"epoch": np.full(valid.sum(), e, np.int8), "kind": np.full(valid.sum(), kind, np.int8),
-                             "rid": plan[valid], "step": steps[valid] * groups + g})  # fmt: skip
+            part = pa.table(
+                {
+                    "epoch": np.full(valid.sum(), e, np.int8),
+                    "kind": np.full(valid.sum(), kind, np.int8),
+                    "rid": plan[valid],
+                    "step": steps[valid] * groups + g,
+                }
+            )
             self.db.run("INSERT INTO pairs SELECT * FROM part", part=part)
         self.seen.add(e)
 

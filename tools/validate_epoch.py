@@ -65,8 +65,10 @@ def report_breaches(
         found = [b for b in breaches if b.name == name]
         if found:
             b = min(found, key=lambda x: (x.step, x.rank))
-            problems.append(f"{file_of(e, b.rank)}: epoch {e} step {b.step} rank {b.rank}: "
-                            f"{b.detail()} ({sum(x.count for x in found)} rank-steps over)")  # fmt: skip
+            problems.append(
+                f"{file_of(e, b.rank)}: epoch {e} step {b.step} rank {b.rank}: "
+                f"{b.detail()} ({sum(x.count for x in found)} rank-steps over)"
+            )
 
 
 def _load(
@@ -75,8 +77,10 @@ def _load(
     """Epoch ``e``'s rank files, each checked (``plan_problem``) and its rows joined to their samples into
     ``epoch_rows`` -> (plan rows read, the ranks whose every row has its sample and the sample's paths)."""
     count, usable = 0, set()
-    insert = (f"SELECT 0 AS rank, step, slot, rank_count, global_count, cost, bucket_id, sample_id, {ID_KEY} AS "
-              f"skey, {ROW_KEY} AS rkey FROM t")  # fmt: skip
+    insert = (
+        f"SELECT 0 AS rank, step, slot, rank_count, global_count, cost, bucket_id, sample_id, {ID_KEY} AS "
+        f"skey, {ROW_KEY} AS rkey FROM t"
+    )
     db.run(f"CREATE OR REPLACE TABLE plan_rows AS {insert} LIMIT 0", t=schemas.plan_schema().empty_table())
     ranks = {m.plan_file(e, r): r for r in range(m.world_size)}
     for rel, head, rows in read_plans(list(ranks)):
@@ -94,17 +98,24 @@ def _load(
             else:
                 usable.add(r)
         del head, rows
-    db.run("CREATE OR REPLACE TABLE epoch_rows AS SELECT p.rank, p.step, p.slot, p.rank_count, p.global_count, "
-           "p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, p.rowid AS prow FROM plan_rows p "
-           "LEFT JOIN (SELECT skey, rid, rkey FROM samples) s USING (skey)")  # fmt: skip
-    first = db.rows("SELECT e.rank, e.step, e.slot, p.sample_id, s.sample_id FROM (SELECT * FROM epoch_rows WHERE rid "
-                    "IS NULL OR NOT same QUALIFY row_number() OVER (PARTITION BY rank ORDER BY rid IS NULL DESC, step, "
-                    "slot) = 1) e JOIN plan_rows p ON p.rowid = e.prow LEFT JOIN samples s USING (rid) ORDER BY "
-                    "e.rank")  # fmt: skip
+    db.run(
+        "CREATE OR REPLACE TABLE epoch_rows AS SELECT p.rank, p.step, p.slot, p.rank_count, p.global_count, "
+        "p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, p.rowid AS prow FROM plan_rows p "
+        "LEFT JOIN (SELECT skey, rid, rkey FROM samples) s USING (skey)"
+    )
+    first = db.rows(
+        "SELECT e.rank, e.step, e.slot, p.sample_id, s.sample_id FROM (SELECT * FROM epoch_rows WHERE rid "
+        "IS NULL OR NOT same QUALIFY row_number() OVER (PARTITION BY rank ORDER BY rid IS NULL DESC, step, "
+        "slot) = 1) e JOIN plan_rows p ON p.rowid = e.prow LEFT JOIN samples s USING (rid) ORDER BY "
+        "e.rank"
+    )
     db.run("DROP TABLE plan_rows")
     for r, step, slot, unknown, sid in first:
-        what = f"sample_id {unknown} is not in the samples" if sid is None else (
-            f"path or sweep_paths of {sid} differs from the samples")  # fmt: skip
+        what = (
+            f"sample_id {unknown} is not in the samples"
+            if sid is None
+            else f"path or sweep_paths of {sid} differs from the samples"
+        )
         problems.append(f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}: {what}")
         usable.discard(r)
     return count, usable
@@ -119,13 +130,20 @@ def _planned_values(
     if cfg is None or cfg.planned_with(e) is None:
         db.run(own)
         return cfg
-    db.run("CREATE OR REPLACE TABLE recosted (rid BIGINT, cost DOUBLE, bucket_id BIGINT); "
-           "CREATE OR REPLACE VIEW planned AS SELECT * FROM recosted")  # fmt: skip
+    db.run(
+        "CREATE OR REPLACE TABLE recosted (rid BIGINT, cost DOUBLE, bucket_id BIGINT); "
+        "CREATE OR REPLACE VIEW planned AS SELECT * FROM recosted"
+    )
     try:
         for start, chunk in samples.chunks():
             again = as_planned(chunk, e, cfg)
-            part = pa.table({"rid": np.arange(start, start + chunk.num_rows), "cost": again.column("cost").to_numpy(),
-                             "bucket_id": np.asarray(again.column("bucket_id").to_numpy(), np.int64)})  # fmt: skip
+            part = pa.table(
+                {
+                    "rid": np.arange(start, start + chunk.num_rows),
+                    "cost": again.column("cost").to_numpy(),
+                    "bucket_id": np.asarray(again.column("bucket_id").to_numpy(), np.int64),
+                }
+            )
             db.run("INSERT INTO recosted SELECT * FROM part", part=part)
     except ValueError as err:
         problems.append(f"epoch {e}: the costs of cost_history cannot be recomputed: {err}")
@@ -145,7 +163,9 @@ def _check_rows(problems: list[str], m: Manifest, e: int, db: Engine) -> set[int
         "slot) = 1 ORDER BY rank"
     )
     for r, step, slot, name, sid in bad:
-        problems.append(f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}: {name} of {sid} differs from the samples")  # fmt: skip
+        problems.append(
+            f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}: {name} of {sid} differs from the samples"
+        )
     return {r for r, *_ in bad}
 
 
@@ -153,15 +173,20 @@ def _check_counts(problems: list[str], m: Manifest, e: int, db: Engine) -> None:
     """``batch_size`` rows per rank-step (equal-count strategies); ``rank_count``/``global_count`` against the
     rows of the row's rank-step/step: the first row (rank, step, slot) that differs, once per column."""
     if not m.variable_count:
-        for (n,) in db.rows("SELECT count(*) AS n FROM epoch_rows GROUP BY step, rank HAVING n <> ? ORDER BY "
-                            "step, rank LIMIT 1", [m.batch_size]):  # fmt: skip
+        for (n,) in db.rows(
+            "SELECT count(*) AS n FROM epoch_rows GROUP BY step, rank HAVING n <> ? ORDER BY "
+            "step, rank LIMIT 1",
+            [m.batch_size],
+        ):
             problems.append(f"epoch {e}: a rank-step holds {n} samples, batch_size is {m.batch_size}")
     for name, part in (("rank_count", "step, rank"), ("global_count", "step")):  # windows: no join to spill
         for r, step, value, count in db.rows(
             f"SELECT rank, step, {name}, n FROM (SELECT rank, step, slot, {name}, count(*) OVER (PARTITION BY "
             f"{part}) AS n FROM epoch_rows) WHERE {name} <> n ORDER BY rank, step, slot LIMIT 1"
         ):
-            problems.append(f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step}: {name} {value}, the plan holds {count}")  # fmt: skip
+            problems.append(
+                f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step}: {name} {value}, the plan holds {count}"
+            )
 
 
 def _coverage(m: Manifest, e: int, db: Engine, held: tuple | None) -> list[str]:
@@ -170,8 +195,10 @@ def _coverage(m: Manifest, e: int, db: Engine, held: tuple | None) -> list[str]:
     Else no sample beyond ceil(weight) copies (+1 under pad). ``held``: ``repeat.realized[e]`` is checked."""
     bucket, pad, where = [float(w) for w in m.buckets.weights], int(m.policy == "pad"), f"epoch {e}"
     w = "s.weight" if all(b == 1 for b in bucket) else f"s.weight * {bucket}[p.bucket_id + 1]"
-    seen = ("FROM samples s JOIN planned p USING (rid) LEFT JOIN (SELECT rid, count(*) AS n FROM epoch_rows "
-            "GROUP BY rid) USING (rid)")  # fmt: skip
+    seen = (
+        "FROM samples s JOIN planned p USING (rid) LEFT JOIN (SELECT rid, count(*) AS n FROM epoch_rows "
+        "GROUP BY rid) USING (rid)"
+    )
     ((n, ones, entries, most, never, unseen, over),) = db.rows(
         f"SELECT count(*), coalesce(bool_and(w = 1), true), coalesce(sum(n), 0), arg_max([n, rid], [n, -rid]), count(*) "
         f"FILTER (n = 0), min(rid) FILTER (n = 0), arg_min([rid, n, w], rid) FILTER (n > ceil(w) + {pad}) FROM "
@@ -193,8 +220,10 @@ def _coverage(m: Manifest, e: int, db: Engine, held: tuple | None) -> list[str]:
         if planned != n + padded or dropped:
             out.append(f"{where}: planned {planned} != accepted {n} + padded {padded} (dropped {dropped})")
     elif over is not None:
-        out.append(f"{where}: sample {sid(over[0])} planned {int(over[1])} times, more than bucket weight x "
-                   f"sample weight {over[2]:.6g} allows")  # fmt: skip
+        out.append(
+            f"{where}: sample {sid(over[0])} planned {int(over[1])} times, more than bucket weight x "
+            f"sample weight {over[2]:.6g} allows"
+        )
     if held is not None:
         copies = db.table(f"SELECT coalesce(n, 0) AS n {seen} ORDER BY rid").column("n").to_numpy()
         want = repeat_counts(held[0], copies)
@@ -315,8 +344,16 @@ class _Epoch:
             check_steps(problems, m, e, labels, self.owned)
 
 
-def check_epoch_files(problems: list[str], read_plans: ReadPlans, m: Manifest, cfg: PlanConfig | None, e: int,
-                      samples: Samples, held: tuple | None, pairs: PairRepeat | None) -> int:  # fmt: skip
+def check_epoch_files(
+    problems: list[str],
+    read_plans: ReadPlans,
+    m: Manifest,
+    cfg: PlanConfig | None,
+    e: int,
+    samples: Samples,
+    held: tuple | None,
+    pairs: PairRepeat | None,
+) -> int:
     """Epoch ``e``'s plan files checked and its plan re-derived with ``cfg`` (None: not valid, said) group by
     group; epochs 0 and 1 go to ``pairs``. Returns the epoch's plan rows."""
     cfg = _planned_values(problems, samples, e, cfg)

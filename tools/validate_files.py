@@ -46,8 +46,9 @@ def samples_parts(problem: Problem, rels: list[str]) -> list[str] | None:
         return None
 
 
-def check_listed(problem: Problem, files: Mapping[str, object], w: int, epochs: int,
-                 enumerate_up_to: int) -> tuple[bool, list[str] | None]:  # fmt: skip
+def check_listed(
+    problem: Problem, files: Mapping[str, object], w: int, epochs: int, enumerate_up_to: int
+) -> tuple[bool, list[str] | None]:
     """``files`` (the manifest's list) is exactly the samples parts, rejects and one plan file per (epoch,
     rank); missing plan files are named one by one when at most ``enumerate_up_to`` -> (whether the list is
     complete, the samples parts in order or None)."""
@@ -64,7 +65,10 @@ def check_listed(problem: Problem, files: Mapping[str, object], w: int, epochs: 
     if 0 < gap <= enumerate_up_to:  # then w * epochs <= len(files) + enumerate_up_to: cheap to enumerate
         missing += [schemas.plan_file(e, r) for e in range(epochs) for r in range(w) if (e, r) not in plans]
     elif gap:
-        problem("_manifest.json", f"world_size {w} x epochs {epochs} need {w * epochs} plan files, 'files' lists {len(plans)}")  # fmt: skip
+        problem(
+            "_manifest.json",
+            f"world_size {w} x epochs {epochs} need {w * epochs} plan files, 'files' lists {len(plans)}",
+        )
     for rel in missing:
         problem(rel, f"not recorded in _manifest.json 'files' (world_size {w}, epochs {epochs} need it)")
     return not missing and gap == 0 and parts is not None, parts
@@ -175,7 +179,9 @@ class Checker:
                 self.problems.extend(lines)
 
     @contextlib.contextmanager
-    def _open(self, rel: str, want: pa.Schema | None, listed: bool) -> Iterator[tuple[pq.ParquetFile | None, list[str]]]:  # fmt: skip
+    def _open(
+        self, rel: str, want: pa.Schema | None, listed: bool
+    ) -> Iterator[tuple[pq.ParquetFile | None, list[str]]]:
         """(the Parquet file ``rel`` when it reads with the ``want`` schema, else None; problem lines): a listed
         file is read through the open file its sha256 was checked on (``planfiles.recorded_file``)."""
         lines: list[str] = []
@@ -222,9 +228,16 @@ class Checker:
             self.problems.extend(lines)
             yield rel, head, rows
 
-    def samples(self, parts: list[str] | None, want: pa.Schema, accepted: object, fingerprint: str,
-                root: object = False, model_cost: Callable[[pa.Table], np.ndarray] | None = None,
-                keep: Sequence[str] = ()) -> Samples | None:  # fmt: skip
+    def samples(
+        self,
+        parts: list[str] | None,
+        want: pa.Schema,
+        accepted: object,
+        fingerprint: str,
+        root: object = False,
+        model_cost: Callable[[pa.Table], np.ndarray] | None = None,
+        keep: Sequence[str] = (),
+    ) -> Samples | None:
         """The samples ``parts`` (None: unusable) into the database (``check_samples``), a row group decoded
         ahead, against ``accepted`` and ``fingerprint``; stored paths against a manifest's ``path_root``
         ``root`` (``False``: not checked, a scan directory, whose parts are not listed)."""
@@ -286,4 +299,7 @@ class Checker:
                     rel, f"reasons {by_reason} != counts.rejected_by_reason {counts.rejected_by_reason}"
                 )
         if counts.scanned != counts.accepted + counts.rejected:
-            self.problem("counts", f"scanned {counts.scanned} != accepted {counts.accepted} + rejected {counts.rejected}")  # fmt: skip
+            self.problem(
+                "counts",
+                f"scanned {counts.scanned} != accepted {counts.accepted} + rejected {counts.rejected}",
+            )

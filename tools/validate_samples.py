@@ -135,9 +135,16 @@ def sample_columns(have: Sequence[str], keep: Sequence[str] = ()) -> list[str]:
     ]
 
 
-def check_samples(db: Engine, groups: Iterable[tuple[str, pa.Table | None]], accepted: object, fingerprint: str,
-                  root: object, problem: Callable[[str, str], None], model_cost: Callable[[pa.Table], NDArray]
-                  | None = None, keep: Sequence[str] = ()) -> Samples | None:  # fmt: skip
+def check_samples(
+    db: Engine,
+    groups: Iterable[tuple[str, pa.Table | None]],
+    accepted: object,
+    fingerprint: str,
+    root: object,
+    problem: Callable[[str, str], None],
+    model_cost: Callable[[pa.Table], NDArray] | None = None,
+    keep: Sequence[str] = (),
+) -> Samples | None:
     """The parts' row groups ((part path, its ``sample_columns``), None: an unusable part) in order, streamed
     into ``db`` and checked against ``accepted`` and ``fingerprint``; stored paths against ``path_root``
     ``root`` (``False``: not checked); ``model_cost(row group) -> (n,)`` against ``cost`` (features kept only
@@ -186,8 +193,9 @@ def check_samples(db: Engine, groups: Iterable[tuple[str, pa.Table | None]], acc
     return Samples(db, files, names, first, mismatch)
 
 
-def _prepare(root: object, model_cost: Callable[[pa.Table], NDArray] | None,
-             item: tuple[str, pa.Table | None]) -> tuple[str, pa.Table | None, str | None, NDArray | None]:  # fmt: skip
+def _prepare(
+    root: object, model_cost: Callable[[pa.Table], NDArray] | None, item: tuple[str, pa.Table | None]
+) -> tuple[str, pa.Table | None, str | None, NDArray | None]:
     """(part path, row group, its stored paths' problem, its costs under ``model_cost``), made on a core of
     its own (``root`` False: paths not checked)."""
     path, t = item
@@ -249,9 +257,14 @@ def check_scored(
 
 def same_counts(got: object, want: dict[str, float]) -> bool:
     """``got`` (a recorded ``repeat`` count) holds ``want``'s keys, each within 1e-6 relative."""
-    return isinstance(got, dict) and set(got) == set(want) and all(
-        isinstance(got[k], (int, float)) and abs(got[k] - v) <= 1e-6 * max(1.0, abs(v)) for k, v in want.items()
-    )  # fmt: skip
+    return (
+        isinstance(got, dict)
+        and set(got) == set(want)
+        and all(
+            isinstance(got[k], (int, float)) and abs(got[k] - v) <= 1e-6 * max(1.0, abs(v))
+            for k, v in want.items()
+        )
+    )
 
 
 def _datasets(samples: Samples, m: Manifest) -> list:
@@ -274,8 +287,10 @@ def _presence(problems: list[str], samples: Samples, m: Manifest) -> tuple[NDArr
     except RejectError as e:
         problems.append(f"labels: {e.detail}; the weights were not re-derived")
     except OSError as e:
-        problems.append(f"{e.filename or 'label_path'}: lidarseg labels unreadable ({e.strerror or e}); "
-                        "the weights were not re-derived")  # fmt: skip
+        problems.append(
+            f"{e.filename or 'label_path'}: lidarseg labels unreadable ({e.strerror or e}); "
+            "the weights were not re-derived"
+        )
     return None
 
 
@@ -293,8 +308,10 @@ def check_sample_weights(problems: list[str], m: Manifest, samples: Samples) -> 
         return None
     if rep is None:
         if not_one is not None:
-            problems.append(f"samples: {sid[not_one]} has weight {weight:g} but the manifest records no repeat "
-                            "factors or sample weights")  # fmt: skip
+            problems.append(
+                f"samples: {sid[not_one]} has weight {weight:g} but the manifest records no repeat "
+                "factors or sample weights"
+            )
         return None
     whole = samples.table(["weight", "bucket_id"])
     w, mode, scale = whole.column("weight").to_numpy(), rep.mode, rep.datasets or {}
@@ -302,8 +319,10 @@ def check_sample_weights(problems: list[str], m: Manifest, samples: Samples) -> 
     if mode is None and scale:  # only --dataset-weights
         if not np.allclose(w, by_dataset, rtol=1e-12, atol=0):
             i = int(np.flatnonzero(~np.isclose(w, by_dataset, rtol=1e-12, atol=0))[0])
-            problems.append(f"samples: {sid[i]} has weight {w[i]:g} but its dataset's --dataset-weights give "
-                            f"{by_dataset[i]:g}")  # fmt: skip
+            problems.append(
+                f"samples: {sid[i]} has weight {w[i]:g} but its dataset's --dataset-weights give "
+                f"{by_dataset[i]:g}"
+            )
         mode = "column:"  # the counts below are per 'all', as for a column's weights
     if mode is None or not mode.startswith(("lidarseg:", "column:")):
         problems.append(f"_manifest.json: repeat.mode {short(mode)} is not lidarseg:t=T or column:NAME")
@@ -321,13 +340,17 @@ def check_sample_weights(problems: list[str], m: Manifest, samples: Samples) -> 
         again = repeat.lvis_factors(found[0], found[1], t) * by_dataset
         if (diff := np.flatnonzero(np.abs(again - w) > 1e-9 * np.maximum(1.0, again))).size:
             i = int(diff[0])
-            problems.append(f"samples: {sid[i]} has weight {w[i]:.6g}, its labels give repeat factor "
-                            f"{again[i]:.6g} ({diff.size} samples differ)")  # fmt: skip
+            problems.append(
+                f"samples: {sid[i]} has weight {w[i]:.6g}, its labels give repeat factor "
+                f"{again[i]:.6g} ({diff.size} samples differ)"
+            )
     try:
         bucket = resolve_weights(m.buckets.weights, m.buckets.k)[whole.column("bucket_id").to_numpy()]
     except (ValueError, IndexError):  # reported by the bucket checks
         return None
     want = repeat.repeat_counts(presence, w * bucket)
     if not same_counts(rep.expected, want):
-        problems.append(f"_manifest.json: repeat.expected recorded {short(dict(rep.expected))}, recomputed {short(want)}")  # fmt: skip
+        problems.append(
+            f"_manifest.json: repeat.expected recorded {short(dict(rep.expected))}, recomputed {short(want)}"
+        )
     return (presence,)
