@@ -189,11 +189,12 @@ def _check_counts(problems: list[str], m: Manifest, e: int, db: Engine) -> None:
             )
 
 
-def _coverage(m: Manifest, e: int, db: Engine, held: tuple | None) -> list[str]:
+def _coverage(m: Manifest, e: int, samples: Samples, held: tuple | None) -> list[str]:
     """Epoch ``e``'s coverage from the copies of each sample. Weights (x bucket weights) all 1: drop_last plans
     each at most once and planned = accepted - dropped; pad each at least once, planned = accepted + padded.
     Else no sample beyond ceil(weight) copies (+1 under pad). ``held``: ``repeat.realized[e]`` is checked."""
     bucket, pad, where = [float(w) for w in m.buckets.weights], int(m.policy == "pad"), f"epoch {e}"
+    db, ids = samples.db, samples.column("sample_id")
     w = "s.weight" if all(b == 1 for b in bucket) else f"s.weight * {bucket}[p.bucket_id + 1]"
     seen = (
         "FROM samples s JOIN planned p USING (rid) LEFT JOIN (SELECT rid, count(*) AS n FROM epoch_rows "
@@ -205,23 +206,22 @@ def _coverage(m: Manifest, e: int, db: Engine, held: tuple | None) -> list[str]:
         f"(SELECT rid, coalesce(n, 0) AS n, {w} AS w {seen})"
     )
     k, out = m.counts, []
-    sid = lambda i: db.rows("SELECT sample_id FROM samples WHERE rid = ?", [int(i)])[0][0]  # noqa: E731
     planned, dropped, padded = k.planned[e], k.dropped[e], k.padded[e]
     if planned != entries:
         out.append(f"{where}: counts.planned {planned} != {entries} plan rows")
     if ones and m.policy == "drop_last":
         if most is not None and most[0] > 1:
-            out.append(f"{where}: sample {sid(most[1])} planned {most[0]} times under drop_last")
+            out.append(f"{where}: sample {ids[most[1]]} planned {most[0]} times under drop_last")
         if planned != n - dropped or padded:
             out.append(f"{where}: planned {planned} != accepted {n} - dropped {dropped} (padded {padded})")
     elif ones:
         if never:
-            out.append(f"{where}: {never} samples never planned under pad, first {sid(unseen)}")
+            out.append(f"{where}: {never} samples never planned under pad, first {ids[unseen]}")
         if planned != n + padded or dropped:
             out.append(f"{where}: planned {planned} != accepted {n} + padded {padded} (dropped {dropped})")
     elif over is not None:
         out.append(
-            f"{where}: sample {sid(over[0])} planned {int(over[1])} times, more than bucket weight x "
+            f"{where}: sample {ids[over[0]]} planned {int(over[1])} times, more than bucket weight x "
             f"sample weight {over[2]:.6g} allows"
         )
     if held is not None:
@@ -287,7 +287,8 @@ class _Epoch:
         if cfg is not None:
             lines: list[str] = []
             values = cap_values(lines, e, cfg.caps, samples)
-            self.problems.extend(lines * (not self.caps_failed))
+            if not self.caps_failed:
+                self.problems.extend(lines)
             self.caps_failed |= bool(lines)
             self.breaches += group_breaches(mine, steps, cfg.caps, values)
             self._heaviest(cfg, mine, steps, samples)
@@ -367,7 +368,7 @@ def check_epoch_files(
     derived, epoch = Derived(problems, m, cfg, e, groups), None
     if len(usable) == m.world_size:
         _check_counts(problems, m, e, db)
-        epoch = _Epoch(problems, m, cfg, e, _coverage(m, e, db, held))
+        epoch = _Epoch(problems, m, cfg, e, _coverage(m, e, samples, held))
     for g in range(groups):  # the files' side first: only its plan (8 B an entry) waits for the planner's
         group = samples.group(g, seed, e, groups)
         group = group if cfg is None else as_planned(group, e, cfg)
