@@ -99,7 +99,7 @@ def test_eval_costs_follow_index_of_and_refuse_a_missing_item(tmp_path: Path) ->
 #: One rank of the evaluation loop docs/GUIDE.md and ``loaders.evaluation`` describe: the plain module
 #: under no_grad, no collective per batch, one all_gather_object after the loop on every rank.
 _EVAL_RANK = """
-import json, sys, warnings
+import gc, json, sys, warnings
 import torch
 import torch.distributed as dist
 from lidarshard.loaders.evaluation import EvalSampler
@@ -119,6 +119,8 @@ with torch.no_grad():
         results.update(zip(batch.tolist(), model.module(batch.float()[:, None]).squeeze(1).tolist()))
 gathered = [None] * dist.get_world_size()
 dist.all_gather_object(gathered, results)  # every rank calls it, with or without samples
+del model, loader  # DDP's reducer must go before its process group (else gloo aborts at exit, ~1 in 3)
+gc.collect()
 dist.destroy_process_group()
 with open(result, "w") as f:
     json.dump({"len": len(sampler), "warned": [str(w.message) for w in caught],

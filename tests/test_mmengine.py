@@ -3,6 +3,7 @@ resume; the registered sampler's batch-size check and sample_id mapping. Skipped
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 import subprocess
@@ -398,6 +399,8 @@ def _ddp_worker(rank: int, rendezvous: str, out: str, work_dir: str) -> None:
         experiment_name="exp_ddp",
     )
     runner.train()
+    del runner  # the DDP model's reducer must go before its process group, else gloo can abort at exit
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -3,6 +3,7 @@ accelerator events through a fake), PlanLoader steps, and a real 2-rank gloo DDP
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -243,6 +244,8 @@ def _ddp_worker(rank: int, rendezvous: str, directory: str) -> None:
         opt.step()
         opt.zero_grad()
     timer.close()
+    del model, opt, timer  # DDP's reducer must go before its process group, else gloo can abort at exit
+    gc.collect()
     dist.destroy_process_group()
 
 
