@@ -23,6 +23,7 @@ training part.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import multiprocessing
@@ -167,7 +168,8 @@ def _rank(rank: int, world: int, store: str, manifest: Path, infos: Path, data_r
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
     try:
         seen = train(manifest, infos, data_root, work_dir / f"rank{rank}", epochs)
-    finally:
+    finally:  # the runner's DDP model (cycles: gc) goes first: gloo aborts when it outlives the group
+        gc.collect()
         dist.destroy_process_group()
     (work_dir / f"rank{rank}.json").write_text(json.dumps(seen))
 
