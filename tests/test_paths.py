@@ -4,18 +4,29 @@ dataroot, move the dataroot, train from the new place; path_map for a manifest o
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from lidarshard import schemas
 from lidarshard.loaders import ManifestReader, read_samples
 from lidarshard.pipelines import build as build_cli
 from lidarshard.tools.validate import validate
-from lidarshard.transforms.io.paths import PathResolver, absolute, relative_to, resolved
+from lidarshard.transforms.io.paths import (
+    PATH_COLUMNS,
+    PathResolver,
+    absolute,
+    bad_path,
+    path_problem,
+    relative_to,
+    resolved,
+)
 from lidarshard.transforms.io.storage import join
 from tests.helpers import BEAM_TEST_FLAGS
 
@@ -40,6 +51,53 @@ def test_relative_to_and_back_keeps_nulls_lists_and_slices() -> None:
     assert relative_to(t, None) is t and absolute(t, None) is t
     with pytest.raises(ValueError, match=r"/d/s/b.bin is not inside --relative-to /d/c"):
         relative_to(t, "/d/c")  # a component boundary, not a string prefix: /d/c.bin is not in /d/c
+
+
+def _path_problem_one_by_one(table: pa.Table, root: str | None) -> str | None:
+    """``path_problem``'s rules string by string in Python: the reference its byte search must agree with."""
+    for name in PATH_COLUMNS:
+        if name not in table.column_names:
+            continue
+        cells = table.column(name).to_pylist()
+        values = [v for c in cells for v in (c if isinstance(c, list) else [c]) if v is not None]
+        odd = [v for v in values if v == "" or "\0" in v]
+        if odd:
+            return f"{name} {bad_path(odd[0])}"
+        full = [v.startswith("/") or "://" in v for v in values]
+        bad = [
+            v
+            for v, f in zip(values, full, strict=True)
+            if re.search(r"(^|/)\.\.(/|$)", v) or (f if root is not None else not f)
+        ]
+        if bad:
+            want = f"relative to path_root {root} and inside it" if root else "a full path (no path_root)"
+            return f"{name} {bad[0]!r} is not {want}"
+    return None
+
+
+_PATHS = st.lists(st.one_of(st.none(), st.text("ab/.:\0", max_size=5).map(lambda v: v.lstrip("\0") or v)))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    paths=_PATHS,
+    sweeps=st.lists(st.one_of(st.none(), _PATHS)),
+    root=st.sampled_from([None, "/r"]),
+    cut=st.integers(0, 3),
+    prefix=st.sampled_from(["", "/d/", "x/"]),
+)
+@example(paths=[None, "..", "a."], sweeps=[None, None, [".a"]], root="/r", cut=0, prefix="")  # first byte
+def test_path_problem_agrees_with_judging_each_string(
+    paths: list, sweeps: list, root: str | None, cut: int, prefix: str
+) -> None:
+    """Across chunks, slices, nulls and list cells (a fault may straddle two strings' bytes)."""
+    n = min(len(paths), len(sweeps))
+    paths = [None if p is None else prefix + p for p in paths[:n]]
+    t = pa.table(
+        {"path": pa.array(paths, pa.string()), "sweep_paths": pa.array(sweeps[:n], pa.list_(pa.string()))}
+    )
+    t = pa.concat_tables([t.slice(0, cut), t.slice(cut)]).slice(min(1, n))
+    assert path_problem(t, root) == _path_problem_one_by_one(t, root)
 
 
 def test_path_resolver_joins_roots_and_maps_prefixes() -> None:
