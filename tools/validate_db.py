@@ -103,7 +103,7 @@ class Engine:
             raise scratch_error(scratch, e) from None
         self.con.execute("SET enable_progress_bar = false")  # a progress bar on stdout, else
 
-    def _do(self, call: Callable[[], Any], tables: dict[str, pa.Table]) -> Any:
+    def _do(self, call: Callable[[], Any], tables: dict[str, pa.Table | pa.RecordBatchReader]) -> Any:
         try:
             for name, table in tables.items():
                 self.con.register(name, table)
@@ -115,9 +115,26 @@ class Engine:
         except (*_FAILED, OSError) as e:
             raise scratch_error(self.dir, e) from None
 
-    def run(self, query: str, params: Any = None, **tables: pa.Table) -> None:
+    def run(self, query: str, params: Any = None, **tables: pa.Table | pa.RecordBatchReader) -> None:
         """Execute ``query`` with ``params``, the Arrow ``tables`` visible by their names."""
         self._do(lambda: self.con.execute(query, params), tables)
+
+    def insert(self, query: str, schema: pa.Schema, tables: Iterable[pa.Table]) -> None:
+        """``query`` (which reads ``t``) run once over ``tables`` as one Arrow stream of ``schema``: DuckDB
+        pulls them (the generator runs on its thread) instead of one statement per batch. An exception
+        raised making ``tables`` ends the stream and is raised here, after the statement."""
+        failed: list[BaseException] = []
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                for t in tables:
+                    yield from t.select(schema.names).cast(schema).to_batches()
+            except BaseException as e:  # noqa: BLE001 (raised again below, in the caller's thread)
+                failed.append(e)
+
+        self.run(query, t=pa.RecordBatchReader.from_batches(schema, batches()))
+        if failed:
+            raise failed[0]
 
     def rows(self, query: str, params: Any = None, **tables: pa.Table) -> list[tuple]:
         """The result of ``query`` as Python tuples (a few rows)."""

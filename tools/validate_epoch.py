@@ -35,6 +35,8 @@ __all__ = ["check_epoch_files", "cap_values", "group_breaches", "report_breaches
 #: ``read_plans(rels)``: per usable file (recorded bytes, contract schema) (rel, its columns but sweep_paths,
 #: None), then (rel, None, its next rows) to its end; (rel, None, None) when not usable (a problem said).
 ReadPlans = Callable[[Sequence[str]], Iterator[tuple[str, pa.Table | None, pa.Table | None]]]
+#: The plan files' columns ``epoch_rows`` is made of (``path`` and ``sweep_paths`` only as their ``ROW_KEY``).
+_PLAN_COLUMNS = "rank step slot rank_count global_count cost bucket_id sample_id path sweep_paths".split()
 #: (costs (n,), points (n,), predicted bytes (n,) or None) of one group's samples: what caps are checked on.
 CapValues = tuple[NDArray, NDArray | None, NDArray | None]
 
@@ -76,28 +78,36 @@ def _load(
 ) -> tuple[int, set[int]]:
     """Epoch ``e``'s rank files, each checked (``plan_problem``) and its rows joined to their samples into
     ``epoch_rows`` -> (plan rows read, the ranks whose every row has its sample and the sample's paths)."""
-    count, usable = 0, set()
-    insert = (
-        f"SELECT 0 AS rank, step, slot, rank_count, global_count, cost, bucket_id, sample_id, {ID_KEY} AS "
-        f"skey, {ROW_KEY} AS rkey FROM t"
-    )
-    db.run(f"CREATE OR REPLACE TABLE plan_rows AS {insert} LIMIT 0", t=schemas.plan_schema().empty_table())
+    count, usable, broken = 0, set(), set()
     ranks = {m.plan_file(e, r): r for r in range(m.world_size)}
-    for rel, head, rows in read_plans(list(ranks)):
-        r = ranks[rel]
-        if rows is not None and r in usable:
-            db.run(f"INSERT INTO plan_rows {insert.replace('0 AS rank', str(r), 1)}", t=rows)
-        elif head is None and rows is None and r in usable:  # not usable (said): none of its rows
-            usable.discard(r)
-            db.run("DELETE FROM plan_rows WHERE rank = ?", [r])
-        elif head is not None:
-            count += head.num_rows
-            problem = plan_problem(head, e, r, m.steps(e), None if m.variable_count else m.batch_size)
-            if problem is not None:
-                problems.append(f"{rel}: {problem}")
-            else:
-                usable.add(r)
-        del head, rows
+
+    def rows() -> Iterator[pa.Table]:
+        """Each usable file's rows with their ``rank``: DuckDB pulls them as it inserts."""
+        nonlocal count
+        for rel, head, batch in read_plans(list(ranks)):
+            r = ranks[rel]
+            if batch is not None and r in usable:
+                rank = pa.array(np.full(batch.num_rows, r, np.int32))  # plan_problem checked the column
+                yield batch.set_column(batch.schema.get_field_index("rank"), "rank", rank)
+                release_memory(heap=False)
+            elif head is None and batch is None and r in usable:  # not usable (said): none of its rows
+                broken.add(r)
+            elif head is not None:
+                count += head.num_rows
+                problem = plan_problem(head, e, r, m.steps(e), None if m.variable_count else m.batch_size)
+                if problem is not None:
+                    problems.append(f"{rel}: {problem}")
+                else:
+                    usable.add(r)
+            del head, batch
+
+    schema = pa.schema([schemas.plan_schema().field(n) for n in _PLAN_COLUMNS])
+    select = f"SELECT {', '.join(_PLAN_COLUMNS[:-2])}, {ID_KEY} AS skey, {ROW_KEY} AS rkey FROM t"
+    db.run(f"CREATE OR REPLACE TABLE plan_rows AS {select} LIMIT 0", t=schema.empty_table())
+    db.insert(f"INSERT INTO plan_rows {select}", schema, rows())
+    if broken:
+        usable -= broken
+        db.run(f"DELETE FROM plan_rows WHERE rank IN ({', '.join(map(str, sorted(broken)))})")
     db.run(
         "CREATE OR REPLACE TABLE epoch_rows AS SELECT p.rank, p.step, p.slot, p.rank_count, p.global_count, "
         "p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, p.rowid AS prow FROM plan_rows p "

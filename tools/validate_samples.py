@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -46,6 +47,8 @@ __all__ = [
 ]
 
 _FEATURES = ["file_bytes", "num_points", "num_in_range", "occupied_voxels"]  # fingerprint, cost models
+#: Rows between two trims of glibc's heap while the samples stream in (Arrow's pool is trimmed each row group).
+_TRIM_ROWS = 1 << 16
 #: (rows whose cost differs from the cost model, the first such row, its cost, the model's)
 Mismatch = tuple[int, int, float, float]
 
@@ -150,35 +153,47 @@ def check_samples(
     ``root`` (``False``: not checked); ``model_cost(row group) -> (n,)`` against ``cost`` (features kept only
     when in ``keep``). ``problem(where, what)`` reports; None when the parts cannot be used."""
     held: list[str] = []  # the parts' problems, said when every part was usable
-    h, last, first, path_bad, names = hashlib.sha256(), None, 0, None, None
+    h, last, first, path_bad, unusable = hashlib.sha256(), None, 0, None, False
     mismatch: Mismatch | None = None if model_cost is None else (0, -1, 0.0, 0.0)
     files: list[str] = []
-    for path, t, bad, want in in_order(functools.partial(_prepare, root, model_cost), groups):
-        if t is None:
-            return None
-        if not files or files[-1] != path:
-            files.append(path)
-        t = t.append_column("rid", pa.array(np.arange(first, first + t.num_rows)))
-        if names is None:
-            names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in t.column_names]
-            select = f"rid, sample_id, {ID_KEY} AS skey, {ROW_KEY} AS rkey, {', '.join(names)} FROM t"
-            db.run(f"CREATE OR REPLACE TABLE samples AS SELECT {select} LIMIT 0", t=t)
-        ids = t.column("sample_id").combine_chunks()
-        if ids.null_count:
-            held.append(f"{ids.null_count} rows have a null sample_id")
-        elif len(ids):
-            i = first_not_increasing(ids, last)
-            if i is not None:
-                held.append(f"sample_id not strictly increasing at row {first + i} ({ids[i]})")
-            last = ids[-1].as_py()
-        path_bad = path_bad or bad
-        fingerprint_update(h, t)
-        if mismatch is not None and want is not None:
-            mismatch = _cost_mismatch(mismatch, t, want, first)
-        db.run(f"INSERT INTO samples SELECT {select}", t=t)
-        first += t.num_rows
-        del t, ids
-        release_memory()  # the row group's strings: Arrow's pool keeps freed pages otherwise
+
+    def checked() -> Iterator[pa.Table]:
+        """Each row group checked, with its ``rid``: DuckDB pulls them as it inserts."""
+        nonlocal last, first, path_bad, mismatch, unusable
+        for path, t, bad, want in in_order(functools.partial(_prepare, root, model_cost), groups):
+            if t is None:
+                unusable = True
+                return
+            if not files or files[-1] != path:
+                files.append(path)
+            t = t.append_column("rid", pa.array(np.arange(first, first + t.num_rows)))
+            ids = t.column("sample_id").combine_chunks()
+            if ids.null_count:
+                held.append(f"{ids.null_count} rows have a null sample_id")
+            elif len(ids):
+                i = first_not_increasing(ids, last)
+                if i is not None:
+                    held.append(f"sample_id not strictly increasing at row {first + i} ({ids[i]})")
+                last = ids[-1].as_py()
+            path_bad = path_bad or bad
+            fingerprint_update(h, t)
+            if mismatch is not None and want is not None:
+                mismatch = _cost_mismatch(mismatch, t, want, first)
+            first += t.num_rows
+            del ids
+            yield t
+            release_memory(heap=first % (_TRIM_ROWS) < t.num_rows)  # the row group's strings, kept else
+
+    rows = checked()
+    head, names = next(rows, None), None
+    if head is not None:
+        names = [n for n in dict.fromkeys([*NUMERIC, *keep]) if n in head.column_names]
+        select = f"rid, sample_id, {ID_KEY} AS skey, {ROW_KEY} AS rkey, {', '.join(names)} FROM t"
+        db.run(f"CREATE OR REPLACE TABLE samples AS SELECT {select} LIMIT 0", t=head)
+        db.insert(f"INSERT INTO samples SELECT {select}", head.schema, itertools.chain([head], rows))
+        del head
+    if unusable:
+        return None
     if names is None:
         problem("samples", "not readable Parquet parts (ValueError: no samples part to read)")
         return None
