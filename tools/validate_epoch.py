@@ -380,9 +380,9 @@ def check_epoch_files(
         _check_counts(problems, m, e, db)
         epoch = _Epoch(problems, m, cfg, e, _coverage(m, e, samples, held))
     for g in range(groups):  # the files' side first: only its plan (8 B an entry) waits for the planner's
-        group = samples.group(g, seed, e, groups)
-        group = group if cfg is None else as_planned(group, e, cfg)
         files = epoch.plan(g, groups, db) if epoch is not None and not epoch.broken else None
+        group = samples.group(g, seed, e, groups)  # its queries run while only the plan is held
+        group = group if cfg is None else as_planned(group, e, cfg)
         with db.lean():  # the numpy checks and the planner: DuckDB gives back its cached pages meanwhile
             if epoch is not None and files is not None:
                 epoch.group(g, groups, group, *files)
