@@ -147,13 +147,9 @@ def _planned_values(
     try:
         for start, chunk in samples.chunks():
             again = as_planned(chunk, e, cfg)
-            part = pa.table(
-                {
-                    "rid": np.arange(start, start + chunk.num_rows),
-                    "cost": again.column("cost").to_numpy(),
-                    "bucket_id": np.asarray(again.column("bucket_id").to_numpy(), np.int64),
-                }
-            )
+            cost = again.column("cost").to_numpy()
+            bucket = again.column("bucket_id").to_numpy().astype(np.int64)
+            part = pa.table({"rid": np.arange(start, start + len(cost)), "cost": cost, "bucket_id": bucket})
             db.run("INSERT INTO recosted SELECT * FROM part", part=part)
     except ValueError as err:
         problems.append(f"epoch {e}: the costs of cost_history cannot be recomputed: {err}")
