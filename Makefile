@@ -150,6 +150,7 @@ TEST_TOOLS := "pytest>=7" "pytest-timeout>=2.2" "hypothesis>=6.90"
 define trainer_lane
 	test -f $(DEMO)/manifest/_SUCCESS || $(MAKE) demo
 	rm -rf $(1) && $(PYTHON) -m venv $(1)
+	rm -rf build/lib build/bdist.*  # else setuptools packs what an earlier build left there (removed modules too)
 	$(1)/bin/python -m pip -q --disable-pip-version-check install . $(2)
 	! $(1)/bin/python -c "import apache_beam" 2>/dev/null  # the trainer's install has no Beam
 	! $(1)/bin/python -c "import pandas" 2>/dev/null  # nor pandas
