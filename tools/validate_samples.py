@@ -182,7 +182,7 @@ def check_samples(
             first += t.num_rows
             del ids
             yield t
-            release_memory(heap=first % (_TRIM_ROWS) < t.num_rows)  # the row group's strings, kept else
+            release_memory(heap=first % _TRIM_ROWS < t.num_rows)  # the row group's strings: kept else
 
     rows = checked()
     head, names = next(rows, None), None
