@@ -106,3 +106,35 @@ def test_each_step_group_holds_the_rows_the_build_deals_it(db: Engine, tmp_path:
             assert np.array_equal(got.column("cost").to_numpy(), cost[want])
             seen += got.num_rows
         assert seen == 40_000
+
+
+def test_insert_streams_every_table_and_raises_an_error_midway_after_the_statement(db: Engine) -> None:
+    """``Engine.insert``: one statement over the stream; an exception raised making it is raised as itself
+    (not as DuckDB's), after the rows before it went in."""
+    schema = pa.schema([("x", pa.int64())])
+    db.run("CREATE TABLE xs (x BIGINT)")
+
+    def tables(fail: bool):
+        yield pa.table({"x": [1, 2]})
+        yield pa.table({"x": [3], "other": ["dropped"]})  # columns beyond the schema's are not passed on
+        if fail:
+            raise pa.ArrowInvalid("row group 2 unreadable")
+
+    db.insert("INSERT INTO xs SELECT x FROM t", schema, tables(False))
+    assert db.rows("SELECT count(*), sum(x) FROM xs") == [(3, 6)]
+    with pytest.raises(pa.ArrowInvalid, match="row group 2 unreadable"):
+        db.insert("INSERT INTO xs SELECT x FROM t", schema, tables(True))
+    assert db.rows("SELECT count(*), sum(x) FROM xs") == [(6, 12)]
+
+
+def test_a_row_group_unreadable_midway_is_raised_by_check_samples(db: Engine, tmp_path: Path) -> None:
+    _, files = _samples_parts(tmp_path)
+    file = pq.ParquetFile(files[0])
+
+    def groups():  # 40 row groups read before it fails: the failure comes while DuckDB pulls the stream
+        rows = file.read_row_group(0, columns=sample_columns(file.schema_arrow.names))
+        yield from ((files[0], rows.slice(k * 300, 300)) for k in range(40))
+        raise pa.ArrowInvalid("Parquet page header unreadable")
+
+    with pytest.raises(pa.ArrowInvalid, match="page header"):
+        check_samples(db, groups(), 40_000, "", False, lambda w, x: None)
