@@ -514,10 +514,10 @@ def _worker(rank: int, world: int, store: str, args: argparse.Namespace, result:
     except BaseException:
         traceback.print_exc()
         code = 1
-    # Leave without running gloo's teardown: destroy_process_group (or the destructor at exit) can
-    # abort a rank whose peer already left ("terminate called without an active exception", seen
-    # here once in about 20 runs). Every rank waits until all are done, then exits at once; a failed
-    # rank exits at once (mp.spawn then stops the others).
+    # Leave without running gloo's teardown: a DDP reducer that outlives its process group aborts the
+    # rank at exit ("terminate called without an active exception"; tests/test_loaders_evaluation.py
+    # frees the model with gc.collect() before destroy_process_group instead). Every rank waits until
+    # all are done, then exits at once; a failed rank exits at once (mp.spawn then stops the others).
     if code == 0:
         _wait_for_all(f"{store}.done", rank, world)
     sys.stdout.flush()
