@@ -14,10 +14,13 @@ import functools
 import os
 import sys
 import tempfile
+from collections.abc import Callable
+from typing import TypeVar
 
 from lidarshard import schemas
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
+from lidarshard.schemas.scan_record import ScanRecord
 from lidarshard.tools import validate_data
 from lidarshard.tools.validate_db import Engine, ScratchError, scratch_error
 from lidarshard.tools.validate_derived import PairRepeat, check_repeat_rate
@@ -42,13 +45,14 @@ __all__ = ["run", "validate", "Problems", "ScratchError"]
 
 #: Problems kept (and printed); the rest are counted. Bounds memory whatever a forged manifest claims.
 MAX_PROBLEMS = 200
+_Record = TypeVar("_Record", Manifest, ScanRecord)
 
 
 class Invalid(Exception):
     """A problem that stops validation (nothing further can be checked meaningfully)."""
 
 
-def _read(c: Checker, load, rel: str):
+def _read(c: Checker, load: Callable[..., _Record], rel: str) -> _Record:
     """``rel`` read once by the one metadata reader into its typed record, or ``Invalid`` with its line."""
     try:
         return load(c.root, where=rel)
@@ -191,25 +195,26 @@ def _validate(c: Checker, out: str) -> tuple[Problems, str]:
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RecursionError) as e:
         c.problems.append(f"_manifest.json: malformed ({type(e).__name__}: {str(e)[:200]})")
         summary = ""
+    changed = _changed(out, before, c)
+    return (Problems([changed], MAX_PROBLEMS), "") if changed else (c.problems, summary)
+
+
+def _changed(out: str, before: tuple[bytes, dict] | None, c: Checker) -> str | None:
+    """The one line when OUT is no longer what validate started reading (a build published into it)."""
     now = _snapshot(c) if before is not None else None
     if before is None or now == before:
-        return c.problems, summary
-    what = (
-        "it is gone"
-        if now is None
-        else (
-            f"{schemas.MANIFEST_FILE} was rewritten"
-            if now[0] != before[0]
-            else f"{min(set(now[1]) ^ set(before[1]) or {r for r in now[1] if now[1][r] != before[1].get(r)})} changed"
-        )
+        return None
+    if now is None:
+        what = "it is gone"
+    elif now[0] != before[0]:
+        what = f"{schemas.MANIFEST_FILE} was rewritten"
+    else:
+        moved = set(now[1]) ^ set(before[1]) or {r for r in now[1] if now[1][r] != before[1].get(r)}
+        what = f"{min(moved)} changed"
+    return (
+        f"{out}: changed while validate read it ({what}): another run published into it, so nothing was "
+        "judged; run validate again once that run is done"
     )
-    return Problems(
-        [
-            f"{out}: changed while validate read it ({what}): another run published into it, so "
-            "nothing was judged; run validate again once that run is done"
-        ],
-        MAX_PROBLEMS,
-    ), ""
 
 
 def parser() -> Parser:
@@ -226,17 +231,8 @@ def run(argv: list[str] | None = None) -> int:
         except ScratchError as e:
             print(f"lidarshard validate: {e.strerror}", file=sys.stderr)
             return 1
-        if args.data and problems:
-            problems.append("--data: files not checked (the problems above come first)")
-        elif args.data:  # the samples are the committed ones
-            kept = Problems([], MAX_PROBLEMS)
-            try:
-                where = validate_data.check_data(
-                    args.out, args.root, lambda w, x: kept.append(f"{w}: {x}"), args.workers
-                )
-                problems, summary = kept, f"{summary}; {where}"
-            except (OSError, ValueError) as e:
-                problems = Problems([f"--data: the samples cannot be read ({str(e)[:200]})"], MAX_PROBLEMS)
+        if args.data:
+            problems, summary = _with_data(args, problems, summary)
     if not problems:
         print(f"OK {args.out}: {summary}")
         return 0
@@ -247,6 +243,22 @@ def run(argv: list[str] | None = None) -> int:
     if problems.total > len(shown):
         print(f"  ... and {problems.total - len(shown)} more problems", file=sys.stderr)
     return 1
+
+
+def _with_data(args: validate_data.ValidateOptions, problems: Problems, summary: str) -> tuple[Problems, str]:
+    """``--data``: the files the samples name, checked once the directory is valid (its samples are
+    then the ones committed)."""
+    if problems:
+        problems.append("--data: files not checked (the problems above come first)")
+        return problems, summary
+    kept = Problems([], MAX_PROBLEMS)
+    try:
+        where = validate_data.check_data(
+            args.out, args.root, lambda w, x: kept.append(f"{w}: {x}"), args.workers
+        )
+    except (OSError, ValueError) as e:
+        return Problems([f"--data: the samples cannot be read ({str(e)[:200]})"], MAX_PROBLEMS), summary
+    return kept, f"{summary}; {where}"
 
 
 if __name__ == "__main__":

@@ -46,8 +46,8 @@ ID_KEY = "md5_number(sample_id)"
 _FAILED = (
     duckdb.IOException,
     duckdb.OutOfMemoryException,
-    duckdb.TransactionException,
-    duckdb.FatalException,
+    duckdb.TransactionException,  # a commit whose write-ahead log could not be written
+    duckdb.FatalException,  # the database invalidated by such a failure
 )
 _ERRNOS = (
     errno.ENOSPC,
@@ -194,7 +194,9 @@ def in_order(work: Callable[[_T], _R], items: Iterable[_T], threads: int = 0, ah
 def ahead(items: Iterable[_T], depth: int = 2) -> Iterator[_T]:
     """``items`` made on a thread of their own, at most ``depth`` ahead of the caller (a file read and
     decoded there while the caller's query runs); an exception there is raised here, in order."""
-    done, box, stop = object(), queue.Queue(depth), threading.Event()  # type: ignore[var-annotated]
+    done = object()
+    box: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
 
     def make() -> None:
         try:

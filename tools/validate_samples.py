@@ -115,9 +115,8 @@ class Samples:
         """Step group ``g`` of epoch ``e``: the kept columns of its samples and ``row`` (n_g,), ascending."""
         if groups == 1:
             return self.db.table(f'SELECT {self._cols(None)}, rid AS "row" FROM samples ORDER BY rid')
-        self.deal(
-            seed, e, groups
-        )  # a join sorted by DuckDB would pin it whole: sorted here, column by column
+        self.deal(seed, e, groups)
+        # a join sorted by DuckDB would pin it whole: sorted here, column by column
         query = f'SELECT {self._cols(None)}, rid AS "row" FROM samples JOIN dealt USING (rid) WHERE grp = ?'
         t = self.db.table(query, [g])
         order, names, columns = pc.sort_indices(t["row"]), t.column_names, []
