@@ -356,9 +356,8 @@ def check_plan_size(
     ``PLAN_ENTRY_BYTES`` each, or an unweighted ``--drop-last`` plan that drops every sample. UsageError."""
     entry = {schemas.plan_file(cfg.epochs - 1, cfg.world_size - 1): {"bytes": 2**40, "sha256": "0" * 64}}
     one = len(json.dumps({"files": entry}, indent=2)) - len(json.dumps({"files": {}}, indent=2))
-    listed = (
-        cfg.epochs * cfg.world_size * one
-    )  # bytes _manifest.json takes to list one file per epoch and rank
+    # bytes _manifest.json takes to list one file per epoch and rank
+    listed = cfg.epochs * cfg.world_size * one
     if listed > storage.METADATA_MAX_BYTES:
         raise UsageError(
             f"--epochs {cfg.epochs} x --world-size {cfg.world_size} = {cfg.epochs * cfg.world_size:,} plan "

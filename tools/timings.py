@@ -139,9 +139,8 @@ def check_this_plan(
     # a per-sample CSV without an epoch column holds the epochs in training order: any epoch's batch there
     anywhere = not timings.recorded and "sample_id" in names and "epoch" not in names
     planned = np.asarray(m.steps_per_epoch, dtype=np.int64)
-    of = np.where(
-        epochs >= 0, epochs % n_epochs, 0
-    )  # a cycled run's epoch replays the plan of epoch % epochs
+    # a cycled run's epoch replays the plan of epoch % epochs
+    of = np.where(epochs >= 0, epochs % n_epochs, 0)
     last = np.full(of.size, planned.max()) if anywhere else planned[of]
     unplanned = epochs >= (np.iinfo(np.int64).max if timings.recorded else n_epochs)  # a CSV is joined as is
     bad = np.flatnonzero(

@@ -164,9 +164,8 @@ class PairRepeat:
         if self.missing or self.seen != {0, 1}:
             return None
         counts = {kind: [0, 0] for kind in range(len(self.KINDS))}
-        for i, keys in enumerate(
-            ("s0", "s0, s1")
-        ):  # each epoch-0 entry: its step, its sample's last in epoch 1
+        # each epoch-0 entry: its step, its sample's last in epoch 1
+        for i, keys in enumerate(("s0", "s0, s1")):
             for kind, twice in self.db.rows(
                 "WITH last AS (SELECT kind, rid, max(step) AS s1 FROM pairs WHERE epoch = 1 GROUP BY kind, rid), "
                 "mates AS (SELECT p.kind, p.step AS s0, l.s1 FROM pairs p LEFT JOIN last l USING (kind, rid) "
