@@ -278,17 +278,17 @@ class _Epoch:
         """Group ``g``: its samples as planned (``row`` (n_g,) ascending), its ``plan``: steps, caps, step
         order and balance sums."""
         m, e, cfg = self.m, self.e, self.cfg
-        if groups > 1:
-            taken = self.owner[steps]
-            if (taken >= 0).any():
-                s = int(steps[np.flatnonzero(taken >= 0)[0]])
-                self.problems.append(
-                    f"epoch {e} step {s}: holds samples of step groups {self.owner[s]} and {g}"
-                )
-            self.owner[steps] = g
+        if groups > 1 and (taken := steps[self.owner[steps] >= 0]).size:
+            s = int(taken[0])
+            self.problems.append(f"epoch {e} step {s}: holds samples of step groups {self.owner[s]} and {g}")
+        self.owner[steps] = g
         self.owned.append(steps)
-        mine = np.searchsorted(samples.column("row").to_numpy(), plan)  # entries index the group's samples
-        mine[plan < 0] = -1
+        order = np.argsort(plan, axis=None)  # the entries in order: each search below walks its array once
+        at = np.searchsorted(samples.column("row").to_numpy(), plan.ravel()[order])
+        at[plan.ravel()[order] < 0] = -1  # at: the sorted entries as indexes of the group's samples
+        mine = np.empty_like(at)
+        mine[order] = at
+        mine = mine.reshape(plan.shape)
         if cfg is not None:
             lines: list[str] = []
             values = cap_values(lines, e, cfg.caps, samples)
@@ -296,21 +296,20 @@ class _Epoch:
                 self.problems.extend(lines)
             self.caps_failed |= bool(lines)
             self.breaches += group_breaches(mine, steps, cfg.caps, values)
-            self._heaviest(cfg, mine, steps, samples)
+            self._heaviest(cfg, mine, steps, values)
         step_cost = cfg.step_cost(e) if cfg is not None else m.cost_model.launch_ms or 0.0
-        pool = np.sort(mine[mine >= 0])  # its pool: its entries by sample row, as the build pools a group
-        in_pool = np.where(mine >= 0, np.searchsorted(pool, mine), -1)
+        pool = at[at >= 0]  # its pool: its entries by sample row, as the build pools a group
+        in_pool = np.empty_like(at)
+        in_pool[order] = np.where(at >= 0, np.searchsorted(pool, at), -1)
+        in_pool = in_pool.reshape(plan.shape)
         costs = samples.column("cost").to_numpy()[pool]
         self.sums.append(plan_sums(in_pool, costs, m.batch_size, None, m.rank_speed, step_cost))
 
-    def _heaviest(self, cfg: PlanConfig, plan: NDArray, steps: NDArray, samples: Any) -> None:
-        """``--heaviest-first``: the epoch's heaviest rank-step so far (``order.step_peaks``) and step 0's."""
-        mode, memory = cfg.heaviest_first, cfg.caps.memory
-        if mode == "memory" and memory is not None and plan.shape[0]:
-            values = memory.model.sample_bytes(samples)
-        elif mode in ("points", "cost") and plan.shape[0]:
-            values = samples.column("num_points" if mode == "points" else "cost").to_numpy()
-        else:
+    def _heaviest(self, cfg: PlanConfig, plan: NDArray, steps: NDArray, caps: CapValues) -> None:
+        """``--heaviest-first``: the epoch's heaviest rank-step so far (``order.step_peaks``) and step 0's, by the
+        group's ``cap_values`` the mode names."""
+        values = dict(zip(("cost", "points", "memory"), caps, strict=True)).get(cfg.heaviest_first)
+        if values is None or not plan.shape[0]:
             return
         peaks = step_peaks(plan, values)
         k = int(np.argmax(peaks))
