@@ -283,12 +283,21 @@ class _Epoch:
             self.problems.append(f"epoch {e} step {s}: holds samples of step groups {self.owner[s]} and {g}")
         self.owner[steps] = g
         self.owned.append(steps)
-        order = np.argsort(plan, axis=None)  # the entries in order: each search below walks its array once
-        at = np.searchsorted(samples.column("row").to_numpy(), plan.ravel()[order])
-        at[plan.ravel()[order] < 0] = -1  # at: the sorted entries as indexes of the group's samples
-        mine = np.empty_like(at)
-        mine[order] = at
-        mine = mine.reshape(plan.shape)
+        # the entries sorted (each search walks its array once) as group sample indexes: after the -1s, its pool
+        order = np.argsort(plan, axis=None)
+        pool = plan.ravel()[order]
+        k = int(np.searchsorted(pool, 0))
+        pool[k:] = np.searchsorted(samples.column("row").to_numpy(), pool[k:])
+        mine = np.empty_like(pool)
+        mine[order] = pool
+        del order
+        mine, pool = mine.reshape(plan.shape), pool[k:]
+        in_pool = np.searchsorted(pool, np.arange(samples.num_rows))[mine]  # each entry's first place in pool
+        in_pool[mine < 0] = -1
+        step_cost = cfg.step_cost(e) if cfg is not None else m.cost_model.launch_ms or 0.0
+        costs = samples.column("cost").to_numpy()[pool]
+        self.sums.append(plan_sums(in_pool, costs, m.batch_size, None, m.rank_speed, step_cost))
+        del in_pool, pool, costs
         if cfg is not None:
             lines: list[str] = []
             values = cap_values(lines, e, cfg.caps, samples)
@@ -297,13 +306,6 @@ class _Epoch:
             self.caps_failed |= bool(lines)
             self.breaches += group_breaches(mine, steps, cfg.caps, values)
             self._heaviest(cfg, mine, steps, values)
-        step_cost = cfg.step_cost(e) if cfg is not None else m.cost_model.launch_ms or 0.0
-        pool = at[at >= 0]  # its pool: its entries by sample row, as the build pools a group
-        in_pool = np.empty_like(at)
-        in_pool[order] = np.where(at >= 0, np.searchsorted(pool, at), -1)
-        in_pool = in_pool.reshape(plan.shape)
-        costs = samples.column("cost").to_numpy()[pool]
-        self.sums.append(plan_sums(in_pool, costs, m.batch_size, None, m.rank_speed, step_cost))
 
     def _heaviest(self, cfg: PlanConfig, plan: NDArray, steps: NDArray, caps: CapValues) -> None:
         """``--heaviest-first``: the epoch's heaviest rank-step so far (``order.step_peaks``) and step 0's, by the
