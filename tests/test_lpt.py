@@ -46,8 +46,20 @@ def test_rounds_and_heap_follow_the_rule(case: tuple) -> None:
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(w=st.integers(1, 5), b=st.integers(1, 4), steps=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
 def test_equal_count_assign_follows_the_rule(w: int, b: int, steps: int, seed: int) -> None:
-    costs = np.random.default_rng(seed).integers(0, 4, (steps, w * b)).astype(np.float64)
-    got = lpt_assign(costs, w, b)
+    _follows_the_rule(np.random.default_rng(seed).integers(0, 4, (steps, w * b)).astype(np.float64), w, b)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(w=st.integers(1, 64), steps=st.integers(1, 6), low=st.integers(0, 1), seed=st.integers(0, 2**32 - 1))
+def test_two_each_follows_the_rule(w: int, steps: int, low: int, seed: int) -> None:
+    """B = 2 up to W = 64: steps whose W heaviest items are all > 0 (``low`` 1: every step) take a closed
+    form, the others the loop; ties are common (costs 0..3)."""
+    _follows_the_rule(np.random.default_rng(seed).integers(low, 4, (steps, 2 * w)).astype(np.float64), w, 2)
+
+
+def _follows_the_rule(costs: np.ndarray, w: int, b: int) -> None:
+    """``lpt_assign`` of ``costs`` (S, W*B) is the rule's and the heap's assignment, slots in item order."""
+    steps, got = costs.shape[0], lpt_assign(costs, w, b)
     for s in range(steps):
         order = np.argsort(-costs[s], kind="stable")
         to = _rule(np.zeros(w), np.zeros(w), costs[s][order], [b] * w)

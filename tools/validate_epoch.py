@@ -74,9 +74,9 @@ def report_breaches(
 
 
 def _load(
-    problems: list[str], read_plans: ReadPlans, m: Manifest, e: int, db: Engine
+    problems: list[str], read_plans: ReadPlans, m: Manifest, e: int, db: Engine, groups: int
 ) -> tuple[int, set[int]]:
-    """Epoch ``e``'s rank files, each checked (``plan_problem``) and its rows joined to their samples into
+    """Epoch ``e``'s rank files, each checked (``plan_problem``), rows joined to samples and ``dealt``'s group into
     ``epoch_rows`` -> (plan rows read, the ranks whose every row has its sample and the sample's paths)."""
     count, usable, broken = 0, set(), set()
     ranks = {m.plan_file(e, r): r for r in range(m.world_size)}
@@ -108,10 +108,11 @@ def _load(
     if broken:
         usable -= broken
         db.run(f"DELETE FROM plan_rows WHERE rank IN ({', '.join(map(str, sorted(broken)))})")
+    grp, dealt = ("grp", "LEFT JOIN dealt USING (rid)") if groups > 1 else ("0 AS grp", "")
     db.run(
         "CREATE OR REPLACE TABLE epoch_rows AS SELECT p.rank, p.step, p.slot, p.rank_count, p.global_count, "
-        "p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, p.rowid AS prow FROM plan_rows p "
-        "LEFT JOIN (SELECT skey, rid, rkey FROM samples) s USING (skey)"
+        f"p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, p.rowid AS prow, {grp} FROM plan_rows p "
+        f"LEFT JOIN (SELECT skey, rid, rkey FROM samples) s USING (skey) {dealt}"
     )
     first = db.rows(
         "SELECT e.rank, e.step, e.slot, p.sample_id, s.sample_id FROM (SELECT * FROM epoch_rows WHERE rid "
@@ -258,13 +259,11 @@ class _Epoch:
     def plan(self, g: int, groups: int, db: Engine) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
         """Group ``g``'s plan as the files hold it: (plan (S_g, W, M) of sample rows, its steps in the epoch
         (S_g,)), filled ``BATCH_ROWS`` rows at a time; None when two rows share a slot (a problem)."""
-        of = "" if groups == 1 else f" JOIN dealt USING (rid) WHERE grp = {int(g)}"
-        steps = np.asarray(
-            db.table(f"SELECT DISTINCT step FROM epoch_rows{of} ORDER BY step")["step"], np.int64
-        )
-        ((slots, count),) = db.rows(f"SELECT coalesce(max(slot) + 1, 1), count(*) FROM epoch_rows{of}")
+        of = f"FROM epoch_rows WHERE grp = {int(g)}"
+        steps = np.asarray(db.table(f"SELECT DISTINCT step {of} ORDER BY step")["step"], np.int64)
+        ((slots, count),) = db.rows(f"SELECT coalesce(max(slot) + 1, 1), count(*) {of}")
         plan = np.full((steps.size, self.m.world_size, int(slots)), -1, np.int64)
-        for t in db.batches(f"SELECT step, rank, slot, rid FROM epoch_rows{of}"):
+        for t in db.batches(f"SELECT step, rank, slot, rid {of}"):
             step, rank, slot, rid = (t.column(k).to_numpy() for k in ("step", "rank", "slot", "rid"))
             plan[np.searchsorted(steps, step), rank, slot] = rid
         if np.count_nonzero(plan >= 0) == count:
@@ -279,17 +278,17 @@ class _Epoch:
         """Group ``g``: its samples as planned (``row`` (n_g,) ascending), its ``plan``: steps, caps, step
         order and balance sums."""
         m, e, cfg = self.m, self.e, self.cfg
-        if groups > 1:
-            taken = self.owner[steps]
-            if (taken >= 0).any():
-                s = int(steps[np.flatnonzero(taken >= 0)[0]])
-                self.problems.append(
-                    f"epoch {e} step {s}: holds samples of step groups {self.owner[s]} and {g}"
-                )
-            self.owner[steps] = g
+        if groups > 1 and (taken := steps[self.owner[steps] >= 0]).size:
+            s = int(taken[0])
+            self.problems.append(f"epoch {e} step {s}: holds samples of step groups {self.owner[s]} and {g}")
+        self.owner[steps] = g
         self.owned.append(steps)
-        mine = np.searchsorted(samples.column("row").to_numpy(), plan)  # entries index the group's samples
-        mine[plan < 0] = -1
+        order = np.argsort(plan, axis=None)  # the entries in order: each search below walks its array once
+        at = np.searchsorted(samples.column("row").to_numpy(), plan.ravel()[order])
+        at[plan.ravel()[order] < 0] = -1  # at: the sorted entries as indexes of the group's samples
+        mine = np.empty_like(at)
+        mine[order] = at
+        mine = mine.reshape(plan.shape)
         if cfg is not None:
             lines: list[str] = []
             values = cap_values(lines, e, cfg.caps, samples)
@@ -297,21 +296,20 @@ class _Epoch:
                 self.problems.extend(lines)
             self.caps_failed |= bool(lines)
             self.breaches += group_breaches(mine, steps, cfg.caps, values)
-            self._heaviest(cfg, mine, steps, samples)
+            self._heaviest(cfg, mine, steps, values)
         step_cost = cfg.step_cost(e) if cfg is not None else m.cost_model.launch_ms or 0.0
-        pool = np.sort(mine[mine >= 0])  # its pool: its entries by sample row, as the build pools a group
-        in_pool = np.where(mine >= 0, np.searchsorted(pool, mine), -1)
+        pool = at[at >= 0]  # its pool: its entries by sample row, as the build pools a group
+        in_pool = np.empty_like(at)
+        in_pool[order] = np.where(at >= 0, np.searchsorted(pool, at), -1)
+        in_pool = in_pool.reshape(plan.shape)
         costs = samples.column("cost").to_numpy()[pool]
         self.sums.append(plan_sums(in_pool, costs, m.batch_size, None, m.rank_speed, step_cost))
 
-    def _heaviest(self, cfg: PlanConfig, plan: NDArray, steps: NDArray, samples: Any) -> None:
-        """``--heaviest-first``: the epoch's heaviest rank-step so far (``order.step_peaks``) and step 0's."""
-        mode, memory = cfg.heaviest_first, cfg.caps.memory
-        if mode == "memory" and memory is not None and plan.shape[0]:
-            values = memory.model.sample_bytes(samples)
-        elif mode in ("points", "cost") and plan.shape[0]:
-            values = samples.column("num_points" if mode == "points" else "cost").to_numpy()
-        else:
+    def _heaviest(self, cfg: PlanConfig, plan: NDArray, steps: NDArray, caps: CapValues) -> None:
+        """``--heaviest-first``: the epoch's heaviest rank-step so far (``order.step_peaks``) and step 0's, by the
+        group's ``cap_values`` the mode names."""
+        values = dict(zip(("cost", "points", "memory"), caps, strict=True)).get(cfg.heaviest_first)
+        if values is None or not plan.shape[0]:
             return
         peaks = step_peaks(plan, values)
         k = int(np.argmax(peaks))
@@ -368,7 +366,7 @@ def check_epoch_files(
     seed, db = cfg.seed if cfg is not None else m.seed, samples.db
     if groups > 1:
         samples.deal(seed, e, groups)
-    rows, usable = _load(problems, read_plans, m, e, db)
+    rows, usable = _load(problems, read_plans, m, e, db, groups)
     usable -= _check_rows(problems, m, e, db)  # a file whose costs or buckets are not its samples' stops here
     db.run(f"DELETE FROM epoch_rows WHERE rank NOT IN ({', '.join(map(str, sorted(usable))) or -1})")
     derived, epoch = Derived(problems, m, cfg, e, groups), None

@@ -214,13 +214,29 @@ def chunk_rows(n: int) -> int:
 
 def _assign(step_costs: NDArray[np.float64], w: int, b: int) -> NDArray[np.int64]:
     """``lpt_assign`` of (s, W*B) steps at once."""
-    s, n = step_costs.shape
     order = np.argsort(-step_costs, axis=1, kind="stable")
     ordered = np.take_along_axis(step_costs, order, axis=1)
-    out = np.empty((s, w, b), dtype=np.int64)
     if b == 1:  # one item per rank: any one-to-one assignment is the partition
-        out[:, :, 0] = order
-        return out
+        return order[:, :, None]
+    if b > 2:
+        return _loop(order, ordered, w, b)
+    # B = 2, the W heaviest items > 0: item j < W goes to rank j (the lowest still at 0); then every rank holds
+    # one item and stays open until its second, so the rest go to the ranks in the order of their loads
+    # (ascending; ties: lower rank). A step with a zero among its W heaviest items takes the loop.
+    out = np.empty((len(order), w, 2), dtype=np.int64)
+    ahead = ordered[:, w - 1] > 0
+    second = np.empty((int(ahead.sum()), w), dtype=np.int64)
+    np.put_along_axis(second, np.argsort(ordered[ahead, :w], axis=1, kind="stable"), order[ahead, w:], axis=1)
+    out[ahead] = np.stack([order[ahead, :w], second], axis=2)
+    if not ahead.all():
+        out[~ahead] = _loop(order[~ahead], ordered[~ahead], w, 2)
+    return out
+
+
+def _loop(order: NDArray[np.int64], ordered: NDArray[np.float64], w: int, b: int) -> NDArray[np.int64]:
+    """``_assign`` item by item: (s, W*B) items of each step heaviest first (``order``, their costs ``ordered``)."""
+    s, n = order.shape
+    out = np.empty((s, w, b), dtype=np.int64)
     loads = np.zeros((s, w))
     open_loads = np.zeros((s, w))  # loads, +inf where the rank is full
     counts = np.zeros((s, w), dtype=np.int64)
