@@ -21,14 +21,14 @@ from_file_multisweep; voxels = occupied 0.05 m cells. Kinds cycle urban/suburban
 
                                             min      p10      p50      p90      max
   keyframe points                        34,688   34,688   34,688   34,688   34,688
-  keyframe points within 1 m (fraction)   0.153    0.157    0.189    0.242    0.269
-  keyframe voxels (all points)           21,546   22,944   24,985   26,489   26,802
-  10-sweep points (n=360)               253,444  262,862  280,804  292,513  293,412
-  10-sweep voxels                        85,780   98,108  167,134  184,414  193,490
-  10-sweep / keyframe voxels, stopped      3.31     3.69     4.04     4.70     4.92
-  10-sweep / keyframe voxels, moving       5.58     6.06     6.94     7.40     8.17
+  keyframe points within 1 m (fraction)   0.153    0.157    0.188    0.242    0.270
+  keyframe voxels (all points)           21,517   22,912   24,936   26,478   26,744
+  10-sweep points (n=360)               253,484  262,818  280,806  292,518  293,386
+  10-sweep voxels                        85,687   98,109  167,094  184,449  193,231
+  10-sweep / keyframe voxels, stopped      3.31     3.69     4.05     4.69     4.90
+  10-sweep / keyframe voxels, moving       5.62     6.08     6.94     7.42     8.16
   first keyframe of a scene (n=40):
-    1-frame points after remove_close    25,342   26,288   28,209   29,270   29,334
+    1-frame points after remove_close    25,307   26,291   28,226   29,285   29,356
 
 Real nuScenes for comparison: 34,688 points per keyframe, ~0.23 within 1 m, 22-28k keyframe
 voxels, 240-300k 10-sweep points, 10-sweep voxels ~4x (stopped) to ~7x (moving) one frame.

@@ -29,8 +29,8 @@ torch = pytest.importorskip("torch")
 import lidarshard  # noqa: E402
 from lidarshard.loaders import read_samples  # noqa: E402
 from lidarshard.loaders.torch import PointCloudDataset  # noqa: E402
+from lidarshard.transforms.synth import dataroot as synth  # noqa: E402
 from lidarshard.transforms.synth import nuscenes_tables as tb  # noqa: E402
-from lidarshard.transforms.synth import scene as sc  # noqa: E402
 from tests.test_synth_devkit import _devkit_python  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def _dataroot(root: Path, realdata: Path, files: tuple[str, ...] = FILES, labels
         seed=0, index=0, kind="urban", speed=5.0, timestamps=STAMPS,
         translations=tuple((1.5 * i, 0.2 * i, 0.01 * i) for i in range(5)),
         rotations=tuple((math.cos(a / 2), 0.0, 0.0, math.sin(a / 2)) for a in yaws),
-        keyframe_every=4, lidar_translation=sc.LIDAR_TRANSLATION, lidar_rotation=sc.LIDAR_ROTATION,
+        keyframe_every=4, lidar_translation=synth.LIDAR_TRANSLATION, lidar_rotation=synth.LIDAR_ROTATION,
     )  # fmt: skip
     tables: dict[str, list] = {name: [] for name in tb.TABLES}
     tables.update(tb.static_records(labels is not None))

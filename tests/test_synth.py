@@ -24,7 +24,7 @@ from tests.helpers import BEAM_TEST_FLAGS
 def _frame(kind: str, speed: float, t: float = 0.5, seed: int = 1):
     spec = sc.SceneSpec(seed, 0, kind, speed, 21)
     boxes = sc.scene_layout(spec, np.random.default_rng([seed, 0]))
-    points, labels = sc.scan_frame(spec, boxes, t, np.random.default_rng([seed, 0, 1, 10]))
+    points, labels = synth.sweep(spec, boxes, t, np.random.default_rng([seed, 0, 1, 10]))
     return spec, boxes, points, labels
 
 
@@ -35,7 +35,7 @@ def frame(request):
 
 def test_frame_layout_matches_nuscenes(frame):
     _, _, points, labels = frame
-    assert points.shape == (sc.POINTS_PER_SWEEP, 5) == (34688, 5) and points.dtype == np.float32
+    assert points.shape == (synth.POINTS_PER_SWEEP, 5) == (34688, 5) and points.dtype == np.float32
     assert labels.shape == (34688,) and labels.dtype == np.uint8
     assert np.array_equal(points[:, 4], np.tile(np.arange(32, dtype=np.float32), 1084))  # firing order
     intensity = points[:, 3]
@@ -51,7 +51,7 @@ def test_ring_elevations_and_sensor_height(frame):
         far = rng_m > 2.0
         elev = np.degrees(np.arcsin(xyz[far, 2] / rng_m[far]))
         med = np.array([np.median(elev[ring[far] == r]) for r in range(32)])
-        assert np.allclose(med, sc.RING_ELEVATION_DEG, atol=0.05)  # -30.67 .. +10.67 deg
+        assert np.allclose(med, synth.LIDAR_TOP.elevations_deg, atol=0.05)  # -30.67 .. +10.67 deg
     ground = np.isin(labels, [sc.ROAD, sc.TERRAIN])
     assert abs(np.median(points[ground, 2]) + 1.84) < 0.02  # sensor 1.84 m above flat ground
 
@@ -82,11 +82,11 @@ def test_no_returns_trail_behind_a_moving_sensor():
 def _to_road(spec: sc.SceneSpec, points: np.ndarray, t: float) -> np.ndarray:
     """Sensor-frame points of the sweep at ``t`` -> road frame."""
     x, y, yaw = (float(v[0]) for v in sc.ego_pose(spec, np.array([t])))
-    ox, oy = x + sc.LIDAR_TRANSLATION[0] * np.cos(yaw), y + sc.LIDAR_TRANSLATION[0] * np.sin(yaw)
+    ox, oy = x + synth.LIDAR_TRANSLATION[0] * np.cos(yaw), y + synth.LIDAR_TRANSLATION[0] * np.sin(yaw)
     px, py = points[:, 0].astype(np.float64), points[:, 1].astype(np.float64)
     return np.stack(
         [ox + px * np.sin(yaw) + py * np.cos(yaw), oy - px * np.cos(yaw) + py * np.sin(yaw),
-         sc.LIDAR_TRANSLATION[2] + points[:, 2]], axis=1)  # fmt: skip
+         synth.LIDAR_TRANSLATION[2] + points[:, 2]], axis=1)  # fmt: skip
 
 
 def _box_distance(p: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -212,7 +212,7 @@ def test_count_voxels_matches_unique(xyz):
 
 
 def test_multisweep_moves_points_into_the_reference_frame():
-    calib = (sc.LIDAR_TRANSLATION, sc.LIDAR_ROTATION)
+    calib = (synth.LIDAR_TRANSLATION, synth.LIDAR_ROTATION)
     cloud = np.array([[0.0, 5.0, 0.0], [0.5, 0.5, 0.0]], dtype=np.float32)  # second: inside remove_close box
     ref_pose = ((0.0, 0.0, 0.0), (1.0, 0.0, 0.0, 0.0))
     old_pose = ((-2.0, 0.0, 0.0), (1.0, 0.0, 0.0, 0.0))  # ego 2 m behind, same heading

@@ -1,9 +1,10 @@
-"""A generic ray-cast spinning lidar over the synthetic street scenes of ``scene`` (pure numpy).
+"""The ray-cast spinning lidar of every synthetic layout, over the street scenes of ``scene`` (pure numpy).
 
-``scene.scan_frame`` models one sensor (the nuScenes HDL-32E). Here the sensor is data: a
-``Lidar`` gives the beam elevations, columns per turn, mounting (height, position and yaw on the
-ego), range limits, spin period and whether points are motion-compensated, so that one caster
-serves the Argoverse 2 VLP-32C pair, the SemanticKITTI HDL-64E and the five Waymo lidars.
+The sensor is data: a ``Lidar`` gives the beam elevations, columns per turn, mounting (height,
+position and yaw on the ego), range limits, spin period, whether points are motion-compensated
+and what the ego body adds (a roof that returns, no-return placeholders), so that one caster
+serves the nuScenes LIDAR_TOP (HDL-32E, ``dataroot``), the Argoverse 2 VLP-32C pair, the
+SemanticKITTI HDL-64E and the five Waymo lidars.
 
 Frames: road/world frame as in ``scene`` (x along the road, y left, z up, ground z = 0); the
 sensor frame is x forward, y left, z up, rotated by the mounting yaw about z from the ego frame
@@ -28,6 +29,12 @@ __all__ = ["Lidar", "Returns", "Scan", "street", "scan"]
 _NONE = np.iinfo(np.int64).max
 _PORE_PASS = 0.15  # chance that a ray passes a porous box (foliage) untouched
 _SECOND = 0.6  # chance that a ray stopped in foliage also returns from the surface behind
+_RANGE_SIGMA = 0.015  # m, range noise (HDL-32E: +-2 cm)
+#: median intensity per class (0..255), lognormal around it
+_REFLECT = {
+    sc.EGO: 25, sc.CAR: 10, sc.ADULT: 8, sc.BARRIER: 30, sc.ROAD: 6, sc.SIDEWALK: 14, sc.TERRAIN: 10,
+    sc.MANMADE: 18, sc.VEGETATION: 12,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,11 @@ class Lidar:
         deskew: motion-compensate points into the sensor frame at ``t_frame``; False keeps each
             point in the sensor frame at its own firing time (exactly ``range * direction``).
         dual: also cast a second return behind foliage.
+        roof: (drop, x0, x1, y0, y1) m: the ego roof, a rectangle ``drop`` below the sensor over
+            x0..x1, y0..y1 of the sensor frame; rays reaching it return from it as ``scene.EGO``.
+            None: no roof.
+        placeholders: a ray without a return keeps a point at its firing origin (motion-compensated
+            with ``deskew``), labelled ``scene.EGO``, as nuScenes files do; False: xyz 0, label 0.
     """
 
     elevations_deg: tuple[float, ...]
@@ -65,6 +77,8 @@ class Lidar:
     half_fov_deg: float = 180.0
     deskew: bool = True
     dual: bool = False
+    roof: tuple[float, float, float, float, float] | None = None
+    placeholders: bool = False
 
     def azimuths(self, phase: float) -> NDArray[np.float64]:
         """(C,) sensor-frame azimuth of every column, rad."""
@@ -73,7 +87,8 @@ class Lidar:
 
 @dataclass(frozen=True)
 class Returns:
-    """One return per ray (R * C rows; a miss has range 0, xyz 0, label 0, box -1).
+    """One return per ray (R * C rows; a miss has range 0, box -1 and xyz 0, label 0 unless
+    ``Lidar.placeholders``).
 
     Attributes:
         xyz: (R*C, 3) float64 sensor frame (see ``Lidar.deskew``), m.
@@ -195,6 +210,32 @@ def _nearest(
     return rho.reshape(shape), box.reshape(shape)
 
 
+def _intensity(label: NDArray[np.uint8], rng: np.random.Generator) -> NDArray[np.float32]:
+    """Integer intensities 0..255: lognormal around each class's median, rare retro-reflectors."""
+    median = np.zeros(256)
+    for cls, m in _REFLECT.items():
+        median[cls] = m
+    value = median[label] * np.exp(rng.normal(0.0, 0.8, label.shape))
+    retro = rng.random(label.shape) < 0.0015
+    value = np.where(retro, rng.uniform(150, 255, label.shape), value)
+    return np.clip(np.round(value), 0, 255).astype(np.float32)
+
+
+def _roof(
+    lidar: Lidar, tan_el: NDArray[np.float64], az: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """(R,) horizontal distance to the roof plane (m, inf for rings at or above the horizon) and the
+    (R, C) rays that land on the roof rectangle (all False without ``Lidar.roof``)."""
+    if lidar.roof is None:
+        return np.full(tan_el.shape, np.inf), np.zeros((len(tan_el), len(az)), dtype=bool)
+    drop, x0, x1, y0, y1 = lidar.roof
+    down = tan_el < 0
+    rho = np.where(down, drop / np.abs(tan_el), np.inf)
+    d = np.where(down, rho, 0.0)[:, None]
+    rx, ry = d * np.cos(az)[None, :], d * np.sin(az)[None, :]
+    return rho, down[:, None] & (rx >= x0) & (rx <= x1) & (ry >= y0) & (ry <= y1)
+
+
 def _column_rays(
     spec: sc.SceneSpec, t_frame: float, lidar: Lidar, phase: float
 ) -> tuple[NDArray[np.float64], ...]:
@@ -225,14 +266,14 @@ def _returns(
     p_drop = 0.02 + 0.6 * np.clip((r - (lidar.max_range_m - span)) / span, 0, 1) ** 2
     miss = ~np.isfinite(r) | (r > lidar.max_range_m) | (r < lidar.min_range_m) | ~fov
     miss |= rng.random(r.shape) < p_drop
-    r = np.where(miss, 0.0, r + rng.normal(0, sc._RANGE_SIGMA, r.shape))
+    r = np.where(miss, 0.0, r + rng.normal(0, _RANGE_SIGMA, r.shape))
     rho = r * np.cos(el)
     px, py = ox + rho * ux, oy + rho * uy
     road = np.abs(py) <= sc._ROAD_HALF[spec.kind]
     label = np.where(ground, np.where(road, sc.ROAD, sc.TERRAIN), label)
-    label = np.where(miss, 0, label).astype(np.uint8)
+    label = np.where(miss, sc.EGO if lidar.placeholders else 0, label).astype(np.uint8)
     box = np.where(miss | ground, -1, box)
-    intensity = sc._intensity(label.ravel(), rng)
+    intensity = _intensity(label.ravel(), rng)
     marking = (label.ravel() == sc.ROAD) & sc._on_marking(px.ravel(), py.ravel())
     intensity[marking] = np.clip(np.round(rng.normal(60, 15, int(marking.sum()))), 30, 255)
     xyz = np.empty((r.size, 3), dtype=np.float64)
@@ -248,7 +289,8 @@ def _returns(
         xyz[:, 0] = (rho * np.cos(az)).ravel()
         xyz[:, 1] = (rho * np.sin(az)).ravel()
     xyz[:, 2] = (r * np.sin(el)).ravel()
-    xyz[miss.ravel()] = 0.0
+    if not lidar.placeholders:
+        xyz[miss.ravel()] = 0.0
     return Returns(xyz, r.ravel(), intensity.astype(np.uint8), label.ravel(), box.ravel())
 
 
@@ -276,10 +318,11 @@ def scan(spec: sc.SceneSpec, boxes: sc.Boxes, t_frame: float, rng: np.random.Gen
     geometry = (*grid, lidar.azimuths(phase)[None, :], np.radians(el_deg)[:, None])
     lab1 = np.where(box1 >= 0, boxes.label[np.maximum(box1, 0)], 0).astype(np.uint8)
     on_ground = ground < rho1
-    first = _returns(
-        spec, lidar, t_frame, geometry, (np.where(on_ground, ground, rho1), box1, on_ground, lab1), rng
-    )
-    behind = porous1 & ~on_ground & (first.range.reshape(rho1.shape) > 0)
+    roof_rho, on_roof = _roof(lidar, tan_el, lidar.azimuths(phase))
+    rho_a = np.where(on_roof, roof_rho[:, None], np.where(on_ground, ground, rho1))
+    hit = (rho_a, np.where(on_roof, -1, box1), on_ground & ~on_roof, np.where(on_roof, sc.EGO, lab1))
+    first = _returns(spec, lidar, t_frame, geometry, hit, rng)
+    behind = porous1 & ~on_ground & ~on_roof & (first.range.reshape(rho1.shape) > 0)
     if lidar.dual:
         behind &= rng.random(rho1.shape) < _SECOND
     else:

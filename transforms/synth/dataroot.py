@@ -7,6 +7,14 @@ bytes. Scene ``i`` draws everything from ``np.random.default_rng([seed, i])`` (f
 ``[seed, i, 1, frame]``). Kinds cycle urban/suburban/open (5:3:2) and every 4th scene (0, 4, ...)
 is stopped; moving scenes drive at 1-8 m/s.
 
+Every lidar file is one 20 Hz turn of ``LIDAR_TOP``, the nuScenes Velodyne HDL-32E described as a
+``beams.Lidar`` and cast by ``beams.scan`` like every other synthetic sensor: 32 rings from -30.67
+to +10.67 deg, 1,084 columns, sensor frame x right, y forward, z up (yaw -90 deg on the ego), rows
+in firing order (column by column, ring 0..31), 34,688 points. Each column fires from the sensor
+pose at its own time and points are motion-compensated to the sweep timestamp, so the no-return
+placeholders lie on a short line behind a moving sensor as in real nuScenes files. Roof hits
+(rings 0-7 mostly) and placeholders stay within 1 m of the sensor and are labelled ``vehicle.ego``.
+
 ``multisweep`` and ``count_voxels`` measure the result the way training code sees it (the
 devkit's ``LidarPointCloud.from_file_multisweep``, then occupied voxels); ``sample_sizes`` applies
 them per sample. The measured size table is in ``pipelines/synth.py`` (``lidarshard synth --help``).
@@ -25,11 +33,17 @@ from lidarshard.transforms.declare import Switch, option
 from lidarshard.transforms.features.size import count_occupied_voxels
 from lidarshard.transforms.layouts.geometry import pose_record, sweep_transform
 from lidarshard.transforms.layouts.multisweep import aggregate
+from lidarshard.transforms.synth import beams
 from lidarshard.transforms.synth import nuscenes_tables as tb
 from lidarshard.transforms.synth import scene as sc
 from lidarshard.transforms.value_checks import int_in
 
 __all__ = [
+    "LIDAR_TRANSLATION",
+    "LIDAR_ROTATION",
+    "LIDAR_TOP",
+    "POINTS_PER_SWEEP",
+    "sweep",
     "SynthConfig",
     "Scene",
     "build_scene",
@@ -56,6 +70,18 @@ _KIND_CYCLE = (
 _EPOCH_US = 1_533_000_000_000_000  # 2018-07-31 UTC, the nuScenes era
 _SCENE_GAP_US = 3_600_000_000  # scenes start an hour apart, so log names are unique
 _JITTER_US = 200  # lidar timestamps wander +-200 us around the 50 ms grid
+#: lidar-to-ego extrinsics (nuScenes LIDAR_TOP, tilt dropped): metres; quaternion w, x, y, z (yaw -90 deg).
+LIDAR_TRANSLATION = (0.944, 0.0, 1.84)
+LIDAR_ROTATION = (float(np.sqrt(0.5)), 0.0, 0.0, -float(np.sqrt(0.5)))
+#: The LIDAR_TOP HDL-32E: ring r at ``elevations_deg[r]``, range +-1.5 cm, returns to 105 m; the
+#: roof 0.28 m below it spans x -0.6..0.6 m, y -0.5..0.3 m of the sensor frame.
+LIDAR_TOP = beams.Lidar(
+    elevations_deg=tuple(float(v) for v in np.linspace(-30.67, 10.67, 32)), columns=1084,
+    height_m=LIDAR_TRANSLATION[2], forward_m=LIDAR_TRANSLATION[0], left_m=LIDAR_TRANSLATION[1],
+    yaw=-np.pi / 2, period_s=sc.SWEEP_PERIOD_S, max_range_m=105.0,
+    roof=(0.28, -0.60, 0.60, -0.50, 0.30), placeholders=True,
+)  # fmt: skip
+POINTS_PER_SWEEP = len(LIDAR_TOP.elevations_deg) * LIDAR_TOP.columns  # 34,688
 
 
 @dataclass(frozen=True)
@@ -130,9 +156,28 @@ def build_scene(cfg: SynthConfig, index: int) -> Scene:
         translations=tuple((float(a), float(b), float(c)) for a, b, c in trans),
         rotations=tuple((float(w), float(i), float(j), float(k)) for w, i, j, k in _quat_yaw(theta + yaw)),
         keyframe_every=cfg.sweeps_per_keyframe + 1,
-        lidar_translation=sc.LIDAR_TRANSLATION, lidar_rotation=sc.LIDAR_ROTATION,
+        lidar_translation=LIDAR_TRANSLATION, lidar_rotation=LIDAR_ROTATION,
     )  # fmt: skip
     return Scene(spec=spec, boxes=boxes, info=info)
+
+
+def sweep(
+    spec: sc.SceneSpec, boxes: sc.Boxes, t_frame: float, rng: np.random.Generator
+) -> tuple[NDArray[np.float32], NDArray[np.uint8]]:
+    """One ``LIDAR_TOP`` sweep ending at scene time ``t_frame`` (s), drawn from ``rng``.
+
+    Returns:
+        (points, labels): (34688, 5) float32 x, y, z (m, sensor frame at ``t_frame``), intensity
+        (integer 0..255), ring (0..31), rows in firing order; (34688,) uint8 lidarseg class ids.
+    """
+    ret = beams.scan(spec, boxes, t_frame, rng, LIDAR_TOP).first
+    rings, columns = len(LIDAR_TOP.elevations_deg), LIDAR_TOP.columns
+    firing = np.arange(rings * columns).reshape(rings, columns).T.ravel()  # beams' rays are (ring, column)
+    points = np.empty((rings * columns, 5), dtype=np.float32)
+    points[:, :3] = ret.xyz[firing]
+    points[:, 3] = ret.intensity[firing]
+    points[:, 4] = np.tile(np.arange(rings, dtype=np.float32), columns)
+    return points, ret.label[firing]
 
 
 def scene_files(cfg: SynthConfig, index: int) -> Iterator[tuple[str, bytes]]:
@@ -145,7 +190,7 @@ def scene_files(cfg: SynthConfig, index: int) -> Iterator[tuple[str, bytes]]:
     info = scene.info
     for frame in range(cfg.frames_per_scene):
         rng = np.random.default_rng([cfg.seed, index, 1, frame])
-        points, labels = sc.scan_frame(scene.spec, scene.boxes, float(scene.times[frame]), rng)
+        points, labels = sweep(scene.spec, scene.boxes, float(scene.times[frame]), rng)
         yield info.filename(frame), points.astype("<f4").tobytes()
         if cfg.labels and info.is_key_frame(frame):
             yield tb.lidarseg_filename(cfg.version, info.sample_data_token(frame)), labels.tobytes()

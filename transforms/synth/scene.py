@@ -1,17 +1,13 @@
-"""Synthetic street scenes and a ray-cast 32-beam LiDAR (pure numpy, no Beam).
+"""Synthetic street scenes (pure numpy, no Beam): the world every synthetic lidar ray-casts.
 
 A scene is a straight road along the world x axis lined with axis-aligned boxes (buildings,
 sidewalks, parked and moving cars, pedestrians, poles, trees with porous canopies, fences,
-guard rails). The ego drives along the road (or stands still) and a LIDAR_TOP modelled on the
-nuScenes Velodyne HDL-32E spins at 20 Hz: 32 rings from -30.67 to +10.67 deg, 1,084 columns per
-turn, rows in firing order (ring 0..31 cyclic), 34,688 points per sweep. Each column fires from
-the sensor pose at its own time; points are then motion-compensated to the sweep timestamp,
-which is why no-return placeholders lie on a short line behind a moving sensor as in real
-nuScenes files. Rays that hit the roof (rings 0-7 mostly) or return nothing stay within 1 m of
-the sensor and are labelled ``vehicle.ego``.
+guard rails) and painted lane lines. The ego drives along the road (or stands still); its pose
+at any time is ``ego_pose``. The sensors live in ``beams`` (one caster, the sensor as data) and
+the layouts' writers (the nuScenes LIDAR_TOP in ``dataroot``).
 
-Frames: sensor frame x right, y forward, z up (nuScenes LIDAR_TOP); road/world frame x along the
-road, y left, z up, ground z = 0. Units: metres, seconds, radians.
+Frame: road/world frame x along the road, y left, z up, ground z = 0. Units: metres, seconds,
+radians.
 """
 
 from __future__ import annotations
@@ -22,25 +18,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 __all__ = [
-    "N_RINGS", "N_COLUMNS", "POINTS_PER_SWEEP", "RING_ELEVATION_DEG", "LIDAR_TRANSLATION", "LIDAR_ROTATION",
-    "SWEEP_PERIOD_S", "SCENE_KINDS", "EGO_LANE", "Boxes", "SceneSpec", "scene_layout", "ego_pose", "scan_frame",
+    "SWEEP_PERIOD_S", "SCENE_KINDS", "EGO_LANE", "Boxes", "SceneSpec", "scene_layout", "ego_pose",
     "EGO", "CAR", "ADULT", "BARRIER", "ROAD", "SIDEWALK", "TERRAIN", "MANMADE", "VEGETATION",
 ]  # fmt: skip
 
-N_RINGS = 32
-N_COLUMNS = 1084
-POINTS_PER_SWEEP = N_RINGS * N_COLUMNS  # 34,688
-RING_ELEVATION_DEG: NDArray[np.float64] = np.linspace(-30.67, 10.67, N_RINGS)
-#: lidar-to-ego extrinsics (nuScenes LIDAR_TOP, tilt dropped): metres; quaternion w, x, y, z (yaw -90 deg).
-LIDAR_TRANSLATION = (0.944, 0.0, 1.84)
-LIDAR_ROTATION = (float(np.sqrt(0.5)), 0.0, 0.0, -float(np.sqrt(0.5)))
-SWEEP_PERIOD_S = 0.05
+SWEEP_PERIOD_S = 0.05  # s, the scene's frame clock (20 Hz)
 SCENE_KINDS = ("urban", "suburban", "open")
 
-_MAX_RANGE = 105.0  # m; beyond this a ray returns nothing
-_RANGE_SIGMA = 0.015  # m, range noise (HDL-32E: +-2 cm)
-_ROOF_DROP = 0.28  # m, roof plane below the sensor
-_ROOF_BOX = (-0.60, 0.60, -0.50, 0.30)  # roof footprint in the sensor frame: x0, x1, y0, y1 (m)
+_MAX_RANGE = 105.0  # m; the layout covers the ego path plus this much on either end
 _LANE = 3.5  # m
 _LANES = {"urban": 2, "suburban": 1, "open": 2}  # per direction; urban/suburban add a parking strip
 EGO_LANE = -_LANE / 2  # road-frame y of the ego's lane centre (drives toward +x)
@@ -48,18 +33,6 @@ _ROAD_HALF = {"urban": 9.0, "suburban": 5.5, "open": 7.5}  # m, road axis to ker
 
 # lidarseg class ids (nuScenes-lidarseg category.json ``index``).
 EGO, CAR, ADULT, BARRIER, ROAD, SIDEWALK, TERRAIN, MANMADE, VEGETATION = 31, 17, 2, 9, 24, 26, 27, 28, 30
-#: median intensity per class (0..255), lognormal around it
-_REFLECT = {
-    EGO: 25,
-    CAR: 10,
-    ADULT: 8,
-    BARRIER: 30,
-    ROAD: 6,
-    SIDEWALK: 14,
-    TERRAIN: 10,
-    MANMADE: 18,
-    VEGETATION: 12,
-}
 
 
 @dataclass(frozen=True)
@@ -242,152 +215,6 @@ def scene_layout(spec: SceneSpec, rng: np.random.Generator) -> Boxes:
     _traffic(parts, rng, spec, s)
     lo, hi, label, vx, porous = (np.concatenate(a) for a in zip(*parts, strict=True))
     return Boxes(lo=lo, hi=hi, label=label, vx=vx, porous=porous)
-
-
-def _column_rays(spec: SceneSpec, t_frame: float, phase: float) -> tuple[NDArray[np.float64], ...]:
-    """Per-column sensor origin (road frame) and horizontal ray direction.
-
-    Column k fires at ``t_frame - (N_COLUMNS-1-k)/N_COLUMNS * SWEEP_PERIOD_S`` from the sensor pose
-    at that time; azimuth (sensor frame, from +x toward +y) decreases by 360/1084 deg per column.
-
-    Returns:
-        (ox, oy, ux, uy, az): each (N_COLUMNS,); m, m, unit vector, sensor azimuth rad.
-    """
-    k = np.arange(N_COLUMNS, dtype=np.float64)
-    t = t_frame - (N_COLUMNS - 1 - k) / N_COLUMNS * SWEEP_PERIOD_S
-    ex, ey, yaw = ego_pose(spec, t)
-    ox = ex + LIDAR_TRANSLATION[0] * np.cos(yaw)
-    oy = ey + LIDAR_TRANSLATION[0] * np.sin(yaw)
-    az = phase - k * (2 * np.pi / N_COLUMNS)
-    world = az + yaw - np.pi / 2
-    return ox, oy, np.cos(world), np.sin(world), az
-
-
-def _safe_inv(u: NDArray[np.float64]) -> NDArray[np.float64]:
-    return 1.0 / np.where(np.abs(u) < 1e-12, 1e-12, u)
-
-
-def _box_hits(
-    boxes: Boxes, t_frame: float, rays: tuple[NDArray[np.float64], ...], rng: np.random.Generator
-) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
-    """Nearest box hit per ray, vectorized over (column x box) then (pair x ring).
-
-    Returns:
-        (rho, box): (N_COLUMNS, N_RINGS) horizontal hit distance (m, inf = none) and box index (-1).
-    """
-    ox, oy, ux, uy, _ = rays
-    lo = boxes.lo.copy()
-    hi = boxes.hi.copy()
-    lo[:, 0] += boxes.vx * t_frame
-    hi[:, 0] += boxes.vx * t_frame
-    gap = np.hypot(
-        np.maximum(0, np.maximum(lo[:, 0] - ox[-1], ox[-1] - hi[:, 0])),
-        np.maximum(0, np.maximum(lo[:, 1] - oy[-1], oy[-1] - hi[:, 1])),
-    )
-    idx = np.flatnonzero(gap < _MAX_RANGE)
-    lo, hi = lo[idx], hi[idx]
-    ix, iy = _safe_inv(ux)[:, None], _safe_inv(uy)[:, None]
-    tx0, tx1 = (lo[:, 0] - ox[:, None]) * ix, (hi[:, 0] - ox[:, None]) * ix
-    ty0, ty1 = (lo[:, 1] - oy[:, None]) * iy, (hi[:, 1] - oy[:, None]) * iy
-    r_in = np.maximum(np.minimum(tx0, tx1), np.minimum(ty0, ty1))
-    r_out = np.minimum(np.maximum(tx0, tx1), np.maximum(ty0, ty1))
-    col, j = np.nonzero((r_out > np.maximum(r_in, 0.0)) & (r_in < _MAX_RANGE))
-    r_in, r_out = np.maximum(r_in[col, j], 0.0)[:, None], r_out[col, j][:, None]
-    tan_el = np.tan(np.radians(RING_ELEVATION_DEG))
-    za = (lo[:, 2] - LIDAR_TRANSLATION[2])[:, None] / tan_el  # (M', 32)
-    zb = (hi[:, 2] - LIDAR_TRANSLATION[2])[:, None] / tan_el
-    hit = np.maximum(r_in, np.minimum(za, zb)[j])
-    out = np.minimum(r_out, np.maximum(za, zb)[j])
-    porous = boxes.porous[idx][j]
-    hit[porous] += rng.exponential(0.2, (int(porous.sum()), N_RINGS))
-    ok = (hit <= out) & ~(porous[:, None] & (rng.random(hit.shape) < 0.15))
-    pair, ring = np.nonzero(ok)
-    key = np.full(POINTS_PER_SWEEP, np.iinfo(np.int64).max, dtype=np.int64)
-    mm = np.round(hit[pair, ring] * 1000.0).astype(np.int64)
-    np.minimum.at(key, col[pair] * N_RINGS + ring, (mm << 24) | j[pair])
-    found = key != np.iinfo(np.int64).max
-    rho = np.where(found, (key >> 24) / 1000.0, np.inf).reshape(N_COLUMNS, N_RINGS)
-    box = np.full(POINTS_PER_SWEEP, -1, dtype=np.int64)
-    box[found] = idx[key[found] & 0xFFFFFF]
-    return rho, box.reshape(N_COLUMNS, N_RINGS)
-
-
-def _intensity(label: NDArray[np.uint8], rng: np.random.Generator) -> NDArray[np.float32]:
-    """Integer intensities 0..255: lognormal around each class's median, rare retro-reflectors."""
-    median = np.zeros(256)
-    for cls, m in _REFLECT.items():
-        median[cls] = m
-    value = median[label] * np.exp(rng.normal(0.0, 0.8, label.shape))
-    retro = rng.random(label.shape) < 0.0015
-    value = np.where(retro, rng.uniform(150, 255, label.shape), value)
-    return np.clip(np.round(value), 0, 255).astype(np.float32)
-
-
-def _surfaces(
-    boxes: Boxes,
-    t_frame: float,
-    rays: tuple[NDArray[np.float64], ...],
-    rng: np.random.Generator,
-) -> tuple[NDArray[np.float64], NDArray[np.uint8], NDArray[np.bool_], NDArray[np.bool_]]:
-    """First surface along every ray: the ego roof, a box or the ground.
-
-    Returns:
-        (rho, label, on_ground, on_roof), each (N_COLUMNS, N_RINGS): horizontal distance (m, inf =
-        nothing), class of the box hit (0 otherwise), and whether the ground / the roof was hit.
-    """
-    tan_el = np.tan(np.radians(RING_ELEVATION_DEG))[None, :]
-    rho, box = _box_hits(boxes, t_frame, rays, rng)
-    label = np.where(box >= 0, boxes.label[np.maximum(box, 0)], 0).astype(np.uint8)
-    down = -np.minimum(tan_el, -1e-9)
-    ground = np.where(tan_el < 0, LIDAR_TRANSLATION[2] / down, np.inf)
-    on_ground = ground < rho
-    roof = np.where(tan_el < 0, _ROOF_DROP / down, np.inf)
-    az = rays[4][:, None]
-    x0, x1, y0, y1 = _ROOF_BOX
-    rx, ry = roof * np.cos(az), roof * np.sin(az)
-    on_roof = (rx >= x0) & (rx <= x1) & (ry >= y0) & (ry <= y1)
-    rho = np.where(on_roof, roof, np.where(on_ground, ground, rho))
-    return rho, label, on_ground & ~on_roof, on_roof
-
-
-def scan_frame(
-    spec: SceneSpec, boxes: Boxes, t_frame: float, rng: np.random.Generator
-) -> tuple[NDArray[np.float32], NDArray[np.uint8]]:
-    """One 20 Hz LIDAR_TOP sweep ending at scene time ``t_frame``.
-
-    Args:
-        spec: the scene.
-        boxes: ``scene_layout(spec, ...)``.
-        t_frame: sweep timestamp, s from the scene start.
-        rng: this frame's generator.
-
-    Returns:
-        (points, labels): (34688, 5) float32 x, y, z (m, sensor frame at ``t_frame``), intensity
-        (integer 0..255), ring (0..31), rows in firing order; (34688,) uint8 lidarseg class ids.
-    """
-    rays = _column_rays(spec, t_frame, rng.uniform(0, 2 * np.pi))
-    ox, oy, ux, uy, _ = rays
-    el = np.radians(RING_ELEVATION_DEG)[None, :]
-    rho, label, on_ground, on_roof = _surfaces(boxes, t_frame, rays, rng)
-    rng_m = rho / np.cos(el)
-    p_drop = 0.02 + 0.6 * np.clip((rng_m - 35.0) / (_MAX_RANGE - 35.0), 0, 1) ** 2
-    miss = (rng_m > _MAX_RANGE) | (rng.random(rho.shape) < p_drop)  # no return: the sensor origin
-    rho = np.where(miss, 0.0, rho + rng.normal(0, _RANGE_SIGMA, rho.shape) * np.cos(el))
-    px, py = ox[:, None] + rho * ux[:, None], oy[:, None] + rho * uy[:, None]
-    label = np.where(on_ground, np.where(np.abs(py) <= _ROAD_HALF[spec.kind], ROAD, TERRAIN), label)
-    label = np.where(on_roof | miss, EGO, label).astype(np.uint8).ravel()
-    intensity = _intensity(label, rng)
-    marking = (label == ROAD) & _on_marking(px.ravel(), py.ravel())
-    intensity[marking] = np.clip(np.round(rng.normal(60, 15, int(marking.sum()))), 30, 255)
-    yaw = float(ego_pose(spec, np.array([t_frame]))[2][0])
-    dx, dy = px - ox[-1], py - oy[-1]  # motion compensation: into the sensor frame at t_frame
-    out = np.empty((POINTS_PER_SWEEP, 5), dtype=np.float32)
-    out[:, 0] = (dx * np.sin(yaw) - dy * np.cos(yaw)).ravel()
-    out[:, 1] = (dx * np.cos(yaw) + dy * np.sin(yaw)).ravel()
-    out[:, 2] = (rho * np.tan(el)).ravel()
-    out[:, 3] = intensity
-    out[:, 4] = np.tile(np.arange(N_RINGS, dtype=np.float32), N_COLUMNS)
-    return out, label
 
 
 def _on_marking(x: NDArray[np.float64], y: NDArray[np.float64]) -> NDArray[np.bool_]:
