@@ -2,7 +2,8 @@
 planned again with the recorded strategy, seed and settings (G = 1: ``plan_samples``; G > 1: each group
 alone, ``groups.plan_group``, and the interleave of the groups' steps) must give the plan files' plan and
 counts; epochs 0 and 1 the recorded ``pair_repeat_rate`` (step-mate pair counts: a query; the rates:
-``metrics.repeat_rates``). No group's plan outlives its checks.
+``metrics.repeat_rates``). No group's plan outlives its checks. Each sample's cost and bucket as an epoch
+is planned (``cost_history`` applied again) is the view ``planned`` (``planned_values``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from numpy.typing import NDArray
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_db import Engine
+from lidarshard.tools.validate_samples import Samples
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.groups import GroupSummary, epoch_stats, plan_group, step_labels
-from lidarshard.transforms.core.planner import plan_samples
+from lidarshard.transforms.core.planner import as_planned, plan_samples
 from lidarshard.transforms.plan.metrics import repeat_rates
 
-__all__ = ["Derived", "check_replan", "check_steps", "PairRepeat", "check_repeat_rate"]
+__all__ = ["Derived", "planned_values", "check_replan", "check_steps", "PairRepeat", "check_repeat_rate"]
 
 #: One group re-derived: (plan (S_g, W, M), its random reference (S'_g, W, B)), sample rows.
 Planned = tuple[NDArray[np.int64], NDArray[np.int64]]
@@ -72,6 +74,33 @@ class Derived:
             got, want = getattr(self.m.counts, key)[self.e], stats[key]
             if got != want:
                 self.problems.append(f"epoch {self.e}: counts.{key} recorded {got}, re-derived {want}")
+
+
+def planned_values(
+    problems: list[str], samples: Samples, e: int, cfg: PlanConfig | None
+) -> PlanConfig | None:
+    """The view ``planned`` (rid, cost, bucket_id): each sample's as epoch ``e`` is planned (``as_planned`` a
+    chunk at a time) -> ``cfg``, or None when those costs cannot be recomputed (a problem)."""
+    db, own = samples.db, "CREATE OR REPLACE VIEW planned AS SELECT rid, cost, bucket_id FROM samples"
+    if cfg is None or cfg.planned_with(e) is None:
+        db.run(own)
+        return cfg
+    db.run(
+        "CREATE OR REPLACE TABLE recosted (rid BIGINT, cost DOUBLE, bucket_id BIGINT); "
+        "CREATE OR REPLACE VIEW planned AS SELECT * FROM recosted"
+    )
+    try:
+        for start, chunk in samples.chunks():
+            again = as_planned(chunk, e, cfg)
+            cost = again.column("cost").to_numpy()
+            bucket = again.column("bucket_id").to_numpy().astype(np.int64)
+            part = pa.table({"rid": np.arange(start, start + len(cost)), "cost": cost, "bucket_id": bucket})
+            db.run("INSERT INTO recosted SELECT * FROM part", part=part)
+    except ValueError as err:
+        problems.append(f"epoch {e}: the costs of cost_history cannot be recomputed: {err}")
+        db.run(own)
+        return None
+    return cfg
 
 
 def _trim(plan: NDArray[np.int64]) -> NDArray[np.int64]:

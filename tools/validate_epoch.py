@@ -2,7 +2,7 @@
 (each row's sample, path, cost and bucket; rows per rank-step and step; coverage), then one step group at a
 time: its plan (S_g, W, M) of sample rows (caps, ``--heaviest-first``, balance sums) against the plan
 re-derived alone (``validate_derived``). A group's rows are those ``groups.deal`` gives it (the table
-``dealt``); G = 1 is one group. Problems are ``"<where>: <what>"`` lines naming file, epoch, rank, step, slot.
+``dealt``, joined once into ``epoch_rows``' ``grp``); G = 1 is one group. Problems are ``"<where>: <what>"`` lines naming file, epoch, rank, step, slot.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from lidarshard.loaders.planfiles import plan_problem
 from lidarshard.schemas.jsonsafe import short
 from lidarshard.schemas.manifest import Manifest
 from lidarshard.tools.validate_db import ID_KEY, ROW_KEY, Engine
-from lidarshard.tools.validate_derived import Derived, PairRepeat, check_replan, check_steps
+from lidarshard.tools.validate_derived import Derived, PairRepeat, check_replan, check_steps, planned_values
 from lidarshard.tools.validate_samples import Samples, same_counts
 from lidarshard.transforms.core.config import PlanConfig
 from lidarshard.transforms.core.planner import as_planned
@@ -74,9 +74,9 @@ def report_breaches(
 
 
 def _load(
-    problems: list[str], read_plans: ReadPlans, m: Manifest, e: int, db: Engine, groups: int
+    problems: list[str], read_plans: ReadPlans, m: Manifest, e: int, db: Engine
 ) -> tuple[int, set[int]]:
-    """Epoch ``e``'s rank files, each checked (``plan_problem``), rows joined to samples and ``dealt``'s group into
+    """Epoch ``e``'s rank files, each checked (``plan_problem``) and its rows joined to their samples into
     ``epoch_rows`` -> (plan rows read, the ranks whose every row has its sample and the sample's paths)."""
     count, usable, broken = 0, set(), set()
     ranks = {m.plan_file(e, r): r for r in range(m.world_size)}
@@ -108,11 +108,10 @@ def _load(
     if broken:
         usable -= broken
         db.run(f"DELETE FROM plan_rows WHERE rank IN ({', '.join(map(str, sorted(broken)))})")
-    grp, dealt = ("grp", "LEFT JOIN dealt USING (rid)") if groups > 1 else ("0 AS grp", "")
     db.run(
         "CREATE OR REPLACE TABLE epoch_rows AS SELECT p.rank, p.step, p.slot, p.rank_count, p.global_count, "
-        f"p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, p.rowid AS prow, {grp} FROM plan_rows p "
-        f"LEFT JOIN (SELECT skey, rid, rkey FROM samples) s USING (skey) {dealt}"
+        "p.cost, p.bucket_id, s.rid, p.rkey = s.rkey AS same, p.rowid AS prow FROM plan_rows p "
+        "LEFT JOIN (SELECT skey, rid, rkey FROM samples) s USING (skey)"
     )
     first = db.rows(
         "SELECT e.rank, e.step, e.slot, p.sample_id, s.sample_id FROM (SELECT * FROM epoch_rows WHERE rid "
@@ -130,33 +129,6 @@ def _load(
         problems.append(f"{m.plan_file(e, r)}: epoch {e} rank {r} step {step} slot {slot}: {what}")
         usable.discard(r)
     return count, usable
-
-
-def _planned_values(
-    problems: list[str], samples: Samples, e: int, cfg: PlanConfig | None
-) -> PlanConfig | None:
-    """The view ``planned`` (rid, cost, bucket_id): each sample's as epoch ``e`` is planned (``as_planned`` a
-    chunk at a time) -> ``cfg``, or None when those costs cannot be recomputed (a problem)."""
-    db, own = samples.db, "CREATE OR REPLACE VIEW planned AS SELECT rid, cost, bucket_id FROM samples"
-    if cfg is None or cfg.planned_with(e) is None:
-        db.run(own)
-        return cfg
-    db.run(
-        "CREATE OR REPLACE TABLE recosted (rid BIGINT, cost DOUBLE, bucket_id BIGINT); "
-        "CREATE OR REPLACE VIEW planned AS SELECT * FROM recosted"
-    )
-    try:
-        for start, chunk in samples.chunks():
-            again = as_planned(chunk, e, cfg)
-            cost = again.column("cost").to_numpy()
-            bucket = again.column("bucket_id").to_numpy().astype(np.int64)
-            part = pa.table({"rid": np.arange(start, start + len(cost)), "cost": cost, "bucket_id": bucket})
-            db.run("INSERT INTO recosted SELECT * FROM part", part=part)
-    except ValueError as err:
-        problems.append(f"epoch {e}: the costs of cost_history cannot be recomputed: {err}")
-        db.run(own)
-        return None
-    return cfg
 
 
 def _check_rows(problems: list[str], m: Manifest, e: int, db: Engine) -> set[int]:
@@ -363,14 +335,19 @@ def check_epoch_files(
 ) -> int:
     """Epoch ``e``'s plan files checked and its plan re-derived with ``cfg`` (None: not valid, said) group by
     group; epochs 0 and 1 go to ``pairs``. Returns the epoch's plan rows."""
-    cfg = _planned_values(problems, samples, e, cfg)
+    cfg = planned_values(problems, samples, e, cfg)
     groups = cfg.groups(samples.num_rows) if cfg is not None else m.groups
     seed, db = cfg.seed if cfg is not None else m.seed, samples.db
     if groups > 1:
         samples.deal(seed, e, groups)
-    rows, usable = _load(problems, read_plans, m, e, db, groups)
+    rows, usable = _load(problems, read_plans, m, e, db)
     usable -= _check_rows(problems, m, e, db)  # a file whose costs or buckets are not its samples' stops here
-    db.run(f"DELETE FROM epoch_rows WHERE rank NOT IN ({', '.join(map(str, sorted(usable))) or -1})")
+    # each row's step group, joined in a statement of its own (beside the samples' join, at 10M, it did not spill)
+    grp, dealt = ("grp", "JOIN dealt USING (rid)") if groups > 1 else ("0 AS grp", "")
+    db.run(
+        f"CREATE OR REPLACE TABLE epoch_rows AS SELECT epoch_rows.*, {grp} FROM epoch_rows {dealt} WHERE rank IN "
+        f"({', '.join(map(str, sorted(usable))) or -1})"
+    )
     derived, epoch = Derived(problems, m, cfg, e, groups), None
     if len(usable) == m.world_size:
         _check_counts(problems, m, e, db)
