@@ -137,14 +137,16 @@ bench: $(VENV)/.test-installed
 
 # The trainer's install as a trainer installs it: `pip install .` (no extras: no Beam, no pandas) in a fresh venv
 # outside the repository, at the lowest versions pyproject.toml allows (numpy 1.24.0, pyarrow 14.0.0,
-# python-neo-lzf 0.3.0 and duckdb 1.1.0, which all install on Python 3.11 here), with torch 2.13.0 (the CPU build on disk: the
+# python-neo-lzf 0.3.0 and duckdb 1.5.0, which all install on Python 3.11 here), with torch 2.13.0 (the CPU build on disk: the
 # loaders' torch adapters; `make test-torch-min` has the lowest torch). Then, on the demo's manifest:
 # `lidarshard validate`, every product module imported and ManifestReader over every rank (tests/lane_check.py),
-# and the Beam-free tests, run from a copy (the repository's bare lidarshard/ folder would shadow the install).
-TRAINER_PINS := "numpy==1.24.0" "pyarrow==14.0.0" "python-neo-lzf==0.3.0" "duckdb==1.1.0"
+# and the Beam-free tests, run from a copy (the repository's bare lidarshard/ folder would shadow the install);
+# test_validate_samples holds validate's database to that DuckDB (its pages, its writes beside its reads).
+TRAINER_PINS := "numpy==1.24.0" "pyarrow==14.0.0" "python-neo-lzf==0.3.0" "duckdb==1.5.0"
 TRAINER_VENV ?= $(HOME)/.cache/lidarshard/venv-trainer
 TRAINER_TESTS := test_timing test_hostile_recorder test_loaders_torch test_loaders_evaluation \
-	test_epoch_plan test_points_fast test_nan_points test_devkit_points test_hostile_cache test_exit
+	test_epoch_plan test_points_fast test_nan_points test_devkit_points test_hostile_cache test_exit \
+	test_validate_samples
 TEST_TOOLS := "pytest>=7" "pytest-timeout>=2.2" "hypothesis>=6.90"
 # $(1): the venv, $(2): what to install beside the package (its pins, torch, the test tools)
 define trainer_lane

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from lidarshard import schemas
-from lidarshard.tools.validate_db import ROW_KEY, Engine
+from lidarshard.tools import validate_db
+from lidarshard.tools.validate_db import ROW_KEY, Engine, scratch_error
 from lidarshard.tools.validate_samples import Samples, check_samples, sample_columns
 from lidarshard.transforms.core.groups import deal
 from lidarshard.transforms.io.arrow import parquet_bytes
@@ -106,6 +109,57 @@ def test_each_step_group_holds_the_rows_the_build_deals_it(db: Engine, tmp_path:
             assert np.array_equal(got.column("cost").to_numpy(), cost[want])
             seen += got.num_rows
         assert seen == 40_000
+
+
+def test_pages_hold_their_rows_in_order(db: Engine) -> None:
+    """Each page of ``Engine.pages`` holds exactly its rids, in order. DuckDB 1.1 read a query with parameters
+    out of order (8-10 of 16 pages here) or crashed once its relation was freed; pages and every other result
+    are read from queries without parameters."""
+    db.run(
+        "CREATE TABLE s AS SELECT range AS rid, range * 2 AS v, md5(range::VARCHAR) AS sid FROM range(1000000)"
+    )
+    starts = []
+    for start, t in db.pages("SELECT v, sid FROM s WHERE rid >= {lo} AND rid < {hi} ORDER BY rid", 1_000_000):
+        assert t["v"].to_numpy().tolist() == list(range(2 * start, 2 * (start + t.num_rows), 2))
+        starts.append(start)
+    assert starts == list(range(0, 1_000_000, 65_536))
+    first = db.table("SELECT sid FROM s ORDER BY sid LIMIT 1")["sid"][0].as_py()
+    assert first == min(hashlib.md5(str(i).encode()).hexdigest() for i in range(1_000_000))
+
+
+def test_running_out_of_memory_on_duckdb_1_says_what_validates_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DuckDB 1.5 ran out of validate's 64 MB at 10M samples, 2.0 did not: the one line says which to install."""
+    err = duckdb.OutOfMemoryException("Out of Memory Error: could not allocate block of size 256.0 KiB")
+    monkeypatch.setattr(duckdb, "__version__", "1.5.0")
+    assert "not checked: DuckDB 1.5.0 is installed; 2.0 or later" in scratch_error("/s", err).strerror
+    monkeypatch.setattr(duckdb, "__version__", "2.0.1")
+    assert scratch_error("/s", err).strerror.endswith("not checked: report this with the manifest's size")
+
+
+@pytest.mark.timeout(120, method="thread")  # the bug waited forever: fail the run rather than hang it
+def test_validate_writes_while_it_reads_the_samples_page_by_page(
+    db: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit may start a checkpoint (here every commit does: threshold 1 KB), which DuckDB 1.1 waited on
+    forever while a cursor on a table was open: ``Samples.deal`` and a write per ``chunks``
+    page (as ``planned_values`` does) read each page whole first, so they finish, every row once, in order."""
+    monkeypatch.setattr(validate_db, "BATCH_ROWS", 4096)  # 10 pages of the 40,000 rows
+    table, files = _samples_parts(tmp_path)
+    view, _ = _read(db, files)
+    assert view is not None
+    db.run("SET checkpoint_threshold = '1KB'")
+    view.deal(7, 1, 3)
+    labels = deal(sample_keys(table.column("sample_id")), 7, 1, 3)
+    assert view.group(2, 7, 1, 3).column("row").to_numpy().tolist() == np.flatnonzero(labels == 2).tolist()
+    db.run("CREATE TABLE copied (rid BIGINT, cost DOUBLE)")
+    starts = []
+    for start, t in view.chunks(["cost"]):
+        part = pa.table({"rid": np.arange(start, start + t.num_rows), "cost": t["cost"]})
+        db.run("INSERT INTO copied SELECT * FROM part", part=part)
+        starts.append(start)
+    assert starts == list(range(0, 40_000, 4096))
+    copied = db.table("SELECT cost FROM copied ORDER BY rid").column("cost")
+    assert copied.to_pylist() == table.column("cost").to_pylist()
 
 
 def test_insert_streams_every_table_and_raises_an_error_midway_after_the_statement(db: Engine) -> None:

@@ -86,11 +86,10 @@ class Samples:
         return ", ".join(f'"{n}"' for n in (self.names if names is None else names))
 
     def chunks(self, names: Sequence[str] | None = None) -> Iterator[tuple[int, pa.Table]]:
-        """(first row, the columns ``names`` (None: all kept) of the next rows), in row order."""
-        start = 0
-        for t in self.db.batches(f"SELECT {self._cols(names)} FROM samples ORDER BY rid"):
-            yield start, t
-            start += t.num_rows
+        """(first row, the columns ``names`` (None: all kept) of the next rows), in row order (``Engine.pages``:
+        the caller may write meanwhile)."""
+        query = f"SELECT {self._cols(names)} FROM samples WHERE rid >= {{lo}} AND rid < {{hi}} ORDER BY rid"
+        yield from self.db.pages(query, self.num_rows)
 
     def table(self, names: Sequence[str] | None = None) -> pa.Table:
         """Every sample's columns ``names`` (None: all kept), in row order."""
@@ -101,14 +100,19 @@ class Samples:
         ``seeds.sample_keys``, kept in the table ``gkeys``)."""
         if self._dealt is None:
             self.db.run("CREATE OR REPLACE TABLE gkeys (rid BIGINT, gkey UBIGINT)")
-            for t in self.db.batches("SELECT rid, sample_id FROM samples"):
-                keys = sample_keys(pc.fill_null(t.column("sample_id"), ""))
-                self.db.run("INSERT INTO gkeys SELECT * FROM k", k=pa.table({"rid": t["rid"], "gkey": keys}))
+            for start, t in self.chunks(["sample_id"]):
+                keys = sample_keys(pc.fill_null(t["sample_id"], ""))
+                part = pa.table({"rid": np.arange(start, start + t.num_rows), "gkey": keys})
+                self.db.run("INSERT INTO gkeys SELECT * FROM part", part=part)
         if self._dealt != (seed, e, groups):
             self.db.run("CREATE OR REPLACE TABLE dealt (rid BIGINT, grp INTEGER)")
-            for t in self.db.batches("SELECT rid, gkey FROM gkeys"):
-                grp = pa.table({"rid": t["rid"], "grp": deal(t["gkey"].to_numpy(), seed, e, groups)})
-                self.db.run("INSERT INTO dealt SELECT * FROM grp", grp=grp)
+            pages = self.db.pages(
+                "SELECT gkey FROM gkeys WHERE rid >= {lo} AND rid < {hi} ORDER BY rid", self.num_rows
+            )
+            for start, t in pages:
+                grp = deal(t["gkey"].to_numpy(), seed, e, groups)
+                part = pa.table({"rid": np.arange(start, start + t.num_rows), "grp": grp})
+                self.db.run("INSERT INTO dealt SELECT * FROM part", part=part)
         self._dealt = (seed, e, groups)
 
     def group(self, g: int, seed: int, e: int, groups: int) -> pa.Table:
@@ -117,8 +121,9 @@ class Samples:
             return self.db.table(f'SELECT {self._cols(None)}, rid AS "row" FROM samples ORDER BY rid')
         self.deal(seed, e, groups)
         # a join sorted by DuckDB would pin it whole: sorted here, column by column
-        query = f'SELECT {self._cols(None)}, rid AS "row" FROM samples JOIN dealt USING (rid) WHERE grp = ?'
-        t = self.db.table(query, [g])
+        t = self.db.table(
+            f'SELECT {self._cols(None)}, rid AS "row" FROM samples JOIN dealt USING (rid) WHERE grp = {int(g)}'
+        )
         order, names, columns = pc.sort_indices(t["row"]), t.column_names, []
         for name in names:
             columns.append(t[name].take(order))
