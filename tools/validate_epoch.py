@@ -2,7 +2,7 @@
 (each row's sample, path, cost and bucket; rows per rank-step and step; coverage), then one step group at a
 time: its plan (S_g, W, M) of sample rows (caps, ``--heaviest-first``, balance sums) against the plan
 re-derived alone (``validate_derived``). A group's rows are those ``groups.deal`` gives it (the table
-``dealt``, joined once into ``epoch_rows``' ``grp``); G = 1 is one group. Problems are ``"<where>: <what>"`` lines naming file, epoch, rank, step, slot.
+``dealt``, joined once into ``epoch_rows``' ``grp`` when G > 1); G = 1 is one group. Problems are ``"<where>: <what>"`` lines naming file, epoch, rank, step, slot.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ class _Epoch:
     def plan(self, g: int, groups: int, db: Engine) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
         """Group ``g``'s plan as the files hold it: (plan (S_g, W, M) of sample rows, its steps in the epoch
         (S_g,)), filled ``BATCH_ROWS`` rows at a time; None when two rows share a slot (a problem)."""
-        of = f"FROM epoch_rows WHERE grp = {int(g)}"
+        of = "FROM epoch_rows" + f" WHERE grp = {int(g)}" * (groups > 1)
         steps = np.asarray(db.table(f"SELECT DISTINCT step {of} ORDER BY step")["step"], np.int64)
         ((slots, count),) = db.rows(f"SELECT coalesce(max(slot) + 1, 1), count(*) {of}")
         plan = np.full((steps.size, self.m.world_size, int(slots)), -1, np.int64)
@@ -342,12 +342,13 @@ def check_epoch_files(
         samples.deal(seed, e, groups)
     rows, usable = _load(problems, read_plans, m, e, db)
     usable -= _check_rows(problems, m, e, db)  # a file whose costs or buckets are not its samples' stops here
-    # each row's step group, joined in a statement of its own (beside the samples' join, at 10M, it did not spill)
-    grp, dealt = ("grp", "JOIN dealt USING (rid)") if groups > 1 else ("0 AS grp", "")
-    db.run(
-        f"CREATE OR REPLACE TABLE epoch_rows AS SELECT epoch_rows.*, {grp} FROM epoch_rows {dealt} WHERE rank IN "
-        f"({', '.join(map(str, sorted(usable))) or -1})"
-    )
+    keep = f"rank IN ({', '.join(map(str, sorted(usable))) or -1})"
+    # G > 1: each row's step group, joined in a statement of its own (beside the samples' join, 10M did not spill)
+    if groups > 1:
+        select = f"SELECT epoch_rows.*, grp FROM epoch_rows JOIN dealt USING (rid) WHERE {keep}"
+        db.run(f"CREATE OR REPLACE TABLE epoch_rows AS {select}")
+    else:
+        db.run(f"DELETE FROM epoch_rows WHERE NOT {keep}")
     derived, epoch = Derived(problems, m, cfg, e, groups), None
     if len(usable) == m.world_size:
         _check_counts(problems, m, e, db)
