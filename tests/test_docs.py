@@ -433,3 +433,63 @@ def test_the_documented_batch_format_is_a_real_batch(workspace: Path) -> None:
             assert set(got) == expected, (sorted(got), sorted(expected))
             wrong = [k for k in expected if not _holds(got[k], *doc[k], sizes)]
             assert not wrong, {k: (type(got[k]), getattr(got[k], "dtype", None), doc[k]) for k in wrong}
+
+
+# ------------------------------------------------------------------------------------------ modules
+
+PRODUCT = ("pipelines", "transforms", "schemas", "loaders", "tools")
+
+
+def _module_rows() -> dict[str, set[str]]:
+    """docs/MODULES.md's table: each row's first cell (a folder ``x/`` or files ``x.py``) -> the backticked
+    identifiers of its text."""
+    rows: dict[str, set[str]] = {}
+    for line in (REPO / "docs" / "MODULES.md").read_text().splitlines():
+        cells = line.split("|")
+        if len(cells) < 4 or not cells[1].strip().startswith("`"):
+            continue
+        names = set(re.findall(r"`([A-Za-z_]\w*)`", cells[2]))
+        for where in re.findall(r"`([\w/.]+)`", cells[1]):
+            rows[where] = names
+    return rows
+
+
+def _defined(module: Path) -> set[str]:
+    """The top-level names a module defines or imports."""
+    names: set[str] = set()
+    for node in ast.parse(module.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def test_the_module_map_names_every_module_and_only_real_names() -> None:
+    """docs/MODULES.md names every product module in its folder's row (or as a file of its own), and every
+    identifier a row names is a module of that row or a name one of them defines."""
+    rows, problems = _module_rows(), []
+    for module in sorted(
+        p for folder in PRODUCT for p in (REPO / folder).rglob("*.py") if p.name != "__init__.py"
+    ):
+        path = str(module.relative_to(REPO))
+        folder = str(module.parent.relative_to(REPO)) + "/"
+        if path not in rows and module.stem not in rows.get(folder, set()):
+            problems.append(f"{path}: not named in docs/MODULES.md (its row: `{folder}`)")
+    for where, names in rows.items():
+        files = [REPO / where] if where.endswith(".py") else sorted((REPO / where).glob("*.py"))
+        files += [REPO / w for w in rows if w.endswith(".py") and rows[w] is names and w != where]
+        if not files or not all(f.exists() for f in files):
+            problems.append(f"`{where}`: no such module or folder")
+            continue
+        known = {"lidarshard", *SUBCOMMANDS, *(f.stem for f in files)}  # the commands, by name
+        known |= {p.name for p in (REPO / where).glob("*/")} if where.endswith("/") else set()
+        for f in files:
+            known |= _defined(f)
+        problems += [
+            f"`{where}` names `{n}`: no module there, nor a name one defines" for n in sorted(names - known)
+        ]
+    assert not problems, "\n".join(problems)
