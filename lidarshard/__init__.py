@@ -21,6 +21,8 @@ import pkgutil
 from typing import Any
 
 __version__ = "0.3.0"
+#: Set to 1 to get the full traceback of a failed run (same as ``--debug``).
+DEBUG_ENV = "LIDARSHARD_DEBUG"
 
 # The editable install (`make`, strict mode) links the whole package into
 # build/__editable__.lidarshard-*/lidarshard/. Run from the repository root, the bare lidarshard/ folder

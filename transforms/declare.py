@@ -18,13 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field
 from typing import Any, NoReturn, TypeVar
 
+from lidarshard import DEBUG_ENV
 from lidarshard.transforms.value_checks import Check, UsageError, choice, is_bool, path, shown
 
 __all__ = ["DEBUG_ENV", "Switch", "option", "switch", "nested", "options_of", "from_flags", "from_keywords",
            "keyword", "Parser", "add_flag"]  # fmt: skip
 
-#: Set to 1 to get the full traceback of a failed run (same as ``--debug``).
-DEBUG_ENV = "LIDARSHARD_DEBUG"
 _T = TypeVar("_T")
 _Bad = argparse.ArgumentTypeError
 
