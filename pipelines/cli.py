@@ -14,6 +14,7 @@ import difflib
 import importlib
 import logging
 import os
+import platform
 import re
 import shutil
 import signal
@@ -221,10 +222,11 @@ def _switch(argv: list[str], *names: str) -> bool:
 def arrow_allocator() -> None:
     """Arrow's jemalloc pool with one arena for this process and the workers it starts, unless the environment
     chooses (``ARROW_DEFAULT_MEMORY_POOL``, ``JE_ARROW_MALLOC_CONF``): both are read when pyarrow loads, so only
-    before it is imported, and only on Linux, whose pyarrow wheels have jemalloc. At 1M samples (9 sweeps, W=64)
+    before it is imported, and only on x86-64 Linux, whose pyarrow wheels have jemalloc (ARM ones have none since
+    pyarrow 18: there the variable would only print a warning). At 1M samples (9 sweeps, W=64)
     ``build --from-samples`` took 24.7 s with a 1.09 GiB process tree against 26.6 s and 1.25 GiB on pyarrow's
     default mimalloc, and ``validate`` 5.8-6.2 s against 8.9-9.6 s at the same peak (docs/RUNNERS.md, Scale)."""
-    if sys.platform != "linux" or "pyarrow" in sys.modules:
+    if sys.platform != "linux" or platform.machine() != "x86_64" or "pyarrow" in sys.modules:
         return
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     if os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "jemalloc":
